@@ -1,0 +1,799 @@
+//! The client's continuity verdict (seed 000, "Decision Boundary") and the per-event
+//! validator that keeps checking after a resume.
+//!
+//! A reconnect is continuous only if it is provably so: the same session, the same replay
+//! epoch, and a first event that is exactly the one after the cursor. Everything else is a
+//! [`Divergence`] or, when the server gives too little to check, [`Verdict::Unverifiable`].
+
+use super::digest::Digest;
+use super::id::ObservedId;
+use super::resync::{RESYNC_EVENT, ResyncNotice};
+
+/// What the client recorded about a stream before the connection dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The session id the client holds.
+    pub session_id: String,
+    /// The replay epoch the server advertised for the session, if it advertised one.
+    pub epoch: Option<String>,
+    /// The id of the last event the application fully processed: the `Last-Event-ID` sent.
+    pub last_id: ObservedId,
+    /// The digest of that event.
+    pub last_digest: Digest,
+}
+
+/// The first event that arrived after a reconnect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FirstEvent<'a> {
+    /// The event's own id field, if it had one.
+    pub id: Option<&'a str>,
+    /// The event type, `None` for the default `message`.
+    pub event: Option<&'a str>,
+    /// The event's data.
+    pub data: &'a [u8],
+}
+
+/// What a reconnect showed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reconnect<'a> {
+    /// The HTTP status of the resume request.
+    pub status: u16,
+    /// The `Mcp-Session-Id` echoed on the response, if any.
+    pub session_id: Option<&'a str>,
+    /// The `X-MCP-Replay-Epoch` on the response, if any.
+    pub epoch: Option<&'a str>,
+    /// The first event, or `None` while only the response head has arrived.
+    pub first_event: Option<FirstEvent<'a>>,
+}
+
+/// An inclusive range of sequence numbers that will never be delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqRange {
+    /// First lost sequence number.
+    pub from: u64,
+    /// Last lost sequence number.
+    pub to: u64,
+}
+
+/// A proof that the resumed stream is not the stream the client was following.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Divergence {
+    /// The resume was answered with a non-2xx status.
+    SessionInvalid {
+        /// The HTTP status.
+        status: u16,
+    },
+    /// The server echoed another session id.
+    SessionChanged {
+        /// The session id the client holds.
+        expected: String,
+        /// The session id echoed.
+        got: String,
+    },
+    /// The replay epoch changed: the session's history was restarted.
+    EpochChanged {
+        /// The epoch the client holds.
+        expected: Option<String>,
+        /// The epoch the server now shows.
+        got: Option<String>,
+    },
+    /// Events between the cursor and what arrived were skipped.
+    Gap {
+        /// The skipped sequence numbers.
+        lost: SeqRange,
+    },
+    /// The stream went back to or before the cursor: it restarted.
+    ReplayReset {
+        /// The cursor's sequence number.
+        last: u64,
+        /// The sequence number that arrived.
+        got: u64,
+    },
+    /// The event at the cursor's id came back with other content.
+    DigestMismatch {
+        /// The id of that event.
+        id: String,
+    },
+    /// An event broke the stream's order: not the next position of the same stream.
+    NonMonotonic {
+        /// The id that was due after this one.
+        after: String,
+        /// The id that arrived, or `None` for an event without an id.
+        got: Option<String>,
+    },
+    /// The server said it cannot resume exactly.
+    Resync(Option<ResyncNotice>),
+}
+
+impl Divergence {
+    /// The stable name of the divergence kind, as `tether watch` prints it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Divergence::SessionInvalid { .. } => "session_invalid",
+            Divergence::SessionChanged { .. } => "session_changed",
+            Divergence::EpochChanged { .. } => "epoch_changed",
+            Divergence::Gap { .. } => "gap",
+            Divergence::ReplayReset { .. } => "replay_reset",
+            Divergence::DigestMismatch { .. } => "digest_mismatch",
+            Divergence::NonMonotonic { .. } => "non_monotonic",
+            Divergence::Resync(_) => "resync",
+        }
+    }
+}
+
+/// Why continuity cannot be checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unverifiable {
+    /// The ids are neither lineage ids nor integers, so their order means nothing.
+    OpaqueIds,
+    /// The ids are integers but the server advertises no replay epoch, so a restarted
+    /// server that kept counting looks continuous.
+    NoEpoch,
+    /// The first event has no id.
+    EventWithoutId,
+}
+
+/// The verdict on a reconnect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The response head checks out; decide again when the first event arrives.
+    AwaitingFirstEvent,
+    /// The first event is exactly the one after the cursor: go on, validating every event.
+    ProvisionallyContinuous,
+    /// The first event is the cursor's own event again, byte for byte: skip it and go on.
+    BoundaryDuplicate,
+    /// Continuity cannot be proven (seed 000: "undetectable by the client alone").
+    Unverifiable(Unverifiable),
+    /// Continuity is disproven.
+    Diverged(Divergence),
+}
+
+/// Judges a reconnect against the checkpoint (seed 000's decision procedure).
+pub fn client_verdict(checkpoint: &Checkpoint, reconnect: &Reconnect<'_>) -> Verdict {
+    let diverged = Verdict::Diverged;
+    if !(200..300).contains(&reconnect.status) {
+        return diverged(Divergence::SessionInvalid {
+            status: reconnect.status,
+        });
+    }
+    if let Some(echoed) = reconnect.session_id
+        && echoed != checkpoint.session_id
+    {
+        return diverged(Divergence::SessionChanged {
+            expected: checkpoint.session_id.clone(),
+            got: echoed.to_owned(),
+        });
+    }
+    if checkpoint.epoch.as_deref() != reconnect.epoch {
+        return diverged(Divergence::EpochChanged {
+            expected: checkpoint.epoch.clone(),
+            got: reconnect.epoch.map(str::to_owned),
+        });
+    }
+    let Some(first) = reconnect.first_event else {
+        return Verdict::AwaitingFirstEvent;
+    };
+    if first.event == Some(RESYNC_EVENT) {
+        return diverged(Divergence::Resync(resync_notice(first.data)));
+    }
+    let Some(raw_id) = first.id else {
+        return Verdict::Unverifiable(Unverifiable::EventWithoutId);
+    };
+    let got = ObservedId::parse(raw_id);
+    let (last_seq, got_seq) = match (&checkpoint.last_id, &got) {
+        (ObservedId::Lineage(last), ObservedId::Lineage(id)) => {
+            if id.epoch != last.epoch {
+                return diverged(Divergence::EpochChanged {
+                    expected: Some(last.epoch.to_string()),
+                    got: Some(id.epoch.to_string()),
+                });
+            }
+            if id.stream != last.stream {
+                return diverged(non_monotonic(&checkpoint.last_id, Some(raw_id)));
+            }
+            (last.seq, id.seq)
+        }
+        (ObservedId::Integer(last), ObservedId::Integer(id)) => (*last, *id),
+        (ObservedId::Opaque(_), _) | (_, ObservedId::Opaque(_)) => {
+            return Verdict::Unverifiable(Unverifiable::OpaqueIds);
+        }
+        // The id scheme itself changed: this is not the stream the cursor came from.
+        (ObservedId::Lineage(_), ObservedId::Integer(_))
+        | (ObservedId::Integer(_), ObservedId::Lineage(_)) => {
+            return diverged(non_monotonic(&checkpoint.last_id, Some(raw_id)));
+        }
+    };
+    if got_seq == last_seq {
+        return if Digest::of(raw_id, first.data) == checkpoint.last_digest {
+            Verdict::BoundaryDuplicate
+        } else {
+            diverged(Divergence::DigestMismatch {
+                id: raw_id.to_owned(),
+            })
+        };
+    }
+    if got_seq < last_seq {
+        return diverged(Divergence::ReplayReset {
+            last: last_seq,
+            got: got_seq,
+        });
+    }
+    if got_seq > last_seq + 1 {
+        return diverged(Divergence::Gap {
+            lost: SeqRange {
+                from: last_seq + 1,
+                to: got_seq - 1,
+            },
+        });
+    }
+    // A lineage id carries its epoch; an integer id is only as good as the advertised epoch.
+    if matches!(got, ObservedId::Integer(_)) && checkpoint.epoch.is_none() {
+        return Verdict::Unverifiable(Unverifiable::NoEpoch);
+    }
+    Verdict::ProvisionallyContinuous
+}
+
+fn resync_notice(data: &[u8]) -> Option<ResyncNotice> {
+    ResyncNotice::from_json(std::str::from_utf8(data).ok()?)
+}
+
+fn non_monotonic(last: &ObservedId, got: Option<&str>) -> Divergence {
+    Divergence::NonMonotonic {
+        after: last.to_string(),
+        got: got.map(str::to_owned),
+    }
+}
+
+/// Checks every event of a stream: same epoch and stream, sequence exactly one more.
+///
+/// It holds the last accepted id and digest, which are what the client checkpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamValidator {
+    last: Option<(ObservedId, Digest)>,
+}
+
+impl StreamValidator {
+    /// A validator for a stream followed from its start: the first event sets the lineage.
+    pub fn fresh() -> StreamValidator {
+        StreamValidator { last: None }
+    }
+
+    /// A validator that continues from a checkpoint (after a continuous resume).
+    pub fn resume(checkpoint: &Checkpoint) -> StreamValidator {
+        StreamValidator {
+            last: Some((checkpoint.last_id.clone(), checkpoint.last_digest)),
+        }
+    }
+
+    /// The last accepted event's id and digest.
+    pub fn last(&self) -> Option<(&ObservedId, &Digest)> {
+        self.last.as_ref().map(|(id, digest)| (id, digest))
+    }
+
+    /// Validates the next event and, if it continues the stream, makes it the last one.
+    pub fn accept(
+        &mut self,
+        id: Option<&str>,
+        event: Option<&str>,
+        data: &[u8],
+    ) -> Result<(), Divergence> {
+        if event == Some(RESYNC_EVENT) {
+            return Err(Divergence::Resync(resync_notice(data)));
+        }
+        let observed = id.map(ObservedId::parse);
+        if let Some((last, _)) = &self.last {
+            check_next(last, observed.as_ref(), id)?;
+        }
+        match (id, observed) {
+            (Some(raw), Some(observed)) => self.last = Some((observed, Digest::of(raw, data))),
+            // An id-less event on an opaque stream moves no cursor; on an ordered stream
+            // check_next has already rejected it.
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+fn check_next(
+    last: &ObservedId,
+    got: Option<&ObservedId>,
+    raw: Option<&str>,
+) -> Result<(), Divergence> {
+    let (last_seq, got_seq) = match (last, got) {
+        (ObservedId::Opaque(_), _) => return Ok(()),
+        (_, None) => return Err(non_monotonic(last, None)),
+        (ObservedId::Lineage(last_id), Some(ObservedId::Lineage(id))) => {
+            if id.epoch != last_id.epoch {
+                return Err(Divergence::EpochChanged {
+                    expected: Some(last_id.epoch.to_string()),
+                    got: Some(id.epoch.to_string()),
+                });
+            }
+            if id.stream != last_id.stream {
+                return Err(non_monotonic(last, raw));
+            }
+            (last_id.seq, id.seq)
+        }
+        (ObservedId::Integer(last_n), Some(ObservedId::Integer(n))) => (*last_n, *n),
+        _ => return Err(non_monotonic(last, raw)),
+    };
+    match last_seq.checked_add(1) {
+        Some(next) if got_seq == next => Ok(()),
+        Some(next) if got_seq > next => Err(Divergence::Gap {
+            lost: SeqRange {
+                from: next,
+                to: got_seq - 1,
+            },
+        }),
+        _ => Err(non_monotonic(last, raw)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lineage::id::{Epoch, EventId, StreamName};
+
+    const SESSION: &str = "sess-1";
+
+    fn epoch(tag: char) -> Epoch {
+        Epoch::parse(&tag.to_string().repeat(22)).expect("valid epoch")
+    }
+
+    fn lid(tag: char, stream: &str, seq: u64) -> String {
+        EventId {
+            epoch: epoch(tag),
+            stream: StreamName::parse(stream).expect("valid stream"),
+            seq,
+        }
+        .to_string()
+    }
+
+    /// A checkpoint after processing event `last_id` with `data`.
+    fn checkpoint(epoch: Option<&str>, last_id: &str, data: &[u8]) -> Checkpoint {
+        Checkpoint {
+            session_id: SESSION.into(),
+            epoch: epoch.map(str::to_owned),
+            last_id: ObservedId::parse(last_id),
+            last_digest: Digest::of(last_id, data),
+        }
+    }
+
+    fn reconnect<'a>(epoch: Option<&'a str>, first: Option<FirstEvent<'a>>) -> Reconnect<'a> {
+        Reconnect {
+            status: 200,
+            session_id: Some(SESSION),
+            epoch,
+            first_event: first,
+        }
+    }
+
+    fn event<'a>(id: &'a str, data: &'a [u8]) -> Option<FirstEvent<'a>> {
+        Some(FirstEvent {
+            id: Some(id),
+            event: None,
+            data,
+        })
+    }
+
+    fn kind(verdict: &Verdict) -> &'static str {
+        match verdict {
+            Verdict::Diverged(d) => d.kind(),
+            Verdict::AwaitingFirstEvent => "awaiting",
+            Verdict::ProvisionallyContinuous => "continuous",
+            Verdict::BoundaryDuplicate => "duplicate",
+            Verdict::Unverifiable(_) => "unverifiable",
+        }
+    }
+
+    // --- seed 000, decision procedure, case 1: session invalid ---
+
+    #[test]
+    fn non_2xx_status_is_session_invalid() {
+        let e = epoch('A');
+        let cp = checkpoint(Some(e.as_str()), &lid('A', "s", 4), b"x");
+        for status in [404, 400, 410, 500, 302] {
+            let r = Reconnect {
+                status,
+                ..reconnect(Some(e.as_str()), None)
+            };
+            assert_eq!(
+                client_verdict(&cp, &r),
+                Verdict::Diverged(Divergence::SessionInvalid { status })
+            );
+        }
+    }
+
+    #[test]
+    fn echoed_session_id_that_differs_is_session_changed() {
+        let e = epoch('A');
+        let cp = checkpoint(Some(e.as_str()), &lid('A', "s", 4), b"x");
+        let next = lid('A', "s", 5);
+        let r = Reconnect {
+            session_id: Some("sess-2"),
+            ..reconnect(Some(e.as_str()), event(&next, b"y"))
+        };
+        assert_eq!(kind(&client_verdict(&cp, &r)), "session_changed");
+    }
+
+    // --- seed 000: replay epoch ---
+
+    #[test]
+    fn epoch_header_change_is_epoch_changed() {
+        let (a, b) = (epoch('A'), epoch('B'));
+        let cp = checkpoint(Some(a.as_str()), &lid('A', "s", 4), b"x");
+        let v = client_verdict(&cp, &reconnect(Some(b.as_str()), None));
+        assert_eq!(
+            v,
+            Verdict::Diverged(Divergence::EpochChanged {
+                expected: Some(a.to_string()),
+                got: Some(b.to_string())
+            })
+        );
+    }
+
+    #[test]
+    fn epoch_that_disappears_or_appears_is_epoch_changed() {
+        let a = epoch('A');
+        let cp = checkpoint(Some(a.as_str()), "4", b"x");
+        assert_eq!(
+            kind(&client_verdict(&cp, &reconnect(None, event("5", b"y")))),
+            "epoch_changed"
+        );
+        let cp = checkpoint(None, "4", b"x");
+        assert_eq!(
+            kind(&client_verdict(
+                &cp,
+                &reconnect(Some(a.as_str()), event("5", b"y"))
+            )),
+            "epoch_changed"
+        );
+    }
+
+    #[test]
+    fn event_id_from_another_epoch_is_epoch_changed_even_if_header_matches() {
+        let a = epoch('A');
+        let cp = checkpoint(Some(a.as_str()), &lid('A', "s", 4), b"x");
+        let id = lid('B', "s", 5);
+        assert_eq!(
+            kind(&client_verdict(
+                &cp,
+                &reconnect(Some(a.as_str()), event(&id, b"y"))
+            )),
+            "epoch_changed"
+        );
+    }
+
+    // --- seed 000, case 2: gap ---
+
+    #[test]
+    fn first_event_beyond_next_is_a_gap_with_the_lost_range() {
+        let a = epoch('A');
+        let cp = checkpoint(Some(a.as_str()), &lid('A', "s", 4), b"x");
+        let id = lid('A', "s", 9);
+        assert_eq!(
+            client_verdict(&cp, &reconnect(Some(a.as_str()), event(&id, b"y"))),
+            Verdict::Diverged(Divergence::Gap {
+                lost: SeqRange { from: 5, to: 8 }
+            })
+        );
+    }
+
+    // --- seed 000, case 3: replay reset ---
+
+    #[test]
+    fn first_event_before_cursor_is_a_replay_reset() {
+        let a = epoch('A');
+        let cp = checkpoint(Some(a.as_str()), &lid('A', "s", 4), b"x");
+        let id = lid('A', "s", 1);
+        assert_eq!(
+            client_verdict(&cp, &reconnect(Some(a.as_str()), event(&id, b"y"))),
+            Verdict::Diverged(Divergence::ReplayReset { last: 4, got: 1 })
+        );
+    }
+
+    // --- boundary event: same id ---
+
+    #[test]
+    fn boundary_event_with_equal_digest_is_a_duplicate_to_skip() {
+        let a = epoch('A');
+        let last = lid('A', "s", 4);
+        let cp = checkpoint(Some(a.as_str()), &last, b"x");
+        assert_eq!(
+            client_verdict(&cp, &reconnect(Some(a.as_str()), event(&last, b"x"))),
+            Verdict::BoundaryDuplicate
+        );
+    }
+
+    #[test]
+    fn boundary_event_with_other_content_is_a_digest_mismatch() {
+        let a = epoch('A');
+        let last = lid('A', "s", 4);
+        let cp = checkpoint(Some(a.as_str()), &last, b"x");
+        assert_eq!(
+            client_verdict(&cp, &reconnect(Some(a.as_str()), event(&last, b"other"))),
+            Verdict::Diverged(Divergence::DigestMismatch { id: last.clone() })
+        );
+    }
+
+    // --- seed 000, case 4: provisionally continuous ---
+
+    #[test]
+    fn next_event_same_epoch_is_provisionally_continuous() {
+        let a = epoch('A');
+        let cp = checkpoint(Some(a.as_str()), &lid('A', "s", 4), b"x");
+        let id = lid('A', "s", 5);
+        assert_eq!(
+            client_verdict(&cp, &reconnect(Some(a.as_str()), event(&id, b"y"))),
+            Verdict::ProvisionallyContinuous
+        );
+    }
+
+    #[test]
+    fn integer_ids_with_epoch_are_continuous() {
+        let cp = checkpoint(Some("epoch-1"), "1041", b"x");
+        assert_eq!(
+            client_verdict(&cp, &reconnect(Some("epoch-1"), event("1042", b"y"))),
+            Verdict::ProvisionallyContinuous
+        );
+    }
+
+    #[test]
+    fn headers_alone_await_the_first_event() {
+        let a = epoch('A');
+        let cp = checkpoint(Some(a.as_str()), &lid('A', "s", 4), b"x");
+        assert_eq!(
+            client_verdict(&cp, &reconnect(Some(a.as_str()), None)),
+            Verdict::AwaitingFirstEvent
+        );
+    }
+
+    #[test]
+    fn session_echo_may_be_absent() {
+        let a = epoch('A');
+        let cp = checkpoint(Some(a.as_str()), &lid('A', "s", 4), b"x");
+        let id = lid('A', "s", 5);
+        let r = Reconnect {
+            session_id: None,
+            ..reconnect(Some(a.as_str()), event(&id, b"y"))
+        };
+        assert_eq!(client_verdict(&cp, &r), Verdict::ProvisionallyContinuous);
+    }
+
+    // --- seed 000, the three observed failure signatures ---
+
+    #[test]
+    fn signature_gap_with_continuous_ids_is_caught_by_the_epoch() {
+        // The restarted process kept its id counter but lost its buffer: 1042 is a new
+        // event, not the old 1042. A server that advertises epochs shows a new one.
+        let cp = checkpoint(Some("epoch-before-restart"), "1041", b"old");
+        let v = client_verdict(
+            &cp,
+            &reconnect(Some("epoch-after-restart"), event("1042", b"new")),
+        );
+        assert_eq!(kind(&v), "epoch_changed");
+    }
+
+    #[test]
+    fn signature_gap_with_continuous_ids_without_epoch_is_unverifiable() {
+        // Without an epoch the client alone cannot tell: it must not call this continuous.
+        let cp = checkpoint(None, "1041", b"old");
+        let v = client_verdict(&cp, &reconnect(None, event("1042", b"new")));
+        assert_eq!(v, Verdict::Unverifiable(Unverifiable::NoEpoch));
+    }
+
+    #[test]
+    fn signature_session_resurrection_is_caught_by_the_epoch() {
+        // Same session id string, fresh state: a new incarnation with a new epoch and ids
+        // counting from the start again.
+        let (a, b) = (epoch('A'), epoch('B'));
+        let cp = checkpoint(Some(a.as_str()), &lid('A', "get", 12), b"x");
+        let id = lid('B', "get", 1);
+        let v = client_verdict(&cp, &reconnect(Some(b.as_str()), event(&id, b"y")));
+        assert_eq!(kind(&v), "epoch_changed");
+    }
+
+    #[test]
+    fn signature_session_resurrection_without_epoch_is_a_replay_reset() {
+        let cp = checkpoint(None, "12", b"x");
+        let v = client_verdict(&cp, &reconnect(None, event("1", b"y")));
+        assert_eq!(
+            v,
+            Verdict::Diverged(Divergence::ReplayReset { last: 12, got: 1 })
+        );
+    }
+
+    #[test]
+    fn signature_silent_downgrade_to_replay_from_zero_is_a_replay_reset() {
+        // A replica without the buffer starts fresh at id 1; monotonic dedup would accept it.
+        let cp = checkpoint(Some("e"), "1041", b"x");
+        let v = client_verdict(
+            &cp,
+            &reconnect(Some("e"), event("1", b"{\"method\":\"tools/call\"}")),
+        );
+        assert_eq!(
+            v,
+            Verdict::Diverged(Divergence::ReplayReset { last: 1041, got: 1 })
+        );
+    }
+
+    // --- what the server cannot give the client ---
+
+    #[test]
+    fn opaque_ids_are_unverifiable() {
+        let cp = checkpoint(Some("e"), "stream_1700000000_abc", b"x");
+        let v = client_verdict(
+            &cp,
+            &reconnect(Some("e"), event("stream_1700000001_def", b"y")),
+        );
+        assert_eq!(v, Verdict::Unverifiable(Unverifiable::OpaqueIds));
+    }
+
+    #[test]
+    fn first_event_without_id_is_unverifiable() {
+        let a = epoch('A');
+        let cp = checkpoint(Some(a.as_str()), &lid('A', "s", 4), b"x");
+        let r = reconnect(
+            Some(a.as_str()),
+            Some(FirstEvent {
+                id: None,
+                event: None,
+                data: b"y",
+            }),
+        );
+        assert_eq!(
+            client_verdict(&cp, &r),
+            Verdict::Unverifiable(Unverifiable::EventWithoutId)
+        );
+    }
+
+    #[test]
+    fn resync_event_is_a_resync_divergence_with_its_notice() {
+        let a = epoch('A');
+        let cp = checkpoint(Some(a.as_str()), &lid('A', "s", 4), b"x");
+        let id = lid('A', "s", 9);
+        let data =
+            br#"{"reason":"evicted","stream":"s","after":4,"lost_from":5,"lost_to":9,"head":9}"#;
+        let r = reconnect(
+            Some(a.as_str()),
+            Some(FirstEvent {
+                id: Some(&id),
+                event: Some("resync"),
+                data,
+            }),
+        );
+        let Verdict::Diverged(Divergence::Resync(Some(notice))) = client_verdict(&cp, &r) else {
+            panic!("expected a resync with its notice");
+        };
+        assert_eq!((notice.lost_from, notice.lost_to), (Some(5), Some(9)));
+    }
+
+    #[test]
+    fn event_from_another_stream_is_non_monotonic() {
+        let a = epoch('A');
+        let cp = checkpoint(Some(a.as_str()), &lid('A', "s", 4), b"x");
+        let id = lid('A', "other", 5);
+        assert_eq!(
+            kind(&client_verdict(
+                &cp,
+                &reconnect(Some(a.as_str()), event(&id, b"y"))
+            )),
+            "non_monotonic"
+        );
+    }
+
+    #[test]
+    fn change_of_id_scheme_is_non_monotonic() {
+        let a = epoch('A');
+        let cp = checkpoint(Some(a.as_str()), &lid('A', "s", 4), b"x");
+        assert_eq!(
+            kind(&client_verdict(
+                &cp,
+                &reconnect(Some(a.as_str()), event("5", b"y"))
+            )),
+            "non_monotonic"
+        );
+    }
+
+    #[test]
+    fn status_is_checked_before_everything_else() {
+        let cp = checkpoint(Some("e"), "4", b"x");
+        let r = Reconnect {
+            status: 404,
+            session_id: Some("other"),
+            epoch: Some("other"),
+            first_event: event("1", b"y"),
+        };
+        assert_eq!(kind(&client_verdict(&cp, &r)), "session_invalid");
+    }
+
+    // --- after the first event: the per-event validator ---
+
+    #[test]
+    fn validator_accepts_contiguous_events() {
+        let a = epoch('A');
+        let cp = checkpoint(Some(a.as_str()), &lid('A', "s", 4), b"x");
+        let mut v = StreamValidator::resume(&cp);
+        for seq in 5..10 {
+            v.accept(Some(&lid('A', "s", seq)), None, b"d")
+                .expect("contiguous");
+        }
+        let (last, digest) = v.last().expect("has a last event");
+        assert_eq!(last.to_string(), lid('A', "s", 9));
+        assert_eq!(*digest, Digest::of(&lid('A', "s", 9), b"d"));
+    }
+
+    #[test]
+    fn validator_reports_a_jump_in_the_middle_as_a_gap() {
+        let mut v = StreamValidator::fresh();
+        v.accept(Some(&lid('A', "s", 0)), None, b"").expect("first");
+        v.accept(Some(&lid('A', "s", 1)), None, b"a").expect("next");
+        assert_eq!(
+            v.accept(Some(&lid('A', "s", 4)), None, b"b"),
+            Err(Divergence::Gap {
+                lost: SeqRange { from: 2, to: 3 }
+            })
+        );
+    }
+
+    #[test]
+    fn validator_reports_repeats_and_backward_steps_as_non_monotonic() {
+        let mut v = StreamValidator::fresh();
+        v.accept(Some("7"), None, b"a").expect("first");
+        assert_eq!(
+            v.accept(Some("7"), None, b"a").map_err(|d| d.kind()),
+            Err("non_monotonic")
+        );
+        assert_eq!(
+            v.accept(Some("3"), None, b"a").map_err(|d| d.kind()),
+            Err("non_monotonic")
+        );
+        assert_eq!(
+            v.accept(None, None, b"a").map_err(|d| d.kind()),
+            Err("non_monotonic")
+        );
+        assert_eq!(
+            v.accept(Some("x"), None, b"a").map_err(|d| d.kind()),
+            Err("non_monotonic")
+        );
+        v.accept(Some("8"), None, b"a")
+            .expect("the stream still continues from 7");
+    }
+
+    #[test]
+    fn validator_reports_epoch_change_and_other_stream() {
+        let mut v = StreamValidator::fresh();
+        v.accept(Some(&lid('A', "s", 3)), None, b"").expect("first");
+        assert_eq!(
+            v.accept(Some(&lid('B', "s", 4)), None, b"")
+                .map_err(|d| d.kind()),
+            Err("epoch_changed")
+        );
+        assert_eq!(
+            v.accept(Some(&lid('A', "t", 4)), None, b"")
+                .map_err(|d| d.kind()),
+            Err("non_monotonic")
+        );
+    }
+
+    #[test]
+    fn validator_reports_resync_events() {
+        let mut v = StreamValidator::fresh();
+        assert_eq!(
+            v.accept(Some("1"), Some("resync"), b"{}")
+                .map_err(|d| d.kind()),
+            Err("resync")
+        );
+    }
+
+    #[test]
+    fn validator_on_opaque_stream_records_without_ordering() {
+        let mut v = StreamValidator::fresh();
+        v.accept(Some("b"), None, b"1").expect("first");
+        v.accept(Some("a"), None, b"2")
+            .expect("opaque ids carry no order");
+        v.accept(None, None, b"3")
+            .expect("an id-less event moves no cursor");
+        assert_eq!(v.last().map(|(id, _)| id.to_string()), Some("a".into()));
+    }
+}

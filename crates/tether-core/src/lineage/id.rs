@@ -1,0 +1,298 @@
+//! Event ids: `{epoch}:{stream}:{seq}`, parsed once and trusted afterwards.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Why a string is not a lineage id, epoch or stream name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdError {
+    /// Not three `:`-separated parts.
+    #[error("event id must have the form epoch:stream:seq")]
+    Shape,
+    /// The epoch is too short, too long or has a character outside `[A-Za-z0-9_-]`.
+    #[error("epoch must be {min} to {max} characters of [A-Za-z0-9_-]", min = Epoch::MIN_LEN, max = Epoch::MAX_LEN)]
+    Epoch,
+    /// The stream name is empty, too long or has a character outside `[A-Za-z0-9_-]`.
+    #[error("stream must be 1 to {max} characters of [A-Za-z0-9_-]", max = StreamName::MAX_LEN)]
+    Stream,
+    /// The sequence number is not a canonical decimal u64 (no sign, no leading zero).
+    #[error("seq must be a decimal u64 without sign or leading zeros")]
+    Seq,
+}
+
+fn is_token(s: &str) -> bool {
+    s.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Parses a canonical decimal u64: digits only, no leading zero unless the number is 0.
+/// Canonical form keeps one id per event: `7` and `07` must not both name it.
+pub fn parse_canonical_u64(s: &str) -> Option<u64> {
+    let canonical =
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    if canonical { s.parse().ok() } else { None }
+}
+
+/// The replay epoch of one session incarnation.
+///
+/// A new epoch is drawn whenever a session's history starts afresh, so ids from different
+/// incarnations never compare as continuous.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Epoch(String);
+
+impl Epoch {
+    /// Shortest epoch: 11 base64url characters hold 64 bits.
+    pub const MIN_LEN: usize = 11;
+    /// Longest epoch accepted.
+    pub const MAX_LEN: usize = 64;
+
+    /// Parses an epoch.
+    pub fn parse(s: &str) -> Result<Epoch, IdError> {
+        if (Self::MIN_LEN..=Self::MAX_LEN).contains(&s.len()) && is_token(s) {
+            Ok(Epoch(s.to_owned()))
+        } else {
+            Err(IdError::Epoch)
+        }
+    }
+
+    /// An epoch made from 128 random bits (the caller supplies them from a CSPRNG).
+    pub fn from_entropy(bytes: [u8; 16]) -> Epoch {
+        Epoch(base64url(&bytes))
+    }
+
+    /// The epoch as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Epoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for Epoch {
+    type Err = IdError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Epoch::parse(s)
+    }
+}
+
+/// Unpadded base64url: the alphabet of epochs and session ids.
+pub fn base64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | (u32::from(b) << (16 - 8 * i)));
+        for i in 0..=chunk.len() {
+            out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+        }
+    }
+    out
+}
+
+/// The name of one stream inside a session (a request's stream, or the standalone GET stream).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamName(String);
+
+impl StreamName {
+    /// Longest stream name accepted.
+    pub const MAX_LEN: usize = 64;
+
+    /// Parses a stream name.
+    pub fn parse(s: &str) -> Result<StreamName, IdError> {
+        if (1..=Self::MAX_LEN).contains(&s.len()) && is_token(s) {
+            Ok(StreamName(s.to_owned()))
+        } else {
+            Err(IdError::Stream)
+        }
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for StreamName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for StreamName {
+    type Err = IdError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        StreamName::parse(s)
+    }
+}
+
+/// A tether event id: which incarnation, which stream, which position.
+///
+/// `seq` is contiguous per stream from 0; 0 is the stream's priming event.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EventId {
+    /// The session incarnation that produced the event.
+    pub epoch: Epoch,
+    /// The stream the event belongs to.
+    pub stream: StreamName,
+    /// The event's position in its stream.
+    pub seq: u64,
+}
+
+impl EventId {
+    /// Parses `{epoch}:{stream}:{seq}`.
+    pub fn parse(s: &str) -> Result<EventId, IdError> {
+        let mut parts = s.split(':');
+        let (Some(epoch), Some(stream), Some(seq), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(IdError::Shape);
+        };
+        Ok(EventId {
+            epoch: Epoch::parse(epoch)?,
+            stream: StreamName::parse(stream)?,
+            seq: parse_canonical_u64(seq).ok_or(IdError::Seq)?,
+        })
+    }
+
+    /// The id of the event at `seq` on the same stream.
+    pub fn with_seq(&self, seq: u64) -> EventId {
+        EventId {
+            seq,
+            ..self.clone()
+        }
+    }
+}
+
+impl fmt::Display for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.epoch, self.stream, self.seq)
+    }
+}
+
+impl FromStr for EventId {
+    type Err = IdError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EventId::parse(s)
+    }
+}
+
+/// An event id as a client sees it from any server.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ObservedId {
+    /// A tether lineage id.
+    Lineage(EventId),
+    /// A plain decimal integer, as many servers (and the seed documents) use.
+    Integer(u64),
+    /// Anything else: order and continuity cannot be read from it.
+    Opaque(String),
+}
+
+impl ObservedId {
+    /// Classifies an id string. Never fails: unknown shapes are `Opaque`.
+    pub fn parse(s: &str) -> ObservedId {
+        if let Ok(id) = EventId::parse(s) {
+            ObservedId::Lineage(id)
+        } else if let Some(n) = parse_canonical_u64(s) {
+            ObservedId::Integer(n)
+        } else {
+            ObservedId::Opaque(s.to_owned())
+        }
+    }
+}
+
+impl fmt::Display for ObservedId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ObservedId::Lineage(id) => id.fmt(f),
+            ObservedId::Integer(n) => n.fmt(f),
+            ObservedId::Opaque(s) => f.write_str(s),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EPOCH: &str = "AAAAAAAAAAAAAAAAAAAAAA";
+
+    #[test]
+    fn parses_and_formats_lineage_ids() {
+        let s = format!("{EPOCH}:req-7_x:42");
+        let id = EventId::parse(&s).expect("valid");
+        assert_eq!(id.epoch.as_str(), EPOCH);
+        assert_eq!(id.stream.as_str(), "req-7_x");
+        assert_eq!(id.seq, 42);
+        assert_eq!(id.to_string(), s);
+        assert_eq!(id.with_seq(0).to_string(), format!("{EPOCH}:req-7_x:0"));
+    }
+
+    #[test]
+    fn rejects_malformed_ids_with_a_reason() {
+        for (s, err) in [
+            ("", IdError::Shape),
+            ("a:b", IdError::Shape),
+            (&format!("{EPOCH}:s:1:2"), IdError::Shape),
+            ("short:s:1", IdError::Epoch),
+            (&format!("{}:s:1", "A".repeat(65)), IdError::Epoch),
+            ("AAAAAAAAAA.A:s:1", IdError::Epoch),
+            (&format!("{EPOCH}::1"), IdError::Stream),
+            (&format!("{EPOCH}:s/x:1"), IdError::Stream),
+            (&format!("{EPOCH}:s:"), IdError::Seq),
+            (&format!("{EPOCH}:s:01"), IdError::Seq),
+            (&format!("{EPOCH}:s:+1"), IdError::Seq),
+            (&format!("{EPOCH}:s:-1"), IdError::Seq),
+            (&format!("{EPOCH}:s:18446744073709551616"), IdError::Seq),
+            (&format!("{EPOCH}:s: 1"), IdError::Seq),
+        ] {
+            assert_eq!(EventId::parse(s), Err(err), "{s:?}");
+        }
+        assert_eq!(
+            EventId::parse(&format!("{EPOCH}:s:18446744073709551615")).map(|id| id.seq),
+            Ok(u64::MAX)
+        );
+    }
+
+    #[test]
+    fn observed_ids_fall_back_to_integer_then_opaque() {
+        assert!(matches!(
+            ObservedId::parse(&format!("{EPOCH}:s:0")),
+            ObservedId::Lineage(_)
+        ));
+        assert_eq!(ObservedId::parse("1041"), ObservedId::Integer(1041));
+        assert_eq!(ObservedId::parse("0"), ObservedId::Integer(0));
+        for opaque in ["007", "-1", "abc_123_xyz", "", "1.5"] {
+            assert_eq!(ObservedId::parse(opaque), ObservedId::Opaque(opaque.into()));
+        }
+    }
+
+    #[test]
+    fn epoch_from_entropy_is_a_valid_128_bit_token() {
+        let epoch = Epoch::from_entropy([0xff; 16]);
+        assert_eq!(epoch.as_str().len(), 22);
+        assert_eq!(Epoch::parse(epoch.as_str()), Ok(epoch));
+        assert_ne!(Epoch::from_entropy([1; 16]), Epoch::from_entropy([2; 16]));
+    }
+
+    #[test]
+    fn base64url_matches_rfc4648_vectors() {
+        for (input, expected) in [
+            ("", ""),
+            ("f", "Zg"),
+            ("fo", "Zm8"),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg"),
+            ("fooba", "Zm9vYmE"),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64url(input.as_bytes()), expected);
+        }
+        assert_eq!(base64url(&[0xfb, 0xff]), "-_8");
+    }
+}
