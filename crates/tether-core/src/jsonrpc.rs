@@ -320,10 +320,7 @@ pub fn message_from_value(value: Value) -> Result<Message, ParseError> {
     if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
         return Err(invalid(r#"the "jsonrpc" member must be "2.0""#));
     }
-    let id = match object.get("id") {
-        None => None,
-        Some(value) => Some(RequestId::from_value(value)),
-    };
+    let id = object.get("id").map(RequestId::from_value);
     if let Some(method) = object.remove("method") {
         let Value::String(method) = method else {
             return Err(invalid(r#"the "method" member must be a string"#));

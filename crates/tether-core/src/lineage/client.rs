@@ -284,11 +284,10 @@ impl StreamValidator {
         if let Some((last, _)) = &self.last {
             check_next(last, observed.as_ref(), id)?;
         }
-        match (id, observed) {
-            (Some(raw), Some(observed)) => self.last = Some((observed, Digest::of(raw, data))),
-            // An id-less event on an opaque stream moves no cursor; on an ordered stream
-            // check_next has already rejected it.
-            _ => {}
+        // An id-less event on an opaque stream moves no cursor; on an ordered stream
+        // check_next has already rejected it.
+        if let (Some(raw), Some(observed)) = (id, observed) {
+            self.last = Some((observed, Digest::of(raw, data)));
         }
         Ok(())
     }
