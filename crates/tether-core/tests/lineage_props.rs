@@ -16,11 +16,7 @@ fn epoch(tag: char) -> Epoch {
 }
 
 fn event_id(epoch: &Epoch, seq: u64) -> EventId {
-    EventId {
-        epoch: epoch.clone(),
-        stream: StreamName::parse("req-1").expect("valid stream"),
-        seq,
-    }
+    EventId { epoch: epoch.clone(), stream: StreamName::parse("req-1").expect("valid stream"), seq }
 }
 
 /// The data of event `seq` of the healthy stream (seq 0 is the empty priming event).
@@ -75,11 +71,7 @@ impl Client {
                 status: 200,
                 session_id: Some(SESSION),
                 epoch: Some(&self.epoch),
-                first_event: Some(FirstEvent {
-                    id: Some(&raw),
-                    event: None,
-                    data,
-                }),
+                first_event: Some(FirstEvent { id: Some(&raw), event: None, data }),
             };
             match client_verdict(&checkpoint, &reconnect) {
                 Verdict::ProvisionallyContinuous => {}
@@ -224,7 +216,8 @@ fn classify(fault: &Fault, cursor_seq: u64, integer_ids: bool) -> Result<&'stati
         Fault::BoundaryOtherContent => (first_seq, first_data) = (cursor_seq, b"{\"other\":1}".to_vec()),
         Fault::Resync => {
             first_type = Some("resync");
-            first_data = br#"{"reason":"evicted","stream":"req-1","after":1,"lost_from":2,"lost_to":3,"head":3}"#.to_vec();
+            first_data =
+                br#"{"reason":"evicted","stream":"req-1","after":1,"lost_from":2,"lost_to":3,"head":3}"#.to_vec();
         }
         Fault::JumpLater(_) => {}
     }
@@ -233,11 +226,7 @@ fn classify(fault: &Fault, cursor_seq: u64, integer_ids: bool) -> Result<&'stati
         status,
         session_id: Some(session),
         epoch: Some(header_epoch),
-        first_event: Some(FirstEvent {
-            id: Some(&first_id),
-            event: first_type,
-            data: &first_data,
-        }),
+        first_event: Some(FirstEvent { id: Some(&first_id), event: first_type, data: &first_data }),
     };
     match client_verdict(&checkpoint, &reconnect) {
         Verdict::Diverged(d) => return Ok(d.kind()),
@@ -249,9 +238,8 @@ fn classify(fault: &Fault, cursor_seq: u64, integer_ids: bool) -> Result<&'stati
     validator.accept(Some(&first_id), None, &first_data).map_err(|d| format!("{d:?}"))?;
     if let Fault::JumpLater(k) = fault {
         let jumped = first_seq + 1 + k;
-        let err: Divergence = validator
-            .accept(Some(&id_of(jumped)), None, &data(jumped))
-            .expect_err("a jump is a divergence");
+        let err: Divergence =
+            validator.accept(Some(&id_of(jumped)), None, &data(jumped)).expect_err("a jump is a divergence");
         return Ok(err.kind());
     }
     Err("no fault observed".into())

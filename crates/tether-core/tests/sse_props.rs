@@ -38,12 +38,7 @@ fn data_value() -> impl Strategy<Value = String> {
 
 #[derive(Debug, Clone)]
 enum Item {
-    Event {
-        id: Option<String>,
-        event: Option<String>,
-        retry: Option<u64>,
-        data: Option<String>,
-    },
+    Event { id: Option<String>, event: Option<String>, retry: Option<u64>, data: Option<String> },
     Comment(String),
 }
 
@@ -90,12 +85,7 @@ fn encode(items: &[Item]) -> Vec<u8> {
         match item {
             Item::Event { id, event, retry, data } => Encoder::event(
                 &mut bytes,
-                &OutgoingEvent {
-                    id: id.as_deref(),
-                    event: event.as_deref(),
-                    retry: *retry,
-                    data: data.as_deref(),
-                },
+                &OutgoingEvent { id: id.as_deref(), event: event.as_deref(), retry: *retry, data: data.as_deref() },
             )
             .expect("generated fields are valid"),
             Item::Comment(text) => Encoder::comment(&mut bytes, text).expect("no line breaks"),
