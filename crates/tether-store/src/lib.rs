@@ -1,0 +1,108 @@
+//! Storage for tether: sessions with their incarnations, streams of events, request records
+//! and counters, behind one [`Store`] trait.
+//!
+//! Every write that belongs to a session names the incarnation (its [`Epoch`]) it expects and
+//! fails if the session has moved on, so a stale writer can never extend a new incarnation's
+//! history. Reads never renew anything: the server decides on what it read, and renews a session
+//! only through [`Store::touch_session`].
+
+mod memory;
+mod record;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use bytes::Bytes;
+use tether_core::lineage::{Epoch, StreamName, StreamRange};
+
+pub use memory::MemoryStore;
+pub use record::{BeginRequest, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent};
+
+/// A boxed future returned by [`Store`] methods, so the trait works as `dyn Store`.
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// Why a store operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The session does not exist, has ended, or is in another incarnation than the writer's.
+    #[error("session is gone or in another incarnation")]
+    SessionGone,
+    /// A session with this id already exists (ids are never reused).
+    #[error("session id already exists")]
+    DuplicateSession,
+    /// The stream does not exist in this session.
+    #[error("no such stream")]
+    UnknownStream,
+    /// The stream has ended and takes no more events.
+    #[error("stream has ended")]
+    StreamEnded,
+    /// The backend failed (I/O, connection, corruption).
+    #[error("store backend: {0}")]
+    Backend(String),
+}
+
+/// Watches a stream's head: the value is the highest sequence number written, and it changes
+/// whenever an event is appended or the stream ends.
+pub type HeadWatch = tokio::sync::watch::Receiver<u64>;
+
+/// Where sessions, events and request records live.
+///
+/// Implementations must make each method atomic: in particular [`Store::append`] checks the
+/// incarnation and assigns the next sequence number in one step, and
+/// [`Store::begin_request`] records the request and opens its stream in one step.
+pub trait Store: Send + Sync + 'static {
+    /// Records a new session. Fails with [`StoreError::DuplicateSession`] if the id was ever used.
+    fn create_session(&self, record: SessionRecord) -> StoreFuture<'_, ()>;
+
+    /// Reads a session's status at `now_ms` without renewing it.
+    fn session(&self, id: &str, now_ms: u64) -> StoreFuture<'_, SessionStatus>;
+
+    /// Renews a live session of incarnation `epoch` until `now_ms + idle_ttl`. Fails with
+    /// [`StoreError::SessionGone`] if it is unknown, ended, expired at `now_ms`, or rotated.
+    fn touch_session(&self, id: &str, epoch: &Epoch, now_ms: u64) -> StoreFuture<'_, ()>;
+
+    /// Ends a session of incarnation `epoch`; later lookups report how it ended.
+    fn end_session(&self, id: &str, epoch: &Epoch, end: SessionEnd) -> StoreFuture<'_, ()>;
+
+    /// Opens a stream whose event 0 is the priming event (empty data).
+    fn open_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;
+
+    /// Records request `request_key` with the digest of its params and opens its stream,
+    /// unless the key is already recorded in this incarnation: then it reports the existing one.
+    fn begin_request(
+        &self,
+        session: &str,
+        epoch: &Epoch,
+        request_key: &str,
+        params_digest: &str,
+        stream: &StreamName,
+    ) -> StoreFuture<'_, BeginRequest>;
+
+    /// Appends an event and returns its sequence number. With `last`, the stream ends after it
+    /// (a request's final response). Fails if the session is not in incarnation `epoch`.
+    fn append(&self, session: &str, epoch: &Epoch, stream: &StreamName, data: Bytes, last: bool)
+    -> StoreFuture<'_, u64>;
+
+    /// Ends a stream without a final event (a cancelled request). Idempotent.
+    fn end_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;
+
+    /// What is retained of a stream, or `None` if the session has no such stream.
+    fn stream_range(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>>;
+
+    /// Up to `max` retained events with `seq > after`, in order.
+    fn read(&self, session: &str, stream: &StreamName, after: u64, max: usize) -> StoreFuture<'_, Vec<StoredEvent>>;
+
+    /// A watch on the stream's head, for following live events.
+    fn watch(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, HeadWatch>;
+
+    /// Adds `amount` to counter `key` and returns the new value.
+    fn counter_add(&self, key: &str, amount: i64) -> StoreFuture<'_, i64>;
+
+    /// The value of counter `key` (0 if never set).
+    fn counter_get(&self, key: &str) -> StoreFuture<'_, i64>;
+
+    /// Applies retention at `now_ms`: drops ended streams past their retention, forgets ended
+    /// sessions past their tombstone time, and marks sessions past their deadline expired.
+    /// Returns the ids of sessions it expired.
+    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>>;
+}

@@ -1,0 +1,337 @@
+//! The in-memory store: for tests and ephemeral servers.
+//!
+//! Nothing survives the process, and every session's epoch is drawn fresh, so a restarted
+//! server answers old session ids with 404 instead of pretending to continue them.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard};
+
+use bytes::Bytes;
+use tether_core::lineage::{Epoch, StreamName, StreamRange, StreamState};
+use tokio::sync::watch;
+
+use crate::record::{BeginRequest, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent};
+use crate::{HeadWatch, Store, StoreError, StoreFuture};
+
+/// A [`Store`] held in process memory, bounded by its [`Retention`].
+#[derive(Debug)]
+pub struct MemoryStore {
+    retention: Retention,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    sessions: HashMap<String, Slot>,
+    counters: HashMap<String, i64>,
+    total_bytes: usize,
+}
+
+#[derive(Debug)]
+enum Slot {
+    Live(Box<LiveSession>),
+    Ended { end: SessionEnd, at_ms: Option<u64> },
+}
+
+#[derive(Debug)]
+struct LiveSession {
+    record: SessionRecord,
+    streams: HashMap<StreamName, StreamSlot>,
+    /// Request key → (params digest, stream).
+    requests: HashMap<String, (String, StreamName)>,
+    bytes: usize,
+}
+
+#[derive(Debug)]
+struct StreamSlot {
+    events: VecDeque<StoredEvent>,
+    head: u64,
+    state: StreamState,
+    /// Set by the first sweep after the stream ended; retention counts from there.
+    ended_at_ms: Option<u64>,
+    head_tx: watch::Sender<u64>,
+}
+
+impl StreamSlot {
+    fn new() -> StreamSlot {
+        StreamSlot {
+            events: VecDeque::from([StoredEvent { seq: 0, data: Bytes::new() }]),
+            head: 0,
+            state: StreamState::Live,
+            ended_at_ms: None,
+            head_tx: watch::Sender::new(0),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.events.iter().map(|e| e.data.len()).sum()
+    }
+
+    fn range(&self) -> StreamRange {
+        StreamRange {
+            retained_from: self.events.front().map_or(self.head + 1, |e| e.seq),
+            head: self.head,
+            state: self.state,
+        }
+    }
+}
+
+impl MemoryStore {
+    /// An empty store keeping history as `retention` allows.
+    pub fn new(retention: Retention) -> MemoryStore {
+        MemoryStore { retention, inner: Mutex::new(Inner::default()) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave the maps half-updated in a way that
+        // breaks memory safety, and refusing all further requests would be worse.
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Inner {
+    fn live(&mut self, session: &str, epoch: &Epoch) -> Result<&mut LiveSession, StoreError> {
+        match self.sessions.get_mut(session) {
+            Some(Slot::Live(live)) if live.record.epoch == *epoch => Ok(live),
+            _ => Err(StoreError::SessionGone),
+        }
+    }
+
+    fn live_any(&mut self, session: &str) -> Option<&mut LiveSession> {
+        match self.sessions.get_mut(session) {
+            Some(Slot::Live(live)) => Some(live),
+            _ => None,
+        }
+    }
+}
+
+fn ready<T: Send + 'static>(value: Result<T, StoreError>) -> StoreFuture<'static, T> {
+    Box::pin(std::future::ready(value))
+}
+
+impl Store for MemoryStore {
+    fn create_session(&self, record: SessionRecord) -> StoreFuture<'_, ()> {
+        let mut inner = self.lock();
+        if inner.sessions.contains_key(&record.id) {
+            return ready(Err(StoreError::DuplicateSession));
+        }
+        let id = record.id.clone();
+        let live = LiveSession { record, streams: HashMap::new(), requests: HashMap::new(), bytes: 0 };
+        inner.sessions.insert(id, Slot::Live(Box::new(live)));
+        ready(Ok(()))
+    }
+
+    fn session(&self, id: &str, _now_ms: u64) -> StoreFuture<'_, SessionStatus> {
+        let status = match self.lock().sessions.get(id) {
+            None => SessionStatus::Unknown,
+            Some(Slot::Ended { end, .. }) => SessionStatus::Ended(*end),
+            Some(Slot::Live(live)) => SessionStatus::Live(live.record.clone()),
+        };
+        ready(Ok(status))
+    }
+
+    fn touch_session(&self, id: &str, epoch: &Epoch, now_ms: u64) -> StoreFuture<'_, ()> {
+        let mut inner = self.lock();
+        let result = inner.live(id, epoch).and_then(|live| {
+            if now_ms >= live.record.expires_at_ms {
+                return Err(StoreError::SessionGone);
+            }
+            live.record.expires_at_ms = now_ms.saturating_add(live.record.idle_ttl_ms);
+            Ok(())
+        });
+        ready(result)
+    }
+
+    fn end_session(&self, id: &str, epoch: &Epoch, end: SessionEnd) -> StoreFuture<'_, ()> {
+        let mut inner = self.lock();
+        let bytes = match inner.live(id, epoch) {
+            Ok(live) => live.bytes,
+            Err(err) => return ready(Err(err)),
+        };
+        inner.total_bytes -= bytes;
+        // Dropping the streams drops their watch senders, which ends every live connection.
+        inner.sessions.insert(id.to_owned(), Slot::Ended { end, at_ms: None });
+        ready(Ok(()))
+    }
+
+    fn open_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let mut inner = self.lock();
+        let result = inner.live(session, epoch).map(|live| {
+            live.streams.entry(stream.clone()).or_insert_with(StreamSlot::new);
+        });
+        ready(result)
+    }
+
+    fn begin_request(
+        &self,
+        session: &str,
+        epoch: &Epoch,
+        request_key: &str,
+        params_digest: &str,
+        stream: &StreamName,
+    ) -> StoreFuture<'_, BeginRequest> {
+        let mut inner = self.lock();
+        let result = inner.live(session, epoch).map(|live| {
+            if let Some((digest, existing)) = live.requests.get(request_key) {
+                return BeginRequest::Existing { stream: existing.clone(), same_params: digest == params_digest };
+            }
+            live.requests.insert(request_key.to_owned(), (params_digest.to_owned(), stream.clone()));
+            live.streams.insert(stream.clone(), StreamSlot::new());
+            BeginRequest::Started
+        });
+        ready(result)
+    }
+
+    fn append(
+        &self,
+        session: &str,
+        epoch: &Epoch,
+        stream: &StreamName,
+        data: Bytes,
+        last: bool,
+    ) -> StoreFuture<'_, u64> {
+        let retention = self.retention;
+        let mut inner = self.lock();
+        let Inner { sessions, total_bytes, .. } = &mut *inner;
+        let live = match sessions.get_mut(session) {
+            Some(Slot::Live(live)) if live.record.epoch == *epoch => live,
+            _ => return ready(Err(StoreError::SessionGone)),
+        };
+        let Some(slot) = live.streams.get_mut(stream) else {
+            return ready(Err(StoreError::UnknownStream));
+        };
+        if slot.state != StreamState::Live {
+            return ready(Err(StoreError::StreamEnded));
+        }
+        let len = data.len();
+        slot.head += 1;
+        let seq = slot.head;
+        slot.events.push_back(StoredEvent { seq, data });
+        if last {
+            slot.state = StreamState::Complete;
+        }
+        live.bytes += len;
+        *total_bytes += len;
+        *total_bytes -= evict(live, stream, &retention, *total_bytes);
+        if let Some(slot) = live.streams.get(stream) {
+            slot.head_tx.send_replace(seq);
+        }
+        ready(Ok(seq))
+    }
+
+    fn end_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let mut inner = self.lock();
+        let result = inner.live(session, epoch).and_then(|live| {
+            let slot = live.streams.get_mut(stream).ok_or(StoreError::UnknownStream)?;
+            if slot.state == StreamState::Live {
+                slot.state = StreamState::Complete;
+                slot.head_tx.send_replace(slot.head);
+            }
+            Ok(())
+        });
+        ready(result)
+    }
+
+    fn stream_range(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>> {
+        let mut inner = self.lock();
+        let range = inner.live_any(session).and_then(|live| live.streams.get(stream)).map(StreamSlot::range);
+        ready(Ok(range))
+    }
+
+    fn read(&self, session: &str, stream: &StreamName, after: u64, max: usize) -> StoreFuture<'_, Vec<StoredEvent>> {
+        let mut inner = self.lock();
+        let events = inner
+            .live_any(session)
+            .and_then(|live| live.streams.get(stream))
+            .map(|slot| {
+                let first = slot.events.front().map_or(0, |e| e.seq);
+                // Sequence numbers are contiguous, so the position of `after + 1` is computed.
+                let skip = usize::try_from((after + 1).saturating_sub(first)).unwrap_or(usize::MAX);
+                slot.events.iter().skip(skip).take(max).cloned().collect()
+            })
+            .unwrap_or_default();
+        ready(Ok(events))
+    }
+
+    fn watch(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, HeadWatch> {
+        let mut inner = self.lock();
+        let result = inner
+            .live_any(session)
+            .and_then(|live| live.streams.get(stream))
+            .map(|slot| slot.head_tx.subscribe())
+            .ok_or(StoreError::UnknownStream);
+        ready(result)
+    }
+
+    fn counter_add(&self, key: &str, amount: i64) -> StoreFuture<'_, i64> {
+        let mut inner = self.lock();
+        let value = inner.counters.entry(key.to_owned()).or_insert(0);
+        *value = value.saturating_add(amount);
+        ready(Ok(*value))
+    }
+
+    fn counter_get(&self, key: &str) -> StoreFuture<'_, i64> {
+        ready(Ok(self.lock().counters.get(key).copied().unwrap_or(0)))
+    }
+
+    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>> {
+        let retention = self.retention;
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        let mut expired = Vec::new();
+        let mut freed = 0;
+        inner.sessions.retain(|id, slot| match slot {
+            Slot::Ended { at_ms, .. } => {
+                let at = *at_ms.get_or_insert(now_ms);
+                now_ms.saturating_sub(at) < retention.tombstone_ms
+            }
+            Slot::Live(live) if now_ms >= live.record.expires_at_ms => {
+                freed += live.bytes;
+                expired.push(id.clone());
+                *slot = Slot::Ended { end: SessionEnd::Expired, at_ms: Some(now_ms) };
+                true
+            }
+            Slot::Live(live) => {
+                let before = live.bytes;
+                live.streams.retain(|_, s| {
+                    if s.state == StreamState::Live {
+                        return true;
+                    }
+                    let ended = *s.ended_at_ms.get_or_insert(now_ms);
+                    now_ms.saturating_sub(ended) < retention.ended_stream_ms
+                });
+                live.bytes = live.streams.values().map(StreamSlot::bytes).sum();
+                freed += before - live.bytes;
+                true
+            }
+        });
+        inner.total_bytes -= freed;
+        ready(Ok(expired))
+    }
+}
+
+/// Evicts history until `stream`, its session and the global total are within `retention`:
+/// ended streams of the session go first, then the oldest events of `stream` itself (never its
+/// newest). Another session's history is never evicted for this one. Returns the bytes freed.
+fn evict(live: &mut LiveSession, stream: &StreamName, retention: &Retention, total_bytes: usize) -> usize {
+    let mut freed = 0;
+    let over =
+        |bytes: usize, freed: usize| bytes > retention.max_bytes_per_session || total_bytes - freed > retention.max_bytes_total;
+    while over(live.bytes, freed) {
+        let ended = live.streams.iter().find(|(name, slot)| *name != stream && slot.state != StreamState::Live);
+        let Some(name) = ended.map(|(name, _)| name.clone()) else { break };
+        if let Some(slot) = live.streams.remove(&name) {
+            live.bytes -= slot.bytes();
+            freed += slot.bytes();
+        }
+    }
+    let LiveSession { streams, bytes, .. } = live;
+    if let Some(slot) = streams.get_mut(stream) {
+        while slot.events.len() > 1 && (slot.events.len() > retention.max_events_per_stream || over(*bytes, freed)) {
+            let Some(event) = slot.events.pop_front() else { break };
+            *bytes -= event.data.len();
+            freed += event.data.len();
+        }
+    }
+    freed
+}

@@ -1,0 +1,110 @@
+//! The records a store keeps.
+
+use bytes::Bytes;
+use tether_core::lineage::{Epoch, SessionLookup, StreamName};
+use tether_core::mcp::ProtocolVersion;
+
+/// A session as the server created it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionRecord {
+    /// The session id handed to the client.
+    pub id: String,
+    /// The incarnation's replay epoch.
+    pub epoch: Epoch,
+    /// Who created the session; only they may use it. `None` without authentication.
+    pub principal: Option<String>,
+    /// The negotiated protocol version.
+    pub protocol_version: ProtocolVersion,
+    /// The client's `initialize` params (capabilities, client info), so any replica can serve it.
+    pub client: serde_json::Value,
+    /// How long the session lives without activity.
+    pub idle_ttl_ms: u64,
+    /// When it expires unless renewed, in milliseconds since the Unix epoch.
+    pub expires_at_ms: u64,
+}
+
+/// How a session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// By DELETE or by the server.
+    Terminated,
+    /// By idle expiry.
+    Expired,
+}
+
+/// What a store knows about a session id.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionStatus {
+    /// Never issued, or forgotten.
+    Unknown,
+    /// Ended, and remembered as such.
+    Ended(SessionEnd),
+    /// A live record; it may be past its deadline if no sweep has run since.
+    Live(SessionRecord),
+}
+
+impl SessionStatus {
+    /// The view the lineage decisions take.
+    pub fn lookup(&self) -> SessionLookup<'_> {
+        match self {
+            SessionStatus::Unknown => SessionLookup::Unknown,
+            SessionStatus::Ended(SessionEnd::Terminated) => SessionLookup::Terminated,
+            SessionStatus::Ended(SessionEnd::Expired) => SessionLookup::Expired,
+            SessionStatus::Live(record) => {
+                SessionLookup::Live { epoch: &record.epoch, expires_at_ms: record.expires_at_ms }
+            }
+        }
+    }
+}
+
+/// One retained event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEvent {
+    /// Its position in the stream.
+    pub seq: u64,
+    /// Its data: a JSON-RPC message, or empty for the priming event.
+    pub data: Bytes,
+}
+
+/// The outcome of [`Store::begin_request`](crate::Store::begin_request).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BeginRequest {
+    /// New request: its stream is open and it should run.
+    Started,
+    /// The request id was already used in this incarnation.
+    Existing {
+        /// The stream of the original request.
+        stream: StreamName,
+        /// Whether the params are the same as the original's.
+        same_params: bool,
+    },
+}
+
+/// How much history a store keeps, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// How long an ended stream stays replayable.
+    pub ended_stream_ms: u64,
+    /// How long an ended session is remembered as terminated or expired.
+    pub tombstone_ms: u64,
+    /// Most events retained per stream; older ones are evicted.
+    pub max_events_per_stream: usize,
+    /// Most event bytes retained per session.
+    pub max_bytes_per_session: usize,
+    /// Most event bytes retained in all.
+    pub max_bytes_total: usize,
+}
+
+impl Default for Retention {
+    /// Five minutes of ended streams, thirty of tombstones, 10,000 events per stream, 64 MiB
+    /// per session and 1 GiB in all.
+    fn default() -> Self {
+        Retention {
+            ended_stream_ms: 5 * 60_000,
+            tombstone_ms: 30 * 60_000,
+            max_events_per_stream: 10_000,
+            max_bytes_per_session: 64 << 20,
+            max_bytes_total: 1 << 30,
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! The behaviour every [`Store`] backend must have, run against each backend by its own test
+//! file. Time is passed in explicitly, so nothing here sleeps.
+
+use bytes::Bytes;
+use tether_core::lineage::{Epoch, StreamName, StreamState};
+use tether_core::mcp::ProtocolVersion;
+use tether_store::{BeginRequest, Retention, SessionEnd, SessionRecord, SessionStatus, Store, StoreError};
+
+pub const TTL: u64 = 1_000;
+
+/// The retention the suite's backends are built with.
+pub fn retention() -> Retention {
+    Retention {
+        ended_stream_ms: 500,
+        tombstone_ms: 2_000,
+        max_events_per_stream: 8,
+        max_bytes_per_session: 1_000,
+        max_bytes_total: 1 << 20,
+    }
+}
+
+fn epoch(tag: char) -> Epoch {
+    Epoch::parse(&tag.to_string().repeat(22)).expect("valid epoch")
+}
+
+fn stream(name: &str) -> StreamName {
+    StreamName::parse(name).expect("valid stream")
+}
+
+fn record(id: &str, epoch: Epoch, now: u64) -> SessionRecord {
+    SessionRecord {
+        id: id.into(),
+        epoch,
+        principal: None,
+        protocol_version: ProtocolVersion::V2025_11_25,
+        client: serde_json::json!({"capabilities": {}}),
+        idle_ttl_ms: TTL,
+        expires_at_ms: now + TTL,
+    }
+}
+
+async fn seqs(store: &dyn Store, session: &str, s: &StreamName, after: u64) -> Vec<u64> {
+    store.read(session, s, after, usize::MAX).await.expect("read").iter().map(|e| e.seq).collect()
+}
+
+pub async fn sessions_are_created_once_and_read_without_renewal(store: &dyn Store) {
+    let a = epoch('A');
+    store.create_session(record("s1", a.clone(), 0)).await.expect("create");
+    assert_eq!(store.create_session(record("s1", epoch('B'), 0)).await, Err(StoreError::DuplicateSession));
+    let SessionStatus::Live(r) = store.session("s1", 900).await.expect("lookup") else { panic!("live") };
+    assert_eq!((r.epoch, r.expires_at_ms), (a, TTL));
+    // Reading at a later time did not renew it.
+    let SessionStatus::Live(r) = store.session("s1", 950).await.expect("lookup") else { panic!("live") };
+    assert_eq!(r.expires_at_ms, TTL);
+    assert_eq!(store.session("nope", 0).await, Ok(SessionStatus::Unknown));
+}
+
+pub async fn touch_renews_only_a_live_session_of_the_same_incarnation(store: &dyn Store) {
+    let a = epoch('A');
+    store.create_session(record("s2", a.clone(), 0)).await.expect("create");
+    store.touch_session("s2", &a, 500).await.expect("touch");
+    let SessionStatus::Live(r) = store.session("s2", 500).await.expect("lookup") else { panic!("live") };
+    assert_eq!(r.expires_at_ms, 500 + TTL);
+    assert_eq!(store.touch_session("s2", &epoch('B'), 600).await, Err(StoreError::SessionGone));
+    // Past its deadline a session cannot be renewed, even before any sweep ran.
+    assert_eq!(store.touch_session("s2", &a, 500 + TTL).await, Err(StoreError::SessionGone));
+    assert_eq!(store.touch_session("unknown", &a, 0).await, Err(StoreError::SessionGone));
+}
+
+pub async fn ended_sessions_refuse_writes_and_are_remembered(store: &dyn Store) {
+    let a = epoch('A');
+    let s = stream("r1");
+    store.create_session(record("s3", a.clone(), 0)).await.expect("create");
+    store.open_stream("s3", &a, &s).await.expect("open");
+    assert_eq!(store.end_session("s3", &epoch('B'), SessionEnd::Terminated).await, Err(StoreError::SessionGone));
+    store.end_session("s3", &a, SessionEnd::Terminated).await.expect("end");
+    assert_eq!(store.session("s3", 0).await, Ok(SessionStatus::Ended(SessionEnd::Terminated)));
+    assert_eq!(store.append("s3", &a, &s, Bytes::from_static(b"x"), false).await, Err(StoreError::SessionGone));
+    assert_eq!(store.stream_range("s3", &s).await, Ok(None));
+    assert_eq!(store.create_session(record("s3", epoch('C'), 0)).await, Err(StoreError::DuplicateSession));
+}
+
+pub async fn appends_are_contiguous_and_checked_against_the_incarnation(store: &dyn Store) {
+    let a = epoch('A');
+    let s = stream("r1");
+    store.create_session(record("s4", a.clone(), 0)).await.expect("create");
+    store.open_stream("s4", &a, &s).await.expect("open");
+    for expected in 1..=3 {
+        assert_eq!(store.append("s4", &a, &s, Bytes::from(format!("e{expected}")), false).await, Ok(expected));
+    }
+    // A writer from another incarnation neither writes nor consumes a sequence number.
+    assert_eq!(store.append("s4", &epoch('B'), &s, Bytes::from_static(b"stale"), false).await, Err(StoreError::SessionGone));
+    assert_eq!(store.append("s4", &a, &stream("nope"), Bytes::new(), false).await, Err(StoreError::UnknownStream));
+    assert_eq!(store.append("s4", &a, &s, Bytes::from_static(b"final"), true).await, Ok(4));
+    assert_eq!(store.append("s4", &a, &s, Bytes::from_static(b"late"), false).await, Err(StoreError::StreamEnded));
+    let range = store.stream_range("s4", &s).await.expect("range").expect("known stream");
+    assert_eq!((range.retained_from, range.head, range.state), (0, 4, StreamState::Complete));
+    let events = store.read("s4", &s, 0, usize::MAX).await.expect("read");
+    let data: Vec<&[u8]> = events.iter().map(|e| &e.data[..]).collect();
+    assert_eq!(data, [&b"e1"[..], b"e2", b"e3", b"final"]);
+}
+
+pub async fn reads_start_strictly_after_the_cursor(store: &dyn Store) {
+    let a = epoch('A');
+    let s = stream("r1");
+    store.create_session(record("s5", a.clone(), 0)).await.expect("create");
+    store.open_stream("s5", &a, &s).await.expect("open");
+    for _ in 0..5 {
+        store.append("s5", &a, &s, Bytes::from_static(b"x"), false).await.expect("append");
+    }
+    assert_eq!(seqs(store, "s5", &s, 2).await, [3, 4, 5]);
+    assert_eq!(seqs(store, "s5", &s, 5).await, Vec::<u64>::new());
+    assert_eq!(seqs(store, "s5", &s, 9).await, Vec::<u64>::new());
+    assert_eq!(store.read("s5", &s, 0, 2).await.expect("read").len(), 2);
+    // The priming event is event 0 and is returned only to a reader from before it: never.
+    assert_eq!(seqs(store, "s5", &s, 0).await, [1, 2, 3, 4, 5]);
+    assert_eq!(seqs(store, "other", &s, 0).await, Vec::<u64>::new());
+}
+
+pub async fn request_ids_are_recorded_once_per_incarnation(store: &dyn Store) {
+    let a = epoch('A');
+    store.create_session(record("s6", a.clone(), 0)).await.expect("create");
+    let started = store.begin_request("s6", &a, "n:1", "d1", &stream("r1")).await;
+    assert_eq!(started, Ok(BeginRequest::Started));
+    assert!(store.stream_range("s6", &stream("r1")).await.expect("range").is_some());
+    let again = store.begin_request("s6", &a, "n:1", "d1", &stream("r2")).await;
+    assert_eq!(again, Ok(BeginRequest::Existing { stream: stream("r1"), same_params: true }));
+    assert_eq!(store.stream_range("s6", &stream("r2")).await, Ok(None), "no second stream opened");
+    let other = store.begin_request("s6", &a, "n:1", "d2", &stream("r3")).await;
+    assert_eq!(other, Ok(BeginRequest::Existing { stream: stream("r1"), same_params: false }));
+    assert_eq!(store.begin_request("s6", &epoch('B'), "n:2", "d", &stream("r4")).await, Err(StoreError::SessionGone));
+}
+
+pub async fn retention_evicts_oldest_events_and_reports_it_in_the_range(store: &dyn Store) {
+    let a = epoch('A');
+    let s = stream("r1");
+    store.create_session(record("s7", a.clone(), 0)).await.expect("create");
+    store.open_stream("s7", &a, &s).await.expect("open");
+    for _ in 0..20 {
+        store.append("s7", &a, &s, Bytes::from_static(b"x"), false).await.expect("append");
+    }
+    let range = store.stream_range("s7", &s).await.expect("range").expect("known");
+    assert_eq!((range.retained_from, range.head), (13, 20), "8 events retained");
+    assert_eq!(seqs(store, "s7", &s, 3).await, (13..=20).collect::<Vec<_>>());
+}
+
+pub async fn session_byte_cap_evicts_ended_streams_first(store: &dyn Store) {
+    let a = epoch('A');
+    store.create_session(record("s8", a.clone(), 0)).await.expect("create");
+    let (old, live) = (stream("old"), stream("live"));
+    store.open_stream("s8", &a, &old).await.expect("open");
+    store.open_stream("s8", &a, &live).await.expect("open");
+    store.append("s8", &a, &old, Bytes::from(vec![b'o'; 600]), true).await.expect("append");
+    store.append("s8", &a, &live, Bytes::from(vec![b'l'; 300]), false).await.expect("append");
+    assert!(store.stream_range("s8", &old).await.expect("range").is_some());
+    store.append("s8", &a, &live, Bytes::from(vec![b'l'; 300]), false).await.expect("append");
+    assert_eq!(store.stream_range("s8", &old).await, Ok(None), "ended stream evicted first");
+    let range = store.stream_range("s8", &live).await.expect("range").expect("live stream kept");
+    assert_eq!(range.retained_from, 0);
+    // Over the cap with no ended stream left: the live stream loses its oldest events.
+    store.append("s8", &a, &live, Bytes::from(vec![b'l'; 600]), false).await.expect("append");
+    let range = store.stream_range("s8", &live).await.expect("range").expect("live stream kept");
+    assert!(range.retained_from >= 2, "oldest events evicted: {range:?}");
+    assert_eq!(range.head, 3);
+}
+
+pub async fn sweep_expires_idle_sessions_and_drops_old_history(store: &dyn Store) {
+    let a = epoch('A');
+    store.create_session(record("s9", a.clone(), 0)).await.expect("create");
+    store.create_session(record("s10", epoch('B'), 0)).await.expect("create");
+    let done = stream("done");
+    store.open_stream("s9", &a, &done).await.expect("open");
+    store.append("s9", &a, &done, Bytes::from_static(b"result"), true).await.expect("append");
+    store.touch_session("s9", &a, 900).await.expect("touch");
+    // s10 was never renewed: it expires at its deadline.
+    let expired = store.sweep(TTL).await.expect("sweep");
+    assert_eq!(expired, ["s10".to_owned()]);
+    assert_eq!(store.session("s10", TTL).await, Ok(SessionStatus::Ended(SessionEnd::Expired)));
+    assert!(store.stream_range("s9", &done).await.expect("range").is_some(), "ended stream retained");
+    store.touch_session("s9", &a, TTL + 400).await.expect("touch");
+    store.sweep(TTL + 600).await.expect("sweep");
+    assert_eq!(store.stream_range("s9", &done).await, Ok(None), "dropped after its retention");
+    // Tombstones are forgotten after their time.
+    store.sweep(TTL + 2_000).await.expect("sweep");
+    assert_eq!(store.session("s10", TTL + 2_000).await, Ok(SessionStatus::Unknown));
+}
+
+pub async fn watch_follows_the_head_and_closes_with_the_session(store: &dyn Store) {
+    let a = epoch('A');
+    let s = stream("g");
+    store.create_session(record("s11", a.clone(), 0)).await.expect("create");
+    store.open_stream("s11", &a, &s).await.expect("open");
+    let mut head = store.watch("s11", &s).await.expect("watch");
+    assert_eq!(*head.borrow_and_update(), 0);
+    store.append("s11", &a, &s, Bytes::from_static(b"x"), false).await.expect("append");
+    head.changed().await.expect("changed");
+    assert_eq!(*head.borrow_and_update(), 1);
+    store.end_session("s11", &a, SessionEnd::Terminated).await.expect("end");
+    assert!(head.changed().await.is_err(), "the watch closes when the session ends");
+    assert!(store.watch("s11", &s).await.is_err());
+}
+
+pub async fn counters_add_and_read(store: &dyn Store) {
+    assert_eq!(store.counter_get("k").await, Ok(0));
+    assert_eq!(store.counter_add("k", 2).await, Ok(2));
+    assert_eq!(store.counter_add("k", -5).await, Ok(-3));
+    assert_eq!(store.counter_get("k").await, Ok(-3));
+}
+
+/// Declares one `#[tokio::test]` per suite case, each with a fresh store from `$make`.
+#[macro_export]
+macro_rules! store_suite {
+    ($make:expr) => {
+        $crate::store_suite!(@cases $make;
+            sessions_are_created_once_and_read_without_renewal,
+            touch_renews_only_a_live_session_of_the_same_incarnation,
+            ended_sessions_refuse_writes_and_are_remembered,
+            appends_are_contiguous_and_checked_against_the_incarnation,
+            reads_start_strictly_after_the_cursor,
+            request_ids_are_recorded_once_per_incarnation,
+            retention_evicts_oldest_events_and_reports_it_in_the_range,
+            session_byte_cap_evicts_ended_streams_first,
+            sweep_expires_idle_sessions_and_drops_old_history,
+            watch_follows_the_head_and_closes_with_the_session,
+            counters_add_and_read,
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                let store = $make;
+                suite::$case(&store).await;
+            }
+        )*
+    };
+}
