@@ -80,8 +80,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// Appends an event and returns its sequence number. With `last`, the stream ends after it
     /// (a request's final response). Fails if the session is not in incarnation `epoch`.
-    fn append(&self, session: &str, epoch: &Epoch, stream: &StreamName, data: Bytes, last: bool)
-    -> StoreFuture<'_, u64>;
+    fn append(
+        &self,
+        session: &str,
+        epoch: &Epoch,
+        stream: &StreamName,
+        data: Bytes,
+        last: bool,
+    ) -> StoreFuture<'_, u64>;
 
     /// Ends a stream without a final event (a cancelled request). Idempotent.
     fn end_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;

@@ -315,8 +315,9 @@ impl Store for MemoryStore {
 /// newest). Another session's history is never evicted for this one. Returns the bytes freed.
 fn evict(live: &mut LiveSession, stream: &StreamName, retention: &Retention, total_bytes: usize) -> usize {
     let mut freed = 0;
-    let over =
-        |bytes: usize, freed: usize| bytes > retention.max_bytes_per_session || total_bytes - freed > retention.max_bytes_total;
+    let over = |bytes: usize, freed: usize| {
+        bytes > retention.max_bytes_per_session || total_bytes - freed > retention.max_bytes_total
+    };
     while over(live.bytes, freed) {
         let ended = live.streams.iter().find(|(name, slot)| *name != stream && slot.state != StreamState::Live);
         let Some(name) = ended.map(|(name, _)| name.clone()) else { break };

@@ -20,5 +20,6 @@ pub use digest::{Digest, DigestParseError};
 pub use id::{Epoch, EventId, IdError, ObservedId, StreamName, base64url, parse_canonical_u64};
 pub use resync::{RESYNC_EVENT, ResyncNotice, ResyncReason};
 pub use server::{
-    InvalidReason, ServerDecision, SessionLookup, StreamRange, StreamState, Then, decide_resume,
+    InvalidReason, ServerDecision, SessionLookup, StreamRange, StreamState, Then, check_session,
+    decide_resume,
 };

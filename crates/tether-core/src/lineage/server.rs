@@ -113,6 +113,22 @@ pub enum ServerDecision {
     },
 }
 
+/// Whether a session may be used at `now_ms`: its live incarnation's epoch, or why not.
+///
+/// Every request that names a session goes through this, so "expired" means the same thing for
+/// a resume, a POST and a DELETE. It reads and decides; it never renews.
+pub fn check_session(session: SessionLookup<'_>, now_ms: u64) -> Result<&Epoch, InvalidReason> {
+    match session {
+        SessionLookup::Unknown => Err(InvalidReason::UnknownSession),
+        SessionLookup::Terminated => Err(InvalidReason::Terminated),
+        SessionLookup::Expired => Err(InvalidReason::Expired),
+        SessionLookup::Live { expires_at_ms, .. } if now_ms >= expires_at_ms => {
+            Err(InvalidReason::Expired)
+        }
+        SessionLookup::Live { epoch, .. } => Ok(epoch),
+    }
+}
+
 /// Decides how to answer a resume of `cursor` (seed 004's three-way branch).
 ///
 /// `stream` is `None` when the session has no stream by the cursor's name.
@@ -122,18 +138,9 @@ pub fn decide_resume(
     stream: Option<StreamRange>,
     now_ms: u64,
 ) -> ServerDecision {
-    let epoch = match session {
-        SessionLookup::Unknown => {
-            return ServerDecision::SessionInvalid(InvalidReason::UnknownSession);
-        }
-        SessionLookup::Terminated => {
-            return ServerDecision::SessionInvalid(InvalidReason::Terminated);
-        }
-        SessionLookup::Expired => return ServerDecision::SessionInvalid(InvalidReason::Expired),
-        SessionLookup::Live { expires_at_ms, .. } if now_ms >= expires_at_ms => {
-            return ServerDecision::SessionInvalid(InvalidReason::Expired);
-        }
-        SessionLookup::Live { epoch, .. } => epoch,
+    let epoch = match check_session(session, now_ms) {
+        Ok(epoch) => epoch,
+        Err(reason) => return ServerDecision::SessionInvalid(reason),
     };
     if *epoch != cursor.epoch {
         return ServerDecision::SessionInvalid(InvalidReason::IncarnationMismatch);

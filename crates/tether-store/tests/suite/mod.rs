@@ -89,7 +89,10 @@ pub async fn appends_are_contiguous_and_checked_against_the_incarnation(store: &
         assert_eq!(store.append("s4", &a, &s, Bytes::from(format!("e{expected}")), false).await, Ok(expected));
     }
     // A writer from another incarnation neither writes nor consumes a sequence number.
-    assert_eq!(store.append("s4", &epoch('B'), &s, Bytes::from_static(b"stale"), false).await, Err(StoreError::SessionGone));
+    assert_eq!(
+        store.append("s4", &epoch('B'), &s, Bytes::from_static(b"stale"), false).await,
+        Err(StoreError::SessionGone)
+    );
     assert_eq!(store.append("s4", &a, &stream("nope"), Bytes::new(), false).await, Err(StoreError::UnknownStream));
     assert_eq!(store.append("s4", &a, &s, Bytes::from_static(b"final"), true).await, Ok(4));
     assert_eq!(store.append("s4", &a, &s, Bytes::from_static(b"late"), false).await, Err(StoreError::StreamEnded));

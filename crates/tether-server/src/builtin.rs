@@ -1,0 +1,410 @@
+//! The tools, resources and prompts `tether serve` offers: the conformance fixture set and
+//! tools that exercise streaming, resumption and side effects.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tether_core::jsonrpc::{ErrorObject, code};
+
+use crate::context::{Context, ContextError};
+use crate::handler::{Handler, HandlerFuture, ServerInfo};
+use crate::session::LogLevel;
+use crate::tools::{ToolSet, invalid_argument, text_result};
+
+/// A 1×1 PNG.
+const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==";
+/// A WAV header with no samples.
+const WAV: &str = "UklGRiQAAABXQVZFZm10IBAAAAABAAEAQB8AAEAfAAABAAgAZGF0YQAAAAA=";
+
+/// The handler behind `tether serve`.
+#[derive(Debug)]
+pub struct BuiltinHandler {
+    tools: ToolSet,
+}
+
+impl Default for BuiltinHandler {
+    fn default() -> Self {
+        BuiltinHandler::new()
+    }
+}
+
+fn context_error(err: ContextError) -> ErrorObject {
+    ErrorObject::with_reason(code::INTERNAL_ERROR, err.to_string(), "context_failed")
+}
+
+fn u64_arg(args: &Value, name: &str, default: u64, max: u64) -> Result<u64, ErrorObject> {
+    match args.get(name) {
+        None | Some(Value::Null) => Ok(default),
+        Some(value) => value
+            .as_u64()
+            .filter(|n| *n <= max)
+            .ok_or_else(|| invalid_argument(format!("{name} must be an integer from 0 to {max}"))),
+    }
+}
+
+fn str_arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, ErrorObject> {
+    args.get(name).and_then(Value::as_str).ok_or_else(|| invalid_argument(format!("{name} must be a string")))
+}
+
+fn schema(properties: Value, required: &[&str]) -> Value {
+    json!({"type": "object", "properties": properties, "required": required})
+}
+
+fn tool(name: &str, description: &str, input_schema: Value) -> Value {
+    json!({"name": name, "description": description, "inputSchema": input_schema})
+}
+
+async fn sleep_ms(ms: u64) {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+impl BuiltinHandler {
+    /// The built-in tool set.
+    pub fn new() -> BuiltinHandler {
+        let mut tools = ToolSet::new();
+        add_stream_tools(&mut tools);
+        add_fixture_tools(&mut tools);
+        BuiltinHandler { tools }
+    }
+}
+
+/// Tools for streaming, resumption and side effects.
+fn add_stream_tools(tools: &mut ToolSet) {
+    tools.add(
+        tool(
+            "count",
+            "Sends `to` notifications on the request's stream, `interval_ms` apart: progress if the request has a progress token, else notifications/message with data {\"count\": i}. Then a text result.",
+            schema(json!({"to": {"type": "integer", "minimum": 0}, "interval_ms": {"type": "integer", "minimum": 0}}), &["to"]),
+        ),
+        |ctx, args| async move {
+            let to = u64_arg(&args, "to", 0, 1_000_000)?;
+            let interval = u64_arg(&args, "interval_ms", 0, 60_000)?;
+            for i in 1..=to {
+                if i > 1 && interval > 0 {
+                    sleep_ms(interval).await;
+                }
+                let sent = if ctx.has_progress_token() {
+                    ctx.progress(i as f64, Some(to as f64), None).await
+                } else {
+                    ctx.notify("notifications/message", json!({"level": "info", "data": {"count": i}})).await
+                };
+                sent.map_err(context_error)?;
+            }
+            Ok(text_result(format!("counted to {to}")))
+        },
+    );
+    tools.add(
+        tool(
+            "counter_add",
+            "Adds `amount` to the store-backed counter `key` and returns the new value. Not idempotent.",
+            schema(json!({"key": {"type": "string"}, "amount": {"type": "integer"}}), &["key", "amount"]),
+        ),
+        |ctx, args| async move {
+            let key = str_arg(&args, "key")?;
+            let amount = args
+                .get("amount")
+                .and_then(Value::as_i64)
+                .ok_or_else(|| invalid_argument("amount must be an integer"))?;
+            let value = ctx.store().counter_add(key, amount).await.map_err(|e| internal(e.to_string()))?;
+            Ok(counter_result(value))
+        },
+    );
+    tools.add(
+        {
+            let mut definition = tool(
+                "counter_get",
+                "Returns the value of the store-backed counter `key`.",
+                schema(json!({"key": {"type": "string"}}), &["key"]),
+            );
+            definition["annotations"] = json!({"readOnlyHint": true, "idempotentHint": true});
+            definition
+        },
+        |ctx, args| async move {
+            let key = str_arg(&args, "key")?;
+            let value = ctx.store().counter_get(key).await.map_err(|e| internal(e.to_string()))?;
+            Ok(counter_result(value))
+        },
+    );
+    tools.add(
+        tool(
+            "broadcast",
+            "Sends `count` notifications/message on the session's standalone GET stream, `interval_ms` apart.",
+            schema(
+                json!({"count": {"type": "integer", "minimum": 0}, "interval_ms": {"type": "integer", "minimum": 0}}),
+                &["count"],
+            ),
+        ),
+        |ctx, args| async move {
+            let count = u64_arg(&args, "count", 0, 1_000_000)?;
+            let interval = u64_arg(&args, "interval_ms", 0, 60_000)?;
+            let mut delivered = 0;
+            for i in 1..=count {
+                if i > 1 && interval > 0 {
+                    sleep_ms(interval).await;
+                }
+                let params = json!({"level": "info", "data": {"broadcast": i}});
+                if ctx.broadcast("notifications/message", params).await.map_err(context_error)? {
+                    delivered += 1;
+                }
+            }
+            Ok(text_result(format!("broadcast {delivered} of {count} notifications")))
+        },
+    );
+    tools.add(
+        tool(
+            "sleep",
+            "Waits `ms` milliseconds, then returns.",
+            schema(json!({"ms": {"type": "integer", "minimum": 0}}), &["ms"]),
+        ),
+        |ctx, args| async move {
+            let ms = u64_arg(&args, "ms", 0, 3_600_000)?;
+            tokio::select! {
+                () = sleep_ms(ms) => Ok(text_result(format!("slept {ms} ms"))),
+                () = ctx.cancelled() => Err(ErrorObject::with_reason(code::INTERNAL_ERROR, "cancelled", "cancelled")),
+            }
+        },
+    );
+}
+
+fn counter_result(value: i64) -> Value {
+    json!({"content": [{"type": "text", "text": value.to_string()}], "structuredContent": {"value": value}})
+}
+
+fn internal(message: String) -> ErrorObject {
+    ErrorObject::with_reason(code::INTERNAL_ERROR, message, "internal")
+}
+
+/// The tools the MCP conformance suite (0.1.16) expects of an "everything" server.
+fn add_fixture_tools(tools: &mut ToolSet) {
+    let none = || schema(json!({}), &[]);
+    tools.add(tool("test_simple_text", "Returns a simple text.", none()), |_, _| async {
+        Ok(text_result("This is a simple text response for testing."))
+    });
+    tools.add(tool("test_image_content", "Returns an image.", none()), |_, _| async {
+        Ok(json!({"content": [{"type": "image", "data": PNG, "mimeType": "image/png"}]}))
+    });
+    tools.add(tool("test_audio_content", "Returns audio.", none()), |_, _| async {
+        Ok(json!({"content": [{"type": "audio", "data": WAV, "mimeType": "audio/wav"}]}))
+    });
+    tools.add(tool("test_embedded_resource", "Returns an embedded resource.", none()), |_, _| async {
+        Ok(json!({"content": [{"type": "resource", "resource": {
+            "uri": "test://embedded-resource", "mimeType": "text/plain", "text": "This is an embedded resource content."}}]}))
+    });
+    tools.add(tool("test_multiple_content_types", "Returns text, image and resource.", none()), |_, _| async {
+        Ok(json!({"content": [
+            {"type": "text", "text": "Multiple content types test:"},
+            {"type": "image", "data": PNG, "mimeType": "image/png"},
+            {"type": "resource", "resource": {"uri": "test://mixed-content-resource", "mimeType": "application/json",
+                "text": "{\"test\":\"data\",\"value\":123}"}},
+        ]}))
+    });
+    tools.add(tool("test_tool_with_logging", "Logs three messages while running.", none()), |ctx, _| async move {
+        for (i, text) in
+            ["Tool execution started", "Tool processing data", "Tool execution completed"].into_iter().enumerate()
+        {
+            if i > 0 {
+                sleep_ms(50).await;
+            }
+            ctx.log(LogLevel::Info, json!(text)).await.map_err(context_error)?;
+        }
+        Ok(text_result("Tool with logging executed successfully"))
+    });
+    tools.add(tool("test_error_handling", "Always fails.", none()), |_, _| async {
+        Ok(json!({"isError": true, "content": [{"type": "text", "text": "This tool intentionally returns an error for testing"}]}))
+    });
+    tools.add(tool("test_tool_with_progress", "Reports progress 0, 50, 100.", none()), |ctx, _| async move {
+        for (i, progress) in [0.0, 50.0, 100.0].into_iter().enumerate() {
+            if i > 0 {
+                sleep_ms(50).await;
+            }
+            ctx.progress(progress, Some(100.0), None).await.map_err(context_error)?;
+        }
+        Ok(text_result("Tool with progress executed successfully"))
+    });
+    tools.add(
+        tool("test_sampling", "Asks the client's LLM.", schema(json!({"prompt": {"type": "string"}}), &["prompt"])),
+        |ctx, args| async move {
+            let prompt = str_arg(&args, "prompt")?.to_owned();
+            let params =
+                json!({"messages": [{"role": "user", "content": {"type": "text", "text": prompt}}], "maxTokens": 100});
+            let answer = ctx.request("sampling/createMessage", params).await.map_err(context_error)?;
+            let text = answer.pointer("/content/text").and_then(Value::as_str).unwrap_or_default().to_owned();
+            Ok(text_result(format!("LLM response: {text}")))
+        },
+    );
+    tools.add(
+        tool("test_elicitation", "Asks the user.", schema(json!({"message": {"type": "string"}}), &["message"])),
+        |ctx, args| async move {
+            let message = str_arg(&args, "message")?.to_owned();
+            let params = json!({"message": message, "requestedSchema": {"type": "object", "properties": {
+                "username": {"type": "string", "description": "User's response"},
+                "email": {"type": "string", "description": "User's email address"}},
+                "required": ["username", "email"]}});
+            let answer = ctx.request("elicitation/create", params).await.map_err(context_error)?;
+            Ok(text_result(format!("User response: {answer}")))
+        },
+    );
+    tools.add(tool("test_elicitation_sep1034_defaults", "Elicitation with defaults.", none()), |ctx, _| async move {
+        let params = json!({"message": "Please review and update the form fields with defaults", "requestedSchema": {
+            "type": "object", "properties": {
+                "name": {"type": "string", "description": "User name", "default": "John Doe"},
+                "age": {"type": "integer", "description": "User age", "default": 30},
+                "score": {"type": "number", "description": "User score", "default": 95.5},
+                "status": {"type": "string", "description": "User status", "enum": ["active", "inactive", "pending"], "default": "active"},
+                "verified": {"type": "boolean", "description": "Verification status", "default": true}}}});
+        let answer = ctx.request("elicitation/create", params).await.map_err(context_error)?;
+        Ok(elicitation_result(&answer))
+    });
+    tools.add(tool("test_elicitation_sep1330_enums", "Elicitation with enum variants.", none()), |ctx, _| async move {
+        let params = json!({"message": "Please select options from the enum fields", "requestedSchema": {
+            "type": "object", "properties": {
+                "untitledSingle": {"type": "string", "description": "Choose one", "enum": ["option1", "option2", "option3"]},
+                "titledSingle": {"type": "string", "description": "Choose one", "oneOf": [
+                    {"const": "value1", "title": "First Option"}, {"const": "value2", "title": "Second Option"},
+                    {"const": "value3", "title": "Third Option"}]},
+                "legacyEnum": {"type": "string", "description": "Choose one", "enum": ["opt1", "opt2", "opt3"],
+                    "enumNames": ["Option One", "Option Two", "Option Three"]},
+                "untitledMulti": {"type": "array", "description": "Choose several",
+                    "items": {"type": "string", "enum": ["option1", "option2", "option3"]}},
+                "titledMulti": {"type": "array", "description": "Choose several", "items": {"anyOf": [
+                    {"const": "value1", "title": "First Choice"}, {"const": "value2", "title": "Second Choice"},
+                    {"const": "value3", "title": "Third Choice"}]}}}}});
+        let answer = ctx.request("elicitation/create", params).await.map_err(context_error)?;
+        Ok(elicitation_result(&answer))
+    });
+    tools.add(
+        json!({"name": "json_schema_2020_12_tool", "description": "Tool with JSON Schema 2020-12 features", "inputSchema": {
+            "$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+            "$defs": {"address": {"type": "object", "properties": {"street": {"type": "string"}, "city": {"type": "string"}}}},
+            "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/address"}},
+            "additionalProperties": false}}),
+        |_, args| async move { Ok(text_result(format!("received {args}"))) },
+    );
+    tools.add(
+        tool(
+            "test_reconnection",
+            "Closes the connection mid-call (SEP-1699); the result arrives after the client resumes.",
+            none(),
+        ),
+        |ctx, _| async move {
+            ctx.log(LogLevel::Info, json!("closing the connection; resume to get the result"))
+                .await
+                .map_err(context_error)?;
+            ctx.close_connection();
+            sleep_ms(100).await;
+            Ok(text_result("Reconnection test completed"))
+        },
+    );
+}
+
+fn elicitation_result(answer: &Value) -> Value {
+    let action = answer.get("action").and_then(Value::as_str).unwrap_or("unknown");
+    let content = answer.get("content").cloned().unwrap_or(Value::Null);
+    text_result(format!("Elicitation completed: action={action}, content={content}"))
+}
+
+fn resources_list() -> Value {
+    json!({"resources": [
+        {"uri": "test://static-text", "name": "static-text", "description": "A static text resource", "mimeType": "text/plain"},
+        {"uri": "test://static-binary", "name": "static-binary", "description": "A static binary resource", "mimeType": "image/png"},
+        {"uri": "test://watched-resource", "name": "watched-resource", "description": "A resource to subscribe to", "mimeType": "text/plain"},
+    ]})
+}
+
+fn resource_read(params: &Value) -> Result<Value, ErrorObject> {
+    let uri = str_arg(params, "uri")?;
+    let content = match uri {
+        "test://static-text" => {
+            json!({"uri": uri, "mimeType": "text/plain", "text": "This is the content of the static text resource."})
+        }
+        "test://static-binary" => json!({"uri": uri, "mimeType": "image/png", "blob": PNG}),
+        "test://watched-resource" => json!({"uri": uri, "mimeType": "text/plain", "text": "Watched resource content."}),
+        _ => match uri.strip_prefix("test://template/").and_then(|rest| rest.strip_suffix("/data")) {
+            Some(id) if !id.is_empty() && !id.contains('/') => {
+                let text = json!({"id": id, "templateTest": true, "data": format!("Data for ID: {id}")}).to_string();
+                json!({"uri": uri, "mimeType": "application/json", "text": text})
+            }
+            _ => {
+                return Err(ErrorObject::with_reason(
+                    -32002,
+                    format!("resource {uri:?} not found"),
+                    "resource_not_found",
+                ));
+            }
+        },
+    };
+    Ok(json!({"contents": [content]}))
+}
+
+fn prompts_list() -> Value {
+    json!({"prompts": [
+        {"name": "test_simple_prompt", "description": "A simple prompt without arguments"},
+        {"name": "test_prompt_with_arguments", "description": "A prompt with arguments", "arguments": [
+            {"name": "arg1", "description": "First test argument", "required": true},
+            {"name": "arg2", "description": "Second test argument", "required": true}]},
+        {"name": "test_prompt_with_embedded_resource", "description": "A prompt with an embedded resource", "arguments": [
+            {"name": "resourceUri", "description": "URI of the resource to embed", "required": true}]},
+        {"name": "test_prompt_with_image", "description": "A prompt with an image"},
+    ]})
+}
+
+fn prompt_get(params: &Value) -> Result<Value, ErrorObject> {
+    let name = str_arg(params, "name")?;
+    let args = params.get("arguments").cloned().unwrap_or_else(|| json!({}));
+    let arg = |key: &str| args.get(key).and_then(Value::as_str).unwrap_or_default().to_owned();
+    let user = |content: Value| json!({"role": "user", "content": content});
+    let messages = match name {
+        "test_simple_prompt" => vec![user(json!({"type": "text", "text": "This is a simple prompt for testing."}))],
+        "test_prompt_with_arguments" => vec![user(json!({"type": "text",
+            "text": format!("Prompt with arguments: arg1='{}', arg2='{}'", arg("arg1"), arg("arg2"))}))],
+        "test_prompt_with_embedded_resource" => vec![
+            user(json!({"type": "resource", "resource": {"uri": arg("resourceUri"), "mimeType": "text/plain",
+                "text": "Embedded resource content for testing."}})),
+            user(json!({"type": "text", "text": "Please process the embedded resource above."})),
+        ],
+        "test_prompt_with_image" => vec![
+            user(json!({"type": "image", "data": PNG, "mimeType": "image/png"})),
+            user(json!({"type": "text", "text": "Please analyze the image above."})),
+        ],
+        _ => return Err(invalid_argument(format!("unknown prompt {name:?}"))),
+    };
+    Ok(json!({"messages": messages}))
+}
+
+impl Handler for BuiltinHandler {
+    fn info(&self) -> ServerInfo {
+        ServerInfo {
+            name: "tether".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            instructions: None,
+            capabilities: json!({
+                "tools": {"listChanged": false},
+                "resources": {"subscribe": true, "listChanged": false},
+                "prompts": {"listChanged": false},
+                "completions": {},
+            }),
+        }
+    }
+
+    fn call(&self, ctx: Context, method: String, params: Value) -> HandlerFuture {
+        let ready = |result: Result<Value, ErrorObject>| -> HandlerFuture { Box::pin(std::future::ready(result)) };
+        match method.as_str() {
+            "tools/list" => ready(Ok(self.tools.list())),
+            "tools/call" => self.tools.call(ctx, &params),
+            "resources/list" => ready(Ok(resources_list())),
+            "resources/templates/list" => ready(Ok(json!({"resourceTemplates": [{
+                "uriTemplate": "test://template/{id}/data", "name": "template", "description": "A templated resource",
+                "mimeType": "application/json"}]}))),
+            "resources/read" => ready(resource_read(&params)),
+            "resources/subscribe" | "resources/unsubscribe" => ready(Ok(json!({}))),
+            "prompts/list" => ready(Ok(prompts_list())),
+            "prompts/get" => ready(prompt_get(&params)),
+            "completion/complete" => ready(Ok(json!({"completion": {"values": [], "total": 0, "hasMore": false}}))),
+            _ => ready(Err(ErrorObject::with_reason(
+                code::METHOD_NOT_FOUND,
+                format!("method {method:?} not found"),
+                "method_not_found",
+            ))),
+        }
+    }
+}

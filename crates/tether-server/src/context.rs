@@ -1,0 +1,264 @@
+//! What a handler gets for one request: a way to send notifications, progress and
+//! server-to-client requests on the request's stream, and to notice cancellation.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tether_core::jsonrpc::{ErrorObject, Message, Notification, Request, RequestId, Response};
+use tether_core::lineage::StreamName;
+use tether_core::mcp::method;
+use tether_store::{Store, StoreError};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::session::{LogLevel, SessionRuntime};
+
+/// Why a context operation did not happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ContextError {
+    /// The request was cancelled, or its session ended.
+    #[error("the request was cancelled")]
+    Cancelled,
+    /// The client is gone: its stream or session no longer exists.
+    #[error("the request's stream is gone: {0}")]
+    StreamGone(String),
+    /// Server-to-client requests need a legacy session (2026-07-28 has none).
+    #[error("server-to-client requests need a session")]
+    NoSession,
+    /// The client answered with an error.
+    #[error("the client answered with error {code}: {message}")]
+    Client {
+        /// The error code.
+        code: i64,
+        /// The error message.
+        message: String,
+    },
+}
+
+impl From<StoreError> for ContextError {
+    fn from(err: StoreError) -> Self {
+        ContextError::StreamGone(err.to_string())
+    }
+}
+
+/// How the first output of a request looked, which decides JSON or SSE for its response.
+#[derive(Debug)]
+pub(crate) enum FirstOutput {
+    /// The result came before anything else: answer with JSON.
+    Final(Bytes),
+    /// Something came before the result: answer with SSE.
+    Event,
+}
+
+/// Where a request's messages go.
+pub(crate) enum Output {
+    /// Legacy sessions: into the store, durable before any client sees them.
+    Stored { store: Arc<dyn Store>, runtime: Arc<SessionRuntime>, stream: StreamName },
+    /// 2026-07-28: straight to the one connection, which is the request's whole life.
+    Direct { tx: mpsc::Sender<(Bytes, bool)> },
+}
+
+struct Shared {
+    output: Output,
+    first: Mutex<Option<oneshot::Sender<FirstOutput>>>,
+    progress_token: Option<Value>,
+    cancel: CancellationToken,
+    store: Arc<dyn Store>,
+}
+
+/// A JSON number, integral when the value is (progress counts are usually whole).
+fn number(value: f64) -> Value {
+    if value.fract() == 0.0 && value.abs() < 9.0e15 { json!(value as i64) } else { json!(value) }
+}
+
+/// The handler's view of one request. Cheap to clone.
+#[derive(Clone)]
+pub struct Context {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").field("progress_token", &self.shared.progress_token).finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    pub(crate) fn new(
+        output: Output,
+        progress_token: Option<Value>,
+        cancel: CancellationToken,
+        store: Arc<dyn Store>,
+    ) -> (Context, oneshot::Receiver<FirstOutput>) {
+        let (tx, rx) = oneshot::channel();
+        let shared = Shared { output, first: Mutex::new(Some(tx)), progress_token, cancel, store };
+        (Context { shared: Arc::new(shared) }, rx)
+    }
+
+    /// The session id, in a legacy session.
+    pub fn session_id(&self) -> Option<&str> {
+        match &self.shared.output {
+            Output::Stored { runtime, .. } => Some(&runtime.id),
+            Output::Direct { .. } => None,
+        }
+    }
+
+    /// The store, for handlers that keep state (the built-in counters do).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.shared.store
+    }
+
+    /// Whether the request has a progress token, so progress notifications will be sent.
+    pub fn has_progress_token(&self) -> bool {
+        self.shared.progress_token.is_some()
+    }
+
+    /// Sends `notifications/progress` if the request asked for progress; otherwise does nothing.
+    pub async fn progress(&self, progress: f64, total: Option<f64>, message: Option<&str>) -> Result<(), ContextError> {
+        let Some(token) = &self.shared.progress_token else { return Ok(()) };
+        let mut params = json!({"progressToken": token, "progress": number(progress)});
+        if let Some(total) = total {
+            params["total"] = number(total);
+        }
+        if let Some(message) = message {
+            params["message"] = json!(message);
+        }
+        self.notify(method::PROGRESS, params).await
+    }
+
+    /// Sends `notifications/message` at `level`, unless the client set a higher log level.
+    pub async fn log(&self, level: LogLevel, data: Value) -> Result<(), ContextError> {
+        if let Output::Stored { runtime, .. } = &self.shared.output
+            && level < runtime.log_level()
+        {
+            return Ok(());
+        }
+        self.notify(method::MESSAGE, json!({"level": level.as_str(), "data": data})).await
+    }
+
+    /// Sends a notification related to this request, on its stream.
+    pub async fn notify(&self, method: &str, params: Value) -> Result<(), ContextError> {
+        let message = Message::Notification(Notification { method: method.to_owned(), params: Some(params) });
+        self.emit(message.to_vec(), false).await
+    }
+
+    /// Sends a request to the client on this request's stream (sampling, elicitation, roots)
+    /// and waits for the answer the client POSTs back.
+    pub async fn request(&self, method: &str, params: Value) -> Result<Value, ContextError> {
+        let Output::Stored { runtime, .. } = &self.shared.output else { return Err(ContextError::NoSession) };
+        let (id, answer) = runtime.register_client_request();
+        let message = Message::Request(Request {
+            id: RequestId::String(id.clone()),
+            method: method.to_owned(),
+            params: Some(params),
+        });
+        if let Err(err) = self.emit(message.to_vec(), false).await {
+            runtime.forget_client_request(&id);
+            return Err(err);
+        }
+        tokio::select! {
+            answer = answer => match answer {
+                Ok(Ok(result)) => Ok(result),
+                Ok(Err(error)) => Err(ContextError::Client { code: error.code, message: error.message }),
+                Err(_) => Err(ContextError::Cancelled),
+            },
+            () = self.shared.cancel.cancelled() => {
+                runtime.forget_client_request(&id);
+                Err(ContextError::Cancelled)
+            }
+        }
+    }
+
+    /// Appends a notification to the session's standalone (GET) stream. Returns `false` if the
+    /// client never opened one, so there is nowhere to deliver it.
+    pub async fn broadcast(&self, method: &str, params: Value) -> Result<bool, ContextError> {
+        let Output::Stored { store, runtime, .. } = &self.shared.output else { return Err(ContextError::NoSession) };
+        let Some(stream) = runtime.get_stream() else { return Ok(false) };
+        let message = Message::Notification(Notification { method: method.to_owned(), params: Some(params) });
+        store.append(&runtime.id, &runtime.epoch, &stream, Bytes::from(message.to_vec()), false).await?;
+        Ok(true)
+    }
+
+    /// Closes the client's connection to this request's stream without ending the stream
+    /// (SEP-1699): the client resumes with `Last-Event-ID` after the announced `retry` delay.
+    pub fn close_connection(&self) {
+        if let Output::Stored { runtime, stream, .. } = &self.shared.output {
+            self.signal(|| FirstOutput::Event);
+            runtime.kick(stream);
+        }
+    }
+
+    /// Resolves when the request is cancelled (by `notifications/cancelled`, by the session
+    /// ending, or in 2026-07-28 by the client closing the response stream).
+    pub async fn cancelled(&self) {
+        self.shared.cancel.cancelled().await;
+    }
+
+    /// Whether the request has been cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        self.shared.cancel.is_cancelled()
+    }
+
+    /// Sends the request's final response. Called once, by the dispatcher.
+    pub(crate) async fn respond(&self, id: RequestId, outcome: Result<Value, ErrorObject>) -> Result<(), ContextError> {
+        let outcome = match &self.shared.output {
+            // 2026-07-28 results say whether they are complete; these always are.
+            Output::Direct { .. } => outcome.map(|mut result| {
+                if let Value::Object(map) = &mut result {
+                    map.entry("resultType").or_insert_with(|| json!("complete"));
+                }
+                result
+            }),
+            Output::Stored { .. } => outcome,
+        };
+        let message = Message::Response(Response { id: Some(id), outcome });
+        self.emit(message.to_vec(), true).await
+    }
+
+    /// Ends the request's stream without a response (it was cancelled).
+    pub(crate) async fn end_without_response(&self) {
+        self.signal(|| FirstOutput::Event);
+        if let Output::Stored { store, runtime, stream } = &self.shared.output
+            && let Err(err) = store.end_stream(&runtime.id, &runtime.epoch, stream).await
+        {
+            tracing::debug!(%err, "ending a cancelled request's stream");
+        }
+    }
+
+    async fn emit(&self, bytes: Vec<u8>, last: bool) -> Result<(), ContextError> {
+        if self.shared.cancel.is_cancelled() {
+            return Err(ContextError::Cancelled);
+        }
+        let bytes = Bytes::from(bytes);
+        match &self.shared.output {
+            Output::Stored { store, runtime, stream } => {
+                store.append(&runtime.id, &runtime.epoch, stream, bytes.clone(), last).await?;
+                self.signal(|| if last { FirstOutput::Final(bytes) } else { FirstOutput::Event });
+                Ok(())
+            }
+            Output::Direct { tx } => {
+                let mut first = self.first_sender();
+                if last && let Some(first) = first.take() {
+                    let _ = first.send(FirstOutput::Final(bytes));
+                    return Ok(());
+                }
+                if let Some(first) = first {
+                    let _ = first.send(FirstOutput::Event);
+                }
+                tx.send((bytes, last)).await.map_err(|_| ContextError::Cancelled)
+            }
+        }
+    }
+
+    fn first_sender(&self) -> Option<oneshot::Sender<FirstOutput>> {
+        self.shared.first.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
+    }
+
+    fn signal(&self, first: impl FnOnce() -> FirstOutput) {
+        if let Some(tx) = self.first_sender() {
+            // The POST may have gone away; the output is in the store either way.
+            let _ = tx.send(first());
+        }
+    }
+}

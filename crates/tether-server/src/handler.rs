@@ -1,0 +1,39 @@
+//! What an application implements: a handler for MCP requests.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use serde_json::Value;
+use tether_core::jsonrpc::ErrorObject;
+
+use crate::context::Context;
+
+/// The future a handler returns.
+pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Value, ErrorObject>> + Send + 'static>>;
+
+/// Who the server is, as `initialize` and `server/discover` report it.
+#[derive(Debug, Clone)]
+pub struct ServerInfo {
+    /// `serverInfo.name`.
+    pub name: String,
+    /// `serverInfo.version`.
+    pub version: String,
+    /// Optional instructions for the model.
+    pub instructions: Option<String>,
+    /// The server capabilities (`tools`, `resources`, `prompts`, ...). tether adds `logging`
+    /// and its own experimental capabilities.
+    pub capabilities: Value,
+}
+
+/// Answers MCP requests. tether handles the protocol itself (`initialize`, `ping`,
+/// `logging/setLevel`, `server/discover`, sessions, streams, resumption); everything else —
+/// `tools/*`, `resources/*`, `prompts/*`, `completion/complete` — reaches [`Handler::call`].
+pub trait Handler: Send + Sync + 'static {
+    /// Who the server is and what it offers.
+    fn info(&self) -> ServerInfo;
+
+    /// Handles one request. Notifications, progress and server-to-client requests go through
+    /// `ctx`; the returned value is the result. Unknown methods should return
+    /// `-32601` (method not found).
+    fn call(&self, ctx: Context, method: String, params: Value) -> HandlerFuture;
+}

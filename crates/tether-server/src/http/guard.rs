@@ -1,0 +1,165 @@
+//! Checks every request passes before anything else looks at it: origin, host, credentials,
+//! media types and protocol version.
+
+use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, ORIGIN, WWW_AUTHENTICATE};
+use http::{HeaderMap, HeaderValue, StatusCode};
+use serde_json::json;
+use tether_core::mcp::{ProtocolVersion, code, header};
+
+use super::reject::Rejection;
+use crate::auth::Authenticator;
+use crate::config::ServerConfig;
+
+fn is_loopback_host(host: &str) -> bool {
+    // Strip a port, keeping bracketed IPv6 literals whole.
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host
+            .rsplit_once(':')
+            .map_or(host, |(name, port)| if port.bytes().all(|b| b.is_ascii_digit()) { name } else { host }),
+    };
+    let name = name.trim_end_matches('.');
+    name.eq_ignore_ascii_case("localhost")
+        || name == "::1"
+        || name.parse::<std::net::Ipv4Addr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+fn is_loopback_origin(origin: &str) -> bool {
+    origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+        .is_some_and(|authority| !authority.contains('/') && is_loopback_host(authority))
+}
+
+/// Origin (403) and, when bound to loopback, Host (403): the DNS-rebinding defences.
+pub(crate) fn origin_and_host(headers: &HeaderMap, config: &ServerConfig) -> Result<(), Rejection> {
+    if let Some(origin) = headers.get(ORIGIN) {
+        let origin = origin.to_str().unwrap_or("");
+        let allowed = is_loopback_origin(origin) || config.allowed_origins.iter().any(|o| o == origin);
+        if !allowed {
+            return Err(Rejection::new(
+                StatusCode::FORBIDDEN,
+                -32000,
+                "origin_not_allowed",
+                format!("origin {origin:?} is not allowed"),
+            ));
+        }
+    }
+    if config.require_loopback_host {
+        let host = headers.get(HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+        if !is_loopback_host(host) {
+            return Err(Rejection::new(
+                StatusCode::FORBIDDEN,
+                -32000,
+                "host_not_allowed",
+                format!("host {host:?} is not a loopback name; this server is bound to loopback"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The caller's principal, or 401 when authentication is required and missing or wrong.
+pub(crate) fn authenticate(headers: &HeaderMap, auth: Option<&dyn Authenticator>) -> Result<Option<String>, Rejection> {
+    let Some(auth) = auth else { return Ok(None) };
+    let credentials = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
+    auth.authenticate(credentials).map(Some).ok_or_else(|| {
+        Rejection::new(StatusCode::UNAUTHORIZED, -32000, "unauthorized", "missing or invalid bearer token")
+            .with_header(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))
+    })
+}
+
+/// Whether an `Accept` header admits `media` (`type/subtype`), counting wildcards.
+fn accepts(headers: &HeaderMap, media: &str) -> bool {
+    let (kind, _) = media.split_once('/').unwrap_or((media, ""));
+    headers.get_all(ACCEPT).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).any(|range| {
+        let range = range.split(';').next().unwrap_or("").trim();
+        range.eq_ignore_ascii_case(media) || range == "*/*" || range.eq_ignore_ascii_case(&format!("{kind}/*"))
+    })
+}
+
+fn not_acceptable(needed: &str) -> Rejection {
+    Rejection::new(StatusCode::NOT_ACCEPTABLE, -32000, "not_acceptable", format!("Accept must include {needed}"))
+}
+
+/// A POST must accept both JSON and SSE (406 otherwise) and send JSON (415 otherwise).
+pub(crate) fn post_media(headers: &HeaderMap) -> Result<(), Rejection> {
+    if !(accepts(headers, "application/json") && accepts(headers, "text/event-stream")) {
+        return Err(not_acceptable("application/json and text/event-stream"));
+    }
+    let content_type = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let essence = content_type.split(';').next().unwrap_or("").trim();
+    if !essence.eq_ignore_ascii_case("application/json") {
+        return Err(Rejection::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            -32000,
+            "unsupported_media_type",
+            "Content-Type must be application/json",
+        ));
+    }
+    Ok(())
+}
+
+/// A GET must accept SSE (406 otherwise).
+pub(crate) fn get_media(headers: &HeaderMap) -> Result<(), Rejection> {
+    if accepts(headers, "text/event-stream") { Ok(()) } else { Err(not_acceptable("text/event-stream")) }
+}
+
+/// The `MCP-Protocol-Version` header, if present; 400 if it names no supported version.
+pub(crate) fn protocol_version(headers: &HeaderMap) -> Result<Option<ProtocolVersion>, Rejection> {
+    let Some(value) = headers.get(header::PROTOCOL_VERSION) else { return Ok(None) };
+    let text = value.to_str().unwrap_or("");
+    match text.parse::<ProtocolVersion>() {
+        Ok(version) if version != ProtocolVersion::V2024_11_05 => Ok(Some(version)),
+        _ => Err(Rejection::new(
+            StatusCode::BAD_REQUEST,
+            code::UNSUPPORTED_PROTOCOL_VERSION,
+            "unsupported_protocol_version",
+            format!("unsupported MCP-Protocol-Version {text:?}"),
+        )
+        .with_data("supported", json!(crate::SUPPORTED_VERSIONS.map(ProtocolVersion::as_str)))
+        .with_data("requested", json!(text))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts_and_origins() {
+        for host in [
+            "localhost",
+            "localhost:8808",
+            "127.0.0.1",
+            "127.0.0.1:1",
+            "127.9.9.9:80",
+            "[::1]",
+            "[::1]:8808",
+            "LOCALHOST",
+        ] {
+            assert!(is_loopback_host(host), "{host}");
+        }
+        for host in ["evil.example.com", "evil.example.com:80", "10.0.0.1", "localhost.evil.com", "", "[::2]:80"] {
+            assert!(!is_loopback_host(host), "{host}");
+        }
+        assert!(is_loopback_origin("http://localhost:3000"));
+        assert!(is_loopback_origin("https://127.0.0.1"));
+        assert!(!is_loopback_origin("http://evil.example.com"));
+        assert!(!is_loopback_origin("null"));
+        assert!(!is_loopback_origin("http://localhost/x"));
+    }
+
+    #[test]
+    fn accept_ranges_with_wildcards_and_params() {
+        let mut headers = HeaderMap::new();
+        headers.insert(ACCEPT, HeaderValue::from_static("application/json;q=0.9, text/event-stream"));
+        assert!(accepts(&headers, "application/json") && accepts(&headers, "text/event-stream"));
+        headers.insert(ACCEPT, HeaderValue::from_static("*/*"));
+        assert!(accepts(&headers, "text/event-stream"));
+        headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
+        assert!(!accepts(&headers, "text/event-stream"));
+        headers.insert(ACCEPT, HeaderValue::from_static("text/*"));
+        assert!(accepts(&headers, "text/event-stream"));
+    }
+}

@@ -1,0 +1,164 @@
+//! The MCP endpoint: one path for POST, GET and DELETE, routed by method and protocol era.
+
+mod delete;
+mod get;
+mod guard;
+mod modern;
+mod post;
+pub(crate) mod reject;
+mod sse;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
+use http::{HeaderMap, Method, StatusCode};
+use tether_core::lineage::{InvalidReason, check_session};
+use tether_core::mcp::{ProtocolVersion, header};
+use tether_store::{SessionRecord, SessionStatus};
+
+use crate::Shared;
+use crate::session::SessionRuntime;
+use reject::Rejection;
+
+pub(crate) fn router(path: &str, shared: Arc<Shared>) -> Router {
+    Router::new().route(path, axum::routing::any(endpoint)).with_state(shared)
+}
+
+async fn endpoint(State(shared): State<Arc<Shared>>, request: axum::extract::Request) -> Response {
+    let method = request.method().clone();
+    let response = match handle(shared, request).await {
+        Ok(response) => response,
+        Err(rejection) => rejection.into_response(),
+    };
+    tracing::debug!(%method, status = %response.status(), "mcp request");
+    response
+}
+
+async fn handle(shared: Arc<Shared>, request: axum::extract::Request) -> Result<Response, Rejection> {
+    let (parts, body) = request.into_parts();
+    guard::origin_and_host(&parts.headers, &shared.config)?;
+    let principal = guard::authenticate(&parts.headers, shared.auth.as_deref())?;
+    let modern = guard::protocol_version(&parts.headers)? == Some(ProtocolVersion::V2026_07_28);
+    match (parts.method.clone(), modern) {
+        (Method::POST, true) => modern::post(&shared, &parts.headers, body).await,
+        (Method::POST, false) => post::post(&shared, &parts.headers, body, principal).await,
+        // 2026-07-28 has no GET stream and no sessions to delete.
+        (Method::GET | Method::DELETE, true) => Err(Rejection::method_not_allowed("POST")),
+        (Method::GET, false) => get::get(&shared, &parts.headers, principal).await,
+        (Method::DELETE, false) => delete::delete(&shared, &parts.headers, principal).await,
+        _ => Err(Rejection::method_not_allowed("GET, POST, DELETE")),
+    }
+}
+
+/// The headers that tie a response to its session: the id echo and the replay epoch.
+pub(crate) fn session_headers(runtime: &SessionRuntime) -> [(HeaderName, HeaderValue); 2] {
+    // Session ids and epochs are base64url tokens the server minted: always valid header values.
+    let value = |s: &str| HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static(""));
+    [
+        (HeaderName::from_static(header::SESSION_ID), value(&runtime.id)),
+        (HeaderName::from_static(header::REPLAY_EPOCH), value(runtime.epoch.as_str())),
+    ]
+}
+
+/// A JSON response body with extra headers.
+pub(crate) fn json_response(
+    status: StatusCode,
+    body: impl Into<Bytes>,
+    headers: impl IntoIterator<Item = (HeaderName, HeaderValue)>,
+) -> Response {
+    let mut response = Response::new(Body::from(body.into()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response.headers_mut().extend(headers);
+    response
+}
+
+/// 202 Accepted, no body.
+pub(crate) fn accepted(headers: impl IntoIterator<Item = (HeaderName, HeaderValue)>) -> Response {
+    let mut response = StatusCode::ACCEPTED.into_response();
+    response.headers_mut().extend(headers);
+    response
+}
+
+/// The session id header's value; 400 if it is missing.
+pub(crate) fn session_id(headers: &HeaderMap) -> Result<&str, Rejection> {
+    headers
+        .get(header::SESSION_ID)
+        .map(|v| v.to_str().unwrap_or(""))
+        .ok_or_else(|| Rejection::bad_request("missing_session_id", "Mcp-Session-Id header is required"))
+}
+
+/// The store's view of a session as `principal` may see it: another principal's session is
+/// unknown to them.
+pub(crate) async fn session_status(
+    shared: &Shared,
+    id: &str,
+    principal: Option<&str>,
+    now: u64,
+) -> Result<SessionStatus, Rejection> {
+    let status = shared.store.session(id, now).await.map_err(|e| crate::store_rejection(&e))?;
+    Ok(match status {
+        SessionStatus::Live(record) if record.principal.as_deref() != principal => SessionStatus::Unknown,
+        other => other,
+    })
+}
+
+/// The live session a request names, renewed, with its runtime; 400 or 404 otherwise.
+pub(crate) async fn live_session(
+    shared: &Shared,
+    headers: &HeaderMap,
+    principal: Option<&str>,
+) -> Result<(SessionRecord, Arc<SessionRuntime>), Rejection> {
+    let now = crate::now_ms();
+    let id = session_id(headers)?;
+    let status = session_status(shared, id, principal, now).await?;
+    check_session(status.lookup(), now).map_err(Rejection::session_invalid)?;
+    let SessionStatus::Live(record) = status else {
+        return Err(Rejection::session_invalid(InvalidReason::UnknownSession));
+    };
+    renew(shared, &record, now).await?;
+    let runtime = shared.sessions.runtime(&record, &shared.process_token);
+    Ok((record, runtime))
+}
+
+/// Renews a session that was just found live; if it expired in between, says so.
+pub(crate) async fn renew(shared: &Shared, record: &SessionRecord, now: u64) -> Result<(), Rejection> {
+    shared
+        .store
+        .touch_session(&record.id, &record.epoch, now)
+        .await
+        .map_err(|_| Rejection::session_invalid(InvalidReason::Expired))
+}
+
+/// 429 when a session has too many open streams and running requests.
+pub(crate) fn check_load(shared: &Shared, runtime: &SessionRuntime) -> Result<(), Rejection> {
+    if runtime.load() >= shared.config.max_streams_per_session {
+        return Err(Rejection::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            -32000,
+            "too_many_streams",
+            format!(
+                "a session may have at most {} open streams and running requests",
+                shared.config.max_streams_per_session
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Reads a request body up to the configured limit (413 beyond it).
+pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, Rejection> {
+    axum::body::to_bytes(body, limit).await.map_err(|_| {
+        Rejection::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            -32000,
+            "body_too_large",
+            format!("request body over {limit} bytes"),
+        )
+    })
+}

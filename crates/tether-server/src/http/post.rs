@@ -1,0 +1,258 @@
+//! POST in the legacy era: `initialize`, requests, notifications and answers to the server's
+//! requests, within a session.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::response::Response;
+use http::{HeaderMap, StatusCode};
+use serde_json::{Value, json};
+use tether_core::jsonrpc::{self, Message, Notification, Request, RequestId, code};
+use tether_core::mcp::{ProtocolVersion, meta, method};
+use tether_store::SessionRecord;
+
+use super::reject::{Rejection, rpc_error};
+use super::sse::{Connection, Prelude};
+use super::{accepted, check_load, guard, json_response, live_session, read_body, session_headers, sse};
+use crate::context::FirstOutput;
+use crate::dispatch::{self, Started};
+use crate::session::{LogLevel, SessionRuntime};
+use crate::{Shared, ids, now_ms};
+
+pub(crate) async fn post(
+    shared: &Arc<Shared>,
+    headers: &HeaderMap,
+    body: Body,
+    principal: Option<String>,
+) -> Result<Response, Rejection> {
+    guard::post_media(headers)?;
+    let bytes = read_body(body, shared.config.max_body_bytes).await?;
+    let parsed = jsonrpc::parse_body(&bytes)
+        .map_err(|e| Rejection::new(StatusCode::BAD_REQUEST, e.code(), reason_of(&e), e.to_string()))?;
+    let (messages, batch) = match parsed {
+        jsonrpc::Body::Single(Message::Request(request)) if request.method == method::INITIALIZE => {
+            return initialize(shared, request, principal).await;
+        }
+        jsonrpc::Body::Single(message) => (vec![message], false),
+        jsonrpc::Body::Batch(messages) => {
+            if messages.iter().any(|m| m.method() == Some(method::INITIALIZE)) {
+                return Err(Rejection::bad_request("initialize_in_batch", "initialize must not be part of a batch"));
+            }
+            (messages, true)
+        }
+    };
+    let (_, runtime) = live_session(shared, headers, principal.as_deref()).await?;
+    if batch && !runtime.version.allows_batches() {
+        return Err(Rejection::bad_request(
+            "batch_not_allowed",
+            format!("JSON-RPC batches are only accepted in 2025-03-26 sessions; this one is {}", runtime.version),
+        ));
+    }
+    let mut requests = Vec::new();
+    for message in messages {
+        match message {
+            Message::Request(request) => requests.push(request),
+            Message::Notification(notification) => notify(&runtime, notification),
+            Message::Response(response) => answer(&runtime, response),
+        }
+    }
+    let headers = session_headers(&runtime);
+    match (batch, requests.len()) {
+        (_, 0) => Ok(accepted(headers)),
+        (false, _) => {
+            let Some(request) = requests.pop() else { return Ok(accepted(headers)) };
+            respond(shared, &runtime, request).await
+        }
+        (true, _) => respond_batch(shared, &runtime, requests).await,
+    }
+}
+
+fn reason_of(err: &jsonrpc::ParseError) -> &'static str {
+    match err {
+        jsonrpc::ParseError::NotJson(_) => "parse_error",
+        jsonrpc::ParseError::Invalid(_) => "invalid_message",
+    }
+}
+
+/// `initialize`: a new session with a fresh incarnation, whatever session header came with it.
+async fn initialize(shared: &Arc<Shared>, request: Request, principal: Option<String>) -> Result<Response, Rejection> {
+    if shared.sessions.len() >= shared.config.max_sessions {
+        return Err(Rejection::new(StatusCode::SERVICE_UNAVAILABLE, -32000, "too_many_sessions", "too many sessions")
+            .with_header(http::header::RETRY_AFTER, http::HeaderValue::from_static("1")));
+    }
+    let params = request.params.unwrap_or_else(|| json!({}));
+    let requested =
+        params.get("protocolVersion").and_then(Value::as_str).and_then(|v| v.parse::<ProtocolVersion>().ok());
+    let version = match requested {
+        Some(v @ (ProtocolVersion::V2025_03_26 | ProtocolVersion::V2025_06_18 | ProtocolVersion::V2025_11_25)) => v,
+        _ => ProtocolVersion::LATEST_LEGACY,
+    };
+    let random = |e: crate::ids::RandomError| Rejection::internal("random_failed", e.to_string());
+    let now = now_ms();
+    let ttl = u64::try_from(shared.config.session_idle_ttl.as_millis()).unwrap_or(u64::MAX);
+    let record = SessionRecord {
+        id: ids::session_id().map_err(random)?,
+        epoch: ids::epoch().map_err(random)?,
+        principal,
+        protocol_version: version,
+        client: params,
+        idle_ttl_ms: ttl,
+        expires_at_ms: now.saturating_add(ttl),
+    };
+    shared.store.create_session(record.clone()).await.map_err(|e| crate::store_rejection(&e))?;
+    let runtime = shared.sessions.runtime(&record, &shared.process_token);
+    let info = shared.handler.info();
+    let mut capabilities = info.capabilities;
+    if !capabilities.is_object() {
+        capabilities = json!({});
+    }
+    capabilities["logging"] = json!({});
+    capabilities["experimental"][meta::LINEAGE_CAPABILITY] = json!({"version": 1, "epoch": record.epoch.as_str()});
+    let mut result = json!({
+        "protocolVersion": version.as_str(),
+        "capabilities": capabilities,
+        "serverInfo": {"name": info.name, "version": info.version},
+    });
+    if let Some(instructions) = info.instructions {
+        result["instructions"] = json!(instructions);
+    }
+    let body = Message::Response(jsonrpc::Response::result(request.id, result)).to_vec();
+    tracing::debug!(session = %record.id, %version, "session created");
+    Ok(json_response(StatusCode::OK, body, session_headers(&runtime)))
+}
+
+fn notify(runtime: &SessionRuntime, notification: Notification) {
+    if notification.method == method::CANCELLED {
+        let id = notification.params.as_ref().and_then(|p| p.get("requestId"));
+        match id {
+            Some(Value::Number(n)) if n.is_i64() => runtime.cancel_request(&format!("n:{n}")),
+            Some(Value::String(s)) => runtime.cancel_request(&format!("s:{s}")),
+            // Invalid cancellations are ignored, as the spec asks.
+            _ => {}
+        }
+    }
+}
+
+fn answer(runtime: &SessionRuntime, response: jsonrpc::Response) {
+    let Some(RequestId::String(id)) = &response.id else { return };
+    if !runtime.answer_client_request(id, response.outcome) {
+        tracing::debug!(%id, "answer to an unknown or finished server request");
+    }
+}
+
+/// Answers one request: inline for protocol methods, else JSON if its result came first, SSE
+/// if anything came before it.
+async fn respond(shared: &Arc<Shared>, runtime: &Arc<SessionRuntime>, request: Request) -> Result<Response, Rejection> {
+    let headers = session_headers(runtime);
+    if let Some(outcome) = protocol_method(runtime, &request) {
+        let body = Message::Response(jsonrpc::Response { id: Some(request.id), outcome }).to_vec();
+        return Ok(json_response(StatusCode::OK, body, headers));
+    }
+    check_load(shared, runtime)?;
+    let id = request.id.clone();
+    let stream = match dispatch::start_legacy(shared, runtime, request).await? {
+        Started::Running { stream, first } => match first.await {
+            Ok(FirstOutput::Final(bytes)) => return Ok(json_response(StatusCode::OK, bytes, headers)),
+            Ok(FirstOutput::Event) | Err(_) => stream,
+        },
+        Started::Attach { stream } => stream,
+        Started::Conflict(error) => {
+            let body = Message::Response(jsonrpc::Response::error(Some(id), error)).to_vec();
+            return Ok(json_response(StatusCode::OK, body, headers));
+        }
+    };
+    let attachment = runtime.attach(&stream);
+    let prelude = if runtime.version.primes_streams() { Prelude::Priming } else { Prelude::None };
+    let connection = Connection {
+        shared: Arc::clone(shared),
+        runtime: Arc::clone(runtime),
+        stream,
+        cursor: 0,
+        prelude,
+        follow: true,
+        attachment,
+    };
+    Ok(sse::response(connection.into_body(), headers))
+}
+
+/// Requests the protocol layer answers itself.
+fn protocol_method(runtime: &SessionRuntime, request: &Request) -> Option<Result<Value, jsonrpc::ErrorObject>> {
+    match request.method.as_str() {
+        method::PING => Some(Ok(json!({}))),
+        "logging/setLevel" => {
+            let level = request.params.as_ref().and_then(|p| p.get("level")).and_then(Value::as_str);
+            Some(match level.and_then(LogLevel::parse) {
+                Some(level) => {
+                    runtime.set_log_level(level);
+                    Ok(json!({}))
+                }
+                None => Err(rpc_error(code::INVALID_PARAMS, "invalid_log_level", "params.level must be a log level")),
+            })
+        }
+        method::INITIALIZE => {
+            Some(Err(rpc_error(code::INVALID_REQUEST, "already_initialized", "this session is already initialized")))
+        }
+        _ => None,
+    }
+}
+
+/// A 2025-03-26 batch: every request runs, and the answer is the array of their responses.
+async fn respond_batch(
+    shared: &Arc<Shared>,
+    runtime: &Arc<SessionRuntime>,
+    requests: Vec<Request>,
+) -> Result<Response, Rejection> {
+    let mut responses = Vec::with_capacity(requests.len());
+    for request in requests {
+        let id = request.id.clone();
+        if let Some(outcome) = protocol_method(runtime, &request) {
+            responses.push(Message::Response(jsonrpc::Response { id: Some(id), outcome }));
+            continue;
+        }
+        let stream = match dispatch::start_legacy(shared, runtime, request).await? {
+            Started::Running { stream, .. } | Started::Attach { stream } => stream,
+            Started::Conflict(error) => {
+                responses.push(Message::Response(jsonrpc::Response::error(Some(id), error)));
+                continue;
+            }
+        };
+        responses.push(final_response(shared, runtime, &stream, id).await?);
+    }
+    let body = serde_json::to_vec(&responses).map_err(|e| Rejection::internal("serialize_failed", e.to_string()))?;
+    Ok(json_response(StatusCode::OK, body, session_headers(runtime)))
+}
+
+/// Waits for a request's final response in the store (its notifications are not delivered in a
+/// JSON batch answer; they stay retained on the request's stream).
+async fn final_response(
+    shared: &Shared,
+    runtime: &SessionRuntime,
+    stream: &tether_core::lineage::StreamName,
+    id: RequestId,
+) -> Result<Message, Rejection> {
+    let store = &shared.store;
+    let mut head = store.watch(&runtime.id, stream).await.map_err(|e| crate::store_rejection(&e))?;
+    loop {
+        head.borrow_and_update();
+        let range = store.stream_range(&runtime.id, stream).await.map_err(|e| crate::store_rejection(&e))?;
+        if let Some(range) = range
+            && range.state != tether_core::lineage::StreamState::Live
+        {
+            let last = store.read(&runtime.id, stream, range.head.saturating_sub(1), 1).await;
+            let message = last
+                .ok()
+                .and_then(|events| events.into_iter().next())
+                .and_then(|e| jsonrpc::parse_message(&e.data).ok());
+            return Ok(match message {
+                Some(message @ Message::Response(_)) => message,
+                _ => Message::Response(jsonrpc::Response::error(
+                    Some(id),
+                    rpc_error(code::INTERNAL_ERROR, "no_response", "the request ended without a response"),
+                )),
+            });
+        }
+        if head.changed().await.is_err() {
+            return Err(Rejection::session_invalid(tether_core::lineage::InvalidReason::Terminated));
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! SSE response bodies. A connection to a stream reads events from the store after its cursor,
+//! writes them, and waits for more; it never holds up the producer, which only appends.
+
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use futures_util::stream;
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, HeaderValue};
+use tether_core::lineage::{RESYNC_EVENT, ResyncNotice, StreamName, StreamState};
+use tether_core::sse::{Encoder, OutgoingEvent};
+use tether_store::{HeadWatch, StoredEvent};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::DropGuard;
+
+use crate::Shared;
+use crate::session::{Attachment, SessionRuntime};
+
+/// Events read from the store per round trip.
+const READ_BATCH: usize = 256;
+
+/// An SSE response with the headers every stream carries.
+pub(crate) fn response(body: Body, extra: impl IntoIterator<Item = (HeaderName, HeaderValue)>) -> Response {
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(tether_core::sse::CONTENT_TYPE));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert(HeaderName::from_static("x-accel-buffering"), HeaderValue::from_static("no"));
+    headers.extend(extra);
+    response
+}
+
+/// What a connection writes before the stream's events.
+pub(crate) enum Prelude {
+    /// Nothing: the events follow directly.
+    None,
+    /// The priming event (the stream's event 0, empty data) with the `retry` hint (2025-11-25).
+    Priming,
+    /// A resync event: the replay cannot be exact.
+    Resync(ResyncNotice),
+}
+
+/// One connection to a session stream.
+pub(crate) struct Connection {
+    pub shared: Arc<Shared>,
+    pub runtime: Arc<SessionRuntime>,
+    pub stream: StreamName,
+    /// The last sequence number written (or skipped by a resync).
+    pub cursor: u64,
+    pub prelude: Prelude,
+    /// Whether to keep following once the retained events are written.
+    pub follow: bool,
+    pub attachment: Attachment,
+}
+
+struct Pump {
+    conn: Connection,
+    id_prefix: String,
+    head: Option<HeadWatch>,
+    /// SEP-1699 polling: announce `retry` and close at this instant (2025-11-25 sessions).
+    deadline: Option<Instant>,
+    retry_ms: Option<u64>,
+    done: bool,
+}
+
+impl Connection {
+    /// The streaming body of this connection.
+    pub fn into_body(self) -> Body {
+        let polls = self.runtime.version.primes_streams();
+        let config = &self.shared.config;
+        let retry_ms = polls.then(|| u64::try_from(config.sse_retry.as_millis()).unwrap_or(u64::MAX));
+        let deadline = polls.then(|| Instant::now() + config.max_connection_duration);
+        let id_prefix = format!("{}:{}:", self.runtime.epoch, self.stream);
+        let pump = Pump { conn: self, id_prefix, head: None, deadline, retry_ms, done: false };
+        Body::from_stream(stream::unfold(pump, |mut pump| async move {
+            let chunk = pump.next_chunk().await?;
+            Some((Ok::<_, Infallible>(chunk), pump))
+        }))
+    }
+}
+
+impl Pump {
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        if self.done {
+            return None;
+        }
+        let mut out = Vec::new();
+        match std::mem::replace(&mut self.conn.prelude, Prelude::None) {
+            Prelude::None => {}
+            Prelude::Priming => {
+                let id = format!("{}0", self.id_prefix);
+                let event = OutgoingEvent { id: Some(&id), retry: self.retry_ms, data: Some(""), ..Default::default() };
+                encode(&mut out, &event);
+                return Some(Bytes::from(out));
+            }
+            Prelude::Resync(notice) => {
+                let id = format!("{}{}", self.id_prefix, notice.head);
+                let data = notice.to_json();
+                let event =
+                    OutgoingEvent { id: Some(&id), event: Some(RESYNC_EVENT), data: Some(&data), ..Default::default() };
+                encode(&mut out, &event);
+                return Some(Bytes::from(out));
+            }
+        }
+        loop {
+            let Some(head) = self.head_watch().await else { return self.finish() };
+            head.borrow_and_update();
+            let store = &self.conn.shared.store;
+            let (session, stream) = (&self.conn.runtime.id, &self.conn.stream);
+            // The range is read before the events: if it says the stream ended, every event it
+            // ended with is already readable, so an empty read really means "nothing more".
+            let range = store.stream_range(session, stream).await;
+            let events = store.read(session, stream, self.conn.cursor, READ_BATCH).await;
+            let (Ok(Some(range)), Ok(events)) = (range, events) else {
+                return self.finish();
+            };
+            if !events.is_empty() {
+                return self.write_events(&events);
+            }
+            if !self.conn.follow || (range.state != StreamState::Live && self.conn.cursor >= range.head) {
+                return self.finish();
+            }
+            if let Some(chunk) = self.wait().await {
+                return chunk;
+            }
+        }
+    }
+
+    async fn head_watch(&mut self) -> Option<&mut HeadWatch> {
+        if self.head.is_none() {
+            let watch = self.conn.shared.store.watch(&self.conn.runtime.id, &self.conn.stream).await.ok()?;
+            self.head = Some(watch);
+        }
+        self.head.as_mut()
+    }
+
+    fn write_events(&mut self, events: &[StoredEvent]) -> Option<Bytes> {
+        let mut out = Vec::with_capacity(events.iter().map(|e| e.data.len() + self.id_prefix.len() + 32).sum());
+        let mut id = self.id_prefix.clone();
+        for event in events {
+            if event.seq != self.conn.cursor + 1 {
+                // The connection fell behind retention. Close it: the client's resume gets an
+                // explicit resync instead of a silent gap.
+                self.done = true;
+                break;
+            }
+            id.truncate(self.id_prefix.len());
+            let _ = write!(id, "{}", event.seq);
+            let data = std::str::from_utf8(&event.data).unwrap_or("");
+            encode(&mut out, &OutgoingEvent { id: Some(&id), data: Some(data), ..Default::default() });
+            self.conn.cursor = event.seq;
+        }
+        if out.is_empty() { self.finish() } else { Some(Bytes::from(out)) }
+    }
+
+    /// Waits until the stream's head moves (`None`: read again) or the connection must write
+    /// something else and maybe end (`Some`).
+    async fn wait(&mut self) -> Option<Option<Bytes>> {
+        enum Woke {
+            Head(bool),
+            Close,
+            KeepAlive,
+        }
+        let keep_alive = self.conn.shared.config.keep_alive;
+        let deadline = self.deadline;
+        let Pump { head, conn, .. } = self;
+        let head = head.as_mut()?;
+        let woke = tokio::select! {
+            changed = head.changed() => Woke::Head(changed.is_ok()),
+            () = conn.attachment.superseded() => Woke::Close,
+            () = sleep_until(deadline) => Woke::Close,
+            () = tokio::time::sleep(keep_alive) => Woke::KeepAlive,
+        };
+        match woke {
+            Woke::Head(true) => None,
+            Woke::Head(false) => Some(self.finish()),
+            Woke::Close => Some(self.close_for_retry()),
+            Woke::KeepAlive => {
+                let mut out = Vec::new();
+                // An empty comment has no line break, so it always encodes.
+                let _ = Encoder::comment(&mut out, "");
+                Some(Some(Bytes::from(out)))
+            }
+        }
+    }
+
+    /// Ends the connection but not the stream: tell the client when to come back.
+    fn close_for_retry(&mut self) -> Option<Bytes> {
+        self.done = true;
+        let retry = self.retry_ms?;
+        let mut out = Vec::new();
+        encode(&mut out, &OutgoingEvent { retry: Some(retry), ..Default::default() });
+        Some(Bytes::from(out))
+    }
+
+    fn finish(&mut self) -> Option<Bytes> {
+        self.done = true;
+        None
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Encodes an event the server built itself.
+fn encode(out: &mut Vec<u8>, event: &OutgoingEvent<'_>) {
+    // Ids are lineage ids and event types are constants: neither has CR, LF or NUL.
+    if let Err(err) = Encoder::event(out, event) {
+        tracing::error!(%err, "server built an unencodable SSE event");
+    }
+}
+
+/// The body of a 2026-07-28 response stream: messages straight from the request, no ids.
+/// Dropping the body (the client closed the stream) cancels the request.
+pub(crate) fn direct_body(rx: mpsc::Receiver<(Bytes, bool)>, cancel_on_drop: DropGuard, keep_alive: Duration) -> Body {
+    struct Direct {
+        rx: mpsc::Receiver<(Bytes, bool)>,
+        _cancel: DropGuard,
+        keep_alive: Duration,
+        done: bool,
+    }
+    let state = Direct { rx, _cancel: cancel_on_drop, keep_alive, done: false };
+    Body::from_stream(stream::unfold(state, |mut state| async move {
+        if state.done {
+            return None;
+        }
+        let mut out = Vec::new();
+        tokio::select! {
+            message = state.rx.recv() => {
+                let (bytes, last) = message?;
+                let data = std::str::from_utf8(&bytes).unwrap_or("");
+                encode(&mut out, &OutgoingEvent { data: Some(data), ..Default::default() });
+                state.done = last;
+            }
+            () = tokio::time::sleep(state.keep_alive) => {
+                let _ = Encoder::comment(&mut out, "");
+            }
+        }
+        Some((Ok::<_, Infallible>(Bytes::from(out)), state))
+    }))
+}

@@ -1,0 +1,57 @@
+//! Identifiers the server mints: session ids, epochs and stream names, all from the OS CSPRNG.
+
+use tether_core::lineage::{Epoch, StreamName, base64url};
+
+/// The OS random source failed; nothing safe can be minted.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("the OS random number generator failed: {0}")]
+pub struct RandomError(String);
+
+fn random<const N: usize>() -> Result<[u8; N], RandomError> {
+    let mut bytes = [0u8; N];
+    getrandom::fill(&mut bytes).map_err(|e| RandomError(e.to_string()))?;
+    Ok(bytes)
+}
+
+/// A session id: 192 random bits as 32 base64url characters (visible ASCII, never reused).
+pub fn session_id() -> Result<String, RandomError> {
+    Ok(base64url(&random::<24>()?))
+}
+
+/// A fresh replay epoch (128 random bits).
+pub fn epoch() -> Result<Epoch, RandomError> {
+    Ok(Epoch::from_entropy(random::<16>()?))
+}
+
+/// A stream name: `prefix` and 64 random bits, unique within a session without coordination
+/// between replicas.
+pub fn stream_name(prefix: char) -> Result<StreamName, RandomError> {
+    let name = format!("{prefix}{}", base64url(&random::<8>()?));
+    // The prefix is one of the server's own ASCII letters and base64url stays in the token alphabet.
+    StreamName::parse(&name).map_err(|e| RandomError(e.to_string()))
+}
+
+/// A process-unique token for ids of server-to-client requests.
+pub fn token() -> Result<String, RandomError> {
+    Ok(base64url(&random::<9>()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_ids_are_long_visible_ascii_and_distinct() {
+        let a = session_id().expect("random");
+        let b = session_id().expect("random");
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|c| (0x21..=0x7e).contains(&c)));
+    }
+
+    #[test]
+    fn stream_names_and_epochs_are_valid_lineage_parts() {
+        assert!(stream_name('r').expect("random").as_str().starts_with('r'));
+        assert_eq!(epoch().expect("random").as_str().len(), 22);
+    }
+}

@@ -1,0 +1,189 @@
+//! tether's MCP Streamable HTTP server.
+//!
+//! One endpoint serves both protocol eras: the legacy revisions (2025-03-26, 2025-06-18,
+//! 2025-11-25) with sessions and resumable streams, and 2026-07-28 statelessly. Every event of a
+//! session carries a lineage id `{epoch}:{stream}:{seq}` and goes to the store before any client
+//! sees it, so a resume is answered exactly, with a 404 that says why the session is gone, or
+//! with one explicit `resync` event; never with a silent empty stream.
+//!
+//! ```no_run
+//! # async fn run(handler: impl tether_server::Handler) -> std::io::Result<()> {
+//! let server = tether_server::Builder::new(handler).build();
+//! let app = server.router("/mcp");
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8808").await?;
+//! tether_server::serve(listener, app).await
+//! # }
+//! ```
+
+mod auth;
+pub mod builtin;
+mod config;
+mod context;
+mod dispatch;
+mod handler;
+mod http;
+mod ids;
+mod session;
+pub mod tools;
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tether_core::mcp::ProtocolVersion;
+use tether_store::{MemoryStore, Store, StoreError};
+
+pub use auth::{Authenticator, BearerToken};
+pub use config::{ServerConfig, parse_duration};
+pub use context::{Context, ContextError};
+pub use handler::{Handler, HandlerFuture, ServerInfo};
+pub use session::LogLevel;
+
+use crate::http::reject::Rejection;
+use crate::session::Sessions;
+
+/// The protocol versions this server speaks.
+pub(crate) const SUPPORTED_VERSIONS: [ProtocolVersion; 4] = [
+    ProtocolVersion::V2025_03_26,
+    ProtocolVersion::V2025_06_18,
+    ProtocolVersion::V2025_11_25,
+    ProtocolVersion::V2026_07_28,
+];
+
+/// State shared by every request of one server.
+pub(crate) struct Shared {
+    pub config: ServerConfig,
+    pub handler: Arc<dyn Handler>,
+    pub store: Arc<dyn Store>,
+    pub sessions: Sessions,
+    pub auth: Option<Arc<dyn Authenticator>>,
+    /// Distinguishes this process's server-to-client request ids from other replicas'.
+    pub process_token: String,
+}
+
+/// Milliseconds since the Unix epoch: the clock every expiry is measured on.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// How a store failure is answered.
+pub(crate) fn store_rejection(err: &StoreError) -> Rejection {
+    match err {
+        StoreError::SessionGone => Rejection::session_invalid(tether_core::lineage::InvalidReason::UnknownSession),
+        StoreError::Backend(message) => {
+            tracing::error!(%message, "store backend failed");
+            Rejection::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                -32000,
+                "store_unavailable",
+                "the store is unavailable",
+            )
+        }
+        other => Rejection::internal("store_error", other.to_string()),
+    }
+}
+
+/// Assembles a server from a handler, a store and a config.
+pub struct Builder {
+    handler: Arc<dyn Handler>,
+    store: Option<Arc<dyn Store>>,
+    config: ServerConfig,
+    auth: Option<Arc<dyn Authenticator>>,
+}
+
+impl Builder {
+    /// A server for `handler` with the default config and an in-memory store.
+    pub fn new(handler: impl Handler) -> Builder {
+        Builder { handler: Arc::new(handler), store: None, config: ServerConfig::default(), auth: None }
+    }
+
+    /// Uses `store` for sessions, events and request records.
+    pub fn store(mut self, store: Arc<dyn Store>) -> Builder {
+        self.store = Some(store);
+        self
+    }
+
+    /// Uses `config`.
+    pub fn config(mut self, config: ServerConfig) -> Builder {
+        self.config = config;
+        self
+    }
+
+    /// Requires every request to authenticate; a session belongs to the principal that created it.
+    pub fn authenticator(mut self, auth: impl Authenticator) -> Builder {
+        self.auth = Some(Arc::new(auth));
+        self
+    }
+
+    /// The server.
+    pub fn build(self) -> Server {
+        let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new(self.config.retention)));
+        // Uniqueness across replicas only needs to be probable; a time-based fallback is enough
+        // if the OS random source fails at start-up.
+        let process_token = ids::token().unwrap_or_else(|_| format!("p{}", now_ms()));
+        let shared = Shared {
+            config: self.config,
+            handler: self.handler,
+            store,
+            sessions: Sessions::default(),
+            auth: self.auth,
+            process_token,
+        };
+        Server { shared: Arc::new(shared) }
+    }
+}
+
+/// A built server: mount its router anywhere.
+pub struct Server {
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    /// An axum router serving the MCP endpoint at `path`. Also starts the background sweep that
+    /// expires idle sessions and drops old history; it stops when the router is dropped.
+    pub fn router(&self, path: &str) -> axum::Router {
+        tokio::spawn(sweep(Arc::downgrade(&self.shared)));
+        http::router(path, Arc::clone(&self.shared))
+    }
+}
+
+/// Serves `app` on `listener` with `TCP_NODELAY` on every accepted socket: SSE writes many
+/// small frames, and Nagle's algorithm would hold each one back for a delayed ACK.
+pub async fn serve(listener: tokio::net::TcpListener, app: axum::Router) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::warn!(%err, "could not set TCP_NODELAY");
+        }
+    });
+    axum::serve(listener, app).await
+}
+
+/// Keeps active sessions alive, expires idle ones and applies retention, until the server is gone.
+async fn sweep(shared: Weak<Shared>) {
+    let interval = match shared.upgrade() {
+        Some(shared) => shared.config.sweep_interval.max(Duration::from_millis(10)),
+        None => return,
+    };
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let Some(shared) = shared.upgrade() else { return };
+        let now = now_ms();
+        // Open streams and running requests are activity: renew those sessions first.
+        for runtime in shared.sessions.active() {
+            if shared.store.touch_session(&runtime.id, &runtime.epoch, now).await.is_err() {
+                shared.sessions.remove(&runtime.id);
+            }
+        }
+        match shared.store.sweep(now).await {
+            Ok(expired) => {
+                for id in expired {
+                    tracing::debug!(session = %id, "session expired");
+                    shared.sessions.remove(&id);
+                }
+            }
+            Err(err) => tracing::warn!(%err, "store sweep failed"),
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! What this process knows about a session beyond its store record: running requests, open
+//! connections, pending server-to-client requests and the log level.
+//!
+//! The store is the truth about whether a session lives; a runtime is only a cache of
+//! in-process state, made on first use for any live session, on any replica.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::Value;
+use tether_core::jsonrpc::ErrorObject;
+use tether_core::lineage::{Epoch, StreamName};
+use tether_core::mcp::ProtocolVersion;
+use tether_store::SessionRecord;
+use tokio::sync::{oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+/// Severity of a log message, in increasing order (RFC 5424, as MCP's `logging` uses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    /// Debug-level detail.
+    Debug,
+    /// Informational.
+    Info,
+    /// Normal but significant.
+    Notice,
+    /// Warning.
+    Warning,
+    /// Error.
+    Error,
+    /// Critical.
+    Critical,
+    /// Action must be taken.
+    Alert,
+    /// System unusable.
+    Emergency,
+}
+
+impl LogLevel {
+    const ALL: [LogLevel; 8] = [
+        LogLevel::Debug,
+        LogLevel::Info,
+        LogLevel::Notice,
+        LogLevel::Warning,
+        LogLevel::Error,
+        LogLevel::Critical,
+        LogLevel::Alert,
+        LogLevel::Emergency,
+    ];
+
+    /// The level's name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Notice => "notice",
+            LogLevel::Warning => "warning",
+            LogLevel::Error => "error",
+            LogLevel::Critical => "critical",
+            LogLevel::Alert => "alert",
+            LogLevel::Emergency => "emergency",
+        }
+    }
+
+    /// Parses a wire name.
+    pub fn parse(s: &str) -> Option<LogLevel> {
+        LogLevel::ALL.into_iter().find(|l| l.as_str() == s)
+    }
+}
+
+/// The answer a client POSTed to a server-to-client request.
+pub(crate) type ClientAnswer = Result<Value, ErrorObject>;
+
+/// In-process state of one live session.
+#[derive(Debug)]
+pub(crate) struct SessionRuntime {
+    pub id: String,
+    pub epoch: Epoch,
+    pub version: ProtocolVersion,
+    next_request: AtomicU64,
+    request_prefix: String,
+    state: Mutex<RuntimeState>,
+}
+
+#[derive(Debug)]
+struct RuntimeState {
+    /// Running requests by request key, with the token that cancels them.
+    inflight: HashMap<String, CancellationToken>,
+    /// Server-to-client requests awaiting the client's answer, by their id.
+    pending: HashMap<String, oneshot::Sender<ClientAnswer>>,
+    /// The generation of the connection attached to each stream; bumping it closes that one.
+    attachments: HashMap<StreamName, watch::Sender<u64>>,
+    /// Streams whose next connection must close as soon as it is caught up (kicked while no
+    /// connection was attached).
+    pending_kicks: HashSet<StreamName>,
+    /// The standalone (GET) stream server-initiated messages go to.
+    get_stream: Option<StreamName>,
+    connections: usize,
+    log_level: LogLevel,
+    ended: bool,
+}
+
+impl SessionRuntime {
+    pub fn new(record: &SessionRecord, request_prefix: String) -> SessionRuntime {
+        SessionRuntime {
+            id: record.id.clone(),
+            epoch: record.epoch.clone(),
+            version: record.protocol_version,
+            next_request: AtomicU64::new(0),
+            request_prefix,
+            state: Mutex::new(RuntimeState {
+                inflight: HashMap::new(),
+                pending: HashMap::new(),
+                attachments: HashMap::new(),
+                pending_kicks: HashSet::new(),
+                get_stream: None,
+                connections: 0,
+                log_level: LogLevel::Debug,
+                ended: false,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, RuntimeState> {
+        // The maps stay consistent across a panic elsewhere; keep serving.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether anything keeps the session active: running requests or open connections.
+    pub fn is_active(&self) -> bool {
+        let state = self.lock();
+        !state.inflight.is_empty() || state.connections > 0
+    }
+
+    /// Open connections and running requests, for the per-session limit.
+    pub fn load(&self) -> usize {
+        let state = self.lock();
+        state.inflight.len() + state.connections
+    }
+
+    pub fn log_level(&self) -> LogLevel {
+        self.lock().log_level
+    }
+
+    pub fn set_log_level(&self, level: LogLevel) {
+        self.lock().log_level = level;
+    }
+
+    /// Registers a running request; `false` if the session already ended.
+    pub fn start_request(&self, key: &str, token: CancellationToken) -> bool {
+        let mut state = self.lock();
+        if state.ended {
+            return false;
+        }
+        state.inflight.insert(key.to_owned(), token);
+        true
+    }
+
+    pub fn finish_request(&self, key: &str) {
+        self.lock().inflight.remove(key);
+    }
+
+    /// Cancels a running request (`notifications/cancelled`); unknown keys are ignored.
+    pub fn cancel_request(&self, key: &str) {
+        if let Some(token) = self.lock().inflight.get(key) {
+            token.cancel();
+        }
+    }
+
+    /// A new id for a server-to-client request and the receiver of its answer.
+    pub fn register_client_request(&self) -> (String, oneshot::Receiver<ClientAnswer>) {
+        let n = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let id = format!("{}-{n}", self.request_prefix);
+        let (tx, rx) = oneshot::channel();
+        self.lock().pending.insert(id.clone(), tx);
+        (id, rx)
+    }
+
+    pub fn forget_client_request(&self, id: &str) {
+        self.lock().pending.remove(id);
+    }
+
+    /// Delivers the client's answer; `false` if no request with that id is waiting.
+    pub fn answer_client_request(&self, id: &str, answer: ClientAnswer) -> bool {
+        match self.lock().pending.remove(id) {
+            Some(tx) => tx.send(answer).is_ok(),
+            None => false,
+        }
+    }
+
+    pub fn get_stream(&self) -> Option<StreamName> {
+        self.lock().get_stream.clone()
+    }
+
+    /// Attaches a connection to a new standalone stream, unless the current one has a
+    /// connection attached (a second plain GET is refused).
+    pub fn attach_new_get_stream(self: &Arc<Self>, stream: &StreamName) -> Option<Attachment> {
+        let mut state = self.lock();
+        let attached = state.get_stream.as_ref().is_some_and(|current| state.attachments.contains_key(current));
+        if attached {
+            return None;
+        }
+        state.get_stream = Some(stream.clone());
+        Some(self.attach_locked(&mut state, stream))
+    }
+
+    /// Attaches a connection to `stream`, closing any connection already attached to it: after
+    /// a half-open connection the client's reconnect must win.
+    pub fn attach(self: &Arc<Self>, stream: &StreamName) -> Attachment {
+        let mut state = self.lock();
+        self.attach_locked(&mut state, stream)
+    }
+
+    fn attach_locked(self: &Arc<Self>, state: &mut RuntimeState, stream: &StreamName) -> Attachment {
+        state.connections += 1;
+        let tx = state.attachments.entry(stream.clone()).or_insert_with(|| watch::Sender::new(0));
+        let generation = *tx.borrow() + 1;
+        tx.send_replace(generation);
+        let mut rx = tx.subscribe();
+        rx.mark_unchanged();
+        let kicked = state.pending_kicks.remove(stream);
+        Attachment { runtime: Arc::clone(self), stream: stream.clone(), generation, rx, kicked }
+    }
+
+    /// Closes the connection attached to `stream`, if any; the client will resume.
+    pub fn kick(&self, stream: &StreamName) {
+        let mut state = self.lock();
+        match state.attachments.get(stream) {
+            Some(tx) => tx.send_modify(|g| *g += 1),
+            None => {
+                state.pending_kicks.insert(stream.clone());
+            }
+        }
+    }
+
+    /// The session ended: cancel everything running and close every connection.
+    pub fn end(&self) {
+        let mut state = self.lock();
+        state.ended = true;
+        for token in state.inflight.values() {
+            token.cancel();
+        }
+        state.pending.clear();
+        state.attachments.clear();
+    }
+}
+
+/// A connection's claim on a stream. It ends when another connection takes the stream over,
+/// when the stream is kicked, or when the session ends.
+#[derive(Debug)]
+pub(crate) struct Attachment {
+    runtime: Arc<SessionRuntime>,
+    stream: StreamName,
+    generation: u64,
+    rx: watch::Receiver<u64>,
+    /// The stream was kicked before this connection attached: close once caught up.
+    kicked: bool,
+}
+
+impl Attachment {
+    /// Resolves when this connection must close.
+    pub async fn superseded(&mut self) {
+        if self.kicked {
+            return;
+        }
+        loop {
+            if self.rx.changed().await.is_err() || *self.rx.borrow_and_update() != self.generation {
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Attachment {
+    fn drop(&mut self) {
+        let mut state = self.runtime.lock();
+        state.connections = state.connections.saturating_sub(1);
+        let current = state.attachments.get(&self.stream).is_some_and(|tx| *tx.borrow() == self.generation);
+        if current {
+            state.attachments.remove(&self.stream);
+        }
+    }
+}
+
+/// The runtimes of the sessions this process has served.
+#[derive(Debug, Default)]
+pub(crate) struct Sessions {
+    map: Mutex<HashMap<String, Arc<SessionRuntime>>>,
+}
+
+impl Sessions {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<SessionRuntime>>> {
+        self.map.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The runtime of a live session record, made if this process has none yet (or has one of
+    /// an older incarnation).
+    pub fn runtime(&self, record: &SessionRecord, request_prefix: &str) -> Arc<SessionRuntime> {
+        let mut map = self.lock();
+        if let Some(runtime) = map.get(&record.id)
+            && runtime.epoch == record.epoch
+        {
+            return Arc::clone(runtime);
+        }
+        let runtime = Arc::new(SessionRuntime::new(record, request_prefix.to_owned()));
+        map.insert(record.id.clone(), Arc::clone(&runtime));
+        runtime
+    }
+
+    /// Forgets a session and ends its in-process state.
+    pub fn remove(&self, id: &str) {
+        if let Some(runtime) = self.lock().remove(id) {
+            runtime.end();
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// The runtimes with running requests or open connections.
+    pub fn active(&self) -> Vec<Arc<SessionRuntime>> {
+        self.lock().values().filter(|r| r.is_active()).cloned().collect()
+    }
+}

@@ -1,0 +1,78 @@
+//! A registry of tools: names, schemas and the async functions that run them, answering
+//! `tools/list` and `tools/call`.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tether_core::jsonrpc::{ErrorObject, code};
+
+use crate::context::Context;
+use crate::handler::HandlerFuture;
+
+type ToolFn = Arc<dyn Fn(Context, Value) -> HandlerFuture + Send + Sync>;
+
+/// A set of tools.
+#[derive(Default, Clone)]
+pub struct ToolSet {
+    listed: Vec<Value>,
+    by_name: HashMap<String, ToolFn>,
+}
+
+impl std::fmt::Debug for ToolSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolSet").field("tools", &self.by_name.keys().collect::<Vec<_>>()).finish()
+    }
+}
+
+impl ToolSet {
+    /// An empty set.
+    pub fn new() -> ToolSet {
+        ToolSet::default()
+    }
+
+    /// Adds a tool. `definition` is the tool as `tools/list` shows it (`name`, `description`,
+    /// `inputSchema`, optional `annotations`); `run` gets the call's `arguments` and returns the
+    /// `CallToolResult`.
+    pub fn add<F, Fut>(&mut self, definition: Value, run: F) -> &mut ToolSet
+    where
+        F: Fn(Context, Value) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Value, ErrorObject>> + Send + 'static,
+    {
+        let name = definition.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
+        self.listed.push(definition);
+        self.by_name.insert(name, Arc::new(move |ctx, args| Box::pin(run(ctx, args))));
+        self
+    }
+
+    /// The `tools/list` result.
+    pub fn list(&self) -> Value {
+        json!({ "tools": self.listed })
+    }
+
+    /// Runs `tools/call` with `params` (`name`, `arguments`). An unknown tool is an invalid-params
+    /// error.
+    pub fn call(&self, ctx: Context, params: &Value) -> HandlerFuture {
+        let name = params.get("name").and_then(Value::as_str).unwrap_or_default();
+        let args = params.get("arguments").cloned().unwrap_or_else(|| json!({}));
+        match self.by_name.get(name) {
+            Some(run) => run(ctx, args),
+            None => {
+                let error =
+                    ErrorObject::with_reason(code::INVALID_PARAMS, format!("unknown tool {name:?}"), "unknown_tool");
+                Box::pin(std::future::ready(Err(error)))
+            }
+        }
+    }
+}
+
+/// A `CallToolResult` with one text item.
+pub fn text_result(text: impl Into<String>) -> Value {
+    json!({ "content": [{ "type": "text", "text": text.into() }] })
+}
+
+/// An invalid-params error for a tool argument.
+pub fn invalid_argument(message: impl Into<String>) -> ErrorObject {
+    ErrorObject::with_reason(code::INVALID_PARAMS, message, "invalid_arguments")
+}
