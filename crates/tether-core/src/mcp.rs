@@ -155,6 +155,8 @@ pub mod meta {
     pub const PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
     /// Per-request client capabilities (2026-07-28).
     pub const CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+    /// Per-request log level (2026-07-28): without it the server sends no log messages.
+    pub const LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
     /// Per-request client info (2026-07-28).
     pub const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
 }

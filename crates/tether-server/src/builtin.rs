@@ -64,6 +64,7 @@ impl BuiltinHandler {
         let mut tools = ToolSet::new();
         add_stream_tools(&mut tools);
         add_fixture_tools(&mut tools);
+        add_modern_fixture_tools(&mut tools);
         BuiltinHandler { tools }
     }
 }
@@ -295,6 +296,39 @@ fn add_fixture_tools(tools: &mut ToolSet) {
             Ok(text_result("Reconnection test completed"))
         },
     );
+}
+
+/// Tools the 2026-07-28 conformance scenarios call.
+fn add_modern_fixture_tools(tools: &mut ToolSet) {
+    let none = || schema(json!({}), &[]);
+    tools.add(
+        tool("test_missing_capability", "Needs the client's sampling capability.", none()),
+        |ctx, _| async move {
+            if ctx.client_capabilities().get("sampling").is_none() {
+                let mut error = ErrorObject::with_reason(
+                    tether_core::mcp::code::MISSING_REQUIRED_CLIENT_CAPABILITY,
+                    "this tool needs the client's sampling capability",
+                    "missing_client_capability",
+                );
+                error.data =
+                    Some(json!({"reason": "missing_client_capability", "requiredCapabilities": {"sampling": {}}}));
+                return Err(error);
+            }
+            Ok(text_result("the client can sample"))
+        },
+    );
+    tools.add(tool("test_logging_tool", "Logs at info level, then returns.", none()), |ctx, _| async move {
+        ctx.log(LogLevel::Info, json!("test_logging_tool ran")).await.map_err(context_error)?;
+        Ok(text_result("logged"))
+    });
+    tools.add(tool("test_streaming_elicitation", "Asks the user within a session; without one, says it cannot.", none()), |ctx, _| async move {
+        let params = json!({"message": "Your name?", "requestedSchema": {"type": "object", "properties": {"name": {"type": "string"}}}});
+        match ctx.request("elicitation/create", params).await {
+            Ok(answer) => Ok(elicitation_result(&answer)),
+            Err(ContextError::NoSession) => Ok(text_result("elicitation needs a legacy session; this request has none")),
+            Err(err) => Err(context_error(err)),
+        }
+    });
 }
 
 fn elicitation_result(answer: &Value) -> Value {

@@ -59,10 +59,21 @@ pub(crate) enum Output {
     Direct { tx: mpsc::Sender<(Bytes, bool)> },
 }
 
+/// What a request says about itself and its client.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RequestMeta {
+    /// `_meta.progressToken`.
+    pub progress_token: Option<Value>,
+    /// The client's declared capabilities (from `initialize`, or per request in 2026-07-28).
+    pub client_capabilities: Value,
+    /// 2026-07-28: the log level the request asked for; without one, no logs are sent.
+    pub log_level: Option<LogLevel>,
+}
+
 struct Shared {
     output: Output,
     first: Mutex<Option<oneshot::Sender<FirstOutput>>>,
-    progress_token: Option<Value>,
+    meta: RequestMeta,
     cancel: CancellationToken,
     store: Arc<dyn Store>,
 }
@@ -80,19 +91,19 @@ pub struct Context {
 
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context").field("progress_token", &self.shared.progress_token).finish_non_exhaustive()
+        f.debug_struct("Context").field("meta", &self.shared.meta).finish_non_exhaustive()
     }
 }
 
 impl Context {
     pub(crate) fn new(
         output: Output,
-        progress_token: Option<Value>,
+        meta: RequestMeta,
         cancel: CancellationToken,
         store: Arc<dyn Store>,
     ) -> (Context, oneshot::Receiver<FirstOutput>) {
         let (tx, rx) = oneshot::channel();
-        let shared = Shared { output, first: Mutex::new(Some(tx)), progress_token, cancel, store };
+        let shared = Shared { output, first: Mutex::new(Some(tx)), meta, cancel, store };
         (Context { shared: Arc::new(shared) }, rx)
     }
 
@@ -111,12 +122,17 @@ impl Context {
 
     /// Whether the request has a progress token, so progress notifications will be sent.
     pub fn has_progress_token(&self) -> bool {
-        self.shared.progress_token.is_some()
+        self.shared.meta.progress_token.is_some()
+    }
+
+    /// The capabilities the client declared (`sampling`, `elicitation`, `roots`, ...).
+    pub fn client_capabilities(&self) -> &Value {
+        &self.shared.meta.client_capabilities
     }
 
     /// Sends `notifications/progress` if the request asked for progress; otherwise does nothing.
     pub async fn progress(&self, progress: f64, total: Option<f64>, message: Option<&str>) -> Result<(), ContextError> {
-        let Some(token) = &self.shared.progress_token else { return Ok(()) };
+        let Some(token) = &self.shared.meta.progress_token else { return Ok(()) };
         let mut params = json!({"progressToken": token, "progress": number(progress)});
         if let Some(total) = total {
             params["total"] = number(total);
@@ -127,11 +143,14 @@ impl Context {
         self.notify(method::PROGRESS, params).await
     }
 
-    /// Sends `notifications/message` at `level`, unless the client set a higher log level.
+    /// Sends `notifications/message` at `level`, unless the client asked for less: a session's
+    /// level is set by `logging/setLevel`; a 2026-07-28 request gets logs only if it asked.
     pub async fn log(&self, level: LogLevel, data: Value) -> Result<(), ContextError> {
-        if let Output::Stored { runtime, .. } = &self.shared.output
-            && level < runtime.log_level()
-        {
+        let threshold = match &self.shared.output {
+            Output::Stored { runtime, .. } => Some(runtime.log_level()),
+            Output::Direct { .. } => self.shared.meta.log_level,
+        };
+        if threshold.is_none_or(|threshold| level < threshold) {
             return Ok(());
         }
         self.notify(method::MESSAGE, json!({"level": level.as_str(), "data": data})).await
@@ -202,16 +221,6 @@ impl Context {
 
     /// Sends the request's final response. Called once, by the dispatcher.
     pub(crate) async fn respond(&self, id: RequestId, outcome: Result<Value, ErrorObject>) -> Result<(), ContextError> {
-        let outcome = match &self.shared.output {
-            // 2026-07-28 results say whether they are complete; these always are.
-            Output::Direct { .. } => outcome.map(|mut result| {
-                if let Value::Object(map) = &mut result {
-                    map.entry("resultType").or_insert_with(|| json!("complete"));
-                }
-                result
-            }),
-            Output::Stored { .. } => outcome,
-        };
         let message = Message::Response(Response { id: Some(id), outcome });
         self.emit(message.to_vec(), true).await
     }

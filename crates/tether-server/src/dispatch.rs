@@ -7,15 +7,16 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{ErrorObject, Request, RequestId, code};
 use tether_core::lineage::{Digest, StreamName};
+use tether_core::mcp;
 use tether_store::BeginRequest;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use crate::Shared;
-use crate::context::{Context, FirstOutput, Output};
+use crate::context::{Context, FirstOutput, Output, RequestMeta};
 use crate::http::reject::{Rejection, rpc_error};
 use crate::ids;
-use crate::session::SessionRuntime;
+use crate::session::{LogLevel, SessionRuntime};
 
 /// How a legacy request started.
 pub(crate) enum Started {
@@ -38,6 +39,25 @@ fn request_key(id: &RequestId) -> String {
 /// The request's `_meta.progressToken`, if any.
 fn progress_token(params: &Value) -> Option<Value> {
     params.get("_meta")?.get("progressToken").filter(|t| t.is_string() || t.is_number()).cloned()
+}
+
+/// Methods whose 2026-07-28 results carry cache hints.
+const CACHEABLE: [&str; 5] =
+    ["tools/list", "prompts/list", "resources/list", "resources/read", "resources/templates/list"];
+
+/// Adds what every 2026-07-28 result carries: `resultType`, the server's identity and, for
+/// list and read results, cache hints (tether does not promise any caching).
+pub(crate) fn decorate_modern(method: &str, result: &mut Value, server_info: &Value) {
+    let Value::Object(map) = result else { return };
+    map.entry("resultType").or_insert_with(|| json!("complete"));
+    if CACHEABLE.contains(&method) || method == tether_core::mcp::method::SERVER_DISCOVER {
+        map.entry("ttlMs").or_insert_with(|| json!(0));
+        map.entry("cacheScope").or_insert_with(|| json!("private"));
+    }
+    let meta = map.entry("_meta").or_insert_with(|| json!({}));
+    if let Value::Object(meta) = meta {
+        meta.entry("io.modelcontextprotocol/serverInfo").or_insert_with(|| server_info.clone());
+    }
 }
 
 /// Starts a request of a legacy session: recorded in the store with its own stream, so it is
@@ -73,11 +93,16 @@ pub(crate) async fn start_legacy(
     }
     let output =
         Output::Stored { store: Arc::clone(&shared.store), runtime: Arc::clone(runtime), stream: stream.clone() };
-    let (ctx, first) = Context::new(output, progress_token(&params), cancel.clone(), Arc::clone(&shared.store));
+    let meta = RequestMeta {
+        progress_token: progress_token(&params),
+        client_capabilities: runtime.client_capabilities.clone(),
+        log_level: None,
+    };
+    let (ctx, first) = Context::new(output, meta, cancel.clone(), Arc::clone(&shared.store));
     let runtime = Arc::clone(runtime);
     let handler = Arc::clone(&shared.handler);
     tokio::spawn(async move {
-        run(handler, ctx, request.id, request.method, params, cancel).await;
+        run(handler, ctx, request.id, request.method, params, cancel, None).await;
         runtime.finish_request(&key);
     });
     Ok(Started::Running { stream, first })
@@ -92,11 +117,28 @@ pub(crate) fn start_direct(
     cancel: CancellationToken,
 ) -> oneshot::Receiver<FirstOutput> {
     let params = request.params.unwrap_or_else(|| json!({}));
-    let (ctx, first) = Context::new(output, progress_token(&params), cancel.clone(), Arc::clone(&shared.store));
+    let request_meta = params.get("_meta");
+    let meta = RequestMeta {
+        progress_token: progress_token(&params),
+        client_capabilities: request_meta
+            .and_then(|m| m.get(mcp::meta::CLIENT_CAPABILITIES))
+            .cloned()
+            .unwrap_or_else(|| json!({})),
+        log_level: request_meta
+            .and_then(|m| m.get(mcp::meta::LOG_LEVEL))
+            .and_then(Value::as_str)
+            .and_then(LogLevel::parse),
+    };
+    let (ctx, first) = Context::new(output, meta, cancel.clone(), Arc::clone(&shared.store));
     let handler = Arc::clone(&shared.handler);
-    tokio::spawn(run(handler, ctx, request.id, request.method, params, cancel));
+    let info = shared.handler.info();
+    let server_info = json!({"name": info.name, "version": info.version});
+    tokio::spawn(run(handler, ctx, request.id, request.method, params, cancel, Some(server_info)));
     first
 }
+
+/// How long a cancelled handler may run on before it is aborted.
+const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 async fn run(
     handler: Arc<dyn crate::Handler>,
@@ -105,25 +147,36 @@ async fn run(
     method: String,
     params: Value,
     cancel: CancellationToken,
+    modern_server_info: Option<Value>,
 ) {
-    let task = tokio::spawn(handler.call(ctx.clone(), method, params));
-    let abort = task.abort_handle();
-    let outcome = tokio::select! {
-        joined = task => match joined {
-            Ok(outcome) => Some(outcome),
-            Err(err) if err.is_panic() => {
-                tracing::error!("handler panicked");
-                Some(Err(rpc_error(code::INTERNAL_ERROR, "handler_panicked", "the handler failed")))
-            }
-            Err(_) => None,
-        },
-        () = cancel.cancelled() => {
-            abort.abort();
+    let mut task = tokio::spawn(handler.call(ctx.clone(), method.clone(), params));
+    let joined = tokio::select! {
+        joined = &mut task => Some(joined),
+        () = cancel.cancelled() => None,
+    };
+    let outcome = match joined {
+        Some(Ok(outcome)) => Some(outcome),
+        Some(Err(err)) if err.is_panic() => {
+            tracing::error!("handler panicked");
+            Some(Err(rpc_error(code::INTERNAL_ERROR, "handler_panicked", "the handler failed")))
+        }
+        Some(Err(_)) => None,
+        None => {
+            // Give the handler a moment to notice the cancellation and clean up; nothing it
+            // sends from now on is delivered.
+            tokio::spawn(async move {
+                if tokio::time::timeout(CANCEL_GRACE, &mut task).await.is_err() {
+                    task.abort();
+                }
+            });
             None
         }
     };
     match outcome {
-        Some(outcome) => {
+        Some(mut outcome) => {
+            if let (Some(info), Ok(result)) = (&modern_server_info, &mut outcome) {
+                decorate_modern(&method, result, info);
+            }
             if let Err(err) = ctx.respond(id, outcome).await {
                 tracing::debug!(%err, "final response not delivered");
             }

@@ -78,6 +78,8 @@ pub(crate) struct SessionRuntime {
     pub id: String,
     pub epoch: Epoch,
     pub version: ProtocolVersion,
+    /// The capabilities the client declared in `initialize`.
+    pub client_capabilities: Value,
     next_request: AtomicU64,
     request_prefix: String,
     state: Mutex<RuntimeState>,
@@ -107,6 +109,11 @@ impl SessionRuntime {
             id: record.id.clone(),
             epoch: record.epoch.clone(),
             version: record.protocol_version,
+            client_capabilities: record
+                .client
+                .get("capabilities")
+                .cloned()
+                .unwrap_or_else(|| Value::Object(Default::default())),
             next_request: AtomicU64::new(0),
             request_prefix,
             state: Mutex::new(RuntimeState {

@@ -105,21 +105,40 @@ pub(crate) fn get_media(headers: &HeaderMap) -> Result<(), Rejection> {
     if accepts(headers, "text/event-stream") { Ok(()) } else { Err(not_acceptable("text/event-stream")) }
 }
 
-/// The `MCP-Protocol-Version` header, if present; 400 if it names no supported version.
-pub(crate) fn protocol_version(headers: &HeaderMap) -> Result<Option<ProtocolVersion>, Rejection> {
-    let Some(value) = headers.get(header::PROTOCOL_VERSION) else { return Ok(None) };
+/// What the `MCP-Protocol-Version` header says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HeaderVersion {
+    /// No header: a legacy client from before 2025-06-18, or one relying on its session.
+    Absent,
+    /// A supported legacy revision.
+    Legacy(ProtocolVersion),
+    /// 2026-07-28.
+    Modern,
+    /// Anything else, as sent.
+    Unsupported(String),
+}
+
+/// Reads the `MCP-Protocol-Version` header.
+pub(crate) fn protocol_version(headers: &HeaderMap) -> HeaderVersion {
+    let Some(value) = headers.get(header::PROTOCOL_VERSION) else { return HeaderVersion::Absent };
     let text = value.to_str().unwrap_or("");
     match text.parse::<ProtocolVersion>() {
-        Ok(version) if version != ProtocolVersion::V2024_11_05 => Ok(Some(version)),
-        _ => Err(Rejection::new(
-            StatusCode::BAD_REQUEST,
-            code::UNSUPPORTED_PROTOCOL_VERSION,
-            "unsupported_protocol_version",
-            format!("unsupported MCP-Protocol-Version {text:?}"),
-        )
-        .with_data("supported", json!(crate::SUPPORTED_VERSIONS.map(ProtocolVersion::as_str)))
-        .with_data("requested", json!(text))),
+        Ok(ProtocolVersion::V2026_07_28) => HeaderVersion::Modern,
+        Ok(version) if crate::SUPPORTED_VERSIONS.contains(&version) => HeaderVersion::Legacy(version),
+        _ => HeaderVersion::Unsupported(text.to_owned()),
     }
+}
+
+/// 400 with -32022 and the supported versions.
+pub(crate) fn unsupported_version(requested: &str) -> Rejection {
+    Rejection::new(
+        StatusCode::BAD_REQUEST,
+        code::UNSUPPORTED_PROTOCOL_VERSION,
+        "unsupported_protocol_version",
+        format!("unsupported protocol version {requested:?}"),
+    )
+    .with_data("supported", json!(crate::SUPPORTED_VERSIONS.map(ProtocolVersion::as_str)))
+    .with_data("requested", json!(requested))
 }
 
 #[cfg(test)]

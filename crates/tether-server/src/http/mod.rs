@@ -18,11 +18,12 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};
 use tether_core::lineage::{InvalidReason, check_session};
-use tether_core::mcp::{ProtocolVersion, header};
+use tether_core::mcp::header;
 use tether_store::{SessionRecord, SessionStatus};
 
 use crate::Shared;
 use crate::session::SessionRuntime;
+use guard::HeaderVersion;
 use reject::Rejection;
 
 pub(crate) fn router(path: &str, shared: Arc<Shared>) -> Router {
@@ -43,14 +44,18 @@ async fn handle(shared: Arc<Shared>, request: axum::extract::Request) -> Result<
     let (parts, body) = request.into_parts();
     guard::origin_and_host(&parts.headers, &shared.config)?;
     let principal = guard::authenticate(&parts.headers, shared.auth.as_deref())?;
-    let modern = guard::protocol_version(&parts.headers)? == Some(ProtocolVersion::V2026_07_28);
-    match (parts.method.clone(), modern) {
-        (Method::POST, true) => modern::post(&shared, &parts.headers, body).await,
-        (Method::POST, false) => post::post(&shared, &parts.headers, body, principal).await,
+    let version = guard::protocol_version(&parts.headers);
+    let legacy = matches!(version, HeaderVersion::Absent | HeaderVersion::Legacy(_));
+    match (parts.method.clone(), version) {
+        // An unsupported version is answered the 2026-07-28 way, which needs the body.
+        (Method::POST, HeaderVersion::Modern) => modern::post(&shared, &parts.headers, body, None).await,
+        (Method::POST, HeaderVersion::Unsupported(v)) => modern::post(&shared, &parts.headers, body, Some(&v)).await,
+        (Method::POST, _) => post::post(&shared, &parts.headers, body, principal).await,
+        (Method::GET | Method::DELETE, HeaderVersion::Unsupported(v)) => Err(guard::unsupported_version(&v)),
         // 2026-07-28 has no GET stream and no sessions to delete.
-        (Method::GET | Method::DELETE, true) => Err(Rejection::method_not_allowed("POST")),
-        (Method::GET, false) => get::get(&shared, &parts.headers, principal).await,
-        (Method::DELETE, false) => delete::delete(&shared, &parts.headers, principal).await,
+        (Method::GET | Method::DELETE, _) if !legacy => Err(Rejection::method_not_allowed("POST")),
+        (Method::GET, _) => get::get(&shared, &parts.headers, principal).await,
+        (Method::DELETE, _) => delete::delete(&shared, &parts.headers, principal).await,
         _ => Err(Rejection::method_not_allowed("GET, POST, DELETE")),
     }
 }

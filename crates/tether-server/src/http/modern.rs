@@ -15,12 +15,30 @@ use tokio_util::sync::CancellationToken;
 use super::reject::Rejection;
 use super::{accepted, guard, json_response, read_body, sse};
 use crate::context::{FirstOutput, Output};
-use crate::{SUPPORTED_VERSIONS, Shared, dispatch};
+use crate::dispatch::{self, decorate_modern};
+use crate::{SUPPORTED_VERSIONS, Shared};
 
 /// Messages buffered between a 2026-07-28 handler and its connection.
 const DIRECT_BUFFER: usize = 64;
 
-pub(crate) async fn post(shared: &Arc<Shared>, headers: &HeaderMap, body: Body) -> Result<Response, Rejection> {
+/// Methods of the legacy era that 2026-07-28 removed: they are unknown here.
+const REMOVED: [&str; 6] = [
+    method::INITIALIZE,
+    method::INITIALIZED,
+    method::PING,
+    "logging/setLevel",
+    "resources/subscribe",
+    "resources/unsubscribe",
+];
+
+/// Serves a POST whose `MCP-Protocol-Version` is 2026-07-28, or a version this server does not
+/// support (`unsupported`): that one is refused the 2026-07-28 way, with the request's id.
+pub(crate) async fn post(
+    shared: &Arc<Shared>,
+    headers: &HeaderMap,
+    body: Body,
+    unsupported: Option<&str>,
+) -> Result<Response, Rejection> {
     guard::post_media(headers)?;
     let bytes = read_body(body, shared.config.max_body_bytes).await?;
     let message = jsonrpc::parse_message(&bytes).map_err(|e| {
@@ -29,56 +47,115 @@ pub(crate) async fn post(shared: &Arc<Shared>, headers: &HeaderMap, body: Body) 
     })?;
     let request = match message {
         Message::Request(request) => request,
+        _ if unsupported.is_some() => return Err(guard::unsupported_version(unsupported.unwrap_or_default())),
         Message::Notification(_) => return Ok(accepted([])),
         Message::Response(_) => {
             return Err(Rejection::bad_request("response_not_allowed", "clients send no responses in 2026-07-28"));
         }
     };
     let id = request.id.clone();
-    validate(headers, &request).map_err(|r| r.with_id(Some(id.clone())))?;
-    match request.method.as_str() {
-        method::SERVER_DISCOVER => {
-            let body = Message::Response(jsonrpc::Response::result(id, discover(shared))).to_vec();
-            return Ok(json_response(StatusCode::OK, body, []));
+    validate(headers, &request, unsupported).map_err(|r| r.with_id(Some(id.clone())))?;
+    if REMOVED.contains(&request.method.as_str()) {
+        return Err(method_not_found(&request.method).with_id(Some(id)));
+    }
+    if request.method == method::SERVER_DISCOVER {
+        let info = shared.handler.info();
+        let mut result = json!({
+            "supportedVersions": SUPPORTED_VERSIONS.map(ProtocolVersion::as_str),
+            "capabilities": modern_capabilities(info.capabilities),
+        });
+        if let Some(instructions) = info.instructions {
+            result["instructions"] = json!(instructions);
         }
-        // The handshake and ping do not exist in this revision.
-        method::INITIALIZE | method::PING | "logging/setLevel" => return Err(method_not_found(&request.method, id)),
-        _ => {}
+        decorate_modern(method::SERVER_DISCOVER, &mut result, &json!({"name": info.name, "version": info.version}));
+        let body = Message::Response(jsonrpc::Response::result(id, result)).to_vec();
+        return Ok(json_response(StatusCode::OK, body, []));
     }
     let (tx, rx) = mpsc::channel(DIRECT_BUFFER);
     let cancel = CancellationToken::new();
     let first = dispatch::start_direct(shared, request, Output::Direct { tx }, cancel.clone());
-    // Until the response is handed to the client, dropping this future (the client went away)
-    // cancels the request; afterwards the response body holds the guard.
+    // Until the response is handed over, dropping this future (the client went away) cancels
+    // the request; afterwards the response body holds the guard.
     let guard = cancel.drop_guard();
     match first.await {
-        Ok(FirstOutput::Final(bytes)) => {
-            let not_found =
-                jsonrpc::parse_message(&bytes).is_ok_and(|m| matches!(&m, Message::Response(r) if matches!(&r.outcome, Err(e) if e.code == code::METHOD_NOT_FOUND)));
-            let status = if not_found { StatusCode::NOT_FOUND } else { StatusCode::OK };
-            Ok(json_response(status, bytes, []))
-        }
+        Ok(FirstOutput::Final(bytes)) => Ok(json_response(status_of(&bytes), bytes, [])),
         Ok(FirstOutput::Event) | Err(_) => Ok(sse::response(sse::direct_body(rx, guard, shared.config.keep_alive), [])),
     }
 }
 
-fn method_not_found(name: &str, id: jsonrpc::RequestId) -> Rejection {
+/// The HTTP status 2026-07-28 gives some JSON-RPC errors.
+fn status_of(response: &[u8]) -> StatusCode {
+    let code = jsonrpc::parse_message(response).ok().and_then(|m| match m {
+        Message::Response(jsonrpc::Response { outcome: Err(error), .. }) => Some(error.code),
+        _ => None,
+    });
+    match code {
+        Some(code::METHOD_NOT_FOUND) => StatusCode::NOT_FOUND,
+        Some(mcp::code::MISSING_REQUIRED_CLIENT_CAPABILITY) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::OK,
+    }
+}
+
+/// The capabilities this era can honour: no subscriptions or list-change notifications (the
+/// stateless server keeps no subscription state).
+fn modern_capabilities(mut capabilities: Value) -> Value {
+    if let Value::Object(map) = &mut capabilities {
+        for capability in map.values_mut() {
+            if let Value::Object(options) = capability {
+                options.remove("subscribe");
+                options.remove("listChanged");
+            }
+        }
+    }
+    capabilities
+}
+
+fn method_not_found(name: &str) -> Rejection {
     Rejection::new(
         StatusCode::NOT_FOUND,
         code::METHOD_NOT_FOUND,
         "method_not_found",
         format!("method {name:?} not found"),
     )
-    .with_id(Some(id))
 }
 
 fn header_mismatch(message: String) -> Rejection {
     Rejection::new(StatusCode::BAD_REQUEST, mcp::code::HEADER_MISMATCH, "header_mismatch", message)
 }
 
-/// The request-metadata rules: `Mcp-Method`, `Mcp-Name` and `_meta` must agree with the body.
-fn validate(headers: &HeaderMap, request: &Request) -> Result<(), Rejection> {
-    let header_value = |name: &str| headers.get(name).map(|v| v.to_str().unwrap_or(""));
+/// The request-metadata rules, in the order clients can rely on: required `_meta` fields
+/// (-32602), then the version header against `_meta` (-32020), then whether the version is
+/// supported (-32022), then `Mcp-Method` and `Mcp-Name` against the body (-32020).
+fn validate(headers: &HeaderMap, request: &Request, unsupported: Option<&str>) -> Result<(), Rejection> {
+    let request_meta = request.params.as_ref().and_then(|p| p.get("_meta"));
+    let missing = |key: &str| {
+        Rejection::new(
+            StatusCode::BAD_REQUEST,
+            code::INVALID_PARAMS,
+            "missing_meta",
+            format!("params._meta[{key:?}] is required"),
+        )
+    };
+    let header_version = unsupported.unwrap_or(ProtocolVersion::V2026_07_28.as_str());
+    let Some(version) = request_meta.and_then(|m| m.get(meta::PROTOCOL_VERSION)) else {
+        // No per-request metadata at all: a legacy client with a version this server lacks.
+        return Err(match unsupported {
+            Some(requested) if request_meta.is_none() => guard::unsupported_version(requested),
+            _ => missing(meta::PROTOCOL_VERSION),
+        });
+    };
+    if request_meta.and_then(|m| m.get(meta::CLIENT_CAPABILITIES)).is_none() {
+        return Err(missing(meta::CLIENT_CAPABILITIES));
+    }
+    if version.as_str() != Some(header_version) {
+        return Err(header_mismatch(format!(
+            "MCP-Protocol-Version {header_version:?} does not match _meta protocol version {version}"
+        )));
+    }
+    if let Some(requested) = unsupported {
+        return Err(guard::unsupported_version(requested));
+    }
+    let header_value = |name: &str| headers.get(name).map(|v| v.to_str().unwrap_or("").trim());
     match header_value(header::METHOD) {
         Some(m) if m == request.method => {}
         Some(m) => {
@@ -100,41 +177,5 @@ fn validate(headers: &HeaderMap, request: &Request) -> Result<(), Rejection> {
             return Err(header_mismatch(format!("Mcp-Name must equal params.{field}")));
         }
     }
-    let meta = request.params.as_ref().and_then(|p| p.get("_meta"));
-    let missing = |key: &str| {
-        Rejection::new(
-            StatusCode::BAD_REQUEST,
-            code::INVALID_PARAMS,
-            "missing_meta",
-            format!("params._meta[{key:?}] is required"),
-        )
-    };
-    let version = meta.and_then(|m| m.get(meta::PROTOCOL_VERSION)).and_then(Value::as_str);
-    match version {
-        None => return Err(missing(meta::PROTOCOL_VERSION)),
-        Some(v) if v != ProtocolVersion::V2026_07_28.as_str() => {
-            return Err(header_mismatch(format!("MCP-Protocol-Version does not match _meta protocol version {v:?}")));
-        }
-        Some(_) => {}
-    }
-    if meta.and_then(|m| m.get(meta::CLIENT_CAPABILITIES)).is_none() {
-        return Err(missing(meta::CLIENT_CAPABILITIES));
-    }
     Ok(())
-}
-
-/// The `server/discover` result: versions, capabilities and who the server is.
-fn discover(shared: &Shared) -> Value {
-    let info = shared.handler.info();
-    let mut result = json!({
-        "supportedVersions": SUPPORTED_VERSIONS.map(ProtocolVersion::as_str),
-        "capabilities": info.capabilities,
-        "serverInfo": {"name": info.name, "version": info.version},
-        "_meta": {"io.modelcontextprotocol/serverInfo": {"name": info.name, "version": info.version}},
-        "resultType": "complete",
-    });
-    if let Some(instructions) = info.instructions {
-        result["instructions"] = json!(instructions);
-    }
-    result
 }

@@ -222,13 +222,15 @@ fn encode(out: &mut Vec<u8>, event: &OutgoingEvent<'_>) {
 /// The body of a 2026-07-28 response stream: messages straight from the request, no ids.
 /// Dropping the body (the client closed the stream) cancels the request.
 pub(crate) fn direct_body(rx: mpsc::Receiver<(Bytes, bool)>, cancel_on_drop: DropGuard, keep_alive: Duration) -> Body {
+    // The guard is declared first so it drops first: the handler sees cancellation, not just
+    // a closed channel.
     struct Direct {
-        rx: mpsc::Receiver<(Bytes, bool)>,
         _cancel: DropGuard,
+        rx: mpsc::Receiver<(Bytes, bool)>,
         keep_alive: Duration,
         done: bool,
     }
-    let state = Direct { rx, _cancel: cancel_on_drop, keep_alive, done: false };
+    let state = Direct { _cancel: cancel_on_drop, rx, keep_alive, done: false };
     Body::from_stream(stream::unfold(state, |mut state| async move {
         if state.done {
             return None;

@@ -1,0 +1,180 @@
+//! A real server on a loopback port and a small raw-HTTP client for black-box tests.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tether_core::sse::{Decoder, Event};
+use tether_server::{Builder, ServerConfig, builtin::BuiltinHandler};
+use tokio::task::JoinHandle;
+
+/// Upper bound on any single wait in a test.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+pub struct TestServer {
+    pub url: String,
+    task: JoinHandle<()>,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub async fn start(config: ServerConfig) -> TestServer {
+    start_with(Builder::new(BuiltinHandler::new()).config(config)).await
+}
+
+pub async fn start_with(builder: Builder) -> TestServer {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+    let url = format!("http://{}/mcp", listener.local_addr().expect("local addr"));
+    let app = builder.build().router("/mcp");
+    let task = tokio::spawn(async move {
+        let _ = tether_server::serve(listener, app).await;
+    });
+    TestServer { url, task }
+}
+
+/// A fast config for tests: short sweep interval, otherwise defaults.
+pub fn config() -> ServerConfig {
+    ServerConfig { sweep_interval: Duration::from_millis(50), ..ServerConfig::default() }
+}
+
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub id: String,
+    pub epoch: String,
+    pub version: String,
+}
+
+pub struct Client {
+    pub http: reqwest::Client,
+    pub url: String,
+}
+
+impl Client {
+    pub fn new(server: &TestServer) -> Client {
+        Client { http: reqwest::Client::builder().build().expect("client"), url: server.url.clone() }
+    }
+
+    /// A POST with the headers a conforming client sends.
+    pub fn post(&self, session: Option<&Session>, body: &Value) -> reqwest::RequestBuilder {
+        let mut request = self
+            .http
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body.to_string());
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", &session.id).header("mcp-protocol-version", &session.version);
+        }
+        request
+    }
+
+    /// A GET for an SSE stream, resuming from `cursor` if given.
+    pub fn get(&self, session: &Session, cursor: Option<&str>) -> reqwest::RequestBuilder {
+        let mut request = self
+            .http
+            .get(&self.url)
+            .header("accept", "text/event-stream")
+            .header("mcp-session-id", &session.id)
+            .header("mcp-protocol-version", &session.version);
+        if let Some(cursor) = cursor {
+            request = request.header("last-event-id", cursor);
+        }
+        request
+    }
+
+    pub async fn initialize(&self, version: &str) -> Session {
+        let body = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": version, "capabilities": {"sampling": {}, "elicitation": {}},
+            "clientInfo": {"name": "tests", "version": "1"}}});
+        let response = self.post(None, &body).send().await.expect("initialize");
+        assert_eq!(response.status(), 200);
+        let header = |name: &str| response.headers().get(name).expect(name).to_str().expect("ascii").to_owned();
+        let (id, epoch) = (header("mcp-session-id"), header("x-mcp-replay-epoch"));
+        let result: Value = serde_json::from_slice(&response.bytes().await.expect("body")).expect("json");
+        let version = result["result"]["protocolVersion"].as_str().expect("version").to_owned();
+        let session = Session { id, epoch, version };
+        let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        let status = self.post(Some(&session), &initialized).send().await.expect("initialized").status();
+        assert_eq!(status, 202);
+        session
+    }
+
+    /// Calls a tool and returns the raw response.
+    pub async fn call(&self, session: &Session, id: Value, tool: &str, args: Value) -> reqwest::Response {
+        let body =
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": args}});
+        self.post(Some(session), &body).send().await.expect("tools/call")
+    }
+}
+
+/// Sets `name` to `value`, replacing any value the builder already had (`header` appends).
+pub fn set(builder: reqwest::RequestBuilder, name: &'static str, value: &str) -> reqwest::RequestBuilder {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(name, value.parse().expect("valid header value"));
+    builder.headers(headers)
+}
+
+pub fn request(id: Value, method: &str, params: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+/// Reads SSE events until the stream ends, `max` events arrived, or `WAIT` passed.
+pub async fn events(response: &mut reqwest::Response, max: usize) -> Vec<Event> {
+    let mut decoder = Decoder::default();
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while out.len() < max {
+        let chunk = match tokio::time::timeout_at(deadline, response.chunk()).await {
+            Ok(Ok(Some(chunk))) => chunk,
+            _ => break,
+        };
+        let mut input = &chunk[..];
+        while let Some(event) = decoder.decode(&mut input).expect("valid SSE") {
+            out.push(event);
+        }
+    }
+    out
+}
+
+/// Reads until the stream ends (bounded by `WAIT`), returning events and whether it ended.
+pub async fn drain(response: &mut reqwest::Response) -> (Vec<Event>, bool) {
+    let mut decoder = Decoder::default();
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        match tokio::time::timeout_at(deadline, response.chunk()).await {
+            Ok(Ok(Some(chunk))) => {
+                let mut input = &chunk[..];
+                while let Some(event) = decoder.decode(&mut input).expect("valid SSE") {
+                    out.push(event);
+                }
+            }
+            Ok(Ok(None)) | Ok(Err(_)) => return (out, true),
+            Err(_) => return (out, false),
+        }
+    }
+}
+
+/// The JSON-RPC messages among events (priming events have empty data).
+pub fn messages(events: &[Event]) -> Vec<Value> {
+    events.iter().filter(|e| !e.data.is_empty()).map(|e| serde_json::from_str(&e.data).expect("json data")).collect()
+}
+
+pub async fn json_body(response: reqwest::Response) -> Value {
+    serde_json::from_slice(&response.bytes().await.expect("body")).expect("json body")
+}
+
+/// The `error.data.reason` of an error body.
+pub async fn reason(response: reqwest::Response) -> String {
+    json_body(response).await["error"]["data"]["reason"].as_str().unwrap_or_default().to_owned()
+}
+
+/// `seq` of a lineage id.
+pub fn seq(id: &str) -> u64 {
+    id.rsplit(':').next().and_then(|s| s.parse().ok()).expect("lineage id")
+}

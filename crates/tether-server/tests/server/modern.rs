@@ -1,0 +1,250 @@
+//! The 2026-07-28 era: stateless requests on the same endpoint.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tether_server::{Builder, Context, Handler, HandlerFuture, ServerInfo};
+
+use crate::common::*;
+
+fn meta() -> Value {
+    json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}})
+}
+
+/// A modern request with matching headers.
+fn modern(client: &Client, id: i64, method: &str, mut params: Value) -> reqwest::RequestBuilder {
+    if params.get("_meta").is_none() {
+        params["_meta"] = meta();
+    }
+    let mut builder = client
+        .http
+        .post(&client.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method);
+    if let Some(name) = params.get("name").and_then(Value::as_str) {
+        builder = builder.header("mcp-name", name);
+    }
+    builder.body(request(json!(id), method, params).to_string())
+}
+
+#[tokio::test]
+async fn server_discover_describes_the_server_without_a_session() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let response = modern(&client, 1, "server/discover", json!({})).send().await.expect("send");
+    assert_eq!(response.status(), 200);
+    assert!(!response.headers().contains_key("mcp-session-id"));
+    let result = json_body(response).await["result"].clone();
+    assert!(
+        result["supportedVersions"]
+            .as_array()
+            .is_some_and(|v| v.contains(&json!("2026-07-28")) && v.contains(&json!("2025-11-25")))
+    );
+    assert_eq!(result["resultType"], "complete");
+    assert_eq!(result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "tether");
+    assert!(result["ttlMs"].is_u64() && result["cacheScope"].is_string());
+    assert!(result["capabilities"]["tools"].is_object());
+    assert!(result["capabilities"]["resources"].get("subscribe").is_none(), "no subscriptions without state");
+}
+
+#[tokio::test]
+async fn tool_calls_are_served_statelessly_with_result_type() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let response = modern(&client, 1, "tools/call", json!({"name": "test_simple_text", "arguments": {}}))
+        .header("mcp-session-id", "ignored")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), 200);
+    assert!(!response.headers().contains_key("mcp-session-id"), "session ids are neither minted nor echoed");
+    let body = json_body(response).await;
+    assert_eq!(body["result"]["resultType"], "complete");
+    assert_eq!(body["result"]["content"][0]["text"], "This is a simple text response for testing.");
+    let list = json_body(modern(&client, 2, "tools/list", json!({})).send().await.expect("send")).await;
+    assert!(list["result"]["ttlMs"].is_u64() && list["result"]["tools"].is_array());
+}
+
+#[tokio::test]
+async fn streamed_notifications_carry_no_ids() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let params = json!({"name": "count", "arguments": {"to": 3}, "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}, "progressToken": 5}});
+    let mut response = modern(&client, 1, "tools/call", params).send().await.expect("send");
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let (events, ended) = drain(&mut response).await;
+    assert!(ended);
+    assert!(events.iter().all(|e| e.id.is_none()));
+    let got = messages(&events);
+    assert_eq!(got.len(), 4);
+    assert_eq!(got[3]["result"]["resultType"], "complete");
+}
+
+#[tokio::test]
+async fn header_rules_are_enforced_with_minus_32020() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let call = json!({"name": "test_simple_text", "arguments": {}});
+    let cases = [
+        set(modern(&client, 1, "tools/list", json!({})), "mcp-method", "prompts/list"),
+        set(modern(&client, 2, "tools/call", call.clone()), "mcp-name", "wrong_tool_name"),
+        set(modern(&client, 3, "tools/list", json!({})), "mcp-method", "TOOLS/LIST"),
+    ];
+    for (i, case) in cases.into_iter().enumerate() {
+        let response = case.send().await.expect("send");
+        assert_eq!(response.status(), 400, "case {i}");
+        let body = json_body(response).await;
+        assert_eq!(body["error"]["code"], -32020, "case {i}");
+        assert_eq!(body["id"], json!(i + 1), "the error echoes the request id");
+    }
+    let no_method = client
+        .http
+        .post(&client.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .body(request(json!(9), "tools/list", json!({"_meta": meta()})).to_string());
+    assert_eq!(json_body(no_method.send().await.expect("send")).await["error"]["code"], -32020);
+    let padded = set(modern(&client, 4, "tools/call", call), "mcp-name", "  test_simple_text  ");
+    assert_eq!(padded.send().await.expect("send").status(), 200, "surrounding whitespace is not a mismatch");
+}
+
+#[tokio::test]
+async fn metadata_is_validated_in_order() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let no_version =
+        modern(&client, 101, "server/discover", json!({"_meta": {"io.modelcontextprotocol/clientCapabilities": {}}}));
+    let body = json_body(no_version.send().await.expect("send")).await;
+    assert_eq!((body["error"]["code"].clone(), body["id"].clone()), (json!(-32602), json!(101)));
+    let no_caps = modern(
+        &client,
+        104,
+        "server/discover",
+        json!({"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}),
+    );
+    assert_eq!(json_body(no_caps.send().await.expect("send")).await["error"]["code"], -32602);
+    let mismatch_meta = json!({"_meta": {"io.modelcontextprotocol/protocolVersion": "v999.0.0", "io.modelcontextprotocol/clientCapabilities": {}}});
+    let mismatch = modern(&client, 302, "server/discover", mismatch_meta.clone());
+    assert_eq!(json_body(mismatch.send().await.expect("send")).await["error"]["code"], -32020);
+    let unsupported = set(modern(&client, 301, "server/discover", mismatch_meta), "mcp-protocol-version", "v999.0.0");
+    let response = unsupported.send().await.expect("send");
+    assert_eq!(response.status(), 400);
+    let body = json_body(response).await;
+    assert_eq!(body["error"]["code"], -32022);
+    assert_eq!(body["id"], 301);
+    assert_eq!(body["error"]["data"]["requested"], "v999.0.0");
+    assert!(body["error"]["data"]["supported"].as_array().is_some_and(|v| !v.is_empty()));
+}
+
+#[tokio::test]
+async fn removed_and_unknown_methods_are_404_and_get_delete_405() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    for method in ["initialize", "ping", "logging/setLevel", "resources/subscribe", "unknown/method"] {
+        let response = modern(&client, 1, method, json!({})).send().await.expect("send");
+        assert_eq!(response.status(), 404, "{method}");
+        assert_eq!(json_body(response).await["error"]["code"], -32601, "{method}");
+    }
+    for method in [reqwest::Method::GET, reqwest::Method::DELETE] {
+        let response = client
+            .http
+            .request(method.clone(), &client.url)
+            .header("accept", "text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("last-event-id", "ignored")
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.status(), 405, "{method}");
+        assert_eq!(response.headers()["allow"], "POST");
+    }
+}
+
+#[tokio::test]
+async fn undeclared_client_capability_is_minus_32021() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let response = modern(&client, 401, "tools/call", json!({"name": "test_missing_capability", "arguments": {}}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), 400);
+    let body = json_body(response).await;
+    assert_eq!(body["error"]["code"], -32021);
+    assert_eq!(body["error"]["data"]["requiredCapabilities"], json!({"sampling": {}}));
+}
+
+#[tokio::test]
+async fn logs_are_sent_only_when_the_request_asks_for_a_level() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let call = json!({"name": "test_logging_tool", "arguments": {}});
+    let quiet = modern(&client, 1, "tools/call", call.clone()).send().await.expect("send");
+    assert_eq!(quiet.headers()["content-type"], "application/json", "no log notification came first");
+    let mut with_level = call;
+    with_level["_meta"] = meta();
+    with_level["_meta"]["io.modelcontextprotocol/logLevel"] = json!("info");
+    let mut loud = modern(&client, 2, "tools/call", with_level).send().await.expect("send");
+    let got = messages(&drain(&mut loud).await.0);
+    assert_eq!(got[0]["method"], "notifications/message");
+}
+
+/// Streams notifications until cancelled, and records the cancellation.
+struct Endless(Arc<AtomicBool>);
+
+impl Handler for Endless {
+    fn info(&self) -> ServerInfo {
+        ServerInfo {
+            name: "endless".into(),
+            version: "1".into(),
+            instructions: None,
+            capabilities: json!({"tools": {}}),
+        }
+    }
+
+    fn call(&self, ctx: Context, _method: String, _params: Value) -> HandlerFuture {
+        let cancelled = Arc::clone(&self.0);
+        Box::pin(async move {
+            for i in 0..2_000u32 {
+                if ctx.notify("notifications/message", json!({"level": "info", "data": i})).await.is_err() {
+                    break;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(5)) => {}
+                    () = ctx.cancelled() => break,
+                }
+            }
+            tokio::select! {
+                () = ctx.cancelled() => cancelled.store(true, Ordering::SeqCst),
+                () = tokio::time::sleep(WAIT) => {}
+            }
+            Ok(json!({"content": []}))
+        })
+    }
+}
+
+#[tokio::test]
+async fn closing_the_response_stream_cancels_the_request() {
+    let flag = Arc::new(AtomicBool::new(false));
+    let server = start_with(Builder::new(Endless(Arc::clone(&flag))).config(config())).await;
+    let client = Client::new(&server);
+    let mut response =
+        modern(&client, 1, "tools/call", json!({"name": "x", "arguments": {}})).send().await.expect("send");
+    assert_eq!(events(&mut response, 3).await.len(), 3);
+    drop(response);
+    let mut seen = false;
+    for _ in 0..200 {
+        if flag.load(Ordering::SeqCst) {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(seen, "the handler observed cancellation after the client closed the stream");
+}

@@ -1,0 +1,479 @@
+//! Legacy-era protocol rules and bad input.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::json;
+use tether_server::{Authenticator, BearerToken, Builder, ServerConfig, builtin::BuiltinHandler};
+
+use crate::common::*;
+
+#[tokio::test]
+async fn initialize_mints_a_session_with_epoch_and_lineage_capability() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let body = request(
+        json!(1),
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+    );
+    let response = client.post(None, &body).header("mcp-session-id", "client-chosen-id").send().await.expect("send");
+    assert_eq!(response.status(), 200);
+    let id = response.headers()["mcp-session-id"].to_str().expect("ascii").to_owned();
+    let epoch = response.headers()["x-mcp-replay-epoch"].to_str().expect("ascii").to_owned();
+    assert_ne!(id, "client-chosen-id", "session ids are never taken from the client");
+    assert!(id.len() >= 22 && id.bytes().all(|b| (0x21..=0x7e).contains(&b)), "{id}");
+    let result = json_body(response).await["result"].clone();
+    assert_eq!(result["protocolVersion"], "2025-06-18");
+    assert_eq!(result["capabilities"]["experimental"]["io.tether/lineage"], json!({"version": 1, "epoch": epoch}));
+    let second = client.initialize("2025-11-25").await;
+    assert_ne!(second.id, id);
+    assert_ne!(second.epoch, epoch);
+}
+
+#[tokio::test]
+async fn unsupported_initialize_version_is_answered_with_the_latest_legacy_version() {
+    let server = start(config()).await;
+    let session = Client::new(&server).initialize("1999-01-01").await;
+    assert_eq!(session.version, "2025-11-25");
+}
+
+#[tokio::test]
+async fn requests_without_session_get_400_and_unknown_sessions_404() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let response = client.post(None, &request(json!(1), "tools/list", json!({}))).send().await.expect("send");
+    assert_eq!(response.status(), 400);
+    assert_eq!(reason(response).await, "missing_session_id");
+    let ghost = Session { id: "no-such-session".into(), epoch: String::new(), version: "2025-11-25".into() };
+    let response = client.post(Some(&ghost), &request(json!(1), "tools/list", json!({}))).send().await.expect("send");
+    assert_eq!(response.status(), 404);
+    assert_eq!(reason(response).await, "unknown_session");
+    let response = client.get(&ghost, None).send().await.expect("send");
+    assert_eq!(response.status(), 404);
+}
+
+#[tokio::test]
+async fn delete_ends_the_session_and_later_requests_get_404_terminated() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let response = client.http.delete(&server.url).header("mcp-session-id", &session.id).send().await.expect("send");
+    assert_eq!(response.status(), 200);
+    let response = client.post(Some(&session), &request(json!(1), "ping", json!({}))).send().await.expect("send");
+    assert_eq!(response.status(), 404);
+    assert_eq!(reason(response).await, "terminated");
+    let response = client.get(&session, None).send().await.expect("send");
+    assert_eq!(reason(response).await, "terminated");
+}
+
+#[tokio::test]
+async fn media_types_are_checked() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let ping = request(json!(1), "ping", json!({}));
+    let response = set(client.post(Some(&session), &ping), "accept", "application/json").send().await.expect("send");
+    assert_eq!(response.status(), 406);
+    let response = set(client.post(Some(&session), &ping), "content-type", "text/plain").send().await.expect("send");
+    assert_eq!(response.status(), 415);
+    assert_eq!(reason(response).await, "unsupported_media_type");
+    let response = set(client.get(&session, None), "accept", "application/json").send().await.expect("send");
+    assert_eq!(response.status(), 406);
+}
+
+#[tokio::test]
+async fn protocol_version_header_is_checked() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let ping = request(json!(1), "ping", json!({}));
+    let response =
+        set(client.post(Some(&session), &ping), "mcp-protocol-version", "1999-01-01").send().await.expect("send");
+    assert_eq!(response.status(), 400);
+    let body = json_body(response).await;
+    assert_eq!(body["error"]["code"], -32022);
+    assert!(body["error"]["data"]["supported"].as_array().is_some_and(|v| v.contains(&json!("2025-11-25"))));
+    // Without the header the request is served (2025-03-26 assumed for the header's purpose).
+    let response = client
+        .http
+        .post(&server.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", &session.id)
+        .body(ping.to_string())
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), 200);
+}
+
+#[tokio::test]
+async fn malformed_bodies_get_400_with_the_right_code() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let send = |body: &'static str| {
+        client
+            .http
+            .post(&server.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-session-id", &session.id)
+            .body(body)
+            .send()
+    };
+    let response = send("{not json").await.expect("send");
+    assert_eq!(response.status(), 400);
+    let body = json_body(response).await;
+    assert_eq!(
+        (body["error"]["code"].clone(), body["error"]["data"]["reason"].clone()),
+        (json!(-32700), json!("parse_error"))
+    );
+    let response = send(r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#).await.expect("send");
+    assert_eq!(response.status(), 400);
+    assert_eq!(json_body(response).await["error"]["code"], -32600);
+    // The session was not harmed by the bad input.
+    let response = client.post(Some(&session), &request(json!(2), "ping", json!({}))).send().await.expect("send");
+    assert_eq!(json_body(response).await["result"], json!({}));
+}
+
+#[tokio::test]
+async fn body_over_the_limit_gets_413() {
+    let server = start(ServerConfig { max_body_bytes: 1024, ..config() }).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let big =
+        request(json!(1), "tools/call", json!({"name": "test_simple_text", "arguments": {"pad": "x".repeat(4096)}}));
+    let response = client.post(Some(&session), &big).send().await.expect("send");
+    assert_eq!(response.status(), 413);
+    assert_eq!(reason(response).await, "body_too_large");
+}
+
+#[tokio::test]
+async fn foreign_origin_and_host_are_refused() {
+    let server = start(ServerConfig { allowed_origins: vec!["https://app.example".into()], ..config() }).await;
+    let client = Client::new(&server);
+    let init = request(
+        json!(1),
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+    );
+    let response = client.post(None, &init).header("origin", "http://evil.example.com").send().await.expect("send");
+    assert_eq!(response.status(), 403);
+    assert_eq!(reason(response).await, "origin_not_allowed");
+    let response = client.post(None, &init).header("host", "evil.example.com").send().await.expect("send");
+    assert_eq!(response.status(), 403);
+    assert_eq!(reason(response).await, "host_not_allowed");
+    for origin in ["http://localhost:3000", "http://127.0.0.1", "https://app.example"] {
+        let response = client.post(None, &init).header("origin", origin).send().await.expect("send");
+        assert_eq!(response.status(), 200, "{origin}");
+    }
+}
+
+#[tokio::test]
+async fn too_many_sessions_get_503_with_retry_after() {
+    let server = start(ServerConfig { max_sessions: 2, ..config() }).await;
+    let client = Client::new(&server);
+    client.initialize("2025-11-25").await;
+    client.initialize("2025-11-25").await;
+    let init = request(
+        json!(1),
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+    );
+    let response = client.post(None, &init).send().await.expect("send");
+    assert_eq!(response.status(), 503);
+    assert!(response.headers().contains_key("retry-after"));
+    assert_eq!(reason(response).await, "too_many_sessions");
+}
+
+#[tokio::test]
+async fn too_many_streams_per_session_get_429() {
+    let server = start(ServerConfig { max_streams_per_session: 2, ..config() }).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    // Streaming calls answer with SSE at their first notification and keep running.
+    let slow = json!({"to": 100, "interval_ms": 50});
+    let _a = client.call(&session, json!(1), "count", slow.clone()).await;
+    let _b = client.call(&session, json!(2), "count", slow.clone()).await;
+    let response = client.call(&session, json!(3), "count", slow).await;
+    assert_eq!(response.status(), 429);
+    assert_eq!(reason(response).await, "too_many_streams");
+}
+
+#[tokio::test]
+async fn result_without_prior_output_is_json_and_with_output_is_sse() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let response = client.call(&session, json!(1), "test_simple_text", json!({})).await;
+    assert_eq!(response.headers()["content-type"], "application/json");
+    assert_eq!(response.headers()["x-mcp-replay-epoch"].to_str().expect("ascii"), session.epoch);
+    let body = json_body(response).await;
+    assert_eq!(body["result"]["content"][0]["text"], "This is a simple text response for testing.");
+    let mut response = client.call(&session, json!(2), "count", json!({"to": 3})).await;
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let (events, ended) = drain(&mut response).await;
+    assert!(ended, "the stream ends after the response");
+    let messages = messages(&events);
+    assert_eq!(messages.len(), 4);
+    assert_eq!(messages[3]["id"], 2);
+    assert_eq!(messages[0]["params"]["data"]["count"], 1);
+}
+
+#[tokio::test]
+async fn sessions_of_2025_11_25_get_priming_event_and_retry_older_ones_do_not() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let new = client.initialize("2025-11-25").await;
+    let mut response = client.call(&new, json!(1), "count", json!({"to": 1})).await;
+    let (events, _) = drain(&mut response).await;
+    let id = events[0].id.clone().expect("priming id");
+    assert!(events[0].data.is_empty() && events[0].retry.is_some());
+    assert_eq!(id, format!("{}:{}:0", new.epoch, id.split(':').nth(1).expect("stream")));
+    // Every later event is the next position of the same stream.
+    for (i, event) in events.iter().enumerate() {
+        assert_eq!(seq(event.id.as_deref().expect("id")), i as u64);
+    }
+    let old = client.initialize("2025-06-18").await;
+    let mut response = client.call(&old, json!(1), "count", json!({"to": 1})).await;
+    let (events, _) = drain(&mut response).await;
+    assert!(events.iter().all(|e| !e.data.is_empty() && e.retry.is_none()), "{events:?}");
+    assert_eq!(seq(events[0].id.as_deref().expect("id")), 1);
+}
+
+#[tokio::test]
+async fn progress_goes_to_the_requests_stream_with_its_token() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let body = request(
+        json!(7),
+        "tools/call",
+        json!({"name": "test_tool_with_progress", "arguments": {}, "_meta": {"progressToken": "tok"}}),
+    );
+    let mut response = client.post(Some(&session), &body).send().await.expect("send");
+    let messages = messages(&drain(&mut response).await.0);
+    let progress: Vec<_> =
+        messages.iter().filter(|m| m["method"] == "notifications/progress").map(|m| m["params"].clone()).collect();
+    assert_eq!(progress.len(), 3);
+    assert!(progress.iter().all(|p| p["progressToken"] == "tok" && p["total"] == 100));
+    assert_eq!(messages.last().expect("result")["id"], 7);
+}
+
+#[tokio::test]
+async fn server_to_client_request_is_answered_by_post() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let mut response = client.call(&session, json!(1), "test_elicitation", json!({"message": "who?"})).await;
+    let events = events(&mut response, 2).await;
+    let ask = messages(&events).pop().expect("elicitation request");
+    assert_eq!(ask["method"], "elicitation/create");
+    let answer = json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"action": "accept", "content": {"username": "u", "email": "e"}}});
+    let status = client.post(Some(&session), &answer).send().await.expect("send").status();
+    assert_eq!(status, 202);
+    let rest = messages(&drain(&mut response).await.0);
+    let text = rest.last().expect("result")["result"]["content"][0]["text"].as_str().expect("text").to_owned();
+    assert!(text.starts_with("User response:") && text.contains("accept"), "{text}");
+}
+
+#[tokio::test]
+async fn cancelled_notification_stops_the_request_without_a_response() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let body =
+        request(json!("slow"), "tools/call", json!({"name": "count", "arguments": {"to": 1000, "interval_ms": 20}}));
+    let mut response = client.post(Some(&session), &body).send().await.expect("send");
+    let first = events(&mut response, 2).await;
+    assert_eq!(first.len(), 2);
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "slow", "reason": "test"}});
+    assert_eq!(client.post(Some(&session), &cancel).send().await.expect("send").status(), 202);
+    let (rest, ended) = drain(&mut response).await;
+    assert!(ended, "the stream ends once the request is cancelled");
+    assert!(rest.len() < 100, "counting stopped early: {} more events", rest.len());
+    assert!(messages(&rest).iter().all(|m| m.get("id").is_none()), "no response after cancellation");
+}
+
+#[tokio::test]
+async fn batches_are_accepted_only_in_2025_03_26_sessions() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let old = client.initialize("2025-03-26").await;
+    let batch = json!([request(json!(1), "ping", json!({})), request(json!(2), "tools/call", json!({"name": "counter_get", "arguments": {"key": "b"}})),
+        {"jsonrpc": "2.0", "method": "notifications/initialized"}]);
+    let response = client.post(Some(&old), &batch).send().await.expect("send");
+    assert_eq!(response.status(), 200);
+    let body = json_body(response).await;
+    let ids: Vec<_> = body.as_array().expect("array").iter().map(|r| r["id"].clone()).collect();
+    assert_eq!(ids, [json!(1), json!(2)]);
+    let new = client.initialize("2025-11-25").await;
+    let response = client.post(Some(&new), &batch).send().await.expect("send");
+    assert_eq!(response.status(), 400);
+    assert_eq!(reason(response).await, "batch_not_allowed");
+}
+
+#[tokio::test]
+async fn a_request_id_is_executed_once_per_incarnation() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let args = json!({"key": "once", "amount": 5});
+    let first = json_body(client.call(&session, json!(9), "counter_add", args.clone()).await).await;
+    assert_eq!(first["result"]["structuredContent"]["value"], 5);
+    // The same id and params attach to the original request's stream: its result again.
+    let mut again = client.call(&session, json!(9), "counter_add", args).await;
+    let replayed = messages(&drain(&mut again).await.0);
+    assert_eq!(replayed.last().expect("result")["result"]["structuredContent"]["value"], 5);
+    let value = json_body(client.call(&session, json!(10), "counter_get", json!({"key": "once"})).await).await;
+    assert_eq!(value["result"]["structuredContent"]["value"], 5, "executed once");
+    let conflict =
+        json_body(client.call(&session, json!(9), "counter_add", json!({"key": "once", "amount": 6})).await).await;
+    assert_eq!(conflict["error"]["code"], -32600);
+    assert_eq!(conflict["error"]["data"]["reason"], "request_id_reused");
+}
+
+#[tokio::test]
+async fn second_plain_get_while_the_standalone_stream_is_attached_gets_409() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let mut first = client.get(&session, None).send().await.expect("send");
+    assert_eq!(first.status(), 200);
+    let priming = events(&mut first, 1).await;
+    assert_eq!(priming.len(), 1);
+    let second = client.get(&session, None).send().await.expect("send");
+    assert_eq!(second.status(), 409);
+    drop(first);
+    // Once the first connection is gone, a new standalone stream may open.
+    let mut ok = false;
+    for _ in 0..50 {
+        if client.get(&session, None).send().await.expect("send").status() == 200 {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ok);
+}
+
+#[tokio::test]
+async fn broadcast_reaches_the_standalone_stream() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let mut stream = client.get(&session, None).send().await.expect("send");
+    events(&mut stream, 1).await;
+    let result = json_body(client.call(&session, json!(1), "broadcast", json!({"count": 3})).await).await;
+    assert_eq!(result["result"]["content"][0]["text"], "broadcast 3 of 3 notifications");
+    let got = messages(&events(&mut stream, 3).await);
+    let counts: Vec<_> = got.iter().map(|m| m["params"]["data"]["broadcast"].clone()).collect();
+    assert_eq!(counts, [json!(1), json!(2), json!(3)]);
+    assert!(got.iter().all(|m| m.get("id").is_none()), "no responses on the GET stream");
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_never_blocks_the_producer() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    // A standalone stream nobody reads, and a broadcast far larger than the socket buffers.
+    let _stalled = client.get(&session, None).send().await.expect("send");
+    let started = std::time::Instant::now();
+    let result = json_body(client.call(&session, json!(1), "broadcast", json!({"count": 20_000})).await).await;
+    assert_eq!(result["result"]["content"][0]["text"], "broadcast 20000 of 20000 notifications");
+    assert!(started.elapsed() < WAIT);
+}
+
+#[tokio::test]
+async fn ping_and_log_level() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let pong =
+        json_body(client.post(Some(&session), &request(json!("p"), "ping", json!({}))).send().await.expect("send"))
+            .await;
+    assert_eq!(pong, json!({"jsonrpc": "2.0", "id": "p", "result": {}}));
+    let set = request(json!(1), "logging/setLevel", json!({"level": "error"}));
+    assert_eq!(json_body(client.post(Some(&session), &set).send().await.expect("send")).await["result"], json!({}));
+    // Info-level logs are now filtered: the logging tool answers with JSON, nothing before it.
+    let response = client.call(&session, json!(2), "test_tool_with_logging", json!({})).await;
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let bad = request(json!(3), "logging/setLevel", json!({"level": "loud"}));
+    assert_eq!(json_body(client.post(Some(&session), &bad).send().await.expect("send")).await["error"]["code"], -32602);
+}
+
+#[tokio::test]
+async fn bearer_token_is_required_when_configured() {
+    let server =
+        start_with(Builder::new(BuiltinHandler::new()).config(config()).authenticator(BearerToken::new("s3cret")))
+            .await;
+    let client = Client::new(&server);
+    let init = request(
+        json!(1),
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+    );
+    let response = client.post(None, &init).send().await.expect("send");
+    assert_eq!(response.status(), 401);
+    assert_eq!(response.headers()["www-authenticate"], "Bearer");
+    let response = client.post(None, &init).header("authorization", "Bearer wrong").send().await.expect("send");
+    assert_eq!(response.status(), 401);
+    let response = client.post(None, &init).header("authorization", "Bearer s3cret").send().await.expect("send");
+    assert_eq!(response.status(), 200);
+}
+
+/// Two principals: "Bearer alice" and "Bearer bob".
+struct Names(AtomicUsize);
+
+impl Authenticator for Names {
+    fn authenticate(&self, authorization: Option<&str>) -> Option<String> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        authorization?.strip_prefix("Bearer ").map(str::to_owned)
+    }
+}
+
+#[tokio::test]
+async fn a_session_belongs_to_the_principal_that_created_it() {
+    let auth = Names(AtomicUsize::new(0));
+    let server = start_with(Builder::new(BuiltinHandler::new()).config(config()).authenticator(auth)).await;
+    let client = Client::new(&server);
+    let init = request(
+        json!(1),
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+    );
+    let response = client.post(None, &init).header("authorization", "Bearer alice").send().await.expect("send");
+    let id = response.headers()["mcp-session-id"].to_str().expect("ascii").to_owned();
+    let session = Session { id, epoch: String::new(), version: "2025-11-25".into() };
+    let ping = request(json!(2), "ping", json!({}));
+    let as_bob = client.post(Some(&session), &ping).header("authorization", "Bearer bob").send().await.expect("send");
+    assert_eq!(as_bob.status(), 404);
+    assert_eq!(reason(as_bob).await, "unknown_session");
+    let as_alice =
+        client.post(Some(&session), &ping).header("authorization", "Bearer alice").send().await.expect("send");
+    assert_eq!(as_alice.status(), 200);
+}
+
+#[tokio::test]
+async fn tools_list_has_the_fixture_and_streaming_tools() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let list =
+        json_body(client.post(Some(&session), &request(json!(1), "tools/list", json!({}))).send().await.expect("send"))
+            .await;
+    let names: Vec<&str> =
+        list["result"]["tools"].as_array().expect("tools").iter().filter_map(|t| t["name"].as_str()).collect();
+    for name in ["count", "counter_add", "counter_get", "broadcast", "sleep", "test_reconnection", "test_simple_text"] {
+        assert!(names.contains(&name), "{name} missing from {names:?}");
+    }
+    let unknown = json_body(client.call(&session, json!(2), "no_such_tool", json!({})).await).await;
+    assert_eq!(unknown["error"]["code"], -32602);
+    let method =
+        json_body(client.post(Some(&session), &request(json!(3), "no/such", json!({}))).send().await.expect("send"))
+            .await;
+    assert_eq!(method["error"]["code"], -32601);
+}

@@ -1,0 +1,245 @@
+//! Every branch of the resume decision, over real HTTP, and the rules around it.
+
+use std::time::Duration;
+
+use serde_json::json;
+use tether_server::ServerConfig;
+use tether_store::Retention;
+
+use crate::common::*;
+
+/// Calls `count` to `to` and returns the ids of its events (priming first) after the stream ended.
+async fn counted(client: &Client, session: &Session, id: i64, to: u64) -> Vec<String> {
+    // A little pacing keeps the request's own connection from falling behind a small retention.
+    let mut response = client.call(session, json!(id), "count", json!({"to": to, "interval_ms": 2})).await;
+    let (events, ended) = drain(&mut response).await;
+    assert!(ended);
+    events.into_iter().map(|e| e.id.expect("every event has an id")).collect()
+}
+
+fn with_stream(epoch: &str, ids: &[String], seq: u64) -> String {
+    let stream = ids[0].split(':').nth(1).expect("stream");
+    format!("{epoch}:{stream}:{seq}")
+}
+
+#[tokio::test]
+async fn resume_replays_exactly_the_events_after_the_cursor_then_ends() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let ids = counted(&client, &session, 1, 5).await;
+    assert_eq!(ids.len(), 7, "priming, 5 notifications, result");
+    for cursor in 0..=6u64 {
+        let mut response = client.get(&session, Some(&ids[cursor as usize])).send().await.expect("send");
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["x-mcp-replay-epoch"].to_str().expect("ascii"), session.epoch);
+        let (events, ended) = drain(&mut response).await;
+        assert!(ended, "a finished request's stream ends after the replay");
+        let seqs: Vec<u64> = events.iter().map(|e| seq(e.id.as_deref().expect("id"))).collect();
+        assert_eq!(seqs, ((cursor + 1)..=6).collect::<Vec<_>>(), "cursor {cursor}");
+    }
+}
+
+#[tokio::test]
+async fn resume_of_a_live_stream_continues_without_gap_or_duplicate() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let mut response = client.call(&session, json!(1), "count", json!({"to": 15, "interval_ms": 10})).await;
+    let first = events(&mut response, 4).await;
+    drop(response);
+    let cursor = first.last().and_then(|e| e.id.clone()).expect("cursor");
+    let mut resumed = client.get(&session, Some(&cursor)).send().await.expect("send");
+    let (rest, ended) = drain(&mut resumed).await;
+    assert!(ended);
+    let all: Vec<u64> = first.iter().chain(&rest).map(|e| seq(e.id.as_deref().expect("id"))).collect();
+    assert_eq!(all, (0..=16).collect::<Vec<_>>());
+    let result = messages(&rest).pop().expect("result");
+    assert_eq!(result["id"], 1);
+}
+
+#[tokio::test]
+async fn evicted_history_is_one_explicit_resync_event() {
+    let retention = Retention { max_events_per_stream: 4, ..Retention::default() };
+    let server = start(ServerConfig { retention, ..config() }).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let ids = counted(&client, &session, 1, 10).await;
+    let mut response = client.get(&session, Some(&ids[1])).send().await.expect("send");
+    assert_eq!(response.status(), 200);
+    let (events, ended) = drain(&mut response).await;
+    assert!(ended);
+    assert_eq!(events.len(), 1, "exactly one event: {events:?}");
+    assert_eq!(events[0].event.as_deref(), Some("resync"));
+    assert_eq!(events[0].id.as_deref(), Some(with_stream(&session.epoch, &ids, 11).as_str()));
+    let notice: serde_json::Value = serde_json::from_str(&events[0].data).expect("json");
+    assert_eq!(notice["reason"], "evicted");
+    assert_eq!(
+        (notice["after"].clone(), notice["lost_from"].clone(), notice["lost_to"].clone()),
+        (json!(1), json!(2), json!(11))
+    );
+    // Resuming from the resync event's id replays nothing more: the client is told once.
+    let mut again = client.get(&session, events[0].id.as_deref()).send().await.expect("send");
+    assert!(drain(&mut again).await.0.is_empty());
+}
+
+#[tokio::test]
+async fn cursor_ahead_of_head_and_unknown_stream_get_resync() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let ids = counted(&client, &session, 1, 2).await;
+    let mut ahead = client.get(&session, Some(&with_stream(&session.epoch, &ids, 99))).send().await.expect("send");
+    let events = drain(&mut ahead).await.0;
+    let notice: serde_json::Value = serde_json::from_str(&events[0].data).expect("json");
+    assert_eq!(
+        (notice["reason"].clone(), notice["head"].clone(), notice["lost_from"].clone()),
+        (json!("ahead_of_head"), json!(3), json!(null))
+    );
+    let unknown = format!("{}:rNoSuchStream1:4", session.epoch);
+    let mut response = client.get(&session, Some(&unknown)).send().await.expect("send");
+    let events = drain(&mut response).await.0;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].event.as_deref(), Some("resync"));
+    assert!(events[0].data.contains("\"unknown_stream\""));
+}
+
+#[tokio::test]
+async fn a_cursor_never_crosses_sessions_or_incarnations() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let a = client.initialize("2025-11-25").await;
+    let b = client.initialize("2025-11-25").await;
+    let ids = counted(&client, &a, 1, 3).await;
+    // Session A's cursor presented with session B's id: B's epoch differs, so it is refused
+    // without replaying any of A's events.
+    let response = client.get(&b, Some(&ids[1])).send().await.expect("send");
+    assert_eq!(response.status(), 404);
+    assert_eq!(reason(response).await, "incarnation_mismatch");
+    let forged = format!("AAAAAAAAAAAAAAAAAAAAAA:{}", ids[1].split_once(':').expect("id").1);
+    let response = client.get(&a, Some(&forged)).send().await.expect("send");
+    assert_eq!(reason(response).await, "incarnation_mismatch");
+}
+
+#[tokio::test]
+async fn a_cursor_of_one_stream_never_replays_another() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let first = counted(&client, &session, 1, 3).await;
+    let second = counted(&client, &session, 2, 3).await;
+    let mut response = client.get(&session, Some(&first[1])).send().await.expect("send");
+    let events = drain(&mut response).await.0;
+    let stream_of = |id: &str| id.split(':').nth(1).expect("stream").to_owned();
+    assert!(events.iter().all(|e| stream_of(e.id.as_deref().expect("id")) == stream_of(&first[0])));
+    assert_ne!(stream_of(&first[0]), stream_of(&second[0]));
+}
+
+#[tokio::test]
+async fn malformed_cursor_is_400_and_unknown_session_404() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    for bad in ["garbage", "1041", "a:b:c", &format!("{}:s:01", session.epoch)] {
+        let response = client.get(&session, Some(bad)).send().await.expect("send");
+        assert_eq!(response.status(), 400, "{bad}");
+        assert_eq!(reason(response).await, "malformed_cursor");
+    }
+    let ghost = Session { id: "gone".into(), ..session.clone() };
+    let response = client.get(&ghost, Some(&format!("{}:r1:1", session.epoch))).send().await.expect("send");
+    assert_eq!(response.status(), 404);
+    assert_eq!(reason(response).await, "unknown_session");
+}
+
+#[tokio::test]
+async fn session_that_expired_during_a_partition_gets_404_although_history_is_retained() {
+    // Seed 004's incident, scaled down: TTL 300 ms, history retained much longer.
+    let server = start(ServerConfig { session_idle_ttl: Duration::from_millis(300), ..config() }).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let ids = counted(&client, &session, 1, 2).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let response = client.get(&session, Some(&ids[1])).send().await.expect("send");
+    assert_eq!(response.status(), 404);
+    assert_eq!(reason(response).await, "expired");
+    // The resume attempt did not renew it.
+    let response = client.post(Some(&session), &request(json!(2), "ping", json!({}))).send().await.expect("send");
+    assert_eq!(reason(response).await, "expired");
+}
+
+#[tokio::test]
+async fn open_streams_and_running_requests_keep_a_session_alive() {
+    let server = start(ServerConfig { session_idle_ttl: Duration::from_millis(300), ..config() }).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let stream = client.get(&session, None).send().await.expect("send");
+    let running = client.call(&session, json!(1), "sleep", json!({"ms": 900})).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let response = client.post(Some(&session), &request(json!(2), "ping", json!({}))).send().await.expect("send");
+    assert_eq!(response.status(), 200, "active session stays alive past its idle TTL");
+    let result = json_body(running).await;
+    assert_eq!(result["result"]["content"][0]["text"], "slept 900 ms");
+    drop(stream);
+}
+
+#[tokio::test]
+async fn finished_streams_stay_replayable_for_the_retention_then_resync() {
+    let retention = Retention { ended_stream_ms: 300, ..Retention::default() };
+    let server = start(ServerConfig { retention, ..config() }).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let ids = counted(&client, &session, 1, 2).await;
+    let mut soon = client.get(&session, Some(&ids[0])).send().await.expect("send");
+    assert_eq!(drain(&mut soon).await.0.len(), 3, "the result is recoverable after completion");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let mut late = client.get(&session, Some(&ids[0])).send().await.expect("send");
+    let events = drain(&mut late).await.0;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].event.as_deref(), Some("resync"), "dropped history is reported, never silent");
+}
+
+#[tokio::test]
+async fn a_resume_takes_over_the_connection_already_attached() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let mut old = client.call(&session, json!(1), "count", json!({"to": 200, "interval_ms": 20})).await;
+    let seen = events(&mut old, 3).await;
+    let cursor = seen.last().and_then(|e| e.id.clone()).expect("cursor");
+    let mut new = client.get(&session, Some(&cursor)).send().await.expect("send");
+    assert_eq!(events(&mut new, 1).await.len(), 1);
+    let (_, ended) = drain(&mut old).await;
+    assert!(ended, "the half-open connection was closed when the resume arrived");
+}
+
+#[tokio::test]
+async fn server_closes_long_connections_with_retry_and_the_client_resumes() {
+    let server = start(ServerConfig { max_connection_duration: Duration::from_millis(200), ..config() }).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let mut stream = client.get(&session, None).send().await.expect("send");
+    let (events, ended) = drain(&mut stream).await;
+    assert!(ended, "closed by the server after max_connection_duration");
+    let priming = events[0].clone();
+    assert!(priming.retry.is_some());
+    client.call(&session, json!(1), "broadcast", json!({"count": 2})).await;
+    let mut resumed = client.get(&session, priming.id.as_deref()).send().await.expect("send");
+    let got = messages(&crate::common::events(&mut resumed, 2).await);
+    assert_eq!(got.len(), 2, "broadcasts sent while disconnected are delivered on resume");
+}
+
+#[tokio::test]
+async fn test_reconnection_delivers_its_result_after_the_resume() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let mut response = client.call(&session, json!("rc"), "test_reconnection", json!({})).await;
+    let (events, ended) = drain(&mut response).await;
+    assert!(ended);
+    assert!(events[0].data.is_empty() && events[0].id.is_some() && events[0].retry.is_some(), "priming with retry");
+    assert!(messages(&events).iter().all(|m| m.get("id").is_none()), "no result before the close");
+    let cursor = events.last().and_then(|e| e.id.clone()).expect("cursor");
+    let mut resumed = client.get(&session, Some(&cursor)).send().await.expect("send");
+    let rest = messages(&drain(&mut resumed).await.0);
+    assert_eq!(rest.last().expect("result")["id"], "rc");
+}
