@@ -110,6 +110,34 @@ fn modern_capabilities(mut capabilities: Value) -> Value {
     capabilities
 }
 
+/// Decodes a header value written as `=?base64?<standard base64>?=` (how clients send names that
+/// are not plain ASCII); other values are taken as they are.
+fn decode_sentinel(value: &str) -> String {
+    let Some(encoded) = value.strip_prefix("=?base64?").and_then(|v| v.strip_suffix("?=")) else {
+        return value.to_owned();
+    };
+    let digit = |c: u8| match c {
+        b'A'..=b'Z' => Some(c - b'A'),
+        b'a'..=b'z' => Some(c - b'a' + 26),
+        b'0'..=b'9' => Some(c - b'0' + 52),
+        b'+' => Some(62),
+        b'/' => Some(63),
+        _ => None,
+    };
+    let mut bytes = Vec::with_capacity(encoded.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in encoded.bytes().filter(|&c| c != b'=') {
+        let Some(d) = digit(c) else { return value.to_owned() };
+        acc = (acc << 6) | u32::from(d);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            bytes.push((acc >> bits) as u8);
+        }
+    }
+    String::from_utf8(bytes).unwrap_or_else(|_| value.to_owned())
+}
+
 fn method_not_found(name: &str) -> Rejection {
     Rejection::new(
         StatusCode::NOT_FOUND,
@@ -173,9 +201,22 @@ fn validate(headers: &HeaderMap, request: &Request, unsupported: Option<&str>) -
     };
     if let Some(field) = named {
         let body_name = request.params.as_ref().and_then(|p| p.get(field)).and_then(Value::as_str);
-        if header_value(header::NAME) != body_name {
+        if header_value(header::NAME).map(decode_sentinel).as_deref() != body_name {
             return Err(header_mismatch(format!("Mcp-Name must equal params.{field}")));
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode_sentinel;
+
+    #[test]
+    fn base64_sentinel_values_are_decoded() {
+        assert_eq!(decode_sentinel("=?base64?w6lsw6h2ZQ==?="), "\u{e9}l\u{e8}ve");
+        assert_eq!(decode_sentinel("=?base64?dG9vbA?="), "tool");
+        assert_eq!(decode_sentinel("plain_name"), "plain_name");
+        assert_eq!(decode_sentinel("=?base64?!!?="), "=?base64?!!?=");
+    }
 }

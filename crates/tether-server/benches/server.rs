@@ -1,0 +1,112 @@
+//! Server costs: one event through the store and the SSE encoder, and one tool call over
+//! loopback HTTP (JSON and SSE answers).
+//!
+//! `cargo bench -p tether-server --bench server`
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use serde_json::json;
+use tether_core::lineage::{Epoch, StreamName};
+use tether_core::mcp::ProtocolVersion;
+use tether_core::sse::{Encoder, OutgoingEvent};
+use tether_server::{Builder, builtin::BuiltinHandler};
+use tether_store::{MemoryStore, Retention, SessionRecord, Store};
+
+fn event_path(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+    let store = MemoryStore::new(Retention::default());
+    let epoch = Epoch::from_entropy([3; 16]);
+    let stream = StreamName::parse("rbench").expect("stream");
+    let record = SessionRecord {
+        id: "bench".into(),
+        epoch: epoch.clone(),
+        principal: None,
+        protocol_version: ProtocolVersion::V2025_11_25,
+        client: json!({}),
+        idle_ttl_ms: u64::MAX / 2,
+        expires_at_ms: u64::MAX / 2,
+    };
+    rt.block_on(async {
+        store.create_session(record).await.expect("session");
+        store.open_stream("bench", &epoch, &stream).await.expect("stream");
+    });
+    let data = Bytes::from_static(
+        br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"t","progress":1,"total":100}}"#,
+    );
+    let prefix = format!("{epoch}:{stream}:");
+    let mut group = c.benchmark_group("server_event");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("append_read_encode", |b| {
+        let mut out = Vec::with_capacity(256);
+        b.iter(|| {
+            rt.block_on(async {
+                let seq = store.append("bench", &epoch, &stream, data.clone(), false).await.expect("append");
+                let events = store.read("bench", &stream, seq - 1, 1).await.expect("read");
+                out.clear();
+                let id = format!("{prefix}{seq}");
+                let text = std::str::from_utf8(&events[0].data).expect("utf-8");
+                Encoder::event(&mut out, &OutgoingEvent { id: Some(&id), data: Some(text), ..Default::default() })
+                    .expect("encode");
+                black_box(out.len())
+            })
+        })
+    });
+    group.finish();
+}
+
+fn tool_call(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let (url, session) = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
+        let app = Builder::new(BuiltinHandler::new()).store(Arc::new(MemoryStore::new(Retention::default()))).build().router("/mcp");
+        tokio::spawn(async move { tether_server::serve(listener, app).await });
+        let client = reqwest::Client::new();
+        let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}});
+        let response = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(init.to_string())
+            .send()
+            .await
+            .expect("initialize");
+        let session = response.headers()["mcp-session-id"].to_str().expect("ascii").to_owned();
+        (url, session)
+    });
+    let client = reqwest::Client::new();
+    let mut id = 0u64;
+    let mut group = c.benchmark_group("server_tool_call");
+    group.throughput(Throughput::Elements(1));
+    for (name, tool, args) in
+        [("json", "test_simple_text", json!({})), ("sse_one_notification", "count", json!({"to": 1}))]
+    {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                id += 1;
+                let body =
+                    json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":tool,"arguments":args}});
+                rt.block_on(async {
+                    let response = client
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .header("accept", "application/json, text/event-stream")
+                        .header("mcp-session-id", &session)
+                        .header("mcp-protocol-version", "2025-11-25")
+                        .body(body.to_string())
+                        .send()
+                        .await
+                        .expect("call");
+                    black_box(response.bytes().await.expect("body").len())
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, event_path, tool_call);
+criterion_main!(benches);
