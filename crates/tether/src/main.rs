@@ -1,6 +1,9 @@
 //! The `tether` command: argument parsing and wiring only; the work is in the library crates.
 
+mod client_cli;
 mod serve;
+
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
@@ -16,9 +19,15 @@ struct Cli {
 enum Command {
     /// Serve MCP over Streamable HTTP (all legacy revisions and 2026-07-28) with the built-in tools.
     Serve(serve::ServeArgs),
+    /// Follow a server's standalone stream, proving continuity on every reconnect (JSON lines).
+    Watch(client_cli::WatchArgs),
+    /// Call one tool and print its notifications and outcome (JSON lines).
+    Call(client_cli::CallArgs),
+    /// Play the official MCP conformance suite's client scenarios (reads MCP_CONFORMANCE_SCENARIO).
+    ConformanceClient(client_cli::ConformanceArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
@@ -26,6 +35,9 @@ fn main() -> anyhow::Result<()> {
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
-        Command::Serve(args) => runtime.block_on(serve::run(args)),
+        Command::Serve(args) => runtime.block_on(serve::run(args)).map(|()| ExitCode::SUCCESS),
+        Command::Watch(args) => Ok(runtime.block_on(client_cli::watch(args))),
+        Command::Call(args) => Ok(runtime.block_on(client_cli::call(args))),
+        Command::ConformanceClient(args) => Ok(runtime.block_on(client_cli::conformance(args))),
     }
 }

@@ -1,0 +1,120 @@
+//! What the client must remember to prove continuity: the session, its replay epoch, and per
+//! stream the last processed event id and its digest. Kept in memory and, when configured, in a
+//! file replaced atomically and fsynced, so a restarted client checks continuity too.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tether_core::lineage::{Checkpoint as LineageCheckpoint, Digest, ObservedId};
+
+/// The cursor of one stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamCursor {
+    /// The last processed event's id: the `Last-Event-ID` of a resume.
+    pub last_id: String,
+    /// Its digest (lowercase hex SHA-256 of `"{id}:"` + data).
+    pub digest: String,
+}
+
+/// The persisted state of a client.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The session id, once initialized.
+    pub session_id: Option<String>,
+    /// The replay epoch the server advertised, if any.
+    pub epoch: Option<String>,
+    /// The negotiated protocol version.
+    pub protocol_version: Option<String>,
+    /// Cursors by stream key (`get` for the standalone stream, `request:<id>` for a request's).
+    pub streams: BTreeMap<String, StreamCursor>,
+    /// Requests sent but not answered, by id, with their method.
+    pub pending: BTreeMap<String, String>,
+}
+
+/// Why a checkpoint file could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// The file system failed.
+    #[error("checkpoint file {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// The file is not a checkpoint.
+    #[error("checkpoint file {path} is not valid: {source}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        source: serde_json::Error,
+    },
+}
+
+impl Checkpoint {
+    /// Loads a checkpoint file; a missing file is an empty checkpoint.
+    pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
+        match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|source| CheckpointError::Invalid { path: path.to_owned(), source }),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(Checkpoint::default()),
+            Err(source) => Err(CheckpointError::Io { path: path.to_owned(), source }),
+        }
+    }
+
+    /// Replaces the file atomically: write a sibling, fsync it, rename it over, fsync the
+    /// directory. A crash leaves either the old or the new checkpoint, never a torn one.
+    pub fn save(&self, path: &Path) -> Result<(), CheckpointError> {
+        let io = |source| CheckpointError::Io { path: path.to_owned(), source };
+        let tmp = path.with_extension("tmp");
+        let bytes = serde_json::to_vec_pretty(self)
+            .map_err(|source| CheckpointError::Invalid { path: path.to_owned(), source })?;
+        let mut file = std::fs::File::create(&tmp).map_err(io)?;
+        file.write_all(&bytes).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)?;
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+        Ok(())
+    }
+
+    /// The lineage checkpoint of a stream, for the continuity verdict.
+    pub fn lineage(&self, stream: &str) -> Option<LineageCheckpoint> {
+        let cursor = self.streams.get(stream)?;
+        Some(LineageCheckpoint {
+            session_id: self.session_id.clone()?,
+            epoch: self.epoch.clone(),
+            last_id: ObservedId::parse(&cursor.last_id),
+            last_digest: cursor.digest.parse::<Digest>().ok()?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn save_and_load_round_trip_atomically() {
+        let dir = std::env::temp_dir().join(format!("tether-checkpoint-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("cp.json");
+        assert_eq!(Checkpoint::load(&path).expect("missing is empty"), Checkpoint::default());
+        let mut cp = Checkpoint { session_id: Some("s".into()), epoch: Some("e".into()), ..Checkpoint::default() };
+        cp.streams.insert(
+            "get".into(),
+            StreamCursor { last_id: "e:g:3".into(), digest: Digest::of("e:g:3", b"x").to_string() },
+        );
+        cp.save(&path).expect("save");
+        assert_eq!(Checkpoint::load(&path).expect("load"), cp);
+        assert!(!path.with_extension("tmp").exists());
+        let lineage = cp.lineage("get").expect("cursor");
+        assert_eq!(lineage.last_digest, Digest::of("e:g:3", b"x"));
+        std::fs::write(&path, b"{").expect("write");
+        assert!(matches!(Checkpoint::load(&path), Err(CheckpointError::Invalid { .. })));
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+}

@@ -1,0 +1,480 @@
+//! The client: session handshake, requests, delivery of messages, and re-initialization after
+//! a divergence.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::{Value, json};
+use tether_core::jsonrpc::{self, Message, Notification, Request, RequestId, Response};
+use tether_core::mcp::{ProtocolVersion, header, meta, method};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::checkpoint::Checkpoint;
+use crate::follow::{Follower, Origin};
+use crate::http::{Endpoint, Head, Reply, SessionHeaders, SseReader};
+use crate::{ClientConfig, ClientError, ClientEvent, RequestError};
+
+/// The key of the standalone stream in the checkpoint.
+pub(crate) const STANDALONE: &str = "get";
+
+type Answer = Result<Value, RequestError>;
+
+/// Which revision family the server speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Era {
+    Legacy,
+    Modern,
+}
+
+struct Pending {
+    tx: oneshot::Sender<Answer>,
+    generation: u64,
+}
+
+pub(crate) struct State {
+    pub era: Era,
+    pub session: SessionHeaders,
+    /// Bumped at every (re-)initialization; followers of an older generation stop.
+    pub generation: u64,
+    pub checkpoint: Checkpoint,
+    pending: HashMap<String, Pending>,
+    next_id: i64,
+    standalone: bool,
+    closed: bool,
+}
+
+pub(crate) struct Inner {
+    pub endpoint: Endpoint,
+    pub config: ClientConfig,
+    events: mpsc::UnboundedSender<ClientEvent>,
+    state: Mutex<State>,
+    reinit: tokio::sync::Mutex<()>,
+}
+
+/// An MCP client connection. Cheap to clone; all clones share one session.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+/// The checkpoint key of a request's stream.
+pub(crate) fn request_key(id: &RequestId) -> String {
+    format!("request:{id}")
+}
+
+impl Inner {
+    pub fn state(&self) -> MutexGuard<'_, State> {
+        // Plain data behind the lock: still consistent after a panic elsewhere.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn emit(&self, event: ClientEvent) {
+        // The application may have stopped listening; the client goes on regardless.
+        let _ = self.events.send(event);
+    }
+
+    /// Whether followers of `generation` should keep going.
+    pub fn is_current(&self, generation: u64) -> bool {
+        let state = self.state();
+        state.generation == generation && !state.closed
+    }
+
+    pub fn session(&self) -> SessionHeaders {
+        self.state().session.clone()
+    }
+
+    /// Writes the checkpoint file, if one is configured.
+    pub fn persist(&self) {
+        let Some(path) = &self.config.checkpoint_file else { return };
+        let checkpoint = self.state().checkpoint.clone();
+        if let Err(err) = checkpoint.save(path) {
+            tracing::warn!(%err, "could not write the checkpoint");
+        }
+    }
+
+    /// Routes a validated message: responses to their request, server requests to the hooks,
+    /// notifications to the application.
+    pub fn deliver(self: &Arc<Self>, id: Option<String>, message: Message) {
+        match message {
+            Message::Response(response) => {
+                let Some(request) = &response.id else { return };
+                let key = request_key(request);
+                let pending = {
+                    let mut state = self.state();
+                    state.checkpoint.pending.remove(&request.to_string());
+                    state.checkpoint.streams.remove(&key);
+                    state.pending.remove(&key)
+                };
+                if let Some(pending) = pending {
+                    let _ = pending.tx.send(response.outcome.map_err(RequestError::Rpc));
+                }
+            }
+            Message::Request(request) => {
+                self.emit(ClientEvent::Message { id, message: Message::Request(request.clone()) });
+                let inner = Arc::clone(self);
+                tokio::spawn(async move { inner.answer_server_request(request).await });
+            }
+            notification @ Message::Notification(_) => self.emit(ClientEvent::Message { id, message: notification }),
+        }
+    }
+
+    async fn answer_server_request(&self, request: Request) {
+        let outcome = self.config.hooks.answer(&request.method, request.params.unwrap_or(Value::Null)).await;
+        let body = Message::Response(Response { id: Some(request.id), outcome }).to_vec();
+        let session = self.session();
+        if let Err(err) = self.endpoint.post(&session, body, HeaderMap::new()).await {
+            tracing::warn!(%err, "could not answer the server's request");
+        }
+    }
+
+    /// Resolves a pending request that will get no answer.
+    pub fn resolve(&self, key: &str, answer: Answer) {
+        let pending = self.state().pending.remove(key);
+        if let Some(pending) = pending {
+            let _ = pending.tx.send(answer);
+        }
+    }
+
+    /// Reports a divergence and replaces the session.
+    pub async fn diverge(self: &Arc<Self>, generation: u64, kind: &'static str, detail: String) {
+        if !self.is_current(generation) {
+            return;
+        }
+        tracing::info!(kind, %detail, "divergence; re-initializing");
+        self.emit(ClientEvent::Divergence { kind, detail: detail.clone() });
+        self.reinitialize(generation, &format!("the session diverged ({kind})")).await;
+    }
+
+    /// Replaces the session of `generation` with a new one, unless that already happened.
+    async fn reinitialize(self: &Arc<Self>, generation: u64, why: &str) {
+        let _serial = self.reinit.lock().await;
+        let orphaned = {
+            let mut state = self.state();
+            if state.generation != generation || state.closed {
+                return;
+            }
+            state.generation += 1;
+            state.session = SessionHeaders::default();
+            state.checkpoint = Checkpoint::default();
+            let keys: Vec<String> =
+                state.pending.iter().filter(|(_, p)| p.generation == generation).map(|(k, _)| k.clone()).collect();
+            keys.into_iter().filter_map(|k| state.pending.remove(&k)).collect::<Vec<_>>()
+        };
+        for pending in orphaned {
+            let _ = pending.tx.send(Err(RequestError::OutcomeUnknown(why.to_owned())));
+        }
+        match self.initialize().await {
+            Ok(session) => {
+                self.emit(ClientEvent::Reinitialized { session });
+                let (standalone, generation) = {
+                    let state = self.state();
+                    (state.standalone, state.generation)
+                };
+                if standalone {
+                    Follower::spawn(Arc::clone(self), generation, Origin::Standalone, None);
+                }
+            }
+            Err(err) => {
+                self.state().closed = true;
+                self.emit(ClientEvent::Closed { reason: format!("re-initialization failed: {err}"), fatal: true });
+            }
+        }
+    }
+
+    /// The legacy handshake; falls back to 2026-07-28 when the server refuses it the way a
+    /// modern-only server does. Returns the session id (empty for 2026-07-28).
+    pub async fn initialize(self: &Arc<Self>) -> Result<String, ClientError> {
+        let id = self.next_id();
+        let params = json!({
+            "protocolVersion": self.config.protocol_version.as_str(),
+            "capabilities": self.config.hooks.capabilities(),
+            "clientInfo": {"name": self.config.name, "version": env!("CARGO_PKG_VERSION")},
+        });
+        let body =
+            Message::Request(Request { id: id.clone(), method: method::INITIALIZE.into(), params: Some(params) })
+                .to_vec();
+        let (head, reply) = self.endpoint.post(&SessionHeaders::default(), body, HeaderMap::new()).await?;
+        let response = match reply {
+            Reply::Json(bytes) => parse_response(&bytes)?,
+            Reply::Sse(reader) => first_response(reader, &id).await?,
+            Reply::Refused(body) if matches!(head.status, 400 | 404 | 405) && self.modern_server().await => {
+                tracing::debug!(status = head.status, body = %String::from_utf8_lossy(&body), "legacy initialize refused");
+                let mut state = self.state();
+                state.era = Era::Modern;
+                state.session = SessionHeaders {
+                    session_id: None,
+                    protocol_version: Some(ProtocolVersion::V2026_07_28.as_str().into()),
+                };
+                return Ok(String::new());
+            }
+            Reply::Refused(body) => return Err(refused(&head, &body)),
+            Reply::Accepted => return Err(ClientError::Protocol("initialize was answered without a body".into())),
+        };
+        let result =
+            response.outcome.map_err(|e| ClientError::Protocol(format!("initialize failed: {}", e.message)))?;
+        let version = result.get("protocolVersion").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let epoch = head.epoch.clone().or_else(|| {
+            result
+                .pointer(&format!("/capabilities/experimental/{}/epoch", meta::LINEAGE_CAPABILITY.replace('/', "~1")))
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        });
+        let session = SessionHeaders { session_id: head.session_id.clone(), protocol_version: Some(version.clone()) };
+        let initialized =
+            Message::Notification(Notification { method: method::INITIALIZED.into(), params: None }).to_vec();
+        let (head, reply) = self.endpoint.post(&session, initialized, HeaderMap::new()).await?;
+        if let Reply::Refused(body) = reply {
+            return Err(refused(&head, &body));
+        }
+        {
+            let mut state = self.state();
+            state.era = Era::Legacy;
+            state.session = session.clone();
+            state.checkpoint.session_id = session.session_id.clone();
+            state.checkpoint.epoch = epoch;
+            state.checkpoint.protocol_version = Some(version);
+        }
+        self.persist();
+        Ok(session.session_id.unwrap_or_default())
+    }
+
+    /// Whether the server answers `server/discover` the 2026-07-28 way.
+    async fn modern_server(&self) -> bool {
+        let id = self.next_id();
+        let request = Request { id, method: method::SERVER_DISCOVER.into(), params: Some(json!({})) };
+        let (body, headers) = self.modern_request(request);
+        let session =
+            SessionHeaders { session_id: None, protocol_version: Some(ProtocolVersion::V2026_07_28.as_str().into()) };
+        match self.endpoint.post(&session, body, headers).await {
+            Ok((_, Reply::Json(bytes))) => parse_response(&bytes).is_ok_and(|r| r.outcome.is_ok()),
+            _ => false,
+        }
+    }
+
+    fn next_id(&self) -> RequestId {
+        let mut state = self.state();
+        state.next_id += 1;
+        RequestId::Number(state.next_id)
+    }
+
+    /// The body and headers of a 2026-07-28 request: metadata in `_meta` and mirrored headers.
+    fn modern_request(&self, mut request: Request) -> (Vec<u8>, HeaderMap) {
+        let mut params = request.params.take().unwrap_or_else(|| json!({}));
+        if !params.is_object() {
+            params = json!({});
+        }
+        params["_meta"][meta::PROTOCOL_VERSION] = json!(ProtocolVersion::V2026_07_28.as_str());
+        params["_meta"][meta::CLIENT_CAPABILITIES] = self.config.hooks.capabilities();
+        params["_meta"][meta::CLIENT_INFO] = json!({"name": self.config.name, "version": env!("CARGO_PKG_VERSION")});
+        let mut headers = HeaderMap::new();
+        let mut put = |name: &'static str, value: &str| {
+            if let Ok(value) = HeaderValue::from_str(value) {
+                headers.insert(HeaderName::from_static(name), value);
+            }
+        };
+        put(header::METHOD, &request.method);
+        let name_field = match request.method.as_str() {
+            method::TOOLS_CALL | "prompts/get" => Some("name"),
+            "resources/read" => Some("uri"),
+            _ => None,
+        };
+        if let Some(name) = name_field.and_then(|f| params.get(f)).and_then(Value::as_str) {
+            put(header::NAME, name);
+        }
+        request.params = Some(params);
+        (Message::Request(request).to_vec(), headers)
+    }
+}
+
+fn parse_response(bytes: &[u8]) -> Result<Response, ClientError> {
+    match jsonrpc::parse_message(bytes) {
+        Ok(Message::Response(response)) => Ok(response),
+        Ok(_) => Err(ClientError::Protocol("expected a JSON-RPC response".into())),
+        Err(err) => Err(ClientError::Protocol(err.to_string())),
+    }
+}
+
+/// Reads an SSE answer until the response to `id` (an `initialize` answered with SSE).
+async fn first_response(mut reader: SseReader, id: &RequestId) -> Result<Response, ClientError> {
+    while let Some(event) = reader.next().await? {
+        if let Ok(Message::Response(response)) = jsonrpc::parse_message(event.data.as_bytes())
+            && response.id.as_ref() == Some(id)
+        {
+            return Ok(response);
+        }
+    }
+    Err(ClientError::Protocol("the stream ended before the response".into()))
+}
+
+fn refused(head: &Head, body: &Bytes) -> ClientError {
+    let message = jsonrpc::parse_message(body)
+        .ok()
+        .and_then(|m| match m {
+            Message::Response(Response { outcome: Err(e), .. }) => Some(match e.reason() {
+                Some(reason) => format!("{} ({reason})", e.message),
+                None => e.message,
+            }),
+            _ => None,
+        })
+        .unwrap_or_else(|| String::from_utf8_lossy(body).chars().take(200).collect());
+    ClientError::Refused { status: head.status, message }
+}
+
+impl Client {
+    /// Connects: resumes the session of the checkpoint file if it holds one, else initializes.
+    /// Returns the client and the stream of events for the application.
+    pub async fn connect(config: ClientConfig) -> Result<(Client, mpsc::UnboundedReceiver<ClientEvent>), ClientError> {
+        let checkpoint = match &config.checkpoint_file {
+            Some(path) => Checkpoint::load(path).map_err(|e| ClientError::Checkpoint(e.to_string()))?,
+            None => Checkpoint::default(),
+        };
+        let http = reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .tcp_keepalive(std::time::Duration::from_secs(30))
+            .build()
+            .map_err(|e| ClientError::Transport(e.to_string()))?;
+        let (events, rx) = mpsc::unbounded_channel();
+        let resumed = checkpoint.session_id.is_some();
+        let session = SessionHeaders {
+            session_id: checkpoint.session_id.clone(),
+            protocol_version: checkpoint.protocol_version.clone(),
+        };
+        let state = State {
+            era: Era::Legacy,
+            session,
+            generation: 0,
+            checkpoint: Checkpoint { pending: Default::default(), ..checkpoint },
+            pending: HashMap::new(),
+            next_id: 0,
+            standalone: false,
+            closed: false,
+        };
+        let inner = Arc::new(Inner {
+            endpoint: Endpoint { http, url: config.url.clone() },
+            config,
+            events,
+            state: Mutex::new(state),
+            reinit: tokio::sync::Mutex::new(()),
+        });
+        if !resumed {
+            inner.initialize().await?;
+        }
+        Ok((Client { inner }, rx))
+    }
+
+    /// The current session id, if the server uses sessions.
+    pub fn session_id(&self) -> Option<String> {
+        self.inner.session().session_id
+    }
+
+    /// Follows the standalone (GET) stream: resumes it from the checkpoint if there is a cursor,
+    /// else opens a new one. Its messages arrive as [`ClientEvent`]s.
+    pub fn follow_standalone(&self) {
+        let generation = {
+            let mut state = self.inner.state();
+            if state.standalone || state.era == Era::Modern {
+                return;
+            }
+            state.standalone = true;
+            state.generation
+        };
+        Follower::spawn(Arc::clone(&self.inner), generation, Origin::Standalone, None);
+    }
+
+    /// Sends a request and waits for its outcome. Notifications on its stream arrive as events.
+    pub async fn request(&self, method: &str, params: Value) -> Result<Value, RequestError> {
+        let inner = &self.inner;
+        let id = inner.next_id();
+        let request = Request { id: id.clone(), method: method.to_owned(), params: Some(params) };
+        let key = request_key(&id);
+        let (tx, rx) = oneshot::channel();
+        let (era, session, generation) = {
+            let mut state = inner.state();
+            if state.closed {
+                return Err(RequestError::Client(ClientError::Closed));
+            }
+            let generation = state.generation;
+            state.pending.insert(key.clone(), Pending { tx, generation });
+            state.checkpoint.pending.insert(id.to_string(), method.to_owned());
+            (state.era, state.session.clone(), generation)
+        };
+        inner.persist();
+        let (body, headers) = match era {
+            Era::Legacy => (Message::Request(request).to_vec(), HeaderMap::new()),
+            Era::Modern => inner.modern_request(request),
+        };
+        match inner.endpoint.post(&session, body, headers).await {
+            Err(err) => inner
+                .resolve(&key, Err(RequestError::OutcomeUnknown(format!("the request may not have arrived: {err}")))),
+            Ok((head, reply)) => self.handle_reply(era, generation, &key, &id, head, reply).await,
+        }
+        rx.await.unwrap_or(Err(RequestError::Client(ClientError::Closed)))
+    }
+
+    async fn handle_reply(&self, era: Era, generation: u64, key: &str, id: &RequestId, head: Head, reply: Reply) {
+        let inner = &self.inner;
+        match reply {
+            Reply::Json(bytes) => match parse_response(&bytes) {
+                Ok(response) => inner.deliver(None, Message::Response(response)),
+                Err(err) => inner.resolve(key, Err(RequestError::Client(err))),
+            },
+            Reply::Sse(reader) if era == Era::Modern => {
+                let inner = Arc::clone(inner);
+                let key = key.to_owned();
+                tokio::spawn(async move { crate::follow::read_modern(inner, key, reader).await });
+            }
+            Reply::Sse(reader) => {
+                Follower::spawn(Arc::clone(inner), generation, Origin::Request(id.clone()), Some((head, reader)));
+            }
+            Reply::Accepted => inner.resolve(
+                key,
+                Err(RequestError::Client(ClientError::Protocol("a request was answered with 202".into()))),
+            ),
+            Reply::Refused(body) if head.status == 404 && era == Era::Legacy => {
+                inner.resolve(key, Err(RequestError::NotExecuted("the session is gone (404)".into())));
+                let detail = format!("request answered 404: {}", refused(&head, &body));
+                inner.diverge(generation, "session_invalid", detail).await;
+            }
+            Reply::Refused(body) => {
+                let error = match parse_response(&body) {
+                    Ok(Response { outcome: Err(error), .. }) => RequestError::Rpc(error),
+                    _ => RequestError::Client(refused(&head, &body)),
+                };
+                inner.resolve(key, Err(error));
+            }
+        }
+    }
+
+    /// Calls a tool.
+    pub async fn call_tool(&self, name: &str, arguments: Value) -> Result<Value, RequestError> {
+        self.request(method::TOOLS_CALL, json!({"name": name, "arguments": arguments})).await
+    }
+
+    /// Cancels a request the client sent (`notifications/cancelled`).
+    pub async fn cancel(&self, id: &RequestId, reason: &str) -> Result<(), ClientError> {
+        let body = Message::Notification(Notification {
+            method: method::CANCELLED.into(),
+            params: Some(json!({"requestId": id.to_value(), "reason": reason})),
+        })
+        .to_vec();
+        self.inner.endpoint.post(&self.inner.session(), body, HeaderMap::new()).await.map(|_| ())
+    }
+
+    /// Ends the session (DELETE) and stops every stream.
+    pub async fn close(&self) {
+        let session = {
+            let mut state = self.inner.state();
+            state.closed = true;
+            let pending: Vec<_> = state.pending.drain().collect();
+            for (_, p) in pending {
+                let _ = p.tx.send(Err(RequestError::Client(ClientError::Closed)));
+            }
+            state.session.clone()
+        };
+        if session.session_id.is_some() {
+            self.inner.endpoint.delete(&session).await;
+        }
+    }
+}

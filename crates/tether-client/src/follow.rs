@@ -1,0 +1,320 @@
+//! Following one stream to its end: read, prove continuity, deliver, checkpoint; and when the
+//! connection drops, reconnect with `Last-Event-ID` and judge the resume before trusting it.
+
+use std::sync::Arc;
+
+use tether_core::jsonrpc::{self, Message, RequestId};
+use tether_core::lineage::{
+    Checkpoint as LineageCheckpoint, Digest, Divergence, FirstEvent, Reconnect, StreamValidator, Unverifiable, Verdict,
+    client_verdict,
+};
+use tether_core::sse::Event;
+
+use crate::backoff::Attempts;
+use crate::checkpoint::StreamCursor;
+use crate::client::{Inner, STANDALONE, request_key};
+use crate::http::{Head, Reply, SseReader};
+use crate::{ClientError, ClientEvent, Policy, RequestError, ResumeVerdict};
+
+/// Which stream is followed.
+#[derive(Debug, Clone)]
+pub(crate) enum Origin {
+    /// The standalone GET stream.
+    Standalone,
+    /// The stream of the request with this id; it is done when the response arrives.
+    Request(RequestId),
+}
+
+/// Where the proof of continuity stands.
+enum Continuity {
+    /// Every event is checked against the previous one.
+    Checked(StreamValidator),
+    /// A reconnect's response head passed; its first event decides.
+    Resuming { checkpoint: LineageCheckpoint, head: Head },
+    /// Policy `Trust` after an unverifiable resume: events are delivered without proof.
+    Trusted,
+}
+
+/// How reading a connection ended.
+enum Ended {
+    /// The stream is complete (the request's response was delivered).
+    Done,
+    /// The connection dropped; reconnect.
+    Dropped,
+    /// The stream is not the one being followed.
+    Diverged(&'static str, String),
+}
+
+pub(crate) struct Follower {
+    inner: Arc<Inner>,
+    generation: u64,
+    origin: Origin,
+    key: String,
+    continuity: Continuity,
+    attempts: Attempts,
+    retry: Option<u64>,
+}
+
+impl Follower {
+    /// Follows a stream on its own task. `first` is the connection already open (a POST's SSE
+    /// answer); without it the follower connects itself.
+    pub fn spawn(inner: Arc<Inner>, generation: u64, origin: Origin, first: Option<(Head, SseReader)>) {
+        let key = match &origin {
+            Origin::Standalone => STANDALONE.to_owned(),
+            Origin::Request(id) => request_key(id),
+        };
+        let attempts = Attempts::new(inner.config.backoff);
+        let follower = Follower {
+            inner,
+            generation,
+            origin,
+            key,
+            continuity: Continuity::Checked(StreamValidator::fresh()),
+            attempts,
+            retry: None,
+        };
+        tokio::spawn(follower.run(first.map(|(_, reader)| reader)));
+    }
+
+    async fn run(mut self, mut reader: Option<SseReader>) {
+        // Without an open connection the first connect is immediate (and, with a cursor from a
+        // checkpoint, already a resume that must be judged).
+        let mut immediate = reader.is_none();
+        loop {
+            if let Some(connection) = reader.take() {
+                match self.read(connection).await {
+                    Ended::Done => return,
+                    Ended::Diverged(kind, detail) => {
+                        self.inner.diverge(self.generation, kind, detail).await;
+                        return;
+                    }
+                    Ended::Dropped => {}
+                }
+            }
+            if !self.inner.is_current(self.generation) {
+                return;
+            }
+            reader = match self.reconnect(std::mem::take(&mut immediate)).await {
+                Ok(reader) => reader,
+                Err(Ended::Diverged(kind, detail)) => {
+                    self.inner.diverge(self.generation, kind, detail).await;
+                    return;
+                }
+                Err(_) => return,
+            };
+        }
+    }
+
+    fn cursor(&self) -> Option<String> {
+        self.inner.state().checkpoint.streams.get(&self.key).map(|c| c.last_id.clone())
+    }
+
+    /// Waits out the backoff and reconnects. `Ok(None)`: the attempt failed, try again.
+    async fn reconnect(&mut self, immediate: bool) -> Result<Option<SseReader>, Ended> {
+        let cursor = self.cursor();
+        let delay = if immediate {
+            Some(std::time::Duration::ZERO)
+        } else {
+            self.attempts.next_delay(cursor.as_deref(), self.retry)
+        };
+        let Some(delay) = delay else {
+            self.give_up("the stream kept closing without progress");
+            return Err(Ended::Done);
+        };
+        if cursor.is_none() && matches!(self.origin, Origin::Request(_)) {
+            // Nothing to resume from: a GET without Last-Event-ID would open an unrelated stream.
+            self.give_up("the stream dropped before any event id arrived");
+            return Err(Ended::Done);
+        }
+        tokio::time::sleep(delay).await;
+        if !self.inner.is_current(self.generation) {
+            return Err(Ended::Done);
+        }
+        let session = self.inner.session();
+        let (head, reply) = match self.inner.endpoint.get(&session, cursor.as_deref()).await {
+            Ok(answer) => answer,
+            Err(err) => {
+                tracing::debug!(%err, stream = %self.key, "reconnect failed");
+                return Ok(None);
+            }
+        };
+        let Some(cursor) = cursor else {
+            // A new standalone stream: nothing to prove yet.
+            return match reply {
+                Reply::Sse(reader) => {
+                    self.continuity = Continuity::Checked(StreamValidator::fresh());
+                    Ok(Some(reader))
+                }
+                Reply::Refused(_) if head.status == 405 => {
+                    self.inner.emit(ClientEvent::Closed {
+                        reason: "the server offers no standalone stream (405)".into(),
+                        fatal: false,
+                    });
+                    Err(Ended::Done)
+                }
+                _ => Ok(None),
+            };
+        };
+        let checkpoint = self.inner.state().checkpoint.lineage(&self.key);
+        let Some(checkpoint) = checkpoint else {
+            return Err(Ended::Diverged("session_invalid", format!("no checkpoint for cursor {cursor}")));
+        };
+        let verdict = client_verdict(&checkpoint, &reconnect_of(&head, None));
+        match (verdict, reply) {
+            (Verdict::Diverged(d), _) => Err(diverged(&d)),
+            (Verdict::AwaitingFirstEvent, Reply::Sse(reader)) => {
+                self.continuity = Continuity::Resuming { checkpoint, head };
+                Ok(Some(reader))
+            }
+            // A 2xx that is not a stream: the server cannot resume this cursor.
+            (_, _) => Err(Ended::Diverged(
+                "session_invalid",
+                format!("resume of {cursor} answered {} without a stream", head.status),
+            )),
+        }
+    }
+
+    fn give_up(&self, why: &str) {
+        match &self.origin {
+            Origin::Request(_) => self.inner.resolve(&self.key, Err(RequestError::OutcomeUnknown(why.to_owned()))),
+            Origin::Standalone => {
+                self.inner.emit(ClientEvent::Closed { reason: format!("standalone stream: {why}"), fatal: false })
+            }
+        }
+    }
+
+    /// Reads one connection to its end.
+    async fn read(&mut self, mut reader: SseReader) -> Ended {
+        loop {
+            let event = match reader.next().await {
+                Ok(Some(event)) => event,
+                Ok(None) | Err(ClientError::Transport(_)) => {
+                    self.retry = reader.retry().or(self.retry);
+                    return Ended::Dropped;
+                }
+                Err(err) => return Ended::Diverged("non_monotonic", format!("undecodable stream: {err}")),
+            };
+            self.retry = reader.retry().or(self.retry);
+            if !self.inner.is_current(self.generation) {
+                return Ended::Done;
+            }
+            match self.admit(&event) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(ended) => return ended,
+            }
+            if self.record_and_deliver(event) {
+                return Ended::Done;
+            }
+        }
+    }
+
+    /// Decides whether an event continues the stream: `Ok(true)` deliver it, `Ok(false)` skip it.
+    fn admit(&mut self, event: &Event) -> Result<bool, Ended> {
+        let id = event.id.as_deref();
+        let kind = event.event.as_deref();
+        match &mut self.continuity {
+            Continuity::Checked(validator) => {
+                validator.accept(id, kind, event.data.as_bytes()).map(|()| true).map_err(|d| diverged(&d))
+            }
+            Continuity::Trusted => match kind {
+                Some(tether_core::lineage::RESYNC_EVENT) => Err(Ended::Diverged("resync", event.data.clone())),
+                _ => Ok(true),
+            },
+            Continuity::Resuming { checkpoint, head } => {
+                let first = FirstEvent { id, event: kind, data: event.data.as_bytes() };
+                let verdict = client_verdict(checkpoint, &reconnect_of(head, Some(first)));
+                let resumed = |verdict| ClientEvent::Resumed { id: id.unwrap_or_default().to_owned(), verdict };
+                match verdict {
+                    Verdict::ProvisionallyContinuous => {
+                        let mut validator = StreamValidator::resume(checkpoint);
+                        validator.accept(id, kind, event.data.as_bytes()).map_err(|d| diverged(&d))?;
+                        self.continuity = Continuity::Checked(validator);
+                        self.inner.emit(resumed(ResumeVerdict::Continuous));
+                        Ok(true)
+                    }
+                    Verdict::BoundaryDuplicate => {
+                        self.continuity = Continuity::Checked(StreamValidator::resume(checkpoint));
+                        self.inner.emit(resumed(ResumeVerdict::DuplicateSkipped));
+                        Ok(false)
+                    }
+                    Verdict::Unverifiable(why) => match self.inner.config.policy {
+                        Policy::Strict => Err(Ended::Diverged("unverifiable", unverifiable_detail(why))),
+                        Policy::Trust => {
+                            self.continuity = Continuity::Trusted;
+                            self.inner.emit(resumed(ResumeVerdict::Unverified));
+                            Ok(true)
+                        }
+                    },
+                    Verdict::Diverged(d) => Err(diverged(&d)),
+                    Verdict::AwaitingFirstEvent => Ok(false),
+                }
+            }
+        }
+    }
+
+    /// Checkpoints the event and delivers its message; `true` when it completes the stream.
+    fn record_and_deliver(&mut self, event: Event) -> bool {
+        if let Some(id) = &event.id {
+            let cursor =
+                StreamCursor { last_id: id.clone(), digest: Digest::of(id, event.data.as_bytes()).to_string() };
+            self.inner.state().checkpoint.streams.insert(self.key.clone(), cursor);
+        }
+        if event.data.is_empty() {
+            self.inner.persist();
+            return false;
+        }
+        let message = match jsonrpc::parse_message(event.data.as_bytes()) {
+            Ok(message) => message,
+            Err(err) => {
+                tracing::warn!(%err, "event data is not a JSON-RPC message");
+                self.inner.persist();
+                return false;
+            }
+        };
+        let done = matches!((&self.origin, &message), (Origin::Request(id), Message::Response(r)) if r.id.as_ref() == Some(id));
+        self.inner.deliver(event.id, message);
+        self.inner.persist();
+        done
+    }
+}
+
+fn reconnect_of<'a>(head: &'a Head, first_event: Option<FirstEvent<'a>>) -> Reconnect<'a> {
+    Reconnect { status: head.status, session_id: head.session_id.as_deref(), epoch: head.epoch.as_deref(), first_event }
+}
+
+fn diverged(divergence: &Divergence) -> Ended {
+    Ended::Diverged(divergence.kind(), format!("{divergence:?}"))
+}
+
+fn unverifiable_detail(why: Unverifiable) -> String {
+    match why {
+        Unverifiable::OpaqueIds => "event ids carry no order (neither lineage ids nor integers)".into(),
+        Unverifiable::NoEpoch => {
+            "integer event ids but no replay epoch: a restarted server would look continuous".into()
+        }
+        Unverifiable::EventWithoutId => "the first event after the reconnect has no id".into(),
+    }
+}
+
+/// Reads a 2026-07-28 response stream. There is no resumption: a broken stream cancelled the
+/// request.
+pub(crate) async fn read_modern(inner: Arc<Inner>, key: String, mut reader: SseReader) {
+    loop {
+        match reader.next().await {
+            Ok(Some(event)) if !event.data.is_empty() => {
+                let Ok(message) = jsonrpc::parse_message(event.data.as_bytes()) else { continue };
+                let response = matches!(message, Message::Response(_));
+                inner.deliver(None, message);
+                if response {
+                    return;
+                }
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => {
+                inner.resolve(&key, Err(RequestError::Cancelled));
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! The HTTP exchanges of Streamable HTTP: POST a message, GET a stream, DELETE a session, and
+//! read an SSE body event by event.
+
+use bytes::Bytes;
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
+use tether_core::mcp::header;
+use tether_core::sse::{Decoder, Event};
+
+use crate::ClientError;
+
+/// What the server's response head said about the session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Head {
+    pub status: u16,
+    pub session_id: Option<String>,
+    pub epoch: Option<String>,
+}
+
+impl Head {
+    fn of(response: &reqwest::Response) -> Head {
+        let text = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        Head {
+            status: response.status().as_u16(),
+            session_id: text(header::SESSION_ID),
+            epoch: text(header::REPLAY_EPOCH),
+        }
+    }
+}
+
+/// The body of a response, by kind.
+pub(crate) enum Reply {
+    /// 202 or another success without a body.
+    Accepted,
+    /// A JSON body.
+    Json(Bytes),
+    /// An SSE stream.
+    Sse(SseReader),
+    /// An error status, with the body for its reason.
+    Refused(Bytes),
+}
+
+/// The session headers a request carries.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SessionHeaders {
+    pub session_id: Option<String>,
+    pub protocol_version: Option<String>,
+}
+
+impl SessionHeaders {
+    fn apply(&self, mut headers: HeaderMap) -> HeaderMap {
+        let mut put = |name: &'static str, value: &Option<String>| {
+            if let Some(value) = value.as_deref().and_then(|v| v.parse().ok()) {
+                headers.insert(name, value);
+            }
+        };
+        put(header::SESSION_ID, &self.session_id);
+        put(header::PROTOCOL_VERSION, &self.protocol_version);
+        headers
+    }
+}
+
+/// One server endpoint.
+#[derive(Debug, Clone)]
+pub(crate) struct Endpoint {
+    pub http: reqwest::Client,
+    pub url: String,
+}
+
+impl Endpoint {
+    /// POSTs one JSON-RPC message (or batch), with extra headers (2026-07-28 metadata).
+    pub async fn post(
+        &self,
+        session: &SessionHeaders,
+        body: Vec<u8>,
+        extra: HeaderMap,
+    ) -> Result<(Head, Reply), ClientError> {
+        let mut headers = session.apply(extra);
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(ACCEPT, HeaderValue::from_static("application/json, text/event-stream"));
+        let response = self.http.post(&self.url).headers(headers).body(body).send().await.map_err(transport)?;
+        classify(response).await
+    }
+
+    /// GETs an SSE stream, resuming after `cursor` if given.
+    pub async fn get(&self, session: &SessionHeaders, cursor: Option<&str>) -> Result<(Head, Reply), ClientError> {
+        let mut headers = session.apply(HeaderMap::new());
+        headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+        if let Some(cursor) = cursor.and_then(|c| c.parse().ok()) {
+            headers.insert(header::LAST_EVENT_ID, cursor);
+        }
+        let response = self.http.get(&self.url).headers(headers).send().await.map_err(transport)?;
+        classify(response).await
+    }
+
+    /// DELETEs the session; the answer does not matter.
+    pub async fn delete(&self, session: &SessionHeaders) {
+        let headers = session.apply(HeaderMap::new());
+        if let Err(err) = self.http.delete(&self.url).headers(headers).send().await {
+            tracing::debug!(%err, "DELETE of the session failed");
+        }
+    }
+}
+
+fn transport(err: reqwest::Error) -> ClientError {
+    ClientError::Transport(err.to_string())
+}
+
+async fn classify(response: reqwest::Response) -> Result<(Head, Reply), ClientError> {
+    let head = Head::of(&response);
+    if !response.status().is_success() {
+        let body = response.bytes().await.unwrap_or_default();
+        return Ok((head, Reply::Refused(body)));
+    }
+    let content_type =
+        response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase();
+    if content_type.starts_with(tether_core::sse::CONTENT_TYPE) {
+        return Ok((head, Reply::Sse(SseReader::new(response))));
+    }
+    let body = response.bytes().await.map_err(transport)?;
+    Ok((head, if body.is_empty() { Reply::Accepted } else { Reply::Json(body) }))
+}
+
+/// Reads an SSE body as events.
+pub(crate) struct SseReader {
+    response: reqwest::Response,
+    decoder: Decoder,
+    chunk: Bytes,
+}
+
+impl SseReader {
+    fn new(response: reqwest::Response) -> SseReader {
+        SseReader { response, decoder: Decoder::default(), chunk: Bytes::new() }
+    }
+
+    /// The next event; `Ok(None)` when the connection ended.
+    pub async fn next(&mut self) -> Result<Option<Event>, ClientError> {
+        loop {
+            if !self.chunk.is_empty() {
+                let mut input = &self.chunk[..];
+                let event = self.decoder.decode(&mut input).map_err(|e| ClientError::Protocol(e.to_string()))?;
+                let consumed = self.chunk.len() - input.len();
+                let _ = self.chunk.split_to(consumed);
+                if let Some(event) = event {
+                    return Ok(Some(event));
+                }
+            }
+            match self.response.chunk().await {
+                Ok(Some(chunk)) => self.chunk = chunk,
+                Ok(None) => return Ok(None),
+                Err(err) => return Err(transport(err)),
+            }
+        }
+    }
+
+    /// The reconnection delay the server announced on this connection, in milliseconds.
+    pub fn retry(&self) -> Option<u64> {
+        self.decoder.retry()
+    }
+}

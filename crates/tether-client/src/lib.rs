@@ -1,0 +1,185 @@
+//! tether's MCP Streamable HTTP client: it proves continuity on every reconnect or
+//! re-initializes.
+//!
+//! Every dropped stream, whether a request's or the standalone GET stream, is resumed with
+//! `Last-Event-ID`, and the resume is judged by `tether_core::lineage::client_verdict`: the same
+//! session, the same replay epoch, and a first event that is exactly the next one. After that,
+//! every event is checked by a `StreamValidator`. A divergence is reported to the application,
+//! the session is re-initialized, and requests that were pending on it are resolved: with their
+//! result if it arrived, else with [`RequestError::OutcomeUnknown`]. Nothing is re-sent.
+
+mod backoff;
+mod checkpoint;
+mod client;
+mod follow;
+mod hooks;
+mod http;
+
+pub use backoff::Backoff;
+pub use checkpoint::{Checkpoint, CheckpointError, StreamCursor};
+pub use client::Client;
+pub use hooks::{DefaultHooks, HookFuture, ServerRequests};
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tether_core::jsonrpc::{ErrorObject, Message};
+use tether_core::mcp::ProtocolVersion;
+
+/// What to do when a resume cannot be proven continuous (opaque ids, no replay epoch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Policy {
+    /// Treat the session as untrusted and re-initialize (seed 000's rule).
+    #[default]
+    Strict,
+    /// Go on, and report the resume as unverified.
+    Trust,
+}
+
+/// Client settings.
+#[derive(Clone)]
+pub struct ClientConfig {
+    /// The MCP endpoint.
+    pub url: String,
+    /// What an unverifiable resume leads to.
+    pub policy: Policy,
+    /// When to reconnect.
+    pub backoff: Backoff,
+    /// Where to keep the checkpoint across restarts, if anywhere.
+    pub checkpoint_file: Option<PathBuf>,
+    /// The legacy revision to ask for in `initialize`.
+    pub protocol_version: ProtocolVersion,
+    /// `clientInfo.name`.
+    pub name: String,
+    /// Answers the server's requests.
+    pub hooks: Arc<dyn ServerRequests>,
+}
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig").field("url", &self.url).field("policy", &self.policy).finish_non_exhaustive()
+    }
+}
+
+impl ClientConfig {
+    /// Defaults for `url`: strict policy, default backoff, no checkpoint file, 2025-11-25.
+    pub fn new(url: impl Into<String>) -> ClientConfig {
+        ClientConfig {
+            url: url.into(),
+            policy: Policy::Strict,
+            backoff: Backoff::default(),
+            checkpoint_file: None,
+            protocol_version: ProtocolVersion::LATEST_LEGACY,
+            name: "tether".into(),
+            hooks: Arc::new(DefaultHooks),
+        }
+    }
+}
+
+/// How a reconnect that continued the stream was judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResumeVerdict {
+    /// Proven: the first event was exactly the next one.
+    Continuous,
+    /// The server repeated the last processed event (same digest); it was skipped.
+    DuplicateSkipped,
+    /// Not provable, and the policy is `Trust`.
+    Unverified,
+}
+
+impl ResumeVerdict {
+    /// The name `tether watch` prints.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResumeVerdict::Continuous => "continuous",
+            ResumeVerdict::DuplicateSkipped => "duplicate_skipped",
+            ResumeVerdict::Unverified => "unverified",
+        }
+    }
+}
+
+/// What the client tells the application, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClientEvent {
+    /// A notification (or server request) delivered on a stream, after validation.
+    Message {
+        /// Its event id, if it had one.
+        id: Option<String>,
+        /// The message.
+        message: Message,
+    },
+    /// A reconnect continued the stream.
+    Resumed {
+        /// The id of the first event after the reconnect.
+        id: String,
+        /// How it was judged.
+        verdict: ResumeVerdict,
+    },
+    /// The stream is provably not the one the client was following; re-initialization follows.
+    Divergence {
+        /// `session_invalid`, `session_changed`, `epoch_changed`, `gap`, `replay_reset`,
+        /// `digest_mismatch`, `non_monotonic`, `unverifiable` or `resync`.
+        kind: &'static str,
+        /// What was seen.
+        detail: String,
+    },
+    /// A new session replaced the diverged one.
+    Reinitialized {
+        /// The new session id.
+        session: String,
+    },
+    /// A stream or the whole client stopped.
+    Closed {
+        /// Why.
+        reason: String,
+        /// `true` when the client cannot go on (re-initialization failed); `false` when only the
+        /// standalone stream ended (the server offers none, or it kept closing without progress).
+        fatal: bool,
+    },
+}
+
+/// Why the client failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ClientError {
+    /// The connection failed.
+    #[error("transport: {0}")]
+    Transport(String),
+    /// The server broke the protocol.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// The server refused with an HTTP status.
+    #[error("the server answered {status}: {message}")]
+    Refused {
+        /// The HTTP status.
+        status: u16,
+        /// The JSON-RPC error message or the body.
+        message: String,
+    },
+    /// The checkpoint file failed.
+    #[error("{0}")]
+    Checkpoint(String),
+    /// The client was closed.
+    #[error("the client is closed")]
+    Closed,
+}
+
+/// Why a request has no result.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RequestError {
+    /// The server answered with a JSON-RPC error.
+    #[error("error {}: {}", .0.code, .0.message)]
+    Rpc(ErrorObject),
+    /// The stream carrying the answer diverged or could not be resumed: the request may or may
+    /// not have run. It is never re-sent automatically.
+    #[error("outcome unknown: {0}")]
+    OutcomeUnknown(String),
+    /// The server refused the request before running it (its session was gone).
+    #[error("not executed: {0}")]
+    NotExecuted(String),
+    /// 2026-07-28: the response stream broke, which cancels the request; re-issue it.
+    #[error("cancelled: the response stream broke")]
+    Cancelled,
+    /// The client failed before the request was sent.
+    #[error("{0}")]
+    Client(#[from] ClientError),
+}

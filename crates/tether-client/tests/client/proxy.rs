@@ -1,0 +1,120 @@
+//! A loopback TCP proxy that cuts SSE responses after a random number of body bytes: the faults
+//! of a flaky network, placed anywhere inside a stream. Response heads and JSON answers pass
+//! untouched (a cut there leaves a request's outcome unknown, which is another test's subject).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub cuts: Arc<AtomicU64>,
+    pub cutting: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A small xorshift generator: reproducible from its seed, no dependency.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+/// Proxies to `upstream`; once `cutting` is set, each SSE response is cut after between `min` and
+/// `max` bytes of its body.
+pub async fn start(upstream: SocketAddr, seed: u64, min: u64, max: u64) -> Proxy {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+    let addr = listener.local_addr().expect("addr");
+    let cuts = Arc::new(AtomicU64::new(0));
+    let cutting = Arc::new(AtomicBool::new(false));
+    let (c, on) = (Arc::clone(&cuts), Arc::clone(&cutting));
+    let task = tokio::spawn(async move {
+        let mut rng = Rng::new(seed);
+        loop {
+            let Ok((client, _)) = listener.accept().await else { return };
+            let budget = min + rng.below(max - min + 1);
+            let (cuts, cutting) = (Arc::clone(&c), Arc::clone(&on));
+            tokio::spawn(async move {
+                let Ok(server) = TcpStream::connect(upstream).await else { return };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                relay(client, server, budget, cuts, cutting).await;
+            });
+        }
+    });
+    Proxy { addr, cuts, cutting, task }
+}
+
+async fn relay(client: TcpStream, server: TcpStream, budget: u64, cuts: Arc<AtomicU64>, cutting: Arc<AtomicBool>) {
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let upstream = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+    });
+    // Bytes of the current SSE body forwarded, once its head has passed.
+    let mut body: Option<u64> = None;
+    let mut head = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let n = match server_read.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let mut limit = n;
+        match body {
+            Some(sent) if cutting.load(Ordering::Relaxed) => limit = budget.saturating_sub(sent).min(n as u64) as usize,
+            Some(_) => {}
+            None => {
+                head.extend_from_slice(&buf[..n]);
+                if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let is_sse =
+                        String::from_utf8_lossy(&head[..end]).to_ascii_lowercase().contains("text/event-stream");
+                    if is_sse {
+                        body = Some(0);
+                        let already = (head.len() - end - 4) as u64;
+                        if cutting.load(Ordering::Relaxed) && already > budget {
+                            limit = n - (already - budget) as usize;
+                        }
+                    }
+                    head.clear();
+                    if !is_sse {
+                        head.shrink_to_fit();
+                    }
+                }
+            }
+        }
+        if client_write.write_all(&buf[..limit]).await.is_err() {
+            break;
+        }
+        if let Some(sent) = &mut body {
+            *sent += limit as u64;
+            // The last chunk of a chunked body: the connection may carry another response next.
+            if buf[..limit].ends_with(b"0\r\n\r\n") {
+                body = None;
+            }
+        }
+        if limit < n {
+            cuts.fetch_add(1, Ordering::Relaxed);
+            break;
+        }
+    }
+    upstream.abort();
+}

@@ -1,0 +1,218 @@
+//! `tether watch`, `tether call` and `tether conformance-client`: the client library with
+//! JSON-lines output (a public interface: keep its shapes stable).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Args, ValueEnum};
+use serde_json::{Value, json};
+use tether_client::{Client, ClientConfig, ClientEvent, DefaultHooks, Policy, RequestError};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// Exit status when a divergence ends the command (`--exit-on-divergence`).
+const EXIT_DIVERGENCE: u8 = 3;
+/// Exit status when a call's outcome is unknown.
+const EXIT_OUTCOME_UNKNOWN: u8 = 4;
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PolicyArg {
+    /// Re-initialize when continuity cannot be proven.
+    Strict,
+    /// Go on and report the resume as unverified.
+    Trust,
+}
+
+/// Flags shared by the client commands.
+#[derive(Debug, Args)]
+pub struct ClientArgs {
+    /// MCP endpoint URL.
+    url: String,
+    /// Keep the checkpoint (session, epoch, cursors) in this file across runs.
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// What an unverifiable resume leads to.
+    #[arg(long, value_enum, default_value = "strict")]
+    policy: PolicyArg,
+    /// Exit with status 3 at the first divergence.
+    #[arg(long)]
+    exit_on_divergence: bool,
+    /// Exit after printing this many messages.
+    #[arg(long)]
+    max_events: Option<u64>,
+}
+
+impl ClientArgs {
+    fn config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new(&self.url);
+        config.checkpoint_file = self.checkpoint.clone();
+        config.policy = match self.policy {
+            PolicyArg::Strict => Policy::Strict,
+            PolicyArg::Trust => Policy::Trust,
+        };
+        config
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CallArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// The tool to call.
+    tool: String,
+    /// The tool's arguments, as a JSON object.
+    #[arg(long, default_value = "{}")]
+    args: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ConformanceArgs {
+    /// The URL the conformance runner appends.
+    url: String,
+}
+
+fn print(line: Value) {
+    println!("{line}");
+}
+
+/// Prints one event; returns the exit code if it ends the command.
+fn print_event(event: ClientEvent, args: &ClientArgs, messages: &mut u64) -> Option<ExitCode> {
+    match event {
+        ClientEvent::Message { id, message } => {
+            print(json!({"event": "message", "id": id, "message": message}));
+            *messages += 1;
+            if args.max_events.is_some_and(|max| *messages >= max) {
+                return Some(ExitCode::SUCCESS);
+            }
+        }
+        ClientEvent::Resumed { id, verdict } => {
+            print(json!({"event": "resumed", "id": id, "verdict": verdict.as_str()}))
+        }
+        ClientEvent::Divergence { kind, detail } => {
+            print(json!({"event": "divergence", "kind": kind, "detail": detail}));
+            if args.exit_on_divergence {
+                return Some(ExitCode::from(EXIT_DIVERGENCE));
+            }
+        }
+        ClientEvent::Reinitialized { session } => print(json!({"event": "reinitialized", "session": session})),
+        ClientEvent::Closed { reason, fatal } => {
+            eprintln!("{reason}");
+            return Some(if fatal { ExitCode::FAILURE } else { ExitCode::SUCCESS });
+        }
+    }
+    None
+}
+
+async fn connect(config: ClientConfig) -> Result<(Client, UnboundedReceiver<ClientEvent>), ExitCode> {
+    Client::connect(config).await.map_err(|err| {
+        eprintln!("connect: {err}");
+        ExitCode::FAILURE
+    })
+}
+
+/// `tether watch`: follow the standalone stream and print what arrives.
+pub async fn watch(args: WatchArgs) -> ExitCode {
+    let (client, mut events) = match connect(args.client.config()).await {
+        Ok(connected) => connected,
+        Err(code) => return code,
+    };
+    client.follow_standalone();
+    let mut messages = 0;
+    while let Some(event) = events.recv().await {
+        if let Some(code) = print_event(event, &args.client, &mut messages) {
+            return code;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// `tether call`: call one tool, printing its notifications, then its outcome.
+pub async fn call(args: CallArgs) -> ExitCode {
+    let arguments: Value = match serde_json::from_str(&args.args) {
+        Ok(value @ Value::Object(_)) => value,
+        _ => {
+            eprintln!("--args must be a JSON object");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (client, mut events) = match connect(args.client.config()).await {
+        Ok(connected) => connected,
+        Err(code) => return code,
+    };
+    let mut messages = 0;
+    let call = client.call_tool(&args.tool, arguments);
+    tokio::pin!(call);
+    let outcome = loop {
+        tokio::select! {
+            biased;
+            Some(event) = events.recv() => {
+                if let Some(code) = print_event(event, &args.client, &mut messages) {
+                    return code;
+                }
+            }
+            outcome = &mut call => break outcome,
+        }
+    };
+    while let Ok(event) = events.try_recv() {
+        if let Some(code) = print_event(event, &args.client, &mut messages) {
+            return code;
+        }
+    }
+    let code = match outcome {
+        Ok(result) => {
+            print(json!({"event": "result", "result": result}));
+            ExitCode::SUCCESS
+        }
+        Err(RequestError::Rpc(error)) => {
+            print(json!({"event": "error", "error": error}));
+            ExitCode::FAILURE
+        }
+        Err(RequestError::OutcomeUnknown(reason)) => {
+            print(json!({"event": "outcome_unknown", "reason": reason}));
+            ExitCode::from(EXIT_OUTCOME_UNKNOWN)
+        }
+        Err(other) => {
+            print(json!({"event": "error", "error": {"message": other.to_string()}}));
+            ExitCode::FAILURE
+        }
+    };
+    client.close().await;
+    code
+}
+
+/// `tether conformance-client`: plays the official conformance suite's client scenarios.
+pub async fn conformance(args: ConformanceArgs) -> ExitCode {
+    let scenario = std::env::var("MCP_CONFORMANCE_SCENARIO").unwrap_or_default();
+    let mut config = ClientConfig::new(&args.url);
+    config.hooks = Arc::new(DefaultHooks);
+    // The suite's mock servers use opaque ids and no epoch: continuity cannot be proven there.
+    config.policy = Policy::Trust;
+    let (client, _events) = match connect(config).await {
+        Ok(connected) => connected,
+        Err(code) => return code,
+    };
+    let outcome = match scenario.as_str() {
+        "initialize" => Ok(Value::Null),
+        "tools_call" => client.call_tool("add_numbers", json!({"a": 2, "b": 3})).await,
+        "sse-retry" => client.call_tool("test_reconnection", json!({})).await,
+        "elicitation-sep1034-client-defaults" => client.call_tool("test_client_elicitation_defaults", json!({})).await,
+        other => {
+            eprintln!("unknown conformance scenario {other:?}");
+            return ExitCode::FAILURE;
+        }
+    };
+    client.close().await;
+    match outcome {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("{scenario}: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
