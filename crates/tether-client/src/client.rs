@@ -173,7 +173,7 @@ impl Inner {
                     (state.standalone, state.generation)
                 };
                 if standalone {
-                    Follower::spawn(Arc::clone(self), generation, Origin::Standalone, None);
+                    Follower::spawn(Arc::clone(self), generation, Origin::Standalone, None, None);
                 }
             }
             Err(err) => {
@@ -370,8 +370,9 @@ impl Client {
     }
 
     /// Follows the standalone (GET) stream: resumes it from the checkpoint if there is a cursor,
-    /// else opens a new one. Its messages arrive as [`ClientEvent`]s.
-    pub fn follow_standalone(&self) {
+    /// else opens a new one. Returns once the first connection is open (or was refused), so
+    /// server messages sent after this are not missed. Its messages arrive as [`ClientEvent`]s.
+    pub async fn follow_standalone(&self) {
         let generation = {
             let mut state = self.inner.state();
             if state.standalone || state.era == Era::Modern {
@@ -380,7 +381,10 @@ impl Client {
             state.standalone = true;
             state.generation
         };
-        Follower::spawn(Arc::clone(&self.inner), generation, Origin::Standalone, None);
+        let (ready, opened) = oneshot::channel();
+        Follower::spawn(Arc::clone(&self.inner), generation, Origin::Standalone, None, Some(ready));
+        // An error only means the follower stopped before connecting; it reported why.
+        let _ = opened.await;
     }
 
     /// Sends a request and waits for its outcome. Notifications on its stream arrive as events.
@@ -426,7 +430,7 @@ impl Client {
                 tokio::spawn(async move { crate::follow::read_modern(inner, key, reader).await });
             }
             Reply::Sse(reader) => {
-                Follower::spawn(Arc::clone(inner), generation, Origin::Request(id.clone()), Some((head, reader)));
+                Follower::spawn(Arc::clone(inner), generation, Origin::Request(id.clone()), Some((head, reader)), None);
             }
             Reply::Accepted => inner.resolve(
                 key,

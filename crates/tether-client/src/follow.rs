@@ -53,12 +53,20 @@ pub(crate) struct Follower {
     continuity: Continuity,
     attempts: Attempts,
     retry: Option<u64>,
+    /// Told once the first connection is open (or given up on).
+    ready: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Follower {
     /// Follows a stream on its own task. `first` is the connection already open (a POST's SSE
     /// answer); without it the follower connects itself.
-    pub fn spawn(inner: Arc<Inner>, generation: u64, origin: Origin, first: Option<(Head, SseReader)>) {
+    pub fn spawn(
+        inner: Arc<Inner>,
+        generation: u64,
+        origin: Origin,
+        first: Option<(Head, SseReader)>,
+        ready: Option<tokio::sync::oneshot::Sender<()>>,
+    ) {
         let key = match &origin {
             Origin::Standalone => STANDALONE.to_owned(),
             Origin::Request(id) => request_key(id),
@@ -72,6 +80,7 @@ impl Follower {
             continuity: Continuity::Checked(StreamValidator::fresh()),
             attempts,
             retry: None,
+            ready,
         };
         tokio::spawn(follower.run(first.map(|(_, reader)| reader)));
     }
@@ -94,7 +103,13 @@ impl Follower {
             if !self.inner.is_current(self.generation) {
                 return;
             }
-            reader = match self.reconnect(std::mem::take(&mut immediate)).await {
+            let attempt = self.reconnect(std::mem::take(&mut immediate)).await;
+            if !matches!(attempt, Ok(None))
+                && let Some(ready) = self.ready.take()
+            {
+                let _ = ready.send(());
+            }
+            reader = match attempt {
                 Ok(reader) => reader,
                 Err(Ended::Diverged(kind, detail)) => {
                     self.inner.diverge(self.generation, kind, detail).await;

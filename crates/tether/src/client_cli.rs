@@ -122,7 +122,7 @@ pub async fn watch(args: WatchArgs) -> ExitCode {
         Ok(connected) => connected,
         Err(code) => return code,
     };
-    client.follow_standalone();
+    client.follow_standalone().await;
     let mut messages = 0;
     while let Some(event) = events.recv().await {
         if let Some(code) = print_event(event, &args.client, &mut messages) {
@@ -197,6 +197,11 @@ pub async fn conformance(args: ConformanceArgs) -> ExitCode {
         Ok(connected) => connected,
         Err(code) => return code,
     };
+    // Servers may send their requests (elicitation) on the standalone stream. sse-retry times the
+    // client's last GET, so it gets no standalone stream.
+    if scenario != "sse-retry" {
+        client.follow_standalone().await;
+    }
     let outcome = match scenario.as_str() {
         "initialize" => Ok(Value::Null),
         "tools_call" => client.call_tool("add_numbers", json!({"a": 2, "b": 3})).await,

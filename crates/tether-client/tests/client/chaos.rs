@@ -35,7 +35,7 @@ async fn a_thousand_random_disconnects_lose_and_duplicate_nothing() {
         max_attempts_without_progress: 50,
     };
     let (client, mut events) = Client::connect(config).await.expect("connect");
-    client.follow_standalone();
+    client.follow_standalone().await;
     proxy.cutting.store(true, Ordering::Relaxed);
 
     let started = Instant::now();
