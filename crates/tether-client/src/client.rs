@@ -297,7 +297,7 @@ fn parse_response(bytes: &[u8]) -> Result<Response, ClientError> {
 }
 
 /// Reads an SSE answer until the response to `id` (an `initialize` answered with SSE).
-async fn first_response(mut reader: SseReader, id: &RequestId) -> Result<Response, ClientError> {
+async fn first_response(mut reader: Box<SseReader>, id: &RequestId) -> Result<Response, ClientError> {
     while let Some(event) = reader.next().await? {
         if let Ok(Message::Response(response)) = jsonrpc::parse_message(event.data.as_bytes())
             && response.id.as_ref() == Some(id)

@@ -64,7 +64,7 @@ impl Follower {
         inner: Arc<Inner>,
         generation: u64,
         origin: Origin,
-        first: Option<(Head, SseReader)>,
+        first: Option<(Head, Box<SseReader>)>,
         ready: Option<tokio::sync::oneshot::Sender<()>>,
     ) {
         let key = match &origin {
@@ -85,7 +85,7 @@ impl Follower {
         tokio::spawn(follower.run(first.map(|(_, reader)| reader)));
     }
 
-    async fn run(mut self, mut reader: Option<SseReader>) {
+    async fn run(mut self, mut reader: Option<Box<SseReader>>) {
         // Without an open connection the first connect is immediate (and, with a cursor from a
         // checkpoint, already a resume that must be judged).
         let mut immediate = reader.is_none();
@@ -125,7 +125,7 @@ impl Follower {
     }
 
     /// Waits out the backoff and reconnects. `Ok(None)`: the attempt failed, try again.
-    async fn reconnect(&mut self, immediate: bool) -> Result<Option<SseReader>, Ended> {
+    async fn reconnect(&mut self, immediate: bool) -> Result<Option<Box<SseReader>>, Ended> {
         let cursor = self.cursor();
         let delay = if immediate {
             Some(std::time::Duration::ZERO)
@@ -199,7 +199,7 @@ impl Follower {
     }
 
     /// Reads one connection to its end.
-    async fn read(&mut self, mut reader: SseReader) -> Ended {
+    async fn read(&mut self, mut reader: Box<SseReader>) -> Ended {
         loop {
             let event = match reader.next().await {
                 Ok(Some(event)) => event,
@@ -314,7 +314,7 @@ fn unverifiable_detail(why: Unverifiable) -> String {
 
 /// Reads a 2026-07-28 response stream. There is no resumption: a broken stream cancelled the
 /// request.
-pub(crate) async fn read_modern(inner: Arc<Inner>, key: String, mut reader: SseReader) {
+pub(crate) async fn read_modern(inner: Arc<Inner>, key: String, mut reader: Box<SseReader>) {
     loop {
         match reader.next().await {
             Ok(Some(event)) if !event.data.is_empty() => {

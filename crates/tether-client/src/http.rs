@@ -34,7 +34,7 @@ pub(crate) enum Reply {
     /// A JSON body.
     Json(Bytes),
     /// An SSE stream.
-    Sse(SseReader),
+    Sse(Box<SseReader>),
     /// An error status, with the body for its reason.
     Refused(Bytes),
 }
@@ -114,7 +114,7 @@ async fn classify(response: reqwest::Response) -> Result<(Head, Reply), ClientEr
     let content_type =
         response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase();
     if content_type.starts_with(tether_core::sse::CONTENT_TYPE) {
-        return Ok((head, Reply::Sse(SseReader::new(response))));
+        return Ok((head, Reply::Sse(Box::new(SseReader::new(response)))));
     }
     let body = response.bytes().await.map_err(transport)?;
     Ok((head, if body.is_empty() { Reply::Accepted } else { Reply::Json(body) }))
