@@ -1,7 +1,7 @@
 //! The client: session handshake, requests, delivery of messages, and re-initialization after
 //! a divergence.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
@@ -11,10 +11,10 @@ use tether_core::jsonrpc::{self, Message, Notification, Request, RequestId, Resp
 use tether_core::mcp::{ProtocolVersion, header, meta, method};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, StreamCursor};
 use crate::follow::{Follower, Origin};
 use crate::http::{Endpoint, Head, Reply, SessionHeaders, SseReader};
-use crate::{ClientConfig, ClientError, ClientEvent, RequestError};
+use crate::{Ack, ClientConfig, ClientError, ClientEvent, RequestError};
 
 /// The key of the standalone stream in the checkpoint.
 pub(crate) const STANDALONE: &str = "get";
@@ -38,7 +38,11 @@ pub(crate) struct State {
     pub session: SessionHeaders,
     /// Bumped at every (re-)initialization; followers of an older generation stop.
     pub generation: u64,
+    /// Cursors of what arrived: where a reconnect resumes from.
     pub checkpoint: Checkpoint,
+    /// Cursors of what the application said it processed: what the file keeps, so a restarted
+    /// client gets again what arrived but was never processed.
+    committed: BTreeMap<String, StreamCursor>,
     pending: HashMap<String, Pending>,
     next_id: i64,
     standalone: bool,
@@ -85,18 +89,34 @@ impl Inner {
         self.state().session.clone()
     }
 
-    /// Writes the checkpoint file, if one is configured.
+    /// Writes the checkpoint file, if one is configured: the session and the committed cursors.
     pub fn persist(&self) {
         let Some(path) = &self.config.checkpoint_file else { return };
-        let checkpoint = self.state().checkpoint.clone();
+        let checkpoint = {
+            let state = self.state();
+            Checkpoint { streams: state.committed.clone(), ..state.checkpoint.clone() }
+        };
         if let Err(err) = checkpoint.save(path) {
             tracing::warn!(%err, "could not write the checkpoint");
         }
     }
 
+    /// Marks `cursor` of stream `key` as processed by the application and writes the file.
+    pub fn commit(&self, key: &str, cursor: StreamCursor) {
+        {
+            let mut state = self.state();
+            // A stream that already finished (its response arrived) has nothing left to resume.
+            if !state.checkpoint.streams.contains_key(key) {
+                return;
+            }
+            state.committed.insert(key.to_owned(), cursor);
+        }
+        self.persist();
+    }
+
     /// Routes a validated message: responses to their request, server requests to the hooks,
-    /// notifications to the application.
-    pub fn deliver(self: &Arc<Self>, id: Option<String>, message: Message) {
+    /// notifications to the application (with the acknowledgement that commits their cursor).
+    pub fn deliver(self: &Arc<Self>, id: Option<String>, message: Message, ack: Ack) {
         match message {
             Message::Response(response) => {
                 let Some(request) = &response.id else { return };
@@ -105,18 +125,22 @@ impl Inner {
                     let mut state = self.state();
                     state.checkpoint.pending.remove(&request.to_string());
                     state.checkpoint.streams.remove(&key);
+                    state.committed.remove(&key);
                     state.pending.remove(&key)
                 };
+                self.persist();
                 if let Some(pending) = pending {
                     let _ = pending.tx.send(response.outcome.map_err(RequestError::Rpc));
                 }
             }
             Message::Request(request) => {
-                self.emit(ClientEvent::Message { id, message: Message::Request(request.clone()) });
+                self.emit(ClientEvent::Message { id, message: Message::Request(request.clone()), ack });
                 let inner = Arc::clone(self);
                 tokio::spawn(async move { inner.answer_server_request(request).await });
             }
-            notification @ Message::Notification(_) => self.emit(ClientEvent::Message { id, message: notification }),
+            notification @ Message::Notification(_) => {
+                self.emit(ClientEvent::Message { id, message: notification, ack })
+            }
         }
     }
 
@@ -158,6 +182,7 @@ impl Inner {
             state.generation += 1;
             state.session = SessionHeaders::default();
             state.checkpoint = Checkpoint::default();
+            state.committed.clear();
             let keys: Vec<String> =
                 state.pending.iter().filter(|(_, p)| p.generation == generation).map(|(k, _)| k.clone()).collect();
             keys.into_iter().filter_map(|k| state.pending.remove(&k)).collect::<Vec<_>>()
@@ -345,6 +370,7 @@ impl Client {
             era: Era::Legacy,
             session,
             generation: 0,
+            committed: checkpoint.streams.clone(),
             checkpoint: Checkpoint { pending: Default::default(), ..checkpoint },
             pending: HashMap::new(),
             next_id: 0,
@@ -421,7 +447,7 @@ impl Client {
         let inner = &self.inner;
         match reply {
             Reply::Json(bytes) => match parse_response(&bytes) {
-                Ok(response) => inner.deliver(None, Message::Response(response)),
+                Ok(response) => inner.deliver(None, Message::Response(response), Ack::none()),
                 Err(err) => inner.resolve(key, Err(RequestError::Client(err))),
             },
             Reply::Sse(reader) if era == Era::Modern => {

@@ -14,7 +14,7 @@ use crate::backoff::Attempts;
 use crate::checkpoint::StreamCursor;
 use crate::client::{Inner, STANDALONE, request_key};
 use crate::http::{Head, Reply, SseReader};
-use crate::{ClientError, ClientEvent, Policy, RequestError, ResumeVerdict};
+use crate::{Ack, ClientError, ClientEvent, Policy, RequestError, ResumeVerdict};
 
 /// Which stream is followed.
 #[derive(Debug, Clone)]
@@ -268,28 +268,36 @@ impl Follower {
         }
     }
 
-    /// Checkpoints the event and delivers its message; `true` when it completes the stream.
+    /// Records the event's cursor and delivers its message; `true` when it completes the stream.
+    /// The cursor is committed to the file when the application acknowledges the message (at
+    /// once for events that carry none, like the priming event).
     fn record_and_deliver(&mut self, event: Event) -> bool {
-        if let Some(id) = &event.id {
-            let cursor =
-                StreamCursor { last_id: id.clone(), digest: Digest::of(id, event.data.as_bytes()).to_string() };
-            self.inner.state().checkpoint.streams.insert(self.key.clone(), cursor);
+        let cursor = event
+            .id
+            .as_ref()
+            .map(|id| StreamCursor { last_id: id.clone(), digest: Digest::of(id, event.data.as_bytes()).to_string() });
+        if let Some(cursor) = &cursor {
+            self.inner.state().checkpoint.streams.insert(self.key.clone(), cursor.clone());
         }
+        let ack = match cursor {
+            Some(cursor) => Ack::new(&self.inner, self.key.clone(), cursor),
+            None => Ack::none(),
+        };
         if event.data.is_empty() {
-            self.inner.persist();
+            // A priming event: nothing to process, but its id is a cursor to resume from.
+            ack.done();
             return false;
         }
         let message = match jsonrpc::parse_message(event.data.as_bytes()) {
             Ok(message) => message,
             Err(err) => {
                 tracing::warn!(%err, "event data is not a JSON-RPC message");
-                self.inner.persist();
+                ack.done();
                 return false;
             }
         };
         let done = matches!((&self.origin, &message), (Origin::Request(id), Message::Response(r)) if r.id.as_ref() == Some(id));
-        self.inner.deliver(event.id, message);
-        self.inner.persist();
+        self.inner.deliver(event.id, message, ack);
         done
     }
 }
@@ -320,7 +328,7 @@ pub(crate) async fn read_modern(inner: Arc<Inner>, key: String, mut reader: Box<
             Ok(Some(event)) if !event.data.is_empty() => {
                 let Ok(message) = jsonrpc::parse_message(event.data.as_bytes()) else { continue };
                 let response = matches!(message, Message::Response(_));
-                inner.deliver(None, message);
+                inner.deliver(None, message, Ack::none());
                 if response {
                     return;
                 }

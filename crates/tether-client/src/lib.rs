@@ -98,8 +98,41 @@ impl ResumeVerdict {
     }
 }
 
+/// The application's word that it processed a message. Until then the message's cursor is not
+/// written to the checkpoint file, so a client restarted after a crash gets it again instead of
+/// losing it. Dropping it without [`Ack::done`] commits nothing.
+#[derive(Clone)]
+pub struct Ack {
+    target: Option<(std::sync::Weak<client::Inner>, String, StreamCursor)>,
+}
+
+impl Ack {
+    pub(crate) fn new(inner: &Arc<client::Inner>, key: String, cursor: StreamCursor) -> Ack {
+        Ack { target: Some((Arc::downgrade(inner), key, cursor)) }
+    }
+
+    pub(crate) fn none() -> Ack {
+        Ack { target: None }
+    }
+
+    /// The message was processed: commit its cursor.
+    pub fn done(self) {
+        if let Some((inner, key, cursor)) = self.target
+            && let Some(inner) = inner.upgrade()
+        {
+            inner.commit(&key, cursor);
+        }
+    }
+}
+
+impl std::fmt::Debug for Ack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Ack")
+    }
+}
+
 /// What the client tells the application, in order.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub enum ClientEvent {
     /// A notification (or server request) delivered on a stream, after validation.
     Message {
@@ -107,6 +140,8 @@ pub enum ClientEvent {
         id: Option<String>,
         /// The message.
         message: Message,
+        /// Call [`Ack::done`] once the message is processed.
+        ack: Ack,
     },
     /// A reconnect continued the stream.
     Resumed {
