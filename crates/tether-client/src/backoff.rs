@@ -37,7 +37,9 @@ impl Attempts {
 
     /// The delay before the next reconnect, or `None` when the budget is spent. `cursor` is the
     /// stream's current cursor: if it moved since the last reconnect, the budget is refilled.
-    /// `server_retry` (ms), when the server sent one, is used as is: the spec says MUST.
+    /// `server_retry` (ms), when the server sent one, is a floor: the client waits at least that
+    /// long (the spec's MUST), and longer as failures repeat, so a server that is down is not
+    /// hammered at its own announced rate.
     pub fn next_delay(&mut self, cursor: Option<&str>, server_retry: Option<u64>) -> Option<Duration> {
         if cursor.is_some() && cursor != self.cursor_at_reset.as_deref() {
             self.failures = 0;
@@ -47,11 +49,9 @@ impl Attempts {
             return None;
         }
         self.failures += 1;
-        if let Some(ms) = server_retry {
-            return Some(Duration::from_millis(ms));
-        }
         let ceiling = self.policy.initial.saturating_mul(1 << (self.failures - 1).min(16)).min(self.policy.max);
-        Some(ceiling.mul_f64(unit_random()))
+        let jittered = ceiling.mul_f64(unit_random());
+        Some(jittered.max(Duration::from_millis(server_retry.unwrap_or(0))))
     }
 }
 
@@ -93,9 +93,12 @@ mod tests {
     }
 
     #[test]
-    fn server_retry_is_used_as_given() {
-        let mut attempts = Attempts::new(policy());
-        assert_eq!(attempts.next_delay(None, Some(500)), Some(Duration::from_millis(500)));
+    fn server_retry_is_a_floor() {
+        let mut attempts = Attempts::new(Backoff { max_attempts_without_progress: 100, ..policy() });
+        for _ in 0..50 {
+            let delay = attempts.next_delay(None, Some(500)).expect("budget left");
+            assert!(delay >= Duration::from_millis(500) && delay <= Duration::from_secs(1), "{delay:?}");
+        }
     }
 
     #[test]

@@ -36,6 +36,15 @@ fn request_key(id: &RequestId) -> String {
     }
 }
 
+/// The request id a key was made from.
+pub(crate) fn request_id_of_key(key: &str) -> Option<RequestId> {
+    match key.split_once(':')? {
+        ("n", n) => n.parse().ok().map(RequestId::Number),
+        ("s", s) => Some(RequestId::String(s.to_owned())),
+        _ => None,
+    }
+}
+
 /// The request's `_meta.progressToken`, if any.
 fn progress_token(params: &Value) -> Option<Value> {
     params.get("_meta")?.get("progressToken").filter(|t| t.is_string() || t.is_number()).cloned()
@@ -182,5 +191,18 @@ async fn run(
             }
         }
         None => ctx.end_without_response().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_keys_round_trip_and_keep_the_id_type() {
+        for id in [RequestId::Number(-3), RequestId::String("7".into()), RequestId::String("a:b".into())] {
+            assert_eq!(request_id_of_key(&request_key(&id)), Some(id));
+        }
+        assert_ne!(request_key(&RequestId::Number(7)), request_key(&RequestId::String("7".into())));
     }
 }

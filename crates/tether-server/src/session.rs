@@ -200,6 +200,12 @@ impl SessionRuntime {
         self.lock().get_stream.clone()
     }
 
+    /// Makes a resumed standalone stream the one server-initiated messages go to (after a
+    /// restart, or on another replica, this process learns it from the resume).
+    pub fn adopt_get_stream(&self, stream: &StreamName) {
+        self.lock().get_stream = Some(stream.clone());
+    }
+
     /// Attaches a connection to a new standalone stream, unless the current one has a
     /// connection attached (a second plain GET is refused).
     pub fn attach_new_get_stream(self: &Arc<Self>, stream: &StreamName) -> Option<Attachment> {

@@ -8,6 +8,7 @@
 
 mod memory;
 mod record;
+mod sqlite;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,6 +18,7 @@ use tether_core::lineage::{Epoch, StreamName, StreamRange};
 
 pub use memory::MemoryStore;
 pub use record::{BeginRequest, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent};
+pub use sqlite::SqliteStore;
 
 /// A boxed future returned by [`Store`] methods, so the trait works as `dyn Store`.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
@@ -92,8 +94,12 @@ pub trait Store: Send + Sync + 'static {
     /// Ends a stream without a final event (a cancelled request). Idempotent.
     fn end_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;
 
-    /// What is retained of a stream, or `None` if the session has no such stream.
+    /// What is retained of a stream, or `None` if the session has no such stream. A request's
+    /// stream whose owning process stopped heartbeating is reported `Aborted`.
     fn stream_range(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>>;
+
+    /// The key of the request a stream belongs to, if it is a request's stream.
+    fn stream_request(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<String>>;
 
     /// Up to `max` retained events with `seq > after`, in order.
     fn read(&self, session: &str, stream: &StreamName, after: u64, max: usize) -> StoreFuture<'_, Vec<StoredEvent>>;
@@ -108,7 +114,8 @@ pub trait Store: Send + Sync + 'static {
     fn counter_get(&self, key: &str) -> StoreFuture<'_, i64>;
 
     /// Applies retention at `now_ms`: drops ended streams past their retention, forgets ended
-    /// sessions past their tombstone time, and marks sessions past their deadline expired.
-    /// Returns the ids of sessions it expired.
+    /// sessions past their tombstone time, and marks sessions past their deadline expired. It is
+    /// also this process's heartbeat: requests owned by a process whose heartbeat is older than
+    /// the lease are marked aborted. Returns the ids of sessions it expired.
     fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>>;
 }

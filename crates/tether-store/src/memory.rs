@@ -49,16 +49,19 @@ struct StreamSlot {
     state: StreamState,
     /// Set by the first sweep after the stream ended; retention counts from there.
     ended_at_ms: Option<u64>,
+    /// The request this stream belongs to.
+    request_key: Option<String>,
     head_tx: watch::Sender<u64>,
 }
 
 impl StreamSlot {
-    fn new() -> StreamSlot {
+    fn new(request_key: Option<String>) -> StreamSlot {
         StreamSlot {
             events: VecDeque::from([StoredEvent { seq: 0, data: Bytes::new() }]),
             head: 0,
             state: StreamState::Live,
             ended_at_ms: None,
+            request_key,
             head_tx: watch::Sender::new(0),
         }
     }
@@ -157,7 +160,7 @@ impl Store for MemoryStore {
     fn open_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
         let mut inner = self.lock();
         let result = inner.live(session, epoch).map(|live| {
-            live.streams.entry(stream.clone()).or_insert_with(StreamSlot::new);
+            live.streams.entry(stream.clone()).or_insert_with(|| StreamSlot::new(None));
         });
         ready(result)
     }
@@ -176,7 +179,7 @@ impl Store for MemoryStore {
                 return BeginRequest::Existing { stream: existing.clone(), same_params: digest == params_digest };
             }
             live.requests.insert(request_key.to_owned(), (params_digest.to_owned(), stream.clone()));
-            live.streams.insert(stream.clone(), StreamSlot::new());
+            live.streams.insert(stream.clone(), StreamSlot::new(Some(request_key.to_owned())));
             BeginRequest::Started
         });
         ready(result)
@@ -236,6 +239,12 @@ impl Store for MemoryStore {
         let mut inner = self.lock();
         let range = inner.live_any(session).and_then(|live| live.streams.get(stream)).map(StreamSlot::range);
         ready(Ok(range))
+    }
+
+    fn stream_request(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<String>> {
+        let mut inner = self.lock();
+        let key = inner.live_any(session).and_then(|live| live.streams.get(stream)).and_then(|s| s.request_key.clone());
+        ready(Ok(key))
     }
 
     fn read(&self, session: &str, stream: &StreamName, after: u64, max: usize) -> StoreFuture<'_, Vec<StoredEvent>> {

@@ -93,11 +93,13 @@ pub struct Retention {
     pub max_bytes_per_session: usize,
     /// Most event bytes retained in all.
     pub max_bytes_total: usize,
+    /// How long a process may go without a heartbeat before its running requests are aborted.
+    pub lease_ms: u64,
 }
 
 impl Default for Retention {
     /// Five minutes of ended streams, thirty of tombstones, 10,000 events per stream, 64 MiB
-    /// per session and 1 GiB in all.
+    /// per session, 1 GiB in all, and a ten-second lease.
     fn default() -> Self {
         Retention {
             ended_stream_ms: 5 * 60_000,
@@ -105,6 +107,7 @@ impl Default for Retention {
             max_events_per_stream: 10_000,
             max_bytes_per_session: 64 << 20,
             max_bytes_total: 1 << 30,
+            lease_ms: 10_000,
         }
     }
 }

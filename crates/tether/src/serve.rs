@@ -1,17 +1,20 @@
 //! `tether serve`.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use tether_server::{BearerToken, Builder, ServerConfig, builtin::BuiltinHandler, parse_duration};
-use tether_store::MemoryStore;
+use tether_store::{MemoryStore, SqliteStore, Store};
 
 /// Where sessions and events are kept.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum StoreKind {
+    /// SQLite under --data-dir: sessions and history survive a restart (the default).
+    Embedded,
     /// In process memory: lost on restart, and a restart is visible to clients as 404.
     Memory,
 }
@@ -25,8 +28,17 @@ pub struct ServeArgs {
     #[arg(long, default_value = "/mcp")]
     path: String,
     /// Where sessions and events are kept.
-    #[arg(long, value_enum, default_value = "memory")]
+    #[arg(long, value_enum, default_value = "embedded")]
     store: StoreKind,
+    /// Directory of the embedded store.
+    #[arg(long, default_value = "./tether-data")]
+    data_dir: PathBuf,
+    /// How long a server may go silent before its running requests are reported aborted.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    request_lease: Duration,
+    /// The reconnection delay announced to 2025-11-25 clients.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    sse_retry: Duration,
     /// How long a finished request's stream stays replayable (e.g. 500ms, 2s, 5m).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     retention: Duration,
@@ -47,6 +59,7 @@ pub struct ServeArgs {
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut config = ServerConfig {
         session_idle_ttl: args.session_idle_ttl,
+        sse_retry: args.sse_retry,
         max_sessions: args.max_sessions,
         allowed_origins: args.allowed_origins,
         require_loopback_host: args.listen.ip().is_loopback(),
@@ -54,8 +67,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     config.retention.ended_stream_ms = u64::try_from(args.retention.as_millis()).unwrap_or(u64::MAX);
     config.retention.tombstone_ms = config.retention.tombstone_ms.max(config.retention.ended_stream_ms);
-    let store = match args.store {
+    config.retention.lease_ms = u64::try_from(args.request_lease.as_millis()).unwrap_or(u64::MAX);
+    config.sweep_interval = config.sweep_interval.min(args.request_lease / 4);
+    let store: Arc<dyn Store> = match args.store {
         StoreKind::Memory => Arc::new(MemoryStore::new(config.retention)),
+        StoreKind::Embedded => {
+            // Unique per process, so a restarted server never inherits its predecessor's lease.
+            let started = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+            let owner = format!("{}-{started}", std::process::id());
+            let store = SqliteStore::open(&args.data_dir, config.retention, &owner)
+                .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
+            Arc::new(store)
+        }
     };
     let mut builder = Builder::new(BuiltinHandler::new()).config(config).store(store);
     if let Some(token) = args.auth_token {

@@ -4,13 +4,14 @@ use std::sync::Arc;
 
 use axum::response::Response;
 use http::{HeaderMap, StatusCode};
-use tether_core::lineage::{EventId, ServerDecision, Then, decide_resume};
+use tether_core::lineage::{EventId, ResyncReason, ServerDecision, Then, decide_resume};
 use tether_core::mcp::header;
 use tether_store::SessionStatus;
 
 use super::reject::Rejection;
 use super::sse::{Connection, Prelude};
 use super::{check_load, guard, live_session, renew, session_headers, session_id, session_status, sse};
+use crate::dispatch::request_id_of_key;
 use crate::{Shared, ids, now_ms};
 
 pub(crate) async fn get(
@@ -68,20 +69,32 @@ async fn resume(
         }
         _ => None,
     };
-    let (cursor_seq, prelude, then) = match decide_resume(status.lookup(), &cursor, range, now) {
+    let decision = decide_resume(status.lookup(), &cursor, range, now);
+    let SessionStatus::Live(record) = status else {
+        return Err(match decision {
+            ServerDecision::SessionInvalid(reason) => Rejection::session_invalid(reason),
+            _ => Rejection::internal("decision_inconsistent", "a resume was allowed for a session that is not live"),
+        });
+    };
+    let request = shared.store.stream_request(id, &cursor.stream).await.map_err(|e| crate::store_rejection(&e))?;
+    let (cursor_seq, prelude, then) = match decision {
         ServerDecision::SessionInvalid(reason) => return Err(Rejection::session_invalid(reason)),
         ServerDecision::Replay { after, then } => (after, Prelude::None, then),
-        ServerDecision::Resync { notice, then } => (notice.head, Prelude::Resync(notice), then),
-    };
-    let SessionStatus::Live(record) = status else {
-        return Err(Rejection::internal(
-            "decision_inconsistent",
-            "a resume was allowed for a session that is not live",
-        ));
+        ServerDecision::Resync { notice, then } => {
+            let aborted = match notice.reason {
+                ResyncReason::RequestAborted => request.as_deref().and_then(request_id_of_key),
+                _ => None,
+            };
+            (notice.head, Prelude::Resync(notice, aborted), then)
+        }
     };
     // Only a resume the decision allowed renews the session.
     renew(shared, &record, now).await?;
     let runtime = shared.sessions.runtime(&record, &shared.process_token);
+    if request.is_none() && range.is_some() {
+        // A standalone stream: server-initiated messages go on to it, also after a restart.
+        runtime.adopt_get_stream(&cursor.stream);
+    }
     let attachment = runtime.attach(&cursor.stream);
     let headers = session_headers(&runtime);
     let connection = Connection {

@@ -11,6 +11,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures_util::stream;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, HeaderValue};
+use tether_core::jsonrpc::{self, ErrorObject, Message, RequestId};
 use tether_core::lineage::{RESYNC_EVENT, ResyncNotice, StreamName, StreamState};
 use tether_core::sse::{Encoder, OutgoingEvent};
 use tether_store::{HeadWatch, StoredEvent};
@@ -41,8 +42,9 @@ pub(crate) enum Prelude {
     None,
     /// The priming event (the stream's event 0, empty data) with the `retry` hint (2025-11-25).
     Priming,
-    /// A resync event: the replay cannot be exact.
-    Resync(ResyncNotice),
+    /// A resync event: the replay cannot be exact. For a request whose producer died, its
+    /// JSON-RPC error response follows, so clients waiting for the result stop waiting.
+    Resync(ResyncNotice, Option<RequestId>),
 }
 
 /// One connection to a session stream.
@@ -98,12 +100,24 @@ impl Pump {
                 encode(&mut out, &event);
                 return Some(Bytes::from(out));
             }
-            Prelude::Resync(notice) => {
+            Prelude::Resync(notice, aborted) => {
                 let id = format!("{}{}", self.id_prefix, notice.head);
                 let data = notice.to_json();
                 let event =
                     OutgoingEvent { id: Some(&id), event: Some(RESYNC_EVENT), data: Some(&data), ..Default::default() };
                 encode(&mut out, &event);
+                if let Some(request) = aborted {
+                    let error = ErrorObject::with_reason(
+                        -32000,
+                        "the server running this request stopped; it may have partly run",
+                        "request_aborted",
+                    );
+                    let response = Message::Response(jsonrpc::Response::error(Some(request), error)).to_vec();
+                    let text = String::from_utf8_lossy(&response);
+                    // No id: it is not part of the stream's history, and resuming from the
+                    // resync event's id must not repeat it.
+                    encode(&mut out, &OutgoingEvent { data: Some(&text), ..Default::default() });
+                }
                 return Some(Bytes::from(out));
             }
         }

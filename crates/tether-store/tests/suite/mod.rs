@@ -16,6 +16,7 @@ pub fn retention() -> Retention {
         max_events_per_stream: 8,
         max_bytes_per_session: 1_000,
         max_bytes_total: 1 << 20,
+        lease_ms: 5_000,
     }
 }
 

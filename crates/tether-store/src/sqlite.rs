@@ -1,0 +1,643 @@
+//! The embedded durable store: SQLite in WAL mode on one writer thread with group commit.
+//!
+//! Every operation runs on the database thread inside a transaction shared with whatever else
+//! arrived within a millisecond; callers are answered only after that transaction is on disk
+//! (`synchronous=FULL`). So an event is durable before any connection can read it, and a crash
+//! loses nothing that was acknowledged.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard, mpsc};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
+use tether_core::lineage::{Epoch, StreamName, StreamRange, StreamState};
+use tether_core::mcp::ProtocolVersion;
+use tokio::sync::{oneshot, watch};
+
+use crate::record::{BeginRequest, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent};
+use crate::{HeadWatch, Store, StoreError, StoreFuture};
+
+/// Most operations committed in one transaction.
+const MAX_BATCH: usize = 512;
+/// How long the writer waits for more operations to join a batch.
+const BATCH_WINDOW: Duration = Duration::from_millis(1);
+
+type Completion = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+type Job = Box<dyn FnOnce(&mut Transaction<'_>) -> Completion + Send>;
+
+/// A [`Store`] in a SQLite file.
+pub struct SqliteStore {
+    jobs: mpsc::Sender<Job>,
+    retention: Retention,
+    owner: String,
+    watches: Mutex<HashMap<(String, StreamName), watch::Sender<u64>>>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore").field("owner", &self.owner).finish_non_exhaustive()
+    }
+}
+
+const SCHEMA: &str = "
+PRAGMA journal_mode = WAL;
+PRAGMA synchronous = FULL;
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    epoch TEXT NOT NULL,
+    principal TEXT,
+    protocol_version TEXT NOT NULL,
+    client TEXT NOT NULL,
+    idle_ttl_ms INTEGER NOT NULL,
+    expires_at_ms INTEGER NOT NULL,
+    ended INTEGER,
+    ended_at_ms INTEGER
+);
+CREATE TABLE IF NOT EXISTS streams (
+    session TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    head INTEGER NOT NULL,
+    state INTEGER NOT NULL,
+    ended_at_ms INTEGER,
+    owner TEXT NOT NULL,
+    request_key TEXT,
+    PRIMARY KEY (session, stream)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS events (
+    session TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (session, stream, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS requests (
+    session TEXT NOT NULL,
+    key TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    PRIMARY KEY (session, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, heartbeat_ms INTEGER NOT NULL);
+";
+
+const LIVE: i64 = 0;
+const COMPLETE: i64 = 1;
+const ABORTED: i64 = 2;
+const TERMINATED: i64 = 1;
+const EXPIRED: i64 = 2;
+
+fn backend(err: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(err.to_string())
+}
+
+fn as_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn as_u64(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+fn state_of(code: i64) -> StreamState {
+    match code {
+        LIVE => StreamState::Live,
+        COMPLETE => StreamState::Complete,
+        _ => StreamState::Aborted,
+    }
+}
+
+impl SqliteStore {
+    /// Opens (or creates) the store in `dir`. `owner` names this process: requests it starts
+    /// are owned by it, and when it stops heartbeating they are reported aborted.
+    pub fn open(dir: &Path, retention: Retention, owner: &str) -> Result<SqliteStore, StoreError> {
+        std::fs::create_dir_all(dir).map_err(backend)?;
+        let mut connection = Connection::open(dir.join("tether.sqlite3")).map_err(backend)?;
+        connection.execute_batch(SCHEMA).map_err(backend)?;
+        let (jobs, queue) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("tether-sqlite".into())
+            .spawn(move || writer(&mut connection, &queue))
+            .map_err(backend)?;
+        Ok(SqliteStore { jobs, retention, owner: owner.to_owned(), watches: Mutex::new(HashMap::new()) })
+    }
+
+    fn watches(&self) -> MutexGuard<'_, HashMap<(String, StreamName), watch::Sender<u64>>> {
+        self.watches.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs `f` in the next batch; answers after the batch committed.
+    fn run<T, F>(&self, f: F) -> StoreFuture<'static, T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |txn: &mut Transaction<'_>| {
+            let result = match txn.savepoint() {
+                Ok(mut savepoint) => {
+                    let result = f(&savepoint);
+                    if result.is_ok() {
+                        savepoint.commit().map_err(backend).and(result)
+                    } else {
+                        // Dropping the savepoint rolls back this operation alone.
+                        let _ = savepoint.rollback();
+                        result
+                    }
+                }
+                Err(err) => Err(backend(err)),
+            };
+            Box::new(move |committed| {
+                let _ = tx.send(committed.and(result));
+            })
+        });
+        let sent = self.jobs.send(job);
+        Box::pin(async move {
+            sent.map_err(|_| StoreError::Backend("the store thread stopped".into()))?;
+            rx.await.unwrap_or_else(|_| Err(StoreError::Backend("the store thread stopped".into())))
+        })
+    }
+
+    fn notify(&self, session: &str, stream: &StreamName, head: u64) {
+        if let Some(tx) = self.watches().get(&(session.to_owned(), stream.clone())) {
+            tx.send_replace(head);
+        }
+    }
+
+    fn forget_watches(&self, session: &str) {
+        self.watches().retain(|(s, _), _| s != session);
+    }
+}
+
+/// The database thread: batches jobs into transactions (group commit).
+fn writer(connection: &mut Connection, queue: &mpsc::Receiver<Job>) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        let deadline = Instant::now() + BATCH_WINDOW;
+        while batch.len() < MAX_BATCH {
+            match queue.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut transaction = match connection.transaction() {
+            Ok(transaction) => transaction,
+            Err(err) => {
+                tracing::error!(%err, "cannot begin a transaction");
+                continue;
+            }
+        };
+        let completions: Vec<Completion> = batch.into_iter().map(|job| job(&mut transaction)).collect();
+        let committed = transaction.commit().map_err(backend);
+        for completion in completions {
+            completion(committed.clone());
+        }
+    }
+}
+
+fn live_epoch(txn: &Connection, session: &str) -> Result<Option<String>, StoreError> {
+    txn.query_row("SELECT epoch FROM sessions WHERE id = ?1 AND ended IS NULL", [session], |r| r.get(0))
+        .optional()
+        .map_err(backend)
+}
+
+fn check_live(txn: &Connection, session: &str, epoch: &str) -> Result<(), StoreError> {
+    match live_epoch(txn, session)? {
+        Some(current) if current == epoch => Ok(()),
+        _ => Err(StoreError::SessionGone),
+    }
+}
+
+fn insert_stream(
+    txn: &Connection,
+    session: &str,
+    stream: &str,
+    owner: &str,
+    key: Option<&str>,
+) -> Result<(), StoreError> {
+    txn.execute(
+        "INSERT OR IGNORE INTO streams (session, stream, head, state, owner, request_key) VALUES (?1, ?2, 0, 0, ?3, ?4)",
+        params![session, stream, owner, key],
+    )
+    .map_err(backend)?;
+    txn.execute(
+        "INSERT OR IGNORE INTO events (session, stream, seq, data) VALUES (?1, ?2, 0, x'')",
+        params![session, stream],
+    )
+    .map_err(backend)?;
+    Ok(())
+}
+
+fn session_bytes(txn: &Connection, session: &str) -> Result<u64, StoreError> {
+    txn.query_row("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM events WHERE session = ?1", [session], |r| {
+        r.get::<_, i64>(0)
+    })
+    .map(as_u64)
+    .map_err(backend)
+}
+
+/// Keeps `stream`, its session and (approximately) the whole store within `retention`: ended
+/// streams of the session go first, then the oldest events of `stream` (never its newest).
+fn evict(txn: &Connection, session: &str, stream: &str, head: i64, retention: &Retention) -> Result<(), StoreError> {
+    let max_events = i64::try_from(retention.max_events_per_stream.max(1)).unwrap_or(i64::MAX);
+    txn.execute(
+        "DELETE FROM events WHERE session = ?1 AND stream = ?2 AND seq <= ?3",
+        params![session, stream, head - max_events],
+    )
+    .map_err(backend)?;
+    let cap = u64::try_from(retention.max_bytes_per_session).unwrap_or(u64::MAX);
+    while session_bytes(txn, session)? > cap {
+        let ended: Option<String> = txn
+            .query_row(
+                "SELECT stream FROM streams WHERE session = ?1 AND stream != ?2 AND state != 0 LIMIT 1",
+                params![session, stream],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(backend)?;
+        match ended {
+            Some(ended) => {
+                txn.execute("DELETE FROM events WHERE session = ?1 AND stream = ?2", params![session, ended])
+                    .map_err(backend)?;
+                txn.execute("DELETE FROM streams WHERE session = ?1 AND stream = ?2", params![session, ended])
+                    .map_err(backend)?;
+            }
+            None => {
+                let deleted = txn
+                    .execute(
+                        "DELETE FROM events WHERE session = ?1 AND stream = ?2 AND seq = \
+                         (SELECT MIN(seq) FROM events WHERE session = ?1 AND stream = ?2) AND seq < ?3",
+                        params![session, stream, head],
+                    )
+                    .map_err(backend)?;
+                if deleted == 0 {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Store for SqliteStore {
+    fn create_session(&self, record: SessionRecord) -> StoreFuture<'_, ()> {
+        self.run(move |txn| {
+            let client = record.client.to_string();
+            let inserted = txn
+                .execute(
+                    "INSERT OR IGNORE INTO sessions (id, epoch, principal, protocol_version, client, idle_ttl_ms, expires_at_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    params![
+                        record.id,
+                        record.epoch.as_str(),
+                        record.principal,
+                        record.protocol_version.as_str(),
+                        client,
+                        as_i64(record.idle_ttl_ms),
+                        as_i64(record.expires_at_ms)
+                    ],
+                )
+                .map_err(backend)?;
+            if inserted == 0 { Err(StoreError::DuplicateSession) } else { Ok(()) }
+        })
+    }
+
+    fn session(&self, id: &str, _now_ms: u64) -> StoreFuture<'_, SessionStatus> {
+        let id = id.to_owned();
+        self.run(move |txn| {
+            let row = txn
+                .query_row(
+                    "SELECT epoch, principal, protocol_version, client, idle_ttl_ms, expires_at_ms, ended FROM sessions WHERE id = ?1",
+                    [&id],
+                    |r| {
+                        Ok((
+                            r.get::<_, String>(0)?,
+                            r.get::<_, Option<String>>(1)?,
+                            r.get::<_, String>(2)?,
+                            r.get::<_, String>(3)?,
+                            r.get::<_, i64>(4)?,
+                            r.get::<_, i64>(5)?,
+                            r.get::<_, Option<i64>>(6)?,
+                        ))
+                    },
+                )
+                .optional()
+                .map_err(backend)?;
+            let Some((epoch, principal, version, client, ttl, expires, ended)) = row else {
+                return Ok(SessionStatus::Unknown);
+            };
+            Ok(match ended {
+                Some(TERMINATED) => SessionStatus::Ended(SessionEnd::Terminated),
+                Some(_) => SessionStatus::Ended(SessionEnd::Expired),
+                None => SessionStatus::Live(SessionRecord {
+                    id,
+                    epoch: Epoch::parse(&epoch).map_err(backend)?,
+                    principal,
+                    protocol_version: version.parse::<ProtocolVersion>().map_err(backend)?,
+                    client: serde_json::from_str(&client).map_err(backend)?,
+                    idle_ttl_ms: as_u64(ttl),
+                    expires_at_ms: as_u64(expires),
+                }),
+            })
+        })
+    }
+
+    fn touch_session(&self, id: &str, epoch: &Epoch, now_ms: u64) -> StoreFuture<'_, ()> {
+        let (id, epoch) = (id.to_owned(), epoch.to_string());
+        self.run(move |txn| {
+            let renewed = txn
+                .execute(
+                    "UPDATE sessions SET expires_at_ms = ?3 + idle_ttl_ms \
+                     WHERE id = ?1 AND epoch = ?2 AND ended IS NULL AND expires_at_ms > ?3",
+                    params![id, epoch, as_i64(now_ms)],
+                )
+                .map_err(backend)?;
+            if renewed == 0 { Err(StoreError::SessionGone) } else { Ok(()) }
+        })
+    }
+
+    fn end_session(&self, id: &str, epoch: &Epoch, end: SessionEnd) -> StoreFuture<'_, ()> {
+        let (session, epoch) = (id.to_owned(), epoch.to_string());
+        let code = match end {
+            SessionEnd::Terminated => TERMINATED,
+            SessionEnd::Expired => EXPIRED,
+        };
+        let ended = self.run(move |txn| {
+            check_live(txn, &session, &epoch)?;
+            txn.execute("UPDATE sessions SET ended = ?2 WHERE id = ?1", params![session, code]).map_err(backend)?;
+            for table in ["events", "streams", "requests"] {
+                txn.execute(&format!("DELETE FROM {table} WHERE session = ?1"), [&session]).map_err(backend)?;
+            }
+            Ok(())
+        });
+        let session = id.to_owned();
+        Box::pin(async move {
+            ended.await?;
+            self.forget_watches(&session);
+            Ok(())
+        })
+    }
+
+    fn open_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let (session, epoch, stream, owner) =
+            (session.to_owned(), epoch.to_string(), stream.to_string(), self.owner.clone());
+        self.run(move |txn| {
+            check_live(txn, &session, &epoch)?;
+            insert_stream(txn, &session, &stream, &owner, None)
+        })
+    }
+
+    fn begin_request(
+        &self,
+        session: &str,
+        epoch: &Epoch,
+        request_key: &str,
+        params_digest: &str,
+        stream: &StreamName,
+    ) -> StoreFuture<'_, BeginRequest> {
+        let (session, epoch, key, digest) =
+            (session.to_owned(), epoch.to_string(), request_key.to_owned(), params_digest.to_owned());
+        let (stream, owner) = (stream.clone(), self.owner.clone());
+        self.run(move |txn| {
+            check_live(txn, &session, &epoch)?;
+            let existing: Option<(String, String)> = txn
+                .query_row(
+                    "SELECT digest, stream FROM requests WHERE session = ?1 AND key = ?2",
+                    params![session, key],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .map_err(backend)?;
+            if let Some((existing_digest, existing_stream)) = existing {
+                let stream = StreamName::parse(&existing_stream).map_err(backend)?;
+                return Ok(BeginRequest::Existing { stream, same_params: existing_digest == digest });
+            }
+            txn.execute(
+                "INSERT INTO requests (session, key, digest, stream) VALUES (?1, ?2, ?3, ?4)",
+                params![session, key, digest, stream.as_str()],
+            )
+            .map_err(backend)?;
+            insert_stream(txn, &session, stream.as_str(), &owner, Some(&key))?;
+            Ok(BeginRequest::Started)
+        })
+    }
+
+    fn append(
+        &self,
+        session: &str,
+        epoch: &Epoch,
+        stream: &StreamName,
+        data: Bytes,
+        last: bool,
+    ) -> StoreFuture<'_, u64> {
+        let (s, e, st) = (session.to_owned(), epoch.to_string(), stream.to_string());
+        let retention = self.retention;
+        let appended = self.run(move |txn| {
+            check_live(txn, &s, &e)?;
+            let row: Option<(i64, i64)> = txn
+                .query_row("SELECT head, state FROM streams WHERE session = ?1 AND stream = ?2", params![s, st], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .optional()
+                .map_err(backend)?;
+            let Some((head, state)) = row else { return Err(StoreError::UnknownStream) };
+            if state != LIVE {
+                return Err(StoreError::StreamEnded);
+            }
+            let seq = head + 1;
+            txn.execute(
+                "INSERT INTO events (session, stream, seq, data) VALUES (?1, ?2, ?3, ?4)",
+                params![s, st, seq, &data[..]],
+            )
+            .map_err(backend)?;
+            txn.execute(
+                "UPDATE streams SET head = ?3, state = ?4 WHERE session = ?1 AND stream = ?2",
+                params![s, st, seq, if last { COMPLETE } else { LIVE }],
+            )
+            .map_err(backend)?;
+            evict(txn, &s, &st, seq, &retention)?;
+            Ok(as_u64(seq))
+        });
+        let (session, stream) = (session.to_owned(), stream.clone());
+        Box::pin(async move {
+            let seq = appended.await?;
+            self.notify(&session, &stream, seq);
+            Ok(seq)
+        })
+    }
+
+    fn end_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let (s, e, st) = (session.to_owned(), epoch.to_string(), stream.to_string());
+        let ended = self.run(move |txn| {
+            check_live(txn, &s, &e)?;
+            let head: Option<i64> = txn
+                .query_row("SELECT head FROM streams WHERE session = ?1 AND stream = ?2", params![s, st], |r| r.get(0))
+                .optional()
+                .map_err(backend)?;
+            let head = head.ok_or(StoreError::UnknownStream)?;
+            txn.execute(
+                "UPDATE streams SET state = ?3 WHERE session = ?1 AND stream = ?2 AND state = 0",
+                params![s, st, COMPLETE],
+            )
+            .map_err(backend)?;
+            Ok(as_u64(head))
+        });
+        let (session, stream) = (session.to_owned(), stream.clone());
+        Box::pin(async move {
+            let head = ended.await?;
+            self.notify(&session, &stream, head);
+            Ok(())
+        })
+    }
+
+    fn stream_range(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>> {
+        let (s, st) = (session.to_owned(), stream.to_string());
+        self.run(move |txn| {
+            let row: Option<(i64, i64, Option<i64>)> = txn
+                .query_row(
+                    "SELECT head, state, (SELECT MIN(seq) FROM events WHERE session = ?1 AND stream = ?2) \
+                     FROM streams WHERE session = ?1 AND stream = ?2",
+                    params![s, st],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+                .optional()
+                .map_err(backend)?;
+            Ok(row.map(|(head, state, first)| StreamRange {
+                retained_from: first.map_or(as_u64(head) + 1, as_u64),
+                head: as_u64(head),
+                state: state_of(state),
+            }))
+        })
+    }
+
+    fn stream_request(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<String>> {
+        let (s, st) = (session.to_owned(), stream.to_string());
+        self.run(move |txn| {
+            txn.query_row("SELECT request_key FROM streams WHERE session = ?1 AND stream = ?2", params![s, st], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map(Option::flatten)
+            .map_err(backend)
+        })
+    }
+
+    fn read(&self, session: &str, stream: &StreamName, after: u64, max: usize) -> StoreFuture<'_, Vec<StoredEvent>> {
+        let (s, st) = (session.to_owned(), stream.to_string());
+        let limit = i64::try_from(max).unwrap_or(i64::MAX);
+        self.run(move |txn| {
+            let mut statement = txn
+                .prepare_cached("SELECT seq, data FROM events WHERE session = ?1 AND stream = ?2 AND seq > ?3 ORDER BY seq LIMIT ?4")
+                .map_err(backend)?;
+            let rows = statement
+                .query_map(params![s, st, as_i64(after), limit], |r| {
+                    Ok(StoredEvent { seq: as_u64(r.get(0)?), data: Bytes::from(r.get::<_, Vec<u8>>(1)?) })
+                })
+                .map_err(backend)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(backend)
+        })
+    }
+
+    fn watch(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, HeadWatch> {
+        let range = self.stream_range(session, stream);
+        let key = (session.to_owned(), stream.clone());
+        Box::pin(async move {
+            let range = range.await?.ok_or(StoreError::UnknownStream)?;
+            let mut watches = self.watches();
+            let tx = watches.entry(key).or_insert_with(|| watch::Sender::new(range.head));
+            Ok(tx.subscribe())
+        })
+    }
+
+    fn counter_add(&self, key: &str, amount: i64) -> StoreFuture<'_, i64> {
+        let key = key.to_owned();
+        self.run(move |txn| {
+            txn.query_row(
+                "INSERT INTO counters (key, value) VALUES (?1, ?2) \
+                 ON CONFLICT(key) DO UPDATE SET value = value + excluded.value RETURNING value",
+                params![key, amount],
+                |r| r.get(0),
+            )
+            .map_err(backend)
+        })
+    }
+
+    fn counter_get(&self, key: &str) -> StoreFuture<'_, i64> {
+        let key = key.to_owned();
+        self.run(move |txn| {
+            txn.query_row("SELECT value FROM counters WHERE key = ?1", [key], |r| r.get(0))
+                .optional()
+                .map(Option::unwrap_or_default)
+                .map_err(backend)
+        })
+    }
+
+    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>> {
+        let (retention, owner) = (self.retention, self.owner.clone());
+        let swept = self.run(move |txn| {
+            let now = as_i64(now_ms);
+            txn.execute(
+                "INSERT INTO owners (owner, heartbeat_ms) VALUES (?1, ?2) ON CONFLICT(owner) DO UPDATE SET heartbeat_ms = ?2",
+                params![owner, now],
+            )
+            .map_err(backend)?;
+            // Requests of an owner that stopped heartbeating will never finish.
+            let lapsed = now - as_i64(retention.lease_ms);
+            let mut aborted = txn
+                .prepare(
+                    "UPDATE streams SET state = ?2 WHERE state = 0 AND request_key IS NOT NULL AND owner IN \
+                     (SELECT owner FROM owners WHERE heartbeat_ms < ?1) RETURNING session, stream, head",
+                )
+                .map_err(backend)?;
+            let aborted: Vec<(String, String, i64)> = aborted
+                .query_map(params![lapsed, ABORTED], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .map_err(backend)?
+                .collect::<Result<_, _>>()
+                .map_err(backend)?;
+            let mut expired = txn
+                .prepare("UPDATE sessions SET ended = 2, ended_at_ms = ?1 WHERE ended IS NULL AND expires_at_ms <= ?1 RETURNING id")
+                .map_err(backend)?;
+            let expired: Vec<String> =
+                expired.query_map([now], |r| r.get(0)).map_err(backend)?.collect::<Result<_, _>>().map_err(backend)?;
+            for id in &expired {
+                for table in ["events", "streams", "requests"] {
+                    txn.execute(&format!("DELETE FROM {table} WHERE session = ?1"), [id]).map_err(backend)?;
+                }
+            }
+            txn.execute("UPDATE sessions SET ended_at_ms = ?1 WHERE ended IS NOT NULL AND ended_at_ms IS NULL", [now])
+                .map_err(backend)?;
+            txn.execute("DELETE FROM sessions WHERE ended IS NOT NULL AND ended_at_ms <= ?1", [now - as_i64(retention.tombstone_ms)])
+                .map_err(backend)?;
+            txn.execute("UPDATE streams SET ended_at_ms = ?1 WHERE state != 0 AND ended_at_ms IS NULL", [now]).map_err(backend)?;
+            let cutoff = now - as_i64(retention.ended_stream_ms);
+            txn.execute(
+                "DELETE FROM events WHERE (session, stream) IN (SELECT session, stream FROM streams WHERE state != 0 AND ended_at_ms <= ?1)",
+                [cutoff],
+            )
+            .map_err(backend)?;
+            txn.execute("DELETE FROM streams WHERE state != 0 AND ended_at_ms <= ?1", [cutoff]).map_err(backend)?;
+            Ok((expired, aborted))
+        });
+        Box::pin(async move {
+            let (expired, aborted) = swept.await?;
+            for (session, stream, head) in aborted {
+                if let Ok(stream) = StreamName::parse(&stream) {
+                    self.notify(&session, &stream, as_u64(head));
+                }
+            }
+            for id in &expired {
+                self.forget_watches(id);
+            }
+            // Watches of streams that retention dropped end with the stream.
+            let live: Vec<(String, StreamName)> = self.watches().keys().cloned().collect();
+            for (session, stream) in live {
+                if matches!(self.stream_range(&session, &stream).await, Ok(None)) {
+                    self.watches().remove(&(session, stream));
+                }
+            }
+            Ok(expired)
+        })
+    }
+}

@@ -1,0 +1,99 @@
+//! The shared store suite against the embedded SQLite backend, plus what only a durable store
+//! can do: keep everything across a reopen, and abort the requests of a process that died.
+
+mod suite;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use bytes::Bytes;
+use tether_core::lineage::{Epoch, StreamName, StreamState};
+use tether_core::mcp::ProtocolVersion;
+use tether_store::{SessionRecord, SessionStatus, SqliteStore, Store};
+
+/// A directory of its own for every store a test opens.
+fn fresh_dir() -> PathBuf {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "tether-sqlite-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn open(dir: &Path, owner: &str) -> SqliteStore {
+    SqliteStore::open(dir, suite::retention(), owner).expect("open store")
+}
+
+store_suite!(open(&fresh_dir(), "owner-a"));
+
+fn record(id: &str, epoch: &Epoch) -> SessionRecord {
+    SessionRecord {
+        id: id.into(),
+        epoch: epoch.clone(),
+        principal: Some("alice".into()),
+        protocol_version: ProtocolVersion::V2025_06_18,
+        client: serde_json::json!({"capabilities": {"elicitation": {}}}),
+        idle_ttl_ms: 60_000,
+        expires_at_ms: 60_000,
+    }
+}
+
+#[tokio::test]
+async fn everything_acknowledged_survives_a_reopen() {
+    let dir = fresh_dir();
+    let epoch = Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch");
+    let stream = StreamName::parse("r1").expect("stream");
+    {
+        let store = open(&dir, "before");
+        store.create_session(record("durable", &epoch)).await.expect("create");
+        store.begin_request("durable", &epoch, "n:1", "digest", &stream).await.expect("begin");
+        for i in 0..5 {
+            store.append("durable", &epoch, &stream, Bytes::from(format!("event {i}")), i == 4).await.expect("append");
+        }
+        store.counter_add("c", 7).await.expect("counter");
+    }
+    let store = open(&dir, "after");
+    let SessionStatus::Live(loaded) = store.session("durable", 0).await.expect("lookup") else {
+        panic!("session lost")
+    };
+    assert_eq!(loaded, record("durable", &epoch), "the whole record, incarnation included");
+    let range = store.stream_range("durable", &stream).await.expect("range").expect("stream kept");
+    assert_eq!((range.retained_from, range.head, range.state), (0, 5, StreamState::Complete));
+    let data: Vec<Bytes> =
+        store.read("durable", &stream, 0, 10).await.expect("read").into_iter().map(|e| e.data).collect();
+    assert_eq!(data.last(), Some(&Bytes::from("event 4")));
+    assert_eq!(data.len(), 5);
+    assert_eq!(store.counter_get("c").await, Ok(7));
+    assert_eq!(store.stream_request("durable", &stream).await, Ok(Some("n:1".into())));
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[tokio::test]
+async fn requests_of_a_process_whose_lease_lapsed_are_aborted() {
+    let dir = fresh_dir();
+    let epoch = Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch");
+    let (running, other) = (StreamName::parse("r1").expect("stream"), StreamName::parse("g1").expect("stream"));
+    let lease = suite::retention().lease_ms;
+    {
+        let dead = open(&dir, "dead");
+        dead.sweep(1_000).await.expect("heartbeat");
+        dead.create_session(SessionRecord { expires_at_ms: u64::MAX / 2, ..record("s", &epoch) })
+            .await
+            .expect("create");
+        dead.begin_request("s", &epoch, "n:1", "d", &running).await.expect("begin");
+        dead.open_stream("s", &epoch, &other).await.expect("open");
+        dead.append("s", &epoch, &running, Bytes::from_static(b"progress"), false).await.expect("append");
+    }
+    let survivor = open(&dir, "survivor");
+    survivor.sweep(1_000 + lease - 1).await.expect("sweep");
+    assert_eq!(survivor.stream_range("s", &running).await.expect("range").map(|r| r.state), Some(StreamState::Live));
+    survivor.sweep(1_000 + lease + 1).await.expect("sweep");
+    let range = survivor.stream_range("s", &running).await.expect("range").expect("kept");
+    assert_eq!((range.state, range.head), (StreamState::Aborted, 1), "the dead owner's request is aborted");
+    let standalone = survivor.stream_range("s", &other).await.expect("range").expect("kept");
+    assert_eq!(standalone.state, StreamState::Live, "only request streams have an owner that must finish them");
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
