@@ -63,6 +63,7 @@ CREATE TABLE IF NOT EXISTS streams (
     ended_at_ms INTEGER,
     owner TEXT NOT NULL,
     request_key TEXT,
+    bytes INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (session, stream)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS events (
@@ -231,22 +232,36 @@ fn insert_stream(
 }
 
 fn session_bytes(txn: &Connection, session: &str) -> Result<u64, StoreError> {
-    txn.query_row("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM events WHERE session = ?1", [session], |r| {
-        r.get::<_, i64>(0)
-    })
-    .map(as_u64)
-    .map_err(backend)
+    txn.query_row("SELECT COALESCE(SUM(bytes), 0) FROM streams WHERE session = ?1", [session], |r| r.get::<_, i64>(0))
+        .map(as_u64)
+        .map_err(backend)
 }
 
-/// Keeps `stream`, its session and (approximately) the whole store within `retention`: ended
-/// streams of the session go first, then the oldest events of `stream` (never its newest).
+/// Deletes the events of `stream` with `seq <= upto` and takes their bytes off the stream.
+fn delete_events_upto(txn: &Connection, session: &str, stream: &str, upto: i64) -> Result<usize, StoreError> {
+    let freed: i64 = txn
+        .query_row(
+            "SELECT COALESCE(SUM(LENGTH(data)), 0) FROM events WHERE session = ?1 AND stream = ?2 AND seq <= ?3",
+            params![session, stream, upto],
+            |r| r.get(0),
+        )
+        .map_err(backend)?;
+    let deleted = txn
+        .execute("DELETE FROM events WHERE session = ?1 AND stream = ?2 AND seq <= ?3", params![session, stream, upto])
+        .map_err(backend)?;
+    txn.execute("UPDATE streams SET bytes = bytes - ?3 WHERE session = ?1 AND stream = ?2", params![session, stream, freed])
+        .map_err(backend)?;
+    Ok(deleted)
+}
+
+/// Keeps `stream` and its session within `retention`: ended streams of the session go first,
+/// then the oldest events of `stream` (never its newest). Byte counts are kept per stream, so
+/// this costs a few indexed lookups, not a scan.
 fn evict(txn: &Connection, session: &str, stream: &str, head: i64, retention: &Retention) -> Result<(), StoreError> {
     let max_events = i64::try_from(retention.max_events_per_stream.max(1)).unwrap_or(i64::MAX);
-    txn.execute(
-        "DELETE FROM events WHERE session = ?1 AND stream = ?2 AND seq <= ?3",
-        params![session, stream, head - max_events],
-    )
-    .map_err(backend)?;
+    if head >= max_events {
+        delete_events_upto(txn, session, stream, head - max_events)?;
+    }
     let cap = u64::try_from(retention.max_bytes_per_session).unwrap_or(u64::MAX);
     while session_bytes(txn, session)? > cap {
         let ended: Option<String> = txn
@@ -259,21 +274,18 @@ fn evict(txn: &Connection, session: &str, stream: &str, head: i64, retention: &R
             .map_err(backend)?;
         match ended {
             Some(ended) => {
-                txn.execute("DELETE FROM events WHERE session = ?1 AND stream = ?2", params![session, ended])
-                    .map_err(backend)?;
-                txn.execute("DELETE FROM streams WHERE session = ?1 AND stream = ?2", params![session, ended])
-                    .map_err(backend)?;
+                txn.execute("DELETE FROM events WHERE session = ?1 AND stream = ?2", params![session, ended]).map_err(backend)?;
+                txn.execute("DELETE FROM streams WHERE session = ?1 AND stream = ?2", params![session, ended]).map_err(backend)?;
             }
             None => {
-                let deleted = txn
-                    .execute(
-                        "DELETE FROM events WHERE session = ?1 AND stream = ?2 AND seq = \
-                         (SELECT MIN(seq) FROM events WHERE session = ?1 AND stream = ?2) AND seq < ?3",
-                        params![session, stream, head],
-                    )
+                let oldest: Option<i64> = txn
+                    .query_row("SELECT MIN(seq) FROM events WHERE session = ?1 AND stream = ?2", params![session, stream], |r| r.get(0))
                     .map_err(backend)?;
-                if deleted == 0 {
-                    break;
+                match oldest {
+                    Some(oldest) if oldest < head => {
+                        delete_events_upto(txn, session, stream, oldest)?;
+                    }
+                    _ => break,
                 }
             }
         }
@@ -453,8 +465,8 @@ impl Store for SqliteStore {
             )
             .map_err(backend)?;
             txn.execute(
-                "UPDATE streams SET head = ?3, state = ?4 WHERE session = ?1 AND stream = ?2",
-                params![s, st, seq, if last { COMPLETE } else { LIVE }],
+                "UPDATE streams SET head = ?3, state = ?4, bytes = bytes + ?5 WHERE session = ?1 AND stream = ?2",
+                params![s, st, seq, if last { COMPLETE } else { LIVE }, as_i64(data.len() as u64)],
             )
             .map_err(backend)?;
             evict(txn, &s, &st, seq, &retention)?;

@@ -1,0 +1,113 @@
+//! Store throughput: durable appends (group commit under concurrency) and replay of 10,000
+//! retained events, for each backend.
+//!
+//! `cargo bench -p tether-store --bench store`
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use tether_core::lineage::{Epoch, StreamName};
+use tether_core::mcp::ProtocolVersion;
+use tether_store::{MemoryStore, Retention, SessionRecord, SqliteStore, Store};
+
+const WRITERS: usize = 64;
+const PER_WRITER: usize = 50;
+const REPLAY: u64 = 10_000;
+
+fn epoch() -> Epoch {
+    Epoch::from_entropy([5; 16])
+}
+
+fn record(id: &str) -> SessionRecord {
+    SessionRecord {
+        id: id.into(),
+        epoch: epoch(),
+        principal: None,
+        protocol_version: ProtocolVersion::V2025_11_25,
+        client: serde_json::json!({}),
+        idle_ttl_ms: u64::MAX / 4,
+        expires_at_ms: u64::MAX / 4,
+    }
+}
+
+fn payload() -> Bytes {
+    Bytes::from_static(br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"t","progress":1,"total":100}}"#)
+}
+
+fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
+    let retention = Retention { max_events_per_stream: 200_000, ..Retention::default() };
+    let dir = std::env::temp_dir().join(format!("tether-store-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let sqlite = SqliteStore::open(&dir, retention, "bench").expect("open");
+    vec![("memory", Arc::new(MemoryStore::new(retention))), ("embedded", Arc::new(sqlite))]
+}
+
+fn append(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().expect("runtime");
+    let mut group = c.benchmark_group("store_append");
+    group.throughput(Throughput::Elements((WRITERS * PER_WRITER) as u64));
+    group.sample_size(10);
+    for (name, store) in stores() {
+        let e = epoch();
+        rt.block_on(store.create_session(record("append"))).expect("session");
+        let streams: Vec<StreamName> = (0..WRITERS).map(|i| StreamName::parse(&format!("s{i}")).expect("stream")).collect();
+        for stream in &streams {
+            rt.block_on(store.open_stream("append", &e, stream)).expect("stream");
+        }
+        group.bench_function(format!("{name}_{WRITERS}_concurrent_streams"), |b| {
+            b.iter(|| {
+                rt.block_on(async {
+                    let writers: Vec<_> = streams
+                        .iter()
+                        .map(|stream| {
+                            let (store, stream, e) = (Arc::clone(&store), stream.clone(), e.clone());
+                            tokio::spawn(async move {
+                                for _ in 0..PER_WRITER {
+                                    store.append("append", &e, &stream, payload(), false).await.expect("append");
+                                }
+                            })
+                        })
+                        .collect();
+                    for writer in writers {
+                        writer.await.expect("writer");
+                    }
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+fn replay(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().expect("runtime");
+    let mut group = c.benchmark_group("store_replay");
+    group.throughput(Throughput::Elements(REPLAY));
+    for (name, store) in stores() {
+        let (e, stream) = (epoch(), StreamName::parse("replay").expect("stream"));
+        rt.block_on(async {
+            store.create_session(record("replay")).await.expect("session");
+            store.open_stream("replay", &e, &stream).await.expect("stream");
+            let writers: Vec<_> = (0..100)
+                .map(|_| {
+                    let (store, stream, e) = (Arc::clone(&store), stream.clone(), e.clone());
+                    tokio::spawn(async move {
+                        for _ in 0..(REPLAY / 100) {
+                            store.append("replay", &e, &stream, payload(), false).await.expect("append");
+                        }
+                    })
+                })
+                .collect();
+            for writer in writers {
+                writer.await.expect("writer");
+            }
+        });
+        group.bench_function(format!("{name}_10000_events"), |b| {
+            b.iter(|| rt.block_on(store.read("replay", &stream, 0, usize::MAX)).expect("read").len())
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, append, replay);
+criterion_main!(benches);
