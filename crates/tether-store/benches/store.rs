@@ -51,7 +51,8 @@ fn append(c: &mut Criterion) {
     for (name, store) in stores() {
         let e = epoch();
         rt.block_on(store.create_session(record("append"))).expect("session");
-        let streams: Vec<StreamName> = (0..WRITERS).map(|i| StreamName::parse(&format!("s{i}")).expect("stream")).collect();
+        let streams: Vec<StreamName> =
+            (0..WRITERS).map(|i| StreamName::parse(&format!("s{i}")).expect("stream")).collect();
         for stream in &streams {
             rt.block_on(store.open_stream("append", &e, stream)).expect("stream");
         }

@@ -249,8 +249,11 @@ fn delete_events_upto(txn: &Connection, session: &str, stream: &str, upto: i64) 
     let deleted = txn
         .execute("DELETE FROM events WHERE session = ?1 AND stream = ?2 AND seq <= ?3", params![session, stream, upto])
         .map_err(backend)?;
-    txn.execute("UPDATE streams SET bytes = bytes - ?3 WHERE session = ?1 AND stream = ?2", params![session, stream, freed])
-        .map_err(backend)?;
+    txn.execute(
+        "UPDATE streams SET bytes = bytes - ?3 WHERE session = ?1 AND stream = ?2",
+        params![session, stream, freed],
+    )
+    .map_err(backend)?;
     Ok(deleted)
 }
 
@@ -274,12 +277,18 @@ fn evict(txn: &Connection, session: &str, stream: &str, head: i64, retention: &R
             .map_err(backend)?;
         match ended {
             Some(ended) => {
-                txn.execute("DELETE FROM events WHERE session = ?1 AND stream = ?2", params![session, ended]).map_err(backend)?;
-                txn.execute("DELETE FROM streams WHERE session = ?1 AND stream = ?2", params![session, ended]).map_err(backend)?;
+                txn.execute("DELETE FROM events WHERE session = ?1 AND stream = ?2", params![session, ended])
+                    .map_err(backend)?;
+                txn.execute("DELETE FROM streams WHERE session = ?1 AND stream = ?2", params![session, ended])
+                    .map_err(backend)?;
             }
             None => {
                 let oldest: Option<i64> = txn
-                    .query_row("SELECT MIN(seq) FROM events WHERE session = ?1 AND stream = ?2", params![session, stream], |r| r.get(0))
+                    .query_row(
+                        "SELECT MIN(seq) FROM events WHERE session = ?1 AND stream = ?2",
+                        params![session, stream],
+                        |r| r.get(0),
+                    )
                     .map_err(backend)?;
                 match oldest {
                     Some(oldest) if oldest < head => {
