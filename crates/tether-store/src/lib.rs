@@ -8,6 +8,7 @@
 
 mod memory;
 mod record;
+mod redis;
 mod sqlite;
 
 use std::future::Future;
@@ -17,6 +18,7 @@ use bytes::Bytes;
 use tether_core::lineage::{Epoch, StreamName, StreamRange};
 
 pub use memory::MemoryStore;
+pub use redis::RedisStore;
 pub use record::{BeginRequest, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent};
 pub use sqlite::SqliteStore;
 

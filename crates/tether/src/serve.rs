@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use tether_server::{BearerToken, Builder, ServerConfig, builtin::BuiltinHandler, parse_duration};
-use tether_store::{MemoryStore, SqliteStore, Store};
+use tether_store::{MemoryStore, RedisStore, SqliteStore, Store};
 
 /// Where sessions and events are kept.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -17,6 +17,8 @@ pub enum StoreKind {
     Embedded,
     /// In process memory: lost on restart, and a restart is visible to clients as 404.
     Memory,
+    /// Redis at --redis-url, shared by replicas: a client may resume on any of them.
+    Redis,
 }
 
 #[derive(Debug, Args)]
@@ -33,6 +35,9 @@ pub struct ServeArgs {
     /// Directory of the embedded store.
     #[arg(long, default_value = "./tether-data")]
     data_dir: PathBuf,
+    /// Redis of the `redis` store.
+    #[arg(long, default_value = "redis://127.0.0.1:6379/")]
+    redis_url: String,
     /// How long a server may go silent before its running requests are reported aborted.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     request_lease: Duration,
@@ -69,16 +74,20 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     config.retention.tombstone_ms = config.retention.tombstone_ms.max(config.retention.ended_stream_ms);
     config.retention.lease_ms = u64::try_from(args.request_lease.as_millis()).unwrap_or(u64::MAX);
     config.sweep_interval = config.sweep_interval.min(args.request_lease / 4);
+    // Unique per process, so a restarted server never inherits its predecessor's lease.
+    let started = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let owner = format!("{}-{started}", std::process::id());
     let store: Arc<dyn Store> = match args.store {
         StoreKind::Memory => Arc::new(MemoryStore::new(config.retention)),
-        StoreKind::Embedded => {
-            // Unique per process, so a restarted server never inherits its predecessor's lease.
-            let started = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-            let owner = format!("{}-{started}", std::process::id());
-            let store = SqliteStore::open(&args.data_dir, config.retention, &owner)
-                .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
-            Arc::new(store)
-        }
+        StoreKind::Embedded => Arc::new(
+            SqliteStore::open(&args.data_dir, config.retention, &owner)
+                .with_context(|| format!("opening the store in {}", args.data_dir.display()))?,
+        ),
+        StoreKind::Redis => Arc::new(
+            RedisStore::open(&args.redis_url, config.retention, &owner)
+                .await
+                .with_context(|| format!("connecting to {}", args.redis_url))?,
+        ),
     };
     let mut builder = Builder::new(BuiltinHandler::new()).config(config).store(store);
     if let Some(token) = args.auth_token {

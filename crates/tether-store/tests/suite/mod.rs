@@ -211,10 +211,12 @@ pub async fn counters_add_and_read(store: &dyn Store) {
     assert_eq!(store.counter_get("k").await, Ok(-3));
 }
 
-/// Declares one `#[tokio::test]` per suite case, each with a fresh store from `$make`.
+/// Declares one `#[tokio::test]` per suite case, each with a fresh store from `$make`; with
+/// `guarded:` the expression gives `(guard, store)` and the guard (a server process) lives as
+/// long as the test.
 #[macro_export]
 macro_rules! store_suite {
-    ($make:expr) => {
+    (guarded: $make:expr) => {
         $crate::store_suite!(@cases $make;
             sessions_are_created_once_and_read_without_renewal,
             touch_renews_only_a_live_session_of_the_same_incarnation,
@@ -229,11 +231,14 @@ macro_rules! store_suite {
             counters_add_and_read,
         );
     };
+    ($make:expr) => {
+        $crate::store_suite!(guarded: ((), $make));
+    };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(
             #[tokio::test]
             async fn $case() {
-                let store = $make;
+                let (_guard, store) = $make;
                 suite::$case(&store).await;
             }
         )*

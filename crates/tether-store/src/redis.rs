@@ -1,0 +1,693 @@
+//! The distributed store: Redis, shared by every replica of a server.
+//!
+//! Each session's keys carry the `{session}` hash tag, so every check-and-write is one Lua
+//! script over one hash slot (atomic, and valid on Redis Cluster). Events are Redis Streams with
+//! ids `<seq>-1`; an append publishes a notification that every replica turns into a wake-up of
+//! its local connections, so a client may resume on any replica and follow live events there.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Script, Value};
+use tether_core::lineage::{Epoch, StreamName, StreamRange, StreamState};
+use tether_core::mcp::ProtocolVersion;
+use tokio::sync::watch;
+
+use crate::record::{BeginRequest, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent};
+use crate::{HeadWatch, Store, StoreError, StoreFuture};
+
+/// The channel appends and stream ends are announced on.
+const NOTIFY: &str = "tether:notify";
+const SESSIONS: &str = "tether:sessions";
+const COUNTERS: &str = "tether:counters";
+const OWNERS: &str = "tether:owners";
+/// Ended sessions (`m<SEP>session`) and ended streams (`s<SEP>session<SEP>stream`) waiting out
+/// their retention; the score is when a sweep first saw them (0 until then).
+const RETIRING: &str = "tether:retiring";
+const SEP: char = '\u{1f}';
+
+type Watches = Arc<Mutex<HashMap<(String, StreamName), watch::Sender<u64>>>>;
+
+/// A [`Store`] in Redis.
+pub struct RedisStore {
+    redis: ConnectionManager,
+    retention: Retention,
+    owner: String,
+    watches: Watches,
+    listener: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore").field("owner", &self.owner).finish_non_exhaustive()
+    }
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        self.listener.abort();
+    }
+}
+
+fn backend(err: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(err.to_string())
+}
+
+/// Maps a script's error reply to the store error it stands for.
+fn script_error(err: redis::RedisError) -> StoreError {
+    let text = err.to_string();
+    if text.contains("SESSION_GONE") {
+        StoreError::SessionGone
+    } else if text.contains("DUPLICATE_SESSION") {
+        StoreError::DuplicateSession
+    } else if text.contains("UNKNOWN_STREAM") {
+        StoreError::UnknownStream
+    } else if text.contains("STREAM_ENDED") {
+        StoreError::StreamEnded
+    } else {
+        backend(text)
+    }
+}
+
+fn meta(session: &str) -> String {
+    format!("tether:{{{session}}}:m")
+}
+fn stream_key(session: &str, stream: &str) -> String {
+    format!("tether:{{{session}}}:s:{stream}")
+}
+fn events_key(session: &str, stream: &str) -> String {
+    format!("tether:{{{session}}}:e:{stream}")
+}
+fn requests_key(session: &str) -> String {
+    format!("tether:{{{session}}}:r")
+}
+fn streams_key(session: &str) -> String {
+    format!("tether:{{{session}}}:streams")
+}
+fn owned_key(owner: &str) -> String {
+    format!("tether:owned:{owner}")
+}
+
+/// Fails unless the session (KEYS[1]) is live in incarnation ARGV[1].
+const CHECK_LIVE: &str = r"
+local m = redis.call('HMGET', KEYS[1], 'epoch', 'ended')
+if m[1] ~= ARGV[1] or m[2] ~= '0' then return redis.error_reply('SESSION_GONE') end
+";
+
+/// Creates a stream (KEYS[2] meta, KEYS[3] events, KEYS[4] the session's stream set) with its
+/// priming event; ARGV[2] name, ARGV[3] owner, ARGV[4] request key or ''.
+const NEW_STREAM: &str = r"
+local function new_stream()
+  if redis.call('EXISTS', KEYS[2]) == 1 then return end
+  redis.call('HSET', KEYS[2], 'head', 0, 'state', 0, 'owner', ARGV[3], 'rk', ARGV[4])
+  redis.call('XADD', KEYS[3], '0-1', 'd', '')
+  redis.call('SADD', KEYS[4], ARGV[2])
+end
+";
+
+fn script(body: &str) -> Script {
+    Script::new(body)
+}
+
+struct Scripts {
+    create: Script,
+    touch: Script,
+    end: Script,
+    open: Script,
+    begin: Script,
+    append: Script,
+    end_stream: Script,
+    abort: Script,
+}
+
+fn scripts() -> &'static Scripts {
+    static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
+    SCRIPTS.get_or_init(|| Scripts {
+        create: script(
+            r"
+if redis.call('EXISTS', KEYS[1]) == 1 then return redis.error_reply('DUPLICATE_SESSION') end
+redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'pv', ARGV[2], 'client', ARGV[3], 'ttl', ARGV[4], 'exp', ARGV[5], 'ended', 0)
+if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'principal', ARGV[6]) end
+return 1",
+        ),
+        touch: script(&format!(
+            "{CHECK_LIVE}
+if tonumber(redis.call('HGET', KEYS[1], 'exp')) <= tonumber(ARGV[2]) then return redis.error_reply('SESSION_GONE') end
+local exp = tonumber(ARGV[2]) + tonumber(redis.call('HGET', KEYS[1], 'ttl'))
+redis.call('HSET', KEYS[1], 'exp', exp)
+return exp"
+        )),
+        // KEYS[1] meta, KEYS[2] streams set, KEYS[3] requests; ARGV[2] how, ARGV[3] unused,
+        // ARGV[4] key prefix of the session's streams. With ARGV[5] = a time, only if due.
+        end: script(&format!(
+            "{CHECK_LIVE}
+if ARGV[5] ~= '' and tonumber(redis.call('HGET', KEYS[1], 'exp')) > tonumber(ARGV[5]) then return 0 end
+for _, name in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  redis.call('DEL', ARGV[4] .. 's:' .. name, ARGV[4] .. 'e:' .. name)
+end
+redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('HSET', KEYS[1], 'ended', ARGV[2])
+return 1"
+        )),
+        open: script(&format!("{CHECK_LIVE}{NEW_STREAM}\nnew_stream()\nreturn 1")),
+        // KEYS[5] requests; ARGV[5] request key, ARGV[6] digest.
+        begin: script(&format!(
+            "{CHECK_LIVE}{NEW_STREAM}
+local existing = redis.call('HGET', KEYS[5], ARGV[5])
+if existing then return existing end
+redis.call('HSET', KEYS[5], ARGV[5], ARGV[6] .. '\\31' .. ARGV[2])
+new_stream()
+return ''"
+        )),
+        // KEYS[2] stream meta, KEYS[3] events, KEYS[4] the session's stream set; ARGV[2] data,
+        // ARGV[3] last, ARGV[4] max events, ARGV[5] max session bytes, ARGV[6] notification
+        // prefix, ARGV[7] key prefix of the session's streams, ARGV[8] this stream's name.
+        // Over the session's byte cap, ended streams go first, then this stream's oldest events.
+        append: script(&format!(
+            "{CHECK_LIVE}
+local s = redis.call('HMGET', KEYS[2], 'head', 'state')
+if not s[1] then return redis.error_reply('UNKNOWN_STREAM') end
+if s[2] ~= '0' then return redis.error_reply('STREAM_ENDED') end
+local seq = tonumber(s[1]) + 1
+redis.call('XADD', KEYS[3], seq .. '-1', 'd', ARGV[2])
+redis.call('HSET', KEYS[2], 'head', seq)
+local total = tonumber(redis.call('HGET', KEYS[1], 'bytes') or '0')
+if string.len(ARGV[2]) > 0 then
+  redis.call('HINCRBY', KEYS[2], 'bytes', string.len(ARGV[2]))
+  total = redis.call('HINCRBY', KEYS[1], 'bytes', string.len(ARGV[2]))
+end
+local function drop_oldest()
+  local oldest = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1)[1]
+  if not oldest or oldest[1] == seq .. '-1' then return false end
+  local size = string.len(oldest[2][2])
+  redis.call('XDEL', KEYS[3], oldest[1])
+  if size > 0 then
+    redis.call('HINCRBY', KEYS[2], 'bytes', -size)
+    total = redis.call('HINCRBY', KEYS[1], 'bytes', -size)
+  end
+  return true
+end
+while redis.call('XLEN', KEYS[3]) > tonumber(ARGV[4]) and drop_oldest() do end
+if total > tonumber(ARGV[5]) then
+  for _, name in ipairs(redis.call('SMEMBERS', KEYS[4])) do
+    if total <= tonumber(ARGV[5]) then break end
+    local other = ARGV[7] .. 's:' .. name
+    if name ~= ARGV[8] and redis.call('HGET', other, 'state') ~= '0' then
+      local size = tonumber(redis.call('HGET', other, 'bytes') or '0')
+      redis.call('DEL', other, ARGV[7] .. 'e:' .. name)
+      redis.call('SREM', KEYS[4], name)
+      if size > 0 then total = redis.call('HINCRBY', KEYS[1], 'bytes', -size) end
+    end
+  end
+  while total > tonumber(ARGV[5]) and drop_oldest() do end
+end
+if ARGV[3] == '1' then redis.call('HSET', KEYS[2], 'state', 1) end
+redis.call('PUBLISH', '{NOTIFY}', ARGV[6] .. seq)
+return seq"
+        )),
+        end_stream: script(&format!(
+            "{CHECK_LIVE}
+local s = redis.call('HMGET', KEYS[2], 'head', 'state')
+if not s[1] then return redis.error_reply('UNKNOWN_STREAM') end
+if s[2] == '0' then redis.call('HSET', KEYS[2], 'state', 1) end
+redis.call('PUBLISH', '{NOTIFY}', ARGV[3] .. s[1])
+return 1"
+        )),
+        // KEYS[1] stream meta; ARGV[1] unused, ARGV[2] notification prefix.
+        abort: script(&format!(
+            "
+local s = redis.call('HMGET', KEYS[1], 'head', 'state', 'rk')
+if not s[1] or s[2] ~= '0' or s[3] == '' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 2)
+redis.call('PUBLISH', '{NOTIFY}', ARGV[2] .. s[1])
+return 1"
+        )),
+    })
+}
+
+fn retiring_session(session: &str) -> String {
+    format!("m{SEP}{session}")
+}
+
+fn retiring_stream(session: &str, stream: &str) -> String {
+    format!("s{SEP}{session}{SEP}{stream}")
+}
+
+fn notification_prefix(session: &str, stream: &str) -> String {
+    format!("{session}{SEP}{stream}{SEP}")
+}
+
+fn parse_seq(id: &str) -> Option<u64> {
+    id.split('-').next()?.parse().ok()
+}
+
+fn field<'a>(map: &'a HashMap<String, String>, name: &str) -> Result<&'a str, StoreError> {
+    map.get(name).map(String::as_str).ok_or_else(|| backend(format!("session record lacks {name}")))
+}
+
+impl RedisStore {
+    /// Connects to Redis at `url`. `owner` names this process for request leases.
+    pub async fn open(url: &str, retention: Retention, owner: &str) -> Result<RedisStore, StoreError> {
+        let client = redis::Client::open(url).map_err(backend)?;
+        let redis = client.get_connection_manager().await.map_err(backend)?;
+        let mut pubsub = client.get_async_pubsub().await.map_err(backend)?;
+        pubsub.subscribe(NOTIFY).await.map_err(backend)?;
+        let watches: Watches = Arc::default();
+        let wake = Arc::clone(&watches);
+        let listener = tokio::spawn(async move {
+            let mut messages = pubsub.into_on_message();
+            while let Some(message) = messages.next().await {
+                let Ok(payload) = message.get_payload::<String>() else { continue };
+                let mut parts = payload.split(SEP);
+                let (Some(session), Some(stream), Some(seq)) = (parts.next(), parts.next(), parts.next()) else { continue };
+                let (Ok(stream), Ok(seq)) = (StreamName::parse(stream), seq.parse::<u64>()) else { continue };
+                let watches = wake.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                if let Some(tx) = watches.get(&(session.to_owned(), stream)) {
+                    tx.send_replace(seq);
+                }
+            }
+        });
+        Ok(RedisStore { redis, retention, owner: owner.to_owned(), watches, listener })
+    }
+
+    fn watches(&self) -> MutexGuard<'_, HashMap<(String, StreamName), watch::Sender<u64>>> {
+        self.watches.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn conn(&self) -> ConnectionManager {
+        self.redis.clone()
+    }
+
+    fn stream_keys(session: &str, stream: &str) -> [String; 4] {
+        [meta(session), stream_key(session, stream), events_key(session, stream), streams_key(session)]
+    }
+}
+
+impl Store for RedisStore {
+    fn create_session(&self, record: SessionRecord) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let mut conn = self.conn();
+            scripts()
+                .create
+                .key(meta(&record.id))
+                .arg(record.epoch.as_str())
+                .arg(record.protocol_version.as_str())
+                .arg(record.client.to_string())
+                .arg(record.idle_ttl_ms)
+                .arg(record.expires_at_ms)
+                .arg(record.principal.clone().unwrap_or_default())
+                .invoke_async::<i64>(&mut conn)
+                .await
+                .map_err(script_error)?;
+            let _: i64 = conn.zadd(SESSIONS, &record.id, record.expires_at_ms).await.map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn session(&self, id: &str, _now_ms: u64) -> StoreFuture<'_, SessionStatus> {
+        let id = id.to_owned();
+        Box::pin(async move {
+            let mut conn = self.conn();
+            let map: HashMap<String, String> = conn.hgetall(meta(&id)).await.map_err(backend)?;
+            if map.is_empty() {
+                return Ok(SessionStatus::Unknown);
+            }
+            Ok(match field(&map, "ended")? {
+                "1" => SessionStatus::Ended(SessionEnd::Terminated),
+                "2" => SessionStatus::Ended(SessionEnd::Expired),
+                _ => SessionStatus::Live(SessionRecord {
+                    epoch: Epoch::parse(field(&map, "epoch")?).map_err(backend)?,
+                    principal: map.get("principal").cloned(),
+                    protocol_version: field(&map, "pv")?.parse::<ProtocolVersion>().map_err(backend)?,
+                    client: serde_json::from_str(field(&map, "client")?).map_err(backend)?,
+                    idle_ttl_ms: field(&map, "ttl")?.parse().map_err(backend)?,
+                    expires_at_ms: field(&map, "exp")?.parse().map_err(backend)?,
+                    id,
+                }),
+            })
+        })
+    }
+
+    fn touch_session(&self, id: &str, epoch: &Epoch, now_ms: u64) -> StoreFuture<'_, ()> {
+        let (id, epoch) = (id.to_owned(), epoch.to_string());
+        Box::pin(async move {
+            let mut conn = self.conn();
+            let expires: u64 =
+                scripts().touch.key(meta(&id)).arg(epoch).arg(now_ms).invoke_async(&mut conn).await.map_err(script_error)?;
+            let _: i64 = conn.zadd(SESSIONS, &id, expires).await.map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn end_session(&self, id: &str, epoch: &Epoch, end: SessionEnd) -> StoreFuture<'_, ()> {
+        let (id, epoch) = (id.to_owned(), epoch.to_string());
+        let how = match end {
+            SessionEnd::Terminated => 1,
+            SessionEnd::Expired => 2,
+        };
+        Box::pin(async move {
+            let mut conn = self.conn();
+            scripts()
+                .end
+                .key(meta(&id))
+                .key(streams_key(&id))
+                .key(requests_key(&id))
+                .arg(epoch)
+                .arg(how)
+                .arg(self.retention.tombstone_ms)
+                .arg(format!("tether:{{{id}}}:"))
+                .arg("")
+                .invoke_async::<i64>(&mut conn)
+                .await
+                .map_err(script_error)?;
+            let _: i64 = conn.zrem(SESSIONS, &id).await.map_err(backend)?;
+            let _: i64 = conn.zadd(RETIRING, retiring_session(&id), 0).await.map_err(backend)?;
+            self.watches().retain(|(s, _), _| *s != id);
+            Ok(())
+        })
+    }
+
+    fn open_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let (session, epoch, stream) = (session.to_owned(), epoch.to_string(), stream.to_string());
+        Box::pin(async move {
+            let mut conn = self.conn();
+            let [m, s, e, set] = Self::stream_keys(&session, &stream);
+            scripts()
+                .open
+                .key(m)
+                .key(s)
+                .key(e)
+                .key(set)
+                .arg(epoch)
+                .arg(&stream)
+                .arg(&self.owner)
+                .arg("")
+                .invoke_async::<i64>(&mut conn)
+                .await
+                .map_err(script_error)?;
+            Ok(())
+        })
+    }
+
+    fn begin_request(
+        &self,
+        session: &str,
+        epoch: &Epoch,
+        request_key: &str,
+        params_digest: &str,
+        stream: &StreamName,
+    ) -> StoreFuture<'_, BeginRequest> {
+        let (session, epoch, key, digest) = (session.to_owned(), epoch.to_string(), request_key.to_owned(), params_digest.to_owned());
+        let stream = stream.to_string();
+        Box::pin(async move {
+            let mut conn = self.conn();
+            let [m, s, e, set] = Self::stream_keys(&session, &stream);
+            let existing: String = scripts()
+                .begin
+                .key(m)
+                .key(s)
+                .key(e)
+                .key(set)
+                .key(requests_key(&session))
+                .arg(epoch)
+                .arg(&stream)
+                .arg(&self.owner)
+                .arg(&key)
+                .arg(&key)
+                .arg(&digest)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(script_error)?;
+            if existing.is_empty() {
+                let member = format!("{session}{SEP}{stream}");
+                let _: i64 = conn.sadd(owned_key(&self.owner), member).await.map_err(backend)?;
+                return Ok(BeginRequest::Started);
+            }
+            let (existing_digest, existing_stream) = existing.split_once(SEP).ok_or_else(|| backend("bad request record"))?;
+            Ok(BeginRequest::Existing {
+                stream: StreamName::parse(existing_stream).map_err(backend)?,
+                same_params: existing_digest == digest,
+            })
+        })
+    }
+
+    fn append(&self, session: &str, epoch: &Epoch, stream: &StreamName, data: Bytes, last: bool) -> StoreFuture<'_, u64> {
+        let (session, epoch, stream) = (session.to_owned(), epoch.to_string(), stream.to_string());
+        Box::pin(async move {
+            let mut conn = self.conn();
+            let [m, s, e, set] = Self::stream_keys(&session, &stream);
+            let seq: u64 = scripts()
+                .append
+                .key(m)
+                .key(s)
+                .key(e)
+                .key(set)
+                .arg(epoch)
+                .arg(&data[..])
+                .arg(if last { "1" } else { "0" })
+                .arg(self.retention.max_events_per_stream.max(1))
+                .arg(self.retention.max_bytes_per_session)
+                .arg(notification_prefix(&session, &stream))
+                .arg(format!("tether:{{{session}}}:"))
+                .arg(&stream)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(script_error)?;
+            if last {
+                let _: i64 = conn.zadd(RETIRING, retiring_stream(&session, &stream), 0).await.map_err(backend)?;
+            }
+            Ok(seq)
+        })
+    }
+
+    fn end_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let (session, epoch, stream) = (session.to_owned(), epoch.to_string(), stream.to_string());
+        Box::pin(async move {
+            let mut conn = self.conn();
+            let [m, s, e, _] = Self::stream_keys(&session, &stream);
+            scripts()
+                .end_stream
+                .key(m)
+                .key(s)
+                .key(e)
+                .arg(epoch)
+                .arg("")
+                .arg(notification_prefix(&session, &stream))
+                .invoke_async::<i64>(&mut conn)
+                .await
+                .map_err(script_error)?;
+            let _: i64 = conn.zadd(RETIRING, retiring_stream(&session, &stream), 0).await.map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn stream_range(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>> {
+        let (session, stream) = (session.to_owned(), stream.to_string());
+        Box::pin(async move {
+            let mut conn = self.conn();
+            let (head, state): (Option<u64>, Option<i64>) =
+                redis::cmd("HMGET").arg(stream_key(&session, &stream)).arg("head").arg("state").query_async(&mut conn).await.map_err(backend)?;
+            let (Some(head), Some(state)) = (head, state) else { return Ok(None) };
+            let first: Value = redis::cmd("XRANGE")
+                .arg(events_key(&session, &stream))
+                .arg("-")
+                .arg("+")
+                .arg("COUNT")
+                .arg(1)
+                .query_async(&mut conn)
+                .await
+                .map_err(backend)?;
+            let retained_from = first_id(&first).and_then(|id| parse_seq(&id)).unwrap_or(head + 1);
+            let state = match state {
+                0 => StreamState::Live,
+                1 => StreamState::Complete,
+                _ => StreamState::Aborted,
+            };
+            Ok(Some(StreamRange { retained_from, head, state }))
+        })
+    }
+
+    fn stream_request(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<String>> {
+        let key = stream_key(session, stream.as_str());
+        Box::pin(async move {
+            let mut conn = self.conn();
+            let rk: Option<String> = conn.hget(key, "rk").await.map_err(backend)?;
+            Ok(rk.filter(|k| !k.is_empty()))
+        })
+    }
+
+    fn read(&self, session: &str, stream: &StreamName, after: u64, max: usize) -> StoreFuture<'_, Vec<StoredEvent>> {
+        let key = events_key(session, stream.as_str());
+        Box::pin(async move {
+            let mut conn = self.conn();
+            let reply: Value = redis::cmd("XRANGE")
+                .arg(key)
+                .arg(format!("{}-1", after.saturating_add(1)))
+                .arg("+")
+                .arg("COUNT")
+                .arg(max.min(1 << 20))
+                .query_async(&mut conn)
+                .await
+                .map_err(backend)?;
+            Ok(stream_entries(&reply))
+        })
+    }
+
+    fn watch(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, HeadWatch> {
+        let range = self.stream_range(session, stream);
+        let key = (session.to_owned(), stream.clone());
+        Box::pin(async move {
+            let range = range.await?.ok_or(StoreError::UnknownStream)?;
+            let mut watches = self.watches();
+            let tx = watches.entry(key).or_insert_with(|| watch::Sender::new(range.head));
+            Ok(tx.subscribe())
+        })
+    }
+
+    fn counter_add(&self, key: &str, amount: i64) -> StoreFuture<'_, i64> {
+        let key = key.to_owned();
+        Box::pin(async move { self.conn().hincr(COUNTERS, key, amount).await.map_err(backend) })
+    }
+
+    fn counter_get(&self, key: &str) -> StoreFuture<'_, i64> {
+        let key = key.to_owned();
+        Box::pin(async move {
+            let value: Option<i64> = self.conn().hget(COUNTERS, key).await.map_err(backend)?;
+            Ok(value.unwrap_or(0))
+        })
+    }
+
+    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>> {
+        Box::pin(async move {
+            let mut conn = self.conn();
+            let _: i64 = conn.hset(OWNERS, &self.owner, now_ms).await.map_err(backend)?;
+            // Sessions past their deadline: each is re-checked atomically before it expires.
+            let due: Vec<String> = conn.zrangebyscore(SESSIONS, "-inf", now_ms).await.map_err(backend)?;
+            let mut expired = Vec::new();
+            for id in due {
+                let epoch: Option<String> = conn.hget(meta(&id), "epoch").await.map_err(backend)?;
+                let ended = match epoch {
+                    Some(epoch) => scripts()
+                        .end
+                        .key(meta(&id))
+                        .key(streams_key(&id))
+                        .key(requests_key(&id))
+                        .arg(epoch)
+                        .arg(2)
+                        .arg(self.retention.tombstone_ms)
+                        .arg(format!("tether:{{{id}}}:"))
+                        .arg(now_ms)
+                        .invoke_async::<i64>(&mut conn)
+                        .await
+                        .unwrap_or(0),
+                    None => 0,
+                };
+                let _: i64 = conn.zrem(SESSIONS, &id).await.map_err(backend)?;
+                if ended == 1 {
+                    let _: i64 = conn.zadd(RETIRING, retiring_session(&id), 0).await.map_err(backend)?;
+                    self.watches().retain(|(s, _), _| *s != id);
+                    expired.push(id);
+                }
+            }
+            // Requests of owners whose heartbeat lapsed will never finish: abort them.
+            let owners: HashMap<String, u64> = conn.hgetall(OWNERS).await.map_err(backend)?;
+            for (owner, heartbeat) in owners {
+                if heartbeat.saturating_add(self.retention.lease_ms) >= now_ms {
+                    continue;
+                }
+                let members: Vec<String> = conn.smembers(owned_key(&owner)).await.map_err(backend)?;
+                for member in members {
+                    let Some((session, stream)) = member.split_once(SEP) else { continue };
+                    let aborted: i64 = scripts()
+                        .abort
+                        .key(stream_key(session, stream))
+                        .arg("")
+                        .arg(notification_prefix(session, stream))
+                        .invoke_async(&mut conn)
+                        .await
+                        .map_err(backend)?;
+                    if aborted == 1 {
+                        let _: i64 = conn.zadd(RETIRING, retiring_stream(session, stream), 0).await.map_err(backend)?;
+                    }
+                }
+                let _: i64 = conn.del(owned_key(&owner)).await.map_err(backend)?;
+                let _: i64 = conn.hdel(OWNERS, &owner).await.map_err(backend)?;
+            }
+            // Retention: stamp what ended since the last sweep, drop what has waited long enough.
+            let fresh: Vec<String> = conn.zrangebyscore(RETIRING, 0, 0).await.map_err(backend)?;
+            for member in fresh {
+                let _: i64 = conn.zadd(RETIRING, member, now_ms.max(1)).await.map_err(backend)?;
+            }
+            let oldest = now_ms.saturating_sub(self.retention.ended_stream_ms.min(self.retention.tombstone_ms));
+            let due: Vec<(String, u64)> = conn.zrangebyscore_withscores(RETIRING, 1, oldest).await.map_err(backend)?;
+            for (member, since) in due {
+                let mut parts = member.split(SEP);
+                let waited = now_ms.saturating_sub(since);
+                match (parts.next(), parts.next(), parts.next()) {
+                    (Some("m"), Some(session), None) if waited >= self.retention.tombstone_ms => {
+                        let _: i64 = conn.del(meta(session)).await.map_err(backend)?;
+                    }
+                    (Some("s"), Some(session), Some(stream)) if waited >= self.retention.ended_stream_ms => {
+                        let bytes: Option<i64> = conn.hget(stream_key(session, stream), "bytes").await.map_err(backend)?;
+                        let _: i64 = conn.del(&[stream_key(session, stream), events_key(session, stream)]).await.map_err(backend)?;
+                        let _: i64 = conn.srem(streams_key(session), stream).await.map_err(backend)?;
+                        if let Some(bytes) = bytes.filter(|b| *b > 0) {
+                            let _: i64 = conn.hincr(meta(session), "bytes", -bytes).await.map_err(backend)?;
+                        }
+                    }
+                    _ => continue,
+                }
+                let _: i64 = conn.zrem(RETIRING, &member).await.map_err(backend)?;
+            }
+            // Watches of streams that retention dropped end with the stream.
+            let watched: Vec<(String, StreamName)> = self.watches().keys().cloned().collect();
+            for (session, stream) in watched {
+                let exists: bool = conn.exists(stream_key(&session, stream.as_str())).await.map_err(backend)?;
+                if !exists {
+                    self.watches().remove(&(session, stream));
+                }
+            }
+            Ok(expired)
+        })
+    }
+}
+
+/// The id of the first entry of an XRANGE reply.
+fn first_id(reply: &Value) -> Option<String> {
+    match reply {
+        Value::Array(entries) => match entries.first()? {
+            Value::Array(entry) => match entry.first()? {
+                Value::BulkString(id) => String::from_utf8(id.clone()).ok(),
+                Value::SimpleString(id) => Some(id.clone()),
+                _ => None,
+            },
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The events of an XRANGE reply (`[[id, [field, value]], ...]`).
+fn stream_entries(reply: &Value) -> Vec<StoredEvent> {
+    let Value::Array(entries) = reply else { return Vec::new() };
+    entries
+        .iter()
+        .filter_map(|entry| {
+            let Value::Array(entry) = entry else { return None };
+            let id = match entry.first()? {
+                Value::BulkString(id) => String::from_utf8(id.clone()).ok()?,
+                Value::SimpleString(id) => id.clone(),
+                _ => return None,
+            };
+            let Value::Array(fields) = entry.get(1)? else { return None };
+            let data = match fields.get(1)? {
+                Value::BulkString(data) => Bytes::from(data.clone()),
+                _ => Bytes::new(),
+            };
+            Some(StoredEvent { seq: parse_seq(&id)?, data })
+        })
+        .collect()
+}

@@ -1,0 +1,110 @@
+//! The shared store suite against Redis (a `redis-server` of its own per test, on a free
+//! loopback port), plus what only a shared store does: two replicas see one history.
+
+mod suite;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tether_core::lineage::{Epoch, StreamName, StreamState};
+use tether_core::mcp::ProtocolVersion;
+use tether_store::{RedisStore, SessionRecord, Store};
+
+/// A `redis-server` that keeps nothing on disk and is stopped when dropped.
+struct RedisServer {
+    child: Child,
+    url: String,
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn redis_server() -> RedisServer {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server is installed (scripts/test installs it)");
+    let url = format!("redis://127.0.0.1:{port}/");
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+            return RedisServer { child, url };
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("redis-server did not start on port {port}");
+}
+
+async fn fresh() -> (RedisServer, RedisStore) {
+    let server = redis_server().await;
+    let store = RedisStore::open(&server.url, suite::retention(), "owner-a").await.expect("connect");
+    (server, store)
+}
+
+store_suite!(guarded: fresh().await);
+
+#[tokio::test]
+async fn two_replicas_share_sessions_history_and_live_events() {
+    let server = redis_server().await;
+    let a = RedisStore::open(&server.url, suite::retention(), "replica-a").await.expect("connect");
+    let b = RedisStore::open(&server.url, suite::retention(), "replica-b").await.expect("connect");
+    let epoch = Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch");
+    let stream = StreamName::parse("g1").expect("stream");
+    let record = SessionRecord {
+        id: "shared".into(),
+        epoch: epoch.clone(),
+        principal: None,
+        protocol_version: ProtocolVersion::V2025_11_25,
+        client: serde_json::json!({}),
+        idle_ttl_ms: 60_000,
+        expires_at_ms: u64::MAX / 4,
+    };
+    a.create_session(record.clone()).await.expect("create on a");
+    assert_eq!(b.create_session(record).await, Err(tether_store::StoreError::DuplicateSession));
+    b.open_stream("shared", &epoch, &stream).await.expect("open on b");
+    let mut head = b.watch("shared", &stream).await.expect("watch on b");
+    head.borrow_and_update();
+    a.append("shared", &epoch, &stream, Bytes::from_static(b"from a"), false).await.expect("append on a");
+    tokio::time::timeout(Duration::from_secs(5), head.changed()).await.expect("b is woken").expect("open watch");
+    assert_eq!(*head.borrow(), 1);
+    let events = b.read("shared", &stream, 0, 10).await.expect("read on b");
+    assert_eq!(events.iter().map(|e| e.data.clone()).collect::<Vec<_>>(), [Bytes::from_static(b"from a")]);
+    assert_eq!(b.append("shared", &epoch, &stream, Bytes::from_static(b"from b"), false).await, Ok(2), "one sequence");
+}
+
+#[tokio::test]
+async fn requests_of_a_replica_whose_lease_lapsed_are_aborted() {
+    let server = redis_server().await;
+    let dead = RedisStore::open(&server.url, suite::retention(), "dead").await.expect("connect");
+    let survivor = RedisStore::open(&server.url, suite::retention(), "survivor").await.expect("connect");
+    let epoch = Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch");
+    let (running, other) = (StreamName::parse("r1").expect("stream"), StreamName::parse("g1").expect("stream"));
+    let lease = suite::retention().lease_ms;
+    dead.sweep(1_000).await.expect("heartbeat");
+    let record = SessionRecord {
+        id: "s".into(),
+        epoch: epoch.clone(),
+        principal: None,
+        protocol_version: ProtocolVersion::V2025_11_25,
+        client: serde_json::json!({}),
+        idle_ttl_ms: 60_000,
+        expires_at_ms: u64::MAX / 4,
+    };
+    dead.create_session(record).await.expect("create");
+    dead.begin_request("s", &epoch, "n:1", "d", &running).await.expect("begin");
+    dead.open_stream("s", &epoch, &other).await.expect("open");
+    drop(dead);
+    survivor.sweep(1_000 + lease - 1).await.expect("sweep");
+    let state = |range: Option<tether_core::lineage::StreamRange>| range.map(|r| r.state);
+    assert_eq!(state(survivor.stream_range("s", &running).await.expect("range")), Some(StreamState::Live));
+    survivor.sweep(1_000 + lease + 1).await.expect("sweep");
+    assert_eq!(state(survivor.stream_range("s", &running).await.expect("range")), Some(StreamState::Aborted));
+    assert_eq!(state(survivor.stream_range("s", &other).await.expect("range")), Some(StreamState::Live));
+}
