@@ -416,6 +416,8 @@ impl Client {
     /// Sends a request and waits for its outcome. Notifications on its stream arrive as events.
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, RequestError> {
         let inner = &self.inner;
+        // A re-initialization in progress has no session yet: wait for it, never send without one.
+        drop(inner.reinit.lock().await);
         let id = inner.next_id();
         let request = Request { id: id.clone(), method: method.to_owned(), params: Some(params) };
         let key = request_key(&id);

@@ -193,7 +193,8 @@ impl Context {
     /// client never opened one, so there is nowhere to deliver it.
     pub async fn broadcast(&self, method: &str, params: Value) -> Result<bool, ContextError> {
         let Output::Stored { store, runtime, .. } = &self.shared.output else { return Err(ContextError::NoSession) };
-        let Some(stream) = runtime.get_stream() else { return Ok(false) };
+        // The store knows the current standalone stream, wherever and whenever it was opened.
+        let Some(stream) = store.standalone_stream(&runtime.id).await? else { return Ok(false) };
         let message = Message::Notification(Notification { method: method.to_owned(), params: Some(params) });
         store.append(&runtime.id, &runtime.epoch, &stream, Bytes::from(message.to_vec()), false).await?;
         Ok(true)

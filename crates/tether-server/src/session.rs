@@ -196,10 +196,6 @@ impl SessionRuntime {
         }
     }
 
-    pub fn get_stream(&self) -> Option<StreamName> {
-        self.lock().get_stream.clone()
-    }
-
     /// Makes a resumed standalone stream the one server-initiated messages go to (after a
     /// restart, or on another replica, this process learns it from the resume).
     pub fn adopt_get_stream(&self, stream: &StreamName) {

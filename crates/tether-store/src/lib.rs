@@ -18,8 +18,8 @@ use bytes::Bytes;
 use tether_core::lineage::{Epoch, StreamName, StreamRange};
 
 pub use memory::MemoryStore;
-pub use redis::RedisStore;
 pub use record::{BeginRequest, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent};
+pub use redis::RedisStore;
 pub use sqlite::SqliteStore;
 
 /// A boxed future returned by [`Store`] methods, so the trait works as `dyn Store`.
@@ -70,6 +70,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Opens a stream whose event 0 is the priming event (empty data).
     fn open_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;
+
+    /// Makes `stream` the session's standalone stream: where server-initiated messages go, on
+    /// whichever replica they are produced.
+    fn set_standalone_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;
+
+    /// The session's standalone stream, if the client opened one.
+    fn standalone_stream(&self, session: &str) -> StoreFuture<'_, Option<StreamName>>;
 
     /// Records request `request_key` with the digest of its params and opens its stream,
     /// unless the key is already recorded in this incarnation: then it reports the existing one.

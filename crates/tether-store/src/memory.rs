@@ -39,6 +39,7 @@ struct LiveSession {
     streams: HashMap<StreamName, StreamSlot>,
     /// Request key → (params digest, stream).
     requests: HashMap<String, (String, StreamName)>,
+    standalone: Option<StreamName>,
     bytes: usize,
 }
 
@@ -119,7 +120,8 @@ impl Store for MemoryStore {
             return ready(Err(StoreError::DuplicateSession));
         }
         let id = record.id.clone();
-        let live = LiveSession { record, streams: HashMap::new(), requests: HashMap::new(), bytes: 0 };
+        let live =
+            LiveSession { record, streams: HashMap::new(), requests: HashMap::new(), standalone: None, bytes: 0 };
         inner.sessions.insert(id, Slot::Live(Box::new(live)));
         ready(Ok(()))
     }
@@ -163,6 +165,17 @@ impl Store for MemoryStore {
             live.streams.entry(stream.clone()).or_insert_with(|| StreamSlot::new(None));
         });
         ready(result)
+    }
+
+    fn set_standalone_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let mut inner = self.lock();
+        let result = inner.live(session, epoch).map(|live| live.standalone = Some(stream.clone()));
+        ready(result)
+    }
+
+    fn standalone_stream(&self, session: &str) -> StoreFuture<'_, Option<StreamName>> {
+        let mut inner = self.lock();
+        ready(Ok(inner.live_any(session).and_then(|live| live.standalone.clone())))
     }
 
     fn begin_request(

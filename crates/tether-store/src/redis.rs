@@ -121,6 +121,7 @@ struct Scripts {
     append: Script,
     end_stream: Script,
     abort: Script,
+    standalone: Script,
 }
 
 fn scripts() -> &'static Scripts {
@@ -216,6 +217,7 @@ if s[2] == '0' then redis.call('HSET', KEYS[2], 'state', 1) end
 redis.call('PUBLISH', '{NOTIFY}', ARGV[3] .. s[1])
 return 1"
         )),
+        standalone: script(&format!("{CHECK_LIVE}\nredis.call('HSET', KEYS[1], 'standalone', ARGV[2])\nreturn 1")),
         // KEYS[1] stream meta; ARGV[1] unused, ARGV[2] notification prefix.
         abort: script(&format!(
             "
@@ -262,7 +264,9 @@ impl RedisStore {
             while let Some(message) = messages.next().await {
                 let Ok(payload) = message.get_payload::<String>() else { continue };
                 let mut parts = payload.split(SEP);
-                let (Some(session), Some(stream), Some(seq)) = (parts.next(), parts.next(), parts.next()) else { continue };
+                let (Some(session), Some(stream), Some(seq)) = (parts.next(), parts.next(), parts.next()) else {
+                    continue;
+                };
                 let (Ok(stream), Ok(seq)) = (StreamName::parse(stream), seq.parse::<u64>()) else { continue };
                 let watches = wake.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                 if let Some(tx) = watches.get(&(session.to_owned(), stream)) {
@@ -335,8 +339,14 @@ impl Store for RedisStore {
         let (id, epoch) = (id.to_owned(), epoch.to_string());
         Box::pin(async move {
             let mut conn = self.conn();
-            let expires: u64 =
-                scripts().touch.key(meta(&id)).arg(epoch).arg(now_ms).invoke_async(&mut conn).await.map_err(script_error)?;
+            let expires: u64 = scripts()
+                .touch
+                .key(meta(&id))
+                .arg(epoch)
+                .arg(now_ms)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(script_error)?;
             let _: i64 = conn.zadd(SESSIONS, &id, expires).await.map_err(backend)?;
             Ok(())
         })
@@ -392,6 +402,39 @@ impl Store for RedisStore {
         })
     }
 
+    fn set_standalone_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let (session, epoch, stream) = (session.to_owned(), epoch.to_string(), stream.to_string());
+        Box::pin(async move {
+            let mut conn = self.conn();
+            scripts()
+                .standalone
+                .key(meta(&session))
+                .arg(epoch)
+                .arg(stream)
+                .invoke_async::<i64>(&mut conn)
+                .await
+                .map_err(script_error)?;
+            Ok(())
+        })
+    }
+
+    fn standalone_stream(&self, session: &str) -> StoreFuture<'_, Option<StreamName>> {
+        let key = meta(session);
+        Box::pin(async move {
+            let (name, ended): (Option<String>, Option<String>) = redis::cmd("HMGET")
+                .arg(key)
+                .arg("standalone")
+                .arg("ended")
+                .query_async(&mut self.conn())
+                .await
+                .map_err(backend)?;
+            match (name, ended.as_deref()) {
+                (Some(name), Some("0")) => StreamName::parse(&name).map(Some).map_err(backend),
+                _ => Ok(None),
+            }
+        })
+    }
+
     fn begin_request(
         &self,
         session: &str,
@@ -400,7 +443,8 @@ impl Store for RedisStore {
         params_digest: &str,
         stream: &StreamName,
     ) -> StoreFuture<'_, BeginRequest> {
-        let (session, epoch, key, digest) = (session.to_owned(), epoch.to_string(), request_key.to_owned(), params_digest.to_owned());
+        let (session, epoch, key, digest) =
+            (session.to_owned(), epoch.to_string(), request_key.to_owned(), params_digest.to_owned());
         let stream = stream.to_string();
         Box::pin(async move {
             let mut conn = self.conn();
@@ -426,7 +470,8 @@ impl Store for RedisStore {
                 let _: i64 = conn.sadd(owned_key(&self.owner), member).await.map_err(backend)?;
                 return Ok(BeginRequest::Started);
             }
-            let (existing_digest, existing_stream) = existing.split_once(SEP).ok_or_else(|| backend("bad request record"))?;
+            let (existing_digest, existing_stream) =
+                existing.split_once(SEP).ok_or_else(|| backend("bad request record"))?;
             Ok(BeginRequest::Existing {
                 stream: StreamName::parse(existing_stream).map_err(backend)?,
                 same_params: existing_digest == digest,
@@ -434,7 +479,14 @@ impl Store for RedisStore {
         })
     }
 
-    fn append(&self, session: &str, epoch: &Epoch, stream: &StreamName, data: Bytes, last: bool) -> StoreFuture<'_, u64> {
+    fn append(
+        &self,
+        session: &str,
+        epoch: &Epoch,
+        stream: &StreamName,
+        data: Bytes,
+        last: bool,
+    ) -> StoreFuture<'_, u64> {
         let (session, epoch, stream) = (session.to_owned(), epoch.to_string(), stream.to_string());
         Box::pin(async move {
             let mut conn = self.conn();
@@ -488,8 +540,13 @@ impl Store for RedisStore {
         let (session, stream) = (session.to_owned(), stream.to_string());
         Box::pin(async move {
             let mut conn = self.conn();
-            let (head, state): (Option<u64>, Option<i64>) =
-                redis::cmd("HMGET").arg(stream_key(&session, &stream)).arg("head").arg("state").query_async(&mut conn).await.map_err(backend)?;
+            let (head, state): (Option<u64>, Option<i64>) = redis::cmd("HMGET")
+                .arg(stream_key(&session, &stream))
+                .arg("head")
+                .arg("state")
+                .query_async(&mut conn)
+                .await
+                .map_err(backend)?;
             let (Some(head), Some(state)) = (head, state) else { return Ok(None) };
             let first: Value = redis::cmd("XRANGE")
                 .arg(events_key(&session, &stream))
@@ -631,8 +688,12 @@ impl Store for RedisStore {
                         let _: i64 = conn.del(meta(session)).await.map_err(backend)?;
                     }
                     (Some("s"), Some(session), Some(stream)) if waited >= self.retention.ended_stream_ms => {
-                        let bytes: Option<i64> = conn.hget(stream_key(session, stream), "bytes").await.map_err(backend)?;
-                        let _: i64 = conn.del(&[stream_key(session, stream), events_key(session, stream)]).await.map_err(backend)?;
+                        let bytes: Option<i64> =
+                            conn.hget(stream_key(session, stream), "bytes").await.map_err(backend)?;
+                        let _: i64 = conn
+                            .del(&[stream_key(session, stream), events_key(session, stream)])
+                            .await
+                            .map_err(backend)?;
                         let _: i64 = conn.srem(streams_key(session), stream).await.map_err(backend)?;
                         if let Some(bytes) = bytes.filter(|b| *b > 0) {
                             let _: i64 = conn.hincr(meta(session), "bytes", -bytes).await.map_err(backend)?;

@@ -53,7 +53,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     idle_ttl_ms INTEGER NOT NULL,
     expires_at_ms INTEGER NOT NULL,
     ended INTEGER,
-    ended_at_ms INTEGER
+    ended_at_ms INTEGER,
+    standalone TEXT
 );
 CREATE TABLE IF NOT EXISTS streams (
     session TEXT NOT NULL,
@@ -407,6 +408,27 @@ impl Store for SqliteStore {
         self.run(move |txn| {
             check_live(txn, &session, &epoch)?;
             insert_stream(txn, &session, &stream, &owner, None)
+        })
+    }
+
+    fn set_standalone_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let (session, epoch, stream) = (session.to_owned(), epoch.to_string(), stream.to_string());
+        self.run(move |txn| {
+            check_live(txn, &session, &epoch)?;
+            txn.execute("UPDATE sessions SET standalone = ?2 WHERE id = ?1", params![session, stream])
+                .map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn standalone_stream(&self, session: &str) -> StoreFuture<'_, Option<StreamName>> {
+        let session = session.to_owned();
+        self.run(move |txn| {
+            let name: Option<Option<String>> = txn
+                .query_row("SELECT standalone FROM sessions WHERE id = ?1 AND ended IS NULL", [session], |r| r.get(0))
+                .optional()
+                .map_err(backend)?;
+            name.flatten().map(|n| StreamName::parse(&n).map_err(backend)).transpose()
         })
     }
 

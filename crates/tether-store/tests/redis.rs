@@ -3,47 +3,16 @@
 
 mod suite;
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use bytes::Bytes;
 use tether_core::lineage::{Epoch, StreamName, StreamState};
 use tether_core::mcp::ProtocolVersion;
 use tether_store::{RedisStore, SessionRecord, Store};
-
-/// A `redis-server` that keeps nothing on disk and is stopped when dropped.
-struct RedisServer {
-    child: Child,
-    url: String,
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn redis_server() -> RedisServer {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-server is installed (scripts/test installs it)");
-    let url = format!("redis://127.0.0.1:{port}/");
-    for _ in 0..200 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-            return RedisServer { child, url };
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("redis-server did not start on port {port}");
-}
+use tether_testkit::RedisServer;
 
 async fn fresh() -> (RedisServer, RedisStore) {
-    let server = redis_server().await;
+    let server = RedisServer::start().await;
     let store = RedisStore::open(&server.url, suite::retention(), "owner-a").await.expect("connect");
     (server, store)
 }
@@ -52,7 +21,7 @@ store_suite!(guarded: fresh().await);
 
 #[tokio::test]
 async fn two_replicas_share_sessions_history_and_live_events() {
-    let server = redis_server().await;
+    let server = RedisServer::start().await;
     let a = RedisStore::open(&server.url, suite::retention(), "replica-a").await.expect("connect");
     let b = RedisStore::open(&server.url, suite::retention(), "replica-b").await.expect("connect");
     let epoch = Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch");
@@ -81,7 +50,7 @@ async fn two_replicas_share_sessions_history_and_live_events() {
 
 #[tokio::test]
 async fn requests_of_a_replica_whose_lease_lapsed_are_aborted() {
-    let server = redis_server().await;
+    let server = RedisServer::start().await;
     let dead = RedisStore::open(&server.url, suite::retention(), "dead").await.expect("connect");
     let survivor = RedisStore::open(&server.url, suite::retention(), "survivor").await.expect("connect");
     let epoch = Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch");

@@ -12,7 +12,7 @@ use tether_core::jsonrpc::Message;
 use tether_core::lineage::EventId;
 use tether_server::{Builder, ServerConfig, builtin::BuiltinHandler};
 
-use crate::proxy;
+use tether_testkit::proxy;
 
 const CUTS: u64 = 1_000;
 const DEADLINE: Duration = Duration::from_secs(240);
@@ -27,7 +27,7 @@ async fn a_thousand_random_disconnects_lose_and_duplicate_nothing() {
     let app = Builder::new(BuiltinHandler::new()).config(config).build().router("/mcp");
     let server = tokio::spawn(async move { tether_server::serve(listener, app).await });
     // Cut after 400..3000 bytes: past any response head, anywhere inside the SSE body.
-    let proxy = proxy::start(upstream, 0x7e7e_7e7e, 400, 3_000).await;
+    let proxy = proxy::start(vec![upstream], 0x7e7e_7e7e, 400, 3_000).await;
     let mut config = ClientConfig::new(format!("http://{}/mcp", proxy.addr));
     config.backoff = Backoff {
         initial: Duration::from_millis(2),

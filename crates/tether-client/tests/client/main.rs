@@ -1,4 +1,3 @@
 //! The client against a real tether server, through a real fault proxy.
 
 mod chaos;
-mod proxy;

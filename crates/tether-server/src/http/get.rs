@@ -39,12 +39,22 @@ async fn standalone(shared: &Arc<Shared>, headers: &HeaderMap, principal: Option
             "the session's standalone stream is already open; resume it with Last-Event-ID instead",
         ));
     };
-    shared.store.open_stream(&runtime.id, &runtime.epoch, &stream).await.map_err(|e| crate::store_rejection(&e))?;
+    let store = &shared.store;
+    store.open_stream(&runtime.id, &runtime.epoch, &stream).await.map_err(|e| crate::store_rejection(&e))?;
+    store.set_standalone_stream(&runtime.id, &runtime.epoch, &stream).await.map_err(|e| crate::store_rejection(&e))?;
     let prelude = if runtime.version.primes_streams() { Prelude::Priming } else { Prelude::None };
     let headers = session_headers(&runtime);
     let connection =
         Connection { shared: Arc::clone(shared), runtime, stream, cursor: 0, prelude, follow: true, attachment };
     Ok(sse::response(connection.into_body(), headers))
+}
+
+async fn store_set_standalone(
+    shared: &Shared,
+    record: &tether_store::SessionRecord,
+    stream: &tether_core::lineage::StreamName,
+) -> Result<(), Rejection> {
+    shared.store.set_standalone_stream(&record.id, &record.epoch, stream).await.map_err(|e| crate::store_rejection(&e))
 }
 
 /// A resume: seed 004's three-way branch, decided by `decide_resume` alone.
@@ -92,8 +102,10 @@ async fn resume(
     renew(shared, &record, now).await?;
     let runtime = shared.sessions.runtime(&record, &shared.process_token);
     if request.is_none() && range.is_some() {
-        // A standalone stream: server-initiated messages go on to it, also after a restart.
+        // A resumed standalone stream is the session's standalone stream again (after a plain
+        // GET elsewhere replaced it, server messages follow the client back).
         runtime.adopt_get_stream(&cursor.stream);
+        store_set_standalone(shared, &record, &cursor.stream).await?;
     }
     let attachment = runtime.attach(&cursor.stream);
     let headers = session_headers(&runtime);

@@ -204,6 +204,18 @@ pub async fn watch_follows_the_head_and_closes_with_the_session(store: &dyn Stor
     assert!(store.watch("s11", &s).await.is_err());
 }
 
+pub async fn standalone_stream_is_recorded_for_every_replica(store: &dyn Store) {
+    let a = epoch('A');
+    store.create_session(record("s12", a.clone(), 0)).await.expect("create");
+    assert_eq!(store.standalone_stream("s12").await, Ok(None));
+    store.open_stream("s12", &a, &stream("g1")).await.expect("open");
+    store.set_standalone_stream("s12", &a, &stream("g1")).await.expect("set");
+    assert_eq!(store.standalone_stream("s12").await, Ok(Some(stream("g1"))));
+    assert_eq!(store.set_standalone_stream("s12", &epoch('B'), &stream("g2")).await, Err(StoreError::SessionGone));
+    store.end_session("s12", &a, SessionEnd::Terminated).await.expect("end");
+    assert_eq!(store.standalone_stream("s12").await, Ok(None));
+}
+
 pub async fn counters_add_and_read(store: &dyn Store) {
     assert_eq!(store.counter_get("k").await, Ok(0));
     assert_eq!(store.counter_add("k", 2).await, Ok(2));
@@ -228,6 +240,7 @@ macro_rules! store_suite {
             session_byte_cap_evicts_ended_streams_first,
             sweep_expires_idle_sessions_and_drops_old_history,
             watch_follows_the_head_and_closes_with_the_session,
+            standalone_stream_is_recorded_for_every_replica,
             counters_add_and_read,
         );
     };

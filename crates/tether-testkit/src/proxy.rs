@@ -1,4 +1,4 @@
-//! A loopback TCP proxy that cuts SSE responses after a random number of body bytes: the faults
+//! A loopback TCP proxy (and round-robin balancer) that cuts SSE responses after a random number of body bytes: the faults
 //! of a flaky network, placed anywhere inside a stream. Response heads and JSON answers pass
 //! untouched (a cut there leaves a request's outcome unknown, which is another test's subject).
 
@@ -9,10 +9,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+/// A running proxy; stops when dropped.
 pub struct Proxy {
+    /// Where clients connect.
     pub addr: SocketAddr,
+    /// How many responses were cut so far.
     pub cuts: Arc<AtomicU64>,
+    /// Whether responses are being cut (off at start).
     pub cutting: Arc<AtomicBool>,
+    /// While set, the network is partitioned: new connections are dropped at once and open
+    /// ones are cut at their next byte.
+    pub partitioned: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -26,10 +33,12 @@ impl Drop for Proxy {
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator from `seed`.
     pub fn new(seed: u64) -> Rng {
         Rng(seed.max(1))
     }
 
+    /// A number in `0..n`.
     pub fn below(&mut self, n: u64) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
@@ -38,32 +47,45 @@ impl Rng {
     }
 }
 
-/// Proxies to `upstream`; once `cutting` is set, each SSE response is cut after between `min` and
+/// Proxies each new connection to the next of `upstreams` in turn (a round-robin balancer when
+/// there are several); once `cutting` is set, each SSE response is cut after between `min` and
 /// `max` bytes of its body.
-pub async fn start(upstream: SocketAddr, seed: u64, min: u64, max: u64) -> Proxy {
+pub async fn start(upstreams: Vec<SocketAddr>, seed: u64, min: u64, max: u64) -> Proxy {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
     let addr = listener.local_addr().expect("addr");
     let cuts = Arc::new(AtomicU64::new(0));
     let cutting = Arc::new(AtomicBool::new(false));
-    let (c, on) = (Arc::clone(&cuts), Arc::clone(&cutting));
+    let partitioned = Arc::new(AtomicBool::new(false));
+    let (c, on, cut_all) = (Arc::clone(&cuts), Arc::clone(&cutting), Arc::clone(&partitioned));
     let task = tokio::spawn(async move {
         let mut rng = Rng::new(seed);
-        loop {
+        for turn in 0.. {
             let Ok((client, _)) = listener.accept().await else { return };
+            if cut_all.load(Ordering::Relaxed) {
+                continue;
+            }
+            let upstream = upstreams[turn % upstreams.len().max(1)];
             let budget = min + rng.below(max - min + 1);
-            let (cuts, cutting) = (Arc::clone(&c), Arc::clone(&on));
+            let (cuts, cutting, partitioned) = (Arc::clone(&c), Arc::clone(&on), Arc::clone(&cut_all));
             tokio::spawn(async move {
                 let Ok(server) = TcpStream::connect(upstream).await else { return };
                 let _ = client.set_nodelay(true);
                 let _ = server.set_nodelay(true);
-                relay(client, server, budget, cuts, cutting).await;
+                relay(client, server, budget, cuts, cutting, partitioned).await;
             });
         }
     });
-    Proxy { addr, cuts, cutting, task }
+    Proxy { addr, cuts, cutting, partitioned, task }
 }
 
-async fn relay(client: TcpStream, server: TcpStream, budget: u64, cuts: Arc<AtomicU64>, cutting: Arc<AtomicBool>) {
+async fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    budget: u64,
+    cuts: Arc<AtomicU64>,
+    cutting: Arc<AtomicBool>,
+    partitioned: Arc<AtomicBool>,
+) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     let upstream = tokio::spawn(async move {
@@ -74,7 +96,11 @@ async fn relay(client: TcpStream, server: TcpStream, budget: u64, cuts: Arc<Atom
     let mut head = Vec::new();
     let mut buf = vec![0u8; 4096];
     loop {
-        let n = match server_read.read(&mut buf).await {
+        let read = tokio::select! {
+            read = server_read.read(&mut buf) => read,
+            () = until(&partitioned) => break,
+        };
+        let n = match read {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
@@ -117,4 +143,11 @@ async fn relay(client: TcpStream, server: TcpStream, budget: u64, cuts: Arc<Atom
         }
     }
     upstream.abort();
+}
+
+/// Resolves once `flag` is set (polled: partitions are coarse events in tests).
+async fn until(flag: &AtomicBool) {
+    while !flag.load(Ordering::Relaxed) {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }

@@ -1,0 +1,241 @@
+//! Replicas of `tether serve` behind a round-robin balancer that also cuts streams at random:
+//! on a shared Redis store every reconnect may land on the other replica and still resumes
+//! exactly; on memory stores every switch is detected, never silent; and seed 004's incident
+//! (a session that expires during a partition) ends in 404 and re-initialization, with the side
+//! effect executed once.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::{free_port, serve, temp_dir};
+use serde_json::{Value, json};
+use tether_client::{Backoff, Client, ClientConfig, ClientEvent, RequestError};
+use tether_core::jsonrpc::Message;
+use tether_core::lineage::EventId;
+use tether_testkit::{RedisServer, proxy};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+}
+
+fn fast(url: String) -> ClientConfig {
+    let mut config = ClientConfig::new(url);
+    config.backoff = Backoff {
+        initial: Duration::from_millis(5),
+        max: Duration::from_millis(100),
+        max_attempts_without_progress: 40,
+    };
+    config
+}
+
+/// Notifications by stream, and everything else that happened.
+#[derive(Default)]
+struct Tally {
+    by_stream: BTreeMap<String, Vec<u64>>,
+    resumed: u64,
+    divergences: Vec<String>,
+    reinitialized: u64,
+}
+
+impl Tally {
+    fn record(&mut self, event: ClientEvent) {
+        match event {
+            ClientEvent::Message { id, message: Message::Notification(n), ack } => {
+                ack.done();
+                let stream = id
+                    .as_deref()
+                    .and_then(|i| EventId::parse(i).ok())
+                    .map(|i| i.stream.to_string())
+                    .expect("lineage id");
+                let data = &n.params.as_ref().expect("params")["data"];
+                let n = data.get("count").or_else(|| data.get("broadcast")).and_then(Value::as_u64).expect("counter");
+                self.by_stream.entry(stream).or_default().push(n);
+            }
+            ClientEvent::Resumed { .. } => self.resumed += 1,
+            ClientEvent::Divergence { kind, detail } => self.divergences.push(format!("{kind}: {detail}")),
+            ClientEvent::Reinitialized { .. } => self.reinitialized += 1,
+            _ => {}
+        }
+    }
+
+    /// Streams whose notifications are not exactly 1, 2, 3, ... (in blocks of `block` for
+    /// standalone streams, which carry one block per broadcast).
+    fn broken_streams(&self, count_to: u64, block: u64) -> Vec<String> {
+        self.by_stream
+            .iter()
+            .filter(|(stream, seen)| {
+                let size = if stream.starts_with('g') { block } else { count_to };
+                !seen.iter().enumerate().all(|(i, n)| *n == (i as u64 % size) + 1)
+                    || !(seen.len() as u64).is_multiple_of(size)
+            })
+            .map(|(stream, seen)| format!("{stream}: {seen:?}"))
+            .collect()
+    }
+}
+
+#[test]
+fn two_redis_replicas_behind_a_cutting_balancer_lose_and_duplicate_nothing() {
+    let rt = runtime();
+    let redis = rt.block_on(RedisServer::start());
+    let dir = temp_dir("replicas-redis");
+    let args = ["--store", "redis", "--redis-url", &redis.url, "--sse-retry", "10ms"];
+    let (p1, p2) = (free_port(), free_port());
+    let (_a, _) = serve(p1, &dir, &args);
+    let (_b, _) = serve(p2, &dir, &args);
+    let upstreams: Vec<SocketAddr> = [p1, p2].iter().map(|p| SocketAddr::from(([127, 0, 0, 1], *p))).collect();
+    rt.block_on(async {
+        let balancer = proxy::start(upstreams, 0x5eed, 400, 3_000).await;
+        let (client, mut events) =
+            Client::connect(fast(format!("http://{}/mcp", balancer.addr))).await.expect("connect");
+        client.follow_standalone().await;
+        balancer.cutting.store(true, Ordering::Relaxed);
+        let started = Instant::now();
+        let (mut tally, mut calls, mut broadcasts) = (Tally::default(), 0u64, 0u64);
+        while balancer.cuts.load(Ordering::Relaxed) < 200 && started.elapsed() < Duration::from_secs(90) {
+            let call = client.call_tool("count", json!({"to": 30, "interval_ms": 2}));
+            tokio::pin!(call);
+            let result = loop {
+                tokio::select! {
+                    Some(event) = events.recv() => tally.record(event),
+                    result = &mut call => break result,
+                }
+            };
+            assert_eq!(result.expect("count")["content"][0]["text"], "counted to 30");
+            calls += 1;
+            if calls % 4 == 0 {
+                let result = client.call_tool("broadcast", json!({"count": 5})).await.expect("broadcast");
+                assert_eq!(
+                    result["content"][0]["text"], "broadcast 5 of 5 notifications",
+                    "the shared store knows the stream"
+                );
+                broadcasts += 1;
+            }
+        }
+        balancer.cutting.store(false, Ordering::Relaxed);
+        while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(500), events.recv()).await {
+            tally.record(event);
+        }
+        let broken = tally.broken_streams(30, 5);
+        let standalone: u64 =
+            tally.by_stream.iter().filter(|(s, _)| s.starts_with('g')).map(|(_, v)| v.len() as u64).sum();
+        println!(
+            "replicas on redis: cuts {}, resumes {}, calls {calls}, broadcasts {broadcasts} ({standalone} delivered), \
+             divergences {}, broken streams {}, {:.1}s",
+            balancer.cuts.load(Ordering::Relaxed),
+            tally.resumed,
+            tally.divergences.len(),
+            broken.len(),
+            started.elapsed().as_secs_f64()
+        );
+        assert!(tally.divergences.is_empty(), "{:?}", tally.divergences);
+        assert!(broken.is_empty(), "{broken:?}");
+        assert_eq!(standalone, broadcasts * 5, "every broadcast arrived once");
+        assert!(balancer.cuts.load(Ordering::Relaxed) >= 200);
+        client.close().await;
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn memory_replicas_without_a_shared_store_are_detected_never_silent() {
+    let rt = runtime();
+    let dir = temp_dir("replicas-memory");
+    let args = ["--store", "memory", "--sse-retry", "10ms"];
+    let (p1, p2) = (free_port(), free_port());
+    let (_a, _) = serve(p1, &dir, &args);
+    let (_b, _) = serve(p2, &dir, &args);
+    let upstreams: Vec<SocketAddr> = [p1, p2].iter().map(|p| SocketAddr::from(([127, 0, 0, 1], *p))).collect();
+    rt.block_on(async {
+        let balancer = proxy::start(upstreams, 0xbad, 400, 1_500).await;
+        let (client, mut events) =
+            Client::connect(fast(format!("http://{}/mcp", balancer.addr))).await.expect("connect");
+        balancer.cutting.store(true, Ordering::Relaxed);
+        let mut tally = Tally::default();
+        let (mut results, mut unknown, mut refused) = (0, 0, 0);
+        for _ in 0..20 {
+            let call = client.call_tool("count", json!({"to": 20, "interval_ms": 2}));
+            tokio::pin!(call);
+            let result = loop {
+                tokio::select! {
+                    Some(event) = events.recv() => tally.record(event),
+                    result = &mut call => break result,
+                }
+            };
+            match result {
+                Ok(_) => results += 1,
+                Err(RequestError::OutcomeUnknown(_)) => unknown += 1,
+                Err(RequestError::NotExecuted(_)) => refused += 1,
+                Err(other) => panic!("unexpected outcome {other}"),
+            }
+        }
+        while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(300), events.recv()).await {
+            tally.record(event);
+        }
+        println!(
+            "replicas on memory: results {results}, outcome unknown {unknown}, not executed {refused}, divergences {}, \
+             re-initializations {}",
+            tally.divergences.len(),
+            tally.reinitialized
+        );
+        // Every request that reached the other replica, or resumed there, was a visible 404:
+        // the session does not exist there. Nothing continued silently, nothing arrived twice.
+        assert!(
+            !tally.divergences.is_empty() && tally.divergences.iter().all(|d| d.starts_with("session_invalid")),
+            "{:?}",
+            tally.divergences
+        );
+        assert!(tally.reinitialized as usize >= tally.divergences.len());
+        let duplicated: Vec<_> =
+            tally.by_stream.values().filter(|seen| seen.iter().enumerate().any(|(i, n)| *n != i as u64 + 1)).collect();
+        assert!(duplicated.is_empty(), "{duplicated:?}");
+        client.close().await;
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn session_that_expires_during_a_partition_gets_404_and_the_side_effect_runs_once() {
+    // Seed 004's incident, scaled: idle TTL 2s, retention 1s, a 3s partition.
+    let rt = runtime();
+    let dir = temp_dir("partition");
+    let port = free_port();
+    let (_server, _) = serve(port, &dir, &["--session-idle-ttl", "2s", "--retention", "1s", "--sse-retry", "10ms"]);
+    rt.block_on(async {
+        let proxy = proxy::start(vec![SocketAddr::from(([127, 0, 0, 1], port))], 1, 0, 0).await;
+        let mut config = fast(format!("http://{}/mcp", proxy.addr));
+        config.backoff = Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_millis(500),
+            max_attempts_without_progress: 40,
+        };
+        let (client, mut events) = Client::connect(config).await.expect("connect");
+        client.follow_standalone().await;
+        let before = client.session_id().expect("session");
+        let added = client.call_tool("counter_add", json!({"key": "once", "amount": 1})).await.expect("counter_add");
+        assert_eq!(added["structuredContent"]["value"], 1);
+        proxy.partitioned.store(true, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        proxy.partitioned.store(false, Ordering::Relaxed);
+        let mut tally = Tally::default();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while tally.reinitialized == 0 && Instant::now() < deadline {
+            if let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(200), events.recv()).await {
+                tally.record(event);
+            }
+        }
+        println!("partition: divergences {:?}, re-initializations {}", tally.divergences, tally.reinitialized);
+        assert_eq!(tally.divergences.len(), 1, "{:?}", tally.divergences);
+        assert!(tally.divergences[0].starts_with("session_invalid"), "{:?}", tally.divergences);
+        assert!(tally.divergences[0].contains("404"), "{:?}", tally.divergences);
+        assert_eq!(tally.reinitialized, 1);
+        assert_ne!(client.session_id().expect("session"), before, "a new session");
+        let value = client.call_tool("counter_get", json!({"key": "once"})).await.expect("counter_get");
+        assert_eq!(value["structuredContent"]["value"], 1, "executed exactly once");
+        client.close().await;
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
