@@ -192,7 +192,7 @@ impl Store for MemoryStore {
                 return BeginRequest::Existing { stream: existing.clone(), same_params: digest == params_digest };
             }
             live.requests.insert(request_key.to_owned(), (params_digest.to_owned(), stream.clone()));
-            live.streams.insert(stream.clone(), StreamSlot::new(Some(request_key.to_owned())));
+            live.streams.entry(stream.clone()).or_insert_with(|| StreamSlot::new(Some(request_key.to_owned())));
             BeginRequest::Started
         });
         ready(result)
