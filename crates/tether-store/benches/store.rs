@@ -9,10 +9,11 @@ use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use tether_core::lineage::{Epoch, StreamName};
 use tether_core::mcp::ProtocolVersion;
-use tether_store::{MemoryStore, Retention, SessionRecord, SqliteStore, Store};
+use tether_store::{MemoryStore, RedisStore, Retention, SessionRecord, SqliteStore, Store};
+use tether_testkit::RedisServer;
 
-const WRITERS: usize = 64;
-const PER_WRITER: usize = 50;
+const WRITERS: usize = 256;
+const PER_WRITER: usize = 20;
 const REPLAY: u64 = 10_000;
 
 fn epoch() -> Epoch {
@@ -35,20 +36,32 @@ fn payload() -> Bytes {
     Bytes::from_static(br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"t","progress":1,"total":100}}"#)
 }
 
-fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
+/// Every backend; the Redis one runs on a `redis-server` of its own (persistence off, as the
+/// default deployment's durability is Redis's own setting).
+fn stores(rt: &tokio::runtime::Runtime) -> (RedisServer, Vec<(&'static str, Arc<dyn Store>)>) {
     let retention = Retention { max_events_per_stream: 200_000, ..Retention::default() };
     let dir = std::env::temp_dir().join(format!("tether-store-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let sqlite = SqliteStore::open(&dir, retention, "bench").expect("open");
-    vec![("memory", Arc::new(MemoryStore::new(retention))), ("embedded", Arc::new(sqlite))]
+    let server = rt.block_on(RedisServer::start());
+    let redis = rt.block_on(RedisStore::open(&server.url, retention, "bench")).expect("redis");
+    (
+        server,
+        vec![
+            ("memory", Arc::new(MemoryStore::new(retention))),
+            ("embedded", Arc::new(sqlite)),
+            ("redis", Arc::new(redis)),
+        ],
+    )
 }
 
 fn append(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let mut group = c.benchmark_group("store_append");
     group.throughput(Throughput::Elements((WRITERS * PER_WRITER) as u64));
     group.sample_size(10);
-    for (name, store) in stores() {
+    let (_server, stores) = stores(&rt);
+    for (name, store) in stores {
         let e = epoch();
         rt.block_on(store.create_session(record("append"))).expect("session");
         let streams: Vec<StreamName> =
@@ -81,10 +94,11 @@ fn append(c: &mut Criterion) {
 }
 
 fn replay(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let mut group = c.benchmark_group("store_replay");
     group.throughput(Throughput::Elements(REPLAY));
-    for (name, store) in stores() {
+    let (_server, stores) = stores(&rt);
+    for (name, store) in stores {
         let (e, stream) = (epoch(), StreamName::parse("replay").expect("stream"));
         rt.block_on(async {
             store.create_session(record("replay")).await.expect("session");

@@ -54,7 +54,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     expires_at_ms INTEGER NOT NULL,
     ended INTEGER,
     ended_at_ms INTEGER,
-    standalone TEXT
+    standalone TEXT,
+    bytes INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS streams (
     session TEXT NOT NULL,
@@ -233,9 +234,14 @@ fn insert_stream(
 }
 
 fn session_bytes(txn: &Connection, session: &str) -> Result<u64, StoreError> {
-    txn.query_row("SELECT COALESCE(SUM(bytes), 0) FROM streams WHERE session = ?1", [session], |r| r.get::<_, i64>(0))
+    txn.query_row("SELECT bytes FROM sessions WHERE id = ?1", [session], |r| r.get::<_, i64>(0))
         .map(as_u64)
         .map_err(backend)
+}
+
+fn add_session_bytes(txn: &Connection, session: &str, delta: i64) -> Result<(), StoreError> {
+    txn.execute("UPDATE sessions SET bytes = bytes + ?2 WHERE id = ?1", params![session, delta]).map_err(backend)?;
+    Ok(())
 }
 
 /// Deletes the events of `stream` with `seq <= upto` and takes their bytes off the stream.
@@ -255,12 +261,13 @@ fn delete_events_upto(txn: &Connection, session: &str, stream: &str, upto: i64) 
         params![session, stream, freed],
     )
     .map_err(backend)?;
+    add_session_bytes(txn, session, -freed)?;
     Ok(deleted)
 }
 
 /// Keeps `stream` and its session within `retention`: ended streams of the session go first,
-/// then the oldest events of `stream` (never its newest). Byte counts are kept per stream, so
-/// this costs a few indexed lookups, not a scan.
+/// then the oldest events of `stream` (never its newest). Byte counts are kept per stream and
+/// per session, so this costs a few indexed lookups, not a scan.
 fn evict(txn: &Connection, session: &str, stream: &str, head: i64, retention: &Retention) -> Result<(), StoreError> {
     let max_events = i64::try_from(retention.max_events_per_stream.max(1)).unwrap_or(i64::MAX);
     if head >= max_events {
@@ -278,10 +285,18 @@ fn evict(txn: &Connection, session: &str, stream: &str, head: i64, retention: &R
             .map_err(backend)?;
         match ended {
             Some(ended) => {
+                let bytes: i64 = txn
+                    .query_row(
+                        "SELECT bytes FROM streams WHERE session = ?1 AND stream = ?2",
+                        params![session, ended],
+                        |r| r.get(0),
+                    )
+                    .map_err(backend)?;
                 txn.execute("DELETE FROM events WHERE session = ?1 AND stream = ?2", params![session, ended])
                     .map_err(backend)?;
                 txn.execute("DELETE FROM streams WHERE session = ?1 AND stream = ?2", params![session, ended])
                     .map_err(backend)?;
+                add_session_bytes(txn, session, -bytes)?;
             }
             None => {
                 let oldest: Option<i64> = txn
@@ -500,6 +515,7 @@ impl Store for SqliteStore {
                 params![s, st, seq, if last { COMPLETE } else { LIVE }, as_i64(data.len() as u64)],
             )
             .map_err(backend)?;
+            add_session_bytes(txn, &s, as_i64(data.len() as u64))?;
             evict(txn, &s, &st, seq, &retention)?;
             Ok(as_u64(seq))
         });
@@ -655,6 +671,12 @@ impl Store for SqliteStore {
                 .map_err(backend)?;
             txn.execute("UPDATE streams SET ended_at_ms = ?1 WHERE state != 0 AND ended_at_ms IS NULL", [now]).map_err(backend)?;
             let cutoff = now - as_i64(retention.ended_stream_ms);
+            txn.execute(
+                "UPDATE sessions SET bytes = bytes - COALESCE((SELECT SUM(s.bytes) FROM streams s \
+                 WHERE s.session = sessions.id AND s.state != 0 AND s.ended_at_ms <= ?1), 0)",
+                [cutoff],
+            )
+            .map_err(backend)?;
             txn.execute(
                 "DELETE FROM events WHERE (session, stream) IN (SELECT session, stream FROM streams WHERE state != 0 AND ended_at_ms <= ?1)",
                 [cutoff],
