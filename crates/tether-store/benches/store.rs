@@ -38,7 +38,10 @@ fn payload() -> Bytes {
 
 /// Every backend; the Redis one runs on a `redis-server` of its own (persistence off, as the
 /// default deployment's durability is Redis's own setting).
-fn stores(rt: &tokio::runtime::Runtime) -> (RedisServer, Vec<(&'static str, Arc<dyn Store>)>) {
+/// The backends by name.
+type Backends = Vec<(&'static str, Arc<dyn Store>)>;
+
+fn stores(rt: &tokio::runtime::Runtime) -> (RedisServer, Backends) {
     let retention = Retention { max_events_per_stream: 200_000, ..Retention::default() };
     let dir = std::env::temp_dir().join(format!("tether-store-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
