@@ -142,6 +142,9 @@ impl Server {
     /// expires idle sessions and drops old history; it stops when the router is dropped.
     pub fn router(&self, path: &str) -> axum::Router {
         tokio::spawn(sweep(Arc::downgrade(&self.shared)));
+        if let Some(answers) = self.shared.store.relayed_answers() {
+            tokio::spawn(deliver_relayed(Arc::downgrade(&self.shared), answers));
+        }
         http::router(path, Arc::clone(&self.shared))
     }
 }
@@ -156,6 +159,32 @@ pub async fn serve(listener: tokio::net::TcpListener, app: axum::Router) -> std:
         }
     });
     axum::serve(listener, app).await
+}
+
+/// Delivers answers other replicas received for this process's waiting handlers.
+async fn deliver_relayed(
+    shared: Weak<Shared>,
+    mut answers: tokio::sync::broadcast::Receiver<tether_store::RelayedAnswer>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        let answer = match answers.recv().await {
+            Ok(answer) => answer,
+            Err(RecvError::Lagged(missed)) => {
+                tracing::warn!(missed, "relayed answers were dropped");
+                continue;
+            }
+            Err(RecvError::Closed) => return,
+        };
+        let Some(shared) = shared.upgrade() else { return };
+        let Some(runtime) = shared.sessions.get(&answer.session) else { continue };
+        if let Ok(tether_core::jsonrpc::Message::Response(response)) =
+            tether_core::jsonrpc::parse_message(&answer.response)
+        {
+            // Another replica's handler, or nobody's: either way not ours to report.
+            let _ = runtime.answer_client_request(&answer.request_id, response.outcome);
+        }
+    }
 }
 
 /// Keeps active sessions alive, expires idle ones and applies retention, until the server is gone.

@@ -188,11 +188,15 @@ impl SessionRuntime {
         self.lock().pending.remove(id);
     }
 
-    /// Delivers the client's answer; `false` if no request with that id is waiting.
-    pub fn answer_client_request(&self, id: &str, answer: ClientAnswer) -> bool {
+    /// Delivers the client's answer, or gives it back if no request with that id waits here.
+    pub fn answer_client_request(&self, id: &str, answer: ClientAnswer) -> Result<(), ClientAnswer> {
         match self.lock().pending.remove(id) {
-            Some(tx) => tx.send(answer).is_ok(),
-            None => false,
+            Some(tx) => {
+                // The handler may have given up (cancelled) in the meantime: nothing to do.
+                let _ = tx.send(answer);
+                Ok(())
+            }
+            None => Err(answer),
         }
     }
 
@@ -315,6 +319,11 @@ impl Sessions {
         let runtime = Arc::new(SessionRuntime::new(record, request_prefix.to_owned()));
         map.insert(record.id.clone(), Arc::clone(&runtime));
         runtime
+    }
+
+    /// The runtime of a session this process serves, if any.
+    pub fn get(&self, id: &str) -> Option<Arc<SessionRuntime>> {
+        self.lock().get(id).cloned()
     }
 
     /// Forgets a session and ends its in-process state.

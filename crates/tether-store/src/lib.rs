@@ -49,6 +49,18 @@ pub enum StoreError {
 /// whenever an event is appended or the stream ends.
 pub type HeadWatch = tokio::sync::watch::Receiver<u64>;
 
+/// A client's answer to a server-to-client request, relayed between replicas: the session, the
+/// request id (as the server minted it) and the JSON-RPC response bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayedAnswer {
+    /// The session the request belongs to.
+    pub session: String,
+    /// The id of the server-to-client request.
+    pub request_id: String,
+    /// The client's JSON-RPC response.
+    pub response: Bytes,
+}
+
 /// Where sessions, events and request records live.
 ///
 /// Implementations must make each method atomic: in particular [`Store::append`] checks the
@@ -115,6 +127,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// A watch on the stream's head, for following live events.
     fn watch(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, HeadWatch>;
+
+    /// Relays a client's answer to the replica whose handler waits for it. Stores that serve a
+    /// single process have nobody to relay to and answer `Ok(false)`.
+    fn relay_answer(&self, answer: RelayedAnswer) -> StoreFuture<'_, bool>;
+
+    /// Answers relayed by other replicas, for this process's waiting handlers; `None` for stores
+    /// that serve a single process.
+    fn relayed_answers(&self) -> Option<tokio::sync::broadcast::Receiver<RelayedAnswer>>;
 
     /// Adds `amount` to counter `key` and returns the new value.
     fn counter_add(&self, key: &str, amount: i64) -> StoreFuture<'_, i64>;

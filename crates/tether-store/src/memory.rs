@@ -11,7 +11,7 @@ use tether_core::lineage::{Epoch, StreamName, StreamRange, StreamState};
 use tokio::sync::watch;
 
 use crate::record::{BeginRequest, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent};
-use crate::{HeadWatch, Store, StoreError, StoreFuture};
+use crate::{HeadWatch, RelayedAnswer, Store, StoreError, StoreFuture};
 
 /// A [`Store`] held in process memory, bounded by its [`Retention`].
 #[derive(Debug)]
@@ -283,6 +283,15 @@ impl Store for MemoryStore {
             .map(|slot| slot.head_tx.subscribe())
             .ok_or(StoreError::UnknownStream);
         ready(result)
+    }
+
+    fn relay_answer(&self, _answer: RelayedAnswer) -> StoreFuture<'_, bool> {
+        // One process: the handler is here or nowhere.
+        ready(Ok(false))
+    }
+
+    fn relayed_answers(&self) -> Option<tokio::sync::broadcast::Receiver<RelayedAnswer>> {
+        None
     }
 
     fn counter_add(&self, key: &str, amount: i64) -> StoreFuture<'_, i64> {

@@ -17,10 +17,12 @@ use tether_core::mcp::ProtocolVersion;
 use tokio::sync::watch;
 
 use crate::record::{BeginRequest, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent};
-use crate::{HeadWatch, Store, StoreError, StoreFuture};
+use crate::{HeadWatch, RelayedAnswer, Store, StoreError, StoreFuture};
 
 /// The channel appends and stream ends are announced on.
 const NOTIFY: &str = "tether:notify";
+/// The channel clients' answers to server-to-client requests travel on between replicas.
+const ANSWERS: &str = "tether:answers";
 const SESSIONS: &str = "tether:sessions";
 const COUNTERS: &str = "tether:counters";
 const OWNERS: &str = "tether:owners";
@@ -34,6 +36,7 @@ type Watches = Arc<Mutex<HashMap<(String, StreamName), watch::Sender<u64>>>>;
 /// A [`Store`] in Redis.
 pub struct RedisStore {
     redis: ConnectionManager,
+    answers: tokio::sync::broadcast::Sender<RelayedAnswer>,
     retention: Retention,
     owner: String,
     watches: Watches,
@@ -257,11 +260,26 @@ impl RedisStore {
         let redis = client.get_connection_manager().await.map_err(backend)?;
         let mut pubsub = client.get_async_pubsub().await.map_err(backend)?;
         pubsub.subscribe(NOTIFY).await.map_err(backend)?;
+        pubsub.subscribe(ANSWERS).await.map_err(backend)?;
         let watches: Watches = Arc::default();
         let wake = Arc::clone(&watches);
+        let (answers, _) = tokio::sync::broadcast::channel(256);
+        let relay = answers.clone();
         let listener = tokio::spawn(async move {
             let mut messages = pubsub.into_on_message();
             while let Some(message) = messages.next().await {
+                if message.get_channel_name() == ANSWERS {
+                    let payload = message.get_payload_bytes();
+                    let mut parts = payload.splitn(3, |b| *b == SEP as u8);
+                    if let (Some(session), Some(id), Some(response)) = (parts.next(), parts.next(), parts.next()) {
+                        let _ = relay.send(RelayedAnswer {
+                            session: String::from_utf8_lossy(session).into_owned(),
+                            request_id: String::from_utf8_lossy(id).into_owned(),
+                            response: Bytes::copy_from_slice(response),
+                        });
+                    }
+                    continue;
+                }
                 let Ok(payload) = message.get_payload::<String>() else { continue };
                 let mut parts = payload.split(SEP);
                 let (Some(session), Some(stream), Some(seq)) = (parts.next(), parts.next(), parts.next()) else {
@@ -274,7 +292,7 @@ impl RedisStore {
                 }
             }
         });
-        Ok(RedisStore { redis, retention, owner: owner.to_owned(), watches, listener })
+        Ok(RedisStore { redis, answers, retention, owner: owner.to_owned(), watches, listener })
     }
 
     fn watches(&self) -> MutexGuard<'_, HashMap<(String, StreamName), watch::Sender<u64>>> {
@@ -602,6 +620,19 @@ impl Store for RedisStore {
             let tx = watches.entry(key).or_insert_with(|| watch::Sender::new(range.head));
             Ok(tx.subscribe())
         })
+    }
+
+    fn relay_answer(&self, answer: RelayedAnswer) -> StoreFuture<'_, bool> {
+        Box::pin(async move {
+            let mut payload = format!("{}{SEP}{}{SEP}", answer.session, answer.request_id).into_bytes();
+            payload.extend_from_slice(&answer.response);
+            let receivers: i64 = self.conn().publish(ANSWERS, payload).await.map_err(backend)?;
+            Ok(receivers > 0)
+        })
+    }
+
+    fn relayed_answers(&self) -> Option<tokio::sync::broadcast::Receiver<RelayedAnswer>> {
+        Some(self.answers.subscribe())
     }
 
     fn counter_add(&self, key: &str, amount: i64) -> StoreFuture<'_, i64> {

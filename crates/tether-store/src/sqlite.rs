@@ -17,7 +17,7 @@ use tether_core::mcp::ProtocolVersion;
 use tokio::sync::{oneshot, watch};
 
 use crate::record::{BeginRequest, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent};
-use crate::{HeadWatch, Store, StoreError, StoreFuture};
+use crate::{HeadWatch, RelayedAnswer, Store, StoreError, StoreFuture};
 
 /// Most operations committed in one transaction.
 const MAX_BATCH: usize = 512;
@@ -608,6 +608,15 @@ impl Store for SqliteStore {
             let tx = watches.entry(key).or_insert_with(|| watch::Sender::new(range.head));
             Ok(tx.subscribe())
         })
+    }
+
+    fn relay_answer(&self, _answer: RelayedAnswer) -> StoreFuture<'_, bool> {
+        // One process: the handler is here or nowhere.
+        Box::pin(std::future::ready(Ok(false)))
+    }
+
+    fn relayed_answers(&self) -> Option<tokio::sync::broadcast::Receiver<RelayedAnswer>> {
+        None
     }
 
     fn counter_add(&self, key: &str, amount: i64) -> StoreFuture<'_, i64> {

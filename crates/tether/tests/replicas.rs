@@ -239,3 +239,76 @@ fn session_that_expires_during_a_partition_gets_404_and_the_side_effect_runs_onc
     });
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Sends a request over HTTP/1.0 (so the body is not chunked) and returns a line reader on the
+/// response, positioned after the head, and the head.
+fn http10(port: u16, session: Option<&str>, body: &Value) -> (std::io::BufReader<std::net::TcpStream>, String) {
+    use std::io::{BufRead, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    let body = body.to_string();
+    let session =
+        session.map(|s| format!("Mcp-Session-Id: {s}\r\nMCP-Protocol-Version: 2025-11-25\r\n")).unwrap_or_default();
+    let request = format!(
+        "POST /mcp HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\n{session}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).expect("write");
+    let mut reader = std::io::BufReader::new(stream);
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("head");
+        if line == "\r\n" || line.is_empty() {
+            return (reader, head);
+        }
+        head.push_str(&line);
+    }
+}
+
+/// The next SSE `data:` line's JSON.
+fn next_data(reader: &mut std::io::BufReader<std::net::TcpStream>) -> Value {
+    use std::io::BufRead;
+    loop {
+        let mut line = String::new();
+        assert!(reader.read_line(&mut line).expect("read") > 0, "the stream ended");
+        if let Some(data) = line.strip_prefix("data: ") {
+            return serde_json::from_str(data.trim()).expect("json");
+        }
+    }
+}
+
+#[test]
+fn an_answer_posted_to_another_replica_reaches_the_waiting_tool() {
+    let rt = runtime();
+    let redis = rt.block_on(RedisServer::start());
+    let dir = temp_dir("replicas-answer");
+    let args = ["--store", "redis", "--redis-url", &redis.url];
+    let (a, b) = (free_port(), free_port());
+    let (_ra, _) = serve(a, &dir, &args);
+    let (_rb, _) = serve(b, &dir, &args);
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-11-25",
+        "capabilities": {"elicitation": {}}, "clientInfo": {"name": "t", "version": "1"}}});
+    let (_, head) = http10(a, None, &init);
+    let session = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().starts_with("mcp-session-id:").then(|| l[15..].trim().to_owned()))
+        .expect("session id");
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "test_elicitation", "arguments": {"message": "who?"}}});
+    let (mut stream, _) = http10(a, Some(&session), &call);
+    let ask = loop {
+        let message = next_data(&mut stream);
+        if message["method"] == "elicitation/create" {
+            break message;
+        }
+    };
+    // The answer goes to the other replica, as a load balancer may send it.
+    let answer = json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"action": "accept", "content": {"username": "u", "email": "e"}}});
+    assert_eq!(common::post(&format!("http://127.0.0.1:{b}/mcp"), &session, &answer), 202);
+    let result = next_data(&mut stream);
+    assert_eq!(result["id"], 1);
+    let text = result["result"]["content"][0]["text"].as_str().expect("text");
+    assert!(text.starts_with("User response:") && text.contains("accept"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

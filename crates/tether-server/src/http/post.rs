@@ -9,7 +9,7 @@ use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, Message, Notification, Request, RequestId, code};
 use tether_core::mcp::{ProtocolVersion, meta, method};
-use tether_store::SessionRecord;
+use tether_store::{RelayedAnswer, SessionRecord};
 
 use super::reject::{Rejection, rpc_error};
 use super::sse::{Connection, Prelude};
@@ -53,7 +53,7 @@ pub(crate) async fn post(
         match message {
             Message::Request(request) => requests.push(request),
             Message::Notification(notification) => notify(&runtime, notification),
-            Message::Response(response) => answer(&runtime, response),
+            Message::Response(response) => answer(shared, &runtime, response).await,
         }
     }
     let headers = session_headers(&runtime);
@@ -133,10 +133,16 @@ fn notify(runtime: &SessionRuntime, notification: Notification) {
     }
 }
 
-fn answer(runtime: &SessionRuntime, response: jsonrpc::Response) {
-    let Some(RequestId::String(id)) = &response.id else { return };
-    if !runtime.answer_client_request(id, response.outcome) {
-        tracing::debug!(%id, "answer to an unknown or finished server request");
+/// Hands the client's answer to the handler waiting for it: here, or on another replica.
+async fn answer(shared: &Shared, runtime: &SessionRuntime, response: jsonrpc::Response) {
+    let Some(RequestId::String(id)) = response.id.clone() else { return };
+    let Err(outcome) = runtime.answer_client_request(&id, response.outcome) else { return };
+    let response = Message::Response(jsonrpc::Response { id: Some(RequestId::String(id.clone())), outcome }).to_vec();
+    let relayed = RelayedAnswer { session: runtime.id.clone(), request_id: id.clone(), response: response.into() };
+    match shared.store.relay_answer(relayed).await {
+        Ok(true) => {}
+        Ok(false) => tracing::debug!(%id, "answer to an unknown or finished server request"),
+        Err(err) => tracing::warn!(%err, %id, "could not relay an answer to another replica"),
     }
 }
 
