@@ -6,6 +6,7 @@
 //! history. Reads never renew anything: the server decides on what it read, and renews a session
 //! only through [`Store::touch_session`].
 
+mod heads;
 mod memory;
 mod record;
 mod redis;

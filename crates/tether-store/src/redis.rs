@@ -6,7 +6,7 @@
 //! its local connections, so a client may resume on any replica and follow live events there.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -14,8 +14,8 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script, Value};
 use tether_core::lineage::{Epoch, StreamName, StreamRange, StreamState};
 use tether_core::mcp::ProtocolVersion;
-use tokio::sync::watch;
 
+use crate::heads::Heads;
 use crate::record::{BeginRequest, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent};
 use crate::{HeadWatch, RelayedAnswer, Store, StoreError, StoreFuture};
 
@@ -31,15 +31,13 @@ const OWNERS: &str = "tether:owners";
 const RETIRING: &str = "tether:retiring";
 const SEP: char = '\u{1f}';
 
-type Watches = Arc<Mutex<HashMap<(String, StreamName), watch::Sender<u64>>>>;
-
 /// A [`Store`] in Redis.
 pub struct RedisStore {
     redis: ConnectionManager,
     answers: tokio::sync::broadcast::Sender<RelayedAnswer>,
     retention: Retention,
     owner: String,
-    watches: Watches,
+    heads: Arc<Heads>,
     listener: tokio::task::JoinHandle<()>,
 }
 
@@ -261,8 +259,8 @@ impl RedisStore {
         let mut pubsub = client.get_async_pubsub().await.map_err(backend)?;
         pubsub.subscribe(NOTIFY).await.map_err(backend)?;
         pubsub.subscribe(ANSWERS).await.map_err(backend)?;
-        let watches: Watches = Arc::default();
-        let wake = Arc::clone(&watches);
+        let heads = Arc::new(Heads::default());
+        let wake = Arc::clone(&heads);
         let (answers, _) = tokio::sync::broadcast::channel(256);
         let relay = answers.clone();
         let listener = tokio::spawn(async move {
@@ -286,17 +284,10 @@ impl RedisStore {
                     continue;
                 };
                 let (Ok(stream), Ok(seq)) = (StreamName::parse(stream), seq.parse::<u64>()) else { continue };
-                let watches = wake.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                if let Some(tx) = watches.get(&(session.to_owned(), stream)) {
-                    tx.send_replace(seq);
-                }
+                wake.notify(session, &stream, seq);
             }
         });
-        Ok(RedisStore { redis, answers, retention, owner: owner.to_owned(), watches, listener })
-    }
-
-    fn watches(&self) -> MutexGuard<'_, HashMap<(String, StreamName), watch::Sender<u64>>> {
-        self.watches.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        Ok(RedisStore { redis, answers, retention, owner: owner.to_owned(), heads, listener })
     }
 
     fn conn(&self) -> ConnectionManager {
@@ -393,7 +384,7 @@ impl Store for RedisStore {
                 .map_err(script_error)?;
             let _: i64 = conn.zrem(SESSIONS, &id).await.map_err(backend)?;
             let _: i64 = conn.zadd(RETIRING, retiring_session(&id), 0).await.map_err(backend)?;
-            self.watches().retain(|(s, _), _| *s != id);
+            self.heads.forget_session(&id);
             Ok(())
         })
     }
@@ -616,9 +607,7 @@ impl Store for RedisStore {
         let key = (session.to_owned(), stream.clone());
         Box::pin(async move {
             let range = range.await?.ok_or(StoreError::UnknownStream)?;
-            let mut watches = self.watches();
-            let tx = watches.entry(key).or_insert_with(|| watch::Sender::new(range.head));
-            Ok(tx.subscribe())
+            Ok(self.heads.subscribe(&key.0, &key.1, range.head))
         })
     }
 
@@ -676,7 +665,7 @@ impl Store for RedisStore {
                 let _: i64 = conn.zrem(SESSIONS, &id).await.map_err(backend)?;
                 if ended == 1 {
                     let _: i64 = conn.zadd(RETIRING, retiring_session(&id), 0).await.map_err(backend)?;
-                    self.watches().retain(|(s, _), _| *s != id);
+                    self.heads.forget_session(&id);
                     expired.push(id);
                 }
             }
@@ -735,11 +724,10 @@ impl Store for RedisStore {
                 let _: i64 = conn.zrem(RETIRING, &member).await.map_err(backend)?;
             }
             // Watches of streams that retention dropped end with the stream.
-            let watched: Vec<(String, StreamName)> = self.watches().keys().cloned().collect();
-            for (session, stream) in watched {
+            for (session, stream) in self.heads.watched() {
                 let exists: bool = conn.exists(stream_key(&session, stream.as_str())).await.map_err(backend)?;
                 if !exists {
-                    self.watches().remove(&(session, stream));
+                    self.heads.forget(&session, &stream);
                 }
             }
             Ok(expired)

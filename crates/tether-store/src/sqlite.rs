@@ -5,17 +5,17 @@
 //! (`synchronous=FULL`). So an event is durable before any connection can read it, and a crash
 //! loses nothing that was acknowledged.
 
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard, mpsc};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use tether_core::lineage::{Epoch, StreamName, StreamRange, StreamState};
 use tether_core::mcp::ProtocolVersion;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 
+use crate::heads::Heads;
 use crate::record::{BeginRequest, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent};
 use crate::{HeadWatch, RelayedAnswer, Store, StoreError, StoreFuture};
 
@@ -32,7 +32,7 @@ pub struct SqliteStore {
     jobs: mpsc::Sender<Job>,
     retention: Retention,
     owner: String,
-    watches: Mutex<HashMap<(String, StreamName), watch::Sender<u64>>>,
+    heads: Heads,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -124,11 +124,7 @@ impl SqliteStore {
             .name("tether-sqlite".into())
             .spawn(move || writer(&mut connection, &queue))
             .map_err(backend)?;
-        Ok(SqliteStore { jobs, retention, owner: owner.to_owned(), watches: Mutex::new(HashMap::new()) })
-    }
-
-    fn watches(&self) -> MutexGuard<'_, HashMap<(String, StreamName), watch::Sender<u64>>> {
-        self.watches.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        Ok(SqliteStore { jobs, retention, owner: owner.to_owned(), heads: Heads::default() })
     }
 
     /// Runs `f` in the next batch; answers after the batch committed.
@@ -161,16 +157,6 @@ impl SqliteStore {
             sent.map_err(|_| StoreError::Backend("the store thread stopped".into()))?;
             rx.await.unwrap_or_else(|_| Err(StoreError::Backend("the store thread stopped".into())))
         })
-    }
-
-    fn notify(&self, session: &str, stream: &StreamName, head: u64) {
-        if let Some(tx) = self.watches().get(&(session.to_owned(), stream.clone())) {
-            tx.send_replace(head);
-        }
-    }
-
-    fn forget_watches(&self, session: &str) {
-        self.watches().retain(|(s, _), _| s != session);
     }
 }
 
@@ -412,7 +398,7 @@ impl Store for SqliteStore {
         let session = id.to_owned();
         Box::pin(async move {
             ended.await?;
-            self.forget_watches(&session);
+            self.heads.forget_session(&session);
             Ok(())
         })
     }
@@ -522,7 +508,7 @@ impl Store for SqliteStore {
         let (session, stream) = (session.to_owned(), stream.clone());
         Box::pin(async move {
             let seq = appended.await?;
-            self.notify(&session, &stream, seq);
+            self.heads.notify(&session, &stream, seq);
             Ok(seq)
         })
     }
@@ -546,7 +532,7 @@ impl Store for SqliteStore {
         let (session, stream) = (session.to_owned(), stream.clone());
         Box::pin(async move {
             let head = ended.await?;
-            self.notify(&session, &stream, head);
+            self.heads.notify(&session, &stream, head);
             Ok(())
         })
     }
@@ -604,9 +590,7 @@ impl Store for SqliteStore {
         let key = (session.to_owned(), stream.clone());
         Box::pin(async move {
             let range = range.await?.ok_or(StoreError::UnknownStream)?;
-            let mut watches = self.watches();
-            let tx = watches.entry(key).or_insert_with(|| watch::Sender::new(range.head));
-            Ok(tx.subscribe())
+            Ok(self.heads.subscribe(&key.0, &key.1, range.head))
         })
     }
 
@@ -698,17 +682,16 @@ impl Store for SqliteStore {
             let (expired, aborted) = swept.await?;
             for (session, stream, head) in aborted {
                 if let Ok(stream) = StreamName::parse(&stream) {
-                    self.notify(&session, &stream, as_u64(head));
+                    self.heads.notify(&session, &stream, as_u64(head));
                 }
             }
             for id in &expired {
-                self.forget_watches(id);
+                self.heads.forget_session(id);
             }
             // Watches of streams that retention dropped end with the stream.
-            let live: Vec<(String, StreamName)> = self.watches().keys().cloned().collect();
-            for (session, stream) in live {
+            for (session, stream) in self.heads.watched() {
                 if matches!(self.stream_range(&session, &stream).await, Ok(None)) {
-                    self.watches().remove(&(session, stream));
+                    self.heads.forget(&session, &stream);
                 }
             }
             Ok(expired)

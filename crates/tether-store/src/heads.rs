@@ -1,0 +1,49 @@
+//! Wake-ups for the connections of this process that follow streams: one watch per stream,
+//! shared by the backends that persist outside the process.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+use tether_core::lineage::StreamName;
+use tokio::sync::watch;
+
+use crate::HeadWatch;
+
+/// The watched streams of this process and their heads.
+#[derive(Debug, Default)]
+pub(crate) struct Heads(Mutex<HashMap<(String, StreamName), watch::Sender<u64>>>);
+
+impl Heads {
+    fn lock(&self) -> MutexGuard<'_, HashMap<(String, StreamName), watch::Sender<u64>>> {
+        // Plain data behind the lock: still consistent after a panic elsewhere.
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A watch on a stream whose head is `head` now.
+    pub fn subscribe(&self, session: &str, stream: &StreamName, head: u64) -> HeadWatch {
+        let mut heads = self.lock();
+        heads.entry((session.to_owned(), stream.clone())).or_insert_with(|| watch::Sender::new(head)).subscribe()
+    }
+
+    /// The stream's head moved (or the stream ended): wake its followers.
+    pub fn notify(&self, session: &str, stream: &StreamName, head: u64) {
+        if let Some(tx) = self.lock().get(&(session.to_owned(), stream.clone())) {
+            tx.send_replace(head);
+        }
+    }
+
+    /// The session ended: its watches close, which ends their connections.
+    pub fn forget_session(&self, session: &str) {
+        self.lock().retain(|(s, _), _| s != session);
+    }
+
+    /// The stream is gone: its watch closes.
+    pub fn forget(&self, session: &str, stream: &StreamName) {
+        self.lock().remove(&(session.to_owned(), stream.clone()));
+    }
+
+    /// The streams being watched.
+    pub fn watched(&self) -> Vec<(String, StreamName)> {
+        self.lock().keys().cloned().collect()
+    }
+}
