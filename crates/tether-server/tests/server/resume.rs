@@ -169,29 +169,29 @@ async fn session_that_expired_during_a_partition_gets_404_although_history_is_re
 
 #[tokio::test]
 async fn open_streams_and_running_requests_keep_a_session_alive() {
-    let server = start(ServerConfig { session_idle_ttl: Duration::from_millis(300), ..config() }).await;
+    let server = start(ServerConfig { session_idle_ttl: Duration::from_millis(1_000), ..config() }).await;
     let client = Client::new(&server);
     let session = client.initialize("2025-11-25").await;
     let stream = client.get(&session, None).send().await.expect("send");
-    let running = client.call(&session, json!(1), "sleep", json!({"ms": 900})).await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    let running = client.call(&session, json!(1), "sleep", json!({"ms": 2_500})).await;
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
     let response = client.post(Some(&session), &request(json!(2), "ping", json!({}))).send().await.expect("send");
     assert_eq!(response.status(), 200, "active session stays alive past its idle TTL");
     let result = json_body(running).await;
-    assert_eq!(result["result"]["content"][0]["text"], "slept 900 ms");
+    assert_eq!(result["result"]["content"][0]["text"], "slept 2500 ms");
     drop(stream);
 }
 
 #[tokio::test]
 async fn finished_streams_stay_replayable_for_the_retention_then_resync() {
-    let retention = Retention { ended_stream_ms: 300, ..Retention::default() };
+    let retention = Retention { ended_stream_ms: 1_000, ..Retention::default() };
     let server = start(ServerConfig { retention, ..config() }).await;
     let client = Client::new(&server);
     let session = client.initialize("2025-11-25").await;
     let ids = counted(&client, &session, 1, 2).await;
     let mut soon = client.get(&session, Some(&ids[0])).send().await.expect("send");
     assert_eq!(drain(&mut soon).await.0.len(), 3, "the result is recoverable after completion");
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
     let mut late = client.get(&session, Some(&ids[0])).send().await.expect("send");
     let events = drain(&mut late).await.0;
     assert_eq!(events.len(), 1);
