@@ -35,6 +35,12 @@ impl Attempts {
         Attempts { policy, failures: 0, cursor_at_reset: None }
     }
 
+    /// Refills the budget after a connection that stayed up for a long time: a server that
+    /// closes idle connections now and then (SEP-1699 polling) is not a reconnect storm.
+    pub fn refill(&mut self) {
+        self.failures = 0;
+    }
+
     /// The delay before the next reconnect, or `None` when the budget is spent. `cursor` is the
     /// stream's current cursor: if it moved since the last reconnect, the budget is refilled.
     /// `server_retry` (ms), when the server sent one, is a floor: the client waits at least that

@@ -44,7 +44,10 @@ pub(crate) struct State {
     /// client gets again what arrived but was never processed.
     committed: BTreeMap<String, StreamCursor>,
     pending: HashMap<String, Pending>,
-    next_id: i64,
+    /// Request ids are `{id_prefix}-{n}`: random per client instance, so a client restarted on
+    /// a checkpointed session never reuses an id that session has seen.
+    id_prefix: String,
+    next_id: u64,
     standalone: bool,
     closed: bool,
 }
@@ -102,11 +105,12 @@ impl Inner {
     }
 
     /// Marks `cursor` of stream `key` as processed by the application and writes the file.
-    pub fn commit(&self, key: &str, cursor: StreamCursor) {
+    pub fn commit(&self, generation: u64, key: &str, cursor: StreamCursor) {
         {
             let mut state = self.state();
-            // A stream that already finished (its response arrived) has nothing left to resume.
-            if !state.checkpoint.streams.contains_key(key) {
+            // A stream that already finished (its response arrived), or that belongs to a session
+            // replaced since, has nothing left to resume.
+            if state.generation != generation || !state.checkpoint.streams.contains_key(key) {
                 return;
             }
             state.committed.insert(key.to_owned(), cursor);
@@ -281,7 +285,7 @@ impl Inner {
     fn next_id(&self) -> RequestId {
         let mut state = self.state();
         state.next_id += 1;
-        RequestId::Number(state.next_id)
+        RequestId::String(format!("{}-{}", state.id_prefix, state.next_id))
     }
 
     /// The body and headers of a 2026-07-28 request: metadata in `_meta` and mirrored headers.
@@ -362,6 +366,13 @@ impl Client {
             .map_err(|e| ClientError::Transport(e.to_string()))?;
         let (events, rx) = mpsc::unbounded_channel();
         let resumed = checkpoint.session_id.is_some();
+        let mut prefix = [0u8; 6];
+        getrandom::fill(&mut prefix)
+            .map_err(|e| ClientError::Transport(format!("no randomness for request ids: {e}")))?;
+        let id_prefix = tether_core::lineage::base64url(&prefix);
+        // Streams of requests a previous process sent cannot be waited for by anyone now.
+        let mut checkpoint = checkpoint;
+        checkpoint.streams.retain(|key, _| key == STANDALONE);
         let session = SessionHeaders {
             session_id: checkpoint.session_id.clone(),
             protocol_version: checkpoint.protocol_version.clone(),
@@ -373,6 +384,7 @@ impl Client {
             committed: checkpoint.streams.clone(),
             checkpoint: Checkpoint { pending: Default::default(), ..checkpoint },
             pending: HashMap::new(),
+            id_prefix,
             next_id: 0,
             standalone: false,
             closed: false,
@@ -416,8 +428,9 @@ impl Client {
     /// Sends a request and waits for its outcome. Notifications on its stream arrive as events.
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, RequestError> {
         let inner = &self.inner;
-        // A re-initialization in progress has no session yet: wait for it, never send without one.
-        drop(inner.reinit.lock().await);
+        // A re-initialization in progress has no session yet: wait for it, and hold it off until
+        // this request is registered with the session it goes out on.
+        let serial = inner.reinit.lock().await;
         let id = inner.next_id();
         let request = Request { id: id.clone(), method: method.to_owned(), params: Some(params) };
         let key = request_key(&id);
@@ -432,6 +445,7 @@ impl Client {
             state.checkpoint.pending.insert(id.to_string(), method.to_owned());
             (state.era, state.session.clone(), generation)
         };
+        drop(serial);
         inner.persist();
         let (body, headers) = match era {
             Era::Legacy => (Message::Request(request).to_vec(), HeaderMap::new()),

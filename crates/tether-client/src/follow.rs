@@ -16,6 +16,9 @@ use crate::client::{Inner, STANDALONE, request_key};
 use crate::http::{Head, Reply, SseReader};
 use crate::{Ack, ClientError, ClientEvent, Policy, RequestError, ResumeVerdict};
 
+/// A connection that lasted this long was no storm, even if it delivered nothing.
+const LONG_LIVED: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Which stream is followed.
 #[derive(Debug, Clone)]
 pub(crate) enum Origin {
@@ -91,7 +94,12 @@ impl Follower {
         let mut immediate = reader.is_none();
         loop {
             if let Some(connection) = reader.take() {
-                match self.read(connection).await {
+                let opened = tokio::time::Instant::now();
+                let ended = self.read(connection).await;
+                if opened.elapsed() >= LONG_LIVED {
+                    self.attempts.refill();
+                }
+                match ended {
                     Ended::Done => return,
                     Ended::Diverged(kind, detail) => {
                         self.inner.diverge(self.generation, kind, detail).await;
@@ -280,7 +288,7 @@ impl Follower {
             self.inner.state().checkpoint.streams.insert(self.key.clone(), cursor.clone());
         }
         let ack = match cursor {
-            Some(cursor) => Ack::new(&self.inner, self.key.clone(), cursor),
+            Some(cursor) => Ack::new(&self.inner, self.generation, self.key.clone(), cursor),
             None => Ack::none(),
         };
         if event.data.is_empty() {

@@ -103,12 +103,12 @@ impl ResumeVerdict {
 /// losing it. Dropping it without [`Ack::done`] commits nothing.
 #[derive(Clone)]
 pub struct Ack {
-    target: Option<(std::sync::Weak<client::Inner>, String, StreamCursor)>,
+    target: Option<(std::sync::Weak<client::Inner>, u64, String, StreamCursor)>,
 }
 
 impl Ack {
-    pub(crate) fn new(inner: &Arc<client::Inner>, key: String, cursor: StreamCursor) -> Ack {
-        Ack { target: Some((Arc::downgrade(inner), key, cursor)) }
+    pub(crate) fn new(inner: &Arc<client::Inner>, generation: u64, key: String, cursor: StreamCursor) -> Ack {
+        Ack { target: Some((Arc::downgrade(inner), generation, key, cursor)) }
     }
 
     pub(crate) fn none() -> Ack {
@@ -117,10 +117,10 @@ impl Ack {
 
     /// The message was processed: commit its cursor.
     pub fn done(self) {
-        if let Some((inner, key, cursor)) = self.target
+        if let Some((inner, generation, key, cursor)) = self.target
             && let Some(inner) = inner.upgrade()
         {
-            inner.commit(&key, cursor);
+            inner.commit(generation, &key, cursor);
         }
     }
 }

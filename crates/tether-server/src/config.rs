@@ -33,6 +33,8 @@ pub struct ServerConfig {
     pub keep_alive: Duration,
     /// How often idle sessions are expired and old history dropped.
     pub sweep_interval: Duration,
+    /// How long a handler waits for the client's answer to a server-to-client request.
+    pub client_request_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -49,6 +51,7 @@ impl Default for ServerConfig {
             max_connection_duration: Duration::from_secs(5 * 60),
             keep_alive: Duration::from_secs(15),
             sweep_interval: Duration::from_secs(1),
+            client_request_timeout: Duration::from_secs(5 * 60),
         }
     }
 }

@@ -26,6 +26,9 @@ pub enum ContextError {
     /// Server-to-client requests need a legacy session (2026-07-28 has none).
     #[error("server-to-client requests need a session")]
     NoSession,
+    /// The client did not answer a server-to-client request in time.
+    #[error("the client did not answer in time")]
+    TimedOut,
     /// The client answered with an error.
     #[error("the client answered with error {code}: {message}")]
     Client {
@@ -60,7 +63,7 @@ pub(crate) enum Output {
 }
 
 /// What a request says about itself and its client.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct RequestMeta {
     /// `_meta.progressToken`.
     pub progress_token: Option<Value>,
@@ -68,6 +71,8 @@ pub(crate) struct RequestMeta {
     pub client_capabilities: Value,
     /// 2026-07-28: the log level the request asked for; without one, no logs are sent.
     pub log_level: Option<LogLevel>,
+    /// How long a server-to-client request waits for the client's answer.
+    pub client_request_timeout: std::time::Duration,
 }
 
 struct Shared {
@@ -185,6 +190,10 @@ impl Context {
             () = self.shared.cancel.cancelled() => {
                 runtime.forget_client_request(&id);
                 Err(ContextError::Cancelled)
+            }
+            () = tokio::time::sleep(self.shared.meta.client_request_timeout) => {
+                runtime.forget_client_request(&id);
+                Err(ContextError::TimedOut)
             }
         }
     }

@@ -106,6 +106,7 @@ pub(crate) async fn start_legacy(
         progress_token: progress_token(&params),
         client_capabilities: runtime.client_capabilities.clone(),
         log_level: None,
+        client_request_timeout: shared.config.client_request_timeout,
     };
     let (ctx, first) = Context::new(output, meta, cancel.clone(), Arc::clone(&shared.store));
     let runtime = Arc::clone(runtime);
@@ -137,6 +138,7 @@ pub(crate) fn start_direct(
             .and_then(|m| m.get(mcp::meta::LOG_LEVEL))
             .and_then(Value::as_str)
             .and_then(LogLevel::parse),
+        client_request_timeout: shared.config.client_request_timeout,
     };
     let (ctx, first) = Context::new(output, meta, cancel.clone(), Arc::clone(&shared.store));
     let handler = Arc::clone(&shared.handler);

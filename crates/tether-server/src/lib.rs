@@ -199,9 +199,21 @@ async fn sweep(shared: Weak<Shared>) {
         ticker.tick().await;
         let Some(shared) = shared.upgrade() else { return };
         let now = now_ms();
-        // Open streams and running requests are activity: renew those sessions first.
+        // Open streams and running requests are activity: renew those sessions first. Only a
+        // session the store says is gone ends here; a store hiccup is retried next sweep.
         for runtime in shared.sessions.active() {
-            if shared.store.touch_session(&runtime.id, &runtime.epoch, now).await.is_err() {
+            match shared.store.touch_session(&runtime.id, &runtime.epoch, now).await {
+                Ok(()) => {}
+                Err(StoreError::SessionGone) => shared.sessions.remove(&runtime.id),
+                Err(err) => tracing::warn!(%err, session = %runtime.id, "could not renew an active session"),
+            }
+        }
+        // Idle runtimes of sessions that ended elsewhere (another replica expired or deleted
+        // them) are dropped, so they neither leak nor count against the session limit.
+        for runtime in shared.sessions.idle() {
+            let status = shared.store.session(&runtime.id, now).await;
+            let live = matches!(&status, Ok(tether_store::SessionStatus::Live(r)) if r.epoch == runtime.epoch);
+            if !live && status.is_ok() {
                 shared.sessions.remove(&runtime.id);
             }
         }

@@ -341,4 +341,9 @@ impl Sessions {
     pub fn active(&self) -> Vec<Arc<SessionRuntime>> {
         self.lock().values().filter(|r| r.is_active()).cloned().collect()
     }
+
+    /// The runtimes with nothing running.
+    pub fn idle(&self) -> Vec<Arc<SessionRuntime>> {
+        self.lock().values().filter(|r| !r.is_active()).cloned().collect()
+    }
 }

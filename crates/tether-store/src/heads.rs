@@ -42,6 +42,13 @@ impl Heads {
         self.lock().remove(&(session.to_owned(), stream.clone()));
     }
 
+    /// Wakes every follower (after notifications may have been missed): they re-read.
+    pub fn wake_all(&self) {
+        for tx in self.lock().values() {
+            tx.send_modify(|_| {});
+        }
+    }
+
     /// The streams being watched.
     pub fn watched(&self) -> Vec<(String, StreamName)> {
         self.lock().keys().cloned().collect()

@@ -142,13 +142,13 @@ local exp = tonumber(ARGV[2]) + tonumber(redis.call('HGET', KEYS[1], 'ttl'))
 redis.call('HSET', KEYS[1], 'exp', exp)
 return exp"
         )),
-        // KEYS[1] meta, KEYS[2] streams set, KEYS[3] requests; ARGV[2] how, ARGV[3] unused,
-        // ARGV[4] key prefix of the session's streams. With ARGV[5] = a time, only if due.
+        // KEYS[1] meta, KEYS[2] streams set, KEYS[3] requests; ARGV[2] how, ARGV[3] key prefix
+        // of the session's streams. With ARGV[4] = a time, only if due by then.
         end: script(&format!(
             "{CHECK_LIVE}
-if ARGV[5] ~= '' and tonumber(redis.call('HGET', KEYS[1], 'exp')) > tonumber(ARGV[5]) then return 0 end
+if ARGV[4] ~= '' and tonumber(redis.call('HGET', KEYS[1], 'exp')) > tonumber(ARGV[4]) then return 0 end
 for _, name in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  redis.call('DEL', ARGV[4] .. 's:' .. name, ARGV[4] .. 'e:' .. name)
+  redis.call('DEL', ARGV[3] .. 's:' .. name, ARGV[3] .. 'e:' .. name)
 end
 redis.call('DEL', KEYS[2], KEYS[3])
 redis.call('HSET', KEYS[1], 'ended', ARGV[2])
@@ -210,22 +210,23 @@ if ARGV[3] == '1' then redis.call('HSET', KEYS[2], 'state', 1) end
 redis.call('PUBLISH', '{NOTIFY}', ARGV[6] .. seq)
 return seq"
         )),
+        // KEYS[2] stream meta; ARGV[2] notification prefix.
         end_stream: script(&format!(
             "{CHECK_LIVE}
 local s = redis.call('HMGET', KEYS[2], 'head', 'state')
 if not s[1] then return redis.error_reply('UNKNOWN_STREAM') end
 if s[2] == '0' then redis.call('HSET', KEYS[2], 'state', 1) end
-redis.call('PUBLISH', '{NOTIFY}', ARGV[3] .. s[1])
+redis.call('PUBLISH', '{NOTIFY}', ARGV[2] .. s[1])
 return 1"
         )),
         standalone: script(&format!("{CHECK_LIVE}\nredis.call('HSET', KEYS[1], 'standalone', ARGV[2])\nreturn 1")),
-        // KEYS[1] stream meta; ARGV[1] unused, ARGV[2] notification prefix.
+        // KEYS[1] stream meta; ARGV[1] notification prefix.
         abort: script(&format!(
             "
 local s = redis.call('HMGET', KEYS[1], 'head', 'state', 'rk')
 if not s[1] or s[2] ~= '0' or s[3] == '' then return 0 end
 redis.call('HSET', KEYS[1], 'state', 2)
-redis.call('PUBLISH', '{NOTIFY}', ARGV[2] .. s[1])
+redis.call('PUBLISH', '{NOTIFY}', ARGV[1] .. s[1])
 return 1"
         )),
     })
@@ -251,42 +252,64 @@ fn field<'a>(map: &'a HashMap<String, String>, name: &str) -> Result<&'a str, St
     map.get(name).map(String::as_str).ok_or_else(|| backend(format!("session record lacks {name}")))
 }
 
+async fn subscribe(client: &redis::Client) -> redis::RedisResult<redis::aio::PubSub> {
+    let mut pubsub = client.get_async_pubsub().await?;
+    pubsub.subscribe(NOTIFY).await?;
+    pubsub.subscribe(ANSWERS).await?;
+    Ok(pubsub)
+}
+
+/// Turns notifications into wake-ups of local followers and relayed answers into messages for
+/// local handlers. If the subscription drops, it resubscribes and wakes every follower, so none
+/// waits for a notification lost in between.
+async fn listen(
+    client: redis::Client,
+    mut pubsub: redis::aio::PubSub,
+    heads: Arc<Heads>,
+    answers: tokio::sync::broadcast::Sender<RelayedAnswer>,
+) {
+    loop {
+        let mut messages = pubsub.into_on_message();
+        while let Some(message) = messages.next().await {
+            if message.get_channel_name() == ANSWERS {
+                let payload = message.get_payload_bytes();
+                let mut parts = payload.splitn(3, |b| *b == SEP as u8);
+                if let (Some(session), Some(id), Some(response)) = (parts.next(), parts.next(), parts.next()) {
+                    let _ = answers.send(RelayedAnswer {
+                        session: String::from_utf8_lossy(session).into_owned(),
+                        request_id: String::from_utf8_lossy(id).into_owned(),
+                        response: Bytes::copy_from_slice(response),
+                    });
+                }
+                continue;
+            }
+            let Ok(payload) = message.get_payload::<String>() else { continue };
+            let mut parts = payload.split(SEP);
+            let (Some(session), Some(stream), Some(seq)) = (parts.next(), parts.next(), parts.next()) else { continue };
+            let (Ok(stream), Ok(seq)) = (StreamName::parse(stream), seq.parse::<u64>()) else { continue };
+            heads.notify(session, &stream, seq);
+        }
+        tracing::warn!("redis subscription lost; resubscribing");
+        pubsub = loop {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            match subscribe(&client).await {
+                Ok(pubsub) => break pubsub,
+                Err(err) => tracing::warn!(%err, "redis resubscribe failed"),
+            }
+        };
+        heads.wake_all();
+    }
+}
+
 impl RedisStore {
     /// Connects to Redis at `url`. `owner` names this process for request leases.
     pub async fn open(url: &str, retention: Retention, owner: &str) -> Result<RedisStore, StoreError> {
         let client = redis::Client::open(url).map_err(backend)?;
         let redis = client.get_connection_manager().await.map_err(backend)?;
-        let mut pubsub = client.get_async_pubsub().await.map_err(backend)?;
-        pubsub.subscribe(NOTIFY).await.map_err(backend)?;
-        pubsub.subscribe(ANSWERS).await.map_err(backend)?;
+        let pubsub = subscribe(&client).await.map_err(backend)?;
         let heads = Arc::new(Heads::default());
-        let wake = Arc::clone(&heads);
         let (answers, _) = tokio::sync::broadcast::channel(256);
-        let relay = answers.clone();
-        let listener = tokio::spawn(async move {
-            let mut messages = pubsub.into_on_message();
-            while let Some(message) = messages.next().await {
-                if message.get_channel_name() == ANSWERS {
-                    let payload = message.get_payload_bytes();
-                    let mut parts = payload.splitn(3, |b| *b == SEP as u8);
-                    if let (Some(session), Some(id), Some(response)) = (parts.next(), parts.next(), parts.next()) {
-                        let _ = relay.send(RelayedAnswer {
-                            session: String::from_utf8_lossy(session).into_owned(),
-                            request_id: String::from_utf8_lossy(id).into_owned(),
-                            response: Bytes::copy_from_slice(response),
-                        });
-                    }
-                    continue;
-                }
-                let Ok(payload) = message.get_payload::<String>() else { continue };
-                let mut parts = payload.split(SEP);
-                let (Some(session), Some(stream), Some(seq)) = (parts.next(), parts.next(), parts.next()) else {
-                    continue;
-                };
-                let (Ok(stream), Ok(seq)) = (StreamName::parse(stream), seq.parse::<u64>()) else { continue };
-                wake.notify(session, &stream, seq);
-            }
-        });
+        let listener = tokio::spawn(listen(client, pubsub, Arc::clone(&heads), answers.clone()));
         Ok(RedisStore { redis, answers, retention, owner: owner.to_owned(), heads, listener })
     }
 
@@ -376,7 +399,6 @@ impl Store for RedisStore {
                 .key(requests_key(&id))
                 .arg(epoch)
                 .arg(how)
-                .arg(self.retention.tombstone_ms)
                 .arg(format!("tether:{{{id}}}:"))
                 .arg("")
                 .invoke_async::<i64>(&mut conn)
@@ -519,6 +541,12 @@ impl Store for RedisStore {
                 .map_err(script_error)?;
             if last {
                 let _: i64 = conn.zadd(RETIRING, retiring_stream(&session, &stream), 0).await.map_err(backend)?;
+                let _: i64 =
+                    conn.srem(owned_key(&self.owner), format!("{session}{SEP}{stream}")).await.map_err(backend)?;
+            }
+            // Local followers need not wait for the round trip through pub/sub.
+            if let Ok(name) = StreamName::parse(&stream) {
+                self.heads.notify(&session, &name, seq);
             }
             Ok(seq)
         })
@@ -528,19 +556,18 @@ impl Store for RedisStore {
         let (session, epoch, stream) = (session.to_owned(), epoch.to_string(), stream.to_string());
         Box::pin(async move {
             let mut conn = self.conn();
-            let [m, s, e, _] = Self::stream_keys(&session, &stream);
+            let [m, s, _, _] = Self::stream_keys(&session, &stream);
             scripts()
                 .end_stream
                 .key(m)
                 .key(s)
-                .key(e)
                 .arg(epoch)
-                .arg("")
                 .arg(notification_prefix(&session, &stream))
                 .invoke_async::<i64>(&mut conn)
                 .await
                 .map_err(script_error)?;
             let _: i64 = conn.zadd(RETIRING, retiring_stream(&session, &stream), 0).await.map_err(backend)?;
+            let _: i64 = conn.srem(owned_key(&self.owner), format!("{session}{SEP}{stream}")).await.map_err(backend)?;
             Ok(())
         })
     }
@@ -646,27 +673,34 @@ impl Store for RedisStore {
             let mut expired = Vec::new();
             for id in due {
                 let epoch: Option<String> = conn.hget(meta(&id), "epoch").await.map_err(backend)?;
-                let ended = match epoch {
-                    Some(epoch) => scripts()
-                        .end
-                        .key(meta(&id))
-                        .key(streams_key(&id))
-                        .key(requests_key(&id))
-                        .arg(epoch)
-                        .arg(2)
-                        .arg(self.retention.tombstone_ms)
-                        .arg(format!("tether:{{{id}}}:"))
-                        .arg(now_ms)
-                        .invoke_async::<i64>(&mut conn)
-                        .await
-                        .unwrap_or(0),
-                    None => 0,
+                let Some(epoch) = epoch else {
+                    let _: i64 = conn.zrem(SESSIONS, &id).await.map_err(backend)?;
+                    continue;
                 };
-                let _: i64 = conn.zrem(SESSIONS, &id).await.map_err(backend)?;
-                if ended == 1 {
-                    let _: i64 = conn.zadd(RETIRING, retiring_session(&id), 0).await.map_err(backend)?;
-                    self.heads.forget_session(&id);
-                    expired.push(id);
+                let ended = scripts()
+                    .end
+                    .key(meta(&id))
+                    .key(streams_key(&id))
+                    .key(requests_key(&id))
+                    .arg(epoch)
+                    .arg(2)
+                    .arg(format!("tether:{{{id}}}:"))
+                    .arg(now_ms)
+                    .invoke_async::<i64>(&mut conn)
+                    .await;
+                match ended {
+                    // Renewed in the meantime: its index entry already has the new deadline.
+                    Ok(0) => {}
+                    Ok(_) => {
+                        let _: i64 = conn.zrem(SESSIONS, &id).await.map_err(backend)?;
+                        let _: i64 = conn.zadd(RETIRING, retiring_session(&id), 0).await.map_err(backend)?;
+                        self.heads.forget_session(&id);
+                        expired.push(id);
+                    }
+                    Err(err) if matches!(script_error(err.clone()), StoreError::SessionGone) => {
+                        let _: i64 = conn.zrem(SESSIONS, &id).await.map_err(backend)?;
+                    }
+                    Err(err) => return Err(backend(err)),
                 }
             }
             // Requests of owners whose heartbeat lapsed will never finish: abort them.
@@ -681,7 +715,6 @@ impl Store for RedisStore {
                     let aborted: i64 = scripts()
                         .abort
                         .key(stream_key(session, stream))
-                        .arg("")
                         .arg(notification_prefix(session, stream))
                         .invoke_async(&mut conn)
                         .await

@@ -49,14 +49,6 @@ async fn standalone(shared: &Arc<Shared>, headers: &HeaderMap, principal: Option
     Ok(sse::response(connection.into_body(), headers))
 }
 
-async fn store_set_standalone(
-    shared: &Shared,
-    record: &tether_store::SessionRecord,
-    stream: &tether_core::lineage::StreamName,
-) -> Result<(), Rejection> {
-    shared.store.set_standalone_stream(&record.id, &record.epoch, stream).await.map_err(|e| crate::store_rejection(&e))
-}
-
 /// A resume: seed 004's three-way branch, decided by `decide_resume` alone.
 async fn resume(
     shared: &Arc<Shared>,
@@ -105,7 +97,11 @@ async fn resume(
         // A resumed standalone stream is the session's standalone stream again (after a plain
         // GET elsewhere replaced it, server messages follow the client back).
         runtime.adopt_get_stream(&cursor.stream);
-        store_set_standalone(shared, &record, &cursor.stream).await?;
+        shared
+            .store
+            .set_standalone_stream(&record.id, &record.epoch, &cursor.stream)
+            .await
+            .map_err(|e| crate::store_rejection(&e))?;
     }
     let attachment = runtime.attach(&cursor.stream);
     let headers = session_headers(&runtime);

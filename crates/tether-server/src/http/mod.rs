@@ -19,7 +19,7 @@ use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};
 use tether_core::lineage::{InvalidReason, check_session};
 use tether_core::mcp::header;
-use tether_store::{SessionRecord, SessionStatus};
+use tether_store::{SessionRecord, SessionStatus, StoreError};
 
 use crate::Shared;
 use crate::session::SessionRuntime;
@@ -131,13 +131,22 @@ pub(crate) async fn live_session(
     Ok((record, runtime))
 }
 
-/// Renews a session that was just found live; if it expired in between, says so.
+/// Renews a session that was just found live. If it ended in between, the reason is decided
+/// again from what the store now says; a store failure is a 503, not a lost session.
 pub(crate) async fn renew(shared: &Shared, record: &SessionRecord, now: u64) -> Result<(), Rejection> {
-    shared
-        .store
-        .touch_session(&record.id, &record.epoch, now)
-        .await
-        .map_err(|_| Rejection::session_invalid(InvalidReason::Expired))
+    match shared.store.touch_session(&record.id, &record.epoch, now).await {
+        Ok(()) => Ok(()),
+        Err(StoreError::SessionGone) => {
+            let status = shared.store.session(&record.id, now).await.map_err(|e| crate::store_rejection(&e))?;
+            let reason = match check_session(status.lookup(), now) {
+                // Live again under the same id: another incarnation replaced ours.
+                Ok(_) => InvalidReason::IncarnationMismatch,
+                Err(reason) => reason,
+            };
+            Err(Rejection::session_invalid(reason))
+        }
+        Err(err) => Err(crate::store_rejection(&err)),
+    }
 }
 
 /// 429 when a session has too many open streams and running requests.

@@ -161,7 +161,21 @@ async fn respond(shared: &Arc<Shared>, runtime: &Arc<SessionRuntime>, request: R
             Ok(FirstOutput::Final(bytes)) => return Ok(json_response(StatusCode::OK, bytes, headers)),
             Ok(FirstOutput::Event) | Err(_) => stream,
         },
-        Started::Attach { stream } => stream,
+        Started::Attach { stream } => {
+            let retained =
+                shared.store.stream_range(&runtime.id, &stream).await.map_err(|e| crate::store_rejection(&e))?;
+            if retained.is_none() {
+                // Never an empty stream: say that the earlier outcome is no longer retained.
+                let error = rpc_error(
+                    code::INVALID_REQUEST,
+                    "request_history_expired",
+                    format!("request id {id} was used before in this session and its stream is no longer retained"),
+                );
+                let body = Message::Response(jsonrpc::Response::error(Some(id), error)).to_vec();
+                return Ok(json_response(StatusCode::OK, body, headers));
+            }
+            stream
+        }
         Started::Conflict(error) => {
             let body = Message::Response(jsonrpc::Response::error(Some(id), error)).to_vec();
             return Ok(json_response(StatusCode::OK, body, headers));
