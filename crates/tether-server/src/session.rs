@@ -240,8 +240,8 @@ impl SessionRuntime {
     pub fn kick(&self, stream: &StreamName) {
         let mut state = self.lock();
         match state.attachments.get(stream) {
-            Some(tx) => tx.send_modify(|g| *g += 1),
-            None => {
+            Some(tx) if tx.receiver_count() > 0 => tx.send_modify(|g| *g += 1),
+            _ => {
                 state.pending_kicks.insert(stream.clone());
             }
         }
@@ -289,8 +289,9 @@ impl Drop for Attachment {
     fn drop(&mut self) {
         let mut state = self.runtime.lock();
         state.connections = state.connections.saturating_sub(1);
-        let current = state.attachments.get(&self.stream).is_some_and(|tx| *tx.borrow() == self.generation);
-        if current {
+        // Each attachment holds one receiver: if this is the last, no connection is attached.
+        let last = state.attachments.get(&self.stream).is_some_and(|tx| tx.receiver_count() <= 1);
+        if last {
             state.attachments.remove(&self.stream);
         }
     }
@@ -345,5 +346,58 @@ impl Sessions {
     /// The runtimes with nothing running.
     pub fn idle(&self) -> Vec<Arc<SessionRuntime>> {
         self.lock().values().filter(|r| !r.is_active()).cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runtime() -> Arc<SessionRuntime> {
+        let record = SessionRecord {
+            id: "s".into(),
+            epoch: Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch"),
+            principal: None,
+            protocol_version: ProtocolVersion::V2025_11_25,
+            client: serde_json::json!({}),
+            idle_ttl_ms: 1,
+            expires_at_ms: 1,
+        };
+        Arc::new(SessionRuntime::new(&record, "p".into()))
+    }
+
+    async fn closes(attachment: &mut Attachment) -> bool {
+        tokio::time::timeout(std::time::Duration::from_millis(50), attachment.superseded()).await.is_ok()
+    }
+
+    #[tokio::test]
+    async fn every_kick_closes_the_connection_that_is_attached_then_or_next() {
+        let runtime = runtime();
+        let stream = StreamName::parse("r1").expect("stream");
+        let mut first = runtime.attach(&stream);
+        assert!(!closes(&mut first).await, "nothing asked it to close");
+        runtime.kick(&stream);
+        assert!(closes(&mut first).await, "a kick closes the attached connection");
+        drop(first);
+        // Kicked while no connection is attached: the next one closes once caught up.
+        runtime.kick(&stream);
+        let mut second = runtime.attach(&stream);
+        assert!(closes(&mut second).await);
+        drop(second);
+        let mut third = runtime.attach(&stream);
+        assert!(!closes(&mut third).await, "a kick is used up once");
+    }
+
+    #[tokio::test]
+    async fn a_resume_takes_over_and_the_old_connection_closes() {
+        let runtime = runtime();
+        let stream = StreamName::parse("r1").expect("stream");
+        let mut old = runtime.attach(&stream);
+        let mut new = runtime.attach(&stream);
+        assert!(closes(&mut old).await);
+        assert!(!closes(&mut new).await);
+        drop(old);
+        assert!(!closes(&mut new).await, "the old connection going away does not close the new one");
+        assert_eq!(runtime.load(), 1);
     }
 }

@@ -91,7 +91,8 @@ pub struct Retention {
     pub max_events_per_stream: usize,
     /// Most event bytes retained per session.
     pub max_bytes_per_session: usize,
-    /// Most event bytes retained in all.
+    /// Most event bytes retained in all, by the memory backend (the durable backends are bounded
+    /// per session; their total is the disk's or Redis's to bound).
     pub max_bytes_total: usize,
     /// How long a process may go without a heartbeat before its running requests are aborted.
     pub lease_ms: u64,
