@@ -1,6 +1,7 @@
 //! The `tether` command: argument parsing and wiring only; the work is in the library crates.
 
 mod client_cli;
+mod probe_cli;
 mod serve;
 
 use std::process::ExitCode;
@@ -23,6 +24,8 @@ enum Command {
     Watch(client_cli::WatchArgs),
     /// Call one tool and print its notifications and outcome (JSON lines).
     Call(client_cli::CallArgs),
+    /// Audit any MCP server's session and resumption behaviour (exit status 2 if a check fails).
+    Probe(probe_cli::ProbeArgs),
     /// Play the official MCP conformance suite's client scenarios (reads MCP_CONFORMANCE_SCENARIO).
     ConformanceClient(client_cli::ConformanceArgs),
 }
@@ -38,6 +41,7 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Serve(args) => runtime.block_on(serve::run(args)).map(|()| ExitCode::SUCCESS),
         Command::Watch(args) => Ok(runtime.block_on(client_cli::watch(args))),
         Command::Call(args) => Ok(runtime.block_on(client_cli::call(args))),
+        Command::Probe(args) => runtime.block_on(probe_cli::run(args)),
         Command::ConformanceClient(args) => Ok(runtime.block_on(client_cli::conformance(args))),
     }
 }

@@ -1,0 +1,300 @@
+//! The black-box scenarios. Each sends a few requests, looks at what comes back, and gives a
+//! verdict with the evidence.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tether_core::lineage::{EventId, ObservedId};
+
+use crate::ProbeError;
+use crate::report::{Check, Verdict};
+use crate::wire::{Answer, Session, Wire};
+
+const SHORT: Duration = Duration::from_millis(1_500);
+const LONG: Duration = Duration::from_secs(10);
+
+fn check(id: &'static str, title: &'static str, verdict: Verdict, evidence: Vec<String>) -> Check {
+    Check { id, title, verdict, evidence, signature: None }
+}
+
+fn ping(id: u64) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "ping"})
+}
+
+/// Handshake: a session id of good quality.
+pub(crate) fn session_id(session: &Session, answer: &Answer) -> Check {
+    const TITLE: &str = "initialize mints a session id: visible ASCII, long enough to be unguessable";
+    let Some(id) = &session.id else {
+        return check(
+            "session-id",
+            TITLE,
+            Verdict::NotApplicable,
+            vec!["no Mcp-Session-Id: the server keeps no sessions".into()],
+        );
+    };
+    let evidence = vec![answer.summary(), format!("Mcp-Session-Id: {} characters", id.len())];
+    let visible = id.bytes().all(|b| (0x21..=0x7e).contains(&b));
+    // Characters of an id drawn from at least a 16-symbol alphabet carry ≥ 4 bits each.
+    let verdict = match (visible, id.len()) {
+        (false, _) => Verdict::Fail,
+        (true, n) if n < 32 => Verdict::Warn,
+        _ => Verdict::Pass,
+    };
+    check("session-id", TITLE, verdict, evidence)
+}
+
+/// An unsupported `MCP-Protocol-Version` is refused.
+pub(crate) async fn version_rejected(wire: &Wire, session: &Session) -> Result<Check, ProbeError> {
+    let answer = wire.post(Some(session), &ping(2), &[("mcp-protocol-version", "1999-01-01")], 4, SHORT).await?;
+    let verdict = if answer.status == 400 { Verdict::Pass } else { Verdict::Fail };
+    Ok(check(
+        "protocol-version-rejected",
+        "an unsupported MCP-Protocol-Version gets 400",
+        verdict,
+        vec![answer.summary()],
+    ))
+}
+
+/// An unknown session id gets 404, so clients re-initialize.
+pub(crate) async fn unknown_session(wire: &Wire, session: &Session) -> Result<Check, ProbeError> {
+    let ghost = Session { id: Some("tether-probe-no-such-session-0123456789".into()), ..session.clone() };
+    let answer = wire.post(Some(&ghost), &ping(3), &[], 4, SHORT).await?;
+    let mut result = check(
+        "unknown-session-404",
+        "an unknown session id gets 404 (not 400, not 401, not a fresh session)",
+        if answer.status == 404 { Verdict::Pass } else { Verdict::Fail },
+        vec![answer.summary()],
+    );
+    if (200..300).contains(&answer.status) {
+        result.signature = Some("session resurrection: a dead session id is accepted with fresh state");
+    }
+    Ok(result)
+}
+
+/// DELETE ends the session; later requests get 404.
+pub(crate) async fn delete_then_404(wire: &Wire) -> Result<Check, ProbeError> {
+    const TITLE: &str = "after DELETE, requests with the session id get 404";
+    let (session, _) = wire.initialize().await?;
+    if session.id.is_none() {
+        return Ok(check("delete-then-404", TITLE, Verdict::NotApplicable, vec!["no sessions".into()]));
+    }
+    let deleted = wire.delete(&session).await?;
+    if deleted == 405 {
+        return Ok(check(
+            "delete-then-404",
+            TITLE,
+            Verdict::NotApplicable,
+            vec!["DELETE → 405: clients may not end sessions".into()],
+        ));
+    }
+    let after = wire.post(Some(&session), &ping(4), &[], 4, SHORT).await?;
+    let verdict = if after.status == 404 { Verdict::Pass } else { Verdict::Fail };
+    Ok(check(
+        "delete-then-404",
+        TITLE,
+        verdict,
+        vec![format!("DELETE → {deleted}"), format!("then: {}", after.summary())],
+    ))
+}
+
+/// The streaming call the resumption checks use.
+#[derive(Debug, Clone)]
+pub(crate) struct StreamingCall {
+    pub tool: String,
+    pub arguments: Value,
+}
+
+impl StreamingCall {
+    fn body(&self, id: u64) -> Value {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": self.tool, "arguments": self.arguments}})
+    }
+}
+
+/// A complete call, read to its end: the reference the resumption checks compare with.
+pub(crate) struct Reference {
+    pub answer: Answer,
+    /// The notifications' params, in order.
+    pub notifications: Vec<Value>,
+}
+
+pub(crate) async fn reference(wire: &Wire, session: &Session, call: &StreamingCall) -> Result<Reference, ProbeError> {
+    let answer = wire.post(Some(session), &call.body(100), &[], 500, LONG).await?;
+    let notifications =
+        answer.messages().into_iter().filter(|m| m.get("id").is_none()).map(|m| m["params"].clone()).collect();
+    Ok(Reference { answer, notifications })
+}
+
+/// 2025-11-25: a priming event (id, empty data) and a `retry` hint.
+pub(crate) fn priming(session: &Session, reference: &Reference) -> Check {
+    const TITLE: &str = "2025-11-25 streams start with a priming event and announce retry";
+    if session.version != "2025-11-25" || reference.answer.events.is_empty() {
+        return check("priming-and-retry", TITLE, Verdict::NotApplicable, vec![reference.answer.summary()]);
+    }
+    let first = &reference.answer.events[0];
+    let primed = first.id.is_some() && first.data.trim().is_empty();
+    let retry = reference.answer.events.iter().any(|e| e.retry.is_some());
+    let verdict = match (primed, retry) {
+        (true, true) => Verdict::Pass,
+        _ => Verdict::Warn,
+    };
+    check(
+        "priming-and-retry",
+        TITLE,
+        verdict,
+        vec![reference.answer.summary(), format!("priming {primed}, retry {retry}")],
+    )
+}
+
+/// Ids increase along a stream, so a client can check order.
+pub(crate) fn ids_ordered(reference: &Reference) -> Check {
+    const TITLE: &str = "event ids carry order (and the stream), so continuity can be checked";
+    let ids: Vec<ObservedId> =
+        reference.answer.events.iter().filter_map(|e| e.id.as_deref()).map(ObservedId::parse).collect();
+    if ids.is_empty() {
+        return check("ids-ordered", TITLE, Verdict::Warn, vec!["no event ids: streams cannot be resumed".into()]);
+    }
+    let seqs: Option<Vec<u64>> = ids
+        .iter()
+        .map(|id| match id {
+            ObservedId::Lineage(id) => Some(id.seq),
+            ObservedId::Integer(n) => Some(*n),
+            ObservedId::Opaque(_) => None,
+        })
+        .collect();
+    let evidence = vec![format!("ids {:?}", ids.iter().map(ToString::to_string).take(5).collect::<Vec<_>>())];
+    let verdict = match seqs {
+        Some(seqs) if seqs.windows(2).all(|w| w[0] < w[1]) => Verdict::Pass,
+        Some(_) => Verdict::Fail,
+        None => Verdict::Warn,
+    };
+    check("ids-ordered", TITLE, verdict, evidence)
+}
+
+/// The core check: drop a streaming call mid-way, resume, and compare with the reference.
+pub(crate) async fn mid_stream_resume(
+    wire: &Wire,
+    session: &Session,
+    call: &StreamingCall,
+    reference: &Reference,
+) -> Result<(Check, Option<String>), ProbeError> {
+    const ID: &str = "mid-stream-resume";
+    const TITLE: &str = "a call dropped mid-stream resumes with exactly the events after the cursor";
+    let keep = 2;
+    let priming = usize::from(reference.answer.events.first().is_some_and(|e| e.data.trim().is_empty()));
+    let dropped = wire.post(Some(session), &call.body(101), &[], priming + keep, LONG).await?;
+    let Some(cursor) = dropped.events.iter().rev().find_map(|e| e.id.clone()) else {
+        return Ok((
+            check(ID, TITLE, Verdict::Warn, vec![dropped.summary(), "no event id to resume from".into()]),
+            None,
+        ));
+    };
+    let seen: Vec<Value> =
+        dropped.messages().into_iter().filter(|m| m.get("id").is_none()).map(|m| m["params"].clone()).collect();
+    let resumed = wire.get(session, Some(&cursor), 500, LONG).await?;
+    let mut evidence = vec![
+        format!("dropped after {} events, cursor {cursor}", dropped.events.len()),
+        format!("resume: {}", resumed.summary()),
+    ];
+    if !(200..300).contains(&resumed.status) {
+        return Ok((check(ID, TITLE, Verdict::Warn, evidence), Some(cursor)));
+    }
+    let after: Vec<Value> =
+        resumed.messages().into_iter().filter(|m| m.get("id").is_none()).map(|m| m["params"].clone()).collect();
+    let result = resumed.messages().into_iter().any(|m| m.get("id") == Some(&json!(101)));
+    let expected = reference.notifications.get(seen.len()..).unwrap_or_default();
+    let mut verdict = check(ID, TITLE, Verdict::Pass, Vec::new());
+    if resumed.events.first().and_then(|e| e.id.as_deref()) == Some(cursor.as_str()) {
+        verdict.verdict = Verdict::Fail;
+        verdict.signature = Some("duplicate: the replay repeats the cursor's own event");
+    } else if after.is_empty() && !result {
+        verdict.verdict = Verdict::Fail;
+        verdict.signature = Some("silent empty 200: the resume looks like a quiet stream");
+    } else if after != expected {
+        verdict.verdict = Verdict::Fail;
+        verdict.signature = Some(if after.len() < expected.len() {
+            "gap: events after the cursor are missing"
+        } else {
+            "duplicate: events are replayed twice"
+        });
+        evidence.push(format!("expected {} notifications after the cursor, got {}", expected.len(), after.len()));
+    } else if !result {
+        verdict.verdict = Verdict::Fail;
+        verdict.signature = Some("unbounded latency: the result never arrives");
+    }
+    verdict.evidence = evidence;
+    Ok((verdict, Some(cursor)))
+}
+
+/// What a resume with a cursor the server cannot honour looks like: explicit or silent.
+async fn explicit_refusal(wire: &Wire, session: &Session, cursor: &str) -> Result<(Verdict, String), ProbeError> {
+    let answer = wire.get(session, Some(cursor), 20, SHORT).await?;
+    let explicit = !(200..300).contains(&answer.status)
+        || answer.events.iter().any(|e| e.event.as_deref() == Some("resync") || e.data.contains("\"error\""));
+    Ok((
+        if explicit { Verdict::Pass } else { Verdict::Fail },
+        format!("Last-Event-ID {cursor:?}: {}", answer.summary()),
+    ))
+}
+
+/// Unknown, garbage and forged-ahead cursors get an explicit signal, never a silent 200.
+pub(crate) async fn bad_cursors(wire: &Wire, session: &Session, known: Option<&str>) -> Result<Vec<Check>, ProbeError> {
+    let (verdict, evidence) = explicit_refusal(wire, session, "tether-probe-unknown-cursor").await?;
+    let mut garbage = check(
+        "unknown-cursor",
+        "an unknown cursor is refused explicitly, not with a silent empty 200",
+        verdict,
+        vec![evidence],
+    );
+    if verdict == Verdict::Fail {
+        garbage.signature = Some("silent empty 200: a failed resume looks like a quiet stream");
+    }
+    let ahead = known.and_then(|id| match ObservedId::parse(id) {
+        ObservedId::Lineage(id) => Some(EventId { seq: id.seq + 1_000, ..id }.to_string()),
+        ObservedId::Integer(n) => Some((n + 1_000).to_string()),
+        ObservedId::Opaque(_) => None,
+    });
+    let title = "a cursor ahead of the stream is refused explicitly";
+    let forged = match ahead {
+        None => {
+            check("forged-ahead-cursor", title, Verdict::NotApplicable, vec!["ids carry no position to forge".into()])
+        }
+        Some(cursor) => {
+            let (verdict, evidence) = explicit_refusal(wire, session, &cursor).await?;
+            let mut c = check("forged-ahead-cursor", title, verdict, vec![evidence]);
+            if verdict == Verdict::Fail {
+                c.signature = Some("gap with continuous ids: the client is told nothing was lost");
+            }
+            c
+        }
+    };
+    Ok(vec![garbage, forged])
+}
+
+/// Session B presenting session A's cursor must not get A's events.
+pub(crate) async fn isolation(wire: &Wire, cursor_of_a: Option<&str>) -> Result<Check, ProbeError> {
+    const TITLE: &str = "another session's cursor never replays that session's events";
+    let Some(cursor) = cursor_of_a else {
+        return Ok(check("session-isolation", TITLE, Verdict::NotApplicable, vec!["no cursor".into()]));
+    };
+    let (b, _) = wire.initialize().await?;
+    let answer = wire.get(&b, Some(cursor), 20, SHORT).await?;
+    let leaked = (200..300).contains(&answer.status) && !answer.messages().is_empty();
+    let verdict = if leaked { Verdict::Fail } else { Verdict::Pass };
+    Ok(check("session-isolation", TITLE, verdict, vec![format!("session B with A's cursor: {}", answer.summary())]))
+}
+
+/// The result of a finished call can be recovered by resuming its stream.
+pub(crate) async fn result_recoverable(
+    wire: &Wire,
+    session: &Session,
+    reference: &Reference,
+) -> Result<Check, ProbeError> {
+    const TITLE: &str = "after a call finished, resuming its stream still delivers the result";
+    let Some(first) = reference.answer.events.iter().find_map(|e| e.id.clone()) else {
+        return Ok(check("result-recoverable", TITLE, Verdict::NotApplicable, vec!["no event ids".into()]));
+    };
+    let answer = wire.get(session, Some(&first), 500, SHORT).await?;
+    let recovered = answer.messages().iter().any(|m| m.get("id") == Some(&json!(100)));
+    let verdict = if recovered { Verdict::Pass } else { Verdict::Warn };
+    Ok(check("result-recoverable", TITLE, verdict, vec![format!("resume from {first}: {}", answer.summary())]))
+}

@@ -1,0 +1,97 @@
+//! `tether probe`: a black-box audit of an MCP Streamable HTTP server's session and resumption
+//! behaviour.
+//!
+//! The probe speaks only HTTP to the URL it is given, sends a bounded number of requests, and
+//! reports each check as pass, warn, fail or n/a with the evidence it saw. A failure names the seed
+//! failure signature it matches (silent empty 200, resurrection, gap, duplicate, unbounded
+//! latency), because "the resume returned 200" proves nothing by itself.
+
+mod checks;
+mod report;
+mod wire;
+
+use serde_json::{Value, json};
+
+pub use report::{Check, Report, Verdict};
+
+use checks::StreamingCall;
+use wire::Wire;
+
+/// Why a probe run could not produce a report.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The server could not be reached, or the connection failed.
+    #[error("transport: {0}")]
+    Transport(String),
+    /// `initialize` did not produce a result, so no check can run.
+    #[error("initialize failed: {0}")]
+    Handshake(String),
+    /// The run reached its request budget (a safety bound, never expected).
+    #[error("request budget of {0} exhausted")]
+    Budget(u32),
+}
+
+/// What to probe.
+#[derive(Debug, Clone)]
+pub struct ProbeConfig {
+    /// The MCP endpoint, e.g. `http://127.0.0.1:8080/mcp`.
+    pub url: String,
+    /// A tool that streams several notifications before its result, with its arguments. Without
+    /// one, the probe uses a `count` tool if the server lists it; otherwise the resumption checks
+    /// are n/a.
+    pub tool: Option<(String, Value)>,
+}
+
+/// Runs every check against the server and returns the report.
+pub async fn run(config: ProbeConfig) -> Result<Report, ProbeError> {
+    let wire = Wire::new(&config.url)?;
+    let (session, handshake) = wire.initialize().await?;
+    let mut out = vec![checks::session_id(&session, &handshake)];
+    if session.id.is_some() {
+        out.push(checks::version_rejected(&wire, &session).await?);
+        out.push(checks::unknown_session(&wire, &session).await?);
+        out.push(checks::delete_then_404(&wire).await?);
+    }
+    match streaming_call(&wire, &session, config.tool).await? {
+        Some(call) => {
+            let reference = checks::reference(&wire, &session, &call).await?;
+            out.push(checks::priming(&session, &reference));
+            out.push(checks::ids_ordered(&reference));
+            let (resume, cursor) = checks::mid_stream_resume(&wire, &session, &call, &reference).await?;
+            out.push(resume);
+            out.extend(checks::bad_cursors(&wire, &session, cursor.as_deref()).await?);
+            out.push(checks::isolation(&wire, cursor.as_deref()).await?);
+            out.push(checks::result_recoverable(&wire, &session, &reference).await?);
+        }
+        None => out.push(Check {
+            id: "resumption",
+            title: "resumption checks need a tool that streams notifications (--tool)",
+            verdict: Verdict::NotApplicable,
+            evidence: vec!["no --tool given and the server lists no `count` tool".into()],
+            signature: None,
+        }),
+    }
+    let _ = wire.delete(&session).await;
+    Ok(Report { target: config.url, requests: wire.sent(), checks: out })
+}
+
+/// The call the resumption checks use: the configured one, or the server's `count` tool.
+async fn streaming_call(
+    wire: &Wire,
+    session: &wire::Session,
+    configured: Option<(String, Value)>,
+) -> Result<Option<StreamingCall>, ProbeError> {
+    if let Some((tool, arguments)) = configured {
+        return Ok(Some(StreamingCall { tool, arguments }));
+    }
+    let list = json!({"jsonrpc": "2.0", "id": 10, "method": "tools/list"});
+    let answer = wire.post(Some(session), &list, &[], 8, std::time::Duration::from_secs(5)).await?;
+    let message =
+        answer.json.clone().or_else(|| answer.messages().into_iter().find(|m| m.get("id") == Some(&json!(10))));
+    let has_count = message
+        .as_ref()
+        .and_then(|m| m.pointer("/result/tools"))
+        .and_then(Value::as_array)
+        .is_some_and(|tools| tools.iter().any(|t| t.get("name") == Some(&json!("count"))));
+    Ok(has_count.then(|| StreamingCall { tool: "count".into(), arguments: json!({"to": 6, "interval_ms": 30}) }))
+}

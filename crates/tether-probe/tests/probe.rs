@@ -1,0 +1,120 @@
+//! The probe against real servers on loopback: tether itself must pass, and a server with the
+//! seed's defects must be caught with the right signatures.
+
+use axum::Router;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::{Value, json};
+use tether_probe::{ProbeConfig, Report, Verdict, run};
+use tether_server::{Builder, builtin::BuiltinHandler};
+
+struct Served {
+    url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve(app: Router) -> Served {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+    let url = format!("http://{}/mcp", listener.local_addr().expect("local addr"));
+    let task = tokio::spawn(async move {
+        let _ = tether_server::serve(listener, app).await;
+    });
+    Served { url, task }
+}
+
+async fn probe(url: &str) -> Report {
+    let config = ProbeConfig { url: url.to_owned(), tool: None };
+    tokio::time::timeout(std::time::Duration::from_secs(60), run(config))
+        .await
+        .expect("probe finishes")
+        .expect("probe runs")
+}
+
+fn verdict(report: &Report, id: &str) -> Verdict {
+    report.checks.iter().find(|c| c.id == id).unwrap_or_else(|| panic!("no check {id}: {}", report.to_table())).verdict
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tether_passes_every_check() {
+    let server = serve(Builder::new(BuiltinHandler::new()).build().router("/mcp")).await;
+    let report = probe(&server.url).await;
+    assert!(!report.failed(), "{}", report.to_table());
+    for id in [
+        "unknown-session-404",
+        "delete-then-404",
+        "mid-stream-resume",
+        "unknown-cursor",
+        "forged-ahead-cursor",
+        "session-isolation",
+        "result-recoverable",
+        "priming-and-retry",
+        "ids-ordered",
+    ] {
+        assert_eq!(verdict(&report, id), Verdict::Pass, "{id}\n{}", report.to_table());
+    }
+    let json: Value = serde_json::from_str(&report.to_json()).expect("report JSON");
+    assert_eq!(json["checks"].as_array().map(Vec::len), Some(report.checks.len()));
+    assert!(report.to_markdown().starts_with("# tether probe"));
+}
+
+/// A server with the seed defects: any session id is accepted (resurrection), every resume is a
+/// quiet empty 200, and its streaming tool's stream cannot be resumed.
+fn defective() -> Router {
+    async fn on_post(headers: HeaderMap, body: String) -> Response {
+        let message: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        let id = message.get("id").cloned();
+        let result = match message.get("method").and_then(Value::as_str) {
+            Some("initialize") => {
+                json!({"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "defective", "version": "0"}})
+            }
+            Some("tools/list") => json!({"tools": [{"name": "count", "inputSchema": {"type": "object"}}]}),
+            _ => json!({"content": []}),
+        };
+        let Some(id) = id else { return StatusCode::ACCEPTED.into_response() };
+        let session = headers
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("0123456789abcdef0123456789abcdef")
+            .to_owned();
+        if message.get("method") == Some(&json!("tools/call")) {
+            let mut sse = String::new();
+            for i in 1..=6 {
+                let note = json!({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": {"count": i}}});
+                sse.push_str(&format!("id: {i}\ndata: {note}\n\n"));
+            }
+            sse.push_str(&format!("id: 7\ndata: {}\n\n", json!({"jsonrpc": "2.0", "id": id, "result": result})));
+            return ([("content-type", "text/event-stream"), ("mcp-session-id", session.as_str())], sse)
+                .into_response();
+        }
+        let reply = json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string();
+        ([("content-type", "application/json"), ("mcp-session-id", session.as_str())], reply).into_response()
+    }
+    async fn on_get() -> Response {
+        ([("content-type", "text/event-stream")], "").into_response()
+    }
+    Router::new().route("/mcp", post(on_post).get(on_get).delete(|| async { StatusCode::OK }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_defective_server_is_caught() {
+    let server = serve(defective()).await;
+    let report = probe(&server.url).await;
+    assert!(report.failed(), "{}", report.to_table());
+    let signature = |id: &str| report.checks.iter().find(|c| c.id == id).and_then(|c| c.signature).unwrap_or("");
+    assert_eq!(verdict(&report, "unknown-session-404"), Verdict::Fail);
+    assert!(signature("unknown-session-404").contains("resurrection"));
+    assert_eq!(verdict(&report, "delete-then-404"), Verdict::Fail);
+    assert_eq!(verdict(&report, "protocol-version-rejected"), Verdict::Fail);
+    assert_eq!(verdict(&report, "mid-stream-resume"), Verdict::Fail);
+    assert!(signature("mid-stream-resume").contains("silent empty 200"));
+    assert_eq!(verdict(&report, "unknown-cursor"), Verdict::Fail);
+    assert_eq!(verdict(&report, "forged-ahead-cursor"), Verdict::Fail);
+    assert_eq!(verdict(&report, "result-recoverable"), Verdict::Warn);
+}

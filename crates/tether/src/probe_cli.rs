@@ -1,0 +1,58 @@
+//! `tether probe`: audit a server's resumption behaviour and print the report.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+use tether_probe::ProbeConfig;
+
+/// Exit status when a check failed.
+const EXIT_FAILED: u8 = 2;
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Format {
+    /// A plain-text table.
+    Table,
+    /// JSON: `{target, requests, checks: [{id, title, verdict, evidence, signature?}]}`.
+    Json,
+    /// A Markdown report.
+    Markdown,
+}
+
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// MCP endpoint URL.
+    url: String,
+    /// A tool that sends several notifications before its result (default: the server's `count`).
+    #[arg(long)]
+    tool: Option<String>,
+    /// The tool's arguments, as a JSON object.
+    #[arg(long, default_value = "{}", requires = "tool")]
+    args: String,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+    /// Write the report to this file instead of stdout.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// Runs the probe; exit status 0 if nothing failed, 2 if a check failed.
+pub async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
+    let tool = match args.tool {
+        Some(name) => Some((name, serde_json::from_str(&args.args).context("--args is not JSON")?)),
+        None => None,
+    };
+    let report = tether_probe::run(ProbeConfig { url: args.url, tool }).await?;
+    let text = match args.format {
+        Format::Table => report.to_table(),
+        Format::Json => report.to_json() + "\n",
+        Format::Markdown => report.to_markdown(),
+    };
+    match args.out {
+        Some(path) => std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?,
+        None => print!("{text}"),
+    }
+    Ok(if report.failed() { ExitCode::from(EXIT_FAILED) } else { ExitCode::SUCCESS })
+}
