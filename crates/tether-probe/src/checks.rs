@@ -10,10 +10,10 @@ use crate::ProbeError;
 use crate::report::{Check, Verdict};
 use crate::wire::{Answer, Session, Wire};
 
-const SHORT: Duration = Duration::from_millis(1_500);
+pub(crate) const SHORT: Duration = Duration::from_millis(1_500);
 const LONG: Duration = Duration::from_secs(10);
 
-fn check(id: &'static str, title: &'static str, verdict: Verdict, evidence: Vec<String>) -> Check {
+pub(crate) fn check(id: &'static str, title: &'static str, verdict: Verdict, evidence: Vec<String>) -> Check {
     Check { id, title, verdict, evidence, signature: None }
 }
 
@@ -53,6 +53,24 @@ pub(crate) async fn version_rejected(wire: &Wire, session: &Session) -> Result<C
         verdict,
         vec![answer.summary()],
     ))
+}
+
+/// DNS-rebinding defences: a foreign `Origin` is refused, and so is a foreign `Host` when the
+/// server is on loopback. Allowed to be missing for resumption, so a warning, not a failure.
+pub(crate) async fn origin_and_host(wire: &Wire, session: &Session) -> Result<Check, ProbeError> {
+    const TITLE: &str = "a foreign Origin (and, on loopback, a foreign Host) is refused";
+    let origin = wire.post(Some(session), &ping(5), &[("origin", "http://tether-probe.invalid")], 4, SHORT).await?;
+    let mut evidence = vec![format!("Origin http://tether-probe.invalid: {}", origin.summary())];
+    let mut refused = matches!(origin.status, 400 | 403);
+    if wire.on_loopback() {
+        let host = wire.post(Some(session), &ping(6), &[("host", "tether-probe.invalid")], 4, SHORT).await?;
+        evidence.push(format!("Host tether-probe.invalid: {}", host.summary()));
+        refused &= matches!(host.status, 400 | 403 | 421);
+    }
+    if !refused {
+        evidence.push("the spec requires servers to validate Origin (DNS rebinding)".into());
+    }
+    Ok(check("origin-host-rejected", TITLE, if refused { Verdict::Pass } else { Verdict::Warn }, evidence))
 }
 
 /// An unknown session id gets 404, so clients re-initialize.
@@ -117,11 +135,38 @@ pub(crate) struct Reference {
     pub notifications: Vec<Value>,
 }
 
+/// Most resumes the probe makes to follow one call whose server closes streams mid-call
+/// (SEP-1699 polling), as a client would.
+const MAX_FOLLOW: usize = 8;
+
+pub(crate) fn notifications(answers: &[Answer]) -> Vec<Value> {
+    answers.iter().flat_map(Answer::messages).filter(|m| m.get("id").is_none()).map(|m| m["params"].clone()).collect()
+}
+
+pub(crate) fn has_result(answers: &[Answer], id: u64) -> bool {
+    answers.iter().flat_map(Answer::messages).any(|m| m.get("id") == Some(&json!(id)))
+}
+
+/// Resumes after `answer` for as long as the server ends the stream before the result of
+/// request `id` while still making progress (new event ids).
+pub(crate) async fn follow(wire: &Wire, session: &Session, answer: Answer, id: u64) -> Result<Vec<Answer>, ProbeError> {
+    let mut answers = vec![answer];
+    while answers.len() <= MAX_FOLLOW && !has_result(&answers, id) {
+        let last = &answers[answers.len() - 1];
+        let Some(cursor) = last.events.iter().rev().find_map(|e| e.id.clone()) else { break };
+        if !last.ended || !(200..300).contains(&last.status) {
+            break;
+        }
+        let next = wire.get(session, Some(&cursor), 500, LONG).await?;
+        answers.push(next);
+    }
+    Ok(answers)
+}
+
 pub(crate) async fn reference(wire: &Wire, session: &Session, call: &StreamingCall) -> Result<Reference, ProbeError> {
     let answer = wire.post(Some(session), &call.body(100), &[], 500, LONG).await?;
-    let notifications =
-        answer.messages().into_iter().filter(|m| m.get("id").is_none()).map(|m| m["params"].clone()).collect();
-    Ok(Reference { answer, notifications })
+    let answers = follow(wire, session, answer.clone(), 100).await?;
+    Ok(Reference { answer, notifications: notifications(&answers) })
 }
 
 /// 2025-11-25: a priming event (id, empty data) and a `retry` hint.
@@ -177,33 +222,79 @@ pub(crate) async fn mid_stream_resume(
     call: &StreamingCall,
     reference: &Reference,
 ) -> Result<(Check, Option<String>), ProbeError> {
-    const ID: &str = "mid-stream-resume";
-    const TITLE: &str = "a call dropped mid-stream resumes with exactly the events after the cursor";
+    let which = ResumeCheck {
+        id: "mid-stream-resume",
+        title: "a call dropped mid-stream resumes with exactly the events after the cursor",
+        request: 101,
+    };
+    dropped_call(wire, wire, session, call, reference, which).await
+}
+
+/// The same, resuming on another replica than the one the call started on.
+pub(crate) async fn replica_resume(
+    wire: &Wire,
+    replica: &Wire,
+    session: &Session,
+    call: &StreamingCall,
+    reference: &Reference,
+) -> Result<Check, ProbeError> {
+    let which = ResumeCheck {
+        id: "replica-resume",
+        title: "a call dropped on one replica resumes exactly on another (or is refused explicitly)",
+        request: 102,
+    };
+    let (mut result, _) = dropped_call(wire, replica, session, call, reference, which).await?;
+    result.evidence.insert(0, format!("call on {}, resume on {}", wire.url, replica.url));
+    Ok(result)
+}
+
+/// Which dropped-call check this is, and the request id its call uses.
+pub(crate) struct ResumeCheck {
+    id: &'static str,
+    title: &'static str,
+    request: u64,
+}
+
+/// Starts `call` on `wire`, drops it after a few events, resumes on `at` and follows it to its
+/// result, then compares what arrived after the cursor with the reference.
+async fn dropped_call(
+    wire: &Wire,
+    at: &Wire,
+    session: &Session,
+    call: &StreamingCall,
+    reference: &Reference,
+    which: ResumeCheck,
+) -> Result<(Check, Option<String>), ProbeError> {
+    let ResumeCheck { id, title, request } = which;
     let keep = 2;
     let priming = usize::from(reference.answer.events.first().is_some_and(|e| e.data.trim().is_empty()));
-    let dropped = wire.post(Some(session), &call.body(101), &[], priming + keep, LONG).await?;
+    let dropped = wire.post(Some(session), &call.body(request), &[], priming + keep, LONG).await?;
     let Some(cursor) = dropped.events.iter().rev().find_map(|e| e.id.clone()) else {
         return Ok((
-            check(ID, TITLE, Verdict::Warn, vec![dropped.summary(), "no event id to resume from".into()]),
+            check(id, title, Verdict::Warn, vec![dropped.summary(), "no event id to resume from".into()]),
             None,
         ));
     };
-    let seen: Vec<Value> =
-        dropped.messages().into_iter().filter(|m| m.get("id").is_none()).map(|m| m["params"].clone()).collect();
-    let resumed = wire.get(session, Some(&cursor), 500, LONG).await?;
+    let seen = notifications(std::slice::from_ref(&dropped));
+    let resumed = at.get(session, Some(&cursor), 500, LONG).await?;
     let mut evidence = vec![
         format!("dropped after {} events, cursor {cursor}", dropped.events.len()),
         format!("resume: {}", resumed.summary()),
     ];
     if !(200..300).contains(&resumed.status) {
-        return Ok((check(ID, TITLE, Verdict::Warn, evidence), Some(cursor)));
+        return Ok((check(id, title, Verdict::Warn, evidence), Some(cursor)));
     }
-    let after: Vec<Value> =
-        resumed.messages().into_iter().filter(|m| m.get("id").is_none()).map(|m| m["params"].clone()).collect();
-    let result = resumed.messages().into_iter().any(|m| m.get("id") == Some(&json!(101)));
+    let first_id = resumed.events.first().and_then(|e| e.id.clone());
+    let answers = follow(at, session, resumed, request).await?;
+    if answers.len() > 1 {
+        evidence
+            .push(format!("the server ended the stream again; followed it with {} more resumes", answers.len() - 1));
+    }
+    let after = notifications(&answers);
+    let result = has_result(&answers, request);
     let expected = reference.notifications.get(seen.len()..).unwrap_or_default();
-    let mut verdict = check(ID, TITLE, Verdict::Pass, Vec::new());
-    if resumed.events.first().and_then(|e| e.id.as_deref()) == Some(cursor.as_str()) {
+    let mut verdict = check(id, title, Verdict::Pass, Vec::new());
+    if first_id.as_deref() == Some(cursor.as_str()) {
         verdict.verdict = Verdict::Fail;
         verdict.signature = Some("duplicate: the replay repeats the cursor's own event");
     } else if after.is_empty() && !result {

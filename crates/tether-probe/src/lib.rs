@@ -8,6 +8,7 @@
 
 mod checks;
 mod report;
+mod restart;
 mod wire;
 
 use serde_json::{Value, json};
@@ -26,6 +27,9 @@ pub enum ProbeError {
     /// `initialize` did not produce a result, so no check can run.
     #[error("initialize failed: {0}")]
     Handshake(String),
+    /// The `--restart-cmd` failed, or the server did not come back.
+    #[error("restart: {0}")]
+    Restart(String),
     /// The run reached its request budget (a safety bound, never expected).
     #[error("request budget of {0} exhausted")]
     Budget(u32),
@@ -40,6 +44,11 @@ pub struct ProbeConfig {
     /// one, the probe uses a `count` tool if the server lists it; otherwise the resumption checks
     /// are n/a.
     pub tool: Option<(String, Value)>,
+    /// A shell command that restarts the server (and returns once it is started); enables the
+    /// restart check.
+    pub restart_command: Option<String>,
+    /// Other replicas behind the same deployment; enables the replica-switch check.
+    pub replicas: Vec<String>,
 }
 
 /// Runs every check against the server and returns the report.
@@ -49,6 +58,7 @@ pub async fn run(config: ProbeConfig) -> Result<Report, ProbeError> {
     let mut out = vec![checks::session_id(&session, &handshake)];
     if session.id.is_some() {
         out.push(checks::version_rejected(&wire, &session).await?);
+        out.push(checks::origin_and_host(&wire, &session).await?);
         out.push(checks::unknown_session(&wire, &session).await?);
         out.push(checks::delete_then_404(&wire).await?);
     }
@@ -62,6 +72,12 @@ pub async fn run(config: ProbeConfig) -> Result<Report, ProbeError> {
             out.extend(checks::bad_cursors(&wire, &session, cursor.as_deref()).await?);
             out.push(checks::isolation(&wire, cursor.as_deref()).await?);
             out.push(checks::result_recoverable(&wire, &session, &reference).await?);
+            for replica in &config.replicas {
+                out.push(checks::replica_resume(&wire, &wire.at(replica), &session, &call, &reference).await?);
+            }
+            if let Some(command) = &config.restart_command {
+                out.push(restart::restart(&wire, &session, &reference, command).await?);
+            }
         }
         None => out.push(Check {
             id: "resumption",

@@ -1,5 +1,6 @@
 //! The probe's HTTP exchanges: a bounded number of requests, only to the URL it was given.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -63,7 +64,7 @@ pub(crate) struct Session {
 pub(crate) struct Wire {
     http: reqwest::Client,
     pub url: String,
-    sent: AtomicU32,
+    sent: Arc<AtomicU32>,
 }
 
 impl Wire {
@@ -73,7 +74,12 @@ impl Wire {
             .pool_max_idle_per_host(0)
             .build()
             .map_err(|e| ProbeError::Transport(e.to_string()))?;
-        Ok(Wire { http, url: url.to_owned(), sent: AtomicU32::new(0) })
+        Ok(Wire { http, url: url.to_owned(), sent: Arc::default() })
+    }
+
+    /// The same client and request budget, aimed at another URL (a replica).
+    pub fn at(&self, url: &str) -> Wire {
+        Wire { http: self.http.clone(), url: url.to_owned(), sent: Arc::clone(&self.sent) }
     }
 
     fn count(&self) -> Result<(), ProbeError> {
@@ -81,6 +87,32 @@ impl Wire {
             return Err(ProbeError::Budget(MAX_REQUESTS));
         }
         Ok(())
+    }
+
+    /// Whether the URL names a loopback host, where a foreign `Host` header means DNS rebinding.
+    pub fn on_loopback(&self) -> bool {
+        reqwest::Url::parse(&self.url).ok().and_then(|u| u.host_str().map(str::to_owned)).is_some_and(|host| {
+            host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()) || host == "[::1]"
+        })
+    }
+
+    /// Waits until the server's port accepts TCP connections again (no HTTP requests spent).
+    pub async fn wait_until_accepting(&self, limit: Duration) -> Result<(), ProbeError> {
+        let url = reqwest::Url::parse(&self.url).map_err(|e| ProbeError::Transport(e.to_string()))?;
+        let address = url
+            .socket_addrs(|| None)
+            .map_err(|e| ProbeError::Transport(e.to_string()))?
+            .into_iter()
+            .next()
+            .ok_or_else(|| ProbeError::Transport(format!("{} names no address", self.url)))?;
+        let deadline = tokio::time::Instant::now() + limit;
+        while tokio::time::Instant::now() < deadline {
+            if tokio::net::TcpStream::connect(address).await.is_ok() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(ProbeError::Restart(format!("{} did not accept connections within {limit:?}", self.url)))
     }
 
     /// Requests sent so far.

@@ -30,7 +30,7 @@ async fn serve(app: Router) -> Served {
 }
 
 async fn probe(url: &str) -> Report {
-    let config = ProbeConfig { url: url.to_owned(), tool: None };
+    let config = ProbeConfig { url: url.to_owned(), tool: None, restart_command: None, replicas: Vec::new() };
     tokio::time::timeout(std::time::Duration::from_secs(60), run(config))
         .await
         .expect("probe finishes")

@@ -30,6 +30,13 @@ pub struct ProbeArgs {
     /// The tool's arguments, as a JSON object.
     #[arg(long, default_value = "{}", requires = "tool")]
     args: String,
+    /// A shell command that restarts the server and returns once it is started: enables the
+    /// restart check (the probe then waits for the port).
+    #[arg(long)]
+    restart_cmd: Option<String>,
+    /// Another replica of the same deployment: a call started on URL is resumed there.
+    #[arg(long = "replica")]
+    replicas: Vec<String>,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
@@ -44,7 +51,13 @@ pub async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         Some(name) => Some((name, serde_json::from_str(&args.args).context("--args is not JSON")?)),
         None => None,
     };
-    let report = tether_probe::run(ProbeConfig { url: args.url, tool }).await?;
+    let report = tether_probe::run(ProbeConfig {
+        url: args.url,
+        tool,
+        restart_command: args.restart_cmd,
+        replicas: args.replicas,
+    })
+    .await?;
     let text = match args.format {
         Format::Table => report.to_table(),
         Format::Json => report.to_json() + "\n",

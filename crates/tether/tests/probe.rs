@@ -1,0 +1,144 @@
+//! `tether probe` against `tether serve` processes: every check passes, including a kill -9
+//! restart (`--restart-cmd`) on the embedded store and a switch between two replicas on Redis.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+use tether_testkit::RedisServer;
+
+/// A script that (re)starts `tether serve` on `port` in the background, killing the previous one
+/// with SIGKILL first; it records the server's pid so the test can stop it.
+fn restart_script(dir: &Path, port: u16, extra: &str) -> String {
+    let script = dir.join("restart.sh");
+    let text = format!(
+        "#!/bin/sh\nset -e\ncd '{dir}'\nif [ -f pid ]; then kill -9 \"$(cat pid)\" 2>/dev/null || true; sleep 0.3; fi\n\
+         '{bin}' serve --listen 127.0.0.1:{port} --data-dir data {extra} >/dev/null 2>&1 &\necho $! > pid\n",
+        dir = dir.display(),
+        bin = env!("CARGO_BIN_EXE_tether"),
+    );
+    std::fs::write(&script, text).expect("write script");
+    format!("sh '{}'", script.display())
+}
+
+/// Stops the server the script started last.
+struct Started(std::path::PathBuf);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(self.0.join("pid")) {
+            let _ = Command::new("kill").arg("-9").arg(pid.trim()).status();
+        }
+    }
+}
+
+fn probe(args: &[&str]) -> (Option<i32>, Value) {
+    let output = Command::new(env!("CARGO_BIN_EXE_tether"))
+        .arg("probe")
+        .args(args)
+        .args(["--format", "json"])
+        .output()
+        .expect("run tether probe");
+    let report = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("JSON report ({e}): {}", String::from_utf8_lossy(&output.stderr)));
+    (output.status.code(), report)
+}
+
+fn verdicts(report: &Value) -> Vec<(String, String)> {
+    report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .map(|c| (c["id"].as_str().unwrap_or("").to_owned(), c["verdict"].as_str().unwrap_or("").to_owned()))
+        .collect()
+}
+
+fn verdict(report: &Value, id: &str) -> String {
+    verdicts(report).into_iter().find(|(c, _)| c == id).map(|(_, v)| v).unwrap_or_else(|| panic!("no {id}: {report}"))
+}
+
+fn evidence(report: &Value, id: &str) -> String {
+    report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["id"] == id)
+        .map(|c| c["evidence"].to_string())
+        .unwrap_or_default()
+}
+
+fn wait_for_port(port: u16) {
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("server on {port} did not start");
+}
+
+#[test]
+fn embedded_store_survives_a_kill_9_restart_with_continuous_history() {
+    let dir = temp_dir("probe-restart");
+    let port = free_port();
+    let command = restart_script(&dir, port, "");
+    let _started = Started(dir.clone());
+    assert!(Command::new("sh").arg("-c").arg(&command).status().expect("start").success());
+    wait_for_port(port);
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let (code, report) = probe(&[&url, "--restart-cmd", &command]);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert!(verdicts(&report).iter().all(|(_, v)| v == "pass"), "{report:#}");
+    assert!(evidence(&report, "restart").contains("continuous history"), "{report:#}");
+    drop(_started);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn memory_store_restart_answers_404() {
+    let dir = temp_dir("probe-restart-memory");
+    let port = free_port();
+    let command = restart_script(&dir, port, "--store memory");
+    let _started = Started(dir.clone());
+    assert!(Command::new("sh").arg("-c").arg(&command).status().expect("start").success());
+    wait_for_port(port);
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let (code, report) = probe(&[&url, "--restart-cmd", &command]);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(verdict(&report, "restart"), "pass");
+    assert!(evidence(&report, "restart").contains("HTTP 404"), "{report:#}");
+    drop(_started);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn redis_replicas_resume_each_other_s_calls_exactly() {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let redis = runtime.block_on(RedisServer::start());
+    let dir = temp_dir("probe-replicas");
+    let (a, b) = (free_port(), free_port());
+    let store = ["--store", "redis", "--redis-url", &redis.url];
+    let (_first, url_a) = serve(a, &dir.join("a"), &store);
+    let (_second, url_b) = serve(b, &dir.join("b"), &store);
+    let (code, report) = probe(&[&url_a, "--replica", &url_b]);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(verdict(&report, "replica-resume"), "pass", "{report:#}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn memory_replicas_without_shared_history_are_refused_explicitly() {
+    let dir = temp_dir("probe-replicas-memory");
+    let (a, b) = (free_port(), free_port());
+    let (_first, url_a) = serve(a, &dir.join("a"), &["--store", "memory"]);
+    let (_second, url_b) = serve(b, &dir.join("b"), &["--store", "memory"]);
+    let (code, report) = probe(&[&url_a, "--replica", &url_b]);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(verdict(&report, "replica-resume"), "warn", "{report:#}");
+    assert!(evidence(&report, "replica-resume").contains("HTTP 404"), "{report:#}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
