@@ -51,11 +51,30 @@ pub struct ProbeConfig {
     pub replicas: Vec<String>,
 }
 
-/// Runs every check against the server and returns the report.
-pub async fn run(config: ProbeConfig) -> Result<Report, ProbeError> {
+/// The checks so far, shown to `progress` as each one finishes.
+struct Recorder<F> {
+    checks: Vec<Check>,
+    progress: F,
+}
+
+impl<F: FnMut(&Check)> Recorder<F> {
+    fn push(&mut self, check: Check) {
+        (self.progress)(&check);
+        self.checks.push(check);
+    }
+
+    fn extend(&mut self, checks: Vec<Check>) {
+        checks.into_iter().for_each(|c| self.push(c));
+    }
+}
+
+/// Runs every check against the server and returns the report; `progress` sees each check as
+/// it finishes (for a progress display).
+pub async fn run(config: ProbeConfig, progress: impl FnMut(&Check)) -> Result<Report, ProbeError> {
     let wire = Wire::new(&config.url)?;
     let (session, handshake) = wire.initialize().await?;
-    let mut out = vec![checks::session_id(&session, &handshake)];
+    let mut out = Recorder { checks: Vec::new(), progress };
+    out.push(checks::session_id(&session, &handshake));
     if session.id.is_some() {
         out.push(checks::version_rejected(&wire, &session).await?);
         out.push(checks::origin_and_host(&wire, &session).await?);
@@ -88,7 +107,7 @@ pub async fn run(config: ProbeConfig) -> Result<Report, ProbeError> {
         }),
     }
     let _ = wire.delete(&session).await;
-    Ok(Report { target: config.url, requests: wire.sent(), checks: out })
+    Ok(Report { target: config.url, requests: wire.sent(), checks: out.checks })
 }
 
 /// The call the resumption checks use: the configured one, or the server's `count` tool.

@@ -18,6 +18,17 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// `text` in this verdict's ANSI colour.
+    pub fn paint(self, text: &str) -> String {
+        let code = match self {
+            Verdict::Pass => "32",
+            Verdict::Warn => "33",
+            Verdict::Fail => "1;31",
+            Verdict::NotApplicable => "2",
+        };
+        format!("\x1b[{code}m{text}\x1b[0m")
+    }
+
     /// The verdict as printed.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -70,9 +81,20 @@ impl Report {
 
     /// A plain-text table.
     pub fn to_table(&self) -> String {
+        self.table(false)
+    }
+
+    /// The table with verdicts in ANSI colours, for a terminal.
+    pub fn to_colour_table(&self) -> String {
+        self.table(true)
+    }
+
+    fn table(&self, colour: bool) -> String {
         let mut out = format!("tether probe {} ({} requests)\n", self.target, self.requests);
         for check in &self.checks {
-            out.push_str(&format!("{:<5} {:<28} {}\n", check.verdict.as_str(), check.id, check.title));
+            let verdict = format!("{:<5}", check.verdict.as_str());
+            let verdict = if colour { check.verdict.paint(&verdict) } else { verdict };
+            out.push_str(&format!("{verdict} {:<28} {}\n", check.id, check.title));
             if check.verdict != Verdict::Pass {
                 if let Some(signature) = check.signature {
                     out.push_str(&format!("      signature: {signature}\n"));
@@ -110,4 +132,55 @@ impl Report {
         }
         out
     }
+
+    /// One self-contained HTML page (inline style, no scripts) a person can read and share.
+    pub fn to_html(&self) -> String {
+        let mut rows = String::new();
+        for check in &self.checks {
+            let verdict = check.verdict.as_str();
+            let class = if check.verdict == Verdict::NotApplicable { "na" } else { verdict };
+            let mut detail = String::new();
+            if let Some(signature) = check.signature {
+                detail.push_str(&format!("<p class=sig>{}</p>", escape(signature)));
+            }
+            if check.verdict != Verdict::Pass {
+                detail.push_str("<ul>");
+                for line in &check.evidence {
+                    detail.push_str(&format!("<li><code>{}</code></li>", escape(line)));
+                }
+                detail.push_str("</ul>");
+            }
+            rows.push_str(&format!(
+                "<tr><td class={class}>{verdict}</td><td><code>{}</code></td><td>{}{detail}</td></tr>\n",
+                escape(check.id),
+                escape(check.title)
+            ));
+        }
+        format!(
+            "<!doctype html>\n<html lang=en><head><meta charset=utf-8><title>tether probe: {target}</title>\n\
+             <style>body{{font:15px/1.4 system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}}\
+             table{{border-collapse:collapse;width:100%}}td{{border-top:1px solid #ddd;padding:.4rem;vertical-align:top}}\
+             .pass{{color:#186a3b}}.warn{{color:#9a6700}}.fail{{color:#b00020;font-weight:bold}}.na{{color:#777}}\
+             .sig{{margin:.2rem 0;font-style:italic}}ul{{margin:.2rem 0;padding-left:1.2rem}}</style></head>\n\
+             <body><h1>tether probe</h1><p><code>{target}</code>: {requests} requests</p>\n<table>\n{rows}</table></body></html>\n",
+            target = escape(&self.target),
+            requests = self.requests,
+        )
+    }
+}
+
+/// Escapes text for HTML element content and attribute values.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
 }

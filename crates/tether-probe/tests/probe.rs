@@ -31,7 +31,7 @@ async fn serve(app: Router) -> Served {
 
 async fn probe(url: &str) -> Report {
     let config = ProbeConfig { url: url.to_owned(), tool: None, restart_command: None, replicas: Vec::new() };
-    tokio::time::timeout(std::time::Duration::from_secs(60), run(config))
+    tokio::time::timeout(std::time::Duration::from_secs(60), run(config, |_| {}))
         .await
         .expect("probe finishes")
         .expect("probe runs")
@@ -117,4 +117,11 @@ async fn a_defective_server_is_caught() {
     assert_eq!(verdict(&report, "unknown-cursor"), Verdict::Fail);
     assert_eq!(verdict(&report, "forged-ahead-cursor"), Verdict::Fail);
     assert_eq!(verdict(&report, "result-recoverable"), Verdict::Warn);
+    assert_eq!(verdict(&report, "origin-host-rejected"), Verdict::Warn);
+    let html = report.to_html();
+    assert!(
+        html.contains("class=fail") && html.contains("Last-Event-ID &quot;tether-probe-unknown-cursor&quot;"),
+        "{html}"
+    );
+    assert!(!html.contains("<script"));
 }

@@ -1,11 +1,12 @@
 //! `tether probe`: audit a server's resumption behaviour and print the report.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
-use tether_probe::ProbeConfig;
+use tether_probe::{Check, ProbeConfig};
 
 /// Exit status when a check failed.
 const EXIT_FAILED: u8 = 2;
@@ -18,6 +19,8 @@ pub enum Format {
     Json,
     /// A Markdown report.
     Markdown,
+    /// One self-contained HTML page.
+    Html,
 }
 
 #[derive(Debug, Args)]
@@ -51,15 +54,25 @@ pub async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         Some(name) => Some((name, serde_json::from_str(&args.args).context("--args is not JSON")?)),
         None => None,
     };
-    let report = tether_probe::run(ProbeConfig {
-        url: args.url,
-        tool,
-        restart_command: args.restart_cmd,
-        replicas: args.replicas,
-    })
-    .await?;
+    let terminal = std::io::stderr().is_terminal();
+    let mut done = 0;
+    let progress = |check: &Check| {
+        done += 1;
+        if terminal {
+            eprint!("\r\x1b[2K[{done:>2}] {} {}", check.verdict.paint(check.verdict.as_str()), check.id);
+        }
+    };
+    let config = ProbeConfig { url: args.url, tool, restart_command: args.restart_cmd, replicas: args.replicas };
+    let report = tether_probe::run(config, progress).await;
+    if terminal {
+        eprint!("\r\x1b[2K");
+    }
+    let report = report?;
+    let colour = args.out.is_none() && std::io::stdout().is_terminal();
     let text = match args.format {
+        Format::Table if colour => report.to_colour_table(),
         Format::Table => report.to_table(),
+        Format::Html => report.to_html(),
         Format::Json => report.to_json() + "\n",
         Format::Markdown => report.to_markdown(),
     };

@@ -1,0 +1,56 @@
+# Shared by scripts/interop and scripts/audit (source it; it is not a command).
+# Installs the official Python and TypeScript SDKs into $TETHER_CACHE (default ~/.cache/tether),
+# builds tether, and provides `start NAME COMMAND...` (runs a server until the script exits, waits
+# for its "listening on URL" line and its port, sets URL) and `free_port`.
+
+CACHE="${TETHER_CACHE:-$HOME/.cache/tether}"
+PY_MCP_VERSION=2.3.0
+TS_SDK_VERSION=1.32.2
+PY="$CACHE/py-mcp-$PY_MCP_VERSION"
+TS="$CACHE/ts-sdk-$TS_SDK_VERSION"
+LOGS="$(mktemp -d)"
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  rm -rf "$LOGS"
+}
+trap cleanup EXIT
+
+if [ ! -f "$PY/.installed" ]; then
+  python3 -m venv "$PY"
+  "$PY/bin/pip" install --quiet "mcp==$PY_MCP_VERSION" >"$LOGS/pip.log" 2>&1 || { cat "$LOGS/pip.log" >&2; exit 1; }
+  touch "$PY/.installed"
+fi
+if [ ! -f "$TS/.installed" ]; then
+  mkdir -p "$TS"
+  (cd "$TS" && { [ -f package.json ] || npm init -y >/dev/null; } \
+    && npm install --no-audit --no-fund "@modelcontextprotocol/sdk@$TS_SDK_VERSION" >"$LOGS/npm.log" 2>&1) \
+    || { cat "$LOGS/npm.log" >&2; exit 1; }
+  touch "$TS/.installed"
+fi
+cargo build --quiet --locked -p tether
+TETHER=./target/debug/tether
+
+start() { # name, command...: runs a server, waits for "listening on URL", sets URL
+  local name=$1; shift
+  "$@" >"$LOGS/$name.log" 2>&1 &
+  PIDS+=($!)
+  URL=""
+  for _ in $(seq 1 150); do
+    URL=$(grep -m1 -o 'listening on http://[^ ]*' "$LOGS/$name.log" 2>/dev/null | sed 's/^listening on //' || true)
+    if [ -n "$URL" ]; then
+      # Some servers announce their address before they accept: wait until the port answers.
+      local port=${URL##*:}; port=${port%%/*}
+      for _ in $(seq 1 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
+        sleep 0.1
+      done
+    fi
+    sleep 0.1
+  done
+  cat "$LOGS/$name.log" >&2
+  echo "$name did not start" >&2
+  exit 1
+}
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
