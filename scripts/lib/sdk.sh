@@ -1,11 +1,12 @@
 # Shared by scripts/interop and scripts/audit (source it; it is not a command).
 # Installs the official Python and TypeScript SDKs into $TETHER_CACHE (default ~/.cache/tether),
-# builds tether, and provides `start NAME COMMAND...` (runs a server until the script exits, waits
+# builds tether and the rmcp server of tests/interop/rmcp_server (its target dir in the cache), and provides `start NAME COMMAND...` (runs a server until the script exits, waits
 # for its "listening on URL" line and its port, sets URL) and `free_port`.
 
 CACHE="${TETHER_CACHE:-$HOME/.cache/tether}"
 PY_MCP_VERSION=2.3.0
 TS_SDK_VERSION=1.32.2
+RMCP_VERSION=3.11.0
 PY="$CACHE/py-mcp-$PY_MCP_VERSION"
 TS="$CACHE/ts-sdk-$TS_SDK_VERSION"
 LOGS="$(mktemp -d)"
@@ -30,6 +31,8 @@ if [ ! -f "$TS/.installed" ]; then
 fi
 cargo build --quiet --locked -p tether
 TETHER=./target/debug/tether
+cargo build --quiet --locked --manifest-path tests/interop/rmcp_server/Cargo.toml --target-dir "$CACHE/rmcp-target"
+RMCP="$CACHE/rmcp-target/debug/rmcp-interop-server"
 
 start() { # name, command...: runs a server, waits for "listening on URL", sets URL
   local name=$1; shift

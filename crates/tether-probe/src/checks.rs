@@ -21,6 +21,44 @@ fn ping(id: u64) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": "ping"})
 }
 
+/// Where an event id puts its event, in the id schemes servers use: tether lineage ids, plain
+/// integers, and `<index>/<stream>` (rmcp). Ids with no readable position have none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Position {
+    stream: String,
+    index: u64,
+}
+
+impl Position {
+    pub fn of(id: &str) -> Option<Position> {
+        match ObservedId::parse(id) {
+            ObservedId::Lineage(id) => Some(Position { stream: format!("{}:{}", id.epoch, id.stream), index: id.seq }),
+            ObservedId::Integer(index) => Some(Position { stream: String::new(), index }),
+            ObservedId::Opaque(text) => {
+                let (index, stream) = text.split_once('/')?;
+                Some(Position { stream: stream.to_owned(), index: index.parse().ok()? })
+            }
+        }
+    }
+
+    /// Whether `self` is on the same stream as `other` and not after it.
+    pub fn at_or_before(&self, other: &Position) -> bool {
+        self.stream == other.stream && self.index <= other.index
+    }
+
+    /// The id `by` events after `id`, written in the server's own scheme.
+    fn ahead(id: &str, by: u64) -> Option<String> {
+        match ObservedId::parse(id) {
+            ObservedId::Lineage(id) => Some(EventId { seq: id.seq + by, ..id }.to_string()),
+            ObservedId::Integer(index) => Some((index + by).to_string()),
+            ObservedId::Opaque(text) => {
+                let (index, stream) = text.split_once('/')?;
+                Some(format!("{}/{stream}", index.parse::<u64>().ok()? + by))
+            }
+        }
+    }
+}
+
 /// Handshake: a session id of good quality.
 pub(crate) fn session_id(session: &Session, answer: &Answer) -> Check {
     const TITLE: &str = "initialize mints a session id: visible ASCII, long enough to be unguessable";
@@ -124,9 +162,14 @@ pub(crate) struct StreamingCall {
 
 impl StreamingCall {
     fn body(&self, id: u64) -> Value {
-        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": self.tool, "arguments": self.arguments}})
+        // A progress token: some servers (rmcp) put only progress for a token on the request's stream.
+        let meta = json!({"progressToken": format!("tether-probe-{id}")});
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": self.tool, "arguments": self.arguments, "_meta": meta}})
     }
 }
+
+/// The request id of the reference call.
+pub(crate) const REFERENCE_REQUEST: u64 = 100;
 
 /// A complete call, read to its end: the reference the resumption checks compare with.
 pub(crate) struct Reference {
@@ -140,7 +183,15 @@ pub(crate) struct Reference {
 const MAX_FOLLOW: usize = 8;
 
 pub(crate) fn notifications(answers: &[Answer]) -> Vec<Value> {
-    answers.iter().flat_map(Answer::messages).filter(|m| m.get("id").is_none()).map(|m| m["params"].clone()).collect()
+    // Without the progress token, which differs per call, so calls can be compared.
+    let params = |m: Value| {
+        let mut params = m["params"].clone();
+        if let Some(map) = params.as_object_mut() {
+            map.remove("progressToken");
+        }
+        params
+    };
+    answers.iter().flat_map(Answer::messages).filter(|m| m.get("id").is_none()).map(params).collect()
 }
 
 pub(crate) fn has_result(answers: &[Answer], id: u64) -> bool {
@@ -164,8 +215,8 @@ pub(crate) async fn follow(wire: &Wire, session: &Session, answer: Answer, id: u
 }
 
 pub(crate) async fn reference(wire: &Wire, session: &Session, call: &StreamingCall) -> Result<Reference, ProbeError> {
-    let answer = wire.post(Some(session), &call.body(100), &[], 500, LONG).await?;
-    let answers = follow(wire, session, answer.clone(), 100).await?;
+    let answer = wire.post(Some(session), &call.body(REFERENCE_REQUEST), &[], 500, LONG).await?;
+    let answers = follow(wire, session, answer.clone(), REFERENCE_REQUEST).await?;
     Ok(Reference { answer, notifications: notifications(&answers) })
 }
 
@@ -193,22 +244,14 @@ pub(crate) fn priming(session: &Session, reference: &Reference) -> Check {
 /// Ids increase along a stream, so a client can check order.
 pub(crate) fn ids_ordered(reference: &Reference) -> Check {
     const TITLE: &str = "event ids carry order (and the stream), so continuity can be checked";
-    let ids: Vec<ObservedId> =
-        reference.answer.events.iter().filter_map(|e| e.id.as_deref()).map(ObservedId::parse).collect();
+    let ids: Vec<&str> = reference.answer.events.iter().filter_map(|e| e.id.as_deref()).collect();
     if ids.is_empty() {
         return check("ids-ordered", TITLE, Verdict::Warn, vec!["no event ids: streams cannot be resumed".into()]);
     }
-    let seqs: Option<Vec<u64>> = ids
-        .iter()
-        .map(|id| match id {
-            ObservedId::Lineage(id) => Some(id.seq),
-            ObservedId::Integer(n) => Some(*n),
-            ObservedId::Opaque(_) => None,
-        })
-        .collect();
-    let evidence = vec![format!("ids {:?}", ids.iter().map(ToString::to_string).take(5).collect::<Vec<_>>())];
-    let verdict = match seqs {
-        Some(seqs) if seqs.windows(2).all(|w| w[0] < w[1]) => Verdict::Pass,
+    let positions: Option<Vec<Position>> = ids.iter().map(|id| Position::of(id)).collect();
+    let evidence = vec![format!("ids {:?}", ids.iter().take(5).collect::<Vec<_>>())];
+    let verdict = match positions {
+        Some(p) if p.windows(2).all(|w| w[0].stream == w[1].stream && w[0].index < w[1].index) => Verdict::Pass,
         Some(_) => Verdict::Fail,
         None => Verdict::Warn,
     };
@@ -294,7 +337,10 @@ async fn dropped_call(
     let result = has_result(&answers, request);
     let expected = reference.notifications.get(seen.len()..).unwrap_or_default();
     let mut verdict = check(id, title, Verdict::Pass, Vec::new());
-    if first_id.as_deref() == Some(cursor.as_str()) {
+    if has_result(&answers, REFERENCE_REQUEST) {
+        verdict.verdict = Verdict::Fail;
+        verdict.signature = Some("cross-stream replay: the resume delivers another stream's events");
+    } else if first_id.as_deref() == Some(cursor.as_str()) {
         verdict.verdict = Verdict::Fail;
         verdict.signature = Some("duplicate: the replay repeats the cursor's own event");
     } else if after.is_empty() && !result {
@@ -339,11 +385,7 @@ pub(crate) async fn bad_cursors(wire: &Wire, session: &Session, known: Option<&s
     if verdict == Verdict::Fail {
         garbage.signature = Some("silent empty 200: a failed resume looks like a quiet stream");
     }
-    let ahead = known.and_then(|id| match ObservedId::parse(id) {
-        ObservedId::Lineage(id) => Some(EventId { seq: id.seq + 1_000, ..id }.to_string()),
-        ObservedId::Integer(n) => Some((n + 1_000).to_string()),
-        ObservedId::Opaque(_) => None,
-    });
+    let ahead = known.and_then(|id| Position::ahead(id, 1_000));
     let title = "a cursor ahead of the stream is refused explicitly";
     let forged = match ahead {
         None => {
@@ -385,7 +427,24 @@ pub(crate) async fn result_recoverable(
         return Ok(check("result-recoverable", TITLE, Verdict::NotApplicable, vec!["no event ids".into()]));
     };
     let answer = wire.get(session, Some(&first), 500, SHORT).await?;
-    let recovered = answer.messages().iter().any(|m| m.get("id") == Some(&json!(100)));
+    let recovered = has_result(std::slice::from_ref(&answer), REFERENCE_REQUEST);
     let verdict = if recovered { Verdict::Pass } else { Verdict::Warn };
     Ok(check("result-recoverable", TITLE, verdict, vec![format!("resume from {first}: {}", answer.summary())]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Position;
+
+    #[test]
+    fn positions_are_read_from_integer_and_index_slash_stream_ids() {
+        let rmcp = Position::of("2/3").expect("rmcp id");
+        assert!(Position::of("1/3").expect("rmcp id").at_or_before(&rmcp));
+        assert!(!Position::of("1/4").expect("other stream").at_or_before(&rmcp));
+        assert!(!Position::of("3/3").expect("later").at_or_before(&rmcp));
+        assert_eq!(Position::ahead("2/3", 1_000).as_deref(), Some("1002/3"));
+        assert_eq!(Position::ahead("41", 1_000).as_deref(), Some("1041"));
+        assert_eq!(Position::of("0b6c_1796047336263_1chccux6"), None);
+        assert_eq!(Position::ahead("x/3", 1), None);
+    }
 }

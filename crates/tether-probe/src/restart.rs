@@ -4,10 +4,9 @@
 use std::time::Duration;
 
 use serde_json::json;
-use tether_core::lineage::ObservedId;
 
 use crate::ProbeError;
-use crate::checks::{Reference, SHORT, check, follow, has_result, notifications};
+use crate::checks::{Position, REFERENCE_REQUEST, Reference, SHORT, check, follow, has_result, notifications};
 use crate::report::{Check, Verdict};
 use crate::wire::{Session, Wire};
 
@@ -54,21 +53,21 @@ pub(crate) async fn restart(
     let explicit = !(200..300).contains(&resumed.status)
         || resumed.events.iter().any(|e| e.event.as_deref() == Some("resync") || e.data.contains("\"error\""));
     let first_events = resumed.events.clone();
-    let answers = if explicit { vec![resumed] } else { follow(wire, session, resumed, 100).await? };
+    let answers = if explicit { vec![resumed] } else { follow(wire, session, resumed, REFERENCE_REQUEST).await? };
     let replayed = notifications(&answers);
     let expected = reference.notifications.get(seen..).unwrap_or_default();
     let mut result = check(ID, TITLE, Verdict::Pass, Vec::new());
     if explicit {
         evidence.push("the session survived; lost history was reported explicitly".into());
-    } else if replayed == expected && has_result(&answers, 100) {
+    } else if replayed == expected && has_result(&answers, REFERENCE_REQUEST) {
         evidence.push("the session survived with continuous history".into());
     } else {
         result.verdict = Verdict::Fail;
-        let before = ObservedId::parse(&cursor);
-        let from_zero = first_events.iter().filter_map(|e| e.id.as_deref()).map(ObservedId::parse).any(|id| {
-            matches!((&id, &before), (ObservedId::Integer(a), ObservedId::Integer(b)) if a <= b)
-                || matches!((&id, &before), (ObservedId::Lineage(a), ObservedId::Lineage(b)) if a.seq <= b.seq && a.stream == b.stream)
-        });
+        let before = Position::of(&cursor);
+        let from_zero = first_events
+            .iter()
+            .filter_map(|e| e.id.as_deref().and_then(Position::of))
+            .any(|id| before.as_ref().is_some_and(|before| id.at_or_before(before)));
         result.signature = Some(if first_events.is_empty() {
             "resurrection with reset state: the old session is accepted, its history silently gone"
         } else if from_zero {
