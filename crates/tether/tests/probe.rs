@@ -81,38 +81,35 @@ fn wait_for_port(port: u16) {
     panic!("server on {port} did not start");
 }
 
-#[test]
-fn embedded_store_survives_a_kill_9_restart_with_continuous_history() {
-    let dir = temp_dir("probe-restart");
+/// Starts `tether serve` (with `extra` flags) through a restart script, probes it with that script
+/// as `--restart-cmd`, stops the server and returns the probe's exit status and report.
+fn probe_across_a_restart(name: &str, extra: &str) -> (Option<i32>, Value) {
+    let dir = temp_dir(name);
     let port = free_port();
-    let command = restart_script(&dir, port, "");
-    let _started = Started(dir.clone());
+    let command = restart_script(&dir, port, extra);
+    let started = Started(dir.clone());
     assert!(Command::new("sh").arg("-c").arg(&command).status().expect("start").success());
     wait_for_port(port);
-    let url = format!("http://127.0.0.1:{port}/mcp");
-    let (code, report) = probe(&[&url, "--restart-cmd", &command]);
+    let outcome = probe(&[&format!("http://127.0.0.1:{port}/mcp"), "--restart-cmd", &command]);
+    drop(started);
+    let _ = std::fs::remove_dir_all(&dir);
+    outcome
+}
+
+#[test]
+fn embedded_store_survives_a_kill_9_restart_with_continuous_history() {
+    let (code, report) = probe_across_a_restart("probe-restart", "");
     assert_eq!(code, Some(0), "{report:#}");
     assert!(verdicts(&report).iter().all(|(_, v)| v == "pass"), "{report:#}");
     assert!(evidence(&report, "restart").contains("continuous history"), "{report:#}");
-    drop(_started);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn memory_store_restart_answers_404() {
-    let dir = temp_dir("probe-restart-memory");
-    let port = free_port();
-    let command = restart_script(&dir, port, "--store memory");
-    let _started = Started(dir.clone());
-    assert!(Command::new("sh").arg("-c").arg(&command).status().expect("start").success());
-    wait_for_port(port);
-    let url = format!("http://127.0.0.1:{port}/mcp");
-    let (code, report) = probe(&[&url, "--restart-cmd", &command]);
+    let (code, report) = probe_across_a_restart("probe-restart-memory", "--store memory");
     assert_eq!(code, Some(0), "{report:#}");
     assert_eq!(verdict(&report, "restart"), "pass");
     assert!(evidence(&report, "restart").contains("HTTP 404"), "{report:#}");
-    drop(_started);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
