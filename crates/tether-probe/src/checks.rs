@@ -46,14 +46,15 @@ impl Position {
         self.stream == other.stream && self.index <= other.index
     }
 
-    /// The id `by` events after `id`, written in the server's own scheme.
+    /// The id `by` events after `id`, written in the server's own scheme (none if it would
+    /// overflow: a server's ids are input, never trusted to be small).
     fn ahead(id: &str, by: u64) -> Option<String> {
         match ObservedId::parse(id) {
-            ObservedId::Lineage(id) => Some(EventId { seq: id.seq + by, ..id }.to_string()),
-            ObservedId::Integer(index) => Some((index + by).to_string()),
+            ObservedId::Lineage(id) => Some(EventId { seq: id.seq.checked_add(by)?, ..id }.to_string()),
+            ObservedId::Integer(index) => Some(index.checked_add(by)?.to_string()),
             ObservedId::Opaque(text) => {
                 let (index, stream) = text.split_once('/')?;
-                Some(format!("{}/{stream}", index.parse::<u64>().ok()? + by))
+                Some(format!("{}/{stream}", index.parse::<u64>().ok()?.checked_add(by)?))
             }
         }
     }
@@ -199,7 +200,7 @@ pub(crate) fn has_result(answers: &[Answer], id: u64) -> bool {
 }
 
 /// Resumes after `answer` for as long as the server ends the stream before the result of
-/// request `id` while still making progress (new event ids).
+/// request `id` and each stream brought events (at most `MAX_FOLLOW` times).
 pub(crate) async fn follow(wire: &Wire, session: &Session, answer: Answer, id: u64) -> Result<Vec<Answer>, ProbeError> {
     let mut answers = vec![answer];
     while answers.len() <= MAX_FOLLOW && !has_result(&answers, id) {
@@ -446,5 +447,6 @@ mod tests {
         assert_eq!(Position::ahead("41", 1_000).as_deref(), Some("1041"));
         assert_eq!(Position::of("0b6c_1796047336263_1chccux6"), None);
         assert_eq!(Position::ahead("x/3", 1), None);
+        assert_eq!(Position::ahead(&u64::MAX.to_string(), 1), None);
     }
 }
