@@ -16,6 +16,9 @@ use crate::follow::{Follower, Origin};
 use crate::http::{Endpoint, Head, Reply, SessionHeaders, SseReader};
 use crate::{Ack, ClientConfig, ClientError, ClientEvent, RequestError};
 
+/// Handshakes tried before a session that keeps vanishing after `initialize` is an error.
+const HANDSHAKE_ATTEMPTS: u32 = 3;
+
 /// The key of the standalone stream in the checkpoint.
 pub(crate) const STANDALONE: &str = "get";
 
@@ -214,7 +217,21 @@ impl Inner {
 
     /// The legacy handshake; falls back to 2026-07-28 when the server refuses it the way a
     /// modern-only server does. Returns the session id (empty for 2026-07-28).
+    ///
+    /// A session can be gone before `notifications/initialized` reaches it (a balancer sent it
+    /// to a replica that never had the session, or it expired): then the handshake starts over,
+    /// at most `HANDSHAKE_ATTEMPTS` times.
     pub async fn initialize(self: &Arc<Self>) -> Result<String, ClientError> {
+        let mut attempt = 1;
+        loop {
+            match self.handshake().await {
+                Err(ClientError::Refused { status: 404, .. }) if attempt < HANDSHAKE_ATTEMPTS => attempt += 1,
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn handshake(self: &Arc<Self>) -> Result<String, ClientError> {
         let id = self.next_id();
         let params = json!({
             "protocolVersion": self.config.protocol_version.as_str(),

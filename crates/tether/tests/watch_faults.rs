@@ -37,6 +37,9 @@ enum Fault {
     /// Ids that carry no order.
     OpaqueIds,
     Resync,
+    /// The first session is gone by the time `notifications/initialized` arrives (404), as when
+    /// a balancer sends it to a replica that never had it.
+    LostAfterInitialize,
 }
 
 struct Faulty {
@@ -96,6 +99,9 @@ async fn endpoint(
                 "capabilities": {}, "serverInfo": {"name": "faulty", "version": "1"}}});
             return builder.body(Body::from(result.to_string())).expect("response");
         }
+        if fault == Fault::LostAfterInitialize && session == "s1" {
+            return Response::builder().status(StatusCode::NOT_FOUND).body(Body::empty()).expect("response");
+        }
         return Response::builder().status(StatusCode::ACCEPTED).body(Body::empty()).expect("response");
     }
     if method == Method::DELETE {
@@ -150,6 +156,8 @@ async fn endpoint(
                 .expect("response");
         }
         Fault::Gap => plain(6..=7),
+        // No resume happens in this scenario; a clean one if it did.
+        Fault::LostAfterInitialize => plain(4..=5),
         Fault::BoundaryDuplicate => plain(3..=5),
         Fault::BoundaryOtherContent => vec![(id(fault, 3), None, message(33))],
         Fault::JumpMidStream => vec![(id(fault, 4), None, message(4)), (id(fault, 7), None, message(7))],
@@ -317,4 +325,12 @@ fn boundary_duplicate_is_skipped_without_divergence() {
     assert_eq!(delivered, [1, 2, 3, 4, 5], "no duplicate message: {lines:?}");
     assert!(lines.iter().all(|l| l["event"] != "divergence"), "{lines:?}");
     assert!(lines.iter().any(|l| l["event"] == "resumed" && l["verdict"] == "duplicate_skipped"), "{lines:?}");
+}
+
+#[test]
+fn a_session_lost_during_the_handshake_is_replaced_by_a_new_handshake() {
+    let lines = watch(Fault::LostAfterInitialize, |lines| !lines.is_empty());
+    let first = lines.first().unwrap_or_else(|| panic!("no output: the handshake was not retried"));
+    assert_eq!(first["event"], "message", "{lines:?}");
+    assert_eq!(first["message"]["params"]["data"]["n"], 100, "the stream of the second session: {lines:?}");
 }
