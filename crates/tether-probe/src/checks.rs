@@ -17,7 +17,7 @@ pub(crate) fn check(id: &'static str, title: &'static str, verdict: Verdict, evi
     Check { id, title, verdict, evidence, signature: None }
 }
 
-fn ping(id: u64) -> Value {
+pub(crate) fn ping(id: u64) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": "ping"})
 }
 
@@ -122,7 +122,7 @@ pub(crate) async fn unknown_session(wire: &Wire, session: &Session) -> Result<Ch
         if answer.status == 404 { Verdict::Pass } else { Verdict::Fail },
         vec![answer.summary()],
     );
-    if (200..300).contains(&answer.status) {
+    if answer.ok() {
         result.signature = Some("session resurrection: a dead session id is accepted with fresh state");
     }
     Ok(result)
@@ -206,7 +206,7 @@ pub(crate) async fn follow(wire: &Wire, session: &Session, answer: Answer, id: u
     while answers.len() <= MAX_FOLLOW && !has_result(&answers, id) {
         let last = &answers[answers.len() - 1];
         let Some(cursor) = last.events.iter().rev().find_map(|e| e.id.clone()) else { break };
-        if !last.ended || !(200..300).contains(&last.status) {
+        if !last.ended || !last.ok() {
             break;
         }
         let next = wire.get(session, Some(&cursor), 500, LONG).await?;
@@ -325,7 +325,7 @@ async fn dropped_call(
         format!("dropped after {} events, cursor {cursor}", dropped.events.len()),
         format!("resume: {}", resumed.summary()),
     ];
-    if !(200..300).contains(&resumed.status) {
+    if !resumed.ok() {
         return Ok((check(id, title, Verdict::Warn, evidence), Some(cursor)));
     }
     let first_id = resumed.events.first().and_then(|e| e.id.clone());
@@ -366,10 +366,8 @@ async fn dropped_call(
 /// What a resume with a cursor the server cannot honour looks like: explicit or silent.
 async fn explicit_refusal(wire: &Wire, session: &Session, cursor: &str) -> Result<(Verdict, String), ProbeError> {
     let answer = wire.get(session, Some(cursor), 20, SHORT).await?;
-    let explicit = !(200..300).contains(&answer.status)
-        || answer.events.iter().any(|e| e.event.as_deref() == Some("resync") || e.data.contains("\"error\""));
     Ok((
-        if explicit { Verdict::Pass } else { Verdict::Fail },
+        if answer.refused_explicitly() { Verdict::Pass } else { Verdict::Fail },
         format!("Last-Event-ID {cursor:?}: {}", answer.summary()),
     ))
 }
@@ -412,7 +410,7 @@ pub(crate) async fn isolation(wire: &Wire, cursor_of_a: Option<&str>) -> Result<
     };
     let (b, _) = wire.initialize().await?;
     let answer = wire.get(&b, Some(cursor), 20, SHORT).await?;
-    let leaked = (200..300).contains(&answer.status) && !answer.messages().is_empty();
+    let leaked = answer.ok() && !answer.messages().is_empty();
     let verdict = if leaked { Verdict::Fail } else { Verdict::Pass };
     Ok(check("session-isolation", TITLE, verdict, vec![format!("session B with A's cursor: {}", answer.summary())]))
 }

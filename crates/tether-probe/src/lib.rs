@@ -121,9 +121,8 @@ async fn streaming_call(
     }
     let list = json!({"jsonrpc": "2.0", "id": 10, "method": "tools/list"});
     let answer = wire.post(Some(session), &list, &[], 8, std::time::Duration::from_secs(5)).await?;
-    let message =
-        answer.json.clone().or_else(|| answer.messages().into_iter().find(|m| m.get("id") == Some(&json!(10))));
-    let has_count = message
+    let has_count = answer
+        .response(10)
         .as_ref()
         .and_then(|m| m.pointer("/result/tools"))
         .and_then(Value::as_array)

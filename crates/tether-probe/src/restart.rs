@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
-use serde_json::json;
-
 use crate::ProbeError;
-use crate::checks::{Position, REFERENCE_REQUEST, Reference, SHORT, check, follow, has_result, notifications};
+use crate::checks::{Position, REFERENCE_REQUEST, Reference, SHORT, check, follow, has_result, notifications, ping};
 use crate::report::{Check, Verdict};
 use crate::wire::{Session, Wire};
 
@@ -39,19 +37,18 @@ pub(crate) async fn restart(
     }
     wire.wait_until_accepting(RESTART_LIMIT).await?;
 
-    let ping = wire.post(Some(session), &json!({"jsonrpc": "2.0", "id": 7, "method": "ping"}), &[], 4, SHORT).await?;
+    let ping = wire.post(Some(session), &ping(7), &[], 4, SHORT).await?;
     let mut evidence = vec![format!("old session after the restart: {}", ping.summary())];
     if ping.status == 404 {
         return Ok(check(ID, TITLE, Verdict::Pass, evidence));
     }
-    if !(200..300).contains(&ping.status) {
+    if !ping.ok() {
         evidence.push("not 404: clients will not know to re-initialize".into());
         return Ok(check(ID, TITLE, Verdict::Warn, evidence));
     }
     let resumed = wire.get(session, Some(&cursor), 500, SHORT).await?;
     evidence.push(format!("resume from {cursor} (before the restart): {}", resumed.summary()));
-    let explicit = !(200..300).contains(&resumed.status)
-        || resumed.events.iter().any(|e| e.event.as_deref() == Some("resync") || e.data.contains("\"error\""));
+    let explicit = resumed.refused_explicitly();
     let first_events = resumed.events.clone();
     let answers = if explicit { vec![resumed] } else { follow(wire, session, resumed, REFERENCE_REQUEST).await? };
     let replayed = notifications(&answers);

@@ -32,6 +32,22 @@ impl Answer {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
 
+    /// Whether the status is 2xx.
+    pub fn ok(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+
+    /// The response to request `id`: the JSON body, or that message on the stream.
+    pub fn response(&self, id: u64) -> Option<Value> {
+        self.json.clone().or_else(|| self.messages().into_iter().find(|m| m.get("id") == Some(&json!(id))))
+    }
+
+    /// Whether a resume was refused in a way a client can see: an error status, a `resync`
+    /// event, or a JSON-RPC error on the stream (the opposite of a silent empty 200).
+    pub fn refused_explicitly(&self) -> bool {
+        !self.ok() || self.events.iter().any(|e| e.event.as_deref() == Some("resync") || e.data.contains("\"error\""))
+    }
+
     /// The JSON-RPC messages among the events (priming events have no data).
     pub fn messages(&self) -> Vec<Value> {
         self.events.iter().filter(|e| !e.data.is_empty()).filter_map(|e| serde_json::from_str(&e.data).ok()).collect()
@@ -187,9 +203,7 @@ impl Wire {
             "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "tether-probe", "version": env!("CARGO_PKG_VERSION")}}});
         let answer = self.post(None, &body, &[], 8, Duration::from_secs(5)).await?;
         let result = answer
-            .json
-            .clone()
-            .or_else(|| answer.messages().into_iter().find(|m| m.get("id") == Some(&json!(1))))
+            .response(1)
             .and_then(|m| m.get("result").cloned())
             .ok_or_else(|| ProbeError::Handshake(answer.summary()))?;
         let session = Session {

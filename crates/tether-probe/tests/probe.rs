@@ -45,20 +45,9 @@ fn verdict(report: &Report, id: &str) -> Verdict {
 async fn tether_passes_every_check() {
     let server = serve(Builder::new(BuiltinHandler::new()).build().router("/mcp")).await;
     let report = probe(&server.url).await;
-    assert!(!report.failed(), "{}", report.to_table());
-    for id in [
-        "unknown-session-404",
-        "delete-then-404",
-        "mid-stream-resume",
-        "unknown-cursor",
-        "forged-ahead-cursor",
-        "session-isolation",
-        "result-recoverable",
-        "priming-and-retry",
-        "ids-ordered",
-    ] {
-        assert_eq!(verdict(&report, id), Verdict::Pass, "{id}\n{}", report.to_table());
-    }
+    let not_passed: Vec<_> = report.checks.iter().filter(|c| c.verdict != Verdict::Pass).map(|c| c.id).collect();
+    assert!(not_passed.is_empty(), "{not_passed:?}\n{}", report.to_table());
+    assert_eq!(report.checks.len(), 12, "every check ran\n{}", report.to_table());
     let json: Value = serde_json::from_str(&report.to_json()).expect("report JSON");
     assert_eq!(json["checks"].as_array().map(Vec::len), Some(report.checks.len()));
     assert!(report.to_markdown().starts_with("# tether probe"));

@@ -320,6 +320,29 @@ impl RedisStore {
     fn stream_keys(session: &str, stream: &str) -> [String; 4] {
         [meta(session), stream_key(session, stream), events_key(session, stream), streams_key(session)]
     }
+
+    /// The script that ends session `id` (`how`: 1 terminated, 2 expired; with `now`, only if
+    /// its deadline has passed, so a session renewed meanwhile survives).
+    fn end_script(id: &str, epoch: String, how: i64, now: impl redis::ToRedisArgs) -> redis::ScriptInvocation<'static> {
+        let mut invocation = scripts().end.key(meta(id));
+        invocation
+            .key(streams_key(id))
+            .key(requests_key(id))
+            .arg(epoch)
+            .arg(how)
+            .arg(format!("tether:{{{id}}}:"))
+            .arg(now);
+        invocation
+    }
+
+    /// After the end script: the session leaves the expiry index, its data is queued for
+    /// retirement, and this process's followers of its streams are released.
+    async fn retire_session(&self, conn: &mut ConnectionManager, id: &str) -> Result<(), StoreError> {
+        let _: i64 = conn.zrem(SESSIONS, id).await.map_err(backend)?;
+        let _: i64 = conn.zadd(RETIRING, retiring_session(id), 0).await.map_err(backend)?;
+        self.heads.forget_session(id);
+        Ok(())
+    }
 }
 
 impl Store for RedisStore {
@@ -392,22 +415,8 @@ impl Store for RedisStore {
         };
         Box::pin(async move {
             let mut conn = self.conn();
-            scripts()
-                .end
-                .key(meta(&id))
-                .key(streams_key(&id))
-                .key(requests_key(&id))
-                .arg(epoch)
-                .arg(how)
-                .arg(format!("tether:{{{id}}}:"))
-                .arg("")
-                .invoke_async::<i64>(&mut conn)
-                .await
-                .map_err(script_error)?;
-            let _: i64 = conn.zrem(SESSIONS, &id).await.map_err(backend)?;
-            let _: i64 = conn.zadd(RETIRING, retiring_session(&id), 0).await.map_err(backend)?;
-            self.heads.forget_session(&id);
-            Ok(())
+            Self::end_script(&id, epoch, how, "").invoke_async::<i64>(&mut conn).await.map_err(script_error)?;
+            self.retire_session(&mut conn, &id).await
         })
     }
 
@@ -677,24 +686,12 @@ impl Store for RedisStore {
                     let _: i64 = conn.zrem(SESSIONS, &id).await.map_err(backend)?;
                     continue;
                 };
-                let ended = scripts()
-                    .end
-                    .key(meta(&id))
-                    .key(streams_key(&id))
-                    .key(requests_key(&id))
-                    .arg(epoch)
-                    .arg(2)
-                    .arg(format!("tether:{{{id}}}:"))
-                    .arg(now_ms)
-                    .invoke_async::<i64>(&mut conn)
-                    .await;
+                let ended = Self::end_script(&id, epoch, 2, now_ms).invoke_async::<i64>(&mut conn).await;
                 match ended {
                     // Renewed in the meantime: its index entry already has the new deadline.
                     Ok(0) => {}
                     Ok(_) => {
-                        let _: i64 = conn.zrem(SESSIONS, &id).await.map_err(backend)?;
-                        let _: i64 = conn.zadd(RETIRING, retiring_session(&id), 0).await.map_err(backend)?;
-                        self.heads.forget_session(&id);
+                        self.retire_session(&mut conn, &id).await?;
                         expired.push(id);
                     }
                     Err(err) if matches!(script_error(err.clone()), StoreError::SessionGone) => {

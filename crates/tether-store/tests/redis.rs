@@ -6,8 +6,7 @@ mod suite;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tether_core::lineage::{Epoch, StreamName, StreamState};
-use tether_core::mcp::ProtocolVersion;
+use tether_core::lineage::StreamState;
 use tether_store::{RedisStore, SessionRecord, Store};
 use tether_testkit::RedisServer;
 
@@ -24,17 +23,8 @@ async fn two_replicas_share_sessions_history_and_live_events() {
     let server = RedisServer::start().await;
     let a = RedisStore::open(&server.url, suite::retention(), "replica-a").await.expect("connect");
     let b = RedisStore::open(&server.url, suite::retention(), "replica-b").await.expect("connect");
-    let epoch = Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch");
-    let stream = StreamName::parse("g1").expect("stream");
-    let record = SessionRecord {
-        id: "shared".into(),
-        epoch: epoch.clone(),
-        principal: None,
-        protocol_version: ProtocolVersion::V2025_11_25,
-        client: serde_json::json!({}),
-        idle_ttl_ms: 60_000,
-        expires_at_ms: u64::MAX / 4,
-    };
+    let (epoch, stream) = (suite::epoch('E'), suite::stream("g1"));
+    let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("shared", epoch.clone(), 0) };
     a.create_session(record.clone()).await.expect("create on a");
     assert_eq!(b.create_session(record).await, Err(tether_store::StoreError::DuplicateSession));
     b.open_stream("shared", &epoch, &stream).await.expect("open on b");
@@ -53,19 +43,11 @@ async fn requests_of_a_replica_whose_lease_lapsed_are_aborted() {
     let server = RedisServer::start().await;
     let dead = RedisStore::open(&server.url, suite::retention(), "dead").await.expect("connect");
     let survivor = RedisStore::open(&server.url, suite::retention(), "survivor").await.expect("connect");
-    let epoch = Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch");
-    let (running, other) = (StreamName::parse("r1").expect("stream"), StreamName::parse("g1").expect("stream"));
+    let epoch = suite::epoch('E');
+    let (running, other) = (suite::stream("r1"), suite::stream("g1"));
     let lease = suite::retention().lease_ms;
     dead.sweep(1_000).await.expect("heartbeat");
-    let record = SessionRecord {
-        id: "s".into(),
-        epoch: epoch.clone(),
-        principal: None,
-        protocol_version: ProtocolVersion::V2025_11_25,
-        client: serde_json::json!({}),
-        idle_ttl_ms: 60_000,
-        expires_at_ms: u64::MAX / 4,
-    };
+    let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("s", epoch.clone(), 0) };
     dead.create_session(record).await.expect("create");
     dead.begin_request("s", &epoch, "n:1", "d", &running).await.expect("begin");
     dead.open_stream("s", &epoch, &other).await.expect("open");

@@ -20,15 +20,15 @@ pub fn retention() -> Retention {
     }
 }
 
-fn epoch(tag: char) -> Epoch {
+pub fn epoch(tag: char) -> Epoch {
     Epoch::parse(&tag.to_string().repeat(22)).expect("valid epoch")
 }
 
-fn stream(name: &str) -> StreamName {
+pub fn stream(name: &str) -> StreamName {
     StreamName::parse(name).expect("valid stream")
 }
 
-fn record(id: &str, epoch: Epoch, now: u64) -> SessionRecord {
+pub fn record(id: &str, epoch: Epoch, now: u64) -> SessionRecord {
     SessionRecord {
         id: id.into(),
         epoch,
