@@ -1,6 +1,7 @@
 # Shared by scripts/interop and scripts/audit (source it; it is not a command).
 # Installs the official Python and TypeScript SDKs into $TETHER_CACHE (default ~/.cache/tether),
-# builds tether and the rmcp server of tests/interop/rmcp_server (its target dir in the cache), and provides `start NAME COMMAND...` (runs a server until the script exits, waits
+# builds tether and the rmcp server of tests/interop/rmcp_server (its target dir in the cache;
+# optimized with PROFILE=release), and provides `start NAME COMMAND...` (runs a server until the script exits, waits
 # for its "listening on URL" line and its port, sets URL) and `free_port`.
 
 CACHE="${TETHER_CACHE:-$HOME/.cache/tether}"
@@ -29,10 +30,14 @@ if [ ! -f "$TS/.installed" ]; then
     || { cat "$LOGS/npm.log" >&2; exit 1; }
   touch "$TS/.installed"
 fi
-cargo build --quiet --locked -p tether
-TETHER=./target/debug/tether
-cargo build --quiet --locked --manifest-path tests/interop/rmcp_server/Cargo.toml --target-dir "$CACHE/rmcp-target"
-RMCP="$CACHE/rmcp-target/debug/rmcp-interop-server"
+# PROFILE=release (set before sourcing) builds optimized binaries, for benchmarks.
+PROFILE="${PROFILE:-debug}"
+PROFILE_FLAG=()
+[ "$PROFILE" = release ] && PROFILE_FLAG=(--release)
+cargo build --quiet --locked "${PROFILE_FLAG[@]}" -p tether
+TETHER="./target/$PROFILE/tether"
+cargo build --quiet --locked "${PROFILE_FLAG[@]}" --manifest-path tests/interop/rmcp_server/Cargo.toml --target-dir "$CACHE/rmcp-target"
+RMCP="$CACHE/rmcp-target/$PROFILE/rmcp-interop-server"
 
 start() { # name, command...: runs a server, waits for "listening on URL", sets URL
   local name=$1; shift

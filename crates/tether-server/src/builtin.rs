@@ -153,6 +153,19 @@ fn add_stream_tools(tools: &mut ToolSet) {
     );
     tools.add(
         tool(
+            "notify_all",
+            "Sends one notifications/message with data {\"seq\": seq} to the standalone GET stream of every session this server process serves; returns how many it reached.",
+            schema(json!({"seq": {"type": "integer", "minimum": 0}}), &[]),
+        ),
+        |ctx, args| async move {
+            let seq = u64_arg(&args, "seq", 0, u64::MAX)?;
+            let params = json!({"level": "info", "data": {"seq": seq}});
+            let reached = ctx.notify_all("notifications/message", params).await.map_err(context_error)?;
+            Ok(text_result(format!("sent to {reached} sessions")))
+        },
+    );
+    tools.add(
+        tool(
             "sleep",
             "Waits `ms` milliseconds, then returns.",
             schema(json!({"ms": {"type": "integer", "minimum": 0}}), &["ms"]),

@@ -75,12 +75,96 @@ pub(crate) struct RequestMeta {
     pub client_request_timeout: std::time::Duration,
 }
 
+/// One entry of a request's output, written to the store in order by the request's writer.
+struct Write {
+    /// The message; `None` only asks to be told when everything before it is written.
+    bytes: Option<Bytes>,
+    /// The message is the final response: the stream ends after it.
+    last: bool,
+    /// Told the outcome once the entry is durable (or failed).
+    done: Option<oneshot::Sender<Result<(), ContextError>>>,
+}
+
+/// Most entries a request's writer commits together.
+const MAX_WRITE_BATCH: usize = 256;
+/// Entries a handler may have queued before its sends wait for the store.
+const WRITE_QUEUE: usize = 1024;
+
+/// The sender that tells the POST how its response starts, until it is used.
+type FirstSender = Arc<Mutex<Option<oneshot::Sender<FirstOutput>>>>;
+
+/// Sends the first output's kind, if nobody has yet.
+fn signal_first(first: &FirstSender, kind: impl FnOnce() -> FirstOutput) {
+    if let Some(tx) = first.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
+        // The POST may have gone away; the output is in the store either way.
+        let _ = tx.send(kind());
+    }
+}
+
+/// Writes a request's output to the store in order. Whatever queued up while the previous
+/// batch was being written goes in one [`Store::append_batch`], so a handler never waits for
+/// a disk flush per notification; the client still sees nothing before it is durable,
+/// because delivery reads from the store. The POST learns how its response starts only once
+/// the first batch is durable, so the response goes out with its first events (and, for a
+/// short call, its end) at once. The first failure is kept and answered to every later entry.
+async fn write_output(
+    store: Arc<dyn Store>,
+    runtime: Arc<SessionRuntime>,
+    stream: StreamName,
+    mut queue: mpsc::Receiver<Write>,
+    failure: Arc<Mutex<Option<ContextError>>>,
+    first_output: FirstSender,
+) {
+    let mut failed: Option<ContextError> = None;
+    while let Some(first) = queue.recv().await {
+        // One turn for the handler to queue what it sends right after (often its result), so
+        // that it joins this batch.
+        tokio::task::yield_now().await;
+        let mut batch = vec![first];
+        while batch.len() < MAX_WRITE_BATCH && batch.last().is_some_and(|w| !w.last) {
+            match queue.try_recv() {
+                Ok(write) => batch.push(write),
+                Err(_) => break,
+            }
+        }
+        let events: Vec<Bytes> = batch.iter().filter_map(|w| w.bytes.clone()).collect();
+        let last = batch.iter().any(|w| w.last);
+        // A lone final response, before anything else was written, is answered as JSON.
+        let only_response = (last && events.len() == 1).then(|| events[0].clone());
+        let outcome = match &failed {
+            Some(err) => Err(err.clone()),
+            None if events.is_empty() => Ok(()),
+            None => store
+                .append_batch(&runtime.id, &runtime.epoch, &stream, events, last)
+                .await
+                .map(drop)
+                .map_err(ContextError::from),
+        };
+        if outcome.is_ok() && batch.iter().any(|w| w.bytes.is_some()) {
+            signal_first(&first_output, || only_response.map_or(FirstOutput::Event, FirstOutput::Final));
+        }
+        if let (Err(err), None) = (&outcome, &failed) {
+            failed = Some(err.clone());
+            *failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(err.clone());
+        }
+        for write in batch {
+            if let Some(done) = write.done {
+                let _ = done.send(outcome.clone());
+            }
+        }
+    }
+}
+
 struct Shared {
     output: Output,
-    first: Mutex<Option<oneshot::Sender<FirstOutput>>>,
+    /// The queue of the request's writer (legacy sessions).
+    writes: Option<mpsc::Sender<Write>>,
+    /// The writer's first failure, reported to the handler's next send.
+    write_failure: Arc<Mutex<Option<ContextError>>>,
+    first: FirstSender,
     meta: RequestMeta,
     cancel: CancellationToken,
-    store: Arc<dyn Store>,
+    server: Arc<crate::Shared>,
 }
 
 /// A JSON number, integral when the value is (progress counts are usually whole).
@@ -105,10 +189,22 @@ impl Context {
         output: Output,
         meta: RequestMeta,
         cancel: CancellationToken,
-        store: Arc<dyn Store>,
+        server: Arc<crate::Shared>,
     ) -> (Context, oneshot::Receiver<FirstOutput>) {
         let (tx, rx) = oneshot::channel();
-        let shared = Shared { output, first: Mutex::new(Some(tx)), meta, cancel, store };
+        let first: FirstSender = Arc::new(Mutex::new(Some(tx)));
+        let write_failure = Arc::default();
+        let writes = match &output {
+            Output::Stored { store, runtime, stream } => {
+                let (writes, queue) = mpsc::channel(WRITE_QUEUE);
+                let (store, runtime, stream) = (Arc::clone(store), Arc::clone(runtime), stream.clone());
+                let (failure, first) = (Arc::clone(&write_failure), Arc::clone(&first));
+                tokio::spawn(write_output(store, runtime, stream, queue, failure, first));
+                Some(writes)
+            }
+            Output::Direct { .. } => None,
+        };
+        let shared = Shared { output, writes, write_failure, first, meta, cancel, server };
         (Context { shared: Arc::new(shared) }, rx)
     }
 
@@ -122,7 +218,7 @@ impl Context {
 
     /// The store, for handlers that keep state (the built-in counters do).
     pub fn store(&self) -> &Arc<dyn Store> {
-        &self.shared.store
+        &self.shared.server.store
     }
 
     /// Whether the request has a progress token, so progress notifications will be sent.
@@ -209,6 +305,28 @@ impl Context {
         Ok(true)
     }
 
+    /// Appends a notification to the standalone (GET) stream of every live session this
+    /// process serves (server-wide announcements such as `list_changed`). Returns how many
+    /// sessions had a standalone stream to receive it. Sessions served only by other replicas
+    /// are not reached.
+    pub async fn notify_all(&self, method: &str, params: Value) -> Result<usize, ContextError> {
+        let store = &self.shared.server.store;
+        let message = Bytes::from(
+            Message::Notification(Notification { method: method.to_owned(), params: Some(params) }).to_vec(),
+        );
+        let sends = self.shared.server.sessions.all().into_iter().map(|runtime| {
+            let message = message.clone();
+            async move {
+                // A session that ended since it was listed has nothing left to deliver to.
+                let Ok(Some(stream)) = store.standalone_stream(&runtime.id).await else { return false };
+                store.append(&runtime.id, &runtime.epoch, &stream, message, false).await.is_ok()
+            }
+        });
+        // Concurrently, so a durable store commits them together.
+        let reached = futures_util::future::join_all(sends).await.into_iter().filter(|sent| *sent).count();
+        Ok(reached)
+    }
+
     /// Closes the client's connection to this request's stream without ending the stream
     /// (SEP-1699): the client resumes with `Last-Event-ID` after the announced `retry` delay.
     pub fn close_connection(&self) {
@@ -238,6 +356,8 @@ impl Context {
     /// Ends the request's stream without a response (it was cancelled).
     pub(crate) async fn end_without_response(&self) {
         self.signal(|| FirstOutput::Event);
+        // What the handler sent before it stopped goes in first.
+        let _ = self.write(None, false).await;
         if let Output::Stored { store, runtime, stream } = &self.shared.output
             && let Err(err) = store.end_stream(&runtime.id, &runtime.epoch, stream).await
         {
@@ -251,11 +371,9 @@ impl Context {
         }
         let bytes = Bytes::from(bytes);
         match &self.shared.output {
-            Output::Stored { store, runtime, stream } => {
-                store.append(&runtime.id, &runtime.epoch, stream, bytes.clone(), last).await?;
-                self.signal(|| if last { FirstOutput::Final(bytes) } else { FirstOutput::Event });
-                Ok(())
-            }
+            // The writer tells the POST how the response starts.
+            Output::Stored { .. } if last => self.write(Some(bytes), true).await,
+            Output::Stored { .. } => self.queue(Write { bytes: Some(bytes), last: false, done: None }).await,
             Output::Direct { tx } => {
                 let mut first = self.first_sender();
                 if last && let Some(first) = first.take() {
@@ -270,14 +388,27 @@ impl Context {
         }
     }
 
+    /// Queues `write` for the request's writer; fails with the writer's first failure.
+    async fn queue(&self, write: Write) -> Result<(), ContextError> {
+        if let Some(err) = self.shared.write_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone() {
+            return Err(err);
+        }
+        let Some(writes) = &self.shared.writes else { return Err(ContextError::NoSession) };
+        writes.send(write).await.map_err(|_| ContextError::Cancelled)
+    }
+
+    /// Queues `bytes` (or nothing) and waits until it and everything before it is durable.
+    async fn write(&self, bytes: Option<Bytes>, last: bool) -> Result<(), ContextError> {
+        let (done, written) = oneshot::channel();
+        self.queue(Write { bytes, last, done: Some(done) }).await?;
+        written.await.map_err(|_| ContextError::Cancelled)?
+    }
+
     fn first_sender(&self) -> Option<oneshot::Sender<FirstOutput>> {
         self.shared.first.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
     }
 
     fn signal(&self, first: impl FnOnce() -> FirstOutput) {
-        if let Some(tx) = self.first_sender() {
-            // The POST may have gone away; the output is in the store either way.
-            let _ = tx.send(first());
-        }
+        signal_first(&self.shared.first, first);
     }
 }

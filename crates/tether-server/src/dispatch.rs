@@ -108,7 +108,7 @@ pub(crate) async fn start_legacy(
         log_level: None,
         client_request_timeout: shared.config.client_request_timeout,
     };
-    let (ctx, first) = Context::new(output, meta, cancel.clone(), Arc::clone(&shared.store));
+    let (ctx, first) = Context::new(output, meta, cancel.clone(), Arc::clone(shared));
     let runtime = Arc::clone(runtime);
     let handler = Arc::clone(&shared.handler);
     tokio::spawn(async move {
@@ -140,7 +140,7 @@ pub(crate) fn start_direct(
             .and_then(LogLevel::parse),
         client_request_timeout: shared.config.client_request_timeout,
     };
-    let (ctx, first) = Context::new(output, meta, cancel.clone(), Arc::clone(&shared.store));
+    let (ctx, first) = Context::new(output, meta, cancel.clone(), Arc::clone(shared));
     let handler = Arc::clone(&shared.handler);
     let info = shared.handler.info();
     let server_info = json!({"name": info.name, "version": info.version});

@@ -23,10 +23,24 @@ pub fn epoch() -> Result<Epoch, RandomError> {
     Ok(Epoch::from_entropy(random::<16>()?))
 }
 
-/// A stream name: `prefix` and 64 random bits, unique within a session without coordination
-/// between replicas.
+/// A stream name: `prefix` and 64 bits, unique within a session without coordination between
+/// replicas or across restarts. Each process counts up from a random 64-bit start, so names
+/// cost no system call (a stream per request) and two processes' names coincide only if their
+/// starts fall within a few million of each other: odds of about 2^-40. Stream names are not
+/// secrets; the session id is.
 pub fn stream_name(prefix: char) -> Result<StreamName, RandomError> {
-    let name = format!("{prefix}{}", base64url(&random::<8>()?));
+    static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let start = match START.get() {
+        Some(start) => *start,
+        None => {
+            // A failed draw leaves START unset, so the next call draws again.
+            let drawn = u64::from_le_bytes(random::<8>()?);
+            *START.get_or_init(|| drawn)
+        }
+    };
+    let n = start.wrapping_add(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    let name = format!("{prefix}{}", base64url(&n.to_be_bytes()));
     // The prefix is one of the server's own ASCII letters and base64url stays in the token alphabet.
     StreamName::parse(&name).map_err(|e| RandomError(e.to_string()))
 }
@@ -52,6 +66,8 @@ mod tests {
     #[test]
     fn stream_names_and_epochs_are_valid_lineage_parts() {
         assert!(stream_name('r').expect("random").as_str().starts_with('r'));
+        let names: std::collections::HashSet<_> = (0..1000).map(|_| stream_name('r').expect("random")).collect();
+        assert_eq!(names.len(), 1000, "stream names are distinct");
         assert_eq!(epoch().expect("random").as_str().len(), 22);
     }
 }

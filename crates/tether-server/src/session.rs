@@ -338,6 +338,11 @@ impl Sessions {
         self.lock().len()
     }
 
+    /// Every runtime.
+    pub fn all(&self) -> Vec<Arc<SessionRuntime>> {
+        self.lock().values().cloned().collect()
+    }
+
     /// The runtimes with running requests or open connections.
     pub fn active(&self) -> Vec<Arc<SessionRuntime>> {
         self.lock().values().filter(|r| r.is_active()).cloned().collect()

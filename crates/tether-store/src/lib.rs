@@ -113,6 +113,28 @@ pub trait Store: Send + Sync + 'static {
         last: bool,
     ) -> StoreFuture<'_, u64>;
 
+    /// Appends `events` in order, as [`Store::append`] would one by one, the last of them
+    /// ending the stream if `last`; returns the sequence number of the last. A backend that can
+    /// commits them together (the embedded store: one transaction, one disk flush).
+    fn append_batch(
+        &self,
+        session: &str,
+        epoch: &Epoch,
+        stream: &StreamName,
+        events: Vec<Bytes>,
+        last: bool,
+    ) -> StoreFuture<'_, u64> {
+        let (session, epoch, stream) = (session.to_owned(), epoch.clone(), stream.clone());
+        Box::pin(async move {
+            let count = events.len();
+            let mut seq = 0;
+            for (i, data) in events.into_iter().enumerate() {
+                seq = self.append(&session, &epoch, &stream, data, last && i + 1 == count).await?;
+            }
+            Ok(seq)
+        })
+    }
+
     /// Ends a stream without a final event (a cancelled request). Idempotent.
     fn end_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;
 

@@ -1,13 +1,12 @@
 //! The embedded durable store: SQLite in WAL mode on one writer thread with group commit.
 //!
-//! Every operation runs on the database thread inside a transaction shared with whatever else
-//! arrived within a millisecond; callers are answered only after that transaction is on disk
+//! Reads run on their own connections and see only committed data. Every write runs on the
+//! database thread inside a transaction shared with whatever else queued up meanwhile; callers are answered only after that transaction is on disk
 //! (`synchronous=FULL`). So an event is durable before any connection can read it, and a crash
 //! loses nothing that was acknowledged.
 
 use std::path::Path;
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
@@ -21,15 +20,33 @@ use crate::{HeadWatch, RelayedAnswer, Store, StoreError, StoreFuture};
 
 /// Most operations committed in one transaction.
 const MAX_BATCH: usize = 512;
-/// How long the writer waits for more operations to join a batch.
-const BATCH_WINDOW: Duration = Duration::from_millis(1);
+
+/// When the caller of a write hears back.
+#[derive(Debug, Clone, Copy)]
+enum Reply {
+    /// Once the batch is on disk: the caller may let a client see the effect.
+    Durable,
+    /// As soon as the write ran in its batch, before the flush. Only for writes nobody reads
+    /// back at once (readers see committed data only) and no client sees by themselves: what
+    /// a client sees is written later by this same thread, durably, so it is flushed with or
+    /// after this one. Session renewals are such writes.
+    Ordered,
+}
+
+/// Connections that only read, each on its own thread.
+const READERS: usize = 2;
 
 type Completion = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 type Job = Box<dyn FnOnce(&mut Transaction<'_>) -> Completion + Send>;
+type Query = Box<dyn FnOnce(&Connection) + Send>;
 
 /// A [`Store`] in a SQLite file.
 pub struct SqliteStore {
     jobs: mpsc::Sender<Job>,
+    /// Reads go to their own connections (WAL lets them run beside the writer), so they never
+    /// wait for a batch's disk flush; they see only committed data.
+    queries: Vec<mpsc::Sender<Query>>,
+    next_reader: std::sync::atomic::AtomicUsize,
     retention: Retention,
     owner: String,
     heads: Heads,
@@ -92,6 +109,24 @@ const ABORTED: i64 = 2;
 const TERMINATED: i64 = 1;
 const EXPIRED: i64 = 2;
 
+/// `query_row` on a cached statement: every statement is parsed once per connection.
+fn query_row<T, P: rusqlite::Params>(
+    connection: &Connection,
+    sql: &str,
+    params: P,
+    f: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    connection.prepare_cached(sql)?.query_row(params, f)
+}
+
+/// `execute` on a cached statement.
+fn execute<P: rusqlite::Params>(connection: &Connection, sql: &str, params: P) -> rusqlite::Result<usize> {
+    connection.prepare_cached(sql)?.execute(params)
+}
+
+/// Statements kept parsed per connection: more than the store has.
+const STATEMENT_CACHE: usize = 64;
+
 fn backend(err: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(err.to_string())
 }
@@ -119,16 +154,64 @@ impl SqliteStore {
         std::fs::create_dir_all(dir).map_err(backend)?;
         let mut connection = Connection::open(dir.join("tether.sqlite3")).map_err(backend)?;
         connection.execute_batch(SCHEMA).map_err(backend)?;
+        connection.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        let mut queries = Vec::new();
+        for _ in 0..READERS {
+            let reader = Connection::open(dir.join("tether.sqlite3")).map_err(backend)?;
+            reader.busy_timeout(std::time::Duration::from_secs(5)).map_err(backend)?;
+            reader.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+            // Reads map the file instead of copying every page out of the OS cache.
+            reader.execute_batch("PRAGMA mmap_size = 268435456;").map_err(backend)?;
+            let (tx, rx) = mpsc::channel::<Query>();
+            std::thread::Builder::new()
+                .name("tether-sqlite-read".into())
+                .spawn(move || {
+                    while let Ok(query) = rx.recv() {
+                        query(&reader);
+                    }
+                })
+                .map_err(backend)?;
+            queries.push(tx);
+        }
         let (jobs, queue) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("tether-sqlite".into())
             .spawn(move || writer(&mut connection, &queue))
             .map_err(backend)?;
-        Ok(SqliteStore { jobs, retention, owner: owner.to_owned(), heads: Heads::default() })
+        let next_reader = std::sync::atomic::AtomicUsize::new(0);
+        Ok(SqliteStore { jobs, queries, next_reader, retention, owner: owner.to_owned(), heads: Heads::default() })
+    }
+
+    /// Runs the read `f` on a reader connection, against the latest committed state.
+    fn query<T, F>(&self, f: F) -> StoreFuture<'static, T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let query: Query = Box::new(move |connection| {
+            let _ = tx.send(f(connection));
+        });
+        let reader = self.next_reader.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.queries.len().max(1);
+        let sent = self.queries.get(reader).map(|queue| queue.send(query));
+        Box::pin(async move {
+            let stopped = || StoreError::Backend("the store's reader thread stopped".into());
+            sent.ok_or_else(stopped)?.map_err(|_| stopped())?;
+            rx.await.unwrap_or_else(|_| Err(stopped()))
+        })
     }
 
     /// Runs `f` in the next batch; answers after the batch committed.
     fn run<T, F>(&self, f: F) -> StoreFuture<'static, T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.run_with(Reply::Durable, f)
+    }
+
+    /// Runs `f` in the next batch, answering as `reply` says.
+    fn run_with<T, F>(&self, reply: Reply, f: F) -> StoreFuture<'static, T>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
@@ -148,9 +231,15 @@ impl SqliteStore {
                 }
                 Err(err) => Err(backend(err)),
             };
-            Box::new(move |committed| {
-                let _ = tx.send(committed.and(result));
-            })
+            match reply {
+                Reply::Ordered => {
+                    let _ = tx.send(result);
+                    Box::new(|_| {})
+                }
+                Reply::Durable => Box::new(move |committed| {
+                    let _ = tx.send(committed.and(result));
+                }),
+            }
         });
         let sent = self.jobs.send(job);
         Box::pin(async move {
@@ -160,13 +249,14 @@ impl SqliteStore {
     }
 }
 
-/// The database thread: batches jobs into transactions (group commit).
+/// The database thread: batches jobs into transactions (group commit). It never waits for
+/// company: a batch is whatever queued up while the previous one was being flushed, so a lone
+/// writer pays one flush per operation and many writers share each flush.
 fn writer(connection: &mut Connection, queue: &mpsc::Receiver<Job>) {
     while let Ok(first) = queue.recv() {
         let mut batch = vec![first];
-        let deadline = Instant::now() + BATCH_WINDOW;
         while batch.len() < MAX_BATCH {
-            match queue.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            match queue.try_recv() {
                 Ok(job) => batch.push(job),
                 Err(_) => break,
             }
@@ -187,7 +277,7 @@ fn writer(connection: &mut Connection, queue: &mpsc::Receiver<Job>) {
 }
 
 fn live_epoch(txn: &Connection, session: &str) -> Result<Option<String>, StoreError> {
-    txn.query_row("SELECT epoch FROM sessions WHERE id = ?1 AND ended IS NULL", [session], |r| r.get(0))
+    query_row(txn, "SELECT epoch FROM sessions WHERE id = ?1 AND ended IS NULL", [session], |r| r.get(0))
         .optional()
         .map_err(backend)
 }
@@ -206,12 +296,13 @@ fn insert_stream(
     owner: &str,
     key: Option<&str>,
 ) -> Result<(), StoreError> {
-    txn.execute(
+    execute(txn,
         "INSERT OR IGNORE INTO streams (session, stream, head, state, owner, request_key) VALUES (?1, ?2, 0, 0, ?3, ?4)",
         params![session, stream, owner, key],
     )
     .map_err(backend)?;
-    txn.execute(
+    execute(
+        txn,
         "INSERT OR IGNORE INTO events (session, stream, seq, data) VALUES (?1, ?2, 0, x'')",
         params![session, stream],
     )
@@ -220,29 +311,33 @@ fn insert_stream(
 }
 
 fn session_bytes(txn: &Connection, session: &str) -> Result<u64, StoreError> {
-    txn.query_row("SELECT bytes FROM sessions WHERE id = ?1", [session], |r| r.get::<_, i64>(0))
+    query_row(txn, "SELECT bytes FROM sessions WHERE id = ?1", [session], |r| r.get::<_, i64>(0))
         .map(as_u64)
         .map_err(backend)
 }
 
 fn add_session_bytes(txn: &Connection, session: &str, delta: i64) -> Result<(), StoreError> {
-    txn.execute("UPDATE sessions SET bytes = bytes + ?2 WHERE id = ?1", params![session, delta]).map_err(backend)?;
+    execute(txn, "UPDATE sessions SET bytes = bytes + ?2 WHERE id = ?1", params![session, delta]).map_err(backend)?;
     Ok(())
 }
 
 /// Deletes the events of `stream` with `seq <= upto` and takes their bytes off the stream.
 fn delete_events_upto(txn: &Connection, session: &str, stream: &str, upto: i64) -> Result<usize, StoreError> {
-    let freed: i64 = txn
-        .query_row(
-            "SELECT COALESCE(SUM(LENGTH(data)), 0) FROM events WHERE session = ?1 AND stream = ?2 AND seq <= ?3",
-            params![session, stream, upto],
-            |r| r.get(0),
-        )
-        .map_err(backend)?;
-    let deleted = txn
-        .execute("DELETE FROM events WHERE session = ?1 AND stream = ?2 AND seq <= ?3", params![session, stream, upto])
-        .map_err(backend)?;
-    txn.execute(
+    let freed: i64 = query_row(
+        txn,
+        "SELECT COALESCE(SUM(LENGTH(data)), 0) FROM events WHERE session = ?1 AND stream = ?2 AND seq <= ?3",
+        params![session, stream, upto],
+        |r| r.get(0),
+    )
+    .map_err(backend)?;
+    let deleted = execute(
+        txn,
+        "DELETE FROM events WHERE session = ?1 AND stream = ?2 AND seq <= ?3",
+        params![session, stream, upto],
+    )
+    .map_err(backend)?;
+    execute(
+        txn,
         "UPDATE streams SET bytes = bytes - ?3 WHERE session = ?1 AND stream = ?2",
         params![session, stream, freed],
     )
@@ -261,37 +356,37 @@ fn evict(txn: &Connection, session: &str, stream: &str, head: i64, retention: &R
     }
     let cap = u64::try_from(retention.max_bytes_per_session).unwrap_or(u64::MAX);
     while session_bytes(txn, session)? > cap {
-        let ended: Option<String> = txn
-            .query_row(
-                "SELECT stream FROM streams WHERE session = ?1 AND stream != ?2 AND state != 0 LIMIT 1",
-                params![session, stream],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(backend)?;
+        let ended: Option<String> = query_row(
+            txn,
+            "SELECT stream FROM streams WHERE session = ?1 AND stream != ?2 AND state != 0 LIMIT 1",
+            params![session, stream],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(backend)?;
         match ended {
             Some(ended) => {
-                let bytes: i64 = txn
-                    .query_row(
-                        "SELECT bytes FROM streams WHERE session = ?1 AND stream = ?2",
-                        params![session, ended],
-                        |r| r.get(0),
-                    )
+                let bytes: i64 = query_row(
+                    txn,
+                    "SELECT bytes FROM streams WHERE session = ?1 AND stream = ?2",
+                    params![session, ended],
+                    |r| r.get(0),
+                )
+                .map_err(backend)?;
+                execute(txn, "DELETE FROM events WHERE session = ?1 AND stream = ?2", params![session, ended])
                     .map_err(backend)?;
-                txn.execute("DELETE FROM events WHERE session = ?1 AND stream = ?2", params![session, ended])
-                    .map_err(backend)?;
-                txn.execute("DELETE FROM streams WHERE session = ?1 AND stream = ?2", params![session, ended])
+                execute(txn, "DELETE FROM streams WHERE session = ?1 AND stream = ?2", params![session, ended])
                     .map_err(backend)?;
                 add_session_bytes(txn, session, -bytes)?;
             }
             None => {
-                let oldest: Option<i64> = txn
-                    .query_row(
-                        "SELECT MIN(seq) FROM events WHERE session = ?1 AND stream = ?2",
-                        params![session, stream],
-                        |r| r.get(0),
-                    )
-                    .map_err(backend)?;
+                let oldest: Option<i64> = query_row(
+                    txn,
+                    "SELECT MIN(seq) FROM events WHERE session = ?1 AND stream = ?2",
+                    params![session, stream],
+                    |r| r.get(0),
+                )
+                .map_err(backend)?;
                 match oldest {
                     Some(oldest) if oldest < head => {
                         delete_events_upto(txn, session, stream, oldest)?;
@@ -308,8 +403,7 @@ impl Store for SqliteStore {
     fn create_session(&self, record: SessionRecord) -> StoreFuture<'_, ()> {
         self.run(move |txn| {
             let client = record.client.to_string();
-            let inserted = txn
-                .execute(
+            let inserted = execute(txn,
                     "INSERT OR IGNORE INTO sessions (id, epoch, principal, protocol_version, client, idle_ttl_ms, expires_at_ms) \
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                     params![
@@ -329,9 +423,8 @@ impl Store for SqliteStore {
 
     fn session(&self, id: &str, _now_ms: u64) -> StoreFuture<'_, SessionStatus> {
         let id = id.to_owned();
-        self.run(move |txn| {
-            let row = txn
-                .query_row(
+        self.query(move |txn| {
+            let row = query_row(txn,
                     "SELECT epoch, principal, protocol_version, client, idle_ttl_ms, expires_at_ms, ended FROM sessions WHERE id = ?1",
                     [&id],
                     |r| {
@@ -369,14 +462,14 @@ impl Store for SqliteStore {
 
     fn touch_session(&self, id: &str, epoch: &Epoch, now_ms: u64) -> StoreFuture<'_, ()> {
         let (id, epoch) = (id.to_owned(), epoch.to_string());
-        self.run(move |txn| {
-            let renewed = txn
-                .execute(
-                    "UPDATE sessions SET expires_at_ms = ?3 + idle_ttl_ms \
+        self.run_with(Reply::Ordered, move |txn| {
+            let renewed = execute(
+                txn,
+                "UPDATE sessions SET expires_at_ms = ?3 + idle_ttl_ms \
                      WHERE id = ?1 AND epoch = ?2 AND ended IS NULL AND expires_at_ms > ?3",
-                    params![id, epoch, as_i64(now_ms)],
-                )
-                .map_err(backend)?;
+                params![id, epoch, as_i64(now_ms)],
+            )
+            .map_err(backend)?;
             if renewed == 0 { Err(StoreError::SessionGone) } else { Ok(()) }
         })
     }
@@ -389,9 +482,9 @@ impl Store for SqliteStore {
         };
         let ended = self.run(move |txn| {
             check_live(txn, &session, &epoch)?;
-            txn.execute("UPDATE sessions SET ended = ?2 WHERE id = ?1", params![session, code]).map_err(backend)?;
+            execute(txn, "UPDATE sessions SET ended = ?2 WHERE id = ?1", params![session, code]).map_err(backend)?;
             for table in ["events", "streams", "requests"] {
-                txn.execute(&format!("DELETE FROM {table} WHERE session = ?1"), [&session]).map_err(backend)?;
+                execute(txn, &format!("DELETE FROM {table} WHERE session = ?1"), [&session]).map_err(backend)?;
             }
             Ok(())
         });
@@ -416,7 +509,7 @@ impl Store for SqliteStore {
         let (session, epoch, stream) = (session.to_owned(), epoch.to_string(), stream.to_string());
         self.run(move |txn| {
             check_live(txn, &session, &epoch)?;
-            txn.execute("UPDATE sessions SET standalone = ?2 WHERE id = ?1", params![session, stream])
+            execute(txn, "UPDATE sessions SET standalone = ?2 WHERE id = ?1", params![session, stream])
                 .map_err(backend)?;
             Ok(())
         })
@@ -424,9 +517,11 @@ impl Store for SqliteStore {
 
     fn standalone_stream(&self, session: &str) -> StoreFuture<'_, Option<StreamName>> {
         let session = session.to_owned();
-        self.run(move |txn| {
-            let name: Option<Option<String>> = txn
-                .query_row("SELECT standalone FROM sessions WHERE id = ?1 AND ended IS NULL", [session], |r| r.get(0))
+        self.query(move |txn| {
+            let name: Option<Option<String>> =
+                query_row(txn, "SELECT standalone FROM sessions WHERE id = ?1 AND ended IS NULL", [session], |r| {
+                    r.get(0)
+                })
                 .optional()
                 .map_err(backend)?;
             name.flatten().map(|n| StreamName::parse(&n).map_err(backend)).transpose()
@@ -446,19 +541,20 @@ impl Store for SqliteStore {
         let (stream, owner) = (stream.clone(), self.owner.clone());
         self.run(move |txn| {
             check_live(txn, &session, &epoch)?;
-            let existing: Option<(String, String)> = txn
-                .query_row(
-                    "SELECT digest, stream FROM requests WHERE session = ?1 AND key = ?2",
-                    params![session, key],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()
-                .map_err(backend)?;
+            let existing: Option<(String, String)> = query_row(
+                txn,
+                "SELECT digest, stream FROM requests WHERE session = ?1 AND key = ?2",
+                params![session, key],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(backend)?;
             if let Some((existing_digest, existing_stream)) = existing {
                 let stream = StreamName::parse(&existing_stream).map_err(backend)?;
                 return Ok(BeginRequest::Existing { stream, same_params: existing_digest == digest });
             }
-            txn.execute(
+            execute(
+                txn,
                 "INSERT INTO requests (session, key, digest, stream) VALUES (?1, ?2, ?3, ?4)",
                 params![session, key, digest, stream.as_str()],
             )
@@ -476,34 +572,53 @@ impl Store for SqliteStore {
         data: Bytes,
         last: bool,
     ) -> StoreFuture<'_, u64> {
+        self.append_batch(session, epoch, stream, vec![data], last)
+    }
+
+    fn append_batch(
+        &self,
+        session: &str,
+        epoch: &Epoch,
+        stream: &StreamName,
+        events: Vec<Bytes>,
+        last: bool,
+    ) -> StoreFuture<'_, u64> {
         let (s, e, st) = (session.to_owned(), epoch.to_string(), stream.to_string());
         let retention = self.retention;
         let appended = self.run(move |txn| {
             check_live(txn, &s, &e)?;
-            let row: Option<(i64, i64)> = txn
-                .query_row("SELECT head, state FROM streams WHERE session = ?1 AND stream = ?2", params![s, st], |r| {
-                    Ok((r.get(0)?, r.get(1)?))
-                })
-                .optional()
-                .map_err(backend)?;
-            let Some((head, state)) = row else { return Err(StoreError::UnknownStream) };
+            let row: Option<(i64, i64)> = query_row(
+                txn,
+                "SELECT head, state FROM streams WHERE session = ?1 AND stream = ?2",
+                params![s, st],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(backend)?;
+            let Some((mut head, state)) = row else { return Err(StoreError::UnknownStream) };
             if state != LIVE {
                 return Err(StoreError::StreamEnded);
             }
-            let seq = head + 1;
-            txn.execute(
-                "INSERT INTO events (session, stream, seq, data) VALUES (?1, ?2, ?3, ?4)",
-                params![s, st, seq, &data[..]],
-            )
-            .map_err(backend)?;
-            txn.execute(
+            let mut bytes = 0;
+            for data in &events {
+                head += 1;
+                execute(
+                    txn,
+                    "INSERT INTO events (session, stream, seq, data) VALUES (?1, ?2, ?3, ?4)",
+                    params![s, st, head, &data[..]],
+                )
+                .map_err(backend)?;
+                bytes += as_i64(data.len() as u64);
+            }
+            execute(
+                txn,
                 "UPDATE streams SET head = ?3, state = ?4, bytes = bytes + ?5 WHERE session = ?1 AND stream = ?2",
-                params![s, st, seq, if last { COMPLETE } else { LIVE }, as_i64(data.len() as u64)],
+                params![s, st, head, if last { COMPLETE } else { LIVE }, bytes],
             )
             .map_err(backend)?;
-            add_session_bytes(txn, &s, as_i64(data.len() as u64))?;
-            evict(txn, &s, &st, seq, &retention)?;
-            Ok(as_u64(seq))
+            add_session_bytes(txn, &s, bytes)?;
+            evict(txn, &s, &st, head, &retention)?;
+            Ok(as_u64(head))
         });
         let (session, stream) = (session.to_owned(), stream.clone());
         Box::pin(async move {
@@ -517,12 +632,15 @@ impl Store for SqliteStore {
         let (s, e, st) = (session.to_owned(), epoch.to_string(), stream.to_string());
         let ended = self.run(move |txn| {
             check_live(txn, &s, &e)?;
-            let head: Option<i64> = txn
-                .query_row("SELECT head FROM streams WHERE session = ?1 AND stream = ?2", params![s, st], |r| r.get(0))
+            let head: Option<i64> =
+                query_row(txn, "SELECT head FROM streams WHERE session = ?1 AND stream = ?2", params![s, st], |r| {
+                    r.get(0)
+                })
                 .optional()
                 .map_err(backend)?;
             let head = head.ok_or(StoreError::UnknownStream)?;
-            txn.execute(
+            execute(
+                txn,
                 "UPDATE streams SET state = ?3 WHERE session = ?1 AND stream = ?2 AND state = 0",
                 params![s, st, COMPLETE],
             )
@@ -539,16 +657,16 @@ impl Store for SqliteStore {
 
     fn stream_range(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>> {
         let (s, st) = (session.to_owned(), stream.to_string());
-        self.run(move |txn| {
-            let row: Option<(i64, i64, Option<i64>)> = txn
-                .query_row(
-                    "SELECT head, state, (SELECT MIN(seq) FROM events WHERE session = ?1 AND stream = ?2) \
+        self.query(move |txn| {
+            let row: Option<(i64, i64, Option<i64>)> = query_row(
+                txn,
+                "SELECT head, state, (SELECT MIN(seq) FROM events WHERE session = ?1 AND stream = ?2) \
                      FROM streams WHERE session = ?1 AND stream = ?2",
-                    params![s, st],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-                )
-                .optional()
-                .map_err(backend)?;
+                params![s, st],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()
+            .map_err(backend)?;
             Ok(row.map(|(head, state, first)| StreamRange {
                 retained_from: first.map_or(as_u64(head) + 1, as_u64),
                 head: as_u64(head),
@@ -559,8 +677,8 @@ impl Store for SqliteStore {
 
     fn stream_request(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<String>> {
         let (s, st) = (session.to_owned(), stream.to_string());
-        self.run(move |txn| {
-            txn.query_row("SELECT request_key FROM streams WHERE session = ?1 AND stream = ?2", params![s, st], |r| {
+        self.query(move |txn| {
+            query_row(txn, "SELECT request_key FROM streams WHERE session = ?1 AND stream = ?2", params![s, st], |r| {
                 r.get(0)
             })
             .optional()
@@ -572,7 +690,7 @@ impl Store for SqliteStore {
     fn read(&self, session: &str, stream: &StreamName, after: u64, max: usize) -> StoreFuture<'_, Vec<StoredEvent>> {
         let (s, st) = (session.to_owned(), stream.to_string());
         let limit = i64::try_from(max).unwrap_or(i64::MAX);
-        self.run(move |txn| {
+        self.query(move |txn| {
             let mut statement = txn
                 .prepare_cached("SELECT seq, data FROM events WHERE session = ?1 AND stream = ?2 AND seq > ?3 ORDER BY seq LIMIT ?4")
                 .map_err(backend)?;
@@ -606,7 +724,8 @@ impl Store for SqliteStore {
     fn counter_add(&self, key: &str, amount: i64) -> StoreFuture<'_, i64> {
         let key = key.to_owned();
         self.run(move |txn| {
-            txn.query_row(
+            query_row(
+                txn,
                 "INSERT INTO counters (key, value) VALUES (?1, ?2) \
                  ON CONFLICT(key) DO UPDATE SET value = value + excluded.value RETURNING value",
                 params![key, amount],
@@ -618,8 +737,8 @@ impl Store for SqliteStore {
 
     fn counter_get(&self, key: &str) -> StoreFuture<'_, i64> {
         let key = key.to_owned();
-        self.run(move |txn| {
-            txn.query_row("SELECT value FROM counters WHERE key = ?1", [key], |r| r.get(0))
+        self.query(move |txn| {
+            query_row(txn, "SELECT value FROM counters WHERE key = ?1", [key], |r| r.get(0))
                 .optional()
                 .map(Option::unwrap_or_default)
                 .map_err(backend)
@@ -630,7 +749,7 @@ impl Store for SqliteStore {
         let (retention, owner) = (self.retention, self.owner.clone());
         let swept = self.run(move |txn| {
             let now = as_i64(now_ms);
-            txn.execute(
+            execute(txn,
                 "INSERT INTO owners (owner, heartbeat_ms) VALUES (?1, ?2) ON CONFLICT(owner) DO UPDATE SET heartbeat_ms = ?2",
                 params![owner, now],
             )
@@ -655,27 +774,27 @@ impl Store for SqliteStore {
                 expired.query_map([now], |r| r.get(0)).map_err(backend)?.collect::<Result<_, _>>().map_err(backend)?;
             for id in &expired {
                 for table in ["events", "streams", "requests"] {
-                    txn.execute(&format!("DELETE FROM {table} WHERE session = ?1"), [id]).map_err(backend)?;
+                    execute(txn, &format!("DELETE FROM {table} WHERE session = ?1"), [id]).map_err(backend)?;
                 }
             }
-            txn.execute("UPDATE sessions SET ended_at_ms = ?1 WHERE ended IS NOT NULL AND ended_at_ms IS NULL", [now])
+            execute(txn, "UPDATE sessions SET ended_at_ms = ?1 WHERE ended IS NOT NULL AND ended_at_ms IS NULL", [now])
                 .map_err(backend)?;
-            txn.execute("DELETE FROM sessions WHERE ended IS NOT NULL AND ended_at_ms <= ?1", [now - as_i64(retention.tombstone_ms)])
+            execute(txn, "DELETE FROM sessions WHERE ended IS NOT NULL AND ended_at_ms <= ?1", [now - as_i64(retention.tombstone_ms)])
                 .map_err(backend)?;
-            txn.execute("UPDATE streams SET ended_at_ms = ?1 WHERE state != 0 AND ended_at_ms IS NULL", [now]).map_err(backend)?;
+            execute(txn, "UPDATE streams SET ended_at_ms = ?1 WHERE state != 0 AND ended_at_ms IS NULL", [now]).map_err(backend)?;
             let cutoff = now - as_i64(retention.ended_stream_ms);
-            txn.execute(
+            execute(txn,
                 "UPDATE sessions SET bytes = bytes - COALESCE((SELECT SUM(s.bytes) FROM streams s \
                  WHERE s.session = sessions.id AND s.state != 0 AND s.ended_at_ms <= ?1), 0)",
                 [cutoff],
             )
             .map_err(backend)?;
-            txn.execute(
+            execute(txn,
                 "DELETE FROM events WHERE (session, stream) IN (SELECT session, stream FROM streams WHERE state != 0 AND ended_at_ms <= ?1)",
                 [cutoff],
             )
             .map_err(backend)?;
-            txn.execute("DELETE FROM streams WHERE state != 0 AND ended_at_ms <= ?1", [cutoff]).map_err(backend)?;
+            execute(txn, "DELETE FROM streams WHERE state != 0 AND ended_at_ms <= ?1", [cutoff]).map_err(backend)?;
             Ok((expired, aborted))
         });
         Box::pin(async move {

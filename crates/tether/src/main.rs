@@ -1,5 +1,6 @@
 //! The `tether` command: argument parsing and wiring only; the work is in the library crates.
 
+mod bench_cli;
 mod client_cli;
 mod probe_cli;
 mod serve;
@@ -26,6 +27,8 @@ enum Command {
     Call(client_cli::CallArgs),
     /// Audit any MCP server's session and resumption behaviour (exit status 2 if a check fails).
     Probe(probe_cli::ProbeArgs),
+    /// Measure tether against rmcp, the TypeScript and Python SDKs and a raw hyper baseline.
+    Bench(bench_cli::BenchArgs),
     /// Play the official MCP conformance suite's client scenarios (reads MCP_CONFORMANCE_SCENARIO).
     ConformanceClient(client_cli::ConformanceArgs),
 }
@@ -42,6 +45,7 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Watch(args) => Ok(runtime.block_on(client_cli::watch(args))),
         Command::Call(args) => Ok(runtime.block_on(client_cli::call(args))),
         Command::Probe(args) => runtime.block_on(probe_cli::run(args)),
+        Command::Bench(args) => runtime.block_on(bench_cli::run(args)),
         Command::ConformanceClient(args) => Ok(runtime.block_on(client_cli::conformance(args))),
     }
 }

@@ -47,6 +47,9 @@ pub struct ServeArgs {
     /// How long a finished request's stream stays replayable (e.g. 500ms, 2s, 5m).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     retention: Duration,
+    /// Most events retained per stream; a resume from before the oldest gets a `resync` event.
+    #[arg(long, default_value_t = 10_000)]
+    max_events_per_stream: usize,
     /// How long a session lives without activity.
     #[arg(long, default_value = "30m", value_parser = parse_duration)]
     session_idle_ttl: Duration,
@@ -71,6 +74,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         ..ServerConfig::default()
     };
     config.retention.ended_stream_ms = u64::try_from(args.retention.as_millis()).unwrap_or(u64::MAX);
+    config.retention.max_events_per_stream = args.max_events_per_stream;
     config.retention.tombstone_ms = config.retention.tombstone_ms.max(config.retention.ended_stream_ms);
     config.retention.lease_ms = u64::try_from(args.request_lease.as_millis()).unwrap_or(u64::MAX);
     config.sweep_interval = config.sweep_interval.min(args.request_lease / 4);

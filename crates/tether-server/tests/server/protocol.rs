@@ -375,6 +375,29 @@ async fn broadcast_reaches_the_standalone_stream() {
 }
 
 #[tokio::test]
+async fn notify_all_reaches_every_sessions_standalone_stream_once() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let session = client.initialize("2025-11-25").await;
+        let mut stream = client.get(&session, None).send().await.expect("send");
+        events(&mut stream, 1).await;
+        streams.push(stream);
+    }
+    // A session without a standalone stream has nowhere to receive it.
+    let caller = client.initialize("2025-06-18").await;
+    let result = json_body(client.call(&caller, json!(1), "notify_all", json!({"seq": 7})).await).await;
+    assert_eq!(result["result"]["content"][0]["text"], "sent to 2 sessions");
+    for stream in &mut streams {
+        let got = messages(&events(stream, 1).await);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0]["method"], "notifications/message");
+        assert_eq!(got[0]["params"]["data"]["seq"], 7);
+    }
+}
+
+#[tokio::test]
 async fn a_client_that_stops_reading_never_blocks_the_producer() {
     let server = start(config()).await;
     let client = Client::new(&server);

@@ -104,6 +104,29 @@ pub async fn appends_are_contiguous_and_checked_against_the_incarnation(store: &
     assert_eq!(data, [&b"e1"[..], b"e2", b"e3", b"final"]);
 }
 
+pub async fn batches_append_in_order_and_wake_watchers_once_committed(store: &dyn Store) {
+    let a = epoch('A');
+    let s = stream("r1");
+    store.create_session(record("s4b", a.clone(), 0)).await.expect("create");
+    store.open_stream("s4b", &a, &s).await.expect("open");
+    let mut watch = store.watch("s4b", &s).await.expect("watch");
+    let batch = |items: &[&'static str]| items.iter().map(|i| Bytes::from_static(i.as_bytes())).collect::<Vec<_>>();
+    assert_eq!(store.append_batch("s4b", &a, &s, batch(&["e1", "e2"]), false).await, Ok(2));
+    assert!(tokio::time::timeout(std::time::Duration::from_secs(5), watch.changed()).await.is_ok(), "watch woken");
+    assert!(*watch.borrow() >= 2, "the watch sees the batch's head");
+    assert_eq!(
+        store.append_batch("s4b", &epoch('B'), &s, batch(&["stale"]), false).await,
+        Err(StoreError::SessionGone)
+    );
+    assert_eq!(store.append_batch("s4b", &a, &s, batch(&["e3", "final"]), true).await, Ok(4));
+    assert_eq!(store.append_batch("s4b", &a, &s, batch(&["late"]), false).await, Err(StoreError::StreamEnded));
+    let events = store.read("s4b", &s, 0, usize::MAX).await.expect("read");
+    let data: Vec<&[u8]> = events.iter().map(|e| &e.data[..]).collect();
+    assert_eq!(data, [&b"e1"[..], b"e2", b"e3", b"final"]);
+    let range = store.stream_range("s4b", &s).await.expect("range").expect("known stream");
+    assert_eq!(range.state, StreamState::Complete);
+}
+
 pub async fn reads_start_strictly_after_the_cursor(store: &dyn Store) {
     let a = epoch('A');
     let s = stream("r1");
@@ -244,6 +267,7 @@ macro_rules! store_suite {
             touch_renews_only_a_live_session_of_the_same_incarnation,
             ended_sessions_refuse_writes_and_are_remembered,
             appends_are_contiguous_and_checked_against_the_incarnation,
+            batches_append_in_order_and_wake_watchers_once_committed,
             reads_start_strictly_after_the_cursor,
             request_ids_are_recorded_once_per_incarnation,
             retention_evicts_oldest_events_and_reports_it_in_the_range,

@@ -1,0 +1,448 @@
+//! The results of a run: medians per (target, scenario), the goals, a Markdown report and SVG
+//! plots.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use hdrhistogram::Histogram;
+use plotters::prelude::*;
+
+use crate::BenchError;
+use crate::scenario::{Measurement, Outcome, Scenario};
+use crate::target::Target;
+
+/// Every outcome of a run, grouped by target and scenario.
+#[derive(Debug, Clone)]
+pub struct Results {
+    command: String,
+    outcomes: BTreeMap<(Scenario, Target), Vec<Outcome>>,
+}
+
+/// The column ratios are taken on and the reference target, per scenario.
+fn headline(scenario: Scenario) -> &'static str {
+    match scenario {
+        Scenario::ToolCall | Scenario::ToolCallJson => "calls/s",
+        Scenario::Stream => "events/s",
+        Scenario::Resume => "R=10000 ms",
+        Scenario::Sessions => "sessions/s",
+        Scenario::Fanout => "p50 ms",
+    }
+}
+
+const REFERENCE: Target = Target::TetherMemory;
+
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
+}
+
+/// A figure for a table cell: three significant digits, no exponent.
+fn figure(value: f64) -> String {
+    let magnitude = if value == 0.0 { 0 } else { value.abs().log10().floor() as i32 };
+    let decimals = (2 - magnitude).clamp(0, 3) as usize;
+    format!("{value:.decimals$}")
+}
+
+impl Results {
+    /// No results yet, for a run started with `command`.
+    pub fn new(command: String) -> Results {
+        Results { command, outcomes: BTreeMap::new() }
+    }
+
+    /// Records one run's outcome.
+    pub fn add(&mut self, target: Target, scenario: Scenario, outcome: Outcome) {
+        self.outcomes.entry((scenario, target)).or_default().push(outcome);
+    }
+
+    fn measurements(&self, scenario: Scenario, target: Target) -> impl Iterator<Item = &Measurement> {
+        self.outcomes.get(&(scenario, target)).into_iter().flatten().filter_map(|o| match o {
+            Outcome::Measured(m) => Some(m),
+            _ => None,
+        })
+    }
+
+    /// The median over the runs of one figure.
+    pub fn median(&self, scenario: Scenario, target: Target, metric: &str) -> Option<f64> {
+        let values = self
+            .measurements(scenario, target)
+            .filter_map(|m| m.metrics.iter().find(|x| x.name == metric).map(|x| x.value))
+            .collect();
+        median(values)
+    }
+
+    fn targets(&self, scenario: Scenario) -> Vec<Target> {
+        self.outcomes.keys().filter(|(s, _)| *s == scenario).map(|(_, t)| *t).collect()
+    }
+
+    fn scenarios(&self) -> Vec<Scenario> {
+        let mut scenarios: Vec<Scenario> = self.outcomes.keys().map(|(s, _)| *s).collect();
+        scenarios.dedup();
+        scenarios
+    }
+
+    /// The goals of the bench and where this run stands on each: `(goal, measured, met)`.
+    pub fn goals(&self) -> Vec<(String, String, Option<bool>)> {
+        let m = |s, t, metric| self.median(s, t, metric);
+        let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
+        let mut goals = Vec::new();
+        let mut goal = |text: &str, value: Option<f64>, show: &dyn Fn(f64) -> String, met: &dyn Fn(f64) -> bool| {
+            goals.push((text.to_owned(), value.map_or("not measured".into(), show), value.map(met)));
+        };
+        let times = |v: f64| format!("{v:.2}×");
+        let tool = Scenario::ToolCall;
+        goal(
+            "tool-call: tether (memory) ≥ 2× rmcp",
+            ratio(m(tool, Target::TetherMemory, "calls/s"), m(tool, Target::Rmcp, "calls/s")),
+            &times,
+            &|r| r >= 2.0,
+        );
+        goal(
+            "tool-call: tether (embedded) ≥ rmcp",
+            ratio(m(tool, Target::TetherEmbedded, "calls/s"), m(tool, Target::Rmcp, "calls/s")),
+            &times,
+            &|r| r >= 1.0,
+        );
+        goal(
+            "tool-call: tether (memory) ≥ 70% of raw",
+            ratio(m(tool, Target::TetherMemory, "calls/s"), m(tool, Target::Raw, "calls/s")),
+            &|r| format!("{:.0}%", r * 100.0),
+            &|r| r >= 0.7,
+        );
+        goal(
+            "stream: tether (memory) ≥ 60% of raw's events/s",
+            ratio(m(Scenario::Stream, Target::TetherMemory, "events/s"), m(Scenario::Stream, Target::Raw, "events/s")),
+            &|r| format!("{:.0}%", r * 100.0),
+            &|r| r >= 0.6,
+        );
+        goal(
+            "resume: 10,000 retained events replayed in < 5 ms (memory)",
+            m(Scenario::Resume, Target::TetherMemory, "R=10000 ms"),
+            &|v| format!("{v:.2} ms"),
+            &|v| v < 5.0,
+        );
+        goal(
+            "resume: time no worse than linear in R (t(100,000) / t(10,000) ≤ 10, memory)",
+            ratio(
+                m(Scenario::Resume, Target::TetherMemory, "R=100000 ms"),
+                m(Scenario::Resume, Target::TetherMemory, "R=10000 ms"),
+            ),
+            &|r| format!("{r:.1}"),
+            &|r| r <= 10.0,
+        );
+        for target in [Target::TetherMemory, Target::TetherEmbedded, Target::TetherRedis] {
+            goal(
+                &format!("sessions: ≤ 4 KiB resident per idle session ({})", target.name()),
+                m(Scenario::Sessions, target, "KiB/session"),
+                &|v| format!("{v:.2} KiB"),
+                &|v| v <= 4.0,
+            );
+        }
+        goals
+    }
+
+    /// The Markdown report.
+    pub fn markdown(&self, date: &str, machine: &str, runs: usize) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "# tether bench, {date}\n");
+        let _ = writeln!(out, "```\n{}\n```\n", self.command);
+        let _ = writeln!(
+            out,
+            "{machine}. Every figure is the median of {runs} run(s), each against a freshly started server on \
+             loopback; the load generator shares the machine. Ratios are to `{}` in the same run: compare them, \
+             not absolute figures, across runs.\n",
+            REFERENCE.name()
+        );
+        let _ = writeln!(out, "## Goals\n\n| goal | measured | met |\n|---|---|---|");
+        for (goal, measured, met) in self.goals() {
+            let met = match met {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "n/a",
+            };
+            let _ = writeln!(out, "| {goal} | {measured} | {met} |");
+        }
+        for scenario in self.scenarios() {
+            let _ = writeln!(out, "\n## {}\n", scenario.name());
+            let targets = self.targets(scenario);
+            let mut columns: Vec<String> = Vec::new();
+            for target in &targets {
+                for m in self.measurements(scenario, *target) {
+                    for metric in &m.metrics {
+                        if !columns.contains(&metric.name) {
+                            columns.push(metric.name.clone());
+                        }
+                    }
+                }
+            }
+            let key = headline(scenario);
+            let _ = writeln!(out, "| target | {} | {key} ÷ {}'s | notes |", columns.join(" | "), REFERENCE.name());
+            let _ = writeln!(out, "|---|{}---|---|", "---|".repeat(columns.len()));
+            let reference = self.median(scenario, REFERENCE, key);
+            for target in targets {
+                let cells: Vec<String> =
+                    columns.iter().map(|c| self.median(scenario, target, c).map_or("–".into(), figure)).collect();
+                let ratio = self
+                    .median(scenario, target, key)
+                    .zip(reference)
+                    .map_or("–".into(), |(v, r)| format!("{:.2}", v / r));
+                let _ = write!(out, "| {} | {} | {ratio} |", target.name(), cells.join(" | "));
+                let notes: Vec<String> = self
+                    .outcomes
+                    .get(&(scenario, target))
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|o| match o {
+                        Outcome::Unsupported(why) => Some(format!("unsupported: {why}")),
+                        Outcome::Failed(why) => Some(format!("failed: {why}")),
+                        Outcome::Measured(_) => None,
+                    })
+                    .collect();
+                let _ = match notes.first() {
+                    Some(first) => writeln!(out, " {} ({} of {runs} runs) |", first.replace('|', "/"), notes.len()),
+                    None => writeln!(out, " |"),
+                };
+            }
+        }
+        let _ = writeln!(
+            out,
+            "\n## Plots\n\n![throughput](throughput.svg)\n\n![latency](latency.svg)\n\n![resume](resume.svg)"
+        );
+        out
+    }
+
+    /// Writes `<date>.md` and the plots (in `<date>/`) under `dir`; returns the report's path.
+    pub fn write(&self, dir: &Path, date: &str, machine: &str, runs: usize) -> Result<PathBuf, BenchError> {
+        let plots = dir.join(date);
+        std::fs::create_dir_all(&plots).map_err(|source| BenchError::Write { path: plots.clone(), source })?;
+        self.plot_throughput(&plots.join("throughput.svg"))?;
+        self.plot_latency(&plots.join("latency.svg"))?;
+        self.plot_resume(&plots.join("resume.svg"))?;
+        let report = self.markdown(date, machine, runs).replace("](", &format!("]({date}/"));
+        let path = dir.join(format!("{date}.md"));
+        std::fs::write(&path, report).map_err(|source| BenchError::Write { path: path.clone(), source })?;
+        Ok(path)
+    }
+
+    fn plot_throughput(&self, path: &Path) -> Result<(), BenchError> {
+        let scenarios = [Scenario::ToolCall, Scenario::ToolCallJson];
+        let targets: Vec<Target> = Target::ALL
+            .into_iter()
+            .filter(|t| scenarios.iter().any(|s| self.median(*s, *t, "calls/s").is_some()))
+            .collect();
+        let top = targets
+            .iter()
+            .flat_map(|t| scenarios.iter().filter_map(|s| self.median(*s, *t, "calls/s")))
+            .fold(1.0, f64::max);
+        draw(path, |root| {
+            let mut chart = ChartBuilder::on(root)
+                .caption("tool calls per second", ("sans-serif", 20))
+                .margin(12)
+                .x_label_area_size(40)
+                .y_label_area_size(70)
+                .build_cartesian_2d(-0.5f64..(targets.len() as f64 - 0.5), 0f64..top * 1.1)?;
+            let names: Vec<&str> = targets.iter().map(|t| t.name()).collect();
+            chart
+                .configure_mesh()
+                .x_labels(targets.len().max(1))
+                .x_label_formatter(&|x| names.get(x.round() as usize).map_or(String::new(), |n| (*n).to_owned()))
+                .y_desc("calls/s")
+                .draw()?;
+            for (offset, (scenario, colour)) in scenarios.iter().zip([BLUE, RED]).enumerate() {
+                let bars = targets.iter().enumerate().filter_map(|(i, t)| {
+                    let v = self.median(*scenario, *t, "calls/s")?;
+                    let x = i as f64 - 0.35 + 0.35 * offset as f64;
+                    Some(Rectangle::new([(x, 0.0), (x + 0.33, v)], colour.filled()))
+                });
+                chart
+                    .draw_series(bars)?
+                    .label(scenario.name())
+                    .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour.filled()));
+            }
+            chart.configure_series_labels().background_style(WHITE).border_style(BLACK).draw()?;
+            Ok(())
+        })
+    }
+
+    fn plot_latency(&self, path: &Path) -> Result<(), BenchError> {
+        let mut curves = Vec::new();
+        for target in Target::ALL {
+            let mut merged: Option<Histogram<u64>> = None;
+            for m in self.measurements(Scenario::ToolCall, target) {
+                if let Some(h) = &m.latency_us {
+                    match &mut merged {
+                        Some(all) => drop(all.add(h)),
+                        None => merged = Some(h.clone()),
+                    }
+                }
+            }
+            if let Some(h) = merged.filter(|h| !h.is_empty()) {
+                let points: Vec<(f64, f64)> = (0..=1000)
+                    .map(|i| {
+                        let q = f64::from(i) / 1000.0;
+                        ((h.value_at_quantile(q) as f64 / 1000.0).max(0.001), q * 100.0)
+                    })
+                    .collect();
+                curves.push((target, points));
+            }
+        }
+        let high = curves.iter().flat_map(|(_, p)| p.iter().map(|(x, _)| *x)).fold(1.0, f64::max);
+        let low = curves.iter().flat_map(|(_, p)| p.iter().map(|(x, _)| *x)).fold(high, f64::min);
+        draw(path, |root| {
+            let mut chart = ChartBuilder::on(root)
+                .caption("tool-call latency (CDF)", ("sans-serif", 20))
+                .margin(12)
+                .x_label_area_size(40)
+                .y_label_area_size(50)
+                .build_cartesian_2d((low * 0.9..high * 1.1).log_scale(), 0f64..100f64)?;
+            chart.configure_mesh().x_desc("latency (ms, log)").y_desc("percentile").draw()?;
+            for (i, (target, points)) in curves.into_iter().enumerate() {
+                let colour = Palette99::pick(i).to_rgba();
+                chart
+                    .draw_series(LineSeries::new(points, colour.stroke_width(2)))?
+                    .label(target.name())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2)));
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::LowerRight)
+                .background_style(WHITE)
+                .border_style(BLACK)
+                .draw()?;
+            Ok(())
+        })
+    }
+
+    fn plot_resume(&self, path: &Path) -> Result<(), BenchError> {
+        let mut curves = Vec::new();
+        for target in Target::ALL {
+            let runs: Vec<&Measurement> = self.measurements(Scenario::Resume, target).collect();
+            let sizes: Vec<u64> = runs.first().map(|m| m.curve.iter().map(|(r, _)| *r).collect()).unwrap_or_default();
+            let points: Vec<(f64, f64)> = sizes
+                .iter()
+                .filter_map(|r| {
+                    self.median(Scenario::Resume, target, &format!("R={r} ms")).map(|ms| (*r as f64, ms.max(0.001)))
+                })
+                .collect();
+            if !points.is_empty() {
+                curves.push((target, points));
+            }
+        }
+        let all = || curves.iter().flat_map(|(_, p)| p.iter().copied());
+        let (x_high, y_high) = all().fold((10.0, 1.0), |(x, y), (px, py)| (f64::max(x, px), f64::max(y, py)));
+        let y_low = all().fold(y_high, |y, (_, py)| f64::min(y, py));
+        draw(path, |root| {
+            let mut chart = ChartBuilder::on(root)
+                .caption("resume: time to replay R retained events", ("sans-serif", 20))
+                .margin(12)
+                .x_label_area_size(40)
+                .y_label_area_size(60)
+                .build_cartesian_2d((1f64..x_high * 1.2).log_scale(), (y_low * 0.8..y_high * 1.2).log_scale())?;
+            chart.configure_mesh().x_desc("R (log)").y_desc("ms (log)").draw()?;
+            for (i, (target, points)) in curves.into_iter().enumerate() {
+                let colour = Palette99::pick(i).to_rgba();
+                chart
+                    .draw_series(LineSeries::new(points, colour.stroke_width(2)))?
+                    .label(target.name())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2)));
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperLeft)
+                .background_style(WHITE)
+                .border_style(BLACK)
+                .draw()?;
+            Ok(())
+        })
+    }
+}
+
+type DrawResult = Result<(), Box<dyn std::error::Error>>;
+
+fn draw(
+    path: &Path,
+    plot: impl FnOnce(&DrawingArea<SVGBackend<'_>, plotters::coord::Shift>) -> DrawResult,
+) -> Result<(), BenchError> {
+    let fail = |reason: String| BenchError::Plot { path: path.to_owned(), reason };
+    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(e.to_string()))?;
+    plot(&root).map_err(|e| fail(e.to_string()))?;
+    root.present().map_err(|e| fail(e.to_string()))
+}
+
+/// Today's date (UTC) as `YYYY-MM-DD`, for the report's file name.
+pub fn today() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    civil_date(secs / 86_400)
+}
+
+/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_date(days: u64) -> String {
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+/// A one-line description of the machine: cores and CPU model.
+pub fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!("{cores} cores, {model}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::Metric;
+
+    #[test]
+    fn dates_are_civil() {
+        assert_eq!(civil_date(0), "1970-01-01");
+        assert_eq!(civil_date(20_423), "2025-12-01");
+        assert_eq!(civil_date(11_016), "2000-02-29");
+    }
+
+    #[test]
+    fn medians_and_ratios_reach_the_report() {
+        let mut results = Results::new("tether bench".into());
+        let measured = |v: f64| {
+            Outcome::Measured(Measurement {
+                metrics: vec![Metric { name: "calls/s".into(), value: v }],
+                ..Default::default()
+            })
+        };
+        for v in [100.0, 300.0, 200.0] {
+            results.add(Target::TetherMemory, Scenario::ToolCall, measured(v));
+        }
+        results.add(Target::Rmcp, Scenario::ToolCall, measured(50.0));
+        results.add(Target::Python, Scenario::ToolCall, Outcome::Failed("refused".into()));
+        assert_eq!(results.median(Scenario::ToolCall, Target::TetherMemory, "calls/s"), Some(200.0));
+        let goals = results.goals();
+        assert_eq!(goals[0].1, "4.00×");
+        assert_eq!(goals[0].2, Some(true));
+        assert_eq!(goals[1].2, None);
+        let report = results.markdown("2026-01-01", "2 cores", 3);
+        assert!(report.contains("| rmcp | 50.0 | 0.25 |  |"), "{report}");
+        assert!(report.contains("failed: refused (1 of 3 runs)"), "{report}");
+    }
+}

@@ -1,0 +1,271 @@
+//! The servers under test: how each is started on loopback, found, measured and stopped.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::BenchError;
+use crate::wire::Endpoint;
+
+/// A server the bench measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Target {
+    /// `tether serve --store memory`.
+    TetherMemory,
+    /// `tether serve --store embedded` (SQLite, durable before delivery).
+    TetherEmbedded,
+    /// `tether serve --store redis` against a `redis-server` the bench starts.
+    TetherRedis,
+    /// The rmcp 3.x server of `tests/interop/rmcp_server`, with TCP_NODELAY.
+    Rmcp,
+    /// The TypeScript SDK server of `bench/servers/ts_server.mjs`.
+    Ts,
+    /// The Python SDK server of `bench/servers/py_server.py`.
+    Python,
+    /// [`crate::raw`]: the same bytes with no MCP logic; the ceiling for the machine.
+    Raw,
+}
+
+impl Target {
+    /// Every target, in report order.
+    pub const ALL: [Target; 7] = [
+        Target::TetherMemory,
+        Target::TetherEmbedded,
+        Target::TetherRedis,
+        Target::Rmcp,
+        Target::Ts,
+        Target::Python,
+        Target::Raw,
+    ];
+
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::TetherMemory => "tether-memory",
+            Target::TetherEmbedded => "tether-embedded",
+            Target::TetherRedis => "tether-redis",
+            Target::Rmcp => "rmcp",
+            Target::Ts => "ts",
+            Target::Python => "python",
+            Target::Raw => "raw",
+        }
+    }
+
+    /// The targets a command-line name selects: a target's own name, `tether` (all three
+    /// stores) or `all`.
+    pub fn select(name: &str) -> Option<Vec<Target>> {
+        match name {
+            "all" => Some(Target::ALL.to_vec()),
+            "tether" => Some(vec![Target::TetherMemory, Target::TetherEmbedded, Target::TetherRedis]),
+            other => Target::ALL.into_iter().find(|t| t.name() == other).map(|t| vec![t]),
+        }
+    }
+}
+
+/// Where the programs behind the targets are. A target whose program is missing is reported
+/// as unavailable, with the reason, instead of failing the bench.
+#[derive(Debug, Clone)]
+pub struct Programs {
+    /// The `tether` binary (also serves [`Target::Raw`] with `bench --serve-raw`).
+    pub tether: PathBuf,
+    /// The built rmcp server.
+    pub rmcp: Option<PathBuf>,
+    /// `node` and the directory holding `@modelcontextprotocol/sdk`.
+    pub ts_sdk: Option<PathBuf>,
+    /// A Python with the `mcp` package.
+    pub python: Option<PathBuf>,
+    /// The directory of `ts_server.mjs` and `py_server.py`.
+    pub servers: PathBuf,
+    /// `redis-server`.
+    pub redis_server: PathBuf,
+}
+
+/// How the tool responses are sent: the `tool-call-json` scenario asks for JSON bodies, which
+/// the SDKs only give when started for it (tether and raw choose per response).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Responses as SSE streams, with an event store for resumption.
+    Sse,
+    /// Responses as JSON bodies.
+    Json,
+}
+
+/// A started target: stopped (killed and reaped) when dropped.
+#[derive(Debug)]
+pub struct Running {
+    /// The MCP endpoint.
+    pub endpoint: Endpoint,
+    server: Child,
+    helpers: Vec<Child>,
+    data_dir: Option<PathBuf>,
+}
+
+impl Running {
+    /// The server's resident memory in KiB, from `/proc`.
+    pub fn resident_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.server.id())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for child in std::iter::once(&mut self.server).chain(self.helpers.iter_mut()) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(dir) = &self.data_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// A command that first raises its open-file limit to the hard limit: the fan-out scenario
+/// holds over a thousand connections, more than the usual soft limit of 1,024.
+fn with_file_limit(program: &std::path::Path, args: &[String]) -> Command {
+    let mut command = Command::new("sh");
+    command.arg("-c").arg("ulimit -n \"$(ulimit -Hn)\" 2>/dev/null; exec \"$0\" \"$@\"").arg(program).args(args);
+    command
+}
+
+fn unavailable(target: Target, reason: &str) -> BenchError {
+    BenchError::Start { target: target.name(), reason: reason.to_owned() }
+}
+
+/// A loopback port nobody listens on right now.
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Starts `target` and waits until it accepts connections.
+pub fn start(target: Target, mode: Mode, programs: &Programs, max_events: u64) -> Result<Running, BenchError> {
+    let fail = |reason: String| BenchError::Start { target: target.name(), reason };
+    let tether = |store: &str| {
+        let mut args: Vec<String> = ["serve", "--listen", "127.0.0.1:0", "--store", store, "--max-sessions", "50000"]
+            .map(String::from)
+            .to_vec();
+        args.extend(["--max-events-per-stream".into(), max_events.to_string()]);
+        args
+    };
+    let mut helpers = Vec::new();
+    let mut data_dir = None;
+    let command = match target {
+        Target::TetherMemory => with_file_limit(&programs.tether, &tether("memory")),
+        Target::TetherEmbedded => {
+            let dir = std::env::temp_dir().join(format!(
+                "tether-bench-{}-{}",
+                std::process::id(),
+                free_port().map_err(|e| fail(e.to_string()))?
+            ));
+            let mut args = tether("embedded");
+            args.extend(["--data-dir".into(), dir.display().to_string()]);
+            data_dir = Some(dir);
+            with_file_limit(&programs.tether, &args)
+        }
+        Target::TetherRedis => {
+            let port = free_port().map_err(|e| fail(e.to_string()))?;
+            let redis = Command::new(&programs.redis_server)
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| fail(format!("{}: {e}", programs.redis_server.display())))?;
+            helpers.push(redis);
+            wait_accepting(SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(10))
+                .map_err(|e| fail(format!("redis-server: {e}")))?;
+            let mut args = tether("redis");
+            args.extend(["--redis-url".into(), format!("redis://127.0.0.1:{port}/")]);
+            with_file_limit(&programs.tether, &args)
+        }
+        Target::Raw => with_file_limit(&programs.tether, &["bench".into(), "--serve-raw".into()]),
+        Target::Rmcp => {
+            let program = programs
+                .rmcp
+                .as_ref()
+                .ok_or_else(|| unavailable(target, "no rmcp server built (scripts/bench builds it)"))?;
+            let mut args = vec!["0".to_owned(), "--nodelay".to_owned()];
+            if mode == Mode::Json {
+                args.push("--json".into());
+            }
+            with_file_limit(program, &args)
+        }
+        Target::Ts => {
+            let sdk = programs
+                .ts_sdk
+                .as_ref()
+                .ok_or_else(|| unavailable(target, "no TypeScript SDK installed (scripts/bench installs it)"))?;
+            let mut args = vec![programs.servers.join("ts_server.mjs").display().to_string(), "0".to_owned()];
+            if mode == Mode::Json {
+                args.push("--json".into());
+            }
+            let mut command = with_file_limit(std::path::Path::new("node"), &args);
+            command.env("TETHER_TS_SDK", sdk);
+            command
+        }
+        Target::Python => {
+            let python = programs
+                .python
+                .as_ref()
+                .ok_or_else(|| unavailable(target, "no Python SDK installed (scripts/bench installs it)"))?;
+            let mut args = vec![programs.servers.join("py_server.py").display().to_string(), "0".to_owned()];
+            if mode == Mode::Json {
+                args.push("--json".into());
+            }
+            with_file_limit(python, &args)
+        }
+    };
+    let mut running = launch(target, command, helpers)?;
+    running.data_dir = data_dir;
+    Ok(running)
+}
+
+/// Spawns the server, reads its `listening on http://ADDR/PATH` line and waits until it
+/// accepts connections.
+fn launch(target: Target, mut command: Command, helpers: Vec<Child>) -> Result<Running, BenchError> {
+    let fail = |reason: String| BenchError::Start { target: target.name(), reason };
+    let mut server = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| fail(e.to_string()))?;
+    let (tx, rx) = mpsc::channel();
+    if let Some(stdout) = server.stdout.take() {
+        // Reads the announcement, then keeps draining so the server never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if !sent && let Some(url) = line.split("listening on ").nth(1) {
+                    sent = tx.send(url.trim().to_owned()).is_ok();
+                }
+            }
+        });
+    }
+    let mut running = Running {
+        endpoint: Endpoint::new(SocketAddr::from(([127, 0, 0, 1], 0)), "/"),
+        server,
+        helpers,
+        data_dir: None,
+    };
+    let url = rx
+        .recv_timeout(Duration::from_secs(30))
+        .map_err(|_| fail("did not print `listening on URL` within 30 s".into()))?;
+    running.endpoint = Endpoint::parse(&url).ok_or_else(|| fail(format!("cannot use the announced URL {url:?}")))?;
+    wait_accepting(running.endpoint.addr, Duration::from_secs(30)).map_err(fail)?;
+    Ok(running)
+}
+
+fn wait_accepting(addr: SocketAddr, limit: Duration) -> Result<(), String> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(format!("{addr} did not accept connections within {limit:?}"))
+}
