@@ -134,7 +134,12 @@ impl Pump {
                 return self.finish();
             };
             if !events.is_empty() {
-                return self.write_events(&events);
+                let chunk = self.write_events(&events);
+                if range.state != StreamState::Live && self.conn.cursor >= range.head {
+                    // That was the end of a finished stream: no need to read again to learn it.
+                    self.done = true;
+                }
+                return chunk;
             }
             if !self.conn.follow || (range.state != StreamState::Live && self.conn.cursor >= range.head) {
                 return self.finish();
