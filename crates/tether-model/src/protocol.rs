@@ -1,0 +1,591 @@
+//! The resumption protocol as a model: actors, the faults they suffer, and the properties.
+//!
+//! One client follows the stream of one `tools/call` (a priming event, `events`
+//! notifications, then the response). Replica 0 runs the tool; both replicas can answer a
+//! resume, over one shared store (the Redis deployment). The network may cut the connection
+//! at any point, losing what was in flight; replicas may crash (their connection is cut, the
+//! tool they ran is aborted when its lease lapses); the session may expire while no connection
+//! is open; the store may evict the oldest retained event. Each fault has a budget, so the
+//! state space is finite. Within one HTTP response TCP keeps order and delivers once, so
+//! duplication and reordering can only come from a replay overlapping what was already
+//! delivered, which the model covers by resuming from every point, in flight or not.
+
+use tether_core::lineage::{
+    Checkpoint, Digest, Divergence, Epoch, EventId, FirstEvent, ObservedId, Reconnect, ServerDecision, SessionLookup,
+    StreamName, StreamRange, StreamState, StreamValidator, Verdict, client_verdict, decide_resume,
+};
+use tether_core::lineage::{RESYNC_EVENT, ResyncReason};
+
+use crate::checker::{Invariant, Model};
+
+/// What the session store holds for the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Session {
+    /// Live in its current incarnation.
+    Live,
+    /// Expired (idle past its TTL).
+    Expired,
+}
+
+/// The request's stream in the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stream {
+    /// Its tool is still running.
+    Live,
+    /// It holds the response.
+    Complete,
+    /// Its tool's replica died; nothing more will come.
+    Aborted,
+}
+
+/// How the client's request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Still waiting.
+    Pending,
+    /// The response arrived.
+    Result,
+    /// The client could not learn it and says so (`OutcomeUnknown`).
+    Unknown,
+    /// The client stopped waiting without saying what happened (only broken clients do).
+    Dropped,
+}
+
+/// One connection of the client to a replica.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Conn {
+    /// The replica serving it.
+    pub replica: u8,
+    /// The next sequence number the replica will send.
+    pub next: u8,
+    /// Sent by the replica, not yet read by the client (at most two).
+    pub in_flight: Vec<u8>,
+    /// The client has not judged this connection's first event yet (it is a resume).
+    pub first: bool,
+}
+
+/// The whole system.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct State {
+    /// The session's status in the store.
+    pub session: Session,
+    /// The session's incarnation (a re-initialization starts a new one).
+    pub incarnation: u8,
+    /// The stream's last sequence number (0: only the priming event).
+    pub head: u8,
+    /// The lowest sequence number still retained.
+    pub retained_from: u8,
+    /// The stream's state.
+    pub stream: Stream,
+    /// The replica running the tool, while it runs.
+    pub producer: Option<u8>,
+    /// How many times the tool was executed.
+    pub executions: u8,
+    /// A resume of an ended session was answered with events.
+    pub revived: bool,
+    /// The client's connection, if open.
+    pub conn: Option<Conn>,
+    /// The sequence number of the last event the application got (0: the priming event).
+    pub checkpoint: u8,
+    /// Bit `s` set: the application got event `s`.
+    pub delivered: u32,
+    /// The application got some event twice.
+    pub duplicate: bool,
+    /// How the request ended.
+    pub outcome: Outcome,
+    /// The divergence the client reported, with the sequence numbers it says are lost.
+    pub reported: Option<(&'static str, Option<(u64, u64)>)>,
+    /// Resumes since the client last made progress (its reconnect budget).
+    pub idle_resumes: u8,
+    /// Faults left: connection cuts, evictions, expiries, crashes.
+    pub budget: Budget,
+}
+
+/// Faults the environment may still inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Budget {
+    /// Connection cuts.
+    pub cuts: u8,
+    /// Evictions of the oldest retained event.
+    pub evictions: u8,
+    /// Session expiries.
+    pub expiries: u8,
+    /// Replica crashes.
+    pub crashes: u8,
+}
+
+/// A step of the system.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// The tool appends its next event (the last is the response).
+    Produce,
+    /// The replica sends the connection's next event.
+    Send,
+    /// The client reads the oldest event in flight.
+    Receive,
+    /// The replica ends the connection: the stream is over.
+    End,
+    /// The network cuts the connection; what was in flight is lost.
+    Cut,
+    /// The client resumes through this replica.
+    Resume(u8),
+    /// The store evicts its oldest retained event.
+    Evict,
+    /// The idle session expires.
+    Expire,
+    /// A replica crashes and restarts.
+    Crash(u8),
+}
+
+/// How the server replicas decide; every variant but `Real` is deliberately broken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerVariant {
+    /// `decide_resume`, as shipped.
+    Real,
+    /// Replays from the cursor's own event instead of the one after it.
+    ReplaysCursorEvent,
+    /// Answers a cursor whose history was evicted with an empty replay instead of `resync`.
+    EmptyReplayWhenEvicted,
+    /// Looks an expired session up as live (the "resurrected session" of the seeds).
+    RevivesExpired,
+}
+
+/// How the client judges; every variant but `Real` is deliberately broken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientVariant {
+    /// `client_verdict` and `StreamValidator`, as shipped.
+    Real,
+    /// Takes a resumed connection's first event without the first-event probe.
+    SkipsFirstEventProbe,
+    /// Treats a stream that ended without the response as finished.
+    ForgetsUnfinished,
+    /// Re-initializes and sends the request again after a divergence, without an idempotency
+    /// key.
+    ReissuesUnkeyed,
+    /// Never reconnects after a cut.
+    NeverReconnects,
+}
+
+/// The model's bounds and variants.
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    /// Notifications before the response.
+    pub events: u8,
+    /// The faults' budgets.
+    pub budget: Budget,
+    /// The servers' decision.
+    pub server: ServerVariant,
+    /// The client's judgement.
+    pub client: ClientVariant,
+}
+
+impl Config {
+    /// Real decisions under every fault: three notifications, three cuts, two evictions, one
+    /// expiry, one crash.
+    pub fn real() -> Config {
+        Config {
+            events: 3,
+            budget: Budget { cuts: 3, evictions: 2, expiries: 1, crashes: 1 },
+            server: ServerVariant::Real,
+            client: ClientVariant::Real,
+        }
+    }
+
+    /// The sequence number of the response.
+    fn last(&self) -> u8 {
+        self.events + 1
+    }
+
+    /// Resumes without progress after which the client gives up: more than the faults could
+    /// ever cause, so only a server that makes no progress exhausts it.
+    fn resume_budget(&self) -> u8 {
+        self.budget.cuts + self.budget.crashes + 2
+    }
+}
+
+/// The system of [`Config`] as a [`Model`].
+#[derive(Debug, Clone)]
+pub struct Resumption {
+    config: Config,
+    session_id: String,
+}
+
+impl Resumption {
+    /// The model of `config`.
+    pub fn new(config: Config) -> Resumption {
+        Resumption { config, session_id: "s".into() }
+    }
+}
+
+fn epoch(incarnation: u8) -> Epoch {
+    Epoch::from_entropy([incarnation.wrapping_add(1); 16])
+}
+
+fn stream_name(incarnation: u8) -> StreamName {
+    // Lowercase letters and digits are in the stream-name alphabet.
+    StreamName::parse(&format!("r{incarnation}")).unwrap_or_else(|_| unreachable!("r<digits> is a valid stream name"))
+}
+
+fn event_id(incarnation: u8, seq: u8) -> String {
+    format!("{}:{}:{seq}", epoch(incarnation), stream_name(incarnation))
+}
+
+/// The data of event `seq` (the priming event has none).
+fn data(incarnation: u8, seq: u8) -> Vec<u8> {
+    if seq == 0 { Vec::new() } else { format!("{{\"inc\":{incarnation},\"seq\":{seq}}}").into_bytes() }
+}
+
+fn bit(seq: u8) -> u32 {
+    1 << seq
+}
+
+impl Resumption {
+    fn checkpoint(&self, state: &State) -> Checkpoint {
+        let id = event_id(state.incarnation, state.checkpoint);
+        Checkpoint {
+            session_id: self.session_id.clone(),
+            epoch: Some(epoch(state.incarnation).to_string()),
+            last_digest: Digest::of(&id, &data(state.incarnation, state.checkpoint)),
+            last_id: ObservedId::parse(&id),
+        }
+    }
+
+    /// The application takes event `seq`.
+    fn deliver(&self, state: &mut State, seq: u8) {
+        if state.delivered & bit(seq) != 0 {
+            state.duplicate = true;
+        }
+        state.delivered |= bit(seq);
+        state.checkpoint = seq;
+        state.idle_resumes = 0;
+        if seq == self.config.last() {
+            state.outcome = Outcome::Result;
+            state.conn = None;
+        }
+    }
+
+    /// The client reports a divergence: the request's outcome is unknown, or a broken client
+    /// sends it again in a new session.
+    fn diverge(&self, state: &mut State, divergence: &Divergence) {
+        let lost = match divergence {
+            Divergence::Gap { lost } => Some((lost.from, lost.to)),
+            Divergence::Resync(Some(notice)) => notice.lost_from.zip(notice.lost_to),
+            _ => None,
+        };
+        state.conn = None;
+        if self.config.client == ClientVariant::ReissuesUnkeyed && state.executions < 2 {
+            // A new session and incarnation; the request is sent again and runs again.
+            state.session = Session::Live;
+            state.incarnation += 1;
+            state.head = 0;
+            state.retained_from = 1;
+            state.stream = Stream::Live;
+            state.producer = Some(0);
+            state.executions += 1;
+            state.checkpoint = 0;
+            state.delivered = 0;
+            state.conn = Some(Conn { replica: 0, next: 1, in_flight: Vec::new(), first: false });
+            return;
+        }
+        state.reported = Some((divergence.kind(), lost));
+        state.outcome = Outcome::Unknown;
+    }
+
+    fn receive(&self, state: &mut State) {
+        let Some(conn) = state.conn.as_mut() else { return };
+        if conn.in_flight.is_empty() {
+            return;
+        }
+        let seq = conn.in_flight.remove(0);
+        let first = std::mem::replace(&mut conn.first, false);
+        let id = event_id(state.incarnation, seq);
+        let data = data(state.incarnation, seq);
+        let event = FirstEvent { id: Some(&id), event: None, data: &data };
+        if first {
+            if self.config.client == ClientVariant::SkipsFirstEventProbe {
+                self.deliver(state, seq);
+                return;
+            }
+            let epoch = epoch(state.incarnation).to_string();
+            let reconnect = Reconnect {
+                status: 200,
+                session_id: Some(&self.session_id),
+                epoch: Some(&epoch),
+                first_event: Some(event),
+            };
+            match client_verdict(&self.checkpoint(state), &reconnect) {
+                Verdict::ProvisionallyContinuous => self.deliver(state, seq),
+                Verdict::BoundaryDuplicate => {}
+                Verdict::Diverged(divergence) => self.diverge(state, &divergence),
+                // Lineage ids are always verifiable; the strict client re-initializes otherwise.
+                Verdict::Unverifiable(_) | Verdict::AwaitingFirstEvent => {
+                    self.diverge(state, &Divergence::NonMonotonic { after: id.clone(), got: None });
+                }
+            }
+            return;
+        }
+        let mut validator = StreamValidator::resume(&self.checkpoint(state));
+        match validator.accept(Some(&id), None, &data) {
+            Ok(()) => self.deliver(state, seq),
+            Err(divergence) => self.diverge(state, &divergence),
+        }
+    }
+
+    fn resume(&self, state: &mut State, replica: u8) {
+        state.idle_resumes += 1;
+        let ended = state.session != Session::Live;
+        let session_epoch = epoch(state.incarnation);
+        let lookup = match (state.session, self.config.server) {
+            (Session::Live, _) | (Session::Expired, ServerVariant::RevivesExpired) => {
+                SessionLookup::Live { epoch: &session_epoch, expires_at_ms: u64::MAX }
+            }
+            (Session::Expired, _) => SessionLookup::Expired,
+        };
+        let cursor = EventId::parse(&event_id(state.incarnation, state.checkpoint))
+            .unwrap_or_else(|_| unreachable!("the model mints valid lineage ids"));
+        let range = StreamRange {
+            retained_from: u64::from(state.retained_from),
+            head: u64::from(state.head),
+            state: match state.stream {
+                Stream::Live => StreamState::Live,
+                Stream::Complete => StreamState::Complete,
+                Stream::Aborted => StreamState::Aborted,
+            },
+        };
+        let decision = decide_resume(lookup, &cursor, Some(range), 0);
+        let checkpoint = self.checkpoint(state);
+        let epoch_header = session_epoch.to_string();
+        match decision {
+            ServerDecision::SessionInvalid(_) => {
+                let reconnect = Reconnect { status: 404, session_id: None, epoch: None, first_event: None };
+                if let Verdict::Diverged(divergence) = client_verdict(&checkpoint, &reconnect) {
+                    self.diverge(state, &divergence);
+                }
+            }
+            ServerDecision::Resync { notice, .. } => {
+                if ended {
+                    state.revived = true;
+                }
+                if self.config.server == ServerVariant::EmptyReplayWhenEvicted && notice.reason == ResyncReason::Evicted
+                {
+                    let next = state.head.saturating_add(1);
+                    state.conn = Some(Conn { replica, next, in_flight: Vec::new(), first: true });
+                    return;
+                }
+                let id = event_id(state.incarnation, state.head);
+                let data = notice.to_json();
+                let first = FirstEvent { id: Some(&id), event: Some(RESYNC_EVENT), data: data.as_bytes() };
+                let reconnect = Reconnect {
+                    status: 200,
+                    session_id: Some(&self.session_id),
+                    epoch: Some(&epoch_header),
+                    first_event: Some(first),
+                };
+                if let Verdict::Diverged(divergence) = client_verdict(&checkpoint, &reconnect) {
+                    self.diverge(state, &divergence);
+                }
+            }
+            ServerDecision::Replay { after, .. } => {
+                if ended {
+                    state.revived = true;
+                }
+                let after = u8::try_from(after).unwrap_or(u8::MAX);
+                let next = match self.config.server {
+                    ServerVariant::ReplaysCursorEvent => after.max(1),
+                    _ => after + 1,
+                };
+                state.conn = Some(Conn { replica, next, in_flight: Vec::new(), first: true });
+            }
+        }
+    }
+}
+
+impl Model for Resumption {
+    type State = State;
+    type Action = Action;
+
+    fn init(&self) -> State {
+        State {
+            session: Session::Live,
+            incarnation: 0,
+            head: 0,
+            retained_from: 1,
+            stream: Stream::Live,
+            producer: Some(0),
+            executions: 1,
+            revived: false,
+            // The POST's response stream, after its priming event.
+            conn: Some(Conn { replica: 0, next: 1, in_flight: Vec::new(), first: false }),
+            checkpoint: 0,
+            delivered: 0,
+            duplicate: false,
+            outcome: Outcome::Pending,
+            reported: None,
+            idle_resumes: 0,
+            budget: self.config.budget,
+        }
+    }
+
+    fn actions(&self, state: &State) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let running = state.producer.is_some() && state.session == Session::Live && state.stream == Stream::Live;
+        if running {
+            actions.push(Action::Produce);
+        }
+        if let Some(conn) = &state.conn {
+            if conn.in_flight.len() < 2 && conn.next <= state.head {
+                actions.push(Action::Send);
+            }
+            if !conn.in_flight.is_empty() {
+                actions.push(Action::Receive);
+            }
+            if conn.in_flight.is_empty() && conn.next > state.head && state.stream != Stream::Live {
+                actions.push(Action::End);
+            }
+            if state.budget.cuts > 0 {
+                actions.push(Action::Cut);
+            }
+        }
+        let follows = state.outcome == Outcome::Pending && state.reported.is_none();
+        let reconnects =
+            self.config.client != ClientVariant::NeverReconnects || state.budget.cuts == self.config.budget.cuts;
+        if state.conn.is_none() && follows && reconnects && state.idle_resumes < self.config.resume_budget() {
+            actions.push(Action::Resume(0));
+            actions.push(Action::Resume(1));
+        }
+        if state.budget.evictions > 0 && state.retained_from <= state.head {
+            actions.push(Action::Evict);
+        }
+        // Activity keeps a session alive: it can only expire with no connection open.
+        if state.budget.expiries > 0 && state.session == Session::Live && state.conn.is_none() {
+            actions.push(Action::Expire);
+        }
+        if state.budget.crashes > 0 {
+            actions.push(Action::Crash(0));
+            actions.push(Action::Crash(1));
+        }
+        actions
+    }
+
+    fn next(&self, state: &State, action: &Action) -> State {
+        let mut next = state.clone();
+        match action {
+            Action::Produce => {
+                next.head += 1;
+                if next.head == self.config.last() {
+                    next.stream = Stream::Complete;
+                    next.producer = None;
+                }
+            }
+            Action::Send => {
+                if let Some(conn) = next.conn.as_mut() {
+                    if conn.next < next.retained_from {
+                        // The connection fell behind retention: the replica closes it, and the
+                        // resume gets an explicit resync.
+                        next.conn = None;
+                    } else {
+                        conn.in_flight.push(conn.next);
+                        conn.next += 1;
+                    }
+                }
+            }
+            Action::Receive => self.receive(&mut next),
+            Action::End => {
+                next.conn = None;
+                if self.config.client == ClientVariant::ForgetsUnfinished && next.outcome == Outcome::Pending {
+                    next.outcome = Outcome::Dropped;
+                }
+            }
+            Action::Cut => {
+                next.conn = None;
+                next.budget.cuts -= 1;
+            }
+            Action::Resume(replica) => self.resume(&mut next, *replica),
+            Action::Evict => {
+                next.retained_from += 1;
+                next.budget.evictions -= 1;
+            }
+            Action::Expire => {
+                next.session = Session::Expired;
+                next.budget.expiries -= 1;
+            }
+            Action::Crash(replica) => {
+                next.budget.crashes -= 1;
+                if next.conn.as_ref().is_some_and(|c| c.replica == *replica) {
+                    next.conn = None;
+                }
+                if next.producer == Some(*replica) {
+                    // Its lease lapses: the store marks the stream aborted.
+                    next.producer = None;
+                    next.stream = Stream::Aborted;
+                }
+            }
+        }
+        // The client gives up once its reconnect budget is spent without progress.
+        if next.conn.is_none()
+            && next.outcome == Outcome::Pending
+            && next.reported.is_none()
+            && next.idle_resumes >= self.config.resume_budget()
+        {
+            next.outcome = Outcome::Unknown;
+        }
+        next
+    }
+
+    fn invariants(&self) -> Vec<Invariant<State>> {
+        vec![
+            Invariant { name: "no_duplicate_delivery", check: no_duplicate_delivery },
+            Invariant { name: "no_silent_loss", check: no_silent_loss },
+            Invariant { name: "outcome_never_silently_lost", check: outcome_never_silently_lost },
+            Invariant { name: "tool_runs_once", check: tool_runs_once },
+            Invariant { name: "no_revival", check: no_revival },
+        ]
+    }
+
+    fn goal(&self, state: &State) -> bool {
+        state.outcome != Outcome::Pending
+    }
+}
+
+/// (1) No event reaches the application twice.
+fn no_duplicate_delivery(state: &State) -> Result<(), String> {
+    if state.duplicate { Err("an event reached the application twice".into()) } else { Ok(()) }
+}
+
+/// (2) The application's events are the stream's, in order, without holes; and a client that
+/// stopped without the response either reported a divergence or a resync, or its events are
+/// all still the stream's prefix and it said the outcome is unknown only after a divergence.
+fn no_silent_loss(state: &State) -> Result<(), String> {
+    let expected = if state.checkpoint == 0 { 0 } else { (bit(state.checkpoint) << 1) - 2 };
+    if state.delivered != expected {
+        return Err(format!("delivered {:#b}, not exactly events 1..={}", state.delivered, state.checkpoint));
+    }
+    if state.outcome == Outcome::Unknown && state.reported.is_none() {
+        let missing = state.head > state.checkpoint || state.stream == Stream::Live;
+        if missing {
+            return Err(format!(
+                "the client gave up after event {} with no divergence or resync reported (stream head {})",
+                state.checkpoint, state.head
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// (3) The request ends with its result, an error or `OutcomeUnknown`; never just dropped.
+fn outcome_never_silently_lost(state: &State) -> Result<(), String> {
+    match state.outcome {
+        Outcome::Dropped => Err("the client stopped waiting for the request without an outcome".into()),
+        _ => Ok(()),
+    }
+}
+
+/// (4) The tool runs at most once.
+fn tool_runs_once(state: &State) -> Result<(), String> {
+    if state.executions > 1 { Err(format!("the tool ran {} times", state.executions)) } else { Ok(()) }
+}
+
+/// (5) A resume never gets events of an expired or terminated session.
+fn no_revival(state: &State) -> Result<(), String> {
+    if state.revived { Err("a resume of an ended session was answered with its stream".into()) } else { Ok(()) }
+}

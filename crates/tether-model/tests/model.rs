@@ -1,0 +1,92 @@
+//! The model checks: every property holds for tether's real decision functions, and each
+//! deliberately broken variant yields a counterexample, printed as a trace.
+
+use std::time::Instant;
+
+use tether_model::checker::{self, Report};
+use tether_model::protocol::{Action, Budget, ClientVariant, Config, Resumption, ServerVariant, State};
+
+/// Far more than any configuration here reaches; a model that grows past it is a bug.
+const MAX_STATES: usize = 2_000_000;
+
+fn run(config: Config) -> Report<Action, State> {
+    let started = Instant::now();
+    let report = checker::check(&Resumption::new(config), MAX_STATES).expect("the state space is bounded");
+    println!(
+        "{:?} server, {:?} client: {} states, {} transitions, {:.2?}",
+        config.server,
+        config.client,
+        report.states,
+        report.transitions,
+        started.elapsed()
+    );
+    report
+}
+
+#[test]
+fn every_property_holds_for_the_real_decisions() {
+    let report = run(Config::real());
+    if let Some(counterexample) = &report.counterexample {
+        panic!("{counterexample}");
+    }
+    assert!(report.states > 1_000, "the faults were explored ({} states)", report.states);
+}
+
+#[test]
+fn every_property_holds_with_a_longer_stream_and_more_cuts() {
+    let config =
+        Config { events: 6, budget: Budget { cuts: 4, evictions: 1, expiries: 1, crashes: 1 }, ..Config::real() };
+    if let Some(counterexample) = run(config).counterexample {
+        panic!("{counterexample}");
+    }
+}
+
+/// Checks the broken variant and returns the property its counterexample breaks.
+fn broken(server: ServerVariant, client: ClientVariant) -> &'static str {
+    let report = run(Config { server, client, ..Config::real() });
+    let counterexample = report.counterexample.expect("the broken variant has a counterexample");
+    println!("{counterexample}");
+    counterexample.property
+}
+
+#[test]
+fn a_client_without_the_first_event_probe_delivers_a_replayed_cursor_event_twice() {
+    assert_eq!(broken(ServerVariant::ReplaysCursorEvent, ClientVariant::SkipsFirstEventProbe), "no_duplicate_delivery");
+}
+
+#[test]
+fn the_real_client_skips_a_replayed_cursor_event() {
+    // The same faulty server: the first-event probe recognizes the cursor's own event by its
+    // digest and skips it. (With evictions too, that server fails differently: a cursor whose
+    // own event was evicted can never be resumed, and the client gives up without a resync.)
+    let budget = Budget { evictions: 0, ..Config::real().budget };
+    let config = Config { server: ServerVariant::ReplaysCursorEvent, budget, ..Config::real() };
+    if let Some(counterexample) = run(config).counterexample {
+        panic!("{counterexample}");
+    }
+}
+
+#[test]
+fn an_empty_replay_of_evicted_history_loses_events_silently() {
+    assert_eq!(broken(ServerVariant::EmptyReplayWhenEvicted, ClientVariant::Real), "no_silent_loss");
+}
+
+#[test]
+fn a_client_that_forgets_an_unfinished_stream_loses_the_outcome() {
+    assert_eq!(broken(ServerVariant::Real, ClientVariant::ForgetsUnfinished), "outcome_never_silently_lost");
+}
+
+#[test]
+fn reissuing_without_an_idempotency_key_runs_the_tool_twice() {
+    assert_eq!(broken(ServerVariant::Real, ClientVariant::ReissuesUnkeyed), "tool_runs_once");
+}
+
+#[test]
+fn a_server_that_revives_an_expired_session_is_caught() {
+    assert_eq!(broken(ServerVariant::RevivesExpired, ClientVariant::Real), "no_revival");
+}
+
+#[test]
+fn a_client_that_never_reconnects_waits_forever() {
+    assert_eq!(broken(ServerVariant::Real, ClientVariant::NeverReconnects), "liveness");
+}
