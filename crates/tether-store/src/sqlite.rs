@@ -21,18 +21,6 @@ use crate::{HeadWatch, RelayedAnswer, Store, StoreError, StoreFuture};
 /// Most operations committed in one transaction.
 const MAX_BATCH: usize = 512;
 
-/// When the caller of a write hears back.
-#[derive(Debug, Clone, Copy)]
-enum Reply {
-    /// Once the batch is on disk: the caller may let a client see the effect.
-    Durable,
-    /// As soon as the write ran in its batch, before the flush. Only for writes nobody reads
-    /// back at once (readers see committed data only) and no client sees by themselves: what
-    /// a client sees is written later by this same thread, durably, so it is flushed with or
-    /// after this one. Session renewals are such writes.
-    Ordered,
-}
-
 /// Connections that only read, each on its own thread.
 const READERS: usize = 2;
 
@@ -124,6 +112,23 @@ fn execute<P: rusqlite::Params>(connection: &Connection, sql: &str, params: P) -
     connection.prepare_cached(sql)?.execute(params)
 }
 
+/// Runs `f` inside a savepoint, so a failing operation undoes only its own writes and the rest
+/// of its batch commits. The savepoint statements are cached like the others: a batch runs
+/// hundreds of them.
+fn in_savepoint<T>(txn: &Connection, f: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    execute(txn, "SAVEPOINT job", []).map_err(backend)?;
+    let result = f(txn);
+    let ended = match &result {
+        Ok(_) => execute(txn, "RELEASE job", []),
+        Err(_) => execute(txn, "ROLLBACK TO job", []).and_then(|_| execute(txn, "RELEASE job", [])),
+    };
+    match (result, ended) {
+        (Ok(value), Ok(_)) => Ok(value),
+        (Ok(_), Err(err)) => Err(backend(err)),
+        (Err(err), _) => Err(err),
+    }
+}
+
 /// Statements kept parsed per connection: more than the store has.
 const STATEMENT_CACHE: usize = 64;
 
@@ -207,39 +212,12 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
-        self.run_with(Reply::Durable, f)
-    }
-
-    /// Runs `f` in the next batch, answering as `reply` says.
-    fn run_with<T, F>(&self, reply: Reply, f: F) -> StoreFuture<'static, T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
-    {
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move |txn: &mut Transaction<'_>| {
-            let result = match txn.savepoint() {
-                Ok(mut savepoint) => {
-                    let result = f(&savepoint);
-                    if result.is_ok() {
-                        savepoint.commit().map_err(backend).and(result)
-                    } else {
-                        // Dropping the savepoint rolls back this operation alone.
-                        let _ = savepoint.rollback();
-                        result
-                    }
-                }
-                Err(err) => Err(backend(err)),
-            };
-            match reply {
-                Reply::Ordered => {
-                    let _ = tx.send(result);
-                    Box::new(|_| {})
-                }
-                Reply::Durable => Box::new(move |committed| {
-                    let _ = tx.send(committed.and(result));
-                }),
-            }
+            let result = in_savepoint(txn, f);
+            Box::new(move |committed| {
+                let _ = tx.send(committed.and(result));
+            })
         });
         let sent = self.jobs.send(job);
         Box::pin(async move {
@@ -462,7 +440,7 @@ impl Store for SqliteStore {
 
     fn touch_session(&self, id: &str, epoch: &Epoch, now_ms: u64) -> StoreFuture<'_, ()> {
         let (id, epoch) = (id.to_owned(), epoch.to_string());
-        self.run_with(Reply::Ordered, move |txn| {
+        self.run(move |txn| {
             let renewed = execute(
                 txn,
                 "UPDATE sessions SET expires_at_ms = ?3 + idle_ttl_ms \
