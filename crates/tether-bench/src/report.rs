@@ -301,20 +301,7 @@ impl Results {
                 .y_label_area_size(50)
                 .build_cartesian_2d((low * 0.9..high * 1.1).log_scale(), 0f64..100f64)?;
             chart.configure_mesh().x_desc("latency (ms, log)").y_desc("percentile").draw()?;
-            for (i, (target, points)) in curves.into_iter().enumerate() {
-                let colour = Palette99::pick(i).to_rgba();
-                chart
-                    .draw_series(LineSeries::new(points, colour.stroke_width(2)))?
-                    .label(target.name())
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2)));
-            }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::LowerRight)
-                .background_style(WHITE)
-                .border_style(BLACK)
-                .draw()?;
-            Ok(())
+            draw_curves(&mut chart, curves, SeriesLabelPosition::LowerRight)
         })
     }
 
@@ -344,25 +331,33 @@ impl Results {
                 .y_label_area_size(60)
                 .build_cartesian_2d((1f64..x_high * 1.2).log_scale(), (y_low * 0.8..y_high * 1.2).log_scale())?;
             chart.configure_mesh().x_desc("R (log)").y_desc("ms (log)").draw()?;
-            for (i, (target, points)) in curves.into_iter().enumerate() {
-                let colour = Palette99::pick(i).to_rgba();
-                chart
-                    .draw_series(LineSeries::new(points, colour.stroke_width(2)))?
-                    .label(target.name())
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2)));
-            }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperLeft)
-                .background_style(WHITE)
-                .border_style(BLACK)
-                .draw()?;
-            Ok(())
+            draw_curves(&mut chart, curves, SeriesLabelPosition::UpperLeft)
         })
     }
 }
 
 type DrawResult = Result<(), Box<dyn std::error::Error>>;
+
+/// One line per target, with a legend.
+fn draw_curves<'a, X, Y>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    curves: Vec<(Target, Vec<(f64, f64)>)>,
+    legend: SeriesLabelPosition,
+) -> DrawResult
+where
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    for (i, (target, points)) in curves.into_iter().enumerate() {
+        let colour = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(points, colour.stroke_width(2)))?
+            .label(target.name())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2)));
+    }
+    chart.configure_series_labels().position(legend).background_style(WHITE).border_style(BLACK).draw()?;
+    Ok(())
+}
 
 fn draw(
     path: &Path,
@@ -442,7 +437,7 @@ mod tests {
         assert_eq!(goals[0].2, Some(true));
         assert_eq!(goals[1].2, None);
         let report = results.markdown("2026-01-01", "2 cores", 3);
-        assert!(report.contains("| rmcp | 50.0 | 0.25 |  |"), "{report}");
+        assert!(report.contains("| rmcp | 50.0 | 0.25 | |"), "{report}");
         assert!(report.contains("failed: refused (1 of 3 runs)"), "{report}");
     }
 }

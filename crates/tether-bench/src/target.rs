@@ -187,21 +187,14 @@ pub fn start(target: Target, mode: Mode, programs: &Programs, max_events: u64) -
                 .rmcp
                 .as_ref()
                 .ok_or_else(|| unavailable(target, "no rmcp server built (scripts/bench builds it)"))?;
-            let mut args = vec!["0".to_owned(), "--nodelay".to_owned()];
-            if mode == Mode::Json {
-                args.push("--json".into());
-            }
-            with_file_limit(program, &args)
+            with_file_limit(program, &sdk_args(None, &["0", "--nodelay"], mode))
         }
         Target::Ts => {
             let sdk = programs
                 .ts_sdk
                 .as_ref()
                 .ok_or_else(|| unavailable(target, "no TypeScript SDK installed (scripts/bench installs it)"))?;
-            let mut args = vec![programs.servers.join("ts_server.mjs").display().to_string(), "0".to_owned()];
-            if mode == Mode::Json {
-                args.push("--json".into());
-            }
+            let args = sdk_args(Some(&programs.servers.join("ts_server.mjs")), &["0"], mode);
             let mut command = with_file_limit(std::path::Path::new("node"), &args);
             command.env("TETHER_TS_SDK", sdk);
             command
@@ -211,16 +204,22 @@ pub fn start(target: Target, mode: Mode, programs: &Programs, max_events: u64) -
                 .python
                 .as_ref()
                 .ok_or_else(|| unavailable(target, "no Python SDK installed (scripts/bench installs it)"))?;
-            let mut args = vec![programs.servers.join("py_server.py").display().to_string(), "0".to_owned()];
-            if mode == Mode::Json {
-                args.push("--json".into());
-            }
-            with_file_limit(python, &args)
+            with_file_limit(python, &sdk_args(Some(&programs.servers.join("py_server.py")), &["0"], mode))
         }
     };
     let mut running = launch(target, command, helpers)?;
     running.data_dir = data_dir;
     Ok(running)
+}
+
+/// The arguments of an SDK server: its script (if it is one), `args`, and `--json` in JSON mode.
+fn sdk_args(script: Option<&std::path::Path>, args: &[&str], mode: Mode) -> Vec<String> {
+    let json: &[&str] = if mode == Mode::Json { &["--json"] } else { &[] };
+    script
+        .map(|s| s.display().to_string())
+        .into_iter()
+        .chain(args.iter().chain(json).map(|a| (*a).to_owned()))
+        .collect()
 }
 
 /// Spawns the server, reads its `listening on http://ADDR/PATH` line and waits until it

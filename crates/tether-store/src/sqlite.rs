@@ -1,9 +1,10 @@
 //! The embedded durable store: SQLite in WAL mode on one writer thread with group commit.
 //!
-//! Reads run on their own connections and see only committed data. Every write runs on the
-//! database thread inside a transaction shared with whatever else queued up meanwhile; callers are answered only after that transaction is on disk
-//! (`synchronous=FULL`). So an event is durable before any connection can read it, and a crash
-//! loses nothing that was acknowledged.
+//! Every write runs on the database thread inside a transaction shared with whatever else
+//! queued up meanwhile; callers are answered only after that transaction is on disk
+//! (`synchronous=FULL`). Reads run on their own connections and see only committed data. So an
+//! event is durable before any connection can read it, and a crash loses nothing that was
+//! acknowledged.
 
 use std::path::Path;
 use std::sync::mpsc;
