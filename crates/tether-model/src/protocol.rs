@@ -2,7 +2,7 @@
 //!
 //! One client follows the stream of one `tools/call` (a priming event, `events`
 //! notifications, then the response). Replica 0 runs the tool; both replicas can answer a
-//! resume, over one shared store (the Redis deployment). The network may cut the connection
+//! resume, over one shared store (the Redis deployment) or each from its own memory. The network may cut the connection
 //! at any point, losing what was in flight; replicas may crash (their connection is cut, the
 //! tool they ran is aborted when its lease lapses); the session may expire while no connection
 //! is open; the store may evict the oldest retained event. Each fault has a budget, so the
@@ -81,8 +81,10 @@ pub struct State {
     pub producer: Option<u8>,
     /// How many times the tool was executed.
     pub executions: u8,
-    /// A resume of an ended session was answered with events.
+    /// A resume of an ended or unknown session was answered with a stream.
     pub revived: bool,
+    /// Replica 0 crashed and, with per-replica stores, forgot the session and its stream.
+    pub forgotten: bool,
     /// The client's connection, if open.
     pub conn: Option<Conn>,
     /// The sequence number of the last event the application got (0: the priming event).
@@ -148,6 +150,9 @@ pub enum ServerVariant {
     EmptyReplayWhenEvicted,
     /// Looks an expired session up as live (the "resurrected session" of the seeds).
     RevivesExpired,
+    /// A replica that does not know the session accepts it anyway, as a fresh incarnation with
+    /// an empty stream (the "replica without the buffer replayed from zero" of the seeds).
+    AdoptsUnknownSession,
 }
 
 /// How the client judges; every variant but `Real` is deliberately broken.
@@ -177,6 +182,18 @@ pub struct Config {
     pub server: ServerVariant,
     /// The client's judgement.
     pub client: ClientVariant,
+    /// Where the replicas keep sessions and events.
+    pub stores: Stores,
+}
+
+/// Where the replicas keep sessions and events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stores {
+    /// One store shared by both replicas (the Redis deployment): either can resume.
+    Shared,
+    /// Each replica in its own memory (replicas behind a balancer without a shared store):
+    /// only replica 0, which served the session, knows it, until it crashes.
+    PerReplica,
 }
 
 impl Config {
@@ -188,6 +205,7 @@ impl Config {
             budget: Budget { cuts: 3, evictions: 2, expiries: 1, crashes: 1 },
             server: ServerVariant::Real,
             client: ClientVariant::Real,
+            stores: Stores::Shared,
         }
     }
 
@@ -331,8 +349,41 @@ impl Resumption {
         }
     }
 
+    /// Whether `replica` can read the session's store.
+    fn knows_session(&self, state: &State, replica: u8) -> bool {
+        match self.config.stores {
+            Stores::Shared => true,
+            Stores::PerReplica => replica == 0 && !state.forgotten,
+        }
+    }
+
+    /// A resume answered by a replica that has no record of the session.
+    fn resume_unknown(&self, state: &mut State, replica: u8) {
+        let cursor = EventId::parse(&event_id(state.incarnation, state.checkpoint))
+            .unwrap_or_else(|_| unreachable!("the model mints valid lineage ids"));
+        let decision = decide_resume(SessionLookup::Unknown, &cursor, None, 0);
+        if self.config.server == ServerVariant::AdoptsUnknownSession {
+            // A new incarnation under the old id, replaying an empty history: a revival.
+            state.revived = true;
+            state.conn = Some(Conn { replica, next: 1, in_flight: Vec::new(), first: true });
+            return;
+        }
+        let status = match decision {
+            ServerDecision::SessionInvalid(_) => 404,
+            other => unreachable!("an unknown session is refused, not {other:?}"),
+        };
+        let reconnect = Reconnect { status, session_id: None, epoch: None, first_event: None };
+        if let Verdict::Diverged(divergence) = client_verdict(&self.checkpoint(state), &reconnect) {
+            self.diverge(state, &divergence);
+        }
+    }
+
     fn resume(&self, state: &mut State, replica: u8) {
         state.idle_resumes += 1;
+        if !self.knows_session(state, replica) {
+            self.resume_unknown(state, replica);
+            return;
+        }
         let ended = state.session != Session::Live;
         let session_epoch = epoch(state.incarnation);
         let lookup = match (state.session, self.config.server) {
@@ -414,6 +465,7 @@ impl Model for Resumption {
             producer: Some(0),
             executions: 1,
             revived: false,
+            forgotten: false,
             // The POST's response stream, after its priming event.
             conn: Some(Conn { replica: 0, next: 1, in_flight: Vec::new(), first: false }),
             checkpoint: 0,
@@ -433,13 +485,15 @@ impl Model for Resumption {
             actions.push(Action::Produce);
         }
         if let Some(conn) = &state.conn {
-            if conn.in_flight.len() < 2 && conn.next <= state.head {
+            // Only a replica that can read the stream has events to send.
+            let serves = self.knows_session(state, conn.replica);
+            if serves && conn.in_flight.len() < 2 && conn.next <= state.head {
                 actions.push(Action::Send);
             }
             if !conn.in_flight.is_empty() {
                 actions.push(Action::Receive);
             }
-            if conn.in_flight.is_empty() && conn.next > state.head && state.stream != Stream::Live {
+            if serves && conn.in_flight.is_empty() && conn.next > state.head && state.stream != Stream::Live {
                 actions.push(Action::End);
             }
             if state.budget.cuts > 0 {
@@ -519,6 +573,10 @@ impl Model for Resumption {
                     next.producer = None;
                     next.stream = Stream::Aborted;
                 }
+                if self.config.stores == Stores::PerReplica && *replica == 0 {
+                    // Its memory is gone, and with it the session.
+                    next.forgotten = true;
+                }
             }
         }
         // The client gives up once its reconnect budget is spent without progress.
@@ -585,7 +643,11 @@ fn tool_runs_once(state: &State) -> Result<(), String> {
     if state.executions > 1 { Err(format!("the tool ran {} times", state.executions)) } else { Ok(()) }
 }
 
-/// (5) A resume never gets events of an expired or terminated session.
+/// (5) A resume never brings an ended or forgotten session back.
 fn no_revival(state: &State) -> Result<(), String> {
-    if state.revived { Err("a resume of an ended session was answered with its stream".into()) } else { Ok(()) }
+    if state.revived {
+        Err("a resume of an ended or unknown session was answered with a stream".into())
+    } else {
+        Ok(())
+    }
 }

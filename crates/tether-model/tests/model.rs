@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use tether_model::checker::{self, Report};
-use tether_model::protocol::{Action, Budget, ClientVariant, Config, Resumption, ServerVariant, State};
+use tether_model::protocol::{Action, Budget, ClientVariant, Config, Resumption, ServerVariant, State, Stores};
 
 /// Far more than any configuration here reaches; a model that grows past it is a bug.
 const MAX_STATES: usize = 2_000_000;
@@ -13,9 +13,10 @@ fn run(config: Config) -> Report<Action, State> {
     let started = Instant::now();
     let report = checker::check(&Resumption::new(config), MAX_STATES).expect("the state space is bounded");
     println!(
-        "{:?} server, {:?} client: {} states, {} transitions, {:.2?}",
+        "{:?} server, {:?} client, {:?} stores: {} states, {} transitions, {:.2?}",
         config.server,
         config.client,
+        config.stores,
         report.states,
         report.transitions,
         started.elapsed()
@@ -39,6 +40,22 @@ fn every_property_holds_with_a_longer_stream_and_more_cuts() {
     if let Some(counterexample) = run(config).counterexample {
         panic!("{counterexample}");
     }
+}
+
+#[test]
+fn every_property_holds_for_replicas_that_do_not_share_a_store() {
+    // A switch to the replica without the session is a visible 404, never a silent replay.
+    if let Some(counterexample) = run(Config { stores: Stores::PerReplica, ..Config::real() }).counterexample {
+        panic!("{counterexample}");
+    }
+}
+
+#[test]
+fn a_replica_that_adopts_an_unknown_session_revives_it() {
+    let config = Config { stores: Stores::PerReplica, server: ServerVariant::AdoptsUnknownSession, ..Config::real() };
+    let counterexample = run(config).counterexample.expect("the broken variant has a counterexample");
+    println!("{counterexample}");
+    assert_eq!(counterexample.property, "no_revival");
 }
 
 /// Checks the broken variant and returns the property its counterexample breaks.
