@@ -93,34 +93,42 @@ pub enum Mode {
     Json,
 }
 
-/// A started target: stopped (killed and reaped) when dropped.
-#[derive(Debug)]
-pub struct Running {
-    /// The MCP endpoint.
-    pub endpoint: Endpoint,
-    server: Child,
-    helpers: Vec<Child>,
+/// What a target has started: killed, reaped and removed when dropped, from the moment each
+/// piece exists, so no failed start leaves a process or a directory behind.
+#[derive(Debug, Default)]
+struct Processes {
+    /// Helpers first (a `redis-server`), the server last.
+    children: Vec<Child>,
     data_dir: Option<PathBuf>,
 }
 
-impl Running {
-    /// The server's resident memory in KiB, from `/proc`.
-    pub fn resident_kib(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.server.id())).ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-        line.split_whitespace().nth(1)?.parse().ok()
-    }
-}
-
-impl Drop for Running {
+impl Drop for Processes {
     fn drop(&mut self) {
-        for child in std::iter::once(&mut self.server).chain(self.helpers.iter_mut()) {
+        for child in &mut self.children {
             let _ = child.kill();
             let _ = child.wait();
         }
         if let Some(dir) = &self.data_dir {
             let _ = std::fs::remove_dir_all(dir);
         }
+    }
+}
+
+/// A started target: stopped when dropped.
+#[derive(Debug)]
+pub struct Running {
+    /// The MCP endpoint.
+    pub endpoint: Endpoint,
+    server_pid: u32,
+    _processes: Processes,
+}
+
+impl Running {
+    /// The server's resident memory in KiB, from `/proc`.
+    pub fn resident_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.server_pid)).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
     }
 }
 
@@ -151,8 +159,7 @@ pub fn start(target: Target, mode: Mode, programs: &Programs, max_events: u64) -
         args.extend(["--max-events-per-stream".into(), max_events.to_string()]);
         args
     };
-    let mut helpers = Vec::new();
-    let mut data_dir = None;
+    let mut processes = Processes::default();
     let command = match target {
         Target::TetherMemory => with_file_limit(&programs.tether, &tether("memory")),
         Target::TetherEmbedded => {
@@ -163,7 +170,7 @@ pub fn start(target: Target, mode: Mode, programs: &Programs, max_events: u64) -
             ));
             let mut args = tether("embedded");
             args.extend(["--data-dir".into(), dir.display().to_string()]);
-            data_dir = Some(dir);
+            processes.data_dir = Some(dir);
             with_file_limit(&programs.tether, &args)
         }
         Target::TetherRedis => {
@@ -174,7 +181,7 @@ pub fn start(target: Target, mode: Mode, programs: &Programs, max_events: u64) -
                 .stderr(Stdio::null())
                 .spawn()
                 .map_err(|e| fail(format!("{}: {e}", programs.redis_server.display())))?;
-            helpers.push(redis);
+            processes.children.push(redis);
             wait_accepting(SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(10))
                 .map_err(|e| fail(format!("redis-server: {e}")))?;
             let mut args = tether("redis");
@@ -207,9 +214,7 @@ pub fn start(target: Target, mode: Mode, programs: &Programs, max_events: u64) -
             with_file_limit(python, &sdk_args(Some(&programs.servers.join("py_server.py")), &["0"], mode))
         }
     };
-    let mut running = launch(target, command, helpers)?;
-    running.data_dir = data_dir;
-    Ok(running)
+    launch(target, command, processes)
 }
 
 /// The arguments of an SDK server: its script (if it is one), `args`, and `--json` in JSON mode.
@@ -224,7 +229,7 @@ fn sdk_args(script: Option<&std::path::Path>, args: &[&str], mode: Mode) -> Vec<
 
 /// Spawns the server, reads its `listening on http://ADDR/PATH` line and waits until it
 /// accepts connections.
-fn launch(target: Target, mut command: Command, helpers: Vec<Child>) -> Result<Running, BenchError> {
+fn launch(target: Target, mut command: Command, mut processes: Processes) -> Result<Running, BenchError> {
     let fail = |reason: String| BenchError::Start { target: target.name(), reason };
     let mut server = command
         .stdin(Stdio::null())
@@ -244,18 +249,14 @@ fn launch(target: Target, mut command: Command, helpers: Vec<Child>) -> Result<R
             }
         });
     }
-    let mut running = Running {
-        endpoint: Endpoint::new(SocketAddr::from(([127, 0, 0, 1], 0)), "/"),
-        server,
-        helpers,
-        data_dir: None,
-    };
+    let server_pid = server.id();
+    processes.children.push(server);
     let url = rx
         .recv_timeout(Duration::from_secs(30))
         .map_err(|_| fail("did not print `listening on URL` within 30 s".into()))?;
-    running.endpoint = Endpoint::parse(&url).ok_or_else(|| fail(format!("cannot use the announced URL {url:?}")))?;
-    wait_accepting(running.endpoint.addr, Duration::from_secs(30)).map_err(fail)?;
-    Ok(running)
+    let endpoint = Endpoint::parse(&url).ok_or_else(|| fail(format!("cannot use the announced URL {url:?}")))?;
+    wait_accepting(endpoint.addr, Duration::from_secs(30)).map_err(fail)?;
+    Ok(Running { endpoint, server_pid, _processes: processes })
 }
 
 fn wait_accepting(addr: SocketAddr, limit: Duration) -> Result<(), String> {

@@ -220,8 +220,7 @@ mod tests {
 
     #[test]
     fn a_state_that_cannot_reach_the_goal_breaks_liveness() {
-        // From 9, stepping by two overshoots nothing but stepping by one is the only way on;
-        // with limit 10 and a goal of 10 every state can finish. A goal nobody reaches cannot.
+        // Steps by one stop at 3; the goal is 5: no state can reach it.
         struct Stuck;
         impl Model for Stuck {
             type State = u8;

@@ -26,41 +26,47 @@ fn run(config: Config) -> Report<Action, State> {
 
 #[test]
 fn every_property_holds_for_the_real_decisions() {
-    let report = run(Config::real());
-    if let Some(counterexample) = &report.counterexample {
-        panic!("{counterexample}");
-    }
-    assert!(report.states > 1_000, "the faults were explored ({} states)", report.states);
+    holds(Config::real());
 }
 
 #[test]
 fn every_property_holds_with_a_longer_stream_and_more_cuts() {
     let config =
         Config { events: 6, budget: Budget { cuts: 4, evictions: 1, expiries: 1, crashes: 1 }, ..Config::real() };
-    if let Some(counterexample) = run(config).counterexample {
-        panic!("{counterexample}");
-    }
+    holds(config);
 }
 
 #[test]
 fn every_property_holds_for_replicas_that_do_not_share_a_store() {
     // A switch to the replica without the session is a visible 404, never a silent replay.
-    if let Some(counterexample) = run(Config { stores: Stores::PerReplica, ..Config::real() }).counterexample {
-        panic!("{counterexample}");
-    }
+    holds(Config { stores: Stores::PerReplica, ..Config::real() });
 }
 
 #[test]
 fn a_replica_that_adopts_an_unknown_session_revives_it() {
-    let config = Config { stores: Stores::PerReplica, server: ServerVariant::AdoptsUnknownSession, ..Config::real() };
-    let counterexample = run(config).counterexample.expect("the broken variant has a counterexample");
-    println!("{counterexample}");
-    assert_eq!(counterexample.property, "no_revival");
+    let config =
+        Config { stores: Stores::PerReplica, ..variant(ServerVariant::AdoptsUnknownSession, ClientVariant::Real) };
+    assert_eq!(broken(config), "no_revival");
 }
 
-/// Checks the broken variant and returns the property its counterexample breaks.
-fn broken(server: ServerVariant, client: ClientVariant) -> &'static str {
-    let report = run(Config { server, client, ..Config::real() });
+/// The real configuration with these decisions.
+fn variant(server: ServerVariant, client: ClientVariant) -> Config {
+    Config { server, client, ..Config::real() }
+}
+
+/// Checks a configuration that must hold; fails with the counterexample's trace.
+fn holds(config: Config) {
+    let report = run(config);
+    if let Some(counterexample) = &report.counterexample {
+        panic!("{counterexample}");
+    }
+    // A property that holds in a handful of states says little: the faults must have run.
+    assert!(report.states > 1_000, "the faults were explored ({} states)", report.states);
+}
+
+/// Checks a broken variant and returns the property its counterexample breaks.
+fn broken(config: Config) -> &'static str {
+    let report = run(config);
     let counterexample = report.counterexample.expect("the broken variant has a counterexample");
     println!("{counterexample}");
     counterexample.property
@@ -68,7 +74,10 @@ fn broken(server: ServerVariant, client: ClientVariant) -> &'static str {
 
 #[test]
 fn a_client_without_the_first_event_probe_delivers_a_replayed_cursor_event_twice() {
-    assert_eq!(broken(ServerVariant::ReplaysCursorEvent, ClientVariant::SkipsFirstEventProbe), "no_duplicate_delivery");
+    assert_eq!(
+        broken(variant(ServerVariant::ReplaysCursorEvent, ClientVariant::SkipsFirstEventProbe)),
+        "no_duplicate_delivery"
+    );
 }
 
 #[test]
@@ -77,33 +86,30 @@ fn the_real_client_skips_a_replayed_cursor_event() {
     // digest and skips it. (With evictions too, that server fails differently: a cursor whose
     // own event was evicted can never be resumed, and the client gives up without a resync.)
     let budget = Budget { evictions: 0, ..Config::real().budget };
-    let config = Config { server: ServerVariant::ReplaysCursorEvent, budget, ..Config::real() };
-    if let Some(counterexample) = run(config).counterexample {
-        panic!("{counterexample}");
-    }
+    holds(Config { budget, ..variant(ServerVariant::ReplaysCursorEvent, ClientVariant::Real) });
 }
 
 #[test]
 fn an_empty_replay_of_evicted_history_loses_events_silently() {
-    assert_eq!(broken(ServerVariant::EmptyReplayWhenEvicted, ClientVariant::Real), "no_silent_loss");
+    assert_eq!(broken(variant(ServerVariant::EmptyReplayWhenEvicted, ClientVariant::Real)), "no_silent_loss");
 }
 
 #[test]
 fn a_client_that_forgets_an_unfinished_stream_loses_the_outcome() {
-    assert_eq!(broken(ServerVariant::Real, ClientVariant::ForgetsUnfinished), "outcome_never_silently_lost");
+    assert_eq!(broken(variant(ServerVariant::Real, ClientVariant::ForgetsUnfinished)), "outcome_never_silently_lost");
 }
 
 #[test]
 fn reissuing_without_an_idempotency_key_runs_the_tool_twice() {
-    assert_eq!(broken(ServerVariant::Real, ClientVariant::ReissuesUnkeyed), "tool_runs_once");
+    assert_eq!(broken(variant(ServerVariant::Real, ClientVariant::ReissuesUnkeyed)), "tool_runs_once");
 }
 
 #[test]
 fn a_server_that_revives_an_expired_session_is_caught() {
-    assert_eq!(broken(ServerVariant::RevivesExpired, ClientVariant::Real), "no_revival");
+    assert_eq!(broken(variant(ServerVariant::RevivesExpired, ClientVariant::Real)), "no_revival");
 }
 
 #[test]
 fn a_client_that_never_reconnects_waits_forever() {
-    assert_eq!(broken(ServerVariant::Real, ClientVariant::NeverReconnects), "liveness");
+    assert_eq!(broken(variant(ServerVariant::Real, ClientVariant::NeverReconnects)), "liveness");
 }

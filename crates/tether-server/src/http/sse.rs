@@ -133,15 +133,14 @@ impl Pump {
             let (Ok(Some(range)), Ok(events)) = (range, events) else {
                 return self.finish();
             };
+            let at_end = move |cursor: u64| range.state != StreamState::Live && cursor >= range.head;
             if !events.is_empty() {
                 let chunk = self.write_events(&events);
-                if range.state != StreamState::Live && self.conn.cursor >= range.head {
-                    // That was the end of a finished stream: no need to read again to learn it.
-                    self.done = true;
-                }
+                // The end of a finished stream: no need to read again to learn it.
+                self.done |= at_end(self.conn.cursor);
                 return chunk;
             }
-            if !self.conn.follow || (range.state != StreamState::Live && self.conn.cursor >= range.head) {
+            if !self.conn.follow || at_end(self.conn.cursor) {
                 return self.finish();
             }
             if let Some(chunk) = self.wait().await {
