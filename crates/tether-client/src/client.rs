@@ -1,16 +1,17 @@
 //! The client: session handshake, requests, delivery of messages, and re-initialization after
 //! a divergence.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, Message, Notification, Request, RequestId, Response};
-use tether_core::mcp::{ProtocolVersion, header, meta, method};
+use tether_core::mcp::{IdempotencyKey, ProtocolVersion, header, meta, method};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::backoff::Attempts;
 use crate::checkpoint::{Checkpoint, StreamCursor};
 use crate::follow::{Follower, Origin};
 use crate::http::{Endpoint, Head, Reply, SessionHeaders, SseReader};
@@ -53,6 +54,20 @@ pub(crate) struct State {
     next_id: u64,
     standalone: bool,
     closed: bool,
+    /// The name of the records the server claims idempotency keys in, if it offers the extension.
+    idempotency: Option<String>,
+    /// Tools the server annotated `idempotentHint: true` (learnt from `tools/list`): their calls
+    /// need no key.
+    idempotent_tools: HashSet<String>,
+}
+
+/// Whether a request carries an idempotency key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keying {
+    /// `tools/call` of a tool not known to be idempotent, if the configuration wants keys.
+    Auto,
+    /// Always (the application marked the request).
+    Always,
 }
 
 pub(crate) struct Inner {
@@ -188,6 +203,7 @@ impl Inner {
             }
             state.generation += 1;
             state.session = SessionHeaders::default();
+            state.idempotency = None;
             state.checkpoint = Checkpoint::default();
             state.committed.clear();
             let keys: Vec<String> =
@@ -221,11 +237,21 @@ impl Inner {
     /// A session can be gone before `notifications/initialized` reaches it (a balancer sent it
     /// to a replica that never had the session, or it expired): then the handshake starts over,
     /// at most `HANDSHAKE_ATTEMPTS` times.
+    /// A server that cannot be reached is tried again within the reconnect backoff: a restart
+    /// must not end the client.
     pub async fn initialize(self: &Arc<Self>) -> Result<String, ClientError> {
         let mut attempt = 1;
+        let mut unreachable = Attempts::new(self.config.backoff);
         loop {
             match self.handshake().await {
                 Err(ClientError::Refused { status: 404, .. }) if attempt < HANDSHAKE_ATTEMPTS => attempt += 1,
+                Err(ClientError::Transport(err)) => match unreachable.next_delay(None, None) {
+                    Some(delay) => {
+                        tracing::debug!(%err, ?delay, "server unreachable; trying the handshake again");
+                        tokio::time::sleep(delay).await;
+                    }
+                    None => return Err(ClientError::Transport(err)),
+                },
                 outcome => return outcome,
             }
         }
@@ -245,10 +271,12 @@ impl Inner {
         let response = match reply {
             Reply::Json(bytes) => parse_response(&bytes)?,
             Reply::Sse(reader) => first_response(reader, &id).await?,
-            Reply::Refused(body) if matches!(head.status, 400 | 404 | 405) && self.modern_server().await => {
+            Reply::Refused(body) if matches!(head.status, 400 | 404 | 405) => {
+                let Some(capabilities) = self.modern_server().await else { return Err(refused(&head, &body)) };
                 tracing::debug!(status = head.status, body = %String::from_utf8_lossy(&body), "legacy initialize refused");
                 let mut state = self.state();
                 state.era = Era::Modern;
+                state.idempotency = idempotency_records(&capabilities);
                 state.session = SessionHeaders {
                     session_id: None,
                     protocol_version: Some(ProtocolVersion::V2026_07_28.as_str().into()),
@@ -277,6 +305,7 @@ impl Inner {
         {
             let mut state = self.state();
             state.era = Era::Legacy;
+            state.idempotency = result.get("capabilities").and_then(idempotency_records);
             state.session = session.clone();
             state.checkpoint.session_id = session.session_id.clone();
             state.checkpoint.epoch = epoch;
@@ -286,16 +315,64 @@ impl Inner {
         Ok(session.session_id.unwrap_or_default())
     }
 
-    /// Whether the server answers `server/discover` the 2026-07-28 way.
-    async fn modern_server(&self) -> bool {
+    /// The server's capabilities, if it answers `server/discover` the 2026-07-28 way.
+    async fn modern_server(&self) -> Option<Value> {
         let id = self.next_id();
         let request = Request { id, method: method::SERVER_DISCOVER.into(), params: Some(json!({})) };
         let (body, headers) = self.modern_request(request);
         let session =
             SessionHeaders { session_id: None, protocol_version: Some(ProtocolVersion::V2026_07_28.as_str().into()) };
         match self.endpoint.post(&session, body, headers).await {
-            Ok((_, Reply::Json(bytes))) => parse_response(&bytes).is_ok_and(|r| r.outcome.is_ok()),
-            _ => false,
+            Ok((_, Reply::Json(bytes))) => {
+                let result = parse_response(&bytes).ok()?.outcome.ok()?;
+                Some(result.get("capabilities").cloned().unwrap_or_else(|| json!({})))
+            }
+            _ => None,
+        }
+    }
+
+    /// The idempotency key a request gets, if any, with the records it is claimed in; says so
+    /// when one is wanted but the server does not offer the extension.
+    fn key_for(&self, method: &str, params: &Value, keying: Keying) -> Option<(IdempotencyKey, String)> {
+        let wanted = match keying {
+            Keying::Always => true,
+            Keying::Auto => {
+                let tool = params.get("name").and_then(Value::as_str).unwrap_or_default();
+                self.config.idempotency_keys
+                    && method == method::TOOLS_CALL
+                    && !self.state().idempotent_tools.contains(tool)
+            }
+        };
+        if !wanted {
+            return None;
+        }
+        let Some(records) = self.state().idempotency.clone() else {
+            self.emit(ClientEvent::Unkeyed {
+                reason: format!("the server does not offer {}", meta::IDEMPOTENCY_CAPABILITY),
+            });
+            return None;
+        };
+        let mut random = [0u8; 16];
+        match getrandom::fill(&mut random) {
+            Ok(()) => Some((IdempotencyKey::from_random(random), records)),
+            Err(err) => {
+                self.emit(ClientEvent::Unkeyed { reason: format!("no randomness for a key: {err}") });
+                None
+            }
+        }
+    }
+
+    /// Remembers which tools a `tools/list` result annotates as idempotent.
+    fn learn_tools(&self, result: &Value) {
+        let Some(tools) = result.get("tools").and_then(Value::as_array) else { return };
+        let mut state = self.state();
+        for tool in tools {
+            let Some(name) = tool.get("name").and_then(Value::as_str) else { continue };
+            if tool.pointer("/annotations/idempotentHint") == Some(&Value::Bool(true)) {
+                state.idempotent_tools.insert(name.to_owned());
+            } else {
+                state.idempotent_tools.remove(name);
+            }
         }
     }
 
@@ -340,6 +417,12 @@ fn parse_response(bytes: &[u8]) -> Result<Response, ClientError> {
         Ok(_) => Err(ClientError::Protocol("expected a JSON-RPC response".into())),
         Err(err) => Err(ClientError::Protocol(err.to_string())),
     }
+}
+
+/// The records the idempotency extension claims keys in, if `capabilities` offer it.
+fn idempotency_records(capabilities: &Value) -> Option<String> {
+    let offer = capabilities.get("experimental")?.get(meta::IDEMPOTENCY_CAPABILITY)?;
+    offer.get("records").and_then(Value::as_str).map(str::to_owned)
 }
 
 /// Reads an SSE answer until the response to `id` (an `initialize` answered with SSE).
@@ -405,6 +488,8 @@ impl Client {
             next_id: 0,
             standalone: false,
             closed: false,
+            idempotency: None,
+            idempotent_tools: HashSet::new(),
         };
         let inner = Arc::new(Inner {
             endpoint: Endpoint { http, url: config.url.clone() },
@@ -443,7 +528,58 @@ impl Client {
     }
 
     /// Sends a request and waits for its outcome. Notifications on its stream arrive as events.
+    /// A `tools/call` of a tool not annotated idempotent carries an idempotency key (if the
+    /// configuration and the server allow) and is re-issued until its real outcome arrives.
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, RequestError> {
+        self.send(method, params, Keying::Auto).await
+    }
+
+    /// Sends a request under an idempotency key whatever its method, so it runs at most once
+    /// however often it is sent, and re-issues it until its real outcome arrives. Without the
+    /// server's support it goes out unkeyed (and a [`ClientEvent::Unkeyed`] says so).
+    pub async fn request_keyed(&self, method: &str, params: Value) -> Result<Value, RequestError> {
+        self.send(method, params, Keying::Always).await
+    }
+
+    async fn send(&self, method: &str, mut params: Value, keying: Keying) -> Result<Value, RequestError> {
+        let key = self.inner.key_for(method, &params, keying);
+        if let Some((key, _)) = &key {
+            if !params.is_object() {
+                params = json!({});
+            }
+            params["_meta"][meta::IDEMPOTENCY_KEY] = json!(key.as_str());
+        }
+        let mut reissues = Attempts::new(self.inner.config.backoff);
+        let mut attempt = 0;
+        loop {
+            let outcome = self.send_once(method, params.clone()).await;
+            if method == method::TOOLS_LIST
+                && let Ok(result) = &outcome
+            {
+                self.inner.learn_tools(result);
+            }
+            let Some((key, records)) = &key else { return outcome };
+            let reason = match &outcome {
+                Err(RequestError::OutcomeUnknown(reason) | RequestError::NotExecuted(reason)) => reason.clone(),
+                Err(RequestError::Cancelled) => "the response stream broke".to_owned(),
+                _ => return outcome,
+            };
+            let Some(delay) = reissues.next_delay(None, None) else { return outcome };
+            tokio::time::sleep(delay).await;
+            // A re-initialization under way decides where the next attempt goes. The session that
+            // replaced a diverged one may be served by other records (a restarted memory store, a
+            // replica with its own): a re-issue there could run the request again.
+            drop(self.inner.reinit.lock().await);
+            if self.inner.state().idempotency.as_ref() != Some(records) {
+                return outcome;
+            }
+            attempt += 1;
+            self.inner.emit(ClientEvent::Reissued { key: key.to_string(), attempt, reason });
+        }
+    }
+
+    /// Sends a request once and waits for its outcome.
+    async fn send_once(&self, method: &str, params: Value) -> Result<Value, RequestError> {
         let inner = &self.inner;
         // A re-initialization in progress has no session yet: wait for it, and hold it off until
         // this request is registered with the session it goes out on.

@@ -6,7 +6,11 @@
 //! session, the same replay epoch, and a first event that is exactly the next one. After that,
 //! every event is checked by a `StreamValidator`. A divergence is reported to the application,
 //! the session is re-initialized, and requests that were pending on it are resolved: with their
-//! result if it arrived, else with [`RequestError::OutcomeUnknown`]. Nothing is re-sent.
+//! result if it arrived, else with [`RequestError::OutcomeUnknown`].
+//!
+//! Nothing is re-sent blindly. A request carrying an idempotency key (every `tools/call` of a
+//! tool not annotated `idempotentHint`, when the server offers `io.tether/idempotency`) is
+//! re-issued under the same key until its real outcome arrives: the server runs it at most once.
 
 mod backoff;
 mod checkpoint;
@@ -53,6 +57,9 @@ pub struct ClientConfig {
     pub name: String,
     /// Answers the server's requests.
     pub hooks: Arc<dyn ServerRequests>,
+    /// Whether `tools/call` requests carry an idempotency key when the server offers the
+    /// extension (requests sent with [`Client::request_keyed`] always do).
+    pub idempotency_keys: bool,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -62,7 +69,8 @@ impl std::fmt::Debug for ClientConfig {
 }
 
 impl ClientConfig {
-    /// Defaults for `url`: strict policy, default backoff, no checkpoint file, 2025-11-25.
+    /// Defaults for `url`: strict policy, default backoff, no checkpoint file, 2025-11-25,
+    /// idempotency keys on.
     pub fn new(url: impl Into<String>) -> ClientConfig {
         ClientConfig {
             url: url.into(),
@@ -72,6 +80,7 @@ impl ClientConfig {
             protocol_version: ProtocolVersion::LATEST_LEGACY,
             name: "tether".into(),
             hooks: Arc::new(DefaultHooks),
+            idempotency_keys: true,
         }
     }
 }
@@ -158,6 +167,21 @@ pub enum ClientEvent {
         /// What was seen.
         detail: String,
     },
+    /// A keyed request whose outcome was unknown was sent again under the same key.
+    Reissued {
+        /// Its idempotency key.
+        key: String,
+        /// How many times it has been re-sent.
+        attempt: u32,
+        /// Why its outcome was unknown.
+        reason: String,
+    },
+    /// A request that would carry an idempotency key went without one: if its outcome is lost it
+    /// ends as [`RequestError::OutcomeUnknown`].
+    Unkeyed {
+        /// Why.
+        reason: String,
+    },
     /// A new session replaced the diverged one.
     Reinitialized {
         /// The new session id.
@@ -205,7 +229,8 @@ pub enum RequestError {
     #[error("error {}: {}", .0.code, .0.message)]
     Rpc(ErrorObject),
     /// The stream carrying the answer diverged or could not be resumed: the request may or may
-    /// not have run. It is never re-sent automatically.
+    /// not have run. Only keyed requests are re-sent automatically, and they end here only when
+    /// the re-sends ran out.
     #[error("outcome unknown: {0}")]
     OutcomeUnknown(String),
     /// The server refused the request before running it (its session was gone).

@@ -94,10 +94,10 @@ fn add_stream_tools(tools: &mut ToolSet) {
             Ok(text_result(format!("counted to {to}")))
         },
     );
-    tools.add(
+    tools.add_resumable(
         tool(
             "counter_add",
-            "Adds `amount` to the store-backed counter `key` and returns the new value. Not idempotent.",
+            "Adds `amount` to the store-backed counter `key` and returns the new value. Not idempotent; with an idempotency key, the addition is made once.",
             schema(json!({"key": {"type": "string"}, "amount": {"type": "integer"}}), &["key", "amount"]),
         ),
         |ctx, args| async move {
@@ -106,7 +106,7 @@ fn add_stream_tools(tools: &mut ToolSet) {
                 .get("amount")
                 .and_then(Value::as_i64)
                 .ok_or_else(|| invalid_argument("amount must be an integer"))?;
-            let value = ctx.store().counter_add(key, amount).await.map_err(|e| internal(e.to_string()))?;
+            let value = ctx.store().counter_add(key, amount, ctx.idempotency_key()).await.map_err(|e| internal(e.to_string()))?;
             Ok(counter_result(value))
         },
     );
@@ -453,5 +453,9 @@ impl Handler for BuiltinHandler {
                 "method_not_found",
             ))),
         }
+    }
+
+    fn resumable(&self, method: &str, params: &Value) -> bool {
+        method == "tools/call" && self.tools.is_resumable(params)
     }
 }

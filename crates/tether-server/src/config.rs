@@ -35,6 +35,9 @@ pub struct ServerConfig {
     pub sweep_interval: Duration,
     /// How long a handler waits for the client's answer to a server-to-client request.
     pub client_request_timeout: Duration,
+    /// Whether requests carrying an idempotency key run exactly once (the `io.tether/idempotency`
+    /// extension, advertised in the capabilities). Off, keys are ignored.
+    pub idempotency: bool,
 }
 
 impl Default for ServerConfig {
@@ -52,6 +55,7 @@ impl Default for ServerConfig {
             keep_alive: Duration::from_secs(15),
             sweep_interval: Duration::from_secs(1),
             client_request_timeout: Duration::from_secs(5 * 60),
+            idempotency: true,
         }
     }
 }

@@ -73,6 +73,8 @@ pub(crate) struct RequestMeta {
     pub log_level: Option<LogLevel>,
     /// How long a server-to-client request waits for the client's answer.
     pub client_request_timeout: std::time::Duration,
+    /// The store's name of the request's idempotency key, if it carries one.
+    pub idempotency_key: Option<String>,
 }
 
 /// One entry of a request's output, written to the store in order by the request's writer.
@@ -224,6 +226,18 @@ impl Context {
     /// Whether the request has a progress token, so progress notifications will be sent.
     pub fn has_progress_token(&self) -> bool {
         self.shared.meta.progress_token.is_some()
+    }
+
+    pub(crate) fn progress_token(&self) -> Option<&Value> {
+        self.shared.meta.progress_token.as_ref()
+    }
+
+    /// The request's idempotency key, made unique per principal, if the request carries one and
+    /// the server offers the extension. A handler that records its effects under this key (as
+    /// [`Store::counter_add`]'s `once` does) applies them at most once however often the request
+    /// runs; register it with [`ToolSet::add_resumable`](crate::tools::ToolSet::add_resumable).
+    pub fn idempotency_key(&self) -> Option<&str> {
+        self.shared.meta.idempotency_key.as_deref()
     }
 
     /// The capabilities the client declared (`sampling`, `elicitation`, `roots`, ...).

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::Shared;
 use crate::context::{Context, FirstOutput, Output, RequestMeta};
 use crate::http::reject::{Rejection, rpc_error};
+use crate::idempotency::{self, Answer, Keyed, Plan};
 use crate::ids;
 use crate::session::{LogLevel, SessionRuntime};
 
@@ -70,14 +71,20 @@ pub(crate) fn decorate_modern(method: &str, result: &mut Value, server_info: &Va
 }
 
 /// Starts a request of a legacy session: recorded in the store with its own stream, so it is
-/// executed once however often its id is sent, and its output survives the connection.
+/// executed once however often its id is sent, and its output survives the connection. With an
+/// idempotency key, once however often it is sent at all (see [`idempotency`]).
 pub(crate) async fn start_legacy(
     shared: &Arc<Shared>,
     runtime: &Arc<SessionRuntime>,
+    principal: Option<&str>,
     request: Request,
 ) -> Result<Started, Rejection> {
     let key = request_key(&request.id);
     let params = request.params.unwrap_or_else(|| json!({}));
+    let keyed = match Keyed::of(shared, principal, &request.method, &params) {
+        Ok(keyed) => keyed,
+        Err(error) => return Ok(Started::Conflict(error)),
+    };
     let digest = Digest::of(&key, params.to_string().as_bytes()).to_string();
     let stream = ids::stream_name('r').map_err(|e| Rejection::internal("random_failed", e.to_string()))?;
     let begun = shared
@@ -107,26 +114,78 @@ pub(crate) async fn start_legacy(
         client_capabilities: runtime.client_capabilities.clone(),
         log_level: None,
         client_request_timeout: shared.config.client_request_timeout,
+        idempotency_key: keyed.as_ref().map(|k| k.name.clone()),
     };
     let (ctx, first) = Context::new(output, meta, cancel.clone(), Arc::clone(shared));
+    let at = Some((runtime.id.clone(), stream.clone()));
+    let job = match keyed {
+        Some(keyed) => keyed_job(shared, keyed, at, &request.method, &params).await,
+        None => Ok(Job::Run(None)),
+    };
+    let job = match job {
+        Ok(job) => job,
+        Err(rejection) => {
+            // Nothing ran: the request's stream ends without an answer.
+            ctx.end_without_response().await;
+            runtime.finish_request(&key);
+            return Err(rejection);
+        }
+    };
     let runtime = Arc::clone(runtime);
-    let handler = Arc::clone(&shared.handler);
+    let shared = Arc::clone(shared);
     tokio::spawn(async move {
-        run(handler, ctx, request.id, request.method, params, cancel, None).await;
+        run(&shared, ctx, request.id, request.method, params, job, cancel, None).await;
         runtime.finish_request(&key);
     });
     Ok(Started::Running { stream, first })
 }
 
-/// Starts a 2026-07-28 request: no record, output straight to the connection, cancelled when
-/// `cancel` fires (the response stream was closed).
-pub(crate) fn start_direct(
+/// What a request's task does.
+enum Job {
+    /// Runs the handler; with a key, records the outcome under it.
+    Run(Option<Keyed>),
+    /// Answers from the original request of its key.
+    Answer(Answer, Keyed),
+}
+
+/// Claims a request's key and turns the plan into a job.
+async fn keyed_job(
+    shared: &Shared,
+    keyed: Keyed,
+    at: Option<(String, StreamName)>,
+    method: &str,
+    params: &Value,
+) -> Result<Job, Rejection> {
+    let resumable = shared.handler.resumable(method, params);
+    let plan = idempotency::plan(&shared.store, &keyed, at, resumable).await.map_err(|e| crate::store_rejection(&e))?;
+    Ok(match plan {
+        Plan::Run => Job::Run(Some(keyed)),
+        Plan::Answer(answer) => Job::Answer(answer, keyed),
+    })
+}
+
+/// How a 2026-07-28 request started.
+pub(crate) struct Direct {
+    /// Tells whether its first output was the result (JSON) or not (SSE).
+    pub first: oneshot::Receiver<FirstOutput>,
+    /// Whether closing its response stream cancels it: not for a keyed request, whose outcome
+    /// the client will fetch by re-sending it.
+    pub cancel_on_close: bool,
+}
+
+/// Starts a 2026-07-28 request: no session, output straight to the connection, cancelled when
+/// `cancel` fires (the response stream was closed). With an idempotency key, it is recorded
+/// like a legacy one, and runs once however often it is sent.
+pub(crate) async fn start_direct(
     shared: &Arc<Shared>,
+    principal: Option<&str>,
     request: Request,
     output: Output,
     cancel: CancellationToken,
-) -> oneshot::Receiver<FirstOutput> {
+) -> Result<Direct, Rejection> {
     let params = request.params.unwrap_or_else(|| json!({}));
+    let keyed = Keyed::of(shared, principal, &request.method, &params)
+        .map_err(|e| Rejection::new(http::StatusCode::BAD_REQUEST, e.code, "invalid_idempotency_key", e.message))?;
     let request_meta = params.get("_meta");
     let meta = RequestMeta {
         progress_token: progress_token(&params),
@@ -139,28 +198,42 @@ pub(crate) fn start_direct(
             .and_then(Value::as_str)
             .and_then(LogLevel::parse),
         client_request_timeout: shared.config.client_request_timeout,
+        idempotency_key: keyed.as_ref().map(|k| k.name.clone()),
+    };
+    let cancel_on_close = keyed.is_none();
+    let job = match keyed {
+        Some(keyed) => keyed_job(shared, keyed, None, &request.method, &params).await?,
+        None => Job::Run(None),
     };
     let (ctx, first) = Context::new(output, meta, cancel.clone(), Arc::clone(shared));
-    let handler = Arc::clone(&shared.handler);
     let info = shared.handler.info();
     let server_info = json!({"name": info.name, "version": info.version});
-    tokio::spawn(run(handler, ctx, request.id, request.method, params, cancel, Some(server_info)));
-    first
+    let shared = Arc::clone(shared);
+    tokio::spawn(async move {
+        run(&shared, ctx, request.id, request.method, params, job, cancel, Some(server_info)).await;
+    });
+    Ok(Direct { first, cancel_on_close })
 }
 
 /// How long a cancelled handler may run on before it is aborted.
 const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
+#[allow(clippy::too_many_arguments)]
 async fn run(
-    handler: Arc<dyn crate::Handler>,
+    shared: &Shared,
     ctx: Context,
     id: RequestId,
     method: String,
     params: Value,
+    job: Job,
     cancel: CancellationToken,
     modern_server_info: Option<Value>,
 ) {
-    let mut task = tokio::spawn(handler.call(ctx.clone(), method.clone(), params));
+    let (work, record): (crate::HandlerFuture, Option<Keyed>) = match job {
+        Job::Run(keyed) => (shared.handler.call(ctx.clone(), method.clone(), params), keyed),
+        Job::Answer(answer, keyed) => (Box::pin(idempotency::answer(ctx.clone(), keyed, answer)), None),
+    };
+    let mut task = tokio::spawn(work);
     let joined = tokio::select! {
         joined = &mut task => Some(joined),
         () = cancel.cancelled() => None,
@@ -183,16 +256,27 @@ async fn run(
             None
         }
     };
-    match outcome {
+    // The outcome under the key is recorded after the response is durable on the request's
+    // stream: a process that dies in between leaves the response there for the next claimant.
+    let recorded = match outcome {
         Some(mut outcome) => {
             if let (Some(info), Ok(result)) = (&modern_server_info, &mut outcome) {
                 decorate_modern(&method, result, info);
             }
-            if let Err(err) = ctx.respond(id, outcome).await {
+            if let Err(err) = ctx.respond(id, outcome.clone()).await {
                 tracing::debug!(%err, "final response not delivered");
             }
+            outcome
         }
-        None => ctx.end_without_response().await,
+        None => {
+            ctx.end_without_response().await;
+            Err(idempotency::cancelled())
+        }
+    };
+    if let Some(keyed) = record
+        && let Err(err) = shared.store.finish_key(&keyed.name, idempotency::encode(&recorded)).await
+    {
+        tracing::warn!(%err, "could not record a keyed request's outcome");
     }
 }
 

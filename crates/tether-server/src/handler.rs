@@ -36,4 +36,12 @@ pub trait Handler: Send + Sync + 'static {
     /// `ctx`; the returned value is the result. Unknown methods should return
     /// `-32601` (method not found).
     fn call(&self, ctx: Context, method: String, params: Value) -> HandlerFuture;
+
+    /// Whether running this request again, with the same idempotency key, applies none of its
+    /// effects twice, because it records them under [`Context::idempotency_key`]. Then a keyed
+    /// request whose server died mid-run is run again when re-sent, instead of being answered
+    /// `request_aborted`. By default nothing is.
+    fn resumable(&self, _method: &str, _params: &Value) -> bool {
+        false
+    }
 }

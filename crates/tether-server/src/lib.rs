@@ -22,6 +22,7 @@ mod context;
 mod dispatch;
 mod handler;
 mod http;
+mod idempotency;
 mod ids;
 mod session;
 pub mod tools;

@@ -1,7 +1,7 @@
 //! A registry of tools: names, schemas and the async functions that run them, answering
 //! `tools/list` and `tools/call`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 
@@ -18,6 +18,7 @@ type ToolFn = Arc<dyn Fn(Context, Value) -> HandlerFuture + Send + Sync>;
 pub struct ToolSet {
     listed: Vec<Value>,
     by_name: HashMap<String, ToolFn>,
+    resumable: HashSet<String>,
 }
 
 impl std::fmt::Debug for ToolSet {
@@ -44,6 +45,24 @@ impl ToolSet {
         self.listed.push(definition);
         self.by_name.insert(name, Arc::new(move |ctx, args| Box::pin(run(ctx, args))));
         self
+    }
+
+    /// Adds a tool whose effects are recorded under [`Context::idempotency_key`], so running it
+    /// again for the same key applies nothing twice (see [`Handler::resumable`](crate::Handler::resumable)).
+    pub fn add_resumable<F, Fut>(&mut self, definition: Value, run: F) -> &mut ToolSet
+    where
+        F: Fn(Context, Value) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Value, ErrorObject>> + Send + 'static,
+    {
+        if let Some(name) = definition.get("name").and_then(Value::as_str) {
+            self.resumable.insert(name.to_owned());
+        }
+        self.add(definition, run)
+    }
+
+    /// Whether `tools/call` with `params` calls a tool added with [`ToolSet::add_resumable`].
+    pub fn is_resumable(&self, params: &Value) -> bool {
+        params.get("name").and_then(Value::as_str).is_some_and(|name| self.resumable.contains(name))
     }
 
     /// The `tools/list` result.

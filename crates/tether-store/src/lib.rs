@@ -19,7 +19,9 @@ use bytes::Bytes;
 use tether_core::lineage::{Epoch, StreamName, StreamRange};
 
 pub use memory::MemoryStore;
-pub use record::{BeginRequest, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent};
+pub use record::{
+    BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent,
+};
 pub use redis::RedisStore;
 pub use sqlite::SqliteStore;
 
@@ -44,6 +46,13 @@ pub enum StoreError {
     /// The backend failed (I/O, connection, corruption).
     #[error("store backend: {0}")]
     Backend(String),
+}
+
+/// A fresh random name for a set of idempotency records.
+fn new_records_id() -> Result<String, StoreError> {
+    let mut bytes = [0u8; 12];
+    getrandom::fill(&mut bytes).map_err(|e| StoreError::Backend(format!("no randomness: {e}")))?;
+    Ok(tether_core::lineage::base64url(&bytes))
 }
 
 /// Watches a stream's head: the value is the highest sequence number written, and it changes
@@ -159,8 +168,33 @@ pub trait Store: Send + Sync + 'static {
     /// that serve a single process.
     fn relayed_answers(&self) -> Option<tokio::sync::broadcast::Receiver<RelayedAnswer>>;
 
-    /// Adds `amount` to counter `key` and returns the new value.
-    fn counter_add(&self, key: &str, amount: i64) -> StoreFuture<'_, i64>;
+    /// Names the place idempotency records live: the same for every process sharing this store,
+    /// and across restarts of a durable one; new for every memory store. Clients re-issue a keyed
+    /// request only to a server reporting the name it was first sent under, so a re-issue never
+    /// reaches records that never saw the first attempt.
+    fn records_id(&self) -> &str;
+
+    /// Records an idempotency key as running in this process, unless it is recorded already:
+    /// then reports where that request stands. One atomic step, so two requests with one key
+    /// never both run.
+    fn claim_key(&self, claim: KeyClaim) -> StoreFuture<'_, Claim>;
+
+    /// Claims, for this process, a key whose request was abandoned (its process stopped before
+    /// finishing it) with the same params digest: `true` if this process now owns it. For
+    /// requests whose effects are themselves keyed, so running them again applies nothing twice.
+    fn take_over_key(&self, claim: KeyClaim) -> StoreFuture<'_, bool>;
+
+    /// Where the request of an idempotency key stands, if the key is recorded.
+    fn key_state(&self, key: &str, now_ms: u64) -> StoreFuture<'_, Option<KeyState>>;
+
+    /// Records the outcome of this process's running request for `key` (`{"result": …}` or
+    /// `{"error": …}`). A key another process took over meanwhile is left alone.
+    fn finish_key(&self, key: &str, outcome: Bytes) -> StoreFuture<'_, ()>;
+
+    /// Adds `amount` to counter `key` and returns the new value. With `once` (the idempotency key
+    /// of the request adding), an addition already made under that key is not made again: its
+    /// resulting value is returned. It is remembered at least as long as the key's record.
+    fn counter_add(&self, key: &str, amount: i64, once: Option<&str>) -> StoreFuture<'_, i64>;
 
     /// The value of counter `key` (0 if never set).
     fn counter_get(&self, key: &str) -> StoreFuture<'_, i64>;
@@ -168,6 +202,7 @@ pub trait Store: Send + Sync + 'static {
     /// Applies retention at `now_ms`: drops ended streams past their retention, forgets ended
     /// sessions past their tombstone time, and marks sessions past their deadline expired. It is
     /// also this process's heartbeat: requests owned by a process whose heartbeat is older than
-    /// the lease are marked aborted. Returns the ids of sessions it expired.
+    /// the lease are marked aborted. Idempotency records past their time, and the oldest finished
+    /// ones past the count bound, are forgotten. Returns the ids of sessions it expired.
     fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>>;
 }

@@ -10,13 +10,16 @@ use bytes::Bytes;
 use tether_core::lineage::{Epoch, StreamName, StreamRange, StreamState};
 use tokio::sync::watch;
 
-use crate::record::{BeginRequest, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent};
+use crate::record::{
+    BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent,
+};
 use crate::{HeadWatch, RelayedAnswer, Store, StoreError, StoreFuture};
 
 /// A [`Store`] held in process memory, bounded by its [`Retention`].
 #[derive(Debug)]
 pub struct MemoryStore {
     retention: Retention,
+    records_id: String,
     inner: Mutex<Inner>,
 }
 
@@ -24,7 +27,29 @@ pub struct MemoryStore {
 struct Inner {
     sessions: HashMap<String, Slot>,
     counters: HashMap<String, i64>,
+    /// Counter additions made under an idempotency key → the value they produced.
+    counter_ops: HashMap<String, i64>,
+    keys: HashMap<String, KeyRecord>,
     total_bytes: usize,
+}
+
+/// An idempotency key's request. One process holds a memory store, so a running request is
+/// never abandoned: it dies with the store.
+#[derive(Debug)]
+struct KeyRecord {
+    digest: String,
+    stream: Option<(String, StreamName)>,
+    outcome: Option<Bytes>,
+    created_ms: u64,
+}
+
+impl KeyRecord {
+    fn state(&self) -> KeyState {
+        match &self.outcome {
+            Some(outcome) => KeyState::Finished(outcome.clone()),
+            None => KeyState::Running { stream: self.stream.clone(), abandoned: false },
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -83,7 +108,13 @@ impl StreamSlot {
 impl MemoryStore {
     /// An empty store keeping history as `retention` allows.
     pub fn new(retention: Retention) -> MemoryStore {
-        MemoryStore { retention, inner: Mutex::new(Inner::default()) }
+        // Without randomness the name is still unique enough within the host: the address of
+        // this store and the time.
+        let records_id = crate::new_records_id().unwrap_or_else(|_| {
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+            format!("m{}-{nanos}", std::process::id())
+        });
+        MemoryStore { retention, records_id, inner: Mutex::new(Inner::default()) }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -294,11 +325,53 @@ impl Store for MemoryStore {
         None
     }
 
-    fn counter_add(&self, key: &str, amount: i64) -> StoreFuture<'_, i64> {
+    fn records_id(&self) -> &str {
+        &self.records_id
+    }
+
+    fn claim_key(&self, claim: KeyClaim) -> StoreFuture<'_, Claim> {
         let mut inner = self.lock();
+        if let Some(record) = inner.keys.get(&claim.key) {
+            return ready(Ok(Claim::Existing {
+                same_params: record.digest == claim.params_digest,
+                state: record.state(),
+            }));
+        }
+        let record =
+            KeyRecord { digest: claim.params_digest, stream: claim.stream, outcome: None, created_ms: claim.now_ms };
+        inner.keys.insert(claim.key, record);
+        ready(Ok(Claim::Claimed))
+    }
+
+    fn take_over_key(&self, _claim: KeyClaim) -> StoreFuture<'_, bool> {
+        ready(Ok(false))
+    }
+
+    fn key_state(&self, key: &str, _now_ms: u64) -> StoreFuture<'_, Option<KeyState>> {
+        ready(Ok(self.lock().keys.get(key).map(KeyRecord::state)))
+    }
+
+    fn finish_key(&self, key: &str, outcome: Bytes) -> StoreFuture<'_, ()> {
+        if let Some(record) = self.lock().keys.get_mut(key)
+            && record.outcome.is_none()
+        {
+            record.outcome = Some(outcome);
+        }
+        ready(Ok(()))
+    }
+
+    fn counter_add(&self, key: &str, amount: i64, once: Option<&str>) -> StoreFuture<'_, i64> {
+        let mut inner = self.lock();
+        if let Some(value) = once.and_then(|op| inner.counter_ops.get(op)) {
+            return ready(Ok(*value));
+        }
         let value = inner.counters.entry(key.to_owned()).or_insert(0);
         *value = value.saturating_add(amount);
-        ready(Ok(*value))
+        let value = *value;
+        if let Some(op) = once {
+            inner.counter_ops.insert(op.to_owned(), value);
+        }
+        ready(Ok(value))
     }
 
     fn counter_get(&self, key: &str) -> StoreFuture<'_, i64> {
@@ -337,8 +410,30 @@ impl Store for MemoryStore {
             }
         });
         inner.total_bytes -= freed;
+        forget_keys(inner, now_ms, &retention);
         ready(Ok(expired))
     }
+}
+
+/// Forgets idempotency records past their time, then the oldest finished ones past the count
+/// bound, and the counter additions of forgotten keys.
+fn forget_keys(inner: &mut Inner, now_ms: u64, retention: &Retention) {
+    inner.keys.retain(|_, record| now_ms.saturating_sub(record.created_ms) < retention.idempotency_ms);
+    let excess = inner.keys.len().saturating_sub(retention.max_idempotency_records);
+    if excess > 0 {
+        let mut finished: Vec<(u64, String)> = inner
+            .keys
+            .iter()
+            .filter(|(_, record)| record.outcome.is_some())
+            .map(|(key, record)| (record.created_ms, key.clone()))
+            .collect();
+        finished.sort_unstable();
+        for (_, key) in finished.into_iter().take(excess) {
+            inner.keys.remove(&key);
+        }
+    }
+    let keys = &inner.keys;
+    inner.counter_ops.retain(|op, _| keys.contains_key(op));
 }
 
 /// Evicts history until `stream`, its session and the global total are within `retention`:

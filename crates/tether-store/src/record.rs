@@ -80,6 +80,49 @@ pub enum BeginRequest {
     },
 }
 
+/// A request carrying an idempotency key, as [`Store::claim_key`](crate::Store::claim_key)
+/// records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyClaim {
+    /// The key, qualified by the principal that sent it (the server makes it opaque and safe).
+    pub key: String,
+    /// The digest of the request's method and params, so a reuse with other params is told apart.
+    pub params_digest: String,
+    /// The session stream its events go to, if it runs in a session (2026-07-28 requests don't).
+    pub stream: Option<(String, StreamName)>,
+    /// Now, in milliseconds since the Unix epoch.
+    pub now_ms: u64,
+}
+
+/// Where an idempotency key's request stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyState {
+    /// Not finished: running, or `abandoned` by a process that stopped before finishing it (its
+    /// effects may be partly applied).
+    Running {
+        /// The session stream carrying its events, if any.
+        stream: Option<(String, StreamName)>,
+        /// Its process is gone.
+        abandoned: bool,
+    },
+    /// Finished, with the recorded outcome (`{"result": …}` or `{"error": …}`).
+    Finished(Bytes),
+}
+
+/// The outcome of [`Store::claim_key`](crate::Store::claim_key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The key was new: it is now recorded as running in this process.
+    Claimed,
+    /// The key is known.
+    Existing {
+        /// Whether the params digest matches the recorded one.
+        same_params: bool,
+        /// Where the recorded request stands.
+        state: KeyState,
+    },
+}
+
 /// How much history a store keeps, and for how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
@@ -96,11 +139,16 @@ pub struct Retention {
     pub max_bytes_total: usize,
     /// How long a process may go without a heartbeat before its running requests are aborted.
     pub lease_ms: u64,
+    /// How long an idempotency key's record is kept.
+    pub idempotency_ms: u64,
+    /// Most idempotency records kept; past it, the oldest finished ones are forgotten first.
+    pub max_idempotency_records: usize,
 }
 
 impl Default for Retention {
     /// Five minutes of ended streams, thirty of tombstones, 10,000 events per stream, 64 MiB
-    /// per session, 1 GiB in all, and a ten-second lease.
+    /// per session, 1 GiB in all, a ten-second lease, and idempotency records for 24 hours, at
+    /// most a million of them.
     fn default() -> Self {
         Retention {
             ended_stream_ms: 5 * 60_000,
@@ -109,6 +157,8 @@ impl Default for Retention {
             max_bytes_per_session: 64 << 20,
             max_bytes_total: 1 << 30,
             lease_ms: 10_000,
+            idempotency_ms: 24 * 3_600_000,
+            max_idempotency_records: 1_000_000,
         }
     }
 }

@@ -16,7 +16,9 @@ use tether_core::lineage::{Epoch, StreamName, StreamRange, StreamState};
 use tether_core::mcp::ProtocolVersion;
 
 use crate::heads::Heads;
-use crate::record::{BeginRequest, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent};
+use crate::record::{
+    BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent,
+};
 use crate::{HeadWatch, RelayedAnswer, Store, StoreError, StoreFuture};
 
 /// The channel appends and stream ends are announced on.
@@ -24,7 +26,12 @@ const NOTIFY: &str = "tether:notify";
 /// The channel clients' answers to server-to-client requests travel on between replicas.
 const ANSWERS: &str = "tether:answers";
 const SESSIONS: &str = "tether:sessions";
-const COUNTERS: &str = "tether:counters";
+/// Counters, and (under the same hash tag, so one script sees both) the additions made once.
+const COUNTERS: &str = "tether:{counters}";
+/// Idempotency records by creation time, for expiry and the count bound.
+const KEYS: &str = "tether:keys";
+/// The name of this Redis's idempotency records, set by the first replica.
+const RECORDS_ID: &str = "tether:records-id";
 const OWNERS: &str = "tether:owners";
 /// Ended sessions (`m<SEP>session`) and ended streams (`s<SEP>session<SEP>stream`) waiting out
 /// their retention; the score is when a sweep first saw them (0 until then).
@@ -39,6 +46,7 @@ pub struct RedisStore {
     owner: String,
     heads: Arc<Heads>,
     listener: tokio::task::JoinHandle<()>,
+    records_id: String,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -91,6 +99,12 @@ fn streams_key(session: &str) -> String {
 fn owned_key(owner: &str) -> String {
     format!("tether:owned:{owner}")
 }
+fn key_record(key: &str) -> String {
+    format!("tether:k:{{{key}}}")
+}
+fn counter_op_key(op: &str) -> String {
+    format!("{COUNTERS}:once:{op}")
+}
 
 /// Fails unless the session (KEYS[1]) is live in incarnation ARGV[1].
 const CHECK_LIVE: &str = r"
@@ -123,11 +137,51 @@ struct Scripts {
     end_stream: Script,
     abort: Script,
     standalone: Script,
+    claim: Script,
+    take_over: Script,
+    finish: Script,
+    counter_once: Script,
 }
 
 fn scripts() -> &'static Scripts {
     static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
     SCRIPTS.get_or_init(|| Scripts {
+        // KEYS[1] the key's record; ARGV[1] digest, ARGV[2] owner, ARGV[3] session, ARGV[4]
+        // stream. Returns the existing record's fields, or nothing once claimed.
+        claim: script(
+            r"
+local r = redis.call('HMGET', KEYS[1], 'digest', 'owner', 'session', 'stream', 'outcome')
+if r[1] then return r end
+redis.call('HSET', KEYS[1], 'digest', ARGV[1], 'owner', ARGV[2], 'session', ARGV[3], 'stream', ARGV[4])
+return {}",
+        ),
+        // KEYS[1] the key's record; ARGV[1] digest, ARGV[2] the owner found gone, ARGV[3] the new
+        // owner, ARGV[4] session, ARGV[5] stream.
+        take_over: script(
+            r"
+local r = redis.call('HMGET', KEYS[1], 'digest', 'owner', 'outcome')
+if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] or r[3] then return 0 end
+redis.call('HSET', KEYS[1], 'owner', ARGV[3], 'session', ARGV[4], 'stream', ARGV[5])
+return 1",
+        ),
+        // KEYS[1] the key's record; ARGV[1] owner, ARGV[2] outcome.
+        finish: script(
+            r"
+local r = redis.call('HMGET', KEYS[1], 'owner', 'outcome')
+if r[1] ~= ARGV[1] or r[2] then return 0 end
+redis.call('HSET', KEYS[1], 'outcome', ARGV[2])
+return 1",
+        ),
+        // KEYS[1] counters, KEYS[2] the addition's record; ARGV[1] counter, ARGV[2] amount,
+        // ARGV[3] how long the addition is remembered.
+        counter_once: script(
+            r"
+local done = redis.call('GET', KEYS[2])
+if done then return tonumber(done) end
+local value = redis.call('HINCRBY', KEYS[1], ARGV[1], ARGV[2])
+redis.call('SET', KEYS[2], value, 'PX', ARGV[3])
+return value",
+        ),
         create: script(
             r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return redis.error_reply('DUPLICATE_SESSION') end
@@ -305,16 +359,46 @@ impl RedisStore {
     /// Connects to Redis at `url`. `owner` names this process for request leases.
     pub async fn open(url: &str, retention: Retention, owner: &str) -> Result<RedisStore, StoreError> {
         let client = redis::Client::open(url).map_err(backend)?;
-        let redis = client.get_connection_manager().await.map_err(backend)?;
+        let mut redis = client.get_connection_manager().await.map_err(backend)?;
+        let _: bool = redis.set_nx(RECORDS_ID, crate::new_records_id()?).await.map_err(backend)?;
+        let records_id: String = redis.get(RECORDS_ID).await.map_err(backend)?;
         let pubsub = subscribe(&client).await.map_err(backend)?;
         let heads = Arc::new(Heads::default());
         let (answers, _) = tokio::sync::broadcast::channel(256);
         let listener = tokio::spawn(listen(client, pubsub, Arc::clone(&heads), answers.clone()));
-        Ok(RedisStore { redis, answers, retention, owner: owner.to_owned(), heads, listener })
+        Ok(RedisStore { redis, answers, retention, owner: owner.to_owned(), heads, listener, records_id })
     }
 
     fn conn(&self) -> ConnectionManager {
         self.redis.clone()
+    }
+
+    /// Whether `owner` heartbeat within the lease before `now_ms`. A claim heartbeats first, and
+    /// a sweep forgets owners only once they lapsed, so an owner missing here is gone.
+    async fn owner_alive(&self, conn: &mut ConnectionManager, owner: &str, now_ms: u64) -> Result<bool, StoreError> {
+        let heartbeat: Option<u64> = conn.hget(OWNERS, owner).await.map_err(backend)?;
+        Ok(heartbeat.is_some_and(|h| h.saturating_add(self.retention.lease_ms) >= now_ms))
+    }
+
+    /// Reads an idempotency record: digest, owner and state.
+    async fn read_key(
+        &self,
+        conn: &mut ConnectionManager,
+        fields: Vec<Option<Vec<u8>>>,
+        now_ms: u64,
+    ) -> Result<Option<(String, String, KeyState)>, StoreError> {
+        let text = |i: usize| fields.get(i).cloned().flatten().map(|b| String::from_utf8_lossy(&b).into_owned());
+        let Some(digest) = text(0) else { return Ok(None) };
+        let owner = text(1).unwrap_or_default();
+        if let Some(Some(outcome)) = fields.get(4) {
+            return Ok(Some((digest, owner, KeyState::Finished(Bytes::from(outcome.clone())))));
+        }
+        let stream = match (text(2).filter(|s| !s.is_empty()), text(3)) {
+            (Some(session), Some(stream)) => Some((session, StreamName::parse(&stream).map_err(backend)?)),
+            _ => None,
+        };
+        let abandoned = !self.owner_alive(conn, &owner, now_ms).await?;
+        Ok(Some((digest, owner, KeyState::Running { stream, abandoned })))
     }
 
     fn stream_keys(session: &str, stream: &str) -> [String; 4] {
@@ -660,9 +744,107 @@ impl Store for RedisStore {
         Some(self.answers.subscribe())
     }
 
-    fn counter_add(&self, key: &str, amount: i64) -> StoreFuture<'_, i64> {
+    fn records_id(&self) -> &str {
+        &self.records_id
+    }
+
+    fn claim_key(&self, claim: KeyClaim) -> StoreFuture<'_, Claim> {
+        Box::pin(async move {
+            let mut conn = self.conn();
+            let _: i64 = conn.hset(OWNERS, &self.owner, claim.now_ms).await.map_err(backend)?;
+            // Indexed first, so a record is never left outside expiry (NX: a known key keeps its age).
+            let _: i64 = redis::cmd("ZADD")
+                .arg(KEYS)
+                .arg("NX")
+                .arg(claim.now_ms)
+                .arg(&claim.key)
+                .query_async(&mut conn)
+                .await
+                .map_err(backend)?;
+            let (session, stream) = claim_columns(&claim);
+            let fields: Vec<Option<Vec<u8>>> = scripts()
+                .claim
+                .key(key_record(&claim.key))
+                .arg(&claim.params_digest)
+                .arg(&self.owner)
+                .arg(session)
+                .arg(stream)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(backend)?;
+            match self.read_key(&mut conn, fields, claim.now_ms).await? {
+                Some((digest, _, state)) => Ok(Claim::Existing { same_params: digest == claim.params_digest, state }),
+                None => Ok(Claim::Claimed),
+            }
+        })
+    }
+
+    fn take_over_key(&self, claim: KeyClaim) -> StoreFuture<'_, bool> {
+        Box::pin(async move {
+            let mut conn = self.conn();
+            let fields = key_fields(&mut conn, &claim.key).await?;
+            let found = self.read_key(&mut conn, fields, claim.now_ms).await?;
+            let Some((digest, gone, KeyState::Running { abandoned: true, .. })) = found else { return Ok(false) };
+            if digest != claim.params_digest {
+                return Ok(false);
+            }
+            let _: i64 = conn.hset(OWNERS, &self.owner, claim.now_ms).await.map_err(backend)?;
+            let (session, stream) = claim_columns(&claim);
+            let taken: i64 = scripts()
+                .take_over
+                .key(key_record(&claim.key))
+                .arg(&claim.params_digest)
+                .arg(gone)
+                .arg(&self.owner)
+                .arg(session)
+                .arg(stream)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(backend)?;
+            Ok(taken == 1)
+        })
+    }
+
+    fn key_state(&self, key: &str, now_ms: u64) -> StoreFuture<'_, Option<KeyState>> {
         let key = key.to_owned();
-        Box::pin(async move { self.conn().hincr(COUNTERS, key, amount).await.map_err(backend) })
+        Box::pin(async move {
+            let mut conn = self.conn();
+            let fields = key_fields(&mut conn, &key).await?;
+            Ok(self.read_key(&mut conn, fields, now_ms).await?.map(|(_, _, state)| state))
+        })
+    }
+
+    fn finish_key(&self, key: &str, outcome: Bytes) -> StoreFuture<'_, ()> {
+        let key = key.to_owned();
+        Box::pin(async move {
+            let _: i64 = scripts()
+                .finish
+                .key(key_record(&key))
+                .arg(&self.owner)
+                .arg(&outcome[..])
+                .invoke_async(&mut self.conn())
+                .await
+                .map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn counter_add(&self, key: &str, amount: i64, once: Option<&str>) -> StoreFuture<'_, i64> {
+        let (key, once) = (key.to_owned(), once.map(str::to_owned));
+        Box::pin(async move {
+            let mut conn = self.conn();
+            let Some(op) = once else { return conn.hincr(COUNTERS, key, amount).await.map_err(backend) };
+            scripts()
+                .counter_once
+                .key(COUNTERS)
+                .key(counter_op_key(&op))
+                .arg(key)
+                .arg(amount)
+                .arg(self.retention.idempotency_ms.max(1))
+                .invoke_async(&mut conn)
+                .await
+                .map_err(backend)
+        })
     }
 
     fn counter_get(&self, key: &str) -> StoreFuture<'_, i64> {
@@ -723,6 +905,7 @@ impl Store for RedisStore {
                 let _: i64 = conn.del(owned_key(&owner)).await.map_err(backend)?;
                 let _: i64 = conn.hdel(OWNERS, &owner).await.map_err(backend)?;
             }
+            self.forget_keys(&mut conn, now_ms).await?;
             // Retention: stamp what ended since the last sweep, drop what has waited long enough.
             let fresh: Vec<String> = conn.zrangebyscore(RETIRING, 0, 0).await.map_err(backend)?;
             for member in fresh {
@@ -762,6 +945,62 @@ impl Store for RedisStore {
             }
             Ok(expired)
         })
+    }
+}
+
+/// The fields of an idempotency record, in the order the claim script returns them.
+async fn key_fields(conn: &mut ConnectionManager, key: &str) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+    redis::cmd("HMGET")
+        .arg(key_record(key))
+        .arg(&["digest", "owner", "session", "stream", "outcome"])
+        .query_async(conn)
+        .await
+        .map_err(backend)
+}
+
+/// The session and stream a claim records ('' for none).
+fn claim_columns(claim: &KeyClaim) -> (String, String) {
+    match &claim.stream {
+        Some((session, stream)) => (session.clone(), stream.to_string()),
+        None => (String::new(), String::new()),
+    }
+}
+
+impl RedisStore {
+    /// Forgets idempotency records past their time, then the oldest finished ones past the
+    /// count bound. (Additions made once expire on their own.)
+    async fn forget_keys(&self, conn: &mut ConnectionManager, now_ms: u64) -> Result<(), StoreError> {
+        let cutoff = now_ms.saturating_sub(self.retention.idempotency_ms);
+        let old: Vec<String> = conn.zrangebyscore(KEYS, "-inf", cutoff).await.map_err(backend)?;
+        for key in old {
+            let _: i64 = conn.del(key_record(&key)).await.map_err(backend)?;
+            let _: i64 = conn.zrem(KEYS, &key).await.map_err(backend)?;
+        }
+        let count: usize = conn.zcard(KEYS).await.map_err(backend)?;
+        let mut excess = count.saturating_sub(self.retention.max_idempotency_records);
+        // Oldest first, skipping running requests, a page at a time.
+        const PAGE: isize = 256;
+        let mut start = 0;
+        while excess > 0 {
+            let page: Vec<String> = conn.zrange(KEYS, start, start + PAGE - 1).await.map_err(backend)?;
+            if page.is_empty() {
+                break;
+            }
+            for key in &page {
+                if excess == 0 {
+                    break;
+                }
+                let finished: bool = conn.hexists(key_record(key), "outcome").await.map_err(backend)?;
+                if finished {
+                    let _: i64 = conn.del(key_record(key)).await.map_err(backend)?;
+                    let _: i64 = conn.zrem(KEYS, key).await.map_err(backend)?;
+                    excess -= 1;
+                } else {
+                    start += 1;
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -16,7 +16,9 @@ use tether_core::mcp::ProtocolVersion;
 use tokio::sync::oneshot;
 
 use crate::heads::Heads;
-use crate::record::{BeginRequest, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent};
+use crate::record::{
+    BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent,
+};
 use crate::{HeadWatch, RelayedAnswer, Store, StoreError, StoreFuture};
 
 /// Most operations committed in one transaction.
@@ -39,6 +41,10 @@ pub struct SqliteStore {
     retention: Retention,
     owner: String,
     heads: Heads,
+    records_id: String,
+    /// Held while the store is open: one process owns the files, so at open every request
+    /// another process left running is known to be abandoned.
+    _lock: std::fs::File,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -90,6 +96,18 @@ CREATE TABLE IF NOT EXISTS requests (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, heartbeat_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS keys (
+    key TEXT PRIMARY KEY,
+    digest TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    session TEXT,
+    stream TEXT,
+    outcome BLOB,
+    created_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS keys_by_age ON keys (created_ms);
+CREATE TABLE IF NOT EXISTS counter_ops (op TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 ";
 
 const LIVE: i64 = 0;
@@ -156,10 +174,35 @@ fn state_of(code: i64) -> StreamState {
 impl SqliteStore {
     /// Opens (or creates) the store in `dir`. `owner` names this process: requests it starts
     /// are owned by it, and when it stops heartbeating they are reported aborted.
+    ///
+    /// Only one process may have a directory open: a second `open` fails while the first holds
+    /// it. Requests that an earlier process left running are aborted at once.
     pub fn open(dir: &Path, retention: Retention, owner: &str) -> Result<SqliteStore, StoreError> {
         std::fs::create_dir_all(dir).map_err(backend)?;
+        let lock = std::fs::File::create(dir.join("tether.lock")).map_err(backend)?;
+        lock.try_lock().map_err(|err| match err {
+            std::fs::TryLockError::WouldBlock => {
+                StoreError::Backend(format!("{} is in use by another process", dir.display()))
+            }
+            std::fs::TryLockError::Error(err) => backend(err),
+        })?;
         let mut connection = Connection::open(dir.join("tether.sqlite3")).map_err(backend)?;
         connection.execute_batch(SCHEMA).map_err(backend)?;
+        // Every other owner is gone: its requests end, and its idempotency keys are abandoned.
+        connection
+            .execute(
+                "UPDATE streams SET state = ?2 WHERE state = 0 AND request_key IS NOT NULL AND owner != ?1",
+                params![owner, ABORTED],
+            )
+            .and_then(|_| connection.execute("DELETE FROM owners WHERE owner != ?1", [owner]))
+            .map_err(backend)?;
+        // Named once, when the file is created: the name outlives every restart.
+        connection
+            .execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('records_id', ?1)", [crate::new_records_id()?])
+            .map_err(backend)?;
+        let records_id: String = connection
+            .query_row("SELECT value FROM meta WHERE name = 'records_id'", [], |r| r.get(0))
+            .map_err(backend)?;
         connection.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         let mut queries = Vec::new();
         for _ in 0..READERS {
@@ -185,7 +228,16 @@ impl SqliteStore {
             .spawn(move || writer(&mut connection, &queue))
             .map_err(backend)?;
         let next_reader = std::sync::atomic::AtomicUsize::new(0);
-        Ok(SqliteStore { jobs, queries, next_reader, retention, owner: owner.to_owned(), heads: Heads::default() })
+        Ok(SqliteStore {
+            jobs,
+            queries,
+            next_reader,
+            retention,
+            owner: owner.to_owned(),
+            heads: Heads::default(),
+            records_id,
+            _lock: lock,
+        })
     }
 
     /// Runs the read `f` on a reader connection, against the latest committed state.
@@ -376,6 +428,70 @@ fn evict(txn: &Connection, session: &str, stream: &str, head: i64, retention: &R
         }
     }
     Ok(())
+}
+
+/// Forgets idempotency records past their time, then the oldest finished ones past the count
+/// bound, and the counter additions of forgotten keys.
+fn forget_keys(txn: &Connection, now: i64, retention: &Retention) -> Result<(), StoreError> {
+    let forget = |condition: &str, arg: i64| -> Result<(), StoreError> {
+        execute(txn, &format!("DELETE FROM counter_ops WHERE op IN (SELECT key FROM keys WHERE {condition})"), [arg])
+            .map_err(backend)?;
+        execute(txn, &format!("DELETE FROM keys WHERE key IN (SELECT key FROM keys WHERE {condition})"), [arg])
+            .map_err(backend)?;
+        Ok(())
+    };
+    forget("created_ms <= ?1", now - as_i64(retention.idempotency_ms))?;
+    let count: i64 = query_row(txn, "SELECT COUNT(*) FROM keys", [], |r| r.get(0)).map_err(backend)?;
+    let excess = count - i64::try_from(retention.max_idempotency_records).unwrap_or(i64::MAX);
+    if excess > 0 {
+        forget("outcome IS NOT NULL ORDER BY created_ms LIMIT ?1", excess)?;
+    }
+    Ok(())
+}
+
+/// Reads an idempotency record: its digest and state. A running request is abandoned when its
+/// owner's heartbeat is older than the lease (or was never recorded).
+fn key_record(txn: &Connection, key: &str, lapsed_before: i64) -> Result<Option<(String, KeyState)>, StoreError> {
+    type Row = (String, Option<String>, Option<String>, Option<Vec<u8>>, Option<i64>);
+    let row: Option<Row> = query_row(
+        txn,
+        "SELECT k.digest, k.session, k.stream, k.outcome, o.heartbeat_ms FROM keys k \
+         LEFT JOIN owners o ON o.owner = k.owner WHERE k.key = ?1",
+        [key],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+    )
+    .optional()
+    .map_err(backend)?;
+    let Some((digest, session, stream, outcome, heartbeat)) = row else { return Ok(None) };
+    let state = match outcome {
+        Some(outcome) => KeyState::Finished(Bytes::from(outcome)),
+        None => {
+            let stream = match (session, stream) {
+                (Some(session), Some(stream)) => Some((session, StreamName::parse(&stream).map_err(backend)?)),
+                _ => None,
+            };
+            KeyState::Running { stream, abandoned: heartbeat.is_none_or(|h| h < lapsed_before) }
+        }
+    };
+    Ok(Some((digest, state)))
+}
+
+fn heartbeat(txn: &Connection, owner: &str, now: i64) -> Result<(), StoreError> {
+    execute(
+        txn,
+        "INSERT INTO owners (owner, heartbeat_ms) VALUES (?1, ?2) ON CONFLICT(owner) DO UPDATE SET heartbeat_ms = ?2",
+        params![owner, now],
+    )
+    .map_err(backend)?;
+    Ok(())
+}
+
+/// The session and stream columns of a claim.
+fn claim_stream(claim: &KeyClaim) -> (Option<String>, Option<String>) {
+    match &claim.stream {
+        Some((session, stream)) => (Some(session.clone()), Some(stream.to_string())),
+        None => (None, None),
+    }
 }
 
 impl Store for SqliteStore {
@@ -700,17 +816,95 @@ impl Store for SqliteStore {
         None
     }
 
-    fn counter_add(&self, key: &str, amount: i64) -> StoreFuture<'_, i64> {
-        let key = key.to_owned();
+    fn records_id(&self) -> &str {
+        &self.records_id
+    }
+
+    fn claim_key(&self, claim: KeyClaim) -> StoreFuture<'_, Claim> {
+        let (owner, lease) = (self.owner.clone(), self.retention.lease_ms);
         self.run(move |txn| {
-            query_row(
+            let now = as_i64(claim.now_ms);
+            heartbeat(txn, &owner, now)?;
+            if let Some((digest, state)) = key_record(txn, &claim.key, now - as_i64(lease))? {
+                return Ok(Claim::Existing { same_params: digest == claim.params_digest, state });
+            }
+            let (session, stream) = claim_stream(&claim);
+            execute(
+                txn,
+                "INSERT INTO keys (key, digest, owner, session, stream, created_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![claim.key, claim.params_digest, owner, session, stream, now],
+            )
+            .map_err(backend)?;
+            Ok(Claim::Claimed)
+        })
+    }
+
+    fn take_over_key(&self, claim: KeyClaim) -> StoreFuture<'_, bool> {
+        let (owner, lease) = (self.owner.clone(), self.retention.lease_ms);
+        self.run(move |txn| {
+            let now = as_i64(claim.now_ms);
+            let abandoned = matches!(
+                key_record(txn, &claim.key, now - as_i64(lease))?,
+                Some((digest, KeyState::Running { abandoned: true, .. })) if digest == claim.params_digest
+            );
+            if !abandoned {
+                return Ok(false);
+            }
+            heartbeat(txn, &owner, now)?;
+            let (session, stream) = claim_stream(&claim);
+            execute(
+                txn,
+                "UPDATE keys SET owner = ?2, session = ?3, stream = ?4 WHERE key = ?1",
+                params![claim.key, owner, session, stream],
+            )
+            .map_err(backend)?;
+            Ok(true)
+        })
+    }
+
+    fn key_state(&self, key: &str, now_ms: u64) -> StoreFuture<'_, Option<KeyState>> {
+        let (key, lapsed) = (key.to_owned(), as_i64(now_ms) - as_i64(self.retention.lease_ms));
+        self.query(move |txn| Ok(key_record(txn, &key, lapsed)?.map(|(_, state)| state)))
+    }
+
+    fn finish_key(&self, key: &str, outcome: Bytes) -> StoreFuture<'_, ()> {
+        let (key, owner) = (key.to_owned(), self.owner.clone());
+        self.run(move |txn| {
+            execute(
+                txn,
+                "UPDATE keys SET outcome = ?3 WHERE key = ?1 AND owner = ?2 AND outcome IS NULL",
+                params![key, owner, &outcome[..]],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn counter_add(&self, key: &str, amount: i64, once: Option<&str>) -> StoreFuture<'_, i64> {
+        let (key, once) = (key.to_owned(), once.map(str::to_owned));
+        self.run(move |txn| {
+            if let Some(op) = &once {
+                let done: Option<i64> =
+                    query_row(txn, "SELECT value FROM counter_ops WHERE op = ?1", [op], |r| r.get(0))
+                        .optional()
+                        .map_err(backend)?;
+                if let Some(value) = done {
+                    return Ok(value);
+                }
+            }
+            let value: i64 = query_row(
                 txn,
                 "INSERT INTO counters (key, value) VALUES (?1, ?2) \
                  ON CONFLICT(key) DO UPDATE SET value = value + excluded.value RETURNING value",
                 params![key, amount],
                 |r| r.get(0),
             )
-            .map_err(backend)
+            .map_err(backend)?;
+            if let Some(op) = &once {
+                execute(txn, "INSERT INTO counter_ops (op, value) VALUES (?1, ?2)", params![op, value])
+                    .map_err(backend)?;
+            }
+            Ok(value)
         })
     }
 
@@ -728,11 +922,7 @@ impl Store for SqliteStore {
         let (retention, owner) = (self.retention, self.owner.clone());
         let swept = self.run(move |txn| {
             let now = as_i64(now_ms);
-            execute(txn,
-                "INSERT INTO owners (owner, heartbeat_ms) VALUES (?1, ?2) ON CONFLICT(owner) DO UPDATE SET heartbeat_ms = ?2",
-                params![owner, now],
-            )
-            .map_err(backend)?;
+            heartbeat(txn, &owner, now)?;
             // Requests of an owner that stopped heartbeating will never finish.
             let lapsed = now - as_i64(retention.lease_ms);
             let mut aborted = txn
@@ -774,6 +964,7 @@ impl Store for SqliteStore {
             )
             .map_err(backend)?;
             execute(txn, "DELETE FROM streams WHERE state != 0 AND ended_at_ms <= ?1", [cutoff]).map_err(backend)?;
+            forget_keys(txn, now, &retention)?;
             Ok((expired, aborted))
         });
         Box::pin(async move {

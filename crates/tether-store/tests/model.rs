@@ -217,7 +217,7 @@ async fn apply(store: &dyn Store, run: u64, op: &Op, payload: &Bytes) -> String 
             Ok(SessionStatus::Unknown) => "Unknown".into(),
             other => format!("{other:?}"),
         },
-        Op::Counter(k, n) => show(store.counter_add(&format!("r{run}k{k}"), i64::from(n)).await),
+        Op::Counter(k, n) => show(store.counter_add(&format!("r{run}k{k}"), i64::from(n), None).await),
     }
 }
 

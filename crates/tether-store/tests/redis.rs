@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tether_core::lineage::StreamState;
-use tether_store::{RedisStore, SessionRecord, Store};
+use tether_store::{Claim, KeyState, RedisStore, SessionRecord, Store};
 use tether_testkit::RedisServer;
 
 async fn fresh() -> (RedisServer, RedisStore) {
@@ -24,6 +24,7 @@ async fn two_replicas_share_sessions_history_and_live_events() {
     let a = RedisStore::open(&server.url, suite::retention(), "replica-a").await.expect("connect");
     let b = RedisStore::open(&server.url, suite::retention(), "replica-b").await.expect("connect");
     let (epoch, stream) = (suite::epoch('E'), suite::stream("g1"));
+    assert_eq!(a.records_id(), b.records_id(), "one set of idempotency records");
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("shared", epoch.clone(), 0) };
     a.create_session(record.clone()).await.expect("create on a");
     assert_eq!(b.create_session(record).await, Err(tether_store::StoreError::DuplicateSession));
@@ -58,4 +59,29 @@ async fn requests_of_a_replica_whose_lease_lapsed_are_aborted() {
     survivor.sweep(1_000 + lease + 1).await.expect("sweep");
     assert_eq!(state(survivor.stream_range("s", &running).await.expect("range")), Some(StreamState::Aborted));
     assert_eq!(state(survivor.stream_range("s", &other).await.expect("range")), Some(StreamState::Live));
+}
+
+#[tokio::test]
+async fn a_key_abandoned_by_a_dead_replica_is_reported_and_taken_over_once() {
+    let server = RedisServer::start().await;
+    let dead = RedisStore::open(&server.url, suite::retention(), "dead").await.expect("connect");
+    let a = RedisStore::open(&server.url, suite::retention(), "replica-a").await.expect("connect");
+    let b = RedisStore::open(&server.url, suite::retention(), "replica-b").await.expect("connect");
+    let lease = suite::retention().lease_ms;
+    assert_eq!(dead.claim_key(suite::claim("k", "d", 1_000)).await, Ok(Claim::Claimed));
+    drop(dead);
+    let running = |abandoned| KeyState::Running { stream: Some(("s".into(), suite::stream("r1"))), abandoned };
+    assert_eq!(a.key_state("k", 1_000 + lease).await, Ok(Some(running(false))));
+    assert_eq!(a.take_over_key(suite::claim("k", "d", 1_000 + lease)).await, Ok(false), "its lease still runs");
+    let later = 1_001 + lease;
+    assert_eq!(
+        b.claim_key(suite::claim("k", "d", later)).await,
+        Ok(Claim::Existing { same_params: true, state: running(true) })
+    );
+    assert_eq!(a.take_over_key(suite::claim("k", "d", later)).await, Ok(true));
+    assert_eq!(b.take_over_key(suite::claim("k", "d", later)).await, Ok(false), "one replica takes it over");
+    b.finish_key("k", Bytes::from_static(b"{\"result\":1}")).await.expect("finish");
+    assert_eq!(b.key_state("k", later).await, Ok(Some(running(false))), "only the owner records the outcome");
+    a.finish_key("k", Bytes::from_static(b"{\"result\":2}")).await.expect("finish");
+    assert_eq!(b.key_state("k", later).await, Ok(Some(KeyState::Finished(Bytes::from_static(b"{\"result\":2}")))));
 }

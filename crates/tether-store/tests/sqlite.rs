@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use bytes::Bytes;
 use tether_core::lineage::{Epoch, StreamName, StreamState};
 use tether_core::mcp::ProtocolVersion;
-use tether_store::{SessionRecord, SessionStatus, SqliteStore, Store};
+use tether_store::{Claim, KeyState, SessionRecord, SessionStatus, SqliteStore, Store};
 
 /// A directory of its own for every store a test opens.
 fn fresh_dir() -> PathBuf {
@@ -46,16 +46,19 @@ async fn everything_acknowledged_survives_a_reopen() {
     let dir = fresh_dir();
     let epoch = Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch");
     let stream = StreamName::parse("r1").expect("stream");
+    let records_id;
     {
         let store = open(&dir, "before");
+        records_id = store.records_id().to_owned();
         store.create_session(record("durable", &epoch)).await.expect("create");
         store.begin_request("durable", &epoch, "n:1", "digest", &stream).await.expect("begin");
         for i in 0..5 {
             store.append("durable", &epoch, &stream, Bytes::from(format!("event {i}")), i == 4).await.expect("append");
         }
-        store.counter_add("c", 7).await.expect("counter");
+        store.counter_add("c", 7, None).await.expect("counter");
     }
     let store = open(&dir, "after");
+    assert_eq!(store.records_id(), records_id, "idempotency records keep their name across restarts");
     let SessionStatus::Live(loaded) = store.session("durable", 0).await.expect("lookup") else {
         panic!("session lost")
     };
@@ -72,11 +75,10 @@ async fn everything_acknowledged_survives_a_reopen() {
 }
 
 #[tokio::test]
-async fn requests_of_a_process_whose_lease_lapsed_are_aborted() {
+async fn a_reopened_store_aborts_what_the_previous_process_left_running() {
     let dir = fresh_dir();
     let epoch = Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch");
     let (running, other) = (StreamName::parse("r1").expect("stream"), StreamName::parse("g1").expect("stream"));
-    let lease = suite::retention().lease_ms;
     {
         let dead = open(&dir, "dead");
         dead.sweep(1_000).await.expect("heartbeat");
@@ -86,14 +88,46 @@ async fn requests_of_a_process_whose_lease_lapsed_are_aborted() {
         dead.begin_request("s", &epoch, "n:1", "d", &running).await.expect("begin");
         dead.open_stream("s", &epoch, &other).await.expect("open");
         dead.append("s", &epoch, &running, Bytes::from_static(b"progress"), false).await.expect("append");
+        assert_eq!(dead.claim_key(suite::claim("k", "d", 1_000)).await, Ok(Claim::Claimed));
+        assert!(
+            SqliteStore::open(&dir, suite::retention(), "intruder").is_err(),
+            "a second process cannot open a directory in use"
+        );
     }
+    // Only one process opens the directory, so whoever had it before is gone: no lease to wait out.
     let survivor = open(&dir, "survivor");
-    survivor.sweep(1_000 + lease - 1).await.expect("sweep");
-    assert_eq!(survivor.stream_range("s", &running).await.expect("range").map(|r| r.state), Some(StreamState::Live));
-    survivor.sweep(1_000 + lease + 1).await.expect("sweep");
     let range = survivor.stream_range("s", &running).await.expect("range").expect("kept");
     assert_eq!((range.state, range.head), (StreamState::Aborted, 1), "the dead owner's request is aborted");
     let standalone = survivor.stream_range("s", &other).await.expect("range").expect("kept");
     assert_eq!(standalone.state, StreamState::Live, "only request streams have an owner that must finish them");
+    let abandoned = KeyState::Running { stream: Some(("s".into(), running.clone())), abandoned: true };
+    assert_eq!(survivor.key_state("k", 1_001).await, Ok(Some(abandoned)));
+    assert_eq!(survivor.take_over_key(suite::claim("k", "other", 1_001)).await, Ok(false), "only with the same params");
+    assert_eq!(survivor.take_over_key(suite::claim("k", "d", 1_001)).await, Ok(true));
+    assert_eq!(survivor.take_over_key(suite::claim("k", "d", 1_002)).await, Ok(false), "taken over once");
+    survivor.finish_key("k", Bytes::from_static(b"{}")).await.expect("finish");
+    assert_eq!(survivor.key_state("k", 1_003).await, Ok(Some(KeyState::Finished(Bytes::from_static(b"{}")))));
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[tokio::test]
+async fn requests_of_a_process_whose_lease_lapsed_are_aborted() {
+    let dir = fresh_dir();
+    let epoch = Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch");
+    let running = StreamName::parse("r1").expect("stream");
+    let lease = suite::retention().lease_ms;
+    let store = open(&dir, "alive");
+    store.sweep(1_000).await.expect("heartbeat");
+    store.create_session(SessionRecord { expires_at_ms: u64::MAX / 2, ..record("s", &epoch) }).await.expect("create");
+    store.begin_request("s", &epoch, "n:1", "d", &running).await.expect("begin");
+    store.sweep(1_000 + lease - 1).await.expect("sweep");
+    let state = |range: Option<tether_core::lineage::StreamRange>| range.map(|r| r.state);
+    assert_eq!(state(store.stream_range("s", &running).await.expect("range")), Some(StreamState::Live));
+    assert_eq!(store.claim_key(suite::claim("k", "d", 1_000)).await, Ok(Claim::Claimed));
+    assert!(matches!(store.key_state("k", 1_000 + lease).await, Ok(Some(KeyState::Running { abandoned: false, .. }))));
+    assert!(
+        matches!(store.key_state("k", 1_001 + lease).await, Ok(Some(KeyState::Running { abandoned: true, .. }))),
+        "a key whose owner stopped heartbeating is abandoned"
+    );
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }

@@ -1,6 +1,7 @@
-//! A loopback TCP proxy (and round-robin balancer) that cuts SSE responses after a random number of body bytes: the faults
-//! of a flaky network, placed anywhere inside a stream. Response heads and JSON answers pass
-//! untouched (a cut there leaves a request's outcome unknown, which is another test's subject).
+//! A loopback TCP proxy (and round-robin balancer) that cuts SSE responses after a random number
+//! of body bytes: the faults of a flaky network, placed anywhere inside a stream. Response heads
+//! pass untouched, and JSON answers too unless `cut_responses` is set (a cut there leaves a
+//! request's outcome unknown to the client).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,6 +18,9 @@ pub struct Proxy {
     pub cuts: Arc<AtomicU64>,
     /// Whether responses are being cut (off at start).
     pub cutting: Arc<AtomicBool>,
+    /// Whether non-SSE response bodies (JSON answers) are cut too (off at start): then the budget
+    /// counts every body byte the connection carries.
+    pub cut_responses: Arc<AtomicBool>,
     /// While set, the network is partitioned: new connections are dropped at once and open
     /// ones are cut at their next byte.
     pub partitioned: Arc<AtomicBool>,
@@ -56,7 +60,9 @@ pub async fn start(upstreams: Vec<SocketAddr>, seed: u64, min: u64, max: u64) ->
     let cuts = Arc::new(AtomicU64::new(0));
     let cutting = Arc::new(AtomicBool::new(false));
     let partitioned = Arc::new(AtomicBool::new(false));
+    let cut_responses = Arc::new(AtomicBool::new(false));
     let (c, on, cut_all) = (Arc::clone(&cuts), Arc::clone(&cutting), Arc::clone(&partitioned));
+    let any = Arc::clone(&cut_responses);
     let task = tokio::spawn(async move {
         let mut rng = Rng::new(seed);
         for turn in 0.. {
@@ -66,26 +72,33 @@ pub async fn start(upstreams: Vec<SocketAddr>, seed: u64, min: u64, max: u64) ->
             }
             let upstream = upstreams[turn % upstreams.len().max(1)];
             let budget = min + rng.below(max - min + 1);
-            let (cuts, cutting, partitioned) = (Arc::clone(&c), Arc::clone(&on), Arc::clone(&cut_all));
+            let faults = Faults {
+                cuts: Arc::clone(&c),
+                cutting: Arc::clone(&on),
+                partitioned: Arc::clone(&cut_all),
+                cut_responses: Arc::clone(&any),
+            };
             tokio::spawn(async move {
                 let Ok(server) = TcpStream::connect(upstream).await else { return };
                 let _ = client.set_nodelay(true);
                 let _ = server.set_nodelay(true);
-                relay(client, server, budget, cuts, cutting, partitioned).await;
+                relay(client, server, budget, faults).await;
             });
         }
     });
-    Proxy { addr, cuts, cutting, partitioned, task }
+    Proxy { addr, cuts, cutting, cut_responses, partitioned, task }
 }
 
-async fn relay(
-    client: TcpStream,
-    server: TcpStream,
-    budget: u64,
+/// The proxy's switches and counter, as one connection sees them.
+struct Faults {
     cuts: Arc<AtomicU64>,
     cutting: Arc<AtomicBool>,
     partitioned: Arc<AtomicBool>,
-) {
+    cut_responses: Arc<AtomicBool>,
+}
+
+async fn relay(client: TcpStream, server: TcpStream, budget: u64, faults: Faults) {
+    let Faults { cuts, cutting, partitioned, cut_responses } = faults;
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     let upstream = tokio::spawn(async move {
@@ -113,7 +126,7 @@ async fn relay(
                 if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
                     let is_sse =
                         String::from_utf8_lossy(&head[..end]).to_ascii_lowercase().contains("text/event-stream");
-                    if is_sse {
+                    if is_sse || cut_responses.load(Ordering::Relaxed) {
                         body = Some(0);
                         let already = (head.len() - end - 4) as u64;
                         if cutting.load(Ordering::Relaxed) && already > budget {

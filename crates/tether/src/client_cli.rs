@@ -69,6 +69,10 @@ pub struct CallArgs {
     /// The tool's arguments, as a JSON object.
     #[arg(long, default_value = "{}")]
     args: String,
+    /// Send the call without an idempotency key: if its outcome is lost, it is reported
+    /// unknown instead of being re-issued.
+    #[arg(long)]
+    no_idempotency_key: bool,
 }
 
 #[derive(Debug, Args)]
@@ -102,6 +106,10 @@ fn print_event(event: ClientEvent, args: &ClientArgs, messages: &mut u64) -> Opt
             }
         }
         ClientEvent::Reinitialized { session } => print(json!({"event": "reinitialized", "session": session})),
+        ClientEvent::Reissued { key, attempt, reason } => {
+            print(json!({"event": "reissued", "key": key, "attempt": attempt, "reason": reason}))
+        }
+        ClientEvent::Unkeyed { reason } => print(json!({"event": "unkeyed", "reason": reason})),
         ClientEvent::Closed { reason, fatal } => {
             eprintln!("{reason}");
             return Some(if fatal { ExitCode::FAILURE } else { ExitCode::SUCCESS });
@@ -142,7 +150,9 @@ pub async fn call(args: CallArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let (client, mut events) = match connect(args.client.config()).await {
+    let mut config = args.client.config();
+    config.idempotency_keys = !args.no_idempotency_key;
+    let (client, mut events) = match connect(config).await {
         Ok(connected) => connected,
         Err(code) => return code,
     };

@@ -62,6 +62,12 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer TOKEN` on every request.
     #[arg(long, env = "TETHER_AUTH_TOKEN")]
     auth_token: Option<String>,
+    /// How long the outcome of a request sent with an idempotency key is kept.
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    idempotency_ttl: Duration,
+    /// Do not offer exactly-once execution (`io.tether/idempotency`): keys are ignored.
+    #[arg(long)]
+    no_idempotency: bool,
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -71,8 +77,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_sessions: args.max_sessions,
         allowed_origins: args.allowed_origins,
         require_loopback_host: args.listen.ip().is_loopback(),
+        idempotency: !args.no_idempotency,
         ..ServerConfig::default()
     };
+    config.retention.idempotency_ms = u64::try_from(args.idempotency_ttl.as_millis()).unwrap_or(u64::MAX);
     config.retention.ended_stream_ms = u64::try_from(args.retention.as_millis()).unwrap_or(u64::MAX);
     config.retention.max_events_per_stream = args.max_events_per_stream;
     config.retention.tombstone_ms = config.retention.tombstone_ms.max(config.retention.ended_stream_ms);

@@ -48,8 +48,10 @@ async fn handle(shared: Arc<Shared>, request: axum::extract::Request) -> Result<
     let legacy = matches!(version, HeaderVersion::Absent | HeaderVersion::Legacy(_));
     match (parts.method.clone(), version) {
         // An unsupported version is answered the 2026-07-28 way, which needs the body.
-        (Method::POST, HeaderVersion::Modern) => modern::post(&shared, &parts.headers, body, None).await,
-        (Method::POST, HeaderVersion::Unsupported(v)) => modern::post(&shared, &parts.headers, body, Some(&v)).await,
+        (Method::POST, HeaderVersion::Modern) => modern::post(&shared, &parts.headers, body, principal, None).await,
+        (Method::POST, HeaderVersion::Unsupported(v)) => {
+            modern::post(&shared, &parts.headers, body, principal, Some(&v)).await
+        }
         (Method::POST, _) => post::post(&shared, &parts.headers, body, principal).await,
         (Method::GET | Method::DELETE, HeaderVersion::Unsupported(v)) => Err(guard::unsupported_version(&v)),
         // 2026-07-28 has no GET stream and no sessions to delete.

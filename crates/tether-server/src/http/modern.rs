@@ -37,6 +37,7 @@ pub(crate) async fn post(
     shared: &Arc<Shared>,
     headers: &HeaderMap,
     body: Body,
+    principal: Option<String>,
     unsupported: Option<&str>,
 ) -> Result<Response, Rejection> {
     guard::post_media(headers)?;
@@ -62,7 +63,7 @@ pub(crate) async fn post(
         let info = shared.handler.info();
         let mut result = json!({
             "supportedVersions": SUPPORTED_VERSIONS.map(ProtocolVersion::as_str),
-            "capabilities": modern_capabilities(info.capabilities),
+            "capabilities": modern_capabilities(shared, info.capabilities),
         });
         if let Some(instructions) = info.instructions {
             result["instructions"] = json!(instructions);
@@ -73,11 +74,13 @@ pub(crate) async fn post(
     }
     let (tx, rx) = mpsc::channel(DIRECT_BUFFER);
     let cancel = CancellationToken::new();
-    let first = dispatch::start_direct(shared, request, Output::Direct { tx }, cancel.clone());
+    let direct = dispatch::start_direct(shared, principal.as_deref(), request, Output::Direct { tx }, cancel.clone())
+        .await
+        .map_err(|r| r.with_id(Some(id)))?;
     // Until the response is handed over, dropping this future (the client went away) cancels
-    // the request; afterwards the response body holds the guard.
-    let guard = cancel.drop_guard();
-    match first.await {
+    // the request; afterwards the response body holds the guard. A keyed request runs on.
+    let guard = if direct.cancel_on_close { cancel.drop_guard() } else { CancellationToken::new().drop_guard() };
+    match direct.first.await {
         Ok(FirstOutput::Final(bytes)) => Ok(json_response(status_of(&bytes), bytes, [])),
         Ok(FirstOutput::Event) | Err(_) => Ok(sse::response(sse::direct_body(rx, guard, shared.config.keep_alive), [])),
     }
@@ -97,8 +100,11 @@ fn status_of(response: &[u8]) -> StatusCode {
 }
 
 /// The capabilities this era can honour: no subscriptions or list-change notifications (the
-/// stateless server keeps no subscription state).
-fn modern_capabilities(mut capabilities: Value) -> Value {
+/// stateless server keeps no subscription state); exactly-once execution if it is on.
+fn modern_capabilities(shared: &Shared, mut capabilities: Value) -> Value {
+    if shared.config.idempotency && capabilities.is_object() {
+        capabilities["experimental"][meta::IDEMPOTENCY_CAPABILITY] = crate::idempotency::capability(shared);
+    }
     if let Value::Object(map) = &mut capabilities {
         for capability in map.values_mut() {
             if let Value::Object(options) = capability {

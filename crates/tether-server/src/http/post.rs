@@ -61,9 +61,9 @@ pub(crate) async fn post(
         (_, 0) => Ok(accepted(headers)),
         (false, _) => {
             let Some(request) = requests.pop() else { return Ok(accepted(headers)) };
-            respond(shared, &runtime, request).await
+            respond(shared, &runtime, principal.as_deref(), request).await
         }
-        (true, _) => respond_batch(shared, &runtime, requests).await,
+        (true, _) => respond_batch(shared, &runtime, principal.as_deref(), requests).await,
     }
 }
 
@@ -108,6 +108,9 @@ async fn initialize(shared: &Arc<Shared>, request: Request, principal: Option<St
     }
     capabilities["logging"] = json!({});
     capabilities["experimental"][meta::LINEAGE_CAPABILITY] = json!({"version": 1, "epoch": record.epoch.as_str()});
+    if shared.config.idempotency {
+        capabilities["experimental"][meta::IDEMPOTENCY_CAPABILITY] = crate::idempotency::capability(shared);
+    }
     let mut result = json!({
         "protocolVersion": version.as_str(),
         "capabilities": capabilities,
@@ -148,7 +151,12 @@ async fn answer(shared: &Shared, runtime: &SessionRuntime, response: jsonrpc::Re
 
 /// Answers one request: inline for protocol methods, else JSON if its result came first, SSE
 /// if anything came before it.
-async fn respond(shared: &Arc<Shared>, runtime: &Arc<SessionRuntime>, request: Request) -> Result<Response, Rejection> {
+async fn respond(
+    shared: &Arc<Shared>,
+    runtime: &Arc<SessionRuntime>,
+    principal: Option<&str>,
+    request: Request,
+) -> Result<Response, Rejection> {
     let headers = session_headers(runtime);
     if let Some(outcome) = protocol_method(runtime, &request) {
         let body = Message::Response(jsonrpc::Response { id: Some(request.id), outcome }).to_vec();
@@ -156,7 +164,7 @@ async fn respond(shared: &Arc<Shared>, runtime: &Arc<SessionRuntime>, request: R
     }
     check_load(shared, runtime)?;
     let id = request.id.clone();
-    let stream = match dispatch::start_legacy(shared, runtime, request).await? {
+    let stream = match dispatch::start_legacy(shared, runtime, principal, request).await? {
         Started::Running { stream, first } => match first.await {
             Ok(FirstOutput::Final(bytes)) => return Ok(json_response(StatusCode::OK, bytes, headers)),
             Ok(FirstOutput::Event) | Err(_) => stream,
@@ -220,6 +228,7 @@ fn protocol_method(runtime: &SessionRuntime, request: &Request) -> Option<Result
 async fn respond_batch(
     shared: &Arc<Shared>,
     runtime: &Arc<SessionRuntime>,
+    principal: Option<&str>,
     requests: Vec<Request>,
 ) -> Result<Response, Rejection> {
     let mut responses = Vec::with_capacity(requests.len());
@@ -229,7 +238,7 @@ async fn respond_batch(
             responses.push(Message::Response(jsonrpc::Response { id: Some(id), outcome }));
             continue;
         }
-        let stream = match dispatch::start_legacy(shared, runtime, request).await? {
+        let stream = match dispatch::start_legacy(shared, runtime, principal, request).await? {
             Started::Running { stream, .. } | Started::Attach { stream } => stream,
             Started::Conflict(error) => {
                 responses.push(Message::Response(jsonrpc::Response::error(Some(id), error)));

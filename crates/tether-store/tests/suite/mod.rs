@@ -4,7 +4,9 @@
 use bytes::Bytes;
 use tether_core::lineage::{Epoch, StreamName, StreamState};
 use tether_core::mcp::ProtocolVersion;
-use tether_store::{BeginRequest, Retention, SessionEnd, SessionRecord, SessionStatus, Store, StoreError};
+use tether_store::{
+    BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, Store, StoreError,
+};
 
 pub const TTL: u64 = 1_000;
 
@@ -17,7 +19,14 @@ pub fn retention() -> Retention {
         max_bytes_per_session: 1_000,
         max_bytes_total: 1 << 20,
         lease_ms: 5_000,
+        idempotency_ms: 10_000,
+        max_idempotency_records: 3,
     }
+}
+
+/// A claim of `key` at `now`, running on stream `r1` of session `s`.
+pub fn claim(key: &str, digest: &str, now: u64) -> KeyClaim {
+    KeyClaim { key: key.into(), params_digest: digest.into(), stream: Some(("s".into(), stream("r1"))), now_ms: now }
 }
 
 pub fn epoch(tag: char) -> Epoch {
@@ -251,9 +260,63 @@ pub async fn standalone_stream_is_recorded_for_every_replica(store: &dyn Store) 
 
 pub async fn counters_add_and_read(store: &dyn Store) {
     assert_eq!(store.counter_get("k").await, Ok(0));
-    assert_eq!(store.counter_add("k", 2).await, Ok(2));
-    assert_eq!(store.counter_add("k", -5).await, Ok(-3));
+    assert_eq!(store.counter_add("k", 2, None).await, Ok(2));
+    assert_eq!(store.counter_add("k", -5, None).await, Ok(-3));
     assert_eq!(store.counter_get("k").await, Ok(-3));
+}
+
+pub async fn idempotency_keys_run_once_and_keep_their_outcome(store: &dyn Store) {
+    assert_eq!(store.key_state("k1", 100).await, Ok(None));
+    assert_eq!(store.claim_key(claim("k1", "d1", 100)).await, Ok(Claim::Claimed));
+    let running = KeyState::Running { stream: Some(("s".into(), stream("r1"))), abandoned: false };
+    assert_eq!(
+        store.claim_key(claim("k1", "d1", 101)).await,
+        Ok(Claim::Existing { same_params: true, state: running.clone() }),
+        "a second claim finds the running request, never runs it again"
+    );
+    assert_eq!(
+        store.claim_key(claim("k1", "other", 101)).await,
+        Ok(Claim::Existing { same_params: false, state: running.clone() })
+    );
+    assert_eq!(store.take_over_key(claim("k1", "d1", 102)).await, Ok(false), "a live owner keeps its request");
+    assert_eq!(store.key_state("k1", 102).await, Ok(Some(running)));
+    let outcome = Bytes::from_static(br#"{"result":{"value":1}}"#);
+    store.finish_key("k1", outcome.clone()).await.expect("finish");
+    store.finish_key("k1", Bytes::from_static(b"{}")).await.expect("finish again");
+    assert_eq!(store.key_state("k1", 103).await, Ok(Some(KeyState::Finished(outcome.clone()))), "first outcome kept");
+    assert_eq!(
+        store.claim_key(claim("k1", "d1", 104)).await,
+        Ok(Claim::Existing { same_params: true, state: KeyState::Finished(outcome) })
+    );
+    let stateless = KeyClaim { stream: None, ..claim("k2", "d2", 105) };
+    assert_eq!(store.claim_key(stateless.clone()).await, Ok(Claim::Claimed));
+    assert_eq!(store.key_state("k2", 105).await, Ok(Some(KeyState::Running { stream: None, abandoned: false })));
+}
+
+pub async fn counter_additions_under_a_key_apply_once(store: &dyn Store) {
+    assert_eq!(store.claim_key(claim("op", "d", 100)).await, Ok(Claim::Claimed));
+    assert_eq!(store.counter_add("c", 5, Some("op")).await, Ok(5));
+    assert_eq!(store.counter_add("c", 5, Some("op")).await, Ok(5), "the same addition again is not made");
+    assert_eq!(store.counter_add("c", 1, None).await, Ok(6));
+    assert_eq!(store.counter_get("c").await, Ok(6));
+}
+
+pub async fn idempotency_records_expire_and_are_bounded(store: &dyn Store) {
+    let r = retention();
+    for (i, key) in ["a", "b", "c", "d"].into_iter().enumerate() {
+        assert_eq!(store.claim_key(claim(key, "d", 1_000 + i as u64)).await, Ok(Claim::Claimed));
+    }
+    for key in ["b", "c", "d"] {
+        store.finish_key(key, Bytes::from_static(b"{}")).await.expect("finish");
+    }
+    store.sweep(1_010).await.expect("sweep");
+    let known = |key: &'static str| async move { store.key_state(key, 1_010).await.expect("state").is_some() };
+    assert!(known("a").await, "a running request is never forgotten for the count bound");
+    assert!(!known("b").await, "past the bound, the oldest finished record goes first");
+    assert!(known("c").await && known("d").await);
+    store.sweep(1_002 + r.idempotency_ms).await.expect("sweep");
+    assert!(!known("a").await && !known("c").await, "records past their time are forgotten");
+    assert!(known("d").await);
 }
 
 /// Declares one `#[tokio::test]` per suite case, each with a fresh store from `$make`; with
@@ -276,6 +339,9 @@ macro_rules! store_suite {
             watch_follows_the_head_and_closes_with_the_session,
             standalone_stream_is_recorded_for_every_replica,
             counters_add_and_read,
+            idempotency_keys_run_once_and_keep_their_outcome,
+            counter_additions_under_a_key_apply_once,
+            idempotency_records_expire_and_are_bounded,
         );
     };
     ($make:expr) => {

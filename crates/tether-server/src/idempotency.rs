@@ -1,0 +1,268 @@
+//! Exactly-once execution of requests that carry an idempotency key
+//! (`_meta["io.tether/idempotencyKey"]`, see docs/PROTOCOL.md).
+//!
+//! The key is claimed in the store before the request runs. A request whose key is known never
+//! runs again: it gets the recorded outcome, or attaches to the running original, or, if the
+//! original's process died mid-run, an explicit `request_aborted` error. What happens to a
+//! keyed request is decided here only ([`plan`]); the dispatcher carries the plan out.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tether_core::jsonrpc::{self, ErrorObject, Message, code};
+use tether_core::lineage::{Digest, StreamName, StreamState};
+use tether_core::mcp::{IdempotencyKey, meta, method};
+use tether_store::{Claim, KeyClaim, KeyState, Store, StoreError};
+
+use crate::context::Context;
+use crate::{Shared, now_ms};
+
+/// Events read per round trip while relaying another request's stream.
+const RELAY_BATCH: usize = 256;
+/// The longest pause between two looks at a running original's record.
+const MAX_POLL: Duration = Duration::from_millis(250);
+
+/// The value of the `io.tether/idempotency` capability: the version, and the name of the
+/// records keys are claimed in (see [`Store::records_id`]).
+pub(crate) fn capability(shared: &Shared) -> Value {
+    json!({"version": 1, "records": shared.store.records_id()})
+}
+
+/// A request's idempotency key, as the store records it.
+#[derive(Debug, Clone)]
+pub(crate) struct Keyed {
+    /// The principal and the key, digested: opaque, bounded, and one principal's keys never meet
+    /// another's.
+    pub name: String,
+    /// The digest of the method and the params without `_meta` (a re-send may carry another
+    /// progress token).
+    pub params_digest: String,
+}
+
+impl Keyed {
+    /// The key `params` carry, if the extension is on and they carry one; a malformed key is an
+    /// invalid-params error.
+    pub fn of(
+        shared: &Shared,
+        principal: Option<&str>,
+        method: &str,
+        params: &Value,
+    ) -> Result<Option<Keyed>, ErrorObject> {
+        if !shared.config.idempotency {
+            return Ok(None);
+        }
+        let Some(raw) = params.get("_meta").and_then(|m| m.get(meta::IDEMPOTENCY_KEY)) else { return Ok(None) };
+        let key = raw.as_str().and_then(|k| IdempotencyKey::parse(k).ok()).ok_or_else(|| {
+            ErrorObject::with_reason(
+                code::INVALID_PARAMS,
+                format!("_meta[{:?}] must be 1 to 128 printable ASCII characters", meta::IDEMPOTENCY_KEY),
+                "invalid_idempotency_key",
+            )
+        })?;
+        let principal = principal.unwrap_or_default();
+        let name = Digest::of(&format!("idempotency {} {principal}", principal.len()), key.as_str().as_bytes());
+        let mut bare = params.clone();
+        if let Value::Object(map) = &mut bare {
+            map.remove("_meta");
+        }
+        let params_digest = Digest::of(method, bare.to_string().as_bytes());
+        Ok(Some(Keyed { name: name.to_string(), params_digest: params_digest.to_string() }))
+    }
+
+    fn claim(&self, stream: Option<(String, StreamName)>) -> KeyClaim {
+        KeyClaim { key: self.name.clone(), params_digest: self.params_digest.clone(), stream, now_ms: now_ms() }
+    }
+}
+
+/// What a keyed request does.
+#[derive(Debug)]
+pub(crate) enum Plan {
+    /// Its key is new (or was taken over): run the handler and record the outcome.
+    Run,
+    /// Its key is known: answer from the original request.
+    Answer(Answer),
+}
+
+/// How a request whose key is known is answered, without running anything.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    /// The original finished: its recorded outcome.
+    Replay(Result<Value, ErrorObject>),
+    /// The original is running, or stopped: what remains of its stream, then its outcome.
+    Follow { session: String, stream: StreamName },
+    /// The original is running without a stream (2026-07-28): its outcome, once recorded.
+    Await,
+    /// This error.
+    Fail(ErrorObject),
+}
+
+/// Claims `keyed` for a request whose events go to `stream`, and decides what the request does.
+/// `resumable`: the handler keys its own effects, so running an abandoned request again applies
+/// nothing twice, and is better than an `aborted` answer.
+pub(crate) async fn plan(
+    store: &Arc<dyn Store>,
+    keyed: &Keyed,
+    stream: Option<(String, StreamName)>,
+    resumable: bool,
+) -> Result<Plan, StoreError> {
+    let claim = keyed.claim(stream);
+    let (same_params, state) = match store.claim_key(claim.clone()).await? {
+        Claim::Claimed => return Ok(Plan::Run),
+        Claim::Existing { same_params, state } => (same_params, state),
+    };
+    if !same_params {
+        return Ok(Plan::Answer(Answer::Fail(ErrorObject::with_reason(
+            code::INVALID_PARAMS,
+            "this idempotency key was used for a request with other params",
+            "idempotency_key_reused",
+        ))));
+    }
+    Ok(Plan::Answer(match state {
+        KeyState::Finished(outcome) => Answer::Replay(decode(&outcome)),
+        KeyState::Running { abandoned: true, .. } if resumable && store.take_over_key(claim).await? => {
+            return Ok(Plan::Run);
+        }
+        KeyState::Running { stream: Some((session, stream)), .. } => Answer::Follow { session, stream },
+        KeyState::Running { stream: None, abandoned: false } => Answer::Await,
+        KeyState::Running { stream: None, abandoned: true } => Answer::Fail(aborted()),
+    }))
+}
+
+/// Carries out `answer` for the request of `ctx`: its outcome is the original's.
+pub(crate) async fn answer(ctx: Context, keyed: Keyed, answer: Answer) -> Result<Value, ErrorObject> {
+    let store = Arc::clone(ctx.store());
+    match answer {
+        Answer::Replay(outcome) => outcome,
+        Answer::Fail(error) => Err(error),
+        Answer::Follow { session, stream } => match relay(&ctx, &store, &session, &stream).await {
+            Some(outcome) => outcome,
+            None => await_outcome(&store, &keyed.name).await,
+        },
+        Answer::Await => await_outcome(&store, &keyed.name).await,
+    }
+}
+
+/// Relays the notifications the original sends from now on, and returns its response if its
+/// stream carries it; `None` when the stream ended (or is gone) without one.
+async fn relay(
+    ctx: &Context,
+    store: &Arc<dyn Store>,
+    session: &str,
+    stream: &StreamName,
+) -> Option<Result<Value, ErrorObject>> {
+    let mut head = store.watch(session, stream).await.ok()?;
+    let range = store.stream_range(session, stream).await.ok()??;
+    if range.state != StreamState::Live {
+        // Finished, or its process stopped: its last event may be the response it recorded.
+        let last = store.read(session, stream, range.head.saturating_sub(1), 1).await.ok()?;
+        return match last.first().map(|event| jsonrpc::parse_message(&event.data)) {
+            Some(Ok(Message::Response(response))) => Some(response.outcome),
+            _ => None,
+        };
+    }
+    let mut cursor = range.head;
+    loop {
+        head.borrow_and_update();
+        // The range before the events: if it says the stream ended, all its events are readable.
+        let range = store.stream_range(session, stream).await.ok()??;
+        let events = store.read(session, stream, cursor, RELAY_BATCH).await.ok()?;
+        for event in &events {
+            cursor = event.seq;
+            match jsonrpc::parse_message(&event.data) {
+                Ok(Message::Response(response)) => return Some(response.outcome),
+                Ok(Message::Notification(notification)) => forward(ctx, notification).await,
+                // The original's requests to the client are answered on its own stream.
+                _ => {}
+            }
+        }
+        if events.is_empty() {
+            if range.state != StreamState::Live && cursor >= range.head {
+                return None;
+            }
+            head.changed().await.ok()?;
+        }
+    }
+}
+
+/// Sends the original's notification as this request's: progress carries this request's token
+/// (and is dropped if it asked for none).
+async fn forward(ctx: &Context, notification: jsonrpc::Notification) {
+    let mut params = notification.params.unwrap_or_else(|| json!({}));
+    if notification.method == method::PROGRESS {
+        let Some(token) = ctx.progress_token() else { return };
+        params["progressToken"] = token.clone();
+    }
+    if let Err(err) = ctx.notify(&notification.method, params).await {
+        tracing::debug!(%err, "relaying a notification of an attached request");
+    }
+}
+
+/// Waits until the original's record holds its outcome, or says its process died.
+async fn await_outcome(store: &Arc<dyn Store>, name: &str) -> Result<Value, ErrorObject> {
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match store.key_state(name, now_ms()).await {
+            Ok(Some(KeyState::Finished(outcome))) => return decode(&outcome),
+            Ok(Some(KeyState::Running { abandoned: true, .. })) => return Err(aborted()),
+            Ok(Some(KeyState::Running { abandoned: false, .. })) => {}
+            Ok(None) => {
+                return Err(ErrorObject::with_reason(
+                    code::INTERNAL_ERROR,
+                    "the record of this idempotency key was forgotten while its request ran",
+                    "idempotency_record_lost",
+                ));
+            }
+            Err(err) => return Err(ErrorObject::with_reason(code::INTERNAL_ERROR, err.to_string(), "store_failed")),
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(MAX_POLL);
+    }
+}
+
+/// The answer for a key whose request's process stopped before it finished.
+pub(crate) fn aborted() -> ErrorObject {
+    ErrorObject::with_reason(
+        -32000,
+        "the server running this request stopped before it finished; it may have partly run",
+        "request_aborted",
+    )
+}
+
+/// The outcome recorded for a keyed request that was cancelled.
+pub(crate) fn cancelled() -> ErrorObject {
+    ErrorObject::with_reason(
+        -32000,
+        "the request was cancelled before it finished; it may have partly run",
+        "request_cancelled",
+    )
+}
+
+/// An outcome as the store records it: a JSON-RPC response with id 0, so the message codec
+/// reads it back.
+pub(crate) fn encode(outcome: &Result<Value, ErrorObject>) -> Bytes {
+    let response = jsonrpc::Response { id: Some(jsonrpc::RequestId::Number(0)), outcome: outcome.clone() };
+    Bytes::from(Message::Response(response).to_vec())
+}
+
+fn decode(bytes: &[u8]) -> Result<Value, ErrorObject> {
+    match jsonrpc::parse_message(bytes) {
+        Ok(Message::Response(response)) => response.outcome,
+        _ => Err(ErrorObject::with_reason(code::INTERNAL_ERROR, "the recorded outcome is unreadable", "store_failed")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_round_trip_through_their_record() {
+        let result = Ok(json!({"content": [], "structuredContent": {"value": 3}}));
+        assert_eq!(decode(&encode(&result)), result);
+        let error = Err(aborted());
+        assert_eq!(decode(&encode(&error)), error);
+        assert_eq!(decode(b"{}").map_err(|e| e.reason().map(str::to_owned)), Err(Some("store_failed".into())));
+    }
+}
