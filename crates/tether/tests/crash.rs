@@ -113,3 +113,23 @@ fn kill_9_during_a_broadcast_loses_and_duplicates_nothing_on_the_standalone_stre
     assert!(after[first_new..].starts_with(&[1, 2, 3]), "{after:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_keyed_call_is_not_reissued_to_a_restarted_memory_server_whose_records_are_new() {
+    let dir = temp_dir("crash-memory");
+    let port = free_port();
+    let memory = ["--store", "memory", "--sse-retry", "50ms"];
+    let (mut server, url) = serve(port, &dir, &memory);
+    let call = tether(&["call", &url, "count", "--args", r#"{"to": 100000, "interval_ms": 5}"#]);
+    for _ in 0..5 {
+        call.line(Duration::from_secs(10)).expect("notifications before the crash");
+    }
+    server.kill9();
+    let (_server, _) = serve(port, &dir, &memory);
+    let lines = parse(&call.rest(Duration::from_secs(60)));
+    // The new process's records never saw the key: a re-issue there would run the call again.
+    assert!(lines.iter().any(|l| l["event"] == "reinitialized"), "{lines:?}");
+    assert!(!lines.iter().any(|l| l["event"] == "reissued"), "{lines:?}");
+    assert_eq!(lines.last().map(|l| l["event"].clone()), Some(json!("outcome_unknown")), "{lines:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

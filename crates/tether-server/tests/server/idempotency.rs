@@ -1,0 +1,170 @@
+//! The `io.tether/idempotency` extension: a request carrying a key runs at most once, in any
+//! session and in both eras, and a re-send gets the first one's outcome.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tether_server::{Builder, Context, Handler, HandlerFuture, ServerConfig, ServerInfo};
+
+use crate::common::*;
+
+const KEY: &str = "6f1c8a4e-1d2b-4c3a-9e8f-0a1b2c3d4e5f";
+
+/// One tool, `slow`: counts its runs, sends `steps` progress notifications 50 ms apart, and
+/// returns how many times it ran so far.
+struct Slow(Arc<AtomicUsize>);
+
+impl Handler for Slow {
+    fn info(&self) -> ServerInfo {
+        ServerInfo { name: "slow".into(), version: "1".into(), instructions: None, capabilities: json!({"tools": {}}) }
+    }
+
+    fn call(&self, ctx: Context, _method: String, params: Value) -> HandlerFuture {
+        let runs = Arc::clone(&self.0);
+        Box::pin(async move {
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            let steps = params["arguments"]["steps"].as_u64().unwrap_or(0);
+            for step in 1..=steps {
+                let _ = ctx.progress(step as f64, Some(steps as f64), None).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Ok(json!({"content": [], "structuredContent": {"run": run}}))
+        })
+    }
+}
+
+fn keyed(name: &str, arguments: Value, key: &str, token: Option<&str>) -> Value {
+    let mut meta = json!({"io.tether/idempotencyKey": key});
+    if let Some(token) = token {
+        meta["progressToken"] = json!(token);
+    }
+    json!({"name": name, "arguments": arguments, "_meta": meta})
+}
+
+async fn call(client: &Client, session: &Session, id: i64, params: Value) -> reqwest::Response {
+    client.post(Some(session), &request(json!(id), "tools/call", params)).send().await.expect("tools/call")
+}
+
+async fn counter(client: &Client, session: &Session) -> i64 {
+    let response = client.call(session, json!(99), "counter_get", json!({"key": "k"})).await;
+    json_body(response).await["result"]["structuredContent"]["value"].as_i64().expect("counter value")
+}
+
+#[tokio::test]
+async fn a_known_key_is_answered_from_its_record_in_any_session() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let first = client.initialize("2025-11-25").await;
+    let add = keyed("counter_add", json!({"key": "k", "amount": 5}), KEY, None);
+    let answered = json_body(call(&client, &first, 1, add.clone()).await).await;
+    assert_eq!(answered["result"]["structuredContent"]["value"], 5);
+    // A new session (the client re-initialized after a divergence) re-sends it under a new id.
+    let second = client.initialize("2025-11-25").await;
+    let again = json_body(call(&client, &second, 7, add).await).await;
+    assert_eq!(again["id"], 7);
+    assert_eq!(again["result"], answered["result"], "the recorded outcome, not a second run");
+    assert_eq!(counter(&client, &second).await, 5);
+}
+
+#[tokio::test]
+async fn the_capability_names_the_records_and_is_absent_when_off() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let body = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    let offered = json_body(client.post(None, &body).send().await.expect("initialize")).await;
+    let capability = &offered["result"]["capabilities"]["experimental"]["io.tether/idempotency"];
+    assert_eq!(capability["version"], 1);
+    assert!(capability["records"].as_str().is_some_and(|r| !r.is_empty()), "{capability}");
+
+    let off = start(ServerConfig { idempotency: false, ..config() }).await;
+    let client = Client::new(&off);
+    let plain = json_body(client.post(None, &body).send().await.expect("initialize")).await;
+    assert!(plain["result"]["capabilities"]["experimental"].get("io.tether/idempotency").is_none());
+    let session = client.initialize("2025-11-25").await;
+    let add = keyed("counter_add", json!({"key": "k", "amount": 1}), KEY, None);
+    call(&client, &session, 1, add.clone()).await;
+    call(&client, &session, 2, add).await;
+    assert_eq!(counter(&client, &session).await, 2, "without the extension a key means nothing");
+}
+
+#[tokio::test]
+async fn a_key_reused_with_other_params_or_malformed_is_invalid_params() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    call(&client, &session, 1, keyed("counter_add", json!({"key": "k", "amount": 1}), KEY, None)).await;
+    let other =
+        json_body(call(&client, &session, 2, keyed("counter_add", json!({"key": "k", "amount": 2}), KEY, None)).await)
+            .await;
+    assert_eq!(
+        (other["error"]["code"].as_i64(), other["error"]["data"]["reason"].as_str()),
+        (Some(-32602), Some("idempotency_key_reused"))
+    );
+    // Another progress token is not other params.
+    let token = json_body(
+        call(&client, &session, 3, keyed("counter_add", json!({"key": "k", "amount": 1}), KEY, Some("t"))).await,
+    )
+    .await;
+    assert_eq!(token["result"]["structuredContent"]["value"], 1);
+    for bad in ["", "has space", &"k".repeat(129)] {
+        let malformed = json_body(
+            call(&client, &session, 4, keyed("counter_add", json!({"key": "k", "amount": 1}), bad, None)).await,
+        )
+        .await;
+        assert_eq!(malformed["error"]["data"]["reason"], "invalid_idempotency_key", "{bad:?}");
+    }
+    assert_eq!(counter(&client, &session).await, 1);
+}
+
+#[tokio::test]
+async fn a_resend_while_the_original_runs_attaches_to_it() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let server = start_with(Builder::new(Slow(Arc::clone(&runs))).config(config())).await;
+    let client = Client::new(&server);
+    let (a, b) = (client.initialize("2025-11-25").await, client.initialize("2025-11-25").await);
+    let mut original = call(&client, &a, 1, keyed("slow", json!({"steps": 8}), KEY, Some("first"))).await;
+    let first = messages(&events(&mut original, 3).await);
+    assert_eq!(first.last().expect("progress")["params"]["progress"], 2.0);
+    let mut attached = call(&client, &b, 2, keyed("slow", json!({"steps": 8}), KEY, Some("second"))).await;
+    let (events, ended) = drain(&mut attached).await;
+    assert!(ended);
+    let relayed = messages(&events);
+    let (progress, response) = relayed.split_at(relayed.len() - 1);
+    assert!(!progress.is_empty() && progress.iter().all(|p| p["params"]["progressToken"] == "second"), "{relayed:?}");
+    let steps: Vec<f64> = progress.iter().filter_map(|p| p["params"]["progress"].as_f64()).collect();
+    assert!(steps.windows(2).all(|w| w[0] < w[1]) && steps[0] > 2.0 && steps.last() == Some(&8.0), "{steps:?}");
+    assert_eq!((response[0]["id"].as_i64(), &response[0]["result"]["structuredContent"]["run"]), (Some(2), &json!(1)));
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "attached, not run again");
+}
+
+#[tokio::test]
+async fn a_keyed_2026_request_runs_on_when_its_stream_closes_and_a_resend_gets_the_outcome() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let server = start_with(Builder::new(Slow(Arc::clone(&runs))).config(config())).await;
+    let client = Client::new(&server);
+    let send = |id: i64| {
+        let mut params = keyed("slow", json!({"steps": 4}), KEY, Some("p"));
+        params["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
+        params["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({});
+        client
+            .http
+            .post(&client.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "slow")
+            .body(request(json!(id), "tools/call", params).to_string())
+            .send()
+    };
+    let mut dropped = send(1).await.expect("send");
+    assert_eq!(events(&mut dropped, 1).await.len(), 1);
+    drop(dropped);
+    // Without a stream of its own the original's outcome is waited for, then answered as JSON.
+    let answer = json_body(send(2).await.expect("send")).await;
+    assert_eq!((answer["id"].as_i64(), &answer["result"]["structuredContent"]["run"]), (Some(2), &json!(1)));
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "a closed stream does not cancel a keyed request");
+}
