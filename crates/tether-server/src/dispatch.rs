@@ -133,8 +133,9 @@ pub(crate) async fn start_legacy(
     };
     let runtime = Arc::clone(runtime);
     let shared = Arc::clone(shared);
+    let request = Request { params: Some(params), ..request };
     tokio::spawn(async move {
-        run(&shared, ctx, request.id, request.method, params, job, cancel, None).await;
+        run(&shared, ctx, request, job, cancel, None).await;
         runtime.finish_request(&key);
     });
     Ok(Started::Running { stream, first })
@@ -209,8 +210,9 @@ pub(crate) async fn start_direct(
     let info = shared.handler.info();
     let server_info = json!({"name": info.name, "version": info.version});
     let shared = Arc::clone(shared);
+    let request = Request { params: Some(params), ..request };
     tokio::spawn(async move {
-        run(&shared, ctx, request.id, request.method, params, job, cancel, Some(server_info)).await;
+        run(&shared, ctx, request, job, cancel, Some(server_info)).await;
     });
     Ok(Direct { first, cancel_on_close })
 }
@@ -218,17 +220,18 @@ pub(crate) async fn start_direct(
 /// How long a cancelled handler may run on before it is aborted.
 const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
-#[allow(clippy::too_many_arguments)]
+/// Runs `job` for `request` (whose params are set) and sends its outcome, recording it under the
+/// request's key if it ran.
 async fn run(
     shared: &Shared,
     ctx: Context,
-    id: RequestId,
-    method: String,
-    params: Value,
+    request: Request,
     job: Job,
     cancel: CancellationToken,
     modern_server_info: Option<Value>,
 ) {
+    let Request { id, method, params } = request;
+    let params = params.unwrap_or_default();
     let (work, record): (crate::HandlerFuture, Option<Keyed>) = match job {
         Job::Run(keyed) => (shared.handler.call(ctx.clone(), method.clone(), params), keyed),
         Job::Answer(answer, keyed) => (Box::pin(idempotency::answer(ctx.clone(), keyed, answer)), None),
