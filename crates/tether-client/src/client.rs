@@ -189,6 +189,7 @@ impl Inner {
             return;
         }
         tracing::info!(kind, %detail, "divergence; re-initializing");
+        metrics::counter!("tether_client_divergences_total", "kind" => kind).increment(1);
         self.emit(ClientEvent::Divergence { kind, detail: detail.clone() });
         self.reinitialize(generation, &format!("the session diverged ({kind})")).await;
     }
@@ -215,6 +216,7 @@ impl Inner {
         }
         match self.initialize().await {
             Ok(session) => {
+                metrics::counter!("tether_client_reinitializations_total").increment(1);
                 self.emit(ClientEvent::Reinitialized { session });
                 let (standalone, generation) = {
                     let state = self.state();
@@ -574,6 +576,7 @@ impl Client {
                 return outcome;
             }
             attempt += 1;
+            metrics::counter!("tether_client_reissues_total").increment(1);
             self.inner.emit(ClientEvent::Reissued { key: key.to_string(), attempt, reason });
         }
     }

@@ -133,6 +133,8 @@ async fn write_output(
         let last = batch.iter().any(|w| w.last);
         // A lone final response, before anything else was written, is answered as JSON.
         let only_response = (last && events.len() == 1).then(|| events[0].clone());
+        let count = events.len();
+        let started = std::time::Instant::now();
         let outcome = match &failed {
             Some(err) => Err(err.clone()),
             None if events.is_empty() => Ok(()),
@@ -142,6 +144,10 @@ async fn write_output(
                 .map(drop)
                 .map_err(ContextError::from),
         };
+        if outcome.is_ok() && count > 0 {
+            crate::telemetry::store_latency("append", started.elapsed());
+            crate::telemetry::events_appended(count);
+        }
         if outcome.is_ok() && batch.iter().any(|w| w.bytes.is_some()) {
             signal_first(&first_output, || only_response.map_or(FirstOutput::Event, FirstOutput::Final));
         }
@@ -214,6 +220,14 @@ impl Context {
     pub fn session_id(&self) -> Option<&str> {
         match &self.shared.output {
             Output::Stored { runtime, .. } => Some(&runtime.id),
+            Output::Direct { .. } => None,
+        }
+    }
+
+    /// The session stream the request's output goes to, in a legacy session.
+    pub(crate) fn stream(&self) -> Option<&tether_core::lineage::StreamName> {
+        match &self.shared.output {
+            Output::Stored { stream, .. } => Some(stream),
             Output::Direct { .. } => None,
         }
     }
@@ -316,6 +330,7 @@ impl Context {
         let Some(stream) = store.standalone_stream(&runtime.id).await? else { return Ok(false) };
         let message = Message::Notification(Notification { method: method.to_owned(), params: Some(params) });
         store.append(&runtime.id, &runtime.epoch, &stream, Bytes::from(message.to_vec()), false).await?;
+        crate::telemetry::events_appended(1);
         Ok(true)
     }
 
@@ -338,6 +353,7 @@ impl Context {
         });
         // Concurrently, so a durable store commits them together.
         let reached = futures_util::future::join_all(sends).await.into_iter().filter(|sent| *sent).count();
+        crate::telemetry::events_appended(reached);
         Ok(reached)
     }
 

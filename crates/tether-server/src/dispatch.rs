@@ -11,6 +11,7 @@ use tether_core::mcp;
 use tether_store::BeginRequest;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::Shared;
 use crate::context::{Context, FirstOutput, Output, RequestMeta};
@@ -232,55 +233,66 @@ async fn run(
 ) {
     let Request { id, method, params } = request;
     let params = params.unwrap_or_default();
-    let (work, record): (crate::HandlerFuture, Option<Keyed>) = match job {
-        Job::Run(keyed) => (shared.handler.call(ctx.clone(), method.clone(), params), keyed),
-        Job::Answer(answer, keyed) => (Box::pin(idempotency::answer(ctx.clone(), keyed, answer)), None),
-    };
-    let mut task = tokio::spawn(work);
-    let joined = tokio::select! {
-        joined = &mut task => Some(joined),
-        () = cancel.cancelled() => None,
-    };
-    let outcome = match joined {
-        Some(Ok(outcome)) => Some(outcome),
-        Some(Err(err)) if err.is_panic() => {
-            tracing::error!("handler panicked");
-            Some(Err(rpc_error(code::INTERNAL_ERROR, "handler_panicked", "the handler failed")))
-        }
-        Some(Err(_)) => None,
-        None => {
-            // Give the handler a moment to notice the cancellation and clean up; nothing it
-            // sends from now on is delivered.
-            tokio::spawn(async move {
-                if tokio::time::timeout(CANCEL_GRACE, &mut task).await.is_err() {
-                    task.abort();
+    let span = tracing::info_span!(
+        "mcp",
+        %method,
+        request = %id,
+        session = ctx.session_id().unwrap_or_default(),
+        stream = ctx.stream().map(StreamName::as_str).unwrap_or_default(),
+    );
+    async move {
+        let (work, record): (crate::HandlerFuture, Option<Keyed>) = match job {
+            Job::Run(keyed) => (shared.handler.call(ctx.clone(), method.clone(), params), keyed),
+            Job::Answer(answer, keyed) => (Box::pin(idempotency::answer(ctx.clone(), keyed, answer)), None),
+        };
+        let mut task = tokio::spawn(work.in_current_span());
+        let joined = tokio::select! {
+            joined = &mut task => Some(joined),
+            () = cancel.cancelled() => None,
+        };
+        let outcome = match joined {
+            Some(Ok(outcome)) => Some(outcome),
+            Some(Err(err)) if err.is_panic() => {
+                tracing::error!("handler panicked");
+                Some(Err(rpc_error(code::INTERNAL_ERROR, "handler_panicked", "the handler failed")))
+            }
+            Some(Err(_)) => None,
+            None => {
+                // Give the handler a moment to notice the cancellation and clean up; nothing it
+                // sends from now on is delivered.
+                tokio::spawn(async move {
+                    if tokio::time::timeout(CANCEL_GRACE, &mut task).await.is_err() {
+                        task.abort();
+                    }
+                });
+                None
+            }
+        };
+        // The outcome under the key is recorded after the response is durable on the request's
+        // stream: a process that dies in between leaves the response there for the next claimant.
+        let recorded = match outcome {
+            Some(mut outcome) => {
+                if let (Some(info), Ok(result)) = (&modern_server_info, &mut outcome) {
+                    decorate_modern(&method, result, info);
                 }
-            });
-            None
-        }
-    };
-    // The outcome under the key is recorded after the response is durable on the request's
-    // stream: a process that dies in between leaves the response there for the next claimant.
-    let recorded = match outcome {
-        Some(mut outcome) => {
-            if let (Some(info), Ok(result)) = (&modern_server_info, &mut outcome) {
-                decorate_modern(&method, result, info);
+                if let Err(err) = ctx.respond(id, outcome.clone()).await {
+                    tracing::debug!(%err, "final response not delivered");
+                }
+                outcome
             }
-            if let Err(err) = ctx.respond(id, outcome.clone()).await {
-                tracing::debug!(%err, "final response not delivered");
+            None => {
+                ctx.end_without_response().await;
+                Err(idempotency::cancelled())
             }
-            outcome
+        };
+        if let Some(keyed) = record
+            && let Err(err) = shared.store.finish_key(&keyed.name, idempotency::encode(&recorded)).await
+        {
+            tracing::warn!(%err, "could not record a keyed request's outcome");
         }
-        None => {
-            ctx.end_without_response().await;
-            Err(idempotency::cancelled())
-        }
-    };
-    if let Some(keyed) = record
-        && let Err(err) = shared.store.finish_key(&keyed.name, idempotency::encode(&recorded)).await
-    {
-        tracing::warn!(%err, "could not record a keyed request's outcome");
     }
+    .instrument(span)
+    .await
 }
 
 #[cfg(test)]

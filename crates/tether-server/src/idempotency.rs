@@ -108,7 +108,10 @@ pub(crate) async fn plan(
     resumable: bool,
 ) -> Result<Plan, StoreError> {
     let claim = keyed.claim(stream);
-    let (same_params, state) = match store.claim_key(claim.clone()).await? {
+    let started = std::time::Instant::now();
+    let claimed = store.claim_key(claim.clone()).await?;
+    crate::telemetry::store_latency("claim_key", started.elapsed());
+    let (same_params, state) = match claimed {
         Claim::Claimed => return Ok(Plan::Run),
         Claim::Existing { same_params, state } => (same_params, state),
     };

@@ -25,6 +25,7 @@ mod http;
 mod idempotency;
 mod ids;
 mod session;
+mod telemetry;
 pub mod tools;
 
 use std::sync::{Arc, Weak};
@@ -220,12 +221,16 @@ async fn sweep(shared: Weak<Shared>) {
         }
         match shared.store.sweep(now).await {
             Ok(expired) => {
-                for id in expired {
+                for id in &expired {
                     tracing::debug!(session = %id, "session expired");
-                    shared.sessions.remove(&id);
+                    shared.sessions.remove(id);
                 }
+                telemetry::sessions_expired(expired.len(), shared.sessions.len());
             }
             Err(err) => tracing::warn!(%err, "store sweep failed"),
+        }
+        if let Ok(Some(bytes)) = shared.store.retained_bytes().await {
+            telemetry::bytes_retained(bytes);
         }
     }
 }

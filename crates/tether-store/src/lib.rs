@@ -191,6 +191,10 @@ pub trait Store: Send + Sync + 'static {
     /// `{"error": …}`). A key another process took over meanwhile is left alone.
     fn finish_key(&self, key: &str, outcome: Bytes) -> StoreFuture<'_, ()>;
 
+    /// Event bytes retained for live sessions, if the backend keeps the sum (Redis spreads it
+    /// over every session's hash and answers `None`).
+    fn retained_bytes(&self) -> StoreFuture<'_, Option<u64>>;
+
     /// Adds `amount` to counter `key` and returns the new value. With `once` (the idempotency key
     /// of the request adding), an addition already made under that key is not made again: its
     /// resulting value is returned. It is remembered at least as long as the key's record.

@@ -360,6 +360,10 @@ impl Store for MemoryStore {
         ready(Ok(()))
     }
 
+    fn retained_bytes(&self) -> StoreFuture<'_, Option<u64>> {
+        ready(Ok(Some(self.lock().total_bytes as u64)))
+    }
+
     fn counter_add(&self, key: &str, amount: i64, once: Option<&str>) -> StoreFuture<'_, i64> {
         let mut inner = self.lock();
         if let Some(value) = once.and_then(|op| inner.counter_ops.get(op)) {

@@ -829,6 +829,10 @@ impl Store for RedisStore {
         })
     }
 
+    fn retained_bytes(&self) -> StoreFuture<'_, Option<u64>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
     fn counter_add(&self, key: &str, amount: i64, once: Option<&str>) -> StoreFuture<'_, i64> {
         let (key, once) = (key.to_owned(), once.map(str::to_owned));
         Box::pin(async move {

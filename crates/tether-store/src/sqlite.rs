@@ -880,6 +880,16 @@ impl Store for SqliteStore {
         })
     }
 
+    fn retained_bytes(&self) -> StoreFuture<'_, Option<u64>> {
+        self.query(|txn| {
+            query_row(txn, "SELECT COALESCE(SUM(bytes), 0) FROM sessions WHERE ended IS NULL", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map(|bytes| Some(as_u64(bytes)))
+            .map_err(backend)
+        })
+    }
+
     fn counter_add(&self, key: &str, amount: i64, once: Option<&str>) -> StoreFuture<'_, i64> {
         let (key, once) = (key.to_owned(), once.map(str::to_owned));
         self.run(move |txn| {

@@ -7,7 +7,7 @@ mod serve;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 /// MCP Streamable HTTP where resuming a stream is a correctness guarantee.
 #[derive(Debug, Parser)]
@@ -15,6 +15,18 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines on stderr are written (levels and targets from `RUST_LOG`, default `warn`).
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+/// The shape of log lines.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, with the fields of the enclosing spans (session, stream, request).
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -35,10 +47,13 @@ enum Command {
 
 fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().with_current_span(false).with_span_list(true).init(),
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve::run(args)).map(|()| ExitCode::SUCCESS),

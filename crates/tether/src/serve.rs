@@ -68,6 +68,46 @@ pub struct ServeArgs {
     /// Do not offer exactly-once execution (`io.tether/idempotency`): keys are ignored.
     #[arg(long)]
     no_idempotency: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+}
+
+/// Installs the Prometheus recorder behind the libraries' `metrics` calls and serves its text at
+/// `/metrics` on `addr`; returns the bound address.
+async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
+    // Store latencies as histograms (Prometheus can aggregate those across replicas), from 100 µs
+    // to 1 s.
+    let buckets = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Full("tether_store_seconds".into()), &buckets)
+        .context("metric buckets")?
+        .install_recorder()
+        .context("installing the metrics recorder")?;
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+    let bound = listener.local_addr()?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        // Histograms are compacted here rather than on every scrape.
+        let mut ticker = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            ticker.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let handle = handle.clone();
+            async move { handle.render() }
+        }),
+    );
+    tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, app).await {
+            eprintln!("tether serve: the metrics endpoint stopped: {err}");
+        }
+    });
+    Ok(bound)
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -110,6 +150,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     let local = listener.local_addr()?;
     println!("listening on http://{local}{}", args.path);
+    if let Some(addr) = args.metrics {
+        let scrape = serve_metrics(addr).await?;
+        println!("metrics on http://{scrape}/metrics");
+    }
     let app = server.router(&args.path);
     tokio::select! {
         served = tether_server::serve(listener, app) => served.context("serving"),

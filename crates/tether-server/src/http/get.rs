@@ -44,8 +44,16 @@ async fn standalone(shared: &Arc<Shared>, headers: &HeaderMap, principal: Option
     store.set_standalone_stream(&runtime.id, &runtime.epoch, &stream).await.map_err(|e| crate::store_rejection(&e))?;
     let prelude = if runtime.version.primes_streams() { Prelude::Priming } else { Prelude::None };
     let headers = session_headers(&runtime);
-    let connection =
-        Connection { shared: Arc::clone(shared), runtime, stream, cursor: 0, prelude, follow: true, attachment };
+    let connection = Connection {
+        shared: Arc::clone(shared),
+        runtime,
+        stream,
+        cursor: 0,
+        prelude,
+        follow: true,
+        resumed: false,
+        attachment,
+    };
     Ok(sse::response(connection.into_body(), headers))
 }
 
@@ -72,6 +80,7 @@ async fn resume(
         _ => None,
     };
     let decision = decide_resume(status.lookup(), &cursor, range, now);
+    crate::telemetry::resume(&decision);
     let SessionStatus::Live(record) = status else {
         return Err(match decision {
             ServerDecision::SessionInvalid(reason) => Rejection::session_invalid(reason),
@@ -112,6 +121,7 @@ async fn resume(
         cursor: cursor_seq,
         prelude,
         follow: then == Then::FollowLive,
+        resumed: true,
         attachment,
     };
     Ok(sse::response(connection.into_body(), headers))

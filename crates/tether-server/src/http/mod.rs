@@ -20,6 +20,7 @@ use http::{HeaderMap, Method, StatusCode};
 use tether_core::lineage::{InvalidReason, check_session};
 use tether_core::mcp::header;
 use tether_store::{SessionRecord, SessionStatus, StoreError};
+use tracing::Instrument as _;
 
 use crate::Shared;
 use crate::session::SessionRuntime;
@@ -32,11 +33,13 @@ pub(crate) fn router(path: &str, shared: Arc<Shared>) -> Router {
 
 async fn endpoint(State(shared): State<Arc<Shared>>, request: axum::extract::Request) -> Response {
     let method = request.method().clone();
-    let response = match handle(shared, request).await {
+    let session = request.headers().get(header::SESSION_ID).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let span = tracing::info_span!("http", %method, session);
+    let response = match handle(shared, request).instrument(span.clone()).await {
         Ok(response) => response,
         Err(rejection) => rejection.into_response(),
     };
-    tracing::debug!(%method, status = %response.status(), "mcp request");
+    span.in_scope(|| tracing::debug!(status = %response.status(), "answered"));
     response
 }
 

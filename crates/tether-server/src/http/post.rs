@@ -101,6 +101,7 @@ async fn initialize(shared: &Arc<Shared>, request: Request, principal: Option<St
     };
     shared.store.create_session(record.clone()).await.map_err(|e| crate::store_rejection(&e))?;
     let runtime = shared.sessions.runtime(&record, &shared.process_token);
+    crate::telemetry::session_created(shared.sessions.len());
     let info = shared.handler.info();
     let mut capabilities = info.capabilities;
     if !capabilities.is_object() {
@@ -198,6 +199,7 @@ async fn respond(
         cursor: 0,
         prelude,
         follow: true,
+        resumed: false,
         attachment,
     };
     Ok(sse::response(connection.into_body(), headers))

@@ -57,6 +57,8 @@ pub(crate) struct Connection {
     pub prelude: Prelude,
     /// Whether to keep following once the retained events are written.
     pub follow: bool,
+    /// Whether the connection resumed the stream (`Last-Event-ID`): its events count as replayed.
+    pub resumed: bool,
     pub attachment: Attachment,
 }
 
@@ -78,11 +80,18 @@ impl Connection {
         let retry_ms = polls.then(|| u64::try_from(config.sse_retry.as_millis()).unwrap_or(u64::MAX));
         let deadline = polls.then(|| Instant::now() + config.max_connection_duration);
         let id_prefix = format!("{}:{}:", self.runtime.epoch, self.stream);
+        crate::telemetry::stream_connections(1.0);
         let pump = Pump { conn: self, id_prefix, head: None, deadline, retry_ms, done: false };
         Body::from_stream(stream::unfold(pump, |mut pump| async move {
             let chunk = pump.next_chunk().await?;
             Some((Ok::<_, Infallible>(chunk), pump))
         }))
+    }
+}
+
+impl Drop for Pump {
+    fn drop(&mut self) {
+        crate::telemetry::stream_connections(-1.0);
     }
 }
 
@@ -128,8 +137,10 @@ impl Pump {
             let (session, stream) = (&self.conn.runtime.id, &self.conn.stream);
             // The range is read before the events: if it says the stream ended, every event it
             // ended with is already readable, so an empty read really means "nothing more".
+            let started = std::time::Instant::now();
             let range = store.stream_range(session, stream).await;
             let events = store.read(session, stream, self.conn.cursor, READ_BATCH).await;
+            crate::telemetry::store_latency("read", started.elapsed());
             let (Ok(Some(range)), Ok(events)) = (range, events) else {
                 return self.finish();
             };
@@ -172,6 +183,9 @@ impl Pump {
             let data = std::str::from_utf8(&event.data).unwrap_or("");
             encode(&mut out, &OutgoingEvent { id: Some(&id), data: Some(data), ..Default::default() });
             self.conn.cursor = event.seq;
+        }
+        if self.conn.resumed {
+            crate::telemetry::events_replayed(events.len());
         }
         if out.is_empty() { self.finish() } else { Some(Bytes::from(out)) }
     }

@@ -1,0 +1,65 @@
+//! What the server counts, through the `metrics` facade (a no-op until the application installs
+//! a recorder; `tether serve --metrics` installs a Prometheus one). Names and labels are decided
+//! here, once.
+
+use std::time::Duration;
+
+use tether_core::lineage::{InvalidReason, ServerDecision};
+
+/// A session was created by `initialize`.
+pub(crate) fn session_created(live: usize) {
+    metrics::counter!("tether_sessions_created_total").increment(1);
+    sessions_live(live);
+}
+
+/// A session was ended by the client's DELETE.
+pub(crate) fn session_terminated(live: usize) {
+    metrics::counter!("tether_sessions_terminated_total").increment(1);
+    sessions_live(live);
+}
+
+/// Sessions expired by a sweep.
+pub(crate) fn sessions_expired(count: usize, live: usize) {
+    metrics::counter!("tether_sessions_expired_total").increment(count as u64);
+    sessions_live(live);
+}
+
+/// Sessions this process serves.
+pub(crate) fn sessions_live(live: usize) {
+    metrics::gauge!("tether_sessions_live").set(live as f64);
+}
+
+/// A connection to a session stream opened (`1`) or closed (`-1`).
+pub(crate) fn stream_connections(delta: f64) {
+    metrics::gauge!("tether_streams_live").increment(delta);
+}
+
+/// Events made durable in the store.
+pub(crate) fn events_appended(count: usize) {
+    metrics::counter!("tether_events_appended_total").increment(count as u64);
+}
+
+/// Events written on connections that resumed a stream (`Last-Event-ID`).
+pub(crate) fn events_replayed(count: usize) {
+    metrics::counter!("tether_events_replayed_total").increment(count as u64);
+}
+
+/// How a resume was decided: `replay`, `session_invalid` or `resync`, with the reason.
+pub(crate) fn resume(decision: &ServerDecision) {
+    let (branch, reason) = match decision {
+        ServerDecision::Replay { .. } => ("replay", ""),
+        ServerDecision::SessionInvalid(reason) => ("session_invalid", InvalidReason::as_str(*reason)),
+        ServerDecision::Resync { notice, .. } => ("resync", notice.reason.as_str()),
+    };
+    metrics::counter!("tether_resumes_total", "branch" => branch, "reason" => reason).increment(1);
+}
+
+/// How long a store operation took (`op`: `append`, `read`, `claim_key`).
+pub(crate) fn store_latency(op: &'static str, took: Duration) {
+    metrics::histogram!("tether_store_seconds", "op" => op).record(took.as_secs_f64());
+}
+
+/// Event bytes the store retains, when it can tell.
+pub(crate) fn bytes_retained(bytes: u64) {
+    metrics::gauge!("tether_bytes_retained").set(bytes as f64);
+}
