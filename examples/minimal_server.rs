@@ -13,7 +13,12 @@ struct Greeter(ToolSet);
 
 impl Handler for Greeter {
     fn info(&self) -> ServerInfo {
-        ServerInfo { name: "greeter".into(), version: "1.0.0".into(), instructions: None, capabilities: json!({"tools": {}}) }
+        ServerInfo {
+            name: "greeter".into(),
+            version: "1.0.0".into(),
+            instructions: None,
+            capabilities: json!({"tools": {}}),
+        }
     }
 
     fn call(&self, ctx: Context, method: String, params: Value) -> HandlerFuture {
