@@ -544,12 +544,13 @@ impl Client {
     }
 
     async fn send(&self, method: &str, mut params: Value, keying: Keying) -> Result<Value, RequestError> {
-        let key = self.inner.key_for(method, &params, keying);
-        if let Some((key, _)) = &key {
-            if !params.is_object() {
-                params = json!({});
-            }
-            params["_meta"][meta::IDEMPOTENCY_KEY] = json!(key.as_str());
+        let mut key = self.inner.key_for(method, &params, keying);
+        match (&key, &mut params) {
+            (None, _) => {}
+            (Some((key, _)), Value::Object(_)) => params["_meta"][meta::IDEMPOTENCY_KEY] = json!(key.as_str()),
+            (Some((key, _)), Value::Null) => params = json!({"_meta": {meta::IDEMPOTENCY_KEY: key.as_str()}}),
+            // Positional params have no `_meta`: MCP requests never take them.
+            (Some(_), _) => key = None,
         }
         let mut reissues = Attempts::new(self.inner.config.backoff);
         let mut attempt = 0;

@@ -9,6 +9,12 @@
 //! state space is finite. Within one HTTP response TCP keeps order and delivers once, so
 //! duplication and reordering can only come from a replay overlapping what was already
 //! delivered, which the model covers by resuming from every point, in flight or not.
+//!
+//! With [`ClientVariant::Keyed`] the request carries an idempotency key: the store keeps its
+//! record (running, finished, or abandoned when its replica crashed), and a client whose stream
+//! diverged re-initializes through either replica and re-sends the request under the key, but
+//! only to the records it was first sent under. The re-sent request is answered from the record
+//! (attached while the original runs); it never runs the tool again.
 
 use tether_core::lineage::{
     Checkpoint, Digest, Divergence, Epoch, EventId, FirstEvent, ObservedId, Reconnect, ServerDecision, SessionLookup,
@@ -49,6 +55,30 @@ pub enum Outcome {
     Unknown,
     /// The client stopped waiting without saying what happened (only broken clients do).
     Dropped,
+    /// An explicit error: the tool may have partly run (`request_aborted`, `request_cancelled`).
+    Error,
+}
+
+/// The idempotency record of a keyed request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KeyRecord {
+    /// Claimed; its tool runs, or ran until its replica crashed (then it is abandoned).
+    Running,
+    /// Finished with the result.
+    Result,
+    /// Finished with an error: the request was cancelled when its session expired.
+    Cancelled,
+}
+
+/// Where a keyed request's re-send stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reissue {
+    /// Not needed (yet).
+    None,
+    /// The stream diverged: the client will re-initialize and send the request again.
+    Due,
+    /// Sent again, attached to the original: its outcome is the record's.
+    Attached,
 }
 
 /// One connection of the client to a replica.
@@ -101,6 +131,13 @@ pub struct State {
     pub idle_resumes: u8,
     /// Faults left: connection cuts, evictions, expiries, crashes.
     pub budget: Budget,
+    /// The idempotency record of the request (keyed clients).
+    pub key: KeyRecord,
+    /// Replica 0's records were lost with its memory (per-replica stores): it now serves
+    /// records with another name.
+    pub records_lost: bool,
+    /// Where the re-send of a keyed request stands.
+    pub reissue: Reissue,
 }
 
 /// Faults the environment may still inject.
@@ -137,6 +174,8 @@ pub enum Action {
     Expire,
     /// A replica crashes and restarts.
     Crash(u8),
+    /// A keyed client re-initializes through this replica and sends the request again.
+    Reissue(u8),
 }
 
 /// How the server replicas decide; every variant but `Real` is deliberately broken.
@@ -169,6 +208,11 @@ pub enum ClientVariant {
     ReissuesUnkeyed,
     /// Never reconnects after a cut.
     NeverReconnects,
+    /// The real client with an idempotency key: after a divergence it re-sends the request under
+    /// the key, only to the records the key was first sent under.
+    Keyed,
+    /// A keyed client that re-sends to whatever records the new session has.
+    ReissuesToOtherRecords,
 }
 
 /// The model's bounds and variants.
@@ -282,6 +326,60 @@ impl Resumption {
         }
     }
 
+    /// Whether the client sends its request again under an idempotency key.
+    fn keyed(&self) -> bool {
+        matches!(self.config.client, ClientVariant::Keyed | ClientVariant::ReissuesToOtherRecords)
+    }
+
+    /// The name of the records `replica` claims keys in: one for a shared store; with
+    /// per-replica stores, replica 0's (whose name changes when a crash loses them) and replica 1's.
+    fn records(&self, state: &State, replica: u8) -> u8 {
+        match (self.config.stores, replica, state.records_lost) {
+            (Stores::Shared, _, _) | (Stores::PerReplica, 0, false) => 0,
+            (Stores::PerReplica, 0, true) => 2,
+            _ => 1,
+        }
+    }
+
+    /// A keyed request sent again through `replica`, in a new session.
+    fn reissue(&self, state: &mut State, replica: u8) {
+        let same = self.records(state, replica) == 0;
+        if !same && self.config.client == ClientVariant::Keyed {
+            // Records that never saw the key: the client does not re-send, and says so.
+            state.reissue = Reissue::None;
+            state.outcome = Outcome::Unknown;
+            return;
+        }
+        if !same {
+            // The key is unknown there: the request runs again.
+            state.executions += 1;
+            state.reissue = Reissue::None;
+            state.outcome = Outcome::Result;
+            return;
+        }
+        state.reissue = Reissue::Attached;
+        self.settle(state);
+    }
+
+    /// An attached re-send ends when the original's record does.
+    fn settle(&self, state: &mut State) {
+        if state.reissue != Reissue::Attached {
+            return;
+        }
+        let outcome = match state.key {
+            KeyRecord::Result => Outcome::Result,
+            KeyRecord::Cancelled => Outcome::Error,
+            // Lost with the memory of the replica that held it (and served the re-send): the
+            // client learns nothing more and says so.
+            KeyRecord::Running if state.records_lost => Outcome::Unknown,
+            // Abandoned: its replica crashed mid-run (the tool is not resumable).
+            KeyRecord::Running if state.producer.is_none() => Outcome::Error,
+            KeyRecord::Running => return,
+        };
+        state.outcome = outcome;
+        state.reissue = Reissue::None;
+    }
+
     /// The client reports a divergence: the request's outcome is unknown, or a broken client
     /// sends it again in a new session.
     fn diverge(&self, state: &mut State, divergence: &Divergence) {
@@ -306,6 +404,10 @@ impl Resumption {
             return;
         }
         state.reported = Some((divergence.kind(), lost));
+        if self.keyed() {
+            state.reissue = Reissue::Due;
+            return;
+        }
         state.outcome = Outcome::Unknown;
     }
 
@@ -475,6 +577,9 @@ impl Model for Resumption {
             reported: None,
             idle_resumes: 0,
             budget: self.config.budget,
+            key: KeyRecord::Running,
+            records_lost: false,
+            reissue: Reissue::None,
         }
     }
 
@@ -518,6 +623,10 @@ impl Model for Resumption {
             actions.push(Action::Crash(0));
             actions.push(Action::Crash(1));
         }
+        if state.reissue == Reissue::Due {
+            actions.push(Action::Reissue(0));
+            actions.push(Action::Reissue(1));
+        }
         actions
     }
 
@@ -529,6 +638,7 @@ impl Model for Resumption {
                 if next.head == self.config.last() {
                     next.stream = Stream::Complete;
                     next.producer = None;
+                    next.key = KeyRecord::Result;
                 }
             }
             Action::Send => {
@@ -562,7 +672,13 @@ impl Model for Resumption {
             Action::Expire => {
                 next.session = Session::Expired;
                 next.budget.expiries -= 1;
+                if next.producer.is_some() {
+                    // The session's requests are cancelled with it; the record says so.
+                    next.producer = None;
+                    next.key = KeyRecord::Cancelled;
+                }
             }
+            Action::Reissue(replica) => self.reissue(&mut next, *replica),
             Action::Crash(replica) => {
                 next.budget.crashes -= 1;
                 if next.conn.as_ref().is_some_and(|c| c.replica == *replica) {
@@ -574,19 +690,27 @@ impl Model for Resumption {
                     next.stream = Stream::Aborted;
                 }
                 if self.config.stores == Stores::PerReplica && *replica == 0 {
-                    // Its memory is gone, and with it the session.
+                    // Its memory is gone, and with it the session and the key's record.
                     next.forgotten = true;
+                    next.records_lost = true;
                 }
             }
         }
-        // The client gives up once its reconnect budget is spent without progress.
+        // The client gives up once its reconnect budget is spent without progress; a keyed
+        // client sends the request again instead.
         if next.conn.is_none()
             && next.outcome == Outcome::Pending
             && next.reported.is_none()
             && next.idle_resumes >= self.config.resume_budget()
         {
-            next.outcome = Outcome::Unknown;
+            if self.keyed() {
+                next.reported = Some(("gave_up", None));
+                next.reissue = Reissue::Due;
+            } else {
+                next.outcome = Outcome::Unknown;
+            }
         }
+        self.settle(&mut next);
         next
     }
 

@@ -113,3 +113,53 @@ fn a_server_that_revives_an_expired_session_is_caught() {
 fn a_client_that_never_reconnects_waits_forever() {
     assert_eq!(broken(variant(ServerVariant::Real, ClientVariant::NeverReconnects)), "liveness");
 }
+
+#[test]
+fn keyed_reissues_run_the_tool_once_and_every_request_ends() {
+    // Every divergence leads to a re-send under the key, through either replica.
+    holds(Config { client: ClientVariant::Keyed, ..Config::real() });
+}
+
+#[test]
+fn keyed_reissues_never_reach_records_that_did_not_see_the_key() {
+    holds(Config { client: ClientVariant::Keyed, stores: Stores::PerReplica, ..Config::real() });
+}
+
+#[test]
+fn a_keyed_reissue_to_other_records_runs_the_tool_twice() {
+    // Replicas each in their own memory: the other replica's records never saw the key.
+    let config =
+        Config { stores: Stores::PerReplica, ..variant(ServerVariant::Real, ClientVariant::ReissuesToOtherRecords) };
+    assert_eq!(broken(config), "tool_runs_once");
+}
+
+#[test]
+fn a_keyed_reissue_attaches_to_the_running_original_and_gets_its_result() {
+    use tether_model::checker::Model;
+    use tether_model::protocol::{Outcome, Reissue};
+    let model = Resumption::new(Config { client: ClientVariant::Keyed, stores: Stores::PerReplica, ..Config::real() });
+    let walk = |actions: &[Action]| actions.iter().fold(model.init(), |state, action| model.next(&state, action));
+    // The balancer sends the resume to the replica without the session: 404, re-initialize.
+    let diverged = walk(&[Action::Cut, Action::Resume(1)]);
+    assert_eq!((diverged.reissue, diverged.outcome), (Reissue::Due, Outcome::Pending));
+    assert!(model.actions(&diverged).contains(&Action::Reissue(0)));
+    let attached = model.next(&diverged, &Action::Reissue(0));
+    assert_eq!((attached.reissue, attached.outcome), (Reissue::Attached, Outcome::Pending));
+    let finished = (0..4).fold(attached, |state, _| model.next(&state, &Action::Produce));
+    assert_eq!((finished.outcome, finished.executions), (Outcome::Result, 1));
+    // Through the other replica, whose records never saw the key, it is not re-sent.
+    let elsewhere = model.next(&diverged, &Action::Reissue(1));
+    assert_eq!((elsewhere.outcome, elsewhere.executions), (Outcome::Unknown, 1));
+    // A crash of the replica holding the record (in its memory) leaves the outcome unknown.
+    let crashed = model.next(&model.next(&diverged, &Action::Reissue(0)), &Action::Crash(0));
+    assert_eq!((crashed.outcome, crashed.executions), (Outcome::Unknown, 1));
+    // With a shared store the record outlives the crash: it says the original was abandoned.
+    let shared = Resumption::new(Config { client: ClientVariant::Keyed, ..Config::real() });
+    let walk = |actions: &[Action]| actions.iter().fold(shared.init(), |state, action| shared.next(&state, action));
+    let aborted = walk(&[Action::Cut, Action::Expire, Action::Resume(1), Action::Reissue(1)]);
+    assert_eq!((aborted.outcome, aborted.executions), (Outcome::Error, 1), "cancelled with its session");
+    let crashed = walk(&[Action::Produce, Action::Cut, Action::Crash(0), Action::Resume(1)]);
+    assert_eq!(crashed.reissue, Reissue::Due, "the aborted stream's resync is a divergence");
+    let answered = shared.next(&crashed, &Action::Reissue(1));
+    assert_eq!((answered.outcome, answered.executions), (Outcome::Error, 1), "request_aborted, not a second run");
+}
