@@ -1,5 +1,6 @@
 //! Server costs: one event through the store and the SSE encoder, and one tool call over
-//! loopback HTTP (JSON and SSE answers).
+//! loopback HTTP (JSON and SSE answers, and with an idempotency key) on the memory and the
+//! embedded store.
 //!
 //! `cargo bench -p tether-server --bench server`
 
@@ -13,7 +14,7 @@ use tether_core::lineage::{Epoch, StreamName};
 use tether_core::mcp::ProtocolVersion;
 use tether_core::sse::{Encoder, OutgoingEvent};
 use tether_server::{Builder, builtin::BuiltinHandler};
-use tether_store::{MemoryStore, Retention, SessionRecord, Store};
+use tether_store::{MemoryStore, Retention, SessionRecord, SqliteStore, Store};
 
 fn event_path(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
@@ -57,12 +58,12 @@ fn event_path(c: &mut Criterion) {
     group.finish();
 }
 
-fn tool_call(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let (url, session) = rt.block_on(async {
+/// A server on `store`, and a session on it.
+fn server_with(rt: &tokio::runtime::Runtime, store: Arc<dyn Store>) -> (String, String) {
+    rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
-        let app = Builder::new(BuiltinHandler::new()).store(Arc::new(MemoryStore::new(Retention::default()))).build().router("/mcp");
+        let app = Builder::new(BuiltinHandler::new()).store(store).build().router("/mcp");
         tokio::spawn(async move { tether_server::serve(listener, app).await });
         let client = reqwest::Client::new();
         let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}});
@@ -76,36 +77,58 @@ fn tool_call(c: &mut Criterion) {
             .expect("initialize");
         let session = response.headers()["mcp-session-id"].to_str().expect("ascii").to_owned();
         (url, session)
-    });
+    })
+}
+
+/// One tool call at a time, on the memory and the embedded store, without and with an
+/// idempotency key (a fresh one per call: what exactly-once execution costs).
+fn tool_call(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let dir = std::env::temp_dir().join(format!("tether-bench-server-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let embedded = SqliteStore::open(&dir, Retention::default(), "bench").expect("embedded store");
+    let stores: [(&str, Arc<dyn Store>); 2] =
+        [("memory", Arc::new(MemoryStore::new(Retention::default()))), ("embedded", Arc::new(embedded))];
     let client = reqwest::Client::new();
     let mut id = 0u64;
     let mut group = c.benchmark_group("server_tool_call");
     group.throughput(Throughput::Elements(1));
-    for (name, tool, args) in
-        [("json", "test_simple_text", json!({})), ("sse_one_notification", "count", json!({"to": 1}))]
-    {
-        group.bench_function(name, |b| {
-            b.iter(|| {
-                id += 1;
-                let body =
-                    json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":tool,"arguments":args}});
-                rt.block_on(async {
-                    let response = client
-                        .post(&url)
-                        .header("content-type", "application/json")
-                        .header("accept", "application/json, text/event-stream")
-                        .header("mcp-session-id", &session)
-                        .header("mcp-protocol-version", "2025-11-25")
-                        .body(body.to_string())
-                        .send()
-                        .await
-                        .expect("call");
-                    black_box(response.bytes().await.expect("body").len())
+    for (store_name, store) in stores {
+        let (url, session) = server_with(&rt, store);
+        let cases = [
+            ("json", "test_simple_text", json!({}), false),
+            ("sse_one_notification", "count", json!({"to": 1}), false),
+            ("json_keyed", "test_simple_text", json!({}), true),
+        ];
+        for (name, tool, args, keyed) in cases {
+            group.bench_function(format!("{store_name}/{name}"), |b| {
+                b.iter(|| {
+                    id += 1;
+                    let mut params = json!({"name": tool, "arguments": args});
+                    if keyed {
+                        params["_meta"] =
+                            json!({"io.tether/idempotencyKey": format!("bench-{}-{id}", std::process::id())});
+                    }
+                    let body = json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":params});
+                    rt.block_on(async {
+                        let response = client
+                            .post(&url)
+                            .header("content-type", "application/json")
+                            .header("accept", "application/json, text/event-stream")
+                            .header("mcp-session-id", &session)
+                            .header("mcp-protocol-version", "2025-11-25")
+                            .body(body.to_string())
+                            .send()
+                            .await
+                            .expect("call");
+                        black_box(response.bytes().await.expect("body").len())
+                    })
                 })
-            })
-        });
+            });
+        }
     }
     group.finish();
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 criterion_group!(benches, event_path, tool_call);
