@@ -83,6 +83,8 @@ struct Write {
     bytes: Option<Bytes>,
     /// The message is the final response: the stream ends after it.
     last: bool,
+    /// The final response is also the outcome of this idempotency key (the store's name).
+    record: Option<String>,
     /// Told the outcome once the entry is durable (or failed).
     done: Option<oneshot::Sender<Result<(), ContextError>>>,
 }
@@ -134,11 +136,17 @@ async fn write_output(
         // A lone final response, before anything else was written, is answered as JSON.
         let only_response = (last && events.len() == 1).then(|| events[0].clone());
         let count = events.len();
+        let record = batch.iter().find_map(|w| w.record.clone());
         let started = std::time::Instant::now();
-        let outcome = match &failed {
-            Some(err) => Err(err.clone()),
-            None if events.is_empty() => Ok(()),
-            None => store
+        let outcome = match (&failed, record) {
+            (Some(err), _) => Err(err.clone()),
+            (None, _) if events.is_empty() => Ok(()),
+            (None, Some(key)) => store
+                .append_final(&runtime.id, &runtime.epoch, &stream, events, &key)
+                .await
+                .map(drop)
+                .map_err(ContextError::from),
+            (None, None) => store
                 .append_batch(&runtime.id, &runtime.epoch, &stream, events, last)
                 .await
                 .map(drop)
@@ -377,17 +385,37 @@ impl Context {
         self.shared.cancel.is_cancelled()
     }
 
-    /// Sends the request's final response. Called once, by the dispatcher.
-    pub(crate) async fn respond(&self, id: RequestId, outcome: Result<Value, ErrorObject>) -> Result<(), ContextError> {
-        let message = Message::Response(Response { id: Some(id), outcome });
-        self.emit(message.to_vec(), true).await
+    /// Sends the request's final response, and records it as the outcome of idempotency key
+    /// `record` (with the response, where the store can). Called once, by the dispatcher.
+    pub(crate) async fn respond(
+        &self,
+        id: RequestId,
+        outcome: Result<Value, ErrorObject>,
+        record: Option<&str>,
+    ) -> Result<(), ContextError> {
+        let message = Message::Response(Response { id: Some(id), outcome }).to_vec();
+        match (&self.shared.output, record) {
+            (_, None) => self.emit(message, true).await,
+            (Output::Stored { .. }, Some(key)) => {
+                if self.shared.cancel.is_cancelled() {
+                    return Err(ContextError::Cancelled);
+                }
+                self.write(Some(Bytes::from(message)), true, Some(key.to_owned())).await
+            }
+            (Output::Direct { .. }, Some(key)) => {
+                let response = Bytes::from(message.clone());
+                let sent = self.emit(message, true).await;
+                self.store().finish_key(key, response).await?;
+                sent
+            }
+        }
     }
 
     /// Ends the request's stream without a response (it was cancelled).
     pub(crate) async fn end_without_response(&self) {
         self.signal(|| FirstOutput::Event);
         // What the handler sent before it stopped goes in first.
-        let _ = self.write(None, false).await;
+        let _ = self.write(None, false, None).await;
         if let Output::Stored { store, runtime, stream } = &self.shared.output
             && let Err(err) = store.end_stream(&runtime.id, &runtime.epoch, stream).await
         {
@@ -402,8 +430,10 @@ impl Context {
         let bytes = Bytes::from(bytes);
         match &self.shared.output {
             // The writer tells the POST how the response starts.
-            Output::Stored { .. } if last => self.write(Some(bytes), true).await,
-            Output::Stored { .. } => self.queue(Write { bytes: Some(bytes), last: false, done: None }).await,
+            Output::Stored { .. } if last => self.write(Some(bytes), true, None).await,
+            Output::Stored { .. } => {
+                self.queue(Write { bytes: Some(bytes), last: false, record: None, done: None }).await
+            }
             Output::Direct { tx } => {
                 let mut first = self.first_sender();
                 if last && let Some(first) = first.take() {
@@ -428,9 +458,9 @@ impl Context {
     }
 
     /// Queues `bytes` (or nothing) and waits until it and everything before it is durable.
-    async fn write(&self, bytes: Option<Bytes>, last: bool) -> Result<(), ContextError> {
+    async fn write(&self, bytes: Option<Bytes>, last: bool, record: Option<String>) -> Result<(), ContextError> {
         let (done, written) = oneshot::channel();
-        self.queue(Write { bytes, last, done: Some(done) }).await?;
+        self.queue(Write { bytes, last, record, done: Some(done) }).await?;
         written.await.map_err(|_| ContextError::Cancelled)?
     }
 

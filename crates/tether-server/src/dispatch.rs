@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use tether_core::jsonrpc::{ErrorObject, Request, RequestId, code};
 use tether_core::lineage::{Digest, StreamName};
 use tether_core::mcp;
-use tether_store::BeginRequest;
+use tether_store::{BeginRequest, Claim, KeyClaim};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
@@ -88,11 +88,17 @@ pub(crate) async fn start_legacy(
     };
     let digest = Digest::of(&key, params.to_string().as_bytes()).to_string();
     let stream = ids::stream_name('r').map_err(|e| Rejection::internal("random_failed", e.to_string()))?;
-    let begun = shared
-        .store
-        .begin_request(&runtime.id, &runtime.epoch, &key, &digest, &stream)
-        .await
-        .map_err(|e| crate::store_rejection(&e))?;
+    let store = &shared.store;
+    let started = std::time::Instant::now();
+    let claim = keyed.as_ref().map(|keyed| keyed.claim(Some((runtime.id.clone(), stream.clone()))));
+    let (begun, claimed) = match &claim {
+        Some(claim) => {
+            store.begin_keyed_request(&runtime.id, &runtime.epoch, &key, &digest, &stream, claim.clone()).await
+        }
+        None => store.begin_request(&runtime.id, &runtime.epoch, &key, &digest, &stream).await.map(|b| (b, None)),
+    }
+    .map_err(|e| crate::store_rejection(&e))?;
+    crate::telemetry::store_latency("begin_request", started.elapsed());
     match begun {
         BeginRequest::Existing { stream, same_params: true } => return Ok(Started::Attach { stream }),
         BeginRequest::Existing { same_params: false, .. } => {
@@ -118,9 +124,8 @@ pub(crate) async fn start_legacy(
         idempotency_key: keyed.as_ref().map(|k| k.name.clone()),
     };
     let (ctx, first) = Context::new(output, meta, cancel.clone(), Arc::clone(shared));
-    let at = Some((runtime.id.clone(), stream.clone()));
-    let job = match keyed {
-        Some(keyed) => keyed_job(shared, keyed, at, &request.method, &params).await,
+    let job = match keyed.zip(claim) {
+        Some((keyed, claim)) => keyed_job(shared, keyed, claim, claimed, &request.method, &params).await,
         None => Ok(Job::Run(None)),
     };
     let job = match job {
@@ -150,16 +155,28 @@ enum Job {
     Answer(Answer, Keyed),
 }
 
-/// Claims a request's key and turns the plan into a job.
+/// Turns the store's answer to a request's claim (claiming it now if `claimed` is `None`) into a
+/// job.
 async fn keyed_job(
     shared: &Shared,
     keyed: Keyed,
-    at: Option<(String, StreamName)>,
+    claim: KeyClaim,
+    claimed: Option<Claim>,
     method: &str,
     params: &Value,
 ) -> Result<Job, Rejection> {
+    let store = &shared.store;
+    let claimed = match claimed {
+        Some(claimed) => claimed,
+        None => {
+            let started = std::time::Instant::now();
+            let claimed = store.claim_key(claim.clone()).await.map_err(|e| crate::store_rejection(&e))?;
+            crate::telemetry::store_latency("claim_key", started.elapsed());
+            claimed
+        }
+    };
     let resumable = shared.handler.resumable(method, params);
-    let plan = idempotency::plan(&shared.store, &keyed, at, resumable).await.map_err(|e| crate::store_rejection(&e))?;
+    let plan = idempotency::plan(store, claim, claimed, resumable).await.map_err(|e| crate::store_rejection(&e))?;
     Ok(match plan {
         Plan::Run => Job::Run(Some(keyed)),
         Plan::Answer(answer) => Job::Answer(answer, keyed),
@@ -204,7 +221,10 @@ pub(crate) async fn start_direct(
     };
     let cancel_on_close = keyed.is_none();
     let job = match keyed {
-        Some(keyed) => keyed_job(shared, keyed, None, &request.method, &params).await?,
+        Some(keyed) => {
+            let claim = keyed.claim(None);
+            keyed_job(shared, keyed, claim, None, &request.method, &params).await?
+        }
         None => Job::Run(None),
     };
     let (ctx, first) = Context::new(output, meta, cancel.clone(), Arc::clone(shared));
@@ -268,25 +288,30 @@ async fn run(
                 None
             }
         };
-        // The outcome under the key is recorded after the response is durable on the request's
-        // stream: a process that dies in between leaves the response there for the next claimant.
+        // A keyed request's outcome is recorded with its response; if the response could not
+        // be written (cancelled, session gone), on its own: the request ran, a re-send must learn
+        // how.
+        let record = record.map(|keyed| keyed.name);
         let recorded = match outcome {
             Some(mut outcome) => {
                 if let (Some(info), Ok(result)) = (&modern_server_info, &mut outcome) {
                     decorate_modern(&method, result, info);
                 }
-                if let Err(err) = ctx.respond(id, outcome.clone()).await {
-                    tracing::debug!(%err, "final response not delivered");
+                match ctx.respond(id, outcome.clone(), record.as_deref()).await {
+                    Ok(()) => None,
+                    Err(err) => {
+                        tracing::debug!(%err, "final response not delivered");
+                        Some(outcome)
+                    }
                 }
-                outcome
             }
             None => {
                 ctx.end_without_response().await;
-                Err(idempotency::cancelled())
+                Some(Err(idempotency::cancelled()))
             }
         };
-        if let Some(keyed) = record
-            && let Err(err) = shared.store.finish_key(&keyed.name, idempotency::encode(&recorded)).await
+        if let (Some(key), Some(outcome)) = (record, recorded)
+            && let Err(err) = shared.store.finish_key(&key, idempotency::encode(&outcome)).await
         {
             tracing::warn!(%err, "could not record a keyed request's outcome");
         }

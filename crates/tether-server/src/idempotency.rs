@@ -71,7 +71,8 @@ impl Keyed {
         Ok(Some(Keyed { name: name.to_string(), params_digest: params_digest.to_string() }))
     }
 
-    fn claim(&self, stream: Option<(String, StreamName)>) -> KeyClaim {
+    /// The claim of this key by a request whose events go to `stream`.
+    pub fn claim(&self, stream: Option<(String, StreamName)>) -> KeyClaim {
         KeyClaim { key: self.name.clone(), params_digest: self.params_digest.clone(), stream, now_ms: now_ms() }
     }
 }
@@ -98,19 +99,15 @@ pub(crate) enum Answer {
     Fail(ErrorObject),
 }
 
-/// Claims `keyed` for a request whose events go to `stream`, and decides what the request does.
+/// Decides what a request does whose `claim` the store answered with `claimed`.
 /// `resumable`: the handler keys its own effects, so running an abandoned request again applies
 /// nothing twice, and is better than an `aborted` answer.
 pub(crate) async fn plan(
     store: &Arc<dyn Store>,
-    keyed: &Keyed,
-    stream: Option<(String, StreamName)>,
+    claim: KeyClaim,
+    claimed: Claim,
     resumable: bool,
 ) -> Result<Plan, StoreError> {
-    let claim = keyed.claim(stream);
-    let started = std::time::Instant::now();
-    let claimed = store.claim_key(claim.clone()).await?;
-    crate::telemetry::store_latency("claim_key", started.elapsed());
     let (same_params, state) = match claimed {
         Claim::Claimed => return Ok(Plan::Run),
         Claim::Existing { same_params, state } => (same_params, state),

@@ -54,7 +54,7 @@ pub(crate) fn resume(decision: &ServerDecision) {
     metrics::counter!("tether_resumes_total", "branch" => branch, "reason" => reason).increment(1);
 }
 
-/// How long a store operation took (`op`: `append`, `read`, `claim_key`).
+/// How long a store operation took (`op`: `begin_request`, `append`, `read`, `claim_key`).
 pub(crate) fn store_latency(op: &'static str, took: Duration) {
     metrics::histogram!("tether_store_seconds", "op" => op).record(took.as_secs_f64());
 }

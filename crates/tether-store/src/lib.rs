@@ -111,6 +111,30 @@ pub trait Store: Send + Sync + 'static {
         stream: &StreamName,
     ) -> StoreFuture<'_, BeginRequest>;
 
+    /// [`Store::begin_request`] and, if the request started, [`Store::claim_key`] for its
+    /// idempotency key (`Some` exactly then): in one step where the backend can (the embedded
+    /// store: one transaction, one disk flush).
+    fn begin_keyed_request(
+        &self,
+        session: &str,
+        epoch: &Epoch,
+        request_key: &str,
+        params_digest: &str,
+        stream: &StreamName,
+        claim: KeyClaim,
+    ) -> StoreFuture<'_, (BeginRequest, Option<Claim>)> {
+        let (session, epoch, request_key, params_digest, stream) =
+            (session.to_owned(), epoch.clone(), request_key.to_owned(), params_digest.to_owned(), stream.clone());
+        Box::pin(async move {
+            let begun = self.begin_request(&session, &epoch, &request_key, &params_digest, &stream).await?;
+            let claimed = match begun {
+                BeginRequest::Started => Some(self.claim_key(claim).await?),
+                BeginRequest::Existing { .. } => None,
+            };
+            Ok((begun, claimed))
+        })
+    }
+
     /// Appends an event and returns its sequence number. With `last`, the stream ends after it
     /// (a request's final response). Fails if the session is not in incarnation `epoch`.
     fn append(
@@ -141,6 +165,28 @@ pub trait Store: Send + Sync + 'static {
                 seq = self.append(&session, &epoch, &stream, data, last && i + 1 == count).await?;
             }
             Ok(seq)
+        })
+    }
+
+    /// Appends a request's final `events`, the last of them its response (the stream ends after
+    /// it), and records that response as the outcome of idempotency key `key`: in one step where
+    /// the backend can (the embedded store: one transaction, one disk flush). The outcome is
+    /// recorded even if the append fails (the session ended meanwhile): the request ran, and a
+    /// re-send must learn how.
+    fn append_final(
+        &self,
+        session: &str,
+        epoch: &Epoch,
+        stream: &StreamName,
+        events: Vec<Bytes>,
+        key: &str,
+    ) -> StoreFuture<'_, u64> {
+        let (session, epoch, stream, key) = (session.to_owned(), epoch.clone(), stream.clone(), key.to_owned());
+        Box::pin(async move {
+            let outcome = events.last().cloned().unwrap_or_default();
+            let appended = self.append_batch(&session, &epoch, &stream, events, true).await;
+            self.finish_key(&key, outcome).await?;
+            appended
         })
     }
 

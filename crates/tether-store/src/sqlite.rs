@@ -486,12 +486,116 @@ fn heartbeat(txn: &Connection, owner: &str, now: i64) -> Result<(), StoreError> 
     Ok(())
 }
 
+/// Records request `key` of a live session with its stream, unless the key is known.
+fn begin(
+    txn: &Connection,
+    owner: &str,
+    session: &str,
+    epoch: &str,
+    key: &str,
+    digest: &str,
+    stream: &StreamName,
+) -> Result<BeginRequest, StoreError> {
+    check_live(txn, session, epoch)?;
+    let existing: Option<(String, String)> = query_row(
+        txn,
+        "SELECT digest, stream FROM requests WHERE session = ?1 AND key = ?2",
+        params![session, key],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .optional()
+    .map_err(backend)?;
+    if let Some((existing_digest, existing_stream)) = existing {
+        let stream = StreamName::parse(&existing_stream).map_err(backend)?;
+        return Ok(BeginRequest::Existing { stream, same_params: existing_digest == digest });
+    }
+    execute(
+        txn,
+        "INSERT INTO requests (session, key, digest, stream) VALUES (?1, ?2, ?3, ?4)",
+        params![session, key, digest, stream.as_str()],
+    )
+    .map_err(backend)?;
+    insert_stream(txn, session, stream.as_str(), owner, Some(key))?;
+    Ok(BeginRequest::Started)
+}
+
+/// Claims an idempotency key for `owner`, unless it is recorded.
+fn claim_in(txn: &Connection, owner: &str, lease_ms: u64, claim: &KeyClaim) -> Result<Claim, StoreError> {
+    let now = as_i64(claim.now_ms);
+    heartbeat(txn, owner, now)?;
+    if let Some((digest, state)) = key_record(txn, &claim.key, now - as_i64(lease_ms))? {
+        return Ok(Claim::Existing { same_params: digest == claim.params_digest, state });
+    }
+    let (session, stream) = claim_stream(claim);
+    execute(
+        txn,
+        "INSERT INTO keys (key, digest, owner, session, stream, created_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![claim.key, claim.params_digest, owner, session, stream, now],
+    )
+    .map_err(backend)?;
+    Ok(Claim::Claimed)
+}
+
 /// The session and stream columns of a claim.
 fn claim_stream(claim: &KeyClaim) -> (Option<String>, Option<String>) {
     match &claim.stream {
         Some((session, stream)) => (Some(session.clone()), Some(stream.to_string())),
         None => (None, None),
     }
+}
+
+/// Appends `events` to a live stream (ending it after them if `last`) and keeps retention.
+fn append_in(
+    txn: &Connection,
+    s: &str,
+    e: &str,
+    st: &str,
+    events: &[Bytes],
+    last: bool,
+    retention: &Retention,
+) -> Result<u64, StoreError> {
+    check_live(txn, s, e)?;
+    let row: Option<(i64, i64)> =
+        query_row(txn, "SELECT head, state FROM streams WHERE session = ?1 AND stream = ?2", params![s, st], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()
+        .map_err(backend)?;
+    let Some((mut head, state)) = row else { return Err(StoreError::UnknownStream) };
+    if state != LIVE {
+        return Err(StoreError::StreamEnded);
+    }
+    let mut bytes = 0;
+    for data in events {
+        head += 1;
+        execute(
+            txn,
+            "INSERT INTO events (session, stream, seq, data) VALUES (?1, ?2, ?3, ?4)",
+            params![s, st, head, &data[..]],
+        )
+        .map_err(backend)?;
+        bytes += as_i64(data.len() as u64);
+    }
+    execute(
+        txn,
+        "UPDATE streams SET head = ?3, state = ?4, bytes = bytes + ?5 WHERE session = ?1 AND stream = ?2",
+        params![s, st, head, if last { COMPLETE } else { LIVE }, bytes],
+    )
+    .map_err(backend)?;
+    add_session_bytes(txn, s, bytes)?;
+    evict(txn, s, st, head, retention)?;
+    Ok(as_u64(head))
+}
+
+/// Records the outcome of `owner`'s running request for `key`.
+fn finish_in(txn: &Connection, owner: &str, key: &str, outcome: &[u8]) -> Result<(), StoreError> {
+    execute(
+        txn,
+        "UPDATE keys SET outcome = ?3 WHERE key = ?1 AND owner = ?2 AND outcome IS NULL",
+        params![key, owner, outcome],
+    )
+    .map_err(backend)?;
+    Ok(())
 }
 
 impl Store for SqliteStore {
@@ -634,28 +738,28 @@ impl Store for SqliteStore {
         let (session, epoch, key, digest) =
             (session.to_owned(), epoch.to_string(), request_key.to_owned(), params_digest.to_owned());
         let (stream, owner) = (stream.clone(), self.owner.clone());
+        self.run(move |txn| begin(txn, &owner, &session, &epoch, &key, &digest, &stream))
+    }
+
+    fn begin_keyed_request(
+        &self,
+        session: &str,
+        epoch: &Epoch,
+        request_key: &str,
+        params_digest: &str,
+        stream: &StreamName,
+        claim: KeyClaim,
+    ) -> StoreFuture<'_, (BeginRequest, Option<Claim>)> {
+        let (session, epoch, key, digest) =
+            (session.to_owned(), epoch.to_string(), request_key.to_owned(), params_digest.to_owned());
+        let (stream, owner, lease) = (stream.clone(), self.owner.clone(), self.retention.lease_ms);
         self.run(move |txn| {
-            check_live(txn, &session, &epoch)?;
-            let existing: Option<(String, String)> = query_row(
-                txn,
-                "SELECT digest, stream FROM requests WHERE session = ?1 AND key = ?2",
-                params![session, key],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()
-            .map_err(backend)?;
-            if let Some((existing_digest, existing_stream)) = existing {
-                let stream = StreamName::parse(&existing_stream).map_err(backend)?;
-                return Ok(BeginRequest::Existing { stream, same_params: existing_digest == digest });
-            }
-            execute(
-                txn,
-                "INSERT INTO requests (session, key, digest, stream) VALUES (?1, ?2, ?3, ?4)",
-                params![session, key, digest, stream.as_str()],
-            )
-            .map_err(backend)?;
-            insert_stream(txn, &session, stream.as_str(), &owner, Some(&key))?;
-            Ok(BeginRequest::Started)
+            let begun = begin(txn, &owner, &session, &epoch, &key, &digest, &stream)?;
+            let claimed = match begun {
+                BeginRequest::Started => Some(claim_in(txn, &owner, lease, &claim)?),
+                BeginRequest::Existing { .. } => None,
+            };
+            Ok((begun, claimed))
         })
     }
 
@@ -680,44 +784,34 @@ impl Store for SqliteStore {
     ) -> StoreFuture<'_, u64> {
         let (s, e, st) = (session.to_owned(), epoch.to_string(), stream.to_string());
         let retention = self.retention;
-        let appended = self.run(move |txn| {
-            check_live(txn, &s, &e)?;
-            let row: Option<(i64, i64)> = query_row(
-                txn,
-                "SELECT head, state FROM streams WHERE session = ?1 AND stream = ?2",
-                params![s, st],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()
-            .map_err(backend)?;
-            let Some((mut head, state)) = row else { return Err(StoreError::UnknownStream) };
-            if state != LIVE {
-                return Err(StoreError::StreamEnded);
-            }
-            let mut bytes = 0;
-            for data in &events {
-                head += 1;
-                execute(
-                    txn,
-                    "INSERT INTO events (session, stream, seq, data) VALUES (?1, ?2, ?3, ?4)",
-                    params![s, st, head, &data[..]],
-                )
-                .map_err(backend)?;
-                bytes += as_i64(data.len() as u64);
-            }
-            execute(
-                txn,
-                "UPDATE streams SET head = ?3, state = ?4, bytes = bytes + ?5 WHERE session = ?1 AND stream = ?2",
-                params![s, st, head, if last { COMPLETE } else { LIVE }, bytes],
-            )
-            .map_err(backend)?;
-            add_session_bytes(txn, &s, bytes)?;
-            evict(txn, &s, &st, head, &retention)?;
-            Ok(as_u64(head))
-        });
+        let appended = self.run(move |txn| append_in(txn, &s, &e, &st, &events, last, &retention));
         let (session, stream) = (session.to_owned(), stream.clone());
         Box::pin(async move {
             let seq = appended.await?;
+            self.heads.notify(&session, &stream, seq);
+            Ok(seq)
+        })
+    }
+
+    fn append_final(
+        &self,
+        session: &str,
+        epoch: &Epoch,
+        stream: &StreamName,
+        events: Vec<Bytes>,
+        key: &str,
+    ) -> StoreFuture<'_, u64> {
+        let (s, e, st) = (session.to_owned(), epoch.to_string(), stream.to_string());
+        let (key, owner, retention) = (key.to_owned(), self.owner.clone(), self.retention);
+        let done = self.run(move |txn| {
+            // A failed append undoes only its own writes: the outcome is recorded regardless.
+            let appended = in_savepoint(txn, |txn| append_in(txn, &s, &e, &st, &events, true, &retention));
+            finish_in(txn, &owner, &key, events.last().map_or(&[][..], |b| &b[..]))?;
+            Ok(appended)
+        });
+        let (session, stream) = (session.to_owned(), stream.clone());
+        Box::pin(async move {
+            let seq = done.await??;
             self.heads.notify(&session, &stream, seq);
             Ok(seq)
         })
@@ -822,21 +916,7 @@ impl Store for SqliteStore {
 
     fn claim_key(&self, claim: KeyClaim) -> StoreFuture<'_, Claim> {
         let (owner, lease) = (self.owner.clone(), self.retention.lease_ms);
-        self.run(move |txn| {
-            let now = as_i64(claim.now_ms);
-            heartbeat(txn, &owner, now)?;
-            if let Some((digest, state)) = key_record(txn, &claim.key, now - as_i64(lease))? {
-                return Ok(Claim::Existing { same_params: digest == claim.params_digest, state });
-            }
-            let (session, stream) = claim_stream(&claim);
-            execute(
-                txn,
-                "INSERT INTO keys (key, digest, owner, session, stream, created_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                params![claim.key, claim.params_digest, owner, session, stream, now],
-            )
-            .map_err(backend)?;
-            Ok(Claim::Claimed)
-        })
+        self.run(move |txn| claim_in(txn, &owner, lease, &claim))
     }
 
     fn take_over_key(&self, claim: KeyClaim) -> StoreFuture<'_, bool> {
@@ -869,15 +949,7 @@ impl Store for SqliteStore {
 
     fn finish_key(&self, key: &str, outcome: Bytes) -> StoreFuture<'_, ()> {
         let (key, owner) = (key.to_owned(), self.owner.clone());
-        self.run(move |txn| {
-            execute(
-                txn,
-                "UPDATE keys SET outcome = ?3 WHERE key = ?1 AND owner = ?2 AND outcome IS NULL",
-                params![key, owner, &outcome[..]],
-            )
-            .map_err(backend)?;
-            Ok(())
-        })
+        self.run(move |txn| finish_in(txn, &owner, &key, &outcome))
     }
 
     fn retained_bytes(&self) -> StoreFuture<'_, Option<u64>> {

@@ -293,6 +293,47 @@ pub async fn idempotency_keys_run_once_and_keep_their_outcome(store: &dyn Store)
     assert_eq!(store.key_state("k2", 105).await, Ok(Some(KeyState::Running { stream: None, abandoned: false })));
 }
 
+pub async fn keyed_requests_begin_and_claim_together(store: &dyn Store) {
+    let a = epoch('A');
+    store.create_session(record("s", a.clone(), 0)).await.expect("create");
+    let begun = store.begin_keyed_request("s", &a, "n:1", "d", &stream("r1"), claim("k", "d", 100)).await;
+    assert_eq!(begun, Ok((BeginRequest::Started, Some(Claim::Claimed))));
+    // The same request id again: it attaches in its session, and claims nothing.
+    let again = store.begin_keyed_request("s", &a, "n:1", "d", &stream("r2"), claim("k", "d", 101)).await;
+    assert_eq!(again, Ok((BeginRequest::Existing { stream: stream("r1"), same_params: true }, None)));
+    // Another id with the same key: a new request, whose key is the first one's.
+    let (begun, claimed) =
+        store.begin_keyed_request("s", &a, "n:2", "d", &stream("r3"), claim("k", "d", 102)).await.expect("begin");
+    assert_eq!(begun, BeginRequest::Started);
+    assert!(matches!(claimed, Some(Claim::Existing { same_params: true, state: KeyState::Running { .. } })));
+    // A session that is gone claims nothing.
+    let gone = store.begin_keyed_request("s", &epoch('B'), "n:3", "d", &stream("r4"), claim("k2", "d", 103)).await;
+    assert_eq!(gone, Err(StoreError::SessionGone));
+    assert_eq!(store.key_state("k2", 103).await, Ok(None));
+}
+
+pub async fn a_final_append_records_the_keys_outcome_even_if_the_session_is_gone(store: &dyn Store) {
+    let a = epoch('A');
+    store.create_session(record("s", a.clone(), 0)).await.expect("create");
+    let begun = store.begin_keyed_request("s", &a, "n:1", "d", &stream("r1"), claim("k", "d", 100)).await;
+    assert_eq!(begun, Ok((BeginRequest::Started, Some(Claim::Claimed))));
+    let response = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
+    let events = vec![Bytes::from_static(b"progress"), response.clone()];
+    assert_eq!(store.append_final("s", &a, &stream("r1"), events, "k").await, Ok(2));
+    let range = store.stream_range("s", &stream("r1")).await.expect("range").expect("stream");
+    assert_eq!((range.head, range.state), (2, StreamState::Complete));
+    assert_eq!(store.key_state("k", 101).await, Ok(Some(KeyState::Finished(response))));
+    // The session ended while the request ran: the append fails, the outcome is still recorded.
+    store.begin_keyed_request("s", &a, "n:2", "e", &stream("r2"), claim("k2", "e", 102)).await.expect("begin");
+    store.end_session("s", &a, SessionEnd::Terminated).await.expect("end");
+    let late = Bytes::from_static(br#"{"jsonrpc":"2.0","id":2,"result":{}}"#);
+    assert_eq!(
+        store.append_final("s", &a, &stream("r2"), vec![late.clone()], "k2").await,
+        Err(StoreError::SessionGone)
+    );
+    assert_eq!(store.key_state("k2", 103).await, Ok(Some(KeyState::Finished(late))));
+}
+
 pub async fn counter_additions_under_a_key_apply_once(store: &dyn Store) {
     assert_eq!(store.claim_key(claim("op", "d", 100)).await, Ok(Claim::Claimed));
     assert_eq!(store.counter_add("c", 5, Some("op")).await, Ok(5));
@@ -340,6 +381,8 @@ macro_rules! store_suite {
             standalone_stream_is_recorded_for_every_replica,
             counters_add_and_read,
             idempotency_keys_run_once_and_keep_their_outcome,
+            keyed_requests_begin_and_claim_together,
+            a_final_append_records_the_keys_outcome_even_if_the_session_is_gone,
             counter_additions_under_a_key_apply_once,
             idempotency_records_expire_and_are_bounded,
         );
