@@ -297,8 +297,12 @@ async fn run(
                 if let (Some(info), Ok(result)) = (&modern_server_info, &mut outcome) {
                     decorate_modern(&method, result, info);
                 }
+                let answer = if outcome.is_ok() { "result" } else { "error" };
                 match ctx.respond(id, outcome.clone(), record.as_deref()).await {
-                    Ok(()) => None,
+                    Ok(()) => {
+                        tracing::debug!(answer, "answered");
+                        None
+                    }
                     Err(err) => {
                         tracing::debug!(%err, "final response not delivered");
                         Some(outcome)
