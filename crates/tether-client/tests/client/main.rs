@@ -1,3 +1,4 @@
 //! The client against a real tether server, through a real fault proxy.
 
 mod chaos;
+mod telemetry;
