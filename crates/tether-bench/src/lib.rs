@@ -30,9 +30,6 @@ pub enum BenchError {
         /// What went wrong.
         reason: String,
     },
-    /// An HTTP exchange failed.
-    #[error("{0}")]
-    Wire(#[from] wire::WireError),
     /// Writing the report failed.
     #[error("writing {path}: {source}")]
     Write {

@@ -552,16 +552,11 @@ impl Client {
             // Positional params have no `_meta`: MCP requests never take them.
             (Some(_), _) => key = None,
         }
+        let Some((key, records)) = &key else { return self.send_once(method, params).await };
         let mut reissues = Attempts::new(self.inner.config.backoff);
         let mut attempt = 0;
         loop {
             let outcome = self.send_once(method, params.clone()).await;
-            if method == method::TOOLS_LIST
-                && let Ok(result) = &outcome
-            {
-                self.inner.learn_tools(result);
-            }
-            let Some((key, records)) = &key else { return outcome };
             let reason = match &outcome {
                 Err(RequestError::OutcomeUnknown(reason) | RequestError::NotExecuted(reason)) => reason.clone(),
                 Err(RequestError::Cancelled) => "the response stream broke".to_owned(),
@@ -613,7 +608,13 @@ impl Client {
                 .resolve(&key, Err(RequestError::OutcomeUnknown(format!("the request may not have arrived: {err}")))),
             Ok((head, reply)) => self.handle_reply(era, generation, &key, &id, head, reply).await,
         }
-        rx.await.unwrap_or(Err(RequestError::Client(ClientError::Closed)))
+        let outcome = rx.await.unwrap_or(Err(RequestError::Client(ClientError::Closed)));
+        if method == method::TOOLS_LIST
+            && let Ok(result) = &outcome
+        {
+            inner.learn_tools(result);
+        }
+        outcome
     }
 
     async fn handle_reply(&self, era: Era, generation: u64, key: &str, id: &RequestId, head: Head, reply: Reply) {

@@ -113,7 +113,8 @@ pub struct State {
     pub executions: u8,
     /// A resume of an ended or unknown session was answered with a stream.
     pub revived: bool,
-    /// Replica 0 crashed and, with per-replica stores, forgot the session and its stream.
+    /// Replica 0 crashed and, with per-replica stores, forgot the session, its stream and the
+    /// key's record (it now serves records with another name).
     pub forgotten: bool,
     /// The client's connection, if open.
     pub conn: Option<Conn>,
@@ -133,9 +134,6 @@ pub struct State {
     pub budget: Budget,
     /// The idempotency record of the request (keyed clients).
     pub key: KeyRecord,
-    /// Replica 0's records were lost with its memory (per-replica stores): it now serves
-    /// records with another name.
-    pub records_lost: bool,
     /// Where the re-send of a keyed request stands.
     pub reissue: Reissue,
 }
@@ -334,7 +332,7 @@ impl Resumption {
     /// The name of the records `replica` claims keys in: one for a shared store; with
     /// per-replica stores, replica 0's (whose name changes when a crash loses them) and replica 1's.
     fn records(&self, state: &State, replica: u8) -> u8 {
-        match (self.config.stores, replica, state.records_lost) {
+        match (self.config.stores, replica, state.forgotten) {
             (Stores::Shared, _, _) | (Stores::PerReplica, 0, false) => 0,
             (Stores::PerReplica, 0, true) => 2,
             _ => 1,
@@ -371,7 +369,7 @@ impl Resumption {
             KeyRecord::Cancelled => Outcome::Error,
             // Lost with the memory of the replica that held it (and served the re-send): the
             // client learns nothing more and says so.
-            KeyRecord::Running if state.records_lost => Outcome::Unknown,
+            KeyRecord::Running if state.forgotten => Outcome::Unknown,
             // Abandoned: its replica crashed mid-run (the tool is not resumable).
             KeyRecord::Running if state.producer.is_none() => Outcome::Error,
             KeyRecord::Running => return,
@@ -578,7 +576,6 @@ impl Model for Resumption {
             idle_resumes: 0,
             budget: self.config.budget,
             key: KeyRecord::Running,
-            records_lost: false,
             reissue: Reissue::None,
         }
     }
@@ -692,7 +689,6 @@ impl Model for Resumption {
                 if self.config.stores == Stores::PerReplica && *replica == 0 {
                     // Its memory is gone, and with it the session and the key's record.
                     next.forgotten = true;
-                    next.records_lost = true;
                 }
             }
         }

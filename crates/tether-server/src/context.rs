@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use serde_json::{Value, json};
-use tether_core::jsonrpc::{ErrorObject, Message, Notification, Request, RequestId, Response};
+use tether_core::jsonrpc::{Message, Notification, Request, RequestId};
 use tether_core::lineage::StreamName;
 use tether_core::mcp::method;
 use tether_store::{Store, StoreError};
@@ -171,6 +171,20 @@ async fn write_output(
     }
 }
 
+/// A notification, serialized.
+fn notification(method: &str, params: Value) -> Bytes {
+    Bytes::from(Message::Notification(Notification { method: method.to_owned(), params: Some(params) }).to_vec())
+}
+
+/// Appends `message` to the session's standalone stream, wherever and whenever it was opened
+/// (the store knows it); `false` if the client never opened one.
+async fn append_standalone(store: &dyn Store, runtime: &SessionRuntime, message: Bytes) -> Result<bool, StoreError> {
+    let Some(stream) = store.standalone_stream(&runtime.id).await? else { return Ok(false) };
+    store.append(&runtime.id, &runtime.epoch, &stream, message, false).await?;
+    crate::telemetry::events_appended(1);
+    Ok(true)
+}
+
 struct Shared {
     output: Output,
     /// The queue of the request's writer (legacy sessions).
@@ -295,8 +309,7 @@ impl Context {
 
     /// Sends a notification related to this request, on its stream.
     pub async fn notify(&self, method: &str, params: Value) -> Result<(), ContextError> {
-        let message = Message::Notification(Notification { method: method.to_owned(), params: Some(params) });
-        self.emit(message.to_vec(), false).await
+        self.emit(notification(method, params), false, None).await
     }
 
     /// Sends a request to the client on this request's stream (sampling, elicitation, roots)
@@ -309,7 +322,7 @@ impl Context {
             method: method.to_owned(),
             params: Some(params),
         });
-        if let Err(err) = self.emit(message.to_vec(), false).await {
+        if let Err(err) = self.emit(Bytes::from(message.to_vec()), false, None).await {
             runtime.forget_client_request(&id);
             return Err(err);
         }
@@ -334,12 +347,7 @@ impl Context {
     /// client never opened one, so there is nowhere to deliver it.
     pub async fn broadcast(&self, method: &str, params: Value) -> Result<bool, ContextError> {
         let Output::Stored { store, runtime, .. } = &self.shared.output else { return Err(ContextError::NoSession) };
-        // The store knows the current standalone stream, wherever and whenever it was opened.
-        let Some(stream) = store.standalone_stream(&runtime.id).await? else { return Ok(false) };
-        let message = Message::Notification(Notification { method: method.to_owned(), params: Some(params) });
-        store.append(&runtime.id, &runtime.epoch, &stream, Bytes::from(message.to_vec()), false).await?;
-        crate::telemetry::events_appended(1);
-        Ok(true)
+        Ok(append_standalone(store.as_ref(), runtime, notification(method, params)).await?)
     }
 
     /// Appends a notification to the standalone (GET) stream of every live session this
@@ -347,22 +355,15 @@ impl Context {
     /// sessions had a standalone stream to receive it. Sessions served only by other replicas
     /// are not reached.
     pub async fn notify_all(&self, method: &str, params: Value) -> Result<usize, ContextError> {
-        let store = &self.shared.server.store;
-        let message = Bytes::from(
-            Message::Notification(Notification { method: method.to_owned(), params: Some(params) }).to_vec(),
-        );
+        let store = self.shared.server.store.as_ref();
+        let message = notification(method, params);
         let sends = self.shared.server.sessions.all().into_iter().map(|runtime| {
             let message = message.clone();
-            async move {
-                // A session that ended since it was listed has nothing left to deliver to.
-                let Ok(Some(stream)) = store.standalone_stream(&runtime.id).await else { return false };
-                store.append(&runtime.id, &runtime.epoch, &stream, message, false).await.is_ok()
-            }
+            // A session that ended since it was listed has nothing left to deliver to.
+            async move { append_standalone(store, &runtime, message).await.unwrap_or(false) }
         });
         // Concurrently, so a durable store commits them together.
-        let reached = futures_util::future::join_all(sends).await.into_iter().filter(|sent| *sent).count();
-        crate::telemetry::events_appended(reached);
-        Ok(reached)
+        Ok(futures_util::future::join_all(sends).await.into_iter().filter(|sent| *sent).count())
     }
 
     /// Closes the client's connection to this request's stream without ending the stream
@@ -385,30 +386,11 @@ impl Context {
         self.shared.cancel.is_cancelled()
     }
 
-    /// Sends the request's final response, and records it as the outcome of idempotency key
-    /// `record` (with the response, where the store can). Called once, by the dispatcher.
-    pub(crate) async fn respond(
-        &self,
-        id: RequestId,
-        outcome: Result<Value, ErrorObject>,
-        record: Option<&str>,
-    ) -> Result<(), ContextError> {
-        let message = Message::Response(Response { id: Some(id), outcome }).to_vec();
-        match (&self.shared.output, record) {
-            (_, None) => self.emit(message, true).await,
-            (Output::Stored { .. }, Some(key)) => {
-                if self.shared.cancel.is_cancelled() {
-                    return Err(ContextError::Cancelled);
-                }
-                self.write(Some(Bytes::from(message)), true, Some(key.to_owned())).await
-            }
-            (Output::Direct { .. }, Some(key)) => {
-                let response = Bytes::from(message.clone());
-                let sent = self.emit(message, true).await;
-                self.store().finish_key(key, response).await?;
-                sent
-            }
-        }
+    /// Sends the request's final response (a serialized JSON-RPC response). On a session stream
+    /// with `record`, the store records it as the outcome of that idempotency key in the same
+    /// step. Called once, by the dispatcher.
+    pub(crate) async fn respond(&self, response: Bytes, record: Option<&str>) -> Result<(), ContextError> {
+        self.emit(response, true, record).await
     }
 
     /// Ends the request's stream without a response (it was cancelled).
@@ -423,14 +405,15 @@ impl Context {
         }
     }
 
-    async fn emit(&self, bytes: Vec<u8>, last: bool) -> Result<(), ContextError> {
+    /// Sends `bytes`; `last` ends the stream, and on a session stream also records the response
+    /// under `record`.
+    async fn emit(&self, bytes: Bytes, last: bool, record: Option<&str>) -> Result<(), ContextError> {
         if self.shared.cancel.is_cancelled() {
             return Err(ContextError::Cancelled);
         }
-        let bytes = Bytes::from(bytes);
         match &self.shared.output {
             // The writer tells the POST how the response starts.
-            Output::Stored { .. } if last => self.write(Some(bytes), true, None).await,
+            Output::Stored { .. } if last => self.write(Some(bytes), true, record.map(str::to_owned)).await,
             Output::Stored { .. } => {
                 self.queue(Write { bytes: Some(bytes), last: false, record: None, done: None }).await
             }

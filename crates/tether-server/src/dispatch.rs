@@ -4,8 +4,10 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use serde_json::{Value, json};
-use tether_core::jsonrpc::{ErrorObject, Request, RequestId, code};
+use tether_core::jsonrpc::{ErrorObject, Message, Request, RequestId, Response, code};
 use tether_core::lineage::{Digest, StreamName};
 use tether_core::mcp;
 use tether_store::{BeginRequest, Claim, KeyClaim};
@@ -288,34 +290,36 @@ async fn run(
                 None
             }
         };
-        // A keyed request's outcome is recorded with its response; if the response could not
-        // be written (cancelled, session gone), on its own: the request ran, a re-send must learn
-        // how.
+        // A keyed request's outcome is recorded with its response on a session stream (the
+        // writer does it in the same store step); otherwise, or if that write failed, here: the
+        // request ran, and a re-send must learn how. The record is the response itself.
         let record = record.map(|keyed| keyed.name);
+        let stored = ctx.stream().is_some();
         let recorded = match outcome {
             Some(mut outcome) => {
                 if let (Some(info), Ok(result)) = (&modern_server_info, &mut outcome) {
                     decorate_modern(&method, result, info);
                 }
                 let answer = if outcome.is_ok() { "result" } else { "error" };
-                match ctx.respond(id, outcome.clone(), record.as_deref()).await {
+                let response = Bytes::from(Message::Response(Response { id: Some(id), outcome }).to_vec());
+                match ctx.respond(response.clone(), record.as_deref().filter(|_| stored)).await {
                     Ok(()) => {
                         tracing::debug!(answer, "answered");
-                        None
+                        (!stored).then_some(response)
                     }
                     Err(err) => {
                         tracing::debug!(%err, "final response not delivered");
-                        Some(outcome)
+                        Some(response)
                     }
                 }
             }
             None => {
                 ctx.end_without_response().await;
-                Some(Err(idempotency::cancelled()))
+                Some(idempotency::encode(&Err(idempotency::cancelled())))
             }
         };
         if let (Some(key), Some(outcome)) = (record, recorded)
-            && let Err(err) = shared.store.finish_key(&key, idempotency::encode(&outcome)).await
+            && let Err(err) = shared.store.finish_key(&key, outcome).await
         {
             tracing::warn!(%err, "could not record a keyed request's outcome");
         }

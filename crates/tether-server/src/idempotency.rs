@@ -24,10 +24,13 @@ const RELAY_BATCH: usize = 256;
 /// The longest pause between two looks at a running original's record.
 const MAX_POLL: Duration = Duration::from_millis(250);
 
-/// The value of the `io.tether/idempotency` capability: the version, and the name of the
-/// records keys are claimed in (see [`Store::records_id`]).
-pub(crate) fn capability(shared: &Shared) -> Value {
-    json!({"version": 1, "records": shared.store.records_id()})
+/// Adds the `io.tether/idempotency` capability to `capabilities` if the extension is on: the
+/// version, and the name of the records keys are claimed in (see [`Store::records_id`]).
+pub(crate) fn advertise(shared: &Shared, capabilities: &mut Value) {
+    if shared.config.idempotency && capabilities.is_object() {
+        capabilities["experimental"][meta::IDEMPOTENCY_CAPABILITY] =
+            json!({"version": 1, "records": shared.store.records_id()});
+    }
 }
 
 /// A request's idempotency key, as the store records it.

@@ -54,7 +54,8 @@ pub(crate) fn resume(decision: &ServerDecision) {
     metrics::counter!("tether_resumes_total", "branch" => branch, "reason" => reason).increment(1);
 }
 
-/// How long a store operation took (`op`: `begin_request`, `append`, `read`, `claim_key`).
+/// How long a store operation took (`op`: `begin_request`, `append`, `claim_key`). Not measured
+/// per read of a followed stream: that is once per event.
 pub(crate) fn store_latency(op: &'static str, took: Duration) {
     metrics::histogram!("tether_store_seconds", "op" => op).record(took.as_secs_f64());
 }

@@ -194,7 +194,7 @@ pub trait Store: Send + Sync + 'static {
     fn end_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;
 
     /// What is retained of a stream, or `None` if the session has no such stream. A request's
-    /// stream whose owning process stopped heartbeating is reported `Aborted`.
+    /// stream whose owning process is gone is reported `Aborted`.
     fn stream_range(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>>;
 
     /// The key of the request a stream belongs to, if it is a request's stream.
@@ -251,8 +251,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Applies retention at `now_ms`: drops ended streams past their retention, forgets ended
     /// sessions past their tombstone time, and marks sessions past their deadline expired. It is
-    /// also this process's heartbeat: requests owned by a process whose heartbeat is older than
-    /// the lease are marked aborted. Idempotency records past their time, and the oldest finished
-    /// ones past the count bound, are forgotten. Returns the ids of sessions it expired.
+    /// also this process's heartbeat where processes share a store (Redis): requests owned by a
+    /// process whose heartbeat is older than the lease are marked aborted. Idempotency records
+    /// past their time, and the oldest finished ones past the count bound, are forgotten.
+    /// Returns the ids of sessions it expired.
     fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>>;
 }

@@ -94,6 +94,16 @@ pub struct KeyClaim {
     pub now_ms: u64,
 }
 
+impl KeyClaim {
+    /// The session and stream its events go to, as two columns.
+    pub(crate) fn columns(&self) -> (Option<&str>, Option<&str>) {
+        match &self.stream {
+            Some((session, stream)) => (Some(session), Some(stream.as_str())),
+            None => (None, None),
+        }
+    }
+}
+
 /// Where an idempotency key's request stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyState {
@@ -137,7 +147,8 @@ pub struct Retention {
     /// Most event bytes retained in all, by the memory backend (the durable backends are bounded
     /// per session; their total is the disk's or Redis's to bound).
     pub max_bytes_total: usize,
-    /// How long a process may go without a heartbeat before its running requests are aborted.
+    /// How long a process sharing the store (Redis) may go without a heartbeat before its running
+    /// requests are aborted. The embedded store needs none: one process has it at a time.
     pub lease_ms: u64,
     /// How long an idempotency key's record is kept.
     pub idempotency_ms: u64,

@@ -761,14 +761,14 @@ impl Store for RedisStore {
                 .query_async(&mut conn)
                 .await
                 .map_err(backend)?;
-            let (session, stream) = claim_columns(&claim);
+            let (session, stream) = claim.columns();
             let fields: Vec<Option<Vec<u8>>> = scripts()
                 .claim
                 .key(key_record(&claim.key))
                 .arg(&claim.params_digest)
                 .arg(&self.owner)
-                .arg(session)
-                .arg(stream)
+                .arg(session.unwrap_or_default())
+                .arg(stream.unwrap_or_default())
                 .invoke_async(&mut conn)
                 .await
                 .map_err(backend)?;
@@ -789,15 +789,15 @@ impl Store for RedisStore {
                 return Ok(false);
             }
             let _: i64 = conn.hset(OWNERS, &self.owner, claim.now_ms).await.map_err(backend)?;
-            let (session, stream) = claim_columns(&claim);
+            let (session, stream) = claim.columns();
             let taken: i64 = scripts()
                 .take_over
                 .key(key_record(&claim.key))
                 .arg(&claim.params_digest)
                 .arg(gone)
                 .arg(&self.owner)
-                .arg(session)
-                .arg(stream)
+                .arg(session.unwrap_or_default())
+                .arg(stream.unwrap_or_default())
                 .invoke_async(&mut conn)
                 .await
                 .map_err(backend)?;
@@ -960,14 +960,6 @@ async fn key_fields(conn: &mut ConnectionManager, key: &str) -> Result<Vec<Optio
         .query_async(conn)
         .await
         .map_err(backend)
-}
-
-/// The session and stream a claim records ('' for none).
-fn claim_columns(claim: &KeyClaim) -> (String, String) {
-    match &claim.stream {
-        Some((session, stream)) => (session.clone(), stream.to_string()),
-        None => (String::new(), String::new()),
-    }
 }
 
 impl RedisStore {

@@ -95,7 +95,6 @@ CREATE TABLE IF NOT EXISTS requests (
     PRIMARY KEY (session, key)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, heartbeat_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS keys (
     key TEXT PRIMARY KEY,
     digest TEXT NOT NULL,
@@ -172,11 +171,12 @@ fn state_of(code: i64) -> StreamState {
 }
 
 impl SqliteStore {
-    /// Opens (or creates) the store in `dir`. `owner` names this process: requests it starts
-    /// are owned by it, and when it stops heartbeating they are reported aborted.
+    /// Opens (or creates) the store in `dir`. `owner` names this process: requests and
+    /// idempotency keys it starts are owned by it.
     ///
     /// Only one process may have a directory open: a second `open` fails while the first holds
-    /// it. Requests that an earlier process left running are aborted at once.
+    /// it. So whatever another owner left running was left by a process that is gone: its
+    /// requests are aborted at open, and its keys are abandoned. No lease is needed.
     pub fn open(dir: &Path, retention: Retention, owner: &str) -> Result<SqliteStore, StoreError> {
         std::fs::create_dir_all(dir).map_err(backend)?;
         let lock = std::fs::File::create(dir.join("tether.lock")).map_err(backend)?;
@@ -188,13 +188,11 @@ impl SqliteStore {
         })?;
         let mut connection = Connection::open(dir.join("tether.sqlite3")).map_err(backend)?;
         connection.execute_batch(SCHEMA).map_err(backend)?;
-        // Every other owner is gone: its requests end, and its idempotency keys are abandoned.
         connection
             .execute(
                 "UPDATE streams SET state = ?2 WHERE state = 0 AND request_key IS NOT NULL AND owner != ?1",
                 params![owner, ABORTED],
             )
-            .and_then(|_| connection.execute("DELETE FROM owners WHERE owner != ?1", [owner]))
             .map_err(backend)?;
         // Named once, when the file is created: the name outlives every restart.
         connection
@@ -450,19 +448,16 @@ fn forget_keys(txn: &Connection, now: i64, retention: &Retention) -> Result<(), 
 }
 
 /// Reads an idempotency record: its digest and state. A running request is abandoned when its
-/// owner's heartbeat is older than the lease (or was never recorded).
-fn key_record(txn: &Connection, key: &str, lapsed_before: i64) -> Result<Option<(String, KeyState)>, StoreError> {
-    type Row = (String, Option<String>, Option<String>, Option<Vec<u8>>, Option<i64>);
-    let row: Option<Row> = query_row(
-        txn,
-        "SELECT k.digest, k.session, k.stream, k.outcome, o.heartbeat_ms FROM keys k \
-         LEFT JOIN owners o ON o.owner = k.owner WHERE k.key = ?1",
-        [key],
-        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
-    )
-    .optional()
-    .map_err(backend)?;
-    let Some((digest, session, stream, outcome, heartbeat)) = row else { return Ok(None) };
+/// owner is another process than `owner` (one process has the directory: the other is gone).
+fn key_record(txn: &Connection, key: &str, owner: &str) -> Result<Option<(String, KeyState)>, StoreError> {
+    type Row = (String, Option<String>, Option<String>, Option<Vec<u8>>, String);
+    let row: Option<Row> =
+        query_row(txn, "SELECT digest, session, stream, outcome, owner FROM keys WHERE key = ?1", [key], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })
+        .optional()
+        .map_err(backend)?;
+    let Some((digest, session, stream, outcome, key_owner)) = row else { return Ok(None) };
     let state = match outcome {
         Some(outcome) => KeyState::Finished(Bytes::from(outcome)),
         None => {
@@ -470,20 +465,10 @@ fn key_record(txn: &Connection, key: &str, lapsed_before: i64) -> Result<Option<
                 (Some(session), Some(stream)) => Some((session, StreamName::parse(&stream).map_err(backend)?)),
                 _ => None,
             };
-            KeyState::Running { stream, abandoned: heartbeat.is_none_or(|h| h < lapsed_before) }
+            KeyState::Running { stream, abandoned: key_owner != owner }
         }
     };
     Ok(Some((digest, state)))
-}
-
-fn heartbeat(txn: &Connection, owner: &str, now: i64) -> Result<(), StoreError> {
-    execute(
-        txn,
-        "INSERT INTO owners (owner, heartbeat_ms) VALUES (?1, ?2) ON CONFLICT(owner) DO UPDATE SET heartbeat_ms = ?2",
-        params![owner, now],
-    )
-    .map_err(backend)?;
-    Ok(())
 }
 
 /// Records request `key` of a live session with its stream, unless the key is known.
@@ -520,28 +505,18 @@ fn begin(
 }
 
 /// Claims an idempotency key for `owner`, unless it is recorded.
-fn claim_in(txn: &Connection, owner: &str, lease_ms: u64, claim: &KeyClaim) -> Result<Claim, StoreError> {
-    let now = as_i64(claim.now_ms);
-    heartbeat(txn, owner, now)?;
-    if let Some((digest, state)) = key_record(txn, &claim.key, now - as_i64(lease_ms))? {
+fn claim_in(txn: &Connection, owner: &str, claim: &KeyClaim) -> Result<Claim, StoreError> {
+    if let Some((digest, state)) = key_record(txn, &claim.key, owner)? {
         return Ok(Claim::Existing { same_params: digest == claim.params_digest, state });
     }
-    let (session, stream) = claim_stream(claim);
+    let (session, stream) = claim.columns();
     execute(
         txn,
         "INSERT INTO keys (key, digest, owner, session, stream, created_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![claim.key, claim.params_digest, owner, session, stream, now],
+        params![claim.key, claim.params_digest, owner, session, stream, as_i64(claim.now_ms)],
     )
     .map_err(backend)?;
     Ok(Claim::Claimed)
-}
-
-/// The session and stream columns of a claim.
-fn claim_stream(claim: &KeyClaim) -> (Option<String>, Option<String>) {
-    match &claim.stream {
-        Some((session, stream)) => (Some(session.clone()), Some(stream.to_string())),
-        None => (None, None),
-    }
 }
 
 /// Appends `events` to a live stream (ending it after them if `last`) and keeps retention.
@@ -752,11 +727,11 @@ impl Store for SqliteStore {
     ) -> StoreFuture<'_, (BeginRequest, Option<Claim>)> {
         let (session, epoch, key, digest) =
             (session.to_owned(), epoch.to_string(), request_key.to_owned(), params_digest.to_owned());
-        let (stream, owner, lease) = (stream.clone(), self.owner.clone(), self.retention.lease_ms);
+        let (stream, owner) = (stream.clone(), self.owner.clone());
         self.run(move |txn| {
             let begun = begin(txn, &owner, &session, &epoch, &key, &digest, &stream)?;
             let claimed = match begun {
-                BeginRequest::Started => Some(claim_in(txn, &owner, lease, &claim)?),
+                BeginRequest::Started => Some(claim_in(txn, &owner, &claim)?),
                 BeginRequest::Existing { .. } => None,
             };
             Ok((begun, claimed))
@@ -915,23 +890,21 @@ impl Store for SqliteStore {
     }
 
     fn claim_key(&self, claim: KeyClaim) -> StoreFuture<'_, Claim> {
-        let (owner, lease) = (self.owner.clone(), self.retention.lease_ms);
-        self.run(move |txn| claim_in(txn, &owner, lease, &claim))
+        let owner = self.owner.clone();
+        self.run(move |txn| claim_in(txn, &owner, &claim))
     }
 
     fn take_over_key(&self, claim: KeyClaim) -> StoreFuture<'_, bool> {
-        let (owner, lease) = (self.owner.clone(), self.retention.lease_ms);
+        let owner = self.owner.clone();
         self.run(move |txn| {
-            let now = as_i64(claim.now_ms);
             let abandoned = matches!(
-                key_record(txn, &claim.key, now - as_i64(lease))?,
+                key_record(txn, &claim.key, &owner)?,
                 Some((digest, KeyState::Running { abandoned: true, .. })) if digest == claim.params_digest
             );
             if !abandoned {
                 return Ok(false);
             }
-            heartbeat(txn, &owner, now)?;
-            let (session, stream) = claim_stream(&claim);
+            let (session, stream) = claim.columns();
             execute(
                 txn,
                 "UPDATE keys SET owner = ?2, session = ?3, stream = ?4 WHERE key = ?1",
@@ -942,9 +915,9 @@ impl Store for SqliteStore {
         })
     }
 
-    fn key_state(&self, key: &str, now_ms: u64) -> StoreFuture<'_, Option<KeyState>> {
-        let (key, lapsed) = (key.to_owned(), as_i64(now_ms) - as_i64(self.retention.lease_ms));
-        self.query(move |txn| Ok(key_record(txn, &key, lapsed)?.map(|(_, state)| state)))
+    fn key_state(&self, key: &str, _now_ms: u64) -> StoreFuture<'_, Option<KeyState>> {
+        let (key, owner) = (key.to_owned(), self.owner.clone());
+        self.query(move |txn| Ok(key_record(txn, &key, &owner)?.map(|(_, state)| state)))
     }
 
     fn finish_key(&self, key: &str, outcome: Bytes) -> StoreFuture<'_, ()> {
@@ -1001,23 +974,9 @@ impl Store for SqliteStore {
     }
 
     fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>> {
-        let (retention, owner) = (self.retention, self.owner.clone());
+        let retention = self.retention;
         let swept = self.run(move |txn| {
             let now = as_i64(now_ms);
-            heartbeat(txn, &owner, now)?;
-            // Requests of an owner that stopped heartbeating will never finish.
-            let lapsed = now - as_i64(retention.lease_ms);
-            let mut aborted = txn
-                .prepare(
-                    "UPDATE streams SET state = ?2 WHERE state = 0 AND request_key IS NOT NULL AND owner IN \
-                     (SELECT owner FROM owners WHERE heartbeat_ms < ?1) RETURNING session, stream, head",
-                )
-                .map_err(backend)?;
-            let aborted: Vec<(String, String, i64)> = aborted
-                .query_map(params![lapsed, ABORTED], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-                .map_err(backend)?
-                .collect::<Result<_, _>>()
-                .map_err(backend)?;
             let mut expired = txn
                 .prepare("UPDATE sessions SET ended = 2, ended_at_ms = ?1 WHERE ended IS NULL AND expires_at_ms <= ?1 RETURNING id")
                 .map_err(backend)?;
@@ -1047,15 +1006,10 @@ impl Store for SqliteStore {
             .map_err(backend)?;
             execute(txn, "DELETE FROM streams WHERE state != 0 AND ended_at_ms <= ?1", [cutoff]).map_err(backend)?;
             forget_keys(txn, now, &retention)?;
-            Ok((expired, aborted))
+            Ok(expired)
         });
         Box::pin(async move {
-            let (expired, aborted) = swept.await?;
-            for (session, stream, head) in aborted {
-                if let Ok(stream) = StreamName::parse(&stream) {
-                    self.heads.notify(&session, &stream, as_u64(head));
-                }
-            }
+            let expired = swept.await?;
             for id in &expired {
                 self.heads.forget_session(id);
             }

@@ -38,7 +38,8 @@ pub struct ServeArgs {
     /// Redis of the `redis` store.
     #[arg(long, default_value = "redis://127.0.0.1:6379/")]
     redis_url: String,
-    /// How long a server may go silent before its running requests are reported aborted.
+    /// How long a replica may go silent before its running requests are reported aborted (the
+    /// Redis store; the embedded store, one process per directory, knows at once after a restart).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     request_lease: Duration,
     /// The reconnection delay announced to 2025-11-25 clients.

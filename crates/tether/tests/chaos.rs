@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Process, free_port, parse, serve, temp_dir, tether};
+use common::{free_port, parse, serve, temp_dir, tether};
 use serde_json::Value;
 use tether_testkit::{RedisServer, proxy};
 
@@ -41,7 +41,7 @@ struct Tally {
 }
 
 /// Makes `CALLS` calls through `url`, `WORKERS` at a time; `done` counts finished calls.
-fn run_calls(url: &str, extra: &[&str], done: &AtomicUsize) -> Tally {
+fn run_calls(url: &str, done: &AtomicUsize) -> Tally {
     let next = AtomicUsize::new(0);
     let tally = Mutex::new(Tally::default());
     let started = Instant::now();
@@ -49,9 +49,7 @@ fn run_calls(url: &str, extra: &[&str], done: &AtomicUsize) -> Tally {
         for _ in 0..WORKERS {
             scope.spawn(|| {
                 while next.fetch_add(1, Ordering::Relaxed) < CALLS && started.elapsed() < RUN_DEADLINE {
-                    let mut args = vec!["call", url, "counter_add", "--args", ARGS];
-                    args.extend_from_slice(extra);
-                    let mut call = tether(&args);
+                    let mut call = tether(&["call", url, "counter_add", "--args", ARGS]);
                     let began = Instant::now();
                     let lines = call.rest(CALL_DEADLINE);
                     let status = call.child.try_wait().ok().flatten().and_then(|s| s.code());
@@ -98,26 +96,24 @@ fn addr(port: u16) -> std::net::SocketAddr {
 
 /// Runs the calls through a faulty proxy against an embedded server that is killed `KILLS`
 /// times and restarted on the same directory. Returns the tally, the counter and the cuts.
-fn embedded_with_kills(name: &str, server_args: &[&str], call_args: &[&str]) -> (Tally, i64, u64) {
+fn embedded_with_kills(name: &str, server_args: &[&str]) -> (Tally, i64, u64) {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     let dir = temp_dir(name);
     let port = free_port();
-    let (server, direct) = serve(port, &dir, server_args);
+    let (mut server, direct) = serve(port, &dir, server_args);
     let proxy = faulty_proxy(&runtime, vec![addr(port)]);
     let url = format!("http://{}/mcp", proxy.addr);
     let done = AtomicUsize::new(0);
-    let server = Mutex::new(server);
     let tally = std::thread::scope(|scope| {
-        let calls = scope.spawn(|| run_calls(&url, call_args, &done));
+        let calls = scope.spawn(|| run_calls(&url, &done));
         for kill in 1..=KILLS {
             let due = kill * CALLS / (KILLS + 1);
             let deadline = Instant::now() + RUN_DEADLINE;
             while done.load(Ordering::Relaxed) < due && Instant::now() < deadline && !calls.is_finished() {
                 std::thread::sleep(Duration::from_millis(5));
             }
-            let mut server = server.lock().expect("server");
             server.kill9();
-            *server = serve(port, &dir, server_args).0;
+            server = serve(port, &dir, server_args).0;
         }
         calls.join().expect("calls")
     });
@@ -145,7 +141,7 @@ fn assert_exactly_once(run: &str, tally: &Tally, value: i64) {
 
 #[test]
 fn keyed_calls_run_exactly_once_through_kills_and_cuts() {
-    let (tally, value, cuts) = embedded_with_kills("chaos-embedded", &["--sse-retry", "50ms"], &[]);
+    let (tally, value, cuts) = embedded_with_kills("chaos-embedded", &["--sse-retry", "50ms"]);
     println!(
         "embedded, {KILLS} kills, {cuts} cuts: {} results, {} re-issued, {} unknown, {} failed; counter {value}",
         tally.values.len(),
@@ -164,11 +160,11 @@ fn keyed_calls_run_exactly_once_across_two_redis_replicas() {
     let dir = temp_dir("chaos-redis");
     let args = ["--store", "redis", "--redis-url", redis.url.as_str(), "--sse-retry", "50ms"];
     let (a, b) = (free_port(), free_port());
-    let (replica_a, direct): (Process, String) = serve(a, &dir.join("a"), &args);
+    let (replica_a, direct) = serve(a, &dir.join("a"), &args);
     let (replica_b, _) = serve(b, &dir.join("b"), &args);
     let proxy = faulty_proxy(&runtime, vec![addr(a), addr(b)]);
     let done = AtomicUsize::new(0);
-    let tally = run_calls(&format!("http://{}/mcp", proxy.addr), &[], &done);
+    let tally = run_calls(&format!("http://{}/mcp", proxy.addr), &done);
     let value = counter(&direct);
     let cuts = proxy.cuts.load(Ordering::Relaxed);
     println!(
@@ -186,7 +182,7 @@ fn keyed_calls_run_exactly_once_across_two_redis_replicas() {
 
 #[test]
 fn without_the_extension_the_same_faults_leave_outcomes_unknown() {
-    let (tally, value, cuts) = embedded_with_kills("chaos-contrast", &["--sse-retry", "50ms", "--no-idempotency"], &[]);
+    let (tally, value, cuts) = embedded_with_kills("chaos-contrast", &["--sse-retry", "50ms", "--no-idempotency"]);
     let results = tally.values.len() as i64;
     let unknown = tally.unknown as i64;
     println!(

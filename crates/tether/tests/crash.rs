@@ -121,13 +121,17 @@ fn a_keyed_call_is_not_reissued_to_a_restarted_memory_server_whose_records_are_n
     let memory = ["--store", "memory", "--sse-retry", "50ms"];
     let (mut server, url) = serve(port, &dir, &memory);
     let call = tether(&["call", &url, "count", "--args", r#"{"to": 100000, "interval_ms": 5}"#]);
+    let mut lines = Vec::new();
     for _ in 0..5 {
-        call.line(Duration::from_secs(10)).expect("notifications before the crash");
+        lines.push(call.line(Duration::from_secs(10)).expect("notifications before the crash"));
     }
     server.kill9();
     let (_server, _) = serve(port, &dir, &memory);
-    let lines = parse(&call.rest(Duration::from_secs(60)));
-    // The new process's records never saw the key: a re-issue there would run the call again.
+    lines.extend(call.rest(Duration::from_secs(60)));
+    let lines = parse(&lines);
+    // The call carried a key (the server offered them)...
+    assert!(!lines.iter().any(|l| l["event"] == "unkeyed"), "{lines:?}");
+    // ...but the new process's records never saw it: a re-issue there would run the call again.
     assert!(lines.iter().any(|l| l["event"] == "reinitialized"), "{lines:?}");
     assert!(!lines.iter().any(|l| l["event"] == "reissued"), "{lines:?}");
     assert_eq!(lines.last().map(|l| l["event"].clone()), Some(json!("outcome_unknown")), "{lines:?}");

@@ -5,11 +5,12 @@ use serde_json::json;
 use tether_client::{Client, ClientConfig, ClientEvent};
 use tether_server::{Builder, builtin::BuiltinHandler};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn divergences_reinitializations_and_reissues_are_counted() {
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
-    // Only this test's counts: the recorder is installed for this task's thread alone.
+    // Only this test's counts: the recorder is installed for this thread alone, which runs every
+    // task of the test (the client's followers included).
     let _local = metrics::set_default_local_recorder(&recorder);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));

@@ -102,9 +102,7 @@ fn status_of(response: &[u8]) -> StatusCode {
 /// The capabilities this era can honour: no subscriptions or list-change notifications (the
 /// stateless server keeps no subscription state); exactly-once execution if it is on.
 fn modern_capabilities(shared: &Shared, mut capabilities: Value) -> Value {
-    if shared.config.idempotency && capabilities.is_object() {
-        capabilities["experimental"][meta::IDEMPOTENCY_CAPABILITY] = crate::idempotency::capability(shared);
-    }
+    crate::idempotency::advertise(shared, &mut capabilities);
     if let Value::Object(map) = &mut capabilities {
         for capability in map.values_mut() {
             if let Value::Object(options) = capability {

@@ -109,9 +109,7 @@ async fn initialize(shared: &Arc<Shared>, request: Request, principal: Option<St
     }
     capabilities["logging"] = json!({});
     capabilities["experimental"][meta::LINEAGE_CAPABILITY] = json!({"version": 1, "epoch": record.epoch.as_str()});
-    if shared.config.idempotency {
-        capabilities["experimental"][meta::IDEMPOTENCY_CAPABILITY] = crate::idempotency::capability(shared);
-    }
+    crate::idempotency::advertise(shared, &mut capabilities);
     let mut result = json!({
         "protocolVersion": version.as_str(),
         "capabilities": capabilities,

@@ -11,7 +11,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures_util::stream;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, HeaderValue};
-use tether_core::jsonrpc::{self, ErrorObject, Message, RequestId};
+use tether_core::jsonrpc::{self, Message, RequestId};
 use tether_core::lineage::{RESYNC_EVENT, ResyncNotice, StreamName, StreamState};
 use tether_core::sse::{Encoder, OutgoingEvent};
 use tether_store::{HeadWatch, StoredEvent};
@@ -116,11 +116,7 @@ impl Pump {
                     OutgoingEvent { id: Some(&id), event: Some(RESYNC_EVENT), data: Some(&data), ..Default::default() };
                 encode(&mut out, &event);
                 if let Some(request) = aborted {
-                    let error = ErrorObject::with_reason(
-                        -32000,
-                        "the server running this request stopped; it may have partly run",
-                        "request_aborted",
-                    );
+                    let error = crate::idempotency::aborted();
                     let response = Message::Response(jsonrpc::Response::error(Some(request), error)).to_vec();
                     let text = String::from_utf8_lossy(&response);
                     // No id: it is not part of the stream's history, and resuming from the
@@ -137,10 +133,8 @@ impl Pump {
             let (session, stream) = (&self.conn.runtime.id, &self.conn.stream);
             // The range is read before the events: if it says the stream ended, every event it
             // ended with is already readable, so an empty read really means "nothing more".
-            let started = std::time::Instant::now();
             let range = store.stream_range(session, stream).await;
             let events = store.read(session, stream, self.conn.cursor, READ_BATCH).await;
-            crate::telemetry::store_latency("read", started.elapsed());
             let (Ok(Some(range)), Ok(events)) = (range, events) else {
                 return self.finish();
             };
