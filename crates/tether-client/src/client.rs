@@ -56,6 +56,8 @@ pub(crate) struct State {
     closed: bool,
     /// The name of the records the server claims idempotency keys in, if it offers the extension.
     idempotency: Option<String>,
+    /// The server's answer to `initialize` (for 2026-07-28, what `server/discover` said).
+    server: Value,
     /// Tools the server annotated `idempotentHint: true` (learnt from `tools/list`): their calls
     /// need no key.
     idempotent_tools: HashSet<String>,
@@ -274,11 +276,13 @@ impl Inner {
             Reply::Json(bytes) => parse_response(&bytes)?,
             Reply::Sse(reader) => first_response(reader, &id).await?,
             Reply::Refused(body) if matches!(head.status, 400 | 404 | 405) => {
-                let Some(capabilities) = self.modern_server().await else { return Err(refused(&head, &body)) };
+                let Some(mut server) = self.modern_server().await else { return Err(refused(&head, &body)) };
                 tracing::debug!(status = head.status, body = %String::from_utf8_lossy(&body), "legacy initialize refused");
+                server["protocolVersion"] = json!(ProtocolVersion::V2026_07_28.as_str());
                 let mut state = self.state();
                 state.era = Era::Modern;
-                state.idempotency = idempotency_records(&capabilities);
+                state.idempotency = server.get("capabilities").and_then(idempotency_records);
+                state.server = server;
                 state.session = SessionHeaders {
                     session_id: None,
                     protocol_version: Some(ProtocolVersion::V2026_07_28.as_str().into()),
@@ -308,6 +312,7 @@ impl Inner {
             let mut state = self.state();
             state.era = Era::Legacy;
             state.idempotency = result.get("capabilities").and_then(idempotency_records);
+            state.server = result;
             state.session = session.clone();
             state.checkpoint.session_id = session.session_id.clone();
             state.checkpoint.epoch = epoch;
@@ -317,7 +322,7 @@ impl Inner {
         Ok(session.session_id.unwrap_or_default())
     }
 
-    /// The server's capabilities, if it answers `server/discover` the 2026-07-28 way.
+    /// The server's `server/discover` result, if it answers the 2026-07-28 way.
     async fn modern_server(&self) -> Option<Value> {
         let id = self.next_id();
         let request = Request { id, method: method::SERVER_DISCOVER.into(), params: Some(json!({})) };
@@ -325,10 +330,7 @@ impl Inner {
         let session =
             SessionHeaders { session_id: None, protocol_version: Some(ProtocolVersion::V2026_07_28.as_str().into()) };
         match self.endpoint.post(&session, body, headers).await {
-            Ok((_, Reply::Json(bytes))) => {
-                let result = parse_response(&bytes).ok()?.outcome.ok()?;
-                Some(result.get("capabilities").cloned().unwrap_or_else(|| json!({})))
-            }
+            Ok((_, Reply::Json(bytes))) => parse_response(&bytes).ok()?.outcome.ok(),
             _ => None,
         }
     }
@@ -491,6 +493,7 @@ impl Client {
             standalone: false,
             closed: false,
             idempotency: None,
+            server: Value::Null,
             idempotent_tools: HashSet::new(),
         };
         let inner = Arc::new(Inner {
@@ -658,12 +661,20 @@ impl Client {
 
     /// Cancels a request the client sent (`notifications/cancelled`).
     pub async fn cancel(&self, id: &RequestId, reason: &str) -> Result<(), ClientError> {
-        let body = Message::Notification(Notification {
-            method: method::CANCELLED.into(),
-            params: Some(json!({"requestId": id.to_value(), "reason": reason})),
-        })
-        .to_vec();
+        self.notify(method::CANCELLED, json!({"requestId": id.to_value(), "reason": reason})).await
+    }
+
+    /// Sends a notification to the server (`notifications/roots/list_changed`, ...).
+    pub async fn notify(&self, method: &str, params: Value) -> Result<(), ClientError> {
+        let body = Message::Notification(Notification { method: method.to_owned(), params: Some(params) }).to_vec();
         self.inner.endpoint.post(&self.inner.session(), body, HeaderMap::new()).await.map(|_| ())
+    }
+
+    /// The server's answer to the current session's `initialize` (`protocolVersion`,
+    /// `capabilities`, `serverInfo`, `instructions`); for 2026-07-28, its `server/discover`
+    /// result.
+    pub fn server(&self) -> Value {
+        self.inner.state().server.clone()
     }
 
     /// Ends the session (DELETE) and stops every stream.

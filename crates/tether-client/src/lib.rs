@@ -18,6 +18,8 @@ mod client;
 mod follow;
 mod hooks;
 mod http;
+#[cfg(feature = "rmcp")]
+pub mod rmcp;
 
 pub use backoff::Backoff;
 pub use checkpoint::{Checkpoint, CheckpointError, StreamCursor};

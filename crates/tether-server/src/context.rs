@@ -185,6 +185,50 @@ async fn append_standalone(store: &dyn Store, runtime: &SessionRuntime, message:
     Ok(true)
 }
 
+/// A legacy session as this process serves it, for state a handler keeps per session (the rmcp
+/// adapter runs one rmcp service per session): who the client is, a way to reach its standalone
+/// stream outside any request, and the moment the process stops serving it.
+#[derive(Clone)]
+pub struct SessionHandle {
+    store: Arc<dyn Store>,
+    runtime: Arc<SessionRuntime>,
+}
+
+impl std::fmt::Debug for SessionHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionHandle").field("id", &self.runtime.id).finish_non_exhaustive()
+    }
+}
+
+impl SessionHandle {
+    /// The session id.
+    pub fn id(&self) -> &str {
+        &self.runtime.id
+    }
+
+    /// The negotiated protocol version.
+    pub fn protocol_version(&self) -> tether_core::mcp::ProtocolVersion {
+        self.runtime.version
+    }
+
+    /// The client's `initialize` params (`protocolVersion`, `capabilities`, `clientInfo`).
+    pub fn client_params(&self) -> &Value {
+        &self.runtime.client
+    }
+
+    /// Appends a notification to the session's standalone (GET) stream. Returns `false` if the
+    /// client never opened one, so there is nowhere to deliver it.
+    pub async fn broadcast(&self, method: &str, params: Value) -> Result<bool, ContextError> {
+        Ok(append_standalone(self.store.as_ref(), &self.runtime, notification(method, params)).await?)
+    }
+
+    /// Resolves once this process stops serving the session: it was deleted, it expired, or
+    /// another incarnation replaced it. Per-session state should be dropped then.
+    pub async fn ended(&self) {
+        self.runtime.ended().await;
+    }
+}
+
 struct Shared {
     output: Output,
     /// The queue of the request's writer (legacy sessions).
@@ -346,8 +390,17 @@ impl Context {
     /// Appends a notification to the session's standalone (GET) stream. Returns `false` if the
     /// client never opened one, so there is nowhere to deliver it.
     pub async fn broadcast(&self, method: &str, params: Value) -> Result<bool, ContextError> {
-        let Output::Stored { store, runtime, .. } = &self.shared.output else { return Err(ContextError::NoSession) };
-        Ok(append_standalone(store.as_ref(), runtime, notification(method, params)).await?)
+        self.session().ok_or(ContextError::NoSession)?.broadcast(method, params).await
+    }
+
+    /// The legacy session the request belongs to, as a handle that outlives the request.
+    pub fn session(&self) -> Option<SessionHandle> {
+        match &self.shared.output {
+            Output::Stored { store, runtime, .. } => {
+                Some(SessionHandle { store: Arc::clone(store), runtime: Arc::clone(runtime) })
+            }
+            Output::Direct { .. } => None,
+        }
     }
 
     /// Appends a notification to the standalone (GET) stream of every live session this

@@ -24,6 +24,8 @@ mod handler;
 mod http;
 mod idempotency;
 mod ids;
+#[cfg(feature = "rmcp")]
+pub mod rmcp;
 mod session;
 mod telemetry;
 pub mod tools;
@@ -36,7 +38,7 @@ use tether_store::{MemoryStore, Store, StoreError};
 
 pub use auth::{Authenticator, BearerToken};
 pub use config::{ServerConfig, parse_duration};
-pub use context::{Context, ContextError};
+pub use context::{Context, ContextError, SessionHandle};
 pub use handler::{Handler, HandlerFuture, ServerInfo};
 pub use session::LogLevel;
 

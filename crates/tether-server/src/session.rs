@@ -80,6 +80,10 @@ pub(crate) struct SessionRuntime {
     pub version: ProtocolVersion,
     /// The capabilities the client declared in `initialize`.
     pub client_capabilities: Value,
+    /// The client's whole `initialize` params (`protocolVersion`, `capabilities`, `clientInfo`).
+    pub client: Value,
+    /// Cancelled when this process stops serving the session.
+    stopped: CancellationToken,
     next_request: AtomicU64,
     request_prefix: String,
     state: Mutex<RuntimeState>,
@@ -114,6 +118,8 @@ impl SessionRuntime {
                 .get("capabilities")
                 .cloned()
                 .unwrap_or_else(|| Value::Object(Default::default())),
+            client: record.client.clone(),
+            stopped: CancellationToken::new(),
             next_request: AtomicU64::new(0),
             request_prefix,
             state: Mutex::new(RuntimeState {
@@ -236,6 +242,12 @@ impl SessionRuntime {
         Attachment { runtime: Arc::clone(self), stream: stream.clone(), generation, rx, kicked }
     }
 
+    /// Resolves once this process stops serving the session (it was deleted, expired, or
+    /// replaced by another incarnation).
+    pub async fn ended(&self) {
+        self.stopped.cancelled().await;
+    }
+
     /// Closes the connection attached to `stream`, if any; the client will resume.
     pub fn kick(&self, stream: &StreamName) {
         let mut state = self.lock();
@@ -249,6 +261,7 @@ impl SessionRuntime {
 
     /// The session ended: cancel everything running and close every connection.
     pub fn end(&self) {
+        self.stopped.cancel();
         let mut state = self.lock();
         state.ended = true;
         for token in state.inflight.values() {
@@ -318,7 +331,9 @@ impl Sessions {
             return Arc::clone(runtime);
         }
         let runtime = Arc::new(SessionRuntime::new(record, request_prefix.to_owned()));
-        map.insert(record.id.clone(), Arc::clone(&runtime));
+        if let Some(older) = map.insert(record.id.clone(), Arc::clone(&runtime)) {
+            older.end();
+        }
         runtime
     }
 

@@ -1,0 +1,315 @@
+//! tether's client as an rmcp client transport (feature `rmcp`): an rmcp client gains
+//! divergence detection, exact resumption and re-initialization without changing its code.
+//!
+//! rmcp's `initialize` connects a tether [`Client`] with the rmcp client's name, protocol
+//! version and capabilities, and is answered with the server's own answer. From then on rmcp's
+//! requests are tether requests (so a `tools/call` carries an idempotency key and is re-issued
+//! until its real outcome arrives, when the server offers it); notifications from every stream
+//! reach rmcp once each, in order, after validation; the server's requests are answered by the
+//! rmcp client handler. What tether itself observes (resumes, divergences, re-initializations,
+//! re-issues) arrives on the receiver [`TetherTransport::new`] returns. A request whose outcome
+//! is lost ends in an error with reason `outcome_unknown`, never in silence.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use rmcp::ServiceExt;
+//! let config = tether_client::ClientConfig::new("http://127.0.0.1:8808/mcp");
+//! let (transport, _events) = tether_client::rmcp::TetherTransport::new(config);
+//! let client = ().serve(transport).await?;
+//! let tools = client.list_all_tools().await?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ::rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use ::rmcp::service::RoleClient;
+use ::rmcp::transport::Transport;
+use serde_json::{Value, json};
+use tether_core::jsonrpc::{self, ErrorObject, Message, Notification, Request, RequestId, Response, code};
+use tether_core::mcp::{Era, ProtocolVersion, method};
+use tokio::sync::{OnceCell, mpsc, oneshot};
+use tokio::task::AbortHandle;
+
+use crate::{Client, ClientConfig, ClientEvent, HookFuture, RequestError, ServerRequests};
+
+/// The server's requests waiting for the rmcp client's answer, by the id rmcp saw.
+type Answers = Arc<Mutex<HashMap<i64, oneshot::Sender<Result<Value, ErrorObject>>>>>;
+
+/// An rmcp client transport over a tether [`Client`].
+pub struct TetherTransport {
+    /// Until rmcp's `initialize` arrives.
+    config: Option<ClientConfig>,
+    client: Arc<OnceCell<Client>>,
+    to_rmcp: mpsc::UnboundedSender<ServerJsonRpcMessage>,
+    from_server: mpsc::UnboundedReceiver<ServerJsonRpcMessage>,
+    events: mpsc::UnboundedSender<ClientEvent>,
+    /// Outcomes of rmcp's requests, handed to rmcp by the pump behind the notifications that
+    /// preceded them.
+    outcomes: mpsc::UnboundedSender<Response>,
+    /// The pump's end of `outcomes`, until rmcp's `initialize` starts the pump.
+    outcomes_rx: Option<mpsc::UnboundedReceiver<Response>>,
+    answers: Answers,
+    /// rmcp's requests in flight, so rmcp can cancel them.
+    running: Arc<Mutex<HashMap<String, AbortHandle>>>,
+}
+
+impl std::fmt::Debug for TetherTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TetherTransport").finish_non_exhaustive()
+    }
+}
+
+/// The transport is closed, or was never connected.
+#[derive(Debug, thiserror::Error)]
+#[error("the tether client is not connected")]
+pub struct NotConnected;
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Maps of handles only: still consistent after a panic elsewhere.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl TetherTransport {
+    /// A transport that connects with `config` when rmcp initializes (its hooks, name and
+    /// protocol version give way to the rmcp client's). The receiver gets what tether observes
+    /// about the connection: every [`ClientEvent`] except messages, which go to rmcp.
+    pub fn new(config: ClientConfig) -> (TetherTransport, mpsc::UnboundedReceiver<ClientEvent>) {
+        let (to_rmcp, from_server) = mpsc::unbounded_channel();
+        let (events, events_rx) = mpsc::unbounded_channel();
+        let (outcomes, outcomes_rx) = mpsc::unbounded_channel();
+        let transport = TetherTransport {
+            config: Some(config),
+            client: Arc::default(),
+            to_rmcp,
+            from_server,
+            events,
+            outcomes,
+            outcomes_rx: Some(outcomes_rx),
+            answers: Answers::default(),
+            running: Arc::default(),
+        };
+        (transport, events_rx)
+    }
+
+    /// The tether client, once rmcp has initialized.
+    pub fn client(&self) -> Option<Client> {
+        self.client.get().cloned()
+    }
+}
+
+/// rmcp's message in tether's types.
+fn from_rmcp(message: &ClientJsonRpcMessage) -> Option<Message> {
+    jsonrpc::parse_message(&serde_json::to_vec(message).ok()?).ok()
+}
+
+/// tether's message in rmcp's types.
+fn to_rmcp(message: &Message) -> Option<ServerJsonRpcMessage> {
+    serde_json::from_slice(&message.to_vec()).ok()
+}
+
+/// Hands `message` to rmcp; a dropped receiver means rmcp has stopped, and nothing is waiting.
+fn deliver(rmcp: &mpsc::UnboundedSender<ServerJsonRpcMessage>, message: &Message) {
+    match to_rmcp(message) {
+        Some(message) => drop(rmcp.send(message)),
+        None => tracing::warn!(method = ?message.method(), "a server message rmcp cannot read was dropped"),
+    }
+}
+
+/// How a tether request's failure reaches rmcp.
+fn request_error(error: RequestError) -> ErrorObject {
+    let (reason, message) = match error {
+        RequestError::Rpc(error) => return error,
+        RequestError::OutcomeUnknown(why) => ("outcome_unknown", format!("outcome unknown: {why}")),
+        RequestError::NotExecuted(why) => ("not_executed", format!("not executed: {why}")),
+        RequestError::Cancelled => ("cancelled", "the response stream broke; the request was cancelled".into()),
+        RequestError::Client(error) => ("client_error", error.to_string()),
+    };
+    ErrorObject::with_reason(-32000, message, reason)
+}
+
+/// Answers the server's requests with the rmcp client handler.
+struct RmcpHooks {
+    capabilities: Value,
+    to_rmcp: mpsc::UnboundedSender<ServerJsonRpcMessage>,
+    answers: Answers,
+    next_id: std::sync::atomic::AtomicI64,
+}
+
+impl ServerRequests for RmcpHooks {
+    fn capabilities(&self) -> Value {
+        self.capabilities.clone()
+    }
+
+    fn answer(&self, method: &str, params: Value) -> HookFuture {
+        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.answers).insert(id, tx);
+        let request =
+            Message::Request(Request { id: RequestId::Number(id), method: method.to_owned(), params: Some(params) });
+        deliver(&self.to_rmcp, &request);
+        Box::pin(async move {
+            rx.await.unwrap_or_else(|_| {
+                Err(ErrorObject::with_reason(code::INTERNAL_ERROR, "the rmcp client stopped", "client_stopped"))
+            })
+        })
+    }
+}
+
+impl TetherTransport {
+    /// Connects for rmcp's `initialize` and answers it with the server's answer.
+    fn initialize(&mut self, id: RequestId, params: Value) -> impl Future<Output = ()> + Send + 'static {
+        let config = self.config.take().map(|mut config| {
+            if let Some(name) = params.pointer("/clientInfo/name").and_then(Value::as_str) {
+                config.name = name.to_owned();
+            }
+            if let Some(version) = params.get("protocolVersion").and_then(Value::as_str).and_then(|v| v.parse().ok())
+                && ProtocolVersion::era(version) == Era::Legacy
+            {
+                config.protocol_version = version;
+            }
+            config.hooks = Arc::new(RmcpHooks {
+                capabilities: params.get("capabilities").cloned().unwrap_or_else(|| json!({})),
+                to_rmcp: self.to_rmcp.clone(),
+                answers: Arc::clone(&self.answers),
+                next_id: std::sync::atomic::AtomicI64::new(1),
+            });
+            config
+        });
+        let (cell, to_rmcp, events) = (Arc::clone(&self.client), self.to_rmcp.clone(), self.events.clone());
+        let outcomes = self.outcomes_rx.take();
+        async move {
+            let outcome = match config.zip(outcomes) {
+                None => Err(ErrorObject::with_reason(code::INVALID_REQUEST, "already initialized", "initialized")),
+                Some((config, outcomes)) => match Client::connect(config).await {
+                    Ok((client, client_events)) => {
+                        tokio::spawn(pump(client_events, outcomes, to_rmcp.clone(), events));
+                        client.follow_standalone().await;
+                        let server = client.server();
+                        let _ = cell.set(client);
+                        Ok(server)
+                    }
+                    Err(err) => Err(ErrorObject::with_reason(code::INTERNAL_ERROR, err.to_string(), "connect_failed")),
+                },
+            };
+            deliver(&to_rmcp, &Message::Response(Response { id: Some(id), outcome }));
+        }
+    }
+}
+
+/// Hands rmcp the client's notifications (acknowledging them once handed over) and the
+/// outcomes of its requests, in the order the server sent them; passes everything else tether
+/// observes to the application.
+async fn pump(
+    mut client_events: mpsc::UnboundedReceiver<ClientEvent>,
+    mut outcomes: mpsc::UnboundedReceiver<Response>,
+    to_rmcp: mpsc::UnboundedSender<ServerJsonRpcMessage>,
+    events: mpsc::UnboundedSender<ClientEvent>,
+) {
+    let handle = |event: ClientEvent| match event {
+        ClientEvent::Message { message: message @ Message::Notification(_), ack, .. } => {
+            deliver(&to_rmcp, &message);
+            ack.done();
+        }
+        // Server requests are answered through the hooks.
+        ClientEvent::Message { ack, .. } => ack.done(),
+        other => drop(events.send(other)),
+    };
+    loop {
+        tokio::select! {
+            biased;
+            event = client_events.recv() => match event {
+                Some(event) => handle(event),
+                None => return,
+            },
+            outcome = outcomes.recv() => {
+                let Some(outcome) = outcome else { return };
+                // The client emitted what preceded the response on its stream before it
+                // resolved the request: all of it is queued by now, and goes first.
+                while let Ok(event) = client_events.try_recv() {
+                    handle(event);
+                }
+                deliver(&to_rmcp, &Message::Response(outcome));
+            }
+        }
+    }
+}
+
+impl Transport<RoleClient> for TetherTransport {
+    type Error = NotConnected;
+
+    fn send(&mut self, item: ClientJsonRpcMessage) -> impl Future<Output = Result<(), NotConnected>> + Send + 'static {
+        let message = from_rmcp(&item);
+        let client = self.client.get().cloned();
+        let (outcomes, running, answers) =
+            (self.outcomes.clone(), Arc::clone(&self.running), Arc::clone(&self.answers));
+        let initialize = match &message {
+            Some(Message::Request(request)) if request.method == method::INITIALIZE => {
+                Some(self.initialize(request.id.clone(), request.params.clone().unwrap_or(Value::Null)))
+            }
+            _ => None,
+        };
+        async move {
+            if let Some(initialize) = initialize {
+                initialize.await;
+                return Ok(());
+            }
+            match message {
+                // tether sent its own.
+                Some(Message::Notification(n)) if n.method == method::INITIALIZED => Ok(()),
+                Some(Message::Notification(n)) if n.method == method::CANCELLED => {
+                    let id = n.params.as_ref().and_then(|p| p.get("requestId")).map(Value::to_string);
+                    if let Some(task) = id.and_then(|id| lock(&running).remove(&id)) {
+                        task.abort();
+                    }
+                    Ok(())
+                }
+                Some(Message::Notification(Notification { method, params })) => {
+                    let client = client.ok_or(NotConnected)?;
+                    client.notify(&method, params.unwrap_or(Value::Null)).await.map_err(|_| NotConnected)
+                }
+                Some(Message::Request(request)) => {
+                    let client = client.ok_or(NotConnected)?;
+                    let key = request.id.to_value().to_string();
+                    let registry = Arc::clone(&running);
+                    let task_key = key.clone();
+                    let task = tokio::spawn(async move {
+                        let params = request.params.unwrap_or(Value::Null);
+                        let outcome = client.request(&request.method, params).await.map_err(request_error);
+                        lock(&registry).remove(&task_key);
+                        // The pump is gone only when the client is.
+                        let _ = outcomes.send(Response { id: Some(request.id), outcome });
+                    });
+                    lock(&running).insert(key, task.abort_handle());
+                    Ok(())
+                }
+                Some(Message::Response(Response { id: Some(RequestId::Number(id)), outcome })) => {
+                    if let Some(waiting) = lock(&answers).remove(&id) {
+                        let _ = waiting.send(outcome);
+                    }
+                    Ok(())
+                }
+                Some(Message::Response(_)) | None => {
+                    tracing::warn!("rmcp sent a message tether cannot route");
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    fn receive(&mut self) -> impl Future<Output = Option<ServerJsonRpcMessage>> + Send {
+        self.from_server.recv()
+    }
+
+    async fn close(&mut self) -> Result<(), NotConnected> {
+        for (_, task) in lock(&self.running).drain() {
+            task.abort();
+        }
+        if let Some(client) = self.client.get() {
+            client.close().await;
+        }
+        self.from_server.close();
+        Ok(())
+    }
+}
