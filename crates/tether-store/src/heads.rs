@@ -49,8 +49,12 @@ impl Heads {
         }
     }
 
-    /// The streams being watched.
-    pub fn watched(&self) -> Vec<(String, StreamName)> {
-        self.lock().keys().cloned().collect()
+    /// The streams some connection follows. Watches nobody holds any more are dropped on the
+    /// way: a later [`Heads::subscribe`] makes a new one, and a follower reads the store after
+    /// subscribing, so no wake-up is lost.
+    pub fn followed(&self) -> Vec<(String, StreamName)> {
+        let mut heads = self.lock();
+        heads.retain(|_, tx| tx.receiver_count() > 0);
+        heads.keys().cloned().collect()
     }
 }

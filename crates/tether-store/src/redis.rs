@@ -941,7 +941,7 @@ impl Store for RedisStore {
                 let _: i64 = conn.zrem(RETIRING, &member).await.map_err(backend)?;
             }
             // Watches of streams that retention dropped end with the stream.
-            for (session, stream) in self.heads.watched() {
+            for (session, stream) in self.heads.followed() {
                 let exists: bool = conn.exists(stream_key(&session, stream.as_str())).await.map_err(backend)?;
                 if !exists {
                     self.heads.forget(&session, &stream);

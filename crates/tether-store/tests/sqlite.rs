@@ -110,3 +110,58 @@ async fn a_reopened_store_aborts_what_the_previous_process_left_running() {
     assert_eq!(survivor.key_state("k", 1_003).await, Ok(Some(KeyState::Finished(Bytes::from_static(b"{}")))));
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
+
+/// What the store answers about `streams`: each range, and every event read from the start in
+/// pages of 7.
+async fn snapshot(store: &SqliteStore, session: &str, streams: &[StreamName]) -> Vec<String> {
+    let mut seen = Vec::new();
+    for stream in streams {
+        let range = store.stream_range(session, stream).await.expect("range");
+        let mut events = Vec::new();
+        let mut after = 0;
+        for _ in 0..1_000 {
+            let page = store.read(session, stream, after, 7).await.expect("read");
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            events.extend(page.into_iter().map(|e| (e.seq, e.data)));
+        }
+        seen.push(format!("{stream}: {range:?} {events:?}"));
+    }
+    seen
+}
+
+#[tokio::test]
+async fn reads_from_memory_agree_with_the_file() {
+    let dir = fresh_dir();
+    let epoch = Epoch::parse("MMMMMMMMMMMMMMMMMMMMMM").expect("epoch");
+    let retention =
+        tether_store::Retention { max_events_per_stream: 1_500, max_bytes_per_session: 20_000, ..suite::retention() };
+    let streams: Vec<StreamName> =
+        ["short", "long", "ended", "trimmed"].iter().map(|s| StreamName::parse(s).expect("name")).collect();
+    let before = {
+        let store = SqliteStore::open(&dir, retention, "owner").expect("open");
+        store.create_session(record("mirrored", &epoch)).await.expect("create");
+        for (i, stream) in streams.iter().enumerate() {
+            store.begin_request("mirrored", &epoch, &format!("n:{i}"), "digest", stream).await.expect("begin");
+        }
+        let batch = |n: usize, size: usize| (0..n).map(|i| Bytes::from(format!("{i:0size$}"))).collect::<Vec<_>>();
+        store.append_batch("mirrored", &epoch, &streams[0], batch(3, 4), false).await.expect("short");
+        // Longer than memory keeps a stream: read back from the file.
+        for _ in 0..12 {
+            store.append_batch("mirrored", &epoch, &streams[1], batch(100, 4), false).await.expect("long");
+        }
+        store.append_batch("mirrored", &epoch, &streams[2], batch(2, 4), false).await.expect("ended");
+        store.end_stream("mirrored", &epoch, &streams[2]).await.expect("end");
+        // Past the session's byte cap: the ended stream goes first, then this one's oldest events.
+        for _ in 0..40 {
+            store.append_batch("mirrored", &epoch, &streams[3], batch(2, 500), false).await.expect("trimmed");
+        }
+        snapshot(&store, "mirrored", &streams).await
+    };
+    assert!(before[2].starts_with("ended: None"), "the byte cap dropped the ended stream: {}", before[2]);
+    assert!(!before[3].contains("retained_from: 0,"), "the byte cap trimmed the stream: {}", before[3]);
+    let store = SqliteStore::open(&dir, retention, "owner").expect("reopen");
+    assert_eq!(snapshot(&store, "mirrored", &streams).await, before, "memory answered what the file holds");
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
+}

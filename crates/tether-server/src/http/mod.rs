@@ -136,9 +136,19 @@ pub(crate) async fn live_session(
     Ok((record, runtime))
 }
 
-/// Renews a session that was just found live. If it ended in between, the reason is decided
-/// again from what the store now says; a store failure is a 503, not a lost session.
+/// How recently a renewal makes another one needless: a busy session is written once a
+/// second, not once a request (a tenth of its idle timeout if that is shorter).
+const RENEWAL_INTERVAL_MS: u64 = 1_000;
+
+/// Renews a session that was just found live, unless it was renewed within the renewal
+/// interval (it then lives at least its idle timeout less that interval). If it ended in
+/// between, the reason is decided again from what the store now says; a store failure is a
+/// 503, not a lost session.
 pub(crate) async fn renew(shared: &Shared, record: &SessionRecord, now: u64) -> Result<(), Rejection> {
+    let interval = RENEWAL_INTERVAL_MS.min(record.idle_ttl_ms / 10);
+    if record.expires_at_ms.saturating_add(interval) >= now.saturating_add(record.idle_ttl_ms) {
+        return Ok(());
+    }
     match shared.store.touch_session(&record.id, &record.epoch, now).await {
         Ok(()) => Ok(()),
         Err(StoreError::SessionGone) => {

@@ -6,8 +6,10 @@
 //! event is durable before any connection can read it, and a crash loses nothing that was
 //! acknowledged.
 
+mod mirror;
+
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 
 use bytes::Bytes;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
@@ -15,6 +17,7 @@ use tether_core::lineage::{Epoch, StreamName, StreamRange, StreamState};
 use tether_core::mcp::ProtocolVersion;
 use tokio::sync::oneshot;
 
+use self::mirror::Mirror;
 use crate::heads::Heads;
 use crate::record::{
     BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent,
@@ -41,6 +44,8 @@ pub struct SqliteStore {
     retention: Retention,
     owner: String,
     heads: Heads,
+    /// Sessions and recent streams in memory: the hot reads never reach SQLite.
+    mirror: Arc<Mirror>,
     records_id: String,
     /// Held while the store is open: one process owns the files, so at open every request
     /// another process left running is known to be abandoned.
@@ -233,6 +238,7 @@ impl SqliteStore {
             retention,
             owner: owner.to_owned(),
             heads: Heads::default(),
+            mirror: Arc::default(),
             records_id,
             _lock: lock,
         })
@@ -260,14 +266,52 @@ impl SqliteStore {
     /// Runs `f` in the next batch; answers after the batch committed.
     fn run<T, F>(&self, f: F) -> StoreFuture<'static, T>
     where
-        T: Send + 'static,
+        T: Clone + Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
+        self.run_with(f, |_, _| {})
+    }
+
+    /// Runs `f` in the next batch; once the batch committed, and if `f` succeeded, hands its
+    /// result to `then` on the writer thread (so mirror updates happen in commit order), then
+    /// answers.
+    fn run_with<T, F, A>(&self, f: F, then: A) -> StoreFuture<'static, T>
+    where
+        T: Clone + Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        A: FnOnce(&Mirror, &T) + Send + 'static,
+    {
+        self.submit(f, then, |_| false)
+    }
+
+    /// [`SqliteStore::run_with`], except that a result `early` accepts is answered as soon as
+    /// `f` ran, before the commit: for writes nobody can observe until a later batch commits,
+    /// and batches commit in order. Should this batch fail, the later writes that depend on it
+    /// fail too.
+    fn submit<T, F, A>(&self, f: F, then: A, early: fn(&T) -> bool) -> StoreFuture<'static, T>
+    where
+        T: Clone + Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        A: FnOnce(&Mirror, &T) + Send + 'static,
+    {
         let (tx, rx) = oneshot::channel();
+        let mirror = Arc::clone(&self.mirror);
         let job: Job = Box::new(move |txn: &mut Transaction<'_>| {
             let result = in_savepoint(txn, f);
+            let mut tx = Some(tx);
+            if let Ok(value) = &result
+                && early(value)
+                && let Some(tx) = tx.take()
+            {
+                let _ = tx.send(Ok(value.clone()));
+            }
             Box::new(move |committed| {
-                let _ = tx.send(committed.and(result));
+                if let (Ok(()), Ok(value)) = (&committed, &result) {
+                    then(&mirror, value);
+                }
+                if let Some(tx) = tx {
+                    let _ = tx.send(committed.and(result));
+                }
             })
         });
         let sent = self.jobs.send(job);
@@ -318,14 +362,15 @@ fn check_live(txn: &Connection, session: &str, epoch: &str) -> Result<(), StoreE
     }
 }
 
+/// Inserts a stream unless it exists; whether it was new.
 fn insert_stream(
     txn: &Connection,
     session: &str,
     stream: &str,
     owner: &str,
     key: Option<&str>,
-) -> Result<(), StoreError> {
-    execute(txn,
+) -> Result<bool, StoreError> {
+    let inserted = execute(txn,
         "INSERT OR IGNORE INTO streams (session, stream, head, state, owner, request_key) VALUES (?1, ?2, 0, 0, ?3, ?4)",
         params![session, stream, owner, key],
     )
@@ -336,7 +381,7 @@ fn insert_stream(
         params![session, stream],
     )
     .map_err(backend)?;
-    Ok(())
+    Ok(inserted > 0)
 }
 
 fn session_bytes(txn: &Connection, session: &str) -> Result<u64, StoreError> {
@@ -378,10 +423,17 @@ fn delete_events_upto(txn: &Connection, session: &str, stream: &str, upto: i64) 
 /// Keeps `stream` and its session within `retention`: ended streams of the session go first,
 /// then the oldest events of `stream` (never its newest). Byte counts are kept per stream and
 /// per session, so this costs a few indexed lookups, not a scan.
-fn evict(txn: &Connection, session: &str, stream: &str, head: i64, retention: &Retention) -> Result<(), StoreError> {
+fn evict(
+    txn: &Connection,
+    session: &str,
+    stream: &str,
+    head: i64,
+    retention: &Retention,
+) -> Result<Evicted, StoreError> {
+    let mut evicted = Evicted::default();
     let max_events = i64::try_from(retention.max_events_per_stream.max(1)).unwrap_or(i64::MAX);
     if head >= max_events {
-        delete_events_upto(txn, session, stream, head - max_events)?;
+        evicted.trimmed |= delete_events_upto(txn, session, stream, head - max_events)? > 0;
     }
     let cap = u64::try_from(retention.max_bytes_per_session).unwrap_or(u64::MAX);
     while session_bytes(txn, session)? > cap {
@@ -407,6 +459,7 @@ fn evict(txn: &Connection, session: &str, stream: &str, head: i64, retention: &R
                 execute(txn, "DELETE FROM streams WHERE session = ?1 AND stream = ?2", params![session, ended])
                     .map_err(backend)?;
                 add_session_bytes(txn, session, -bytes)?;
+                evicted.dropped.push(ended);
             }
             None => {
                 let oldest: Option<i64> = query_row(
@@ -418,14 +471,44 @@ fn evict(txn: &Connection, session: &str, stream: &str, head: i64, retention: &R
                 .map_err(backend)?;
                 match oldest {
                     Some(oldest) if oldest < head => {
-                        delete_events_upto(txn, session, stream, oldest)?;
+                        evicted.trimmed |= delete_events_upto(txn, session, stream, oldest)? > 0;
                     }
                     _ => break,
                 }
             }
         }
     }
-    Ok(())
+    Ok(evicted)
+}
+
+/// What retention took while an append kept it.
+#[derive(Debug, Default, Clone)]
+struct Evicted {
+    /// The appended stream lost its oldest events.
+    trimmed: bool,
+    /// Ended streams of the session deleted whole.
+    dropped: Vec<String>,
+}
+
+/// What an append changed, for the mirror.
+#[derive(Debug, Clone)]
+struct Appended {
+    head: u64,
+    evicted: Evicted,
+}
+
+impl Appended {
+    /// Brings the mirror up to date with the append of `events` to `stream`.
+    fn mirror(&self, mirror: &Mirror, session: &str, stream: &str, events: &[Bytes], last: bool) {
+        if self.evicted.trimmed {
+            mirror.forget_stream(session, stream);
+        } else {
+            mirror.appended(session, stream, self.head, events, last);
+        }
+        for dropped in &self.evicted.dropped {
+            mirror.forget_stream(session, dropped);
+        }
+    }
 }
 
 /// Forgets idempotency records past their time, then the oldest finished ones past the count
@@ -469,6 +552,16 @@ fn key_record(txn: &Connection, key: &str, owner: &str) -> Result<Option<(String
         }
     };
     Ok(Some((digest, state)))
+}
+
+/// The mirror's update after `begin`: a started request has a new stream.
+fn opened_by_begin(session: &str, stream: &StreamName) -> impl FnOnce(&Mirror, &BeginRequest) + Send + 'static {
+    let (session, stream) = (session.to_owned(), stream.to_string());
+    move |mirror, begun| {
+        if matches!(begun, BeginRequest::Started) {
+            mirror.stream_opened(&session, &stream);
+        }
+    }
 }
 
 /// Records request `key` of a live session with its stream, unless the key is known.
@@ -528,7 +621,7 @@ fn append_in(
     events: &[Bytes],
     last: bool,
     retention: &Retention,
-) -> Result<u64, StoreError> {
+) -> Result<Appended, StoreError> {
     check_live(txn, s, e)?;
     let row: Option<(i64, i64)> =
         query_row(txn, "SELECT head, state FROM streams WHERE session = ?1 AND stream = ?2", params![s, st], |r| {
@@ -558,8 +651,8 @@ fn append_in(
     )
     .map_err(backend)?;
     add_session_bytes(txn, s, bytes)?;
-    evict(txn, s, st, head, retention)?;
-    Ok(as_u64(head))
+    let evicted = evict(txn, s, st, head, retention)?;
+    Ok(Appended { head: as_u64(head), evicted })
 }
 
 /// Records the outcome of `owner`'s running request for `key`.
@@ -575,7 +668,12 @@ fn finish_in(txn: &Connection, owner: &str, key: &str, outcome: &[u8]) -> Result
 
 impl Store for SqliteStore {
     fn create_session(&self, record: SessionRecord) -> StoreFuture<'_, ()> {
-        self.run(move |txn| {
+        let created = record.clone();
+        let then = move |mirror: &Mirror, (): &()| {
+            let id = created.id.clone();
+            mirror.set_session(&id, SessionStatus::Live(created));
+        };
+        self.run_with(move |txn| {
             let client = record.client.to_string();
             let inserted = execute(txn,
                     "INSERT OR IGNORE INTO sessions (id, epoch, principal, protocol_version, client, idle_ttl_ms, expires_at_ms) \
@@ -592,12 +690,16 @@ impl Store for SqliteStore {
                 )
                 .map_err(backend)?;
             if inserted == 0 { Err(StoreError::DuplicateSession) } else { Ok(()) }
-        })
+        }, then)
     }
 
     fn session(&self, id: &str, _now_ms: u64) -> StoreFuture<'_, SessionStatus> {
-        let id = id.to_owned();
-        self.query(move |txn| {
+        if let Some(status) = self.mirror.session(id) {
+            return Box::pin(std::future::ready(Ok(status)));
+        }
+        let generation = self.mirror.session_generation();
+        let (key, id) = (id.to_owned(), id.to_owned());
+        let read = self.query(move |txn| {
             let row = query_row(txn,
                     "SELECT epoch, principal, protocol_version, client, idle_ttl_ms, expires_at_ms, ended FROM sessions WHERE id = ?1",
                     [&id],
@@ -631,21 +733,34 @@ impl Store for SqliteStore {
                     expires_at_ms: as_u64(expires),
                 }),
             })
+        });
+        Box::pin(async move {
+            let status = read.await?;
+            // Unknown ids are not kept: anyone can make up as many as they like.
+            if status != SessionStatus::Unknown {
+                self.mirror.offer_session(&key, &status, generation);
+            }
+            Ok(status)
         })
     }
 
     fn touch_session(&self, id: &str, epoch: &Epoch, now_ms: u64) -> StoreFuture<'_, ()> {
         let (id, epoch) = (id.to_owned(), epoch.to_string());
-        self.run(move |txn| {
-            let renewed = execute(
-                txn,
-                "UPDATE sessions SET expires_at_ms = ?3 + idle_ttl_ms \
+        let renewed_id = id.clone();
+        let then = move |mirror: &Mirror, (): &()| mirror.touched(&renewed_id, now_ms);
+        self.run_with(
+            move |txn| {
+                let renewed = execute(
+                    txn,
+                    "UPDATE sessions SET expires_at_ms = ?3 + idle_ttl_ms \
                      WHERE id = ?1 AND epoch = ?2 AND ended IS NULL AND expires_at_ms > ?3",
-                params![id, epoch, as_i64(now_ms)],
-            )
-            .map_err(backend)?;
-            if renewed == 0 { Err(StoreError::SessionGone) } else { Ok(()) }
-        })
+                    params![id, epoch, as_i64(now_ms)],
+                )
+                .map_err(backend)?;
+                if renewed == 0 { Err(StoreError::SessionGone) } else { Ok(()) }
+            },
+            then,
+        )
     }
 
     fn end_session(&self, id: &str, epoch: &Epoch, end: SessionEnd) -> StoreFuture<'_, ()> {
@@ -654,14 +769,23 @@ impl Store for SqliteStore {
             SessionEnd::Terminated => TERMINATED,
             SessionEnd::Expired => EXPIRED,
         };
-        let ended = self.run(move |txn| {
-            check_live(txn, &session, &epoch)?;
-            execute(txn, "UPDATE sessions SET ended = ?2 WHERE id = ?1", params![session, code]).map_err(backend)?;
-            for table in ["events", "streams", "requests"] {
-                execute(txn, &format!("DELETE FROM {table} WHERE session = ?1"), [&session]).map_err(backend)?;
-            }
-            Ok(())
-        });
+        let id_ = id.to_owned();
+        let then = move |mirror: &Mirror, (): &()| {
+            mirror.set_session(&id_, SessionStatus::Ended(end));
+            mirror.forget_streams_of(&id_);
+        };
+        let ended = self.run_with(
+            move |txn| {
+                check_live(txn, &session, &epoch)?;
+                execute(txn, "UPDATE sessions SET ended = ?2 WHERE id = ?1", params![session, code])
+                    .map_err(backend)?;
+                for table in ["events", "streams", "requests"] {
+                    execute(txn, &format!("DELETE FROM {table} WHERE session = ?1"), [&session]).map_err(backend)?;
+                }
+                Ok(())
+            },
+            then,
+        );
         let session = id.to_owned();
         Box::pin(async move {
             ended.await?;
@@ -673,10 +797,20 @@ impl Store for SqliteStore {
     fn open_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
         let (session, epoch, stream, owner) =
             (session.to_owned(), epoch.to_string(), stream.to_string(), self.owner.clone());
-        self.run(move |txn| {
-            check_live(txn, &session, &epoch)?;
-            insert_stream(txn, &session, &stream, &owner, None)
-        })
+        let (s, st) = (session.clone(), stream.clone());
+        let then = move |mirror: &Mirror, inserted: &bool| {
+            if *inserted {
+                mirror.stream_opened(&s, &st);
+            }
+        };
+        let opened = self.run_with(
+            move |txn| {
+                check_live(txn, &session, &epoch)?;
+                insert_stream(txn, &session, &stream, &owner, None)
+            },
+            then,
+        );
+        Box::pin(async move { opened.await.map(drop) })
     }
 
     fn set_standalone_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
@@ -713,7 +847,14 @@ impl Store for SqliteStore {
         let (session, epoch, key, digest) =
             (session.to_owned(), epoch.to_string(), request_key.to_owned(), params_digest.to_owned());
         let (stream, owner) = (stream.clone(), self.owner.clone());
-        self.run(move |txn| begin(txn, &owner, &session, &epoch, &key, &digest, &stream))
+        // A started request's stream is read by nobody before its first events commit, in a
+        // later batch: the handler need not wait for this flush. A claim (below) must.
+        let then = opened_by_begin(&session, &stream);
+        self.submit(
+            move |txn| begin(txn, &owner, &session, &epoch, &key, &digest, &stream),
+            then,
+            |begun| matches!(begun, BeginRequest::Started),
+        )
     }
 
     fn begin_keyed_request(
@@ -728,14 +869,16 @@ impl Store for SqliteStore {
         let (session, epoch, key, digest) =
             (session.to_owned(), epoch.to_string(), request_key.to_owned(), params_digest.to_owned());
         let (stream, owner) = (stream.clone(), self.owner.clone());
-        self.run(move |txn| {
+        let then = opened_by_begin(&session, &stream);
+        let job = move |txn: &Connection| {
             let begun = begin(txn, &owner, &session, &epoch, &key, &digest, &stream)?;
             let claimed = match begun {
                 BeginRequest::Started => Some(claim_in(txn, &owner, &claim)?),
                 BeginRequest::Existing { .. } => None,
             };
             Ok((begun, claimed))
-        })
+        };
+        self.run_with(job, move |mirror, (begun, _)| then(mirror, begun))
     }
 
     fn append(
@@ -759,10 +902,15 @@ impl Store for SqliteStore {
     ) -> StoreFuture<'_, u64> {
         let (s, e, st) = (session.to_owned(), epoch.to_string(), stream.to_string());
         let retention = self.retention;
-        let appended = self.run(move |txn| append_in(txn, &s, &e, &st, &events, last, &retention));
+        let events = Arc::new(events);
+        let (session_, stream_, written) = (s.clone(), st.clone(), Arc::clone(&events));
+        let then = move |mirror: &Mirror, appended: &Appended| {
+            appended.mirror(mirror, &session_, &stream_, &written, last);
+        };
+        let appended = self.run_with(move |txn| append_in(txn, &s, &e, &st, &events, last, &retention), then);
         let (session, stream) = (session.to_owned(), stream.clone());
         Box::pin(async move {
-            let seq = appended.await?;
+            let seq = appended.await?.head;
             self.heads.notify(&session, &stream, seq);
             Ok(seq)
         })
@@ -778,15 +926,25 @@ impl Store for SqliteStore {
     ) -> StoreFuture<'_, u64> {
         let (s, e, st) = (session.to_owned(), epoch.to_string(), stream.to_string());
         let (key, owner, retention) = (key.to_owned(), self.owner.clone(), self.retention);
-        let done = self.run(move |txn| {
-            // A failed append undoes only its own writes: the outcome is recorded regardless.
-            let appended = in_savepoint(txn, |txn| append_in(txn, &s, &e, &st, &events, true, &retention));
-            finish_in(txn, &owner, &key, events.last().map_or(&[][..], |b| &b[..]))?;
-            Ok(appended)
-        });
+        let events = Arc::new(events);
+        let (session_, stream_, written) = (s.clone(), st.clone(), Arc::clone(&events));
+        let then = move |mirror: &Mirror, appended: &Result<Appended, StoreError>| {
+            if let Ok(appended) = appended {
+                appended.mirror(mirror, &session_, &stream_, &written, true);
+            }
+        };
+        let done = self.run_with(
+            move |txn| {
+                // A failed append undoes only its own writes: the outcome is recorded regardless.
+                let appended = in_savepoint(txn, |txn| append_in(txn, &s, &e, &st, &events, true, &retention));
+                finish_in(txn, &owner, &key, events.last().map_or(&[][..], |b| &b[..]))?;
+                Ok(appended)
+            },
+            then,
+        );
         let (session, stream) = (session.to_owned(), stream.clone());
         Box::pin(async move {
-            let seq = done.await??;
+            let seq = done.await??.head;
             self.heads.notify(&session, &stream, seq);
             Ok(seq)
         })
@@ -794,23 +952,30 @@ impl Store for SqliteStore {
 
     fn end_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
         let (s, e, st) = (session.to_owned(), epoch.to_string(), stream.to_string());
-        let ended = self.run(move |txn| {
-            check_live(txn, &s, &e)?;
-            let head: Option<i64> =
-                query_row(txn, "SELECT head FROM streams WHERE session = ?1 AND stream = ?2", params![s, st], |r| {
-                    r.get(0)
-                })
+        let (session_, stream_) = (s.clone(), st.clone());
+        let then = move |mirror: &Mirror, _: &u64| mirror.stream_ended(&session_, &stream_);
+        let ended = self.run_with(
+            move |txn| {
+                check_live(txn, &s, &e)?;
+                let head: Option<i64> = query_row(
+                    txn,
+                    "SELECT head FROM streams WHERE session = ?1 AND stream = ?2",
+                    params![s, st],
+                    |r| r.get(0),
+                )
                 .optional()
                 .map_err(backend)?;
-            let head = head.ok_or(StoreError::UnknownStream)?;
-            execute(
-                txn,
-                "UPDATE streams SET state = ?3 WHERE session = ?1 AND stream = ?2 AND state = 0",
-                params![s, st, COMPLETE],
-            )
-            .map_err(backend)?;
-            Ok(as_u64(head))
-        });
+                let head = head.ok_or(StoreError::UnknownStream)?;
+                execute(
+                    txn,
+                    "UPDATE streams SET state = ?3 WHERE session = ?1 AND stream = ?2 AND state = 0",
+                    params![s, st, COMPLETE],
+                )
+                .map_err(backend)?;
+                Ok(as_u64(head))
+            },
+            then,
+        );
         let (session, stream) = (session.to_owned(), stream.clone());
         Box::pin(async move {
             let head = ended.await?;
@@ -820,6 +985,9 @@ impl Store for SqliteStore {
     }
 
     fn stream_range(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>> {
+        if let Some(range) = self.mirror.stream_range(session, stream.as_str()) {
+            return Box::pin(std::future::ready(Ok(Some(range))));
+        }
         let (s, st) = (session.to_owned(), stream.to_string());
         self.query(move |txn| {
             let row: Option<(i64, i64, Option<i64>)> = query_row(
@@ -852,6 +1020,9 @@ impl Store for SqliteStore {
     }
 
     fn read(&self, session: &str, stream: &StreamName, after: u64, max: usize) -> StoreFuture<'_, Vec<StoredEvent>> {
+        if let Some(events) = self.mirror.read(session, stream.as_str(), after, max) {
+            return Box::pin(std::future::ready(Ok(events)));
+        }
         let (s, st) = (session.to_owned(), stream.to_string());
         let limit = i64::try_from(max).unwrap_or(i64::MAX);
         self.query(move |txn| {
@@ -975,7 +1146,7 @@ impl Store for SqliteStore {
 
     fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>> {
         let retention = self.retention;
-        let swept = self.run(move |txn| {
+        let swept = self.run_with(move |txn| {
             let now = as_i64(now_ms);
             let mut expired = txn
                 .prepare("UPDATE sessions SET ended = 2, ended_at_ms = ?1 WHERE ended IS NULL AND expires_at_ms <= ?1 RETURNING id")
@@ -1004,17 +1175,34 @@ impl Store for SqliteStore {
                 [cutoff],
             )
             .map_err(backend)?;
-            execute(txn, "DELETE FROM streams WHERE state != 0 AND ended_at_ms <= ?1", [cutoff]).map_err(backend)?;
+            let mut deleted = txn
+                .prepare_cached("DELETE FROM streams WHERE state != 0 AND ended_at_ms <= ?1 RETURNING session, stream")
+                .map_err(backend)?;
+            let deleted: Vec<(String, String)> = deleted
+                .query_map([cutoff], |r| Ok((r.get(0)?, r.get(1)?)))
+                .map_err(backend)?
+                .collect::<Result<_, _>>()
+                .map_err(backend)?;
             forget_keys(txn, now, &retention)?;
-            Ok(expired)
+            Ok((expired, deleted))
+        }, |mirror: &Mirror, (expired, deleted): &(Vec<String>, Vec<(String, String)>)| {
+            for id in expired {
+                mirror.set_session(id, SessionStatus::Ended(SessionEnd::Expired));
+                mirror.forget_streams_of(id);
+            }
+            for (session, stream) in deleted {
+                mirror.forget_stream(session, stream);
+            }
+            // Tombstones past their time are gone from the table.
+            mirror.forget_ended_sessions();
         });
         Box::pin(async move {
-            let expired = swept.await?;
+            let (expired, _) = swept.await?;
             for id in &expired {
                 self.heads.forget_session(id);
             }
             // Watches of streams that retention dropped end with the stream.
-            for (session, stream) in self.heads.watched() {
+            for (session, stream) in self.heads.followed() {
                 if matches!(self.stream_range(&session, &stream).await, Ok(None)) {
                     self.heads.forget(&session, &stream);
                 }

@@ -1,0 +1,180 @@
+//! What the embedded store keeps in memory so that the reads of a request's life never reach
+//! SQLite: the status of sessions, and the streams this process opened, with their events.
+//!
+//! The directory belongs to one process, so every change passes through the store's writer
+//! thread, which updates the mirror after each commit, in commit order: an entry is always
+//! what SQLite holds. A miss reads SQLite; forgetting an entry is always safe. A session read
+//! from SQLite is kept only if no session changed meanwhile (the generation), so a read that
+//! raced a commit cannot put back what the commit replaced.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard};
+
+use bytes::Bytes;
+use tether_core::lineage::{StreamRange, StreamState};
+
+use crate::record::{SessionStatus, StoredEvent};
+
+/// Sessions kept; past this, an arbitrary one is forgotten.
+const MAX_SESSIONS: usize = 16_384;
+/// Streams kept; past this, the oldest opened is forgotten.
+const MAX_STREAMS: usize = 1_024;
+/// Events kept per stream; a longer stream is forgotten (its reads go to SQLite).
+const MAX_EVENTS: usize = 1_024;
+
+type StreamKey = (String, String);
+
+/// A stream as SQLite holds it: its range and every retained event after the sentinel.
+struct Tail {
+    range: StreamRange,
+    events: Vec<StoredEvent>,
+}
+
+#[derive(Default)]
+struct Sessions {
+    generation: u64,
+    map: HashMap<String, SessionStatus>,
+}
+
+#[derive(Default)]
+struct Streams {
+    map: HashMap<StreamKey, Tail>,
+    /// In the order they were opened, for the bound (may name forgotten streams).
+    order: VecDeque<StreamKey>,
+}
+
+/// The embedded store's in-memory mirror.
+#[derive(Default)]
+pub(crate) struct Mirror {
+    sessions: Mutex<Sessions>,
+    streams: Mutex<Streams>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update leaves the maps consistent: still usable after a panic elsewhere.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn key(session: &str, stream: &str) -> StreamKey {
+    (session.to_owned(), stream.to_owned())
+}
+
+impl Mirror {
+    /// The session's status, if kept.
+    pub fn session(&self, id: &str) -> Option<SessionStatus> {
+        lock(&self.sessions).map.get(id).cloned()
+    }
+
+    /// Taken before reading a session from SQLite, for [`Mirror::offer_session`].
+    pub fn session_generation(&self) -> u64 {
+        lock(&self.sessions).generation
+    }
+
+    /// Keeps a session read from SQLite, unless a session changed since `generation`.
+    pub fn offer_session(&self, id: &str, status: &SessionStatus, generation: u64) {
+        let mut sessions = lock(&self.sessions);
+        if sessions.generation == generation {
+            insert_session(&mut sessions, id, status.clone());
+        }
+    }
+
+    /// Writer: a session's status changed.
+    pub fn set_session(&self, id: &str, status: SessionStatus) {
+        let mut sessions = lock(&self.sessions);
+        sessions.generation += 1;
+        insert_session(&mut sessions, id, status);
+    }
+
+    /// Writer: a live session was renewed at `now_ms`.
+    pub fn touched(&self, id: &str, now_ms: u64) {
+        let mut sessions = lock(&self.sessions);
+        sessions.generation += 1;
+        if let Some(SessionStatus::Live(record)) = sessions.map.get_mut(id) {
+            record.expires_at_ms = now_ms.saturating_add(record.idle_ttl_ms);
+        }
+    }
+
+    /// Writer: the sweep deleted tombstones; forget every ended session (they are read again).
+    pub fn forget_ended_sessions(&self) {
+        let mut sessions = lock(&self.sessions);
+        sessions.generation += 1;
+        sessions.map.retain(|_, status| matches!(status, SessionStatus::Live(_)));
+    }
+
+    /// The stream's range, if kept.
+    pub fn stream_range(&self, session: &str, stream: &str) -> Option<StreamRange> {
+        lock(&self.streams).map.get(&key(session, stream)).map(|tail| tail.range)
+    }
+
+    /// Up to `max` events with `seq > after`, if the stream is kept.
+    pub fn read(&self, session: &str, stream: &str, after: u64, max: usize) -> Option<Vec<StoredEvent>> {
+        let streams = lock(&self.streams);
+        let tail = streams.map.get(&key(session, stream))?;
+        let first = tail.events.first().map_or(tail.range.head + 1, |event| event.seq);
+        let skip = usize::try_from((after + 1).saturating_sub(first)).unwrap_or(usize::MAX);
+        Some(tail.events.iter().skip(skip).take(max).cloned().collect())
+    }
+
+    /// Writer: a new stream (head 0, only the sentinel retained).
+    pub fn stream_opened(&self, session: &str, stream: &str) {
+        let mut streams = lock(&self.streams);
+        let key = key(session, stream);
+        if streams.map.contains_key(&key) {
+            return;
+        }
+        let range = StreamRange { retained_from: 0, head: 0, state: StreamState::Live };
+        streams.map.insert(key.clone(), Tail { range, events: Vec::new() });
+        streams.order.push_back(key);
+        while streams.map.len() > MAX_STREAMS || streams.order.len() > 2 * MAX_STREAMS {
+            let Some(oldest) = streams.order.pop_front() else { break };
+            streams.map.remove(&oldest);
+        }
+    }
+
+    /// Writer: `events` were appended after `head - events.len()`, ending the stream if `last`.
+    pub fn appended(&self, session: &str, stream: &str, head: u64, events: &[Bytes], last: bool) {
+        let mut streams = lock(&self.streams);
+        let key = key(session, stream);
+        let Some(tail) = streams.map.get_mut(&key) else { return };
+        let count = events.len() as u64;
+        if tail.range.head + count != head || tail.events.len() + events.len() > MAX_EVENTS {
+            streams.map.remove(&key);
+            return;
+        }
+        let first = tail.range.head + 1;
+        tail.events.extend(events.iter().zip(first..).map(|(data, seq)| StoredEvent { seq, data: data.clone() }));
+        tail.range.head = head;
+        if last {
+            tail.range.state = StreamState::Complete;
+        }
+    }
+
+    /// Writer: a live stream ended without more events.
+    pub fn stream_ended(&self, session: &str, stream: &str) {
+        if let Some(tail) = lock(&self.streams).map.get_mut(&key(session, stream))
+            && tail.range.state == StreamState::Live
+        {
+            tail.range.state = StreamState::Complete;
+        }
+    }
+
+    /// Writer: the stream lost events to retention, or was deleted.
+    pub fn forget_stream(&self, session: &str, stream: &str) {
+        lock(&self.streams).map.remove(&key(session, stream));
+    }
+
+    /// Writer: the session's streams were deleted.
+    pub fn forget_streams_of(&self, session: &str) {
+        lock(&self.streams).map.retain(|(s, _), _| s != session);
+    }
+}
+
+fn insert_session(sessions: &mut Sessions, id: &str, status: SessionStatus) {
+    if sessions.map.len() >= MAX_SESSIONS
+        && !sessions.map.contains_key(id)
+        && let Some(victim) = sessions.map.keys().next().cloned()
+    {
+        sessions.map.remove(&victim);
+    }
+    sessions.map.insert(id.to_owned(), status);
+}
