@@ -78,9 +78,7 @@ pub(crate) struct SessionRuntime {
     pub id: String,
     pub epoch: Epoch,
     pub version: ProtocolVersion,
-    /// The capabilities the client declared in `initialize`.
-    pub client_capabilities: Value,
-    /// The client's whole `initialize` params (`protocolVersion`, `capabilities`, `clientInfo`).
+    /// The client's `initialize` params (`protocolVersion`, `capabilities`, `clientInfo`).
     pub client: Value,
     /// Cancelled when this process stops serving the session.
     stopped: CancellationToken,
@@ -113,11 +111,6 @@ impl SessionRuntime {
             id: record.id.clone(),
             epoch: record.epoch.clone(),
             version: record.protocol_version,
-            client_capabilities: record
-                .client
-                .get("capabilities")
-                .cloned()
-                .unwrap_or_else(|| Value::Object(Default::default())),
             client: record.client.clone(),
             stopped: CancellationToken::new(),
             next_request: AtomicU64::new(0),
@@ -138,6 +131,11 @@ impl SessionRuntime {
     fn lock(&self) -> MutexGuard<'_, RuntimeState> {
         // The maps stay consistent across a panic elsewhere; keep serving.
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The capabilities the client declared in `initialize`.
+    pub fn client_capabilities(&self) -> Value {
+        self.client.get("capabilities").cloned().unwrap_or_else(|| Value::Object(Default::default()))
     }
 
     /// Whether anything keeps the session active: running requests or open connections.

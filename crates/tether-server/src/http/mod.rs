@@ -145,8 +145,7 @@ const RENEWAL_INTERVAL_MS: u64 = 1_000;
 /// between, the reason is decided again from what the store now says; a store failure is a
 /// 503, not a lost session.
 pub(crate) async fn renew(shared: &Shared, record: &SessionRecord, now: u64) -> Result<(), Rejection> {
-    let interval = RENEWAL_INTERVAL_MS.min(record.idle_ttl_ms / 10);
-    if record.expires_at_ms.saturating_add(interval) >= now.saturating_add(record.idle_ttl_ms) {
+    if !renewal_due(record, now) {
         return Ok(());
     }
     match shared.store.touch_session(&record.id, &record.epoch, now).await {
@@ -162,6 +161,12 @@ pub(crate) async fn renew(shared: &Shared, record: &SessionRecord, now: u64) -> 
         }
         Err(err) => Err(crate::store_rejection(&err)),
     }
+}
+
+/// Whether `record` was last renewed longer ago than the renewal interval.
+fn renewal_due(record: &SessionRecord, now: u64) -> bool {
+    let interval = RENEWAL_INTERVAL_MS.min(record.idle_ttl_ms / 10);
+    record.expires_at_ms.saturating_add(interval) < now.saturating_add(record.idle_ttl_ms)
 }
 
 /// 429 when a session has too many open streams and running requests.
@@ -190,4 +195,32 @@ pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, Rejecti
             format!("request body over {limit} bytes"),
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(idle_ttl_ms: u64, expires_at_ms: u64) -> SessionRecord {
+        SessionRecord {
+            id: "s".into(),
+            epoch: tether_core::lineage::Epoch::parse("AAAAAAAAAAAAAAAAAAAAAA").expect("epoch"),
+            principal: None,
+            protocol_version: tether_core::mcp::ProtocolVersion::V2025_11_25,
+            client: serde_json::json!({}),
+            idle_ttl_ms,
+            expires_at_ms,
+        }
+    }
+
+    #[test]
+    fn a_session_is_renewed_once_per_interval_not_per_request() {
+        // Renewed at 10,000 with a 60 s timeout: not again within the second, then again.
+        assert!(!renewal_due(&record(60_000, 70_000), 10_000));
+        assert!(!renewal_due(&record(60_000, 70_000), 11_000));
+        assert!(renewal_due(&record(60_000, 70_000), 11_001));
+        // A short timeout renews within a tenth of it.
+        assert!(!renewal_due(&record(200, 1_200), 1_020));
+        assert!(renewal_due(&record(200, 1_200), 1_021));
+    }
 }

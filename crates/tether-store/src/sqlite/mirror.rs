@@ -3,7 +3,9 @@
 //!
 //! The directory belongs to one process, so every change passes through the store's writer
 //! thread, which updates the mirror after each commit, in commit order: an entry is always
-//! what SQLite holds. A miss reads SQLite; forgetting an entry is always safe. A session read
+//! what SQLite holds. The one exception is a begun request's stream, entered empty when the
+//! request is begun, before its flush, so that its caller reads what it wrote; no event of it
+//! is entered before it commits, and a batch that fails to commit takes every stream out. A miss reads SQLite; forgetting an entry is always safe. A session read
 //! from SQLite is kept only if no session changed meanwhile (the generation), so a read that
 //! raced a commit cannot put back what the commit replaced.
 
@@ -161,6 +163,11 @@ impl Mirror {
     /// Writer: the stream lost events to retention, or was deleted.
     pub fn forget_stream(&self, session: &str, stream: &str) {
         lock(&self.streams).map.remove(&key(session, stream));
+    }
+
+    /// Writer: a batch failed to commit; forget every stream.
+    pub fn forget_streams(&self) {
+        lock(&self.streams).map.clear();
     }
 
     /// Writer: the session's streams were deleted.

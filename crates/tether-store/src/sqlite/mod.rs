@@ -207,6 +207,7 @@ impl SqliteStore {
             .query_row("SELECT value FROM meta WHERE name = 'records_id'", [], |r| r.get(0))
             .map_err(backend)?;
         connection.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        let mirror = Arc::new(Mirror::default());
         let mut queries = Vec::new();
         for _ in 0..READERS {
             let reader = Connection::open(dir.join("tether.sqlite3")).map_err(backend)?;
@@ -228,7 +229,10 @@ impl SqliteStore {
         let (jobs, queue) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("tether-sqlite".into())
-            .spawn(move || writer(&mut connection, &queue))
+            .spawn({
+                let mirror = Arc::clone(&mirror);
+                move || writer(&mut connection, &queue, &mirror)
+            })
             .map_err(backend)?;
         let next_reader = std::sync::atomic::AtomicUsize::new(0);
         Ok(SqliteStore {
@@ -238,7 +242,7 @@ impl SqliteStore {
             retention,
             owner: owner.to_owned(),
             heads: Heads::default(),
-            mirror: Arc::default(),
+            mirror,
             records_id,
             _lock: lock,
         })
@@ -325,7 +329,7 @@ impl SqliteStore {
 /// The database thread: batches jobs into transactions (group commit). It never waits for
 /// company: a batch is whatever queued up while the previous one was being flushed, so a lone
 /// writer pays one flush per operation and many writers share each flush.
-fn writer(connection: &mut Connection, queue: &mpsc::Receiver<Job>) {
+fn writer(connection: &mut Connection, queue: &mpsc::Receiver<Job>, mirror: &Mirror) {
     while let Ok(first) = queue.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -343,6 +347,11 @@ fn writer(connection: &mut Connection, queue: &mpsc::Receiver<Job>) {
         };
         let completions: Vec<Completion> = batch.into_iter().map(|job| job(&mut transaction)).collect();
         let committed = transaction.commit().map_err(backend);
+        if committed.is_err() {
+            // What the batch put in the mirror before its commit (a begun request's stream) is
+            // not in the file.
+            mirror.forget_streams();
+        }
         for completion in completions {
             completion(committed.clone());
         }
@@ -847,14 +856,16 @@ impl Store for SqliteStore {
         let (session, epoch, key, digest) =
             (session.to_owned(), epoch.to_string(), request_key.to_owned(), params_digest.to_owned());
         let (stream, owner) = (stream.clone(), self.owner.clone());
-        // A started request's stream is read by nobody before its first events commit, in a
-        // later batch: the handler need not wait for this flush. A claim (below) must.
-        let then = opened_by_begin(&session, &stream);
-        self.submit(
-            move |txn| begin(txn, &owner, &session, &epoch, &key, &digest, &stream),
-            then,
-            |begun| matches!(begun, BeginRequest::Started),
-        )
+        // A started request is answered before its flush: no event of its stream can be read
+        // before it commits in a later batch, so the handler need not wait (a claim, below,
+        // must). The mirror gets the empty stream at once, so the caller reads what it wrote.
+        let (mirror, opened) = (Arc::clone(&self.mirror), opened_by_begin(&session, &stream));
+        let job = move |txn: &Connection| {
+            let begun = begin(txn, &owner, &session, &epoch, &key, &digest, &stream)?;
+            opened(&mirror, &begun);
+            Ok(begun)
+        };
+        self.submit(job, |_, _| {}, |begun| matches!(begun, BeginRequest::Started))
     }
 
     fn begin_keyed_request(
