@@ -9,6 +9,7 @@ use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolResult, ContentBlock, ProgressNotificationParam, RequestMetaObject, ServerCapabilities, ServerConfig,
 };
+use rmcp::service::NotificationContext;
 use rmcp::{ErrorData, Peer, RoleServer, ServerHandler, tool, tool_handler, tool_router};
 
 /// What every instance of [`Counter`] shares: how often a tool ran, how many instances live.
@@ -18,6 +19,8 @@ pub struct Stats {
     pub runs: AtomicU64,
     /// Instances alive: one per session this process serves.
     pub live: AtomicUsize,
+    /// `notifications/roots/list_changed` received, over every session.
+    pub roots_changed: AtomicU64,
 }
 
 /// Counts an instance as alive until its last clone is dropped.
@@ -91,5 +94,9 @@ impl Counter {
 impl ServerHandler for Counter {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+    }
+
+    async fn on_roots_list_changed(&self, _: NotificationContext<RoleServer>) {
+        self.stats.roots_changed.fetch_add(1, Ordering::SeqCst);
     }
 }

@@ -159,7 +159,7 @@ async fn an_rmcp_tool_call_is_resumed_exactly_through_cut_streams() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_rmcp_tools_request_to_the_client_reaches_the_rmcp_client_handler() {
+async fn requests_and_notifications_between_the_rmcp_ends_pass_through_tether() {
     let stats = Arc::new(Stats::default());
     let store = Arc::new(tether_store::MemoryStore::new(Retention::default()));
     let (addr, server) = start_server(store, &stats).await;
@@ -171,6 +171,13 @@ async fn an_rmcp_tools_request_to_the_client_reaches_the_rmcp_client_handler() {
         .expect("the call ends within 10 s")
         .expect("the call succeeds");
     assert_eq!(text(result), "file:///srv/a file:///srv/b");
+    // And the client's notification reaches the session's rmcp service.
+    client.notify_roots_list_changed().await.expect("notified");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while stats.roots_changed.load(Ordering::SeqCst) != 1 {
+        assert!(Instant::now() < deadline, "the rmcp service never heard of the change");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     client.cancel().await.expect("rmcp closes");
     server.abort();
 }

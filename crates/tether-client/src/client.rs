@@ -86,6 +86,18 @@ pub struct Client {
     inner: Arc<Inner>,
 }
 
+/// A request's place among the pending ones, given up when its sender stops waiting.
+struct Waiting<'a> {
+    inner: &'a Inner,
+    key: &'a str,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.inner.state().pending.remove(self.key);
+    }
+}
+
 /// The checkpoint key of a request's stream.
 pub(crate) fn request_key(id: &RequestId) -> String {
     format!("request:{id}")
@@ -278,7 +290,8 @@ impl Inner {
             Reply::Refused(body) if matches!(head.status, 400 | 404 | 405) => {
                 let Some(mut server) = self.modern_server().await else { return Err(refused(&head, &body)) };
                 tracing::debug!(status = head.status, body = %String::from_utf8_lossy(&body), "legacy initialize refused");
-                server["protocolVersion"] = json!(ProtocolVersion::V2026_07_28.as_str());
+                server.insert("protocolVersion".into(), json!(ProtocolVersion::V2026_07_28.as_str()));
+                let server = Value::Object(server);
                 let mut state = self.state();
                 state.era = Era::Modern;
                 state.idempotency = server.get("capabilities").and_then(idempotency_records);
@@ -323,14 +336,17 @@ impl Inner {
     }
 
     /// The server's `server/discover` result, if it answers the 2026-07-28 way.
-    async fn modern_server(&self) -> Option<Value> {
+    async fn modern_server(&self) -> Option<serde_json::Map<String, Value>> {
         let id = self.next_id();
         let request = Request { id, method: method::SERVER_DISCOVER.into(), params: Some(json!({})) };
         let (body, headers) = self.modern_request(request);
         let session =
             SessionHeaders { session_id: None, protocol_version: Some(ProtocolVersion::V2026_07_28.as_str().into()) };
         match self.endpoint.post(&session, body, headers).await {
-            Ok((_, Reply::Json(bytes))) => parse_response(&bytes).ok()?.outcome.ok(),
+            Ok((_, Reply::Json(bytes))) => match parse_response(&bytes).ok()?.outcome.ok()? {
+                Value::Object(result) => Some(result),
+                _ => None,
+            },
             _ => None,
         }
     }
@@ -601,6 +617,8 @@ impl Client {
             (state.era, state.session.clone(), generation)
         };
         drop(serial);
+        // An abandoned wait (the caller dropped this future) leaves nothing waiting behind.
+        let _waiting = Waiting { inner, key: &key };
         inner.persist();
         let (body, headers) = match era {
             Era::Legacy => (Message::Request(request).to_vec(), HeaderMap::new()),
@@ -664,9 +682,11 @@ impl Client {
         self.notify(method::CANCELLED, json!({"requestId": id.to_value(), "reason": reason})).await
     }
 
-    /// Sends a notification to the server (`notifications/roots/list_changed`, ...).
+    /// Sends a notification to the server (`notifications/roots/list_changed`, ...); `Null`
+    /// params are left out.
     pub async fn notify(&self, method: &str, params: Value) -> Result<(), ClientError> {
-        let body = Message::Notification(Notification { method: method.to_owned(), params: Some(params) }).to_vec();
+        let params = (!params.is_null()).then_some(params);
+        let body = Message::Notification(Notification { method: method.to_owned(), params }).to_vec();
         self.inner.endpoint.post(&self.inner.session(), body, HeaderMap::new()).await.map(|_| ())
     }
 

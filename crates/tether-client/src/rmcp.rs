@@ -45,11 +45,11 @@ pub struct TetherTransport {
     to_rmcp: mpsc::UnboundedSender<ServerJsonRpcMessage>,
     from_server: mpsc::UnboundedReceiver<ServerJsonRpcMessage>,
     events: mpsc::UnboundedSender<ClientEvent>,
-    /// Outcomes of rmcp's requests, handed to rmcp by the pump behind the notifications that
-    /// preceded them.
-    outcomes: mpsc::UnboundedSender<Response>,
-    /// The pump's end of `outcomes`, until rmcp's `initialize` starts the pump.
-    outcomes_rx: Option<mpsc::UnboundedReceiver<Response>>,
+    /// Responses to rmcp's requests and the server's requests, handed to rmcp by the pump
+    /// behind the notifications that preceded them on their streams.
+    to_pump: mpsc::UnboundedSender<Message>,
+    /// The pump's end of `to_pump`, until rmcp's `initialize` starts the pump.
+    pump_rx: Option<mpsc::UnboundedReceiver<Message>>,
     answers: Answers,
     /// rmcp's requests in flight, so rmcp can cancel them.
     running: Arc<Mutex<HashMap<String, AbortHandle>>>,
@@ -78,15 +78,15 @@ impl TetherTransport {
     pub fn new(config: ClientConfig) -> (TetherTransport, mpsc::UnboundedReceiver<ClientEvent>) {
         let (to_rmcp, from_server) = mpsc::unbounded_channel();
         let (events, events_rx) = mpsc::unbounded_channel();
-        let (outcomes, outcomes_rx) = mpsc::unbounded_channel();
+        let (to_pump, pump_rx) = mpsc::unbounded_channel();
         let transport = TetherTransport {
             config: Some(config),
             client: Arc::default(),
             to_rmcp,
             from_server,
             events,
-            outcomes,
-            outcomes_rx: Some(outcomes_rx),
+            to_pump,
+            pump_rx: Some(pump_rx),
             answers: Answers::default(),
             running: Arc::default(),
         };
@@ -107,6 +107,13 @@ fn from_rmcp(message: &ClientJsonRpcMessage) -> Option<Message> {
 /// tether's message in rmcp's types.
 fn to_rmcp(message: &Message) -> Option<ServerJsonRpcMessage> {
     serde_json::from_slice(&message.to_vec()).ok()
+}
+
+/// What a message rmcp sends still has to wait for.
+enum Waits<I> {
+    Nothing,
+    Initialize(I),
+    Notify(Option<Client>, Notification),
 }
 
 /// Hands `message` to rmcp; a dropped receiver means rmcp has stopped, and nothing is waiting.
@@ -132,7 +139,7 @@ fn request_error(error: RequestError) -> ErrorObject {
 /// Answers the server's requests with the rmcp client handler.
 struct RmcpHooks {
     capabilities: Value,
-    to_rmcp: mpsc::UnboundedSender<ServerJsonRpcMessage>,
+    to_pump: mpsc::UnboundedSender<Message>,
     answers: Answers,
     next_id: std::sync::atomic::AtomicI64,
 }
@@ -148,7 +155,8 @@ impl ServerRequests for RmcpHooks {
         lock(&self.answers).insert(id, tx);
         let request =
             Message::Request(Request { id: RequestId::Number(id), method: method.to_owned(), params: Some(params) });
-        deliver(&self.to_rmcp, &request);
+        // The pump is gone only when the client is; the answer then never comes.
+        let _ = self.to_pump.send(request);
         Box::pin(async move {
             rx.await.unwrap_or_else(|_| {
                 Err(ErrorObject::with_reason(code::INTERNAL_ERROR, "the rmcp client stopped", "client_stopped"))
@@ -171,20 +179,20 @@ impl TetherTransport {
             }
             config.hooks = Arc::new(RmcpHooks {
                 capabilities: params.get("capabilities").cloned().unwrap_or_else(|| json!({})),
-                to_rmcp: self.to_rmcp.clone(),
+                to_pump: self.to_pump.clone(),
                 answers: Arc::clone(&self.answers),
                 next_id: std::sync::atomic::AtomicI64::new(1),
             });
             config
         });
         let (cell, to_rmcp, events) = (Arc::clone(&self.client), self.to_rmcp.clone(), self.events.clone());
-        let outcomes = self.outcomes_rx.take();
+        let pump_rx = self.pump_rx.take();
         async move {
-            let outcome = match config.zip(outcomes) {
+            let outcome = match config.zip(pump_rx) {
                 None => Err(ErrorObject::with_reason(code::INVALID_REQUEST, "already initialized", "initialized")),
-                Some((config, outcomes)) => match Client::connect(config).await {
+                Some((config, pump_rx)) => match Client::connect(config).await {
                     Ok((client, client_events)) => {
-                        tokio::spawn(pump(client_events, outcomes, to_rmcp.clone(), events));
+                        tokio::spawn(pump(client_events, pump_rx, to_rmcp.clone(), events));
                         client.follow_standalone().await;
                         let server = client.server();
                         let _ = cell.set(client);
@@ -198,12 +206,12 @@ impl TetherTransport {
     }
 }
 
-/// Hands rmcp the client's notifications (acknowledging them once handed over) and the
-/// outcomes of its requests, in the order the server sent them; passes everything else tether
-/// observes to the application.
+/// Hands rmcp the client's notifications (acknowledging them once handed over), the outcomes
+/// of its requests and the server's requests, in the order the server sent them; passes
+/// everything else tether observes to the application.
 async fn pump(
     mut client_events: mpsc::UnboundedReceiver<ClientEvent>,
-    mut outcomes: mpsc::UnboundedReceiver<Response>,
+    mut queued: mpsc::UnboundedReceiver<Message>,
     to_rmcp: mpsc::UnboundedSender<ServerJsonRpcMessage>,
     events: mpsc::UnboundedSender<ClientEvent>,
 ) {
@@ -223,15 +231,49 @@ async fn pump(
                 Some(event) => handle(event),
                 None => return,
             },
-            outcome = outcomes.recv() => {
-                let Some(outcome) = outcome else { return };
-                // The client emitted what preceded the response on its stream before it
-                // resolved the request: all of it is queued by now, and goes first.
+            message = queued.recv() => {
+                let Some(message) = message else { return };
+                // The client emitted what preceded a response or a server request on its stream
+                // before it resolved the request or asked the hooks: all of it is queued by
+                // now, and goes first.
                 while let Ok(event) = client_events.try_recv() {
                     handle(event);
                 }
-                deliver(&to_rmcp, &Message::Response(outcome));
+                deliver(&to_rmcp, &message);
             }
+        }
+    }
+}
+
+impl TetherTransport {
+    /// Sends one of rmcp's requests; its outcome reaches rmcp through the pump. Cancelling it
+    /// (rmcp's `notifications/cancelled`) stops the wait here; the server is not told.
+    fn start(&mut self, request: Request) {
+        let key = request.id.to_value().to_string();
+        let (to_pump, running) = (self.to_pump.clone(), Arc::clone(&self.running));
+        let Some(client) = self.client.get().cloned() else {
+            let error = ErrorObject::with_reason(code::INTERNAL_ERROR, "not initialized", "not_initialized");
+            let _ = to_pump.send(Message::Response(Response { id: Some(request.id), outcome: Err(error) }));
+            return;
+        };
+        // Held until the task is registered, so that it cannot deregister before it is.
+        let mut registry = lock(&self.running);
+        let task_key = key.clone();
+        let task = tokio::spawn(async move {
+            let params = request.params.unwrap_or(Value::Null);
+            let outcome = client.request(&request.method, params).await.map_err(request_error);
+            lock(&running).remove(&task_key);
+            // The pump is gone only when the client is.
+            let _ = to_pump.send(Message::Response(Response { id: Some(request.id), outcome }));
+        });
+        registry.insert(key, task.abort_handle());
+    }
+
+    /// Stops waiting for the request rmcp cancels.
+    fn cancel(&mut self, params: Option<&Value>) {
+        let id = params.and_then(|p| p.get("requestId")).map(Value::to_string);
+        if let Some(task) = id.and_then(|id| lock(&self.running).remove(&id)) {
+            task.abort();
         }
     }
 }
@@ -240,59 +282,44 @@ impl Transport<RoleClient> for TetherTransport {
     type Error = NotConnected;
 
     fn send(&mut self, item: ClientJsonRpcMessage) -> impl Future<Output = Result<(), NotConnected>> + Send + 'static {
-        let message = from_rmcp(&item);
-        let client = self.client.get().cloned();
-        let (outcomes, running, answers) =
-            (self.outcomes.clone(), Arc::clone(&self.running), Arc::clone(&self.answers));
-        let initialize = match &message {
+        // Everything but the exchanges that wait for the server takes effect here, in the order
+        // rmcp sends it, not when rmcp gets round to polling the futures (it polls several).
+        let waits = match from_rmcp(&item) {
             Some(Message::Request(request)) if request.method == method::INITIALIZE => {
-                Some(self.initialize(request.id.clone(), request.params.clone().unwrap_or(Value::Null)))
+                Waits::Initialize(self.initialize(request.id, request.params.unwrap_or(Value::Null)))
             }
-            _ => None,
+            Some(Message::Request(request)) => {
+                self.start(request);
+                Waits::Nothing
+            }
+            // tether sent its own.
+            Some(Message::Notification(n)) if n.method == method::INITIALIZED => Waits::Nothing,
+            Some(Message::Notification(n)) if n.method == method::CANCELLED => {
+                self.cancel(n.params.as_ref());
+                Waits::Nothing
+            }
+            Some(Message::Notification(n)) => Waits::Notify(self.client.get().cloned(), n),
+            Some(Message::Response(Response { id: Some(RequestId::Number(id)), outcome })) => {
+                if let Some(waiting) = lock(&self.answers).remove(&id) {
+                    let _ = waiting.send(outcome);
+                }
+                Waits::Nothing
+            }
+            Some(Message::Response(_)) | None => {
+                tracing::warn!("rmcp sent a message tether cannot route");
+                Waits::Nothing
+            }
         };
         async move {
-            if let Some(initialize) = initialize {
-                initialize.await;
-                return Ok(());
-            }
-            match message {
-                // tether sent its own.
-                Some(Message::Notification(n)) if n.method == method::INITIALIZED => Ok(()),
-                Some(Message::Notification(n)) if n.method == method::CANCELLED => {
-                    let id = n.params.as_ref().and_then(|p| p.get("requestId")).map(Value::to_string);
-                    if let Some(task) = id.and_then(|id| lock(&running).remove(&id)) {
-                        task.abort();
-                    }
+            match waits {
+                Waits::Nothing => Ok(()),
+                Waits::Initialize(initialize) => {
+                    initialize.await;
                     Ok(())
                 }
-                Some(Message::Notification(Notification { method, params })) => {
+                Waits::Notify(client, Notification { method, params }) => {
                     let client = client.ok_or(NotConnected)?;
                     client.notify(&method, params.unwrap_or(Value::Null)).await.map_err(|_| NotConnected)
-                }
-                Some(Message::Request(request)) => {
-                    let client = client.ok_or(NotConnected)?;
-                    let key = request.id.to_value().to_string();
-                    let registry = Arc::clone(&running);
-                    let task_key = key.clone();
-                    let task = tokio::spawn(async move {
-                        let params = request.params.unwrap_or(Value::Null);
-                        let outcome = client.request(&request.method, params).await.map_err(request_error);
-                        lock(&registry).remove(&task_key);
-                        // The pump is gone only when the client is.
-                        let _ = outcomes.send(Response { id: Some(request.id), outcome });
-                    });
-                    lock(&running).insert(key, task.abort_handle());
-                    Ok(())
-                }
-                Some(Message::Response(Response { id: Some(RequestId::Number(id)), outcome })) => {
-                    if let Some(waiting) = lock(&answers).remove(&id) {
-                        let _ = waiting.send(outcome);
-                    }
-                    Ok(())
-                }
-                Some(Message::Response(_)) | None => {
-                    tracing::warn!("rmcp sent a message tether cannot route");
-                    Ok(())
                 }
             }
         }

@@ -201,6 +201,15 @@ impl std::fmt::Debug for SessionHandle {
 }
 
 impl SessionHandle {
+    pub(crate) fn new(store: Arc<dyn Store>, runtime: Arc<SessionRuntime>) -> SessionHandle {
+        SessionHandle { store, runtime }
+    }
+
+    /// Whether both handles are of the same incarnation as this process serves it.
+    pub(crate) fn same(&self, other: &SessionHandle) -> bool {
+        Arc::ptr_eq(&self.runtime, &other.runtime)
+    }
+
     /// The session id.
     pub fn id(&self) -> &str {
         &self.runtime.id
@@ -396,9 +405,7 @@ impl Context {
     /// The legacy session the request belongs to, as a handle that outlives the request.
     pub fn session(&self) -> Option<SessionHandle> {
         match &self.shared.output {
-            Output::Stored { store, runtime, .. } => {
-                Some(SessionHandle { store: Arc::clone(store), runtime: Arc::clone(runtime) })
-            }
+            Output::Stored { store, runtime, .. } => Some(SessionHandle::new(Arc::clone(store), Arc::clone(runtime))),
             Output::Direct { .. } => None,
         }
     }

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use serde_json::Value;
 use tether_core::jsonrpc::ErrorObject;
 
-use crate::context::Context;
+use crate::context::{Context, SessionHandle};
 
 /// The future a handler returns.
 pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Value, ErrorObject>> + Send + 'static>>;
@@ -44,4 +44,9 @@ pub trait Handler: Send + Sync + 'static {
     fn resumable(&self, _method: &str, _params: &Value) -> bool {
         false
     }
+
+    /// A notification from the client of a legacy session, other than those tether acts on
+    /// itself (`notifications/initialized`, `notifications/cancelled`): for example
+    /// `notifications/roots/list_changed`. By default ignored.
+    fn notified(&self, _session: SessionHandle, _method: &str, _params: Value) {}
 }

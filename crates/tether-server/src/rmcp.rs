@@ -6,10 +6,11 @@
 //! request in this process with the client's `initialize` params and stopped when the process
 //! stops serving the session; a 2026-07-28 request, which has no session, gets a service of its
 //! own. The service talks to tether over an in-process transport: requests go in under ids of
-//! the adapter's own, and what the service sends comes out routed the way rmcp's own
-//! Streamable HTTP server routes it — progress by its token, server requests by the request
-//! they originate from (else the latest running one) to that request's stream, every other
-//! notification to the session's standalone stream.
+//! the adapter's own, client notifications as they are, and what the service sends comes out
+//! routed as rmcp's own Streamable HTTP server routes it — progress by its token to its
+//! request's stream, every other notification to the session's standalone stream — except
+//! server requests: tether sends them on a request's stream (the one they originate from,
+//! else the latest running one), so one with no running request is refused.
 //!
 //! ```no_run
 //! # #[derive(Clone, Default)] struct MyServer;
@@ -22,7 +23,6 @@
 //! ```
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -39,14 +39,12 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use crate::context::{Context, SessionHandle};
 use crate::handler::{Handler, HandlerFuture, ServerInfo};
 
-/// Messages either side of the in-process transport may have queued.
-const QUEUE: usize = 64;
-
 /// Makes one rmcp service per session.
 type Factory<S> = Arc<dyn Fn() -> S + Send + Sync>;
 
-/// The services of the sessions this process serves, each started once.
-type Services = Arc<Mutex<HashMap<String, Arc<OnceCell<Arc<Service>>>>>>;
+/// The services of the sessions this process serves, each started once, with the session
+/// (incarnation) it serves.
+type Services = Arc<Mutex<HashMap<String, (SessionHandle, Arc<OnceCell<Arc<Service>>>)>>>;
 
 /// A tether [`Handler`] that hands every request to an rmcp [`ServerHandler`].
 pub struct RmcpHandler<S> {
@@ -105,6 +103,22 @@ impl<S: ServerHandler> Handler for RmcpHandler<S> {
             service.call(ctx, method, params).await
         })
     }
+
+    fn notified(&self, session: SessionHandle, method: &str, params: Value) {
+        let service = lock(&self.services)
+            .get(session.id())
+            .filter(|(serving, _)| serving.same(&session))
+            .and_then(|(_, cell)| cell.get().cloned());
+        // A session whose service has not started yet has nothing to tell: the service starts
+        // from the client's state as it then is.
+        let Some(service) = service else { return };
+        let params = (!params.is_null()).then_some(params);
+        let notification = Message::Notification(Notification { method: method.to_owned(), params });
+        match to_rmcp(&notification) {
+            Ok(notification) => drop(service.to_service.send(notification)),
+            Err(err) => tracing::debug!(%err, method, "a client notification rmcp cannot read"),
+        }
+    }
 }
 
 /// The service of `session`, started on its first request here; forgotten when the process
@@ -114,21 +128,38 @@ async fn session_service<S: ServerHandler>(
     make: &Factory<S>,
     session: SessionHandle,
 ) -> Result<Arc<Service>, ErrorObject> {
-    let cell = match lock(services).entry(session.id().to_owned()) {
-        Entry::Occupied(entry) => Arc::clone(entry.get()),
-        Entry::Vacant(entry) => {
-            let (services, session) = (Arc::clone(services), session.clone());
-            tokio::spawn(async move {
-                session.ended().await;
-                lock(&services).remove(session.id());
-            });
-            Arc::clone(entry.insert(Arc::default()))
+    let cell = {
+        let mut services = lock(services);
+        match services.get(session.id()) {
+            Some((serving, cell)) if serving.same(&session) => Arc::clone(cell),
+            // None yet, or one of an incarnation this process no longer serves.
+            _ => {
+                let cell = Arc::<OnceCell<Arc<Service>>>::default();
+                services.insert(session.id().to_owned(), (session.clone(), Arc::clone(&cell)));
+                cell
+            }
         }
     };
+    if cell.get().is_none() {
+        forget_when_ended(services, &session);
+    }
     let client = session.client_params().clone();
     let service =
         cell.get_or_try_init(|| async { Ok(Arc::new(Service::start(make(), client, Some(session)).await?)) }).await?;
     Ok(Arc::clone(service))
+}
+
+/// Forgets the session's service once the process stops serving the session (unless another
+/// incarnation's has replaced it), which stops the service once no request of it runs.
+fn forget_when_ended(services: &Services, session: &SessionHandle) {
+    let (services, session) = (Arc::clone(services), session.clone());
+    tokio::spawn(async move {
+        session.ended().await;
+        let mut services = lock(&services);
+        if services.get(session.id()).is_some_and(|(serving, _)| serving.same(&session)) {
+            services.remove(session.id());
+        }
+    });
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -147,7 +178,7 @@ type Calls = Arc<Mutex<HashMap<i64, Call>>>;
 
 /// One running rmcp service and the requests it is answering. Dropping it stops the service.
 struct Service {
-    to_service: mpsc::Sender<ClientJsonRpcMessage>,
+    to_service: mpsc::UnboundedSender<ClientJsonRpcMessage>,
     calls: Calls,
     next_id: AtomicI64,
     _stop: DropGuard,
@@ -155,8 +186,10 @@ struct Service {
 
 /// The service's side of the in-process transport.
 struct InProcess {
-    from_tether: mpsc::Receiver<ClientJsonRpcMessage>,
-    to_tether: mpsc::Sender<ServerJsonRpcMessage>,
+    from_tether: mpsc::UnboundedReceiver<ClientJsonRpcMessage>,
+    /// Unbounded so that `send` queues at once: rmcp may poll several sends concurrently, and
+    /// the order it called them in is the order tether must see.
+    to_tether: mpsc::UnboundedSender<ServerJsonRpcMessage>,
 }
 
 /// tether stopped listening to the service.
@@ -168,8 +201,7 @@ impl Transport<RoleServer> for InProcess {
     type Error = Detached;
 
     fn send(&mut self, item: ServerJsonRpcMessage) -> impl Future<Output = Result<(), Detached>> + Send + 'static {
-        let to_tether = self.to_tether.clone();
-        async move { to_tether.send(item).await.map_err(|_| Detached) }
+        std::future::ready(self.to_tether.send(item).map_err(|_| Detached))
     }
 
     fn receive(&mut self) -> impl Future<Output = Option<ClientJsonRpcMessage>> + Send {
@@ -209,8 +241,8 @@ impl Service {
         client: Value,
         session: Option<SessionHandle>,
     ) -> Result<Service, ErrorObject> {
-        let (to_service, from_tether) = mpsc::channel(QUEUE);
-        let (to_tether, mut from_service) = mpsc::channel(QUEUE);
+        let (to_service, from_tether) = mpsc::unbounded_channel();
+        let (to_tether, mut from_service) = mpsc::unbounded_channel();
         let initialize = Message::Request(Request {
             id: RequestId::Number(0),
             method: method::INITIALIZE.into(),
@@ -219,7 +251,7 @@ impl Service {
         let initialized = Message::Notification(Notification { method: method::INITIALIZED.into(), params: None });
         for message in [initialize, initialized] {
             let message = to_rmcp(&message).map_err(|err| unavailable(format!("bad initialize params: {err}")))?;
-            to_service.send(message).await.map_err(unavailable)?;
+            to_service.send(message).map_err(unavailable)?;
         }
         let running = serve_server(handler, InProcess { from_tether, to_tether }).await.map_err(unavailable)?;
         match from_service.recv().await.as_ref().and_then(from_rmcp) {
@@ -257,7 +289,7 @@ impl Service {
             .map_err(|err| ErrorObject::with_reason(code::INVALID_PARAMS, err.to_string(), "invalid_params"))?;
         let (done, outcome) = oneshot::channel();
         lock(&self.calls).insert(id, Call { ctx: ctx.clone(), progress_token, done });
-        if self.to_service.send(request).await.is_err() {
+        if self.to_service.send(request).is_err() {
             lock(&self.calls).remove(&id);
             return Err(unavailable("it stopped"));
         }
@@ -271,7 +303,7 @@ impl Service {
                 });
                 if let Ok(cancel) = to_rmcp(&cancel) {
                     // A stopped service has nothing left to cancel.
-                    let _ = self.to_service.send(cancel).await;
+                    let _ = self.to_service.send(cancel);
                 }
                 Err(ErrorObject::with_reason(code::INTERNAL_ERROR, "the request was cancelled", "cancelled"))
             }
@@ -281,7 +313,7 @@ impl Service {
 
 /// Routes what a service sends to where tether delivers it.
 struct Router {
-    to_service: mpsc::Sender<ClientJsonRpcMessage>,
+    to_service: mpsc::UnboundedSender<ClientJsonRpcMessage>,
     calls: Calls,
     /// The session, for messages that belong to no request; none in 2026-07-28.
     session: Option<SessionHandle>,
@@ -296,11 +328,23 @@ impl Router {
             }
             _ => None,
         };
+        let answered = match &message {
+            ServerJsonRpcMessage::Response(response) => Some(response.id.clone()),
+            ServerJsonRpcMessage::Error(error) => error.id.clone(),
+            _ => None,
+        };
         match from_rmcp(&message) {
             Some(Message::Response(response)) => self.finish(response),
             Some(Message::Notification(notification)) => self.notify(notification).await,
             Some(Message::Request(request)) => self.ask_client(request, originating),
-            None => tracing::warn!("the rmcp service sent a message tether cannot read"),
+            None => {
+                tracing::warn!("the rmcp service sent a message tether cannot read");
+                // A request whose answer cannot be read still ends, with an error.
+                if let Some(::rmcp::model::NumberOrString::Number(id)) = answered {
+                    let error = ErrorObject::with_reason(code::INTERNAL_ERROR, "unreadable answer", "rmcp_unreadable");
+                    self.finish(Response { id: Some(RequestId::Number(id)), outcome: Err(error) });
+                }
+            }
         }
     }
 
@@ -363,7 +407,7 @@ impl Router {
             let answer = Message::Response(Response { id: Some(request.id), outcome });
             if let Ok(answer) = to_rmcp(&answer) {
                 // A stopped service no longer waits for the answer.
-                let _ = to_service.send(answer).await;
+                let _ = to_service.send(answer);
             }
         });
     }

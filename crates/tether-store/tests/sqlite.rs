@@ -136,8 +136,10 @@ async fn reads_from_memory_agree_with_the_file() {
     let epoch = Epoch::parse("MMMMMMMMMMMMMMMMMMMMMM").expect("epoch");
     let retention =
         tether_store::Retention { max_events_per_stream: 1_500, max_bytes_per_session: 20_000, ..suite::retention() };
-    let streams: Vec<StreamName> =
-        ["short", "long", "ended", "trimmed"].iter().map(|s| StreamName::parse(s).expect("name")).collect();
+    let streams: Vec<StreamName> = ["short", "long", "ended", "trimmed", "complete", "closed"]
+        .iter()
+        .map(|s| StreamName::parse(s).expect("name"))
+        .collect();
     let before = {
         let store = SqliteStore::open(&dir, retention, "owner").expect("open");
         store.create_session(record("mirrored", &epoch)).await.expect("create");
@@ -156,8 +158,15 @@ async fn reads_from_memory_agree_with_the_file() {
         for _ in 0..40 {
             store.append_batch("mirrored", &epoch, &streams[3], batch(2, 500), false).await.expect("trimmed");
         }
+        // Kept in memory to the end: read in pages, ended by their last append or by end_stream.
+        store.append_batch("mirrored", &epoch, &streams[4], batch(20, 4), true).await.expect("complete");
+        store.append_batch("mirrored", &epoch, &streams[5], batch(20, 4), false).await.expect("closed");
+        store.end_stream("mirrored", &epoch, &streams[5]).await.expect("end");
         snapshot(&store, "mirrored", &streams).await
     };
+    for ended in &before[4..] {
+        assert!(ended.contains("head: 20, state: Complete") && ended.contains("(20, b\"0019\")"), "{ended}");
+    }
     assert!(before[2].starts_with("ended: None"), "the byte cap dropped the ended stream: {}", before[2]);
     assert!(!before[3].contains("retained_from: 0,"), "the byte cap trimmed the stream: {}", before[3]);
     let store = SqliteStore::open(&dir, retention, "owner").expect("reopen");

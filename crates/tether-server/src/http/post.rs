@@ -15,6 +15,7 @@ use super::reject::{Rejection, rpc_error};
 use super::sse::{Connection, Prelude};
 use super::{accepted, check_load, guard, json_response, live_session, read_body, session_headers, sse};
 use crate::context::FirstOutput;
+use crate::context::SessionHandle;
 use crate::dispatch::{self, Started};
 use crate::session::{LogLevel, SessionRuntime};
 use crate::{Shared, ids, now_ms};
@@ -52,7 +53,7 @@ pub(crate) async fn post(
     for message in messages {
         match message {
             Message::Request(request) => requests.push(request),
-            Message::Notification(notification) => notify(&runtime, notification),
+            Message::Notification(notification) => notify(shared, &runtime, notification),
             Message::Response(response) => answer(shared, &runtime, response).await,
         }
     }
@@ -123,14 +124,23 @@ async fn initialize(shared: &Arc<Shared>, request: Request, principal: Option<St
     Ok(json_response(StatusCode::OK, body, session_headers(&runtime)))
 }
 
-fn notify(runtime: &SessionRuntime, notification: Notification) {
-    if notification.method == method::CANCELLED {
-        let id = notification.params.as_ref().and_then(|p| p.get("requestId"));
-        match id {
-            Some(Value::Number(n)) if n.is_i64() => runtime.cancel_request(&format!("n:{n}")),
-            Some(Value::String(s)) => runtime.cancel_request(&format!("s:{s}")),
-            // Invalid cancellations are ignored, as the spec asks.
-            _ => {}
+/// A client notification: tether acts on cancellations and the end of the handshake; the
+/// handler hears the rest.
+fn notify(shared: &Arc<Shared>, runtime: &Arc<SessionRuntime>, notification: Notification) {
+    match notification.method.as_str() {
+        method::CANCELLED => {
+            let id = notification.params.as_ref().and_then(|p| p.get("requestId"));
+            match id {
+                Some(Value::Number(n)) if n.is_i64() => runtime.cancel_request(&format!("n:{n}")),
+                Some(Value::String(s)) => runtime.cancel_request(&format!("s:{s}")),
+                // Invalid cancellations are ignored, as the spec asks.
+                _ => {}
+            }
+        }
+        method::INITIALIZED => {}
+        other => {
+            let session = SessionHandle::new(Arc::clone(&shared.store), Arc::clone(runtime));
+            shared.handler.notified(session, other, notification.params.unwrap_or(Value::Null));
         }
     }
 }

@@ -3,9 +3,7 @@
 //!
 //! The directory belongs to one process, so every change passes through the store's writer
 //! thread, which updates the mirror after each commit, in commit order: an entry is always
-//! what SQLite holds. The one exception is a begun request's stream, entered empty when the
-//! request is begun, before its flush, so that its caller reads what it wrote; no event of it
-//! is entered before it commits, and a batch that fails to commit takes every stream out. A miss reads SQLite; forgetting an entry is always safe. A session read
+//! what SQLite holds. A miss reads SQLite; forgetting an entry is always safe. A session read
 //! from SQLite is kept only if no session changed meanwhile (the generation), so a read that
 //! raced a commit cannot put back what the commit replaced.
 
@@ -21,8 +19,10 @@ use crate::record::{SessionStatus, StoredEvent};
 const MAX_SESSIONS: usize = 16_384;
 /// Streams kept; past this, the oldest opened is forgotten.
 const MAX_STREAMS: usize = 1_024;
-/// Events kept per stream; a longer stream is forgotten (its reads go to SQLite).
+/// Events and bytes kept per stream; a longer stream is forgotten (its reads go to SQLite).
+/// With [`MAX_STREAMS`], the mirror holds at most 32 MiB of events.
 const MAX_EVENTS: usize = 1_024;
+const MAX_BYTES: usize = 32 << 10;
 
 type StreamKey = (String, String);
 
@@ -30,6 +30,7 @@ type StreamKey = (String, String);
 struct Tail {
     range: StreamRange,
     events: Vec<StoredEvent>,
+    bytes: usize,
 }
 
 #[derive(Default)]
@@ -96,6 +97,15 @@ impl Mirror {
         }
     }
 
+    /// Writer: the session expired; it and its streams are read again from SQLite.
+    pub fn forget_session(&self, id: &str) {
+        let mut sessions = lock(&self.sessions);
+        sessions.generation += 1;
+        sessions.map.remove(id);
+        drop(sessions);
+        self.forget_streams_of(id);
+    }
+
     /// Writer: the sweep deleted tombstones; forget every ended session (they are read again).
     pub fn forget_ended_sessions(&self) {
         let mut sessions = lock(&self.sessions);
@@ -125,7 +135,7 @@ impl Mirror {
             return;
         }
         let range = StreamRange { retained_from: 0, head: 0, state: StreamState::Live };
-        streams.map.insert(key.clone(), Tail { range, events: Vec::new() });
+        streams.map.insert(key.clone(), Tail { range, events: Vec::new(), bytes: 0 });
         streams.order.push_back(key);
         while streams.map.len() > MAX_STREAMS || streams.order.len() > 2 * MAX_STREAMS {
             let Some(oldest) = streams.order.pop_front() else { break };
@@ -139,10 +149,12 @@ impl Mirror {
         let key = key(session, stream);
         let Some(tail) = streams.map.get_mut(&key) else { return };
         let count = events.len() as u64;
-        if tail.range.head + count != head || tail.events.len() + events.len() > MAX_EVENTS {
+        let bytes = tail.bytes + events.iter().map(Bytes::len).sum::<usize>();
+        if tail.range.head + count != head || tail.events.len() + events.len() > MAX_EVENTS || bytes > MAX_BYTES {
             streams.map.remove(&key);
             return;
         }
+        tail.bytes = bytes;
         let first = tail.range.head + 1;
         tail.events.extend(events.iter().zip(first..).map(|(data, seq)| StoredEvent { seq, data: data.clone() }));
         tail.range.head = head;
@@ -163,11 +175,6 @@ impl Mirror {
     /// Writer: the stream lost events to retention, or was deleted.
     pub fn forget_stream(&self, session: &str, stream: &str) {
         lock(&self.streams).map.remove(&key(session, stream));
-    }
-
-    /// Writer: a batch failed to commit; forget every stream.
-    pub fn forget_streams(&self) {
-        lock(&self.streams).map.clear();
     }
 
     /// Writer: the session's streams were deleted.

@@ -207,7 +207,6 @@ impl SqliteStore {
             .query_row("SELECT value FROM meta WHERE name = 'records_id'", [], |r| r.get(0))
             .map_err(backend)?;
         connection.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-        let mirror = Arc::new(Mirror::default());
         let mut queries = Vec::new();
         for _ in 0..READERS {
             let reader = Connection::open(dir.join("tether.sqlite3")).map_err(backend)?;
@@ -229,10 +228,7 @@ impl SqliteStore {
         let (jobs, queue) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("tether-sqlite".into())
-            .spawn({
-                let mirror = Arc::clone(&mirror);
-                move || writer(&mut connection, &queue, &mirror)
-            })
+            .spawn(move || writer(&mut connection, &queue))
             .map_err(backend)?;
         let next_reader = std::sync::atomic::AtomicUsize::new(0);
         Ok(SqliteStore {
@@ -242,7 +238,7 @@ impl SqliteStore {
             retention,
             owner: owner.to_owned(),
             heads: Heads::default(),
-            mirror,
+            mirror: Arc::default(),
             records_id,
             _lock: lock,
         })
@@ -270,7 +266,7 @@ impl SqliteStore {
     /// Runs `f` in the next batch; answers after the batch committed.
     fn run<T, F>(&self, f: F) -> StoreFuture<'static, T>
     where
-        T: Clone + Send + 'static,
+        T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
         self.run_with(f, |_, _| {})
@@ -281,20 +277,7 @@ impl SqliteStore {
     /// answers.
     fn run_with<T, F, A>(&self, f: F, then: A) -> StoreFuture<'static, T>
     where
-        T: Clone + Send + 'static,
-        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
-        A: FnOnce(&Mirror, &T) + Send + 'static,
-    {
-        self.submit(f, then, |_| false)
-    }
-
-    /// [`SqliteStore::run_with`], except that a result `early` accepts is answered as soon as
-    /// `f` ran, before the commit: for writes nobody can observe until a later batch commits,
-    /// and batches commit in order. Should this batch fail, the later writes that depend on it
-    /// fail too.
-    fn submit<T, F, A>(&self, f: F, then: A, early: fn(&T) -> bool) -> StoreFuture<'static, T>
-    where
-        T: Clone + Send + 'static,
+        T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
         A: FnOnce(&Mirror, &T) + Send + 'static,
     {
@@ -302,20 +285,11 @@ impl SqliteStore {
         let mirror = Arc::clone(&self.mirror);
         let job: Job = Box::new(move |txn: &mut Transaction<'_>| {
             let result = in_savepoint(txn, f);
-            let mut tx = Some(tx);
-            if let Ok(value) = &result
-                && early(value)
-                && let Some(tx) = tx.take()
-            {
-                let _ = tx.send(Ok(value.clone()));
-            }
             Box::new(move |committed| {
                 if let (Ok(()), Ok(value)) = (&committed, &result) {
                     then(&mirror, value);
                 }
-                if let Some(tx) = tx {
-                    let _ = tx.send(committed.and(result));
-                }
+                let _ = tx.send(committed.and(result));
             })
         });
         let sent = self.jobs.send(job);
@@ -329,7 +303,7 @@ impl SqliteStore {
 /// The database thread: batches jobs into transactions (group commit). It never waits for
 /// company: a batch is whatever queued up while the previous one was being flushed, so a lone
 /// writer pays one flush per operation and many writers share each flush.
-fn writer(connection: &mut Connection, queue: &mpsc::Receiver<Job>, mirror: &Mirror) {
+fn writer(connection: &mut Connection, queue: &mpsc::Receiver<Job>) {
     while let Ok(first) = queue.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -347,11 +321,6 @@ fn writer(connection: &mut Connection, queue: &mpsc::Receiver<Job>, mirror: &Mir
         };
         let completions: Vec<Completion> = batch.into_iter().map(|job| job(&mut transaction)).collect();
         let committed = transaction.commit().map_err(backend);
-        if committed.is_err() {
-            // What the batch put in the mirror before its commit (a begun request's stream) is
-            // not in the file.
-            mirror.forget_streams();
-        }
         for completion in completions {
             completion(committed.clone());
         }
@@ -491,7 +460,7 @@ fn evict(
 }
 
 /// What retention took while an append kept it.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default)]
 struct Evicted {
     /// The appended stream lost its oldest events.
     trimmed: bool,
@@ -500,7 +469,7 @@ struct Evicted {
 }
 
 /// What an append changed, for the mirror.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Appended {
     head: u64,
     evicted: Evicted,
@@ -856,16 +825,10 @@ impl Store for SqliteStore {
         let (session, epoch, key, digest) =
             (session.to_owned(), epoch.to_string(), request_key.to_owned(), params_digest.to_owned());
         let (stream, owner) = (stream.clone(), self.owner.clone());
-        // A started request is answered before its flush: no event of its stream can be read
-        // before it commits in a later batch, so the handler need not wait (a claim, below,
-        // must). The mirror gets the empty stream at once, so the caller reads what it wrote.
-        let (mirror, opened) = (Arc::clone(&self.mirror), opened_by_begin(&session, &stream));
-        let job = move |txn: &Connection| {
-            let begun = begin(txn, &owner, &session, &epoch, &key, &digest, &stream)?;
-            opened(&mirror, &begun);
-            Ok(begun)
-        };
-        self.submit(job, |_, _| {}, |begun| matches!(begun, BeginRequest::Started))
+        // Answered only once durable: a handler must never run for a request whose record a
+        // crash could lose, or the same request id sent again would run it twice.
+        let then = opened_by_begin(&session, &stream);
+        self.run_with(move |txn| begin(txn, &owner, &session, &epoch, &key, &digest, &stream), then)
     }
 
     fn begin_keyed_request(
@@ -1198,8 +1161,7 @@ impl Store for SqliteStore {
             Ok((expired, deleted))
         }, |mirror: &Mirror, (expired, deleted): &(Vec<String>, Vec<(String, String)>)| {
             for id in expired {
-                mirror.set_session(id, SessionStatus::Ended(SessionEnd::Expired));
-                mirror.forget_streams_of(id);
+                mirror.forget_session(id);
             }
             for (session, stream) in deleted {
                 mirror.forget_stream(session, stream);
