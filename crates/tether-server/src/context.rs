@@ -206,6 +206,7 @@ impl SessionHandle {
     }
 
     /// Whether both handles are of the same incarnation as this process serves it.
+    #[cfg(feature = "rmcp")]
     pub(crate) fn same(&self, other: &SessionHandle) -> bool {
         Arc::ptr_eq(&self.runtime, &other.runtime)
     }
@@ -220,9 +221,13 @@ impl SessionHandle {
         self.runtime.version
     }
 
-    /// The client's `initialize` params (`protocolVersion`, `capabilities`, `clientInfo`).
-    pub fn client_params(&self) -> &Value {
-        &self.runtime.client
+    /// The client's `initialize` params (`protocolVersion`, `capabilities`, `clientInfo`), as
+    /// the store keeps them (the process does not, to stay small per session).
+    pub async fn client_params(&self) -> Result<Value, ContextError> {
+        match self.store.session(&self.runtime.id, crate::now_ms()).await? {
+            tether_store::SessionStatus::Live(record) if record.epoch == self.runtime.epoch => Ok(record.client),
+            _ => Err(ContextError::StreamGone("the session ended".into())),
+        }
     }
 
     /// Appends a notification to the session's standalone (GET) stream. Returns `false` if the

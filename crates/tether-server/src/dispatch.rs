@@ -120,7 +120,7 @@ pub(crate) async fn start_legacy(
         Output::Stored { store: Arc::clone(&shared.store), runtime: Arc::clone(runtime), stream: stream.clone() };
     let meta = RequestMeta {
         progress_token: progress_token(&params),
-        client_capabilities: runtime.client_capabilities(),
+        client_capabilities: runtime.client_capabilities.clone(),
         log_level: None,
         client_request_timeout: shared.config.client_request_timeout,
         idempotency_key: keyed.as_ref().map(|k| k.name.clone()),

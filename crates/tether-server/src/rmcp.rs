@@ -129,30 +129,31 @@ async fn session_service<S: ServerHandler>(
     session: SessionHandle,
 ) -> Result<Arc<Service>, ErrorObject> {
     let cell = {
-        let mut services = lock(services);
-        match services.get(session.id()) {
+        let mut map = lock(services);
+        match map.get(session.id()) {
             Some((serving, cell)) if serving.same(&session) => Arc::clone(cell),
             // None yet, or one of an incarnation this process no longer serves.
             _ => {
                 let cell = Arc::<OnceCell<Arc<Service>>>::default();
-                services.insert(session.id().to_owned(), (session.clone(), Arc::clone(&cell)));
+                map.insert(session.id().to_owned(), (session.clone(), Arc::clone(&cell)));
+                forget_when_ended(Arc::clone(services), &session);
                 cell
             }
         }
     };
-    if cell.get().is_none() {
-        forget_when_ended(services, &session);
-    }
-    let client = session.client_params().clone();
-    let service =
-        cell.get_or_try_init(|| async { Ok(Arc::new(Service::start(make(), client, Some(session)).await?)) }).await?;
+    let service = cell
+        .get_or_try_init(|| async {
+            let client = session.client_params().await.map_err(unavailable)?;
+            Ok(Arc::new(Service::start(make(), client, Some(session)).await?))
+        })
+        .await?;
     Ok(Arc::clone(service))
 }
 
 /// Forgets the session's service once the process stops serving the session (unless another
 /// incarnation's has replaced it), which stops the service once no request of it runs.
-fn forget_when_ended(services: &Services, session: &SessionHandle) {
-    let (services, session) = (Arc::clone(services), session.clone());
+fn forget_when_ended(services: Services, session: &SessionHandle) {
+    let session = session.clone();
     tokio::spawn(async move {
         session.ended().await;
         let mut services = lock(&services);

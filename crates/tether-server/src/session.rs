@@ -78,10 +78,10 @@ pub(crate) struct SessionRuntime {
     pub id: String,
     pub epoch: Epoch,
     pub version: ProtocolVersion,
-    /// The client's `initialize` params (`protocolVersion`, `capabilities`, `clientInfo`).
-    pub client: Value,
-    /// Cancelled when this process stops serving the session.
-    stopped: CancellationToken,
+    /// The capabilities the client declared in `initialize`.
+    pub client_capabilities: Value,
+    /// Woken when this process stops serving the session (`state.ended`).
+    stopped: tokio::sync::Notify,
     next_request: AtomicU64,
     request_prefix: String,
     state: Mutex<RuntimeState>,
@@ -111,8 +111,12 @@ impl SessionRuntime {
             id: record.id.clone(),
             epoch: record.epoch.clone(),
             version: record.protocol_version,
-            client: record.client.clone(),
-            stopped: CancellationToken::new(),
+            client_capabilities: record
+                .client
+                .get("capabilities")
+                .cloned()
+                .unwrap_or_else(|| Value::Object(Default::default())),
+            stopped: tokio::sync::Notify::new(),
             next_request: AtomicU64::new(0),
             request_prefix,
             state: Mutex::new(RuntimeState {
@@ -131,11 +135,6 @@ impl SessionRuntime {
     fn lock(&self) -> MutexGuard<'_, RuntimeState> {
         // The maps stay consistent across a panic elsewhere; keep serving.
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// The capabilities the client declared in `initialize`.
-    pub fn client_capabilities(&self) -> Value {
-        self.client.get("capabilities").cloned().unwrap_or_else(|| Value::Object(Default::default()))
     }
 
     /// Whether anything keeps the session active: running requests or open connections.
@@ -243,7 +242,14 @@ impl SessionRuntime {
     /// Resolves once this process stops serving the session (it was deleted, expired, or
     /// replaced by another incarnation).
     pub async fn ended(&self) {
-        self.stopped.cancelled().await;
+        let stopped = self.stopped.notified();
+        tokio::pin!(stopped);
+        // Registered before the check, so an end between the two still wakes it.
+        stopped.as_mut().enable();
+        if self.lock().ended {
+            return;
+        }
+        stopped.await;
     }
 
     /// Closes the connection attached to `stream`, if any; the client will resume.
@@ -259,9 +265,9 @@ impl SessionRuntime {
 
     /// The session ended: cancel everything running and close every connection.
     pub fn end(&self) {
-        self.stopped.cancel();
         let mut state = self.lock();
         state.ended = true;
+        self.stopped.notify_waiters();
         for token in state.inflight.values() {
             token.cancel();
         }

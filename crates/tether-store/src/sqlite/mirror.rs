@@ -15,8 +15,9 @@ use tether_core::lineage::{StreamRange, StreamState};
 
 use crate::record::{SessionStatus, StoredEvent};
 
-/// Sessions kept; past this, an arbitrary one is forgotten.
-const MAX_SESSIONS: usize = 16_384;
+/// Sessions kept; past this, an arbitrary one is forgotten (idle sessions cost memory; busy
+/// ones come back on their next read).
+const MAX_SESSIONS: usize = 1_024;
 /// Streams kept; past this, the oldest opened is forgotten.
 const MAX_STREAMS: usize = 1_024;
 /// Events and bytes kept per stream; a longer stream is forgotten (its reads go to SQLite).
