@@ -6,10 +6,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{
-    CallToolResult, ContentBlock, ProgressNotificationParam, RequestMetaObject, ServerCapabilities, ServerConfig,
-};
-use rmcp::service::NotificationContext;
+use rmcp::model::{CallToolResult, ContentBlock, ProgressNotificationParam, ServerCapabilities, ServerConfig};
+use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData, Peer, RoleServer, ServerHandler, tool, tool_handler, tool_router};
 
 /// What every instance of [`Counter`] shares: how often a tool ran, how many instances live.
@@ -21,6 +19,8 @@ pub struct Stats {
     pub live: AtomicUsize,
     /// `notifications/roots/list_changed` received, over every session.
     pub roots_changed: AtomicU64,
+    /// Steps `count` took, over every call.
+    pub steps: AtomicU64,
 }
 
 /// Counts an instance as alive until its last clone is dropped.
@@ -65,14 +65,19 @@ impl Counter {
     async fn count(
         &self,
         Parameters(args): Parameters<CountArgs>,
-        meta: RequestMetaObject,
-        peer: Peer<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         self.stats.runs.fetch_add(1, Ordering::SeqCst);
         for i in 1..=args.to {
-            if let Some(token) = meta.get_progress_token() {
+            // rmcp cancels cooperatively: the request's token, not its future.
+            if context.ct.is_cancelled() {
+                return Err(ErrorData::internal_error("cancelled", None));
+            }
+            self.stats.steps.fetch_add(1, Ordering::SeqCst);
+            if let Some(token) = context.meta.get_progress_token() {
                 let param = ProgressNotificationParam::new(token, f64::from(i)).with_total(f64::from(args.to));
-                peer.notify_progress(param).await.map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+                let sent = context.peer.notify_progress(param).await;
+                sent.map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
             }
             tokio::time::sleep(Duration::from_millis(args.interval_ms.unwrap_or(0))).await;
         }

@@ -216,3 +216,38 @@ async fn a_2026_07_28_request_gets_an_rmcp_service_of_its_own() {
     }
     server.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rmcp_client_s_cancellation_stops_the_rmcp_tool_on_the_server() {
+    let stats = Arc::new(Stats::default());
+    let store = Arc::new(tether_store::MemoryStore::new(Retention::default()));
+    let (addr, server) = start_server(store, &stats).await;
+    let (transport, _events) = TetherTransport::new(ClientConfig::new(format!("http://{addr}/mcp")));
+    let client = Recorder::default().serve(transport).await.expect("rmcp initializes through tether");
+    let arguments = serde_json::json!({"to": 10_000, "interval_ms": 5});
+    let params = CallToolRequestParams::new("count").with_arguments(arguments.as_object().cloned().expect("object"));
+    let call = ClientRequest::CallToolRequest(Request::new(params));
+    let handle = client.send_cancellable_request(call, PeerRequestOptions::no_options()).await.expect("sent");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while stats.steps.load(Ordering::SeqCst) < 5 {
+        assert!(Instant::now() < deadline, "the tool never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    handle.cancel(Some("enough".into())).await.expect("cancelled");
+    // The tool stops: its step count settles well short of 10,000.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut last = stats.steps.load(Ordering::SeqCst);
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = stats.steps.load(Ordering::SeqCst);
+        if now == last {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the tool kept running after the cancellation");
+        last = now;
+    }
+    assert!(last < 1_000, "the tool ran {last} steps");
+    assert_eq!(stats.runs.load(Ordering::SeqCst), 1);
+    client.cancel().await.expect("rmcp closes");
+    server.abort();
+}

@@ -562,7 +562,46 @@ impl Client {
         self.send(method, params, Keying::Always).await
     }
 
-    async fn send(&self, method: &str, mut params: Value, keying: Keying) -> Result<Value, RequestError> {
+    /// Sends a request like [`Client::request`], until `cancelled` resolves: then the server is
+    /// told (`notifications/cancelled` for the attempt in flight) and the request ends with
+    /// [`RequestError::CancelledByCaller`].
+    pub async fn request_cancellable(
+        &self,
+        method: &str,
+        params: Value,
+        cancelled: impl Future<Output = ()>,
+    ) -> Result<Value, RequestError> {
+        let in_flight = Mutex::new(None);
+        {
+            let sent = self.send_tracked(method, params, Keying::Auto, Some(&in_flight));
+            tokio::pin!(sent);
+            tokio::select! {
+                outcome = &mut sent => return outcome,
+                () = cancelled => {}
+            }
+        }
+        // The attempt's wait was dropped with it; what is left is to tell the server.
+        let id = in_flight.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+        if let Some(id) = id
+            && let Err(err) = self.cancel(&id, "cancelled by the client").await
+        {
+            tracing::debug!(%err, "could not tell the server of a cancellation");
+        }
+        Err(RequestError::CancelledByCaller)
+    }
+
+    async fn send(&self, method: &str, params: Value, keying: Keying) -> Result<Value, RequestError> {
+        self.send_tracked(method, params, keying, None).await
+    }
+
+    /// [`Client::send`], recording in `in_flight` the id of each attempt as it goes out.
+    async fn send_tracked(
+        &self,
+        method: &str,
+        mut params: Value,
+        keying: Keying,
+        in_flight: Option<&Mutex<Option<RequestId>>>,
+    ) -> Result<Value, RequestError> {
         let mut key = self.inner.key_for(method, &params, keying);
         match (&key, &mut params) {
             (None, _) => {}
@@ -571,11 +610,11 @@ impl Client {
             // Positional params have no `_meta`: MCP requests never take them.
             (Some(_), _) => key = None,
         }
-        let Some((key, records)) = &key else { return self.send_once(method, params).await };
+        let Some((key, records)) = &key else { return self.send_once(method, params, in_flight).await };
         let mut reissues = Attempts::new(self.inner.config.backoff);
         let mut attempt = 0;
         loop {
-            let outcome = self.send_once(method, params.clone()).await;
+            let outcome = self.send_once(method, params.clone(), in_flight).await;
             let reason = match &outcome {
                 Err(RequestError::OutcomeUnknown(reason) | RequestError::NotExecuted(reason)) => reason.clone(),
                 Err(RequestError::Cancelled) => "the response stream broke".to_owned(),
@@ -597,12 +636,20 @@ impl Client {
     }
 
     /// Sends a request once and waits for its outcome.
-    async fn send_once(&self, method: &str, params: Value) -> Result<Value, RequestError> {
+    async fn send_once(
+        &self,
+        method: &str,
+        params: Value,
+        in_flight: Option<&Mutex<Option<RequestId>>>,
+    ) -> Result<Value, RequestError> {
         let inner = &self.inner;
         // A re-initialization in progress has no session yet: wait for it, and hold it off until
         // this request is registered with the session it goes out on.
         let serial = inner.reinit.lock().await;
         let id = inner.next_id();
+        if let Some(in_flight) = in_flight {
+            *in_flight.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(id.clone());
+        }
         let request = Request { id: id.clone(), method: method.to_owned(), params: Some(params) };
         let key = request_key(&id);
         let (tx, rx) = oneshot::channel();

@@ -241,6 +241,9 @@ pub enum RequestError {
     /// 2026-07-28: the response stream broke, which cancels the request; re-issue it.
     #[error("cancelled: the response stream broke")]
     Cancelled,
+    /// The caller cancelled the request ([`Client::request_cancellable`]); the server was told.
+    #[error("cancelled by the caller")]
+    CancelledByCaller,
     /// The client failed before the request was sent.
     #[error("{0}")]
     Client(#[from] ClientError),

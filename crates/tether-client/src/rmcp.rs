@@ -30,7 +30,6 @@ use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, ErrorObject, Message, Notification, Request, RequestId, Response, code};
 use tether_core::mcp::{Era, ProtocolVersion, method};
 use tokio::sync::{OnceCell, mpsc, oneshot};
-use tokio::task::AbortHandle;
 
 use crate::{Client, ClientConfig, ClientEvent, HookFuture, RequestError, ServerRequests};
 
@@ -52,7 +51,7 @@ pub struct TetherTransport {
     pump_rx: Option<mpsc::UnboundedReceiver<Message>>,
     answers: Answers,
     /// rmcp's requests in flight, so rmcp can cancel them.
-    running: Arc<Mutex<HashMap<String, AbortHandle>>>,
+    running: Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>,
 }
 
 impl std::fmt::Debug for TetherTransport {
@@ -131,6 +130,7 @@ fn request_error(error: RequestError) -> ErrorObject {
         RequestError::OutcomeUnknown(why) => ("outcome_unknown", format!("outcome unknown: {why}")),
         RequestError::NotExecuted(why) => ("not_executed", format!("not executed: {why}")),
         RequestError::Cancelled => ("cancelled", "the response stream broke; the request was cancelled".into()),
+        RequestError::CancelledByCaller => ("cancelled", "cancelled by the client".into()),
         RequestError::Client(error) => ("client_error", error.to_string()),
     };
     ErrorObject::with_reason(-32000, message, reason)
@@ -246,8 +246,8 @@ async fn pump(
 }
 
 impl TetherTransport {
-    /// Sends one of rmcp's requests; its outcome reaches rmcp through the pump. Cancelling it
-    /// (rmcp's `notifications/cancelled`) stops the wait here; the server is not told.
+    /// Sends one of rmcp's requests; its outcome reaches rmcp through the pump. rmcp's
+    /// `notifications/cancelled` cancels it on the server, and rmcp gets no answer for it.
     fn start(&mut self, request: Request) {
         let key = request.id.to_value().to_string();
         let (to_pump, running) = (self.to_pump.clone(), Arc::clone(&self.running));
@@ -256,24 +256,27 @@ impl TetherTransport {
             let _ = to_pump.send(Message::Response(Response { id: Some(request.id), outcome: Err(error) }));
             return;
         };
-        // Held until the task is registered, so that it cannot deregister before it is.
-        let mut registry = lock(&self.running);
-        let task_key = key.clone();
-        let task = tokio::spawn(async move {
+        let (cancel, cancelled) = oneshot::channel::<()>();
+        lock(&self.running).insert(key.clone(), cancel);
+        tokio::spawn(async move {
             let params = request.params.unwrap_or(Value::Null);
-            let outcome = client.request(&request.method, params).await.map_err(request_error);
-            lock(&running).remove(&task_key);
-            // The pump is gone only when the client is.
-            let _ = to_pump.send(Message::Response(Response { id: Some(request.id), outcome }));
+            // A dropped sender (the transport closed) cancels too.
+            let cancelled = async move { drop(cancelled.await) };
+            let outcome = client.request_cancellable(&request.method, params, cancelled).await;
+            lock(&running).remove(&key);
+            if outcome != Err(RequestError::CancelledByCaller) {
+                // The pump is gone only when the client is.
+                let outcome = outcome.map_err(request_error);
+                let _ = to_pump.send(Message::Response(Response { id: Some(request.id), outcome }));
+            }
         });
-        registry.insert(key, task.abort_handle());
     }
 
     /// Stops waiting for the request rmcp cancels.
     fn cancel(&mut self, params: Option<&Value>) {
         let id = params.and_then(|p| p.get("requestId")).map(Value::to_string);
-        if let Some(task) = id.and_then(|id| lock(&self.running).remove(&id)) {
-            task.abort();
+        if let Some(cancel) = id.and_then(|id| lock(&self.running).remove(&id)) {
+            let _ = cancel.send(());
         }
     }
 }
@@ -330,8 +333,8 @@ impl Transport<RoleClient> for TetherTransport {
     }
 
     async fn close(&mut self) -> Result<(), NotConnected> {
-        for (_, task) in lock(&self.running).drain() {
-            task.abort();
+        for (_, cancel) in lock(&self.running).drain() {
+            let _ = cancel.send(());
         }
         if let Some(client) = self.client.get() {
             client.close().await;
