@@ -58,6 +58,21 @@ async fn start_server(
     (addr, tokio::spawn(async move { tether_server::serve(listener, app).await }))
 }
 
+/// Waits up to 5 s for `condition`; fails with `what` if it never holds.
+async fn eventually(what: &str, condition: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !condition() {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// An rmcp client on tether's transport, initialized with the server at `addr`.
+async fn rmcp_client(addr: std::net::SocketAddr) -> rmcp::service::RunningService<RoleClient, Recorder> {
+    let (transport, _events) = TetherTransport::new(ClientConfig::new(format!("http://{addr}/mcp")));
+    Recorder::default().serve(transport).await.expect("rmcp initializes through tether")
+}
+
 /// The text of a tool result.
 fn text(result: ServerResult) -> String {
     let ServerResult::CallToolResult(result) = result else { panic!("not a tool result: {result:?}") };
@@ -149,11 +164,7 @@ async fn an_rmcp_tool_call_is_resumed_exactly_through_cut_streams() {
     assert_eq!(stats.live.load(Ordering::SeqCst), 1);
     proxy.cutting.store(false, Ordering::Relaxed);
     client.cancel().await.expect("rmcp closes");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while stats.live.load(Ordering::SeqCst) != 0 {
-        assert!(Instant::now() < deadline, "the session's rmcp service outlived the session");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("the session's rmcp service outlived the session", || stats.live.load(Ordering::SeqCst) == 0).await;
     server.abort();
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -163,8 +174,7 @@ async fn requests_and_notifications_between_the_rmcp_ends_pass_through_tether() 
     let stats = Arc::new(Stats::default());
     let store = Arc::new(tether_store::MemoryStore::new(Retention::default()));
     let (addr, server) = start_server(store, &stats).await;
-    let (transport, _events) = TetherTransport::new(ClientConfig::new(format!("http://{addr}/mcp")));
-    let client = Recorder::default().serve(transport).await.expect("rmcp initializes through tether");
+    let client = rmcp_client(addr).await;
     let call = ClientRequest::CallToolRequest(Request::new(CallToolRequestParams::new("roots")));
     let result = tokio::time::timeout(Duration::from_secs(10), client.send_request(call))
         .await
@@ -173,11 +183,7 @@ async fn requests_and_notifications_between_the_rmcp_ends_pass_through_tether() 
     assert_eq!(text(result), "file:///srv/a file:///srv/b");
     // And the client's notification reaches the session's rmcp service.
     client.notify_roots_list_changed().await.expect("notified");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while stats.roots_changed.load(Ordering::SeqCst) != 1 {
-        assert!(Instant::now() < deadline, "the rmcp service never heard of the change");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("the rmcp service never heard of the change", || stats.roots_changed.load(Ordering::SeqCst) == 1).await;
     client.cancel().await.expect("rmcp closes");
     server.abort();
 }
@@ -209,11 +215,7 @@ async fn a_2026_07_28_request_gets_an_rmcp_service_of_its_own() {
     assert_eq!(progress.len(), 3, "{text}");
     assert!(text.contains("counted to 3"), "{text}");
     assert_eq!(stats.runs.load(Ordering::SeqCst), 1);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while stats.live.load(Ordering::SeqCst) != 0 {
-        assert!(Instant::now() < deadline, "the request's rmcp service outlived the request");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("the request's rmcp service outlived the request", || stats.live.load(Ordering::SeqCst) == 0).await;
     server.abort();
 }
 
@@ -222,17 +224,12 @@ async fn an_rmcp_client_s_cancellation_stops_the_rmcp_tool_on_the_server() {
     let stats = Arc::new(Stats::default());
     let store = Arc::new(tether_store::MemoryStore::new(Retention::default()));
     let (addr, server) = start_server(store, &stats).await;
-    let (transport, _events) = TetherTransport::new(ClientConfig::new(format!("http://{addr}/mcp")));
-    let client = Recorder::default().serve(transport).await.expect("rmcp initializes through tether");
+    let client = rmcp_client(addr).await;
     let arguments = serde_json::json!({"to": 10_000, "interval_ms": 5});
     let params = CallToolRequestParams::new("count").with_arguments(arguments.as_object().cloned().expect("object"));
     let call = ClientRequest::CallToolRequest(Request::new(params));
     let handle = client.send_cancellable_request(call, PeerRequestOptions::no_options()).await.expect("sent");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while stats.steps.load(Ordering::SeqCst) < 5 {
-        assert!(Instant::now() < deadline, "the tool never started");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("the tool never started", || stats.steps.load(Ordering::SeqCst) >= 5).await;
     handle.cancel(Some("enough".into())).await.expect("cancelled");
     // The tool stops: its step count settles well short of 10,000.
     let deadline = Instant::now() + Duration::from_secs(5);

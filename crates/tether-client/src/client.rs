@@ -54,8 +54,6 @@ pub(crate) struct State {
     next_id: u64,
     standalone: bool,
     closed: bool,
-    /// The name of the records the server claims idempotency keys in, if it offers the extension.
-    idempotency: Option<String>,
     /// The server's answer to `initialize` (for 2026-07-28, what `server/discover` said).
     server: Value,
     /// Tools the server annotated `idempotentHint: true` (learnt from `tools/list`): their calls
@@ -218,7 +216,7 @@ impl Inner {
             }
             state.generation += 1;
             state.session = SessionHeaders::default();
-            state.idempotency = None;
+            state.server = Value::Null;
             state.checkpoint = Checkpoint::default();
             state.committed.clear();
             let keys: Vec<String> =
@@ -294,7 +292,6 @@ impl Inner {
                 let server = Value::Object(server);
                 let mut state = self.state();
                 state.era = Era::Modern;
-                state.idempotency = server.get("capabilities").and_then(idempotency_records);
                 state.server = server;
                 state.session = SessionHeaders {
                     session_id: None,
@@ -324,7 +321,6 @@ impl Inner {
         {
             let mut state = self.state();
             state.era = Era::Legacy;
-            state.idempotency = result.get("capabilities").and_then(idempotency_records);
             state.server = result;
             state.session = session.clone();
             state.checkpoint.session_id = session.session_id.clone();
@@ -366,7 +362,7 @@ impl Inner {
         if !wanted {
             return None;
         }
-        let Some(records) = self.state().idempotency.clone() else {
+        let Some(records) = self.state().idempotency_records() else {
             self.emit(ClientEvent::Unkeyed {
                 reason: format!("the server does not offer {}", meta::IDEMPOTENCY_CAPABILITY),
             });
@@ -439,10 +435,13 @@ fn parse_response(bytes: &[u8]) -> Result<Response, ClientError> {
     }
 }
 
-/// The records the idempotency extension claims keys in, if `capabilities` offer it.
-fn idempotency_records(capabilities: &Value) -> Option<String> {
-    let offer = capabilities.get("experimental")?.get(meta::IDEMPOTENCY_CAPABILITY)?;
-    offer.get("records").and_then(Value::as_str).map(str::to_owned)
+impl State {
+    /// The name of the records the server claims idempotency keys in, if it offers the
+    /// extension.
+    fn idempotency_records(&self) -> Option<String> {
+        let offer = self.server.get("capabilities")?.get("experimental")?.get(meta::IDEMPOTENCY_CAPABILITY)?;
+        offer.get("records").and_then(Value::as_str).map(str::to_owned)
+    }
 }
 
 /// Reads an SSE answer until the response to `id` (an `initialize` answered with SSE).
@@ -508,7 +507,6 @@ impl Client {
             next_id: 0,
             standalone: false,
             closed: false,
-            idempotency: None,
             server: Value::Null,
             idempotent_tools: HashSet::new(),
         };
@@ -552,14 +550,14 @@ impl Client {
     /// A `tools/call` of a tool not annotated idempotent carries an idempotency key (if the
     /// configuration and the server allow) and is re-issued until its real outcome arrives.
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, RequestError> {
-        self.send(method, params, Keying::Auto).await
+        self.send(method, params, Keying::Auto, None).await
     }
 
     /// Sends a request under an idempotency key whatever its method, so it runs at most once
     /// however often it is sent, and re-issues it until its real outcome arrives. Without the
     /// server's support it goes out unkeyed (and a [`ClientEvent::Unkeyed`] says so).
     pub async fn request_keyed(&self, method: &str, params: Value) -> Result<Value, RequestError> {
-        self.send(method, params, Keying::Always).await
+        self.send(method, params, Keying::Always, None).await
     }
 
     /// Sends a request like [`Client::request`], until `cancelled` resolves: then the server is
@@ -573,7 +571,7 @@ impl Client {
     ) -> Result<Value, RequestError> {
         let in_flight = Mutex::new(None);
         {
-            let sent = self.send_tracked(method, params, Keying::Auto, Some(&in_flight));
+            let sent = self.send(method, params, Keying::Auto, Some(&in_flight));
             tokio::pin!(sent);
             tokio::select! {
                 outcome = &mut sent => return outcome,
@@ -590,12 +588,9 @@ impl Client {
         Err(RequestError::CancelledByCaller)
     }
 
-    async fn send(&self, method: &str, params: Value, keying: Keying) -> Result<Value, RequestError> {
-        self.send_tracked(method, params, keying, None).await
-    }
-
-    /// [`Client::send`], recording in `in_flight` the id of each attempt as it goes out.
-    async fn send_tracked(
+    /// Sends a request with its key, if it gets one, and re-issues it while its outcome is
+    /// unknown; records in `in_flight` the id of each attempt as it goes out.
+    async fn send(
         &self,
         method: &str,
         mut params: Value,
@@ -626,7 +621,7 @@ impl Client {
             // replaced a diverged one may be served by other records (a restarted memory store, a
             // replica with its own): a re-issue there could run the request again.
             drop(self.inner.reinit.lock().await);
-            if self.inner.state().idempotency.as_ref() != Some(records) {
+            if self.inner.state().idempotency_records().as_ref() != Some(records) {
                 return outcome;
             }
             attempt += 1;

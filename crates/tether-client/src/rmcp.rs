@@ -99,13 +99,14 @@ impl TetherTransport {
 }
 
 /// rmcp's message in tether's types.
+/// (Through a JSON value: no text is written or parsed.)
 fn from_rmcp(message: &ClientJsonRpcMessage) -> Option<Message> {
-    jsonrpc::parse_message(&serde_json::to_vec(message).ok()?).ok()
+    jsonrpc::message_from_value(serde_json::to_value(message).ok()?).ok()
 }
 
 /// tether's message in rmcp's types.
 fn to_rmcp(message: &Message) -> Option<ServerJsonRpcMessage> {
-    serde_json::from_slice(&message.to_vec()).ok()
+    serde_json::from_value(serde_json::to_value(message).ok()?).ok()
 }
 
 /// What a message rmcp sends still has to wait for.

@@ -66,11 +66,16 @@ impl Keyed {
         })?;
         let principal = principal.unwrap_or_default();
         let name = Digest::of(&format!("idempotency {} {principal}", principal.len()), key.as_str().as_bytes());
-        let mut bare = params.clone();
-        if let Value::Object(map) = &mut bare {
-            map.remove("_meta");
-        }
-        let params_digest = Digest::of(method, bare.to_string().as_bytes());
+        // The params without `_meta`, serialized without copying them (the map is ordered, so
+        // the bytes are those of the params less that member).
+        let bare = match params {
+            Value::Object(map) => {
+                let bare: std::collections::BTreeMap<_, _> = map.iter().filter(|(k, _)| *k != "_meta").collect();
+                serde_json::to_string(&bare).unwrap_or_default()
+            }
+            other => other.to_string(),
+        };
+        let params_digest = Digest::of(method, bare.as_bytes());
         Ok(Some(Keyed { name: name.to_string(), params_digest: params_digest.to_string() }))
     }
 

@@ -227,7 +227,7 @@ async fn sweep(shared: Weak<Shared>) {
                     tracing::debug!(session = %id, "session expired");
                     shared.sessions.remove(id);
                 }
-                telemetry::sessions_expired(expired.len(), shared.sessions.len());
+                telemetry::sessions_expired(expired.len());
             }
             Err(err) => tracing::warn!(%err, "store sweep failed"),
         }

@@ -171,7 +171,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// A request of tether's that the service is running.
 struct Call {
     ctx: Context,
-    progress_token: Option<Value>,
     done: oneshot::Sender<Result<Value, ErrorObject>>,
 }
 
@@ -216,14 +215,14 @@ impl Transport<RoleServer> for InProcess {
 }
 
 /// A JSON-RPC message in rmcp's types.
+/// (Through a JSON value: no text is written or parsed.)
 fn to_rmcp(message: &Message) -> Result<ClientJsonRpcMessage, serde_json::Error> {
-    serde_json::from_slice(&message.to_vec())
+    serde_json::from_value(serde_json::to_value(message)?)
 }
 
 /// An rmcp message in tether's types.
 fn from_rmcp(message: &ServerJsonRpcMessage) -> Option<Message> {
-    let bytes = serde_json::to_vec(message).ok()?;
-    jsonrpc::parse_message(&bytes).ok()
+    jsonrpc::message_from_value(serde_json::to_value(message).ok()?).ok()
 }
 
 fn unavailable(detail: impl std::fmt::Display) -> ErrorObject {
@@ -284,12 +283,11 @@ impl Service {
     /// Runs one request of tether's on the service; a cancelled request is cancelled there too.
     async fn call(&self, ctx: Context, method: String, params: Value) -> Result<Value, ErrorObject> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let progress_token = params.pointer("/_meta/progressToken").cloned();
         let request = Message::Request(Request { id: RequestId::Number(id), method, params: Some(params) });
         let request = to_rmcp(&request)
             .map_err(|err| ErrorObject::with_reason(code::INVALID_PARAMS, err.to_string(), "invalid_params"))?;
         let (done, outcome) = oneshot::channel();
-        lock(&self.calls).insert(id, Call { ctx: ctx.clone(), progress_token, done });
+        lock(&self.calls).insert(id, Call { ctx: ctx.clone(), done });
         if self.to_service.send(request).is_err() {
             lock(&self.calls).remove(&id);
             return Err(unavailable("it stopped"));
@@ -366,7 +364,7 @@ impl Router {
         let request = {
             let calls = lock(&self.calls);
             match (token, &self.session) {
-                (Some(token), _) => calls.values().find(|c| c.progress_token.as_ref() == Some(token)),
+                (Some(token), _) => calls.values().find(|c| c.ctx.progress_token() == Some(token)),
                 (None, Some(_)) => None,
                 (None, None) => calls.values().next(),
             }

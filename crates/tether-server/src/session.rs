@@ -80,7 +80,8 @@ pub(crate) struct SessionRuntime {
     pub version: ProtocolVersion,
     /// The capabilities the client declared in `initialize`.
     pub client_capabilities: Value,
-    /// Woken when this process stops serving the session (`state.ended`).
+    /// Woken when this process stops serving the session (`state.ended`). A `Notify` lives
+    /// inline; a `CancellationToken` would be one more allocation per session.
     stopped: tokio::sync::Notify,
     next_request: AtomicU64,
     request_prefix: String,
@@ -338,6 +339,7 @@ impl Sessions {
         if let Some(older) = map.insert(record.id.clone(), Arc::clone(&runtime)) {
             older.end();
         }
+        crate::telemetry::sessions_live(map.len());
         runtime
     }
 
@@ -348,8 +350,10 @@ impl Sessions {
 
     /// Forgets a session and ends its in-process state.
     pub fn remove(&self, id: &str) {
-        if let Some(runtime) = self.lock().remove(id) {
+        let mut map = self.lock();
+        if let Some(runtime) = map.remove(id) {
             runtime.end();
+            crate::telemetry::sessions_live(map.len());
         }
     }
 

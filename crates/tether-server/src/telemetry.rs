@@ -7,24 +7,21 @@ use std::time::Duration;
 use tether_core::lineage::{InvalidReason, ServerDecision};
 
 /// A session was created by `initialize`.
-pub(crate) fn session_created(live: usize) {
+pub(crate) fn session_created() {
     metrics::counter!("tether_sessions_created_total").increment(1);
-    sessions_live(live);
 }
 
 /// A session was ended by the client's DELETE.
-pub(crate) fn session_terminated(live: usize) {
+pub(crate) fn session_terminated() {
     metrics::counter!("tether_sessions_terminated_total").increment(1);
-    sessions_live(live);
 }
 
 /// Sessions expired by a sweep.
-pub(crate) fn sessions_expired(count: usize, live: usize) {
+pub(crate) fn sessions_expired(count: usize) {
     metrics::counter!("tether_sessions_expired_total").increment(count as u64);
-    sessions_live(live);
 }
 
-/// Sessions this process serves.
+/// Sessions this process serves (set where its set of runtimes changes).
 pub(crate) fn sessions_live(live: usize) {
     metrics::gauge!("tether_sessions_live").set(live as f64);
 }

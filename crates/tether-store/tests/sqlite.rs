@@ -82,7 +82,6 @@ async fn a_reopened_store_aborts_what_the_previous_process_left_running() {
     let (running, other) = (StreamName::parse("r1").expect("stream"), StreamName::parse("g1").expect("stream"));
     {
         let dead = open(&dir, "dead");
-        dead.sweep(1_000).await.expect("heartbeat");
         dead.create_session(SessionRecord { expires_at_ms: u64::MAX / 2, ..record("s", &epoch) })
             .await
             .expect("create");

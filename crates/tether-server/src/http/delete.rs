@@ -20,7 +20,7 @@ pub(crate) async fn delete(
         .await
         .map_err(|e| crate::store_rejection(&e))?;
     shared.sessions.remove(&record.id);
-    crate::telemetry::session_terminated(shared.sessions.len());
+    crate::telemetry::session_terminated();
     tracing::debug!(session = %record.id, "session terminated by the client");
     let mut response = StatusCode::OK.into_response();
     response.headers_mut().extend(session_headers(&runtime));

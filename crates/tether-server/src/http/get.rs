@@ -42,18 +42,8 @@ async fn standalone(shared: &Arc<Shared>, headers: &HeaderMap, principal: Option
     let store = &shared.store;
     store.open_stream(&runtime.id, &runtime.epoch, &stream).await.map_err(|e| crate::store_rejection(&e))?;
     store.set_standalone_stream(&runtime.id, &runtime.epoch, &stream).await.map_err(|e| crate::store_rejection(&e))?;
-    let prelude = if runtime.version.primes_streams() { Prelude::Priming } else { Prelude::None };
     let headers = session_headers(&runtime);
-    let connection = Connection {
-        shared: Arc::clone(shared),
-        runtime,
-        stream,
-        cursor: 0,
-        prelude,
-        follow: true,
-        resumed: false,
-        attachment,
-    };
+    let connection = Connection::fresh(shared, runtime, stream, attachment);
     Ok(sse::response(connection.into_body(), headers))
 }
 

@@ -12,7 +12,7 @@ use tether_core::mcp::{ProtocolVersion, meta, method};
 use tether_store::{RelayedAnswer, SessionRecord};
 
 use super::reject::{Rejection, rpc_error};
-use super::sse::{Connection, Prelude};
+use super::sse::Connection;
 use super::{accepted, check_load, guard, json_response, live_session, read_body, session_headers, sse};
 use crate::context::FirstOutput;
 use crate::context::SessionHandle;
@@ -102,7 +102,7 @@ async fn initialize(shared: &Arc<Shared>, request: Request, principal: Option<St
     };
     shared.store.create_session(record.clone()).await.map_err(|e| crate::store_rejection(&e))?;
     let runtime = shared.sessions.runtime(&record, &shared.process_token);
-    crate::telemetry::session_created(shared.sessions.len());
+    crate::telemetry::session_created();
     let info = shared.handler.info();
     let mut capabilities = info.capabilities;
     if !capabilities.is_object() {
@@ -199,17 +199,7 @@ async fn respond(
         }
     };
     let attachment = runtime.attach(&stream);
-    let prelude = if runtime.version.primes_streams() { Prelude::Priming } else { Prelude::None };
-    let connection = Connection {
-        shared: Arc::clone(shared),
-        runtime: Arc::clone(runtime),
-        stream,
-        cursor: 0,
-        prelude,
-        follow: true,
-        resumed: false,
-        attachment,
-    };
+    let connection = Connection::fresh(shared, Arc::clone(runtime), stream, attachment);
     Ok(sse::response(connection.into_body(), headers))
 }
 

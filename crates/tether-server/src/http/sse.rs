@@ -73,6 +73,26 @@ struct Pump {
 }
 
 impl Connection {
+    /// A connection to a new stream, from its start: primed where the version asks for it.
+    pub fn fresh(
+        shared: &Arc<Shared>,
+        runtime: Arc<SessionRuntime>,
+        stream: StreamName,
+        attachment: Attachment,
+    ) -> Connection {
+        let prelude = if runtime.version.primes_streams() { Prelude::Priming } else { Prelude::None };
+        Connection {
+            shared: Arc::clone(shared),
+            runtime,
+            stream,
+            cursor: 0,
+            prelude,
+            follow: true,
+            resumed: false,
+            attachment,
+        }
+    }
+
     /// The streaming body of this connection.
     pub fn into_body(self) -> Body {
         let polls = self.runtime.version.primes_streams();

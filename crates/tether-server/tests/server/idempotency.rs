@@ -68,6 +68,21 @@ async fn a_known_key_is_answered_from_its_record_in_any_session() {
     assert_eq!(counter(&client, &second).await, 5);
 }
 
+/// The idempotency capability `server/discover` offers (`Null` without one).
+async fn discovered(client: &Client) -> Value {
+    let body = json!({"jsonrpc": "2.0", "id": 9, "method": "server/discover", "params": {"_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}});
+    let response = client
+        .post(None, &body)
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "server/discover")
+        .send()
+        .await
+        .expect("discover");
+    let discovered = json_body(response).await;
+    discovered["result"]["capabilities"]["experimental"]["io.tether/idempotency"].clone()
+}
+
 #[tokio::test]
 async fn the_capability_names_the_records_and_is_absent_when_off() {
     let server = start(config()).await;
@@ -78,11 +93,14 @@ async fn the_capability_names_the_records_and_is_absent_when_off() {
     let capability = &offered["result"]["capabilities"]["experimental"]["io.tether/idempotency"];
     assert_eq!(capability["version"], 1);
     assert!(capability["records"].as_str().is_some_and(|r| !r.is_empty()), "{capability}");
+    // 2026-07-28 clients learn it from server/discover: the same offer.
+    assert_eq!(discovered(&client).await, *capability);
 
     let off = start(ServerConfig { idempotency: false, ..config() }).await;
     let client = Client::new(&off);
     let plain = json_body(client.post(None, &body).send().await.expect("initialize")).await;
     assert!(plain["result"]["capabilities"]["experimental"].get("io.tether/idempotency").is_none());
+    assert_eq!(discovered(&client).await, Value::Null);
     let session = client.initialize("2025-11-25").await;
     let add = keyed("counter_add", json!({"key": "k", "amount": 1}), KEY, None);
     call(&client, &session, 1, add.clone()).await;
@@ -114,7 +132,11 @@ async fn a_key_reused_with_other_params_or_malformed_is_invalid_params() {
             call(&client, &session, 4, keyed("counter_add", json!({"key": "k", "amount": 1}), bad, None)).await,
         )
         .await;
-        assert_eq!(malformed["error"]["data"]["reason"], "invalid_idempotency_key", "{bad:?}");
+        assert_eq!(
+            (malformed["error"]["code"].as_i64(), malformed["error"]["data"]["reason"].as_str()),
+            (Some(-32602), Some("invalid_idempotency_key")),
+            "{bad:?}"
+        );
     }
     assert_eq!(counter(&client, &session).await, 1);
 }

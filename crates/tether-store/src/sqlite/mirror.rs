@@ -27,11 +27,19 @@ const MAX_BYTES: usize = 32 << 10;
 
 type StreamKey = (String, String);
 
-/// A stream as SQLite holds it: its range and every retained event after the sentinel.
+/// A stream as SQLite holds it. It is kept from its opening, and forgotten at its first gap or
+/// trim, so it holds every event from seq 1 (event `i` has seq `i + 1`) and the sentinel is
+/// still retained (`retained_from` 0).
 struct Tail {
-    range: StreamRange,
-    events: Vec<StoredEvent>,
+    events: Vec<Bytes>,
     bytes: usize,
+    state: StreamState,
+}
+
+impl Tail {
+    fn head(&self) -> u64 {
+        self.events.len() as u64
+    }
 }
 
 #[derive(Default)]
@@ -116,16 +124,18 @@ impl Mirror {
 
     /// The stream's range, if kept.
     pub fn stream_range(&self, session: &str, stream: &str) -> Option<StreamRange> {
-        lock(&self.streams).map.get(&key(session, stream)).map(|tail| tail.range)
+        let streams = lock(&self.streams);
+        let tail = streams.map.get(&key(session, stream))?;
+        Some(StreamRange { retained_from: 0, head: tail.head(), state: tail.state })
     }
 
     /// Up to `max` events with `seq > after`, if the stream is kept.
     pub fn read(&self, session: &str, stream: &str, after: u64, max: usize) -> Option<Vec<StoredEvent>> {
         let streams = lock(&self.streams);
         let tail = streams.map.get(&key(session, stream))?;
-        let first = tail.events.first().map_or(tail.range.head + 1, |event| event.seq);
-        let skip = usize::try_from((after + 1).saturating_sub(first)).unwrap_or(usize::MAX);
-        Some(tail.events.iter().skip(skip).take(max).cloned().collect())
+        let skip = usize::try_from(after).unwrap_or(usize::MAX);
+        let events = tail.events.iter().zip(1..).skip(skip).take(max);
+        Some(events.map(|(data, seq)| StoredEvent { seq, data: data.clone() }).collect())
     }
 
     /// Writer: a new stream (head 0, only the sentinel retained).
@@ -135,8 +145,7 @@ impl Mirror {
         if streams.map.contains_key(&key) {
             return;
         }
-        let range = StreamRange { retained_from: 0, head: 0, state: StreamState::Live };
-        streams.map.insert(key.clone(), Tail { range, events: Vec::new(), bytes: 0 });
+        streams.map.insert(key.clone(), Tail { events: Vec::new(), bytes: 0, state: StreamState::Live });
         streams.order.push_back(key);
         while streams.map.len() > MAX_STREAMS || streams.order.len() > 2 * MAX_STREAMS {
             let Some(oldest) = streams.order.pop_front() else { break };
@@ -149,27 +158,25 @@ impl Mirror {
         let mut streams = lock(&self.streams);
         let key = key(session, stream);
         let Some(tail) = streams.map.get_mut(&key) else { return };
-        let count = events.len() as u64;
         let bytes = tail.bytes + events.iter().map(Bytes::len).sum::<usize>();
-        if tail.range.head + count != head || tail.events.len() + events.len() > MAX_EVENTS || bytes > MAX_BYTES {
+        let count = tail.events.len() + events.len();
+        if count as u64 != head || count > MAX_EVENTS || bytes > MAX_BYTES {
             streams.map.remove(&key);
             return;
         }
         tail.bytes = bytes;
-        let first = tail.range.head + 1;
-        tail.events.extend(events.iter().zip(first..).map(|(data, seq)| StoredEvent { seq, data: data.clone() }));
-        tail.range.head = head;
+        tail.events.extend_from_slice(events);
         if last {
-            tail.range.state = StreamState::Complete;
+            tail.state = StreamState::Complete;
         }
     }
 
     /// Writer: a live stream ended without more events.
     pub fn stream_ended(&self, session: &str, stream: &str) {
         if let Some(tail) = lock(&self.streams).map.get_mut(&key(session, stream))
-            && tail.range.state == StreamState::Live
+            && tail.state == StreamState::Live
         {
-            tail.range.state = StreamState::Complete;
+            tail.state = StreamState::Complete;
         }
     }
 

@@ -300,6 +300,47 @@ impl SqliteStore {
     }
 }
 
+impl SqliteStore {
+    /// Appends `events` in one step, recording the last one as the outcome of the idempotency
+    /// key `record` (its owner's) even if the append fails; then the mirror and the followers
+    /// learn of it.
+    fn append_events(
+        &self,
+        session: &str,
+        epoch: &Epoch,
+        stream: &StreamName,
+        events: Vec<Bytes>,
+        last: bool,
+        record: Option<String>,
+    ) -> StoreFuture<'_, u64> {
+        let (s, e, st) = (session.to_owned(), epoch.to_string(), stream.to_string());
+        let (owner, retention) = (self.owner.clone(), self.retention);
+        let events = Arc::new(events);
+        let (session_, stream_, written) = (s.clone(), st.clone(), Arc::clone(&events));
+        let then = move |mirror: &Mirror, appended: &Result<Appended, StoreError>| {
+            if let Ok(appended) = appended {
+                appended.mirror(mirror, &session_, &stream_, &written, last);
+            }
+        };
+        let done = self.run_with(
+            move |txn| {
+                let Some(key) = record else { return Ok(append_in(txn, &s, &e, &st, &events, last, &retention)) };
+                // A failed append undoes only its own writes: the outcome is recorded regardless.
+                let appended = in_savepoint(txn, |txn| append_in(txn, &s, &e, &st, &events, last, &retention));
+                finish_in(txn, &owner, &key, events.last().map_or(&[][..], |b| &b[..]))?;
+                Ok(appended)
+            },
+            then,
+        );
+        let (session, stream) = (session.to_owned(), stream.clone());
+        Box::pin(async move {
+            let seq = done.await??.head;
+            self.heads.notify(&session, &stream, seq);
+            Ok(seq)
+        })
+    }
+}
+
 /// The database thread: batches jobs into transactions (group commit). It never waits for
 /// company: a batch is whatever queued up while the previous one was being flushed, so a lone
 /// writer pays one flush per operation and many writers share each flush.
@@ -874,20 +915,7 @@ impl Store for SqliteStore {
         events: Vec<Bytes>,
         last: bool,
     ) -> StoreFuture<'_, u64> {
-        let (s, e, st) = (session.to_owned(), epoch.to_string(), stream.to_string());
-        let retention = self.retention;
-        let events = Arc::new(events);
-        let (session_, stream_, written) = (s.clone(), st.clone(), Arc::clone(&events));
-        let then = move |mirror: &Mirror, appended: &Appended| {
-            appended.mirror(mirror, &session_, &stream_, &written, last);
-        };
-        let appended = self.run_with(move |txn| append_in(txn, &s, &e, &st, &events, last, &retention), then);
-        let (session, stream) = (session.to_owned(), stream.clone());
-        Box::pin(async move {
-            let seq = appended.await?.head;
-            self.heads.notify(&session, &stream, seq);
-            Ok(seq)
-        })
+        self.append_events(session, epoch, stream, events, last, None)
     }
 
     fn append_final(
@@ -898,30 +926,7 @@ impl Store for SqliteStore {
         events: Vec<Bytes>,
         key: &str,
     ) -> StoreFuture<'_, u64> {
-        let (s, e, st) = (session.to_owned(), epoch.to_string(), stream.to_string());
-        let (key, owner, retention) = (key.to_owned(), self.owner.clone(), self.retention);
-        let events = Arc::new(events);
-        let (session_, stream_, written) = (s.clone(), st.clone(), Arc::clone(&events));
-        let then = move |mirror: &Mirror, appended: &Result<Appended, StoreError>| {
-            if let Ok(appended) = appended {
-                appended.mirror(mirror, &session_, &stream_, &written, true);
-            }
-        };
-        let done = self.run_with(
-            move |txn| {
-                // A failed append undoes only its own writes: the outcome is recorded regardless.
-                let appended = in_savepoint(txn, |txn| append_in(txn, &s, &e, &st, &events, true, &retention));
-                finish_in(txn, &owner, &key, events.last().map_or(&[][..], |b| &b[..]))?;
-                Ok(appended)
-            },
-            then,
-        );
-        let (session, stream) = (session.to_owned(), stream.clone());
-        Box::pin(async move {
-            let seq = done.await??.head;
-            self.heads.notify(&session, &stream, seq);
-            Ok(seq)
-        })
+        self.append_events(session, epoch, stream, events, true, Some(key.to_owned()))
     }
 
     fn end_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
@@ -1134,7 +1139,7 @@ impl Store for SqliteStore {
             }
             execute(txn, "UPDATE sessions SET ended_at_ms = ?1 WHERE ended IS NOT NULL AND ended_at_ms IS NULL", [now])
                 .map_err(backend)?;
-            execute(txn, "DELETE FROM sessions WHERE ended IS NOT NULL AND ended_at_ms <= ?1", [now - as_i64(retention.tombstone_ms)])
+            let tombstones = execute(txn, "DELETE FROM sessions WHERE ended IS NOT NULL AND ended_at_ms <= ?1", [now - as_i64(retention.tombstone_ms)])
                 .map_err(backend)?;
             execute(txn, "UPDATE streams SET ended_at_ms = ?1 WHERE state != 0 AND ended_at_ms IS NULL", [now]).map_err(backend)?;
             let cutoff = now - as_i64(retention.ended_stream_ms);
@@ -1158,19 +1163,21 @@ impl Store for SqliteStore {
                 .collect::<Result<_, _>>()
                 .map_err(backend)?;
             forget_keys(txn, now, &retention)?;
-            Ok((expired, deleted))
-        }, |mirror: &Mirror, (expired, deleted): &(Vec<String>, Vec<(String, String)>)| {
+            Ok((expired, deleted, tombstones > 0))
+        }, |mirror: &Mirror, (expired, deleted, tombstones): &(Vec<String>, Vec<(String, String)>, bool)| {
             for id in expired {
                 mirror.forget_session(id);
             }
             for (session, stream) in deleted {
                 mirror.forget_stream(session, stream);
             }
-            // Tombstones past their time are gone from the table.
-            mirror.forget_ended_sessions();
+            if *tombstones {
+                // Tombstones past their time are gone from the table.
+                mirror.forget_ended_sessions();
+            }
         });
         Box::pin(async move {
-            let (expired, _) = swept.await?;
+            let (expired, ..) = swept.await?;
             for id in &expired {
                 self.heads.forget_session(id);
             }
