@@ -68,7 +68,10 @@ pub struct Decoder {
     /// The previous chunk ended in CR, so a leading LF finishes that line break.
     skip_lf: bool,
     line: Vec<u8>,
+    /// The data lines so far, joined with LF.
     data: String,
+    /// Whether the block had a data line, so an empty `data` still dispatches an event.
+    has_data: bool,
     event_type: String,
     block_id: Option<String>,
     last_event_id: String,
@@ -91,6 +94,7 @@ impl Decoder {
             skip_lf: false,
             line: Vec::new(),
             data: String::new(),
+            has_data: false,
             event_type: String::new(),
             block_id: None,
             last_event_id: String::new(),
@@ -119,6 +123,7 @@ impl Decoder {
         self.skip_lf = false;
         self.line.clear();
         self.data.clear();
+        self.has_data = false;
         self.event_type.clear();
         self.block_id = None;
         self.failed = None;
@@ -210,37 +215,43 @@ impl Decoder {
         if line[0] == b':' {
             return Ok(None);
         }
-        // Invalid UTF-8 decodes to U+FFFD, as the stream's UTF-8 decode step requires.
-        let line = String::from_utf8_lossy(line);
-        let (field, value) = match line.find(':') {
+        // Split before decoding: a colon is ASCII, so it never belongs to an invalid UTF-8
+        // sequence, and decoding field and value apart equals decoding the line whole.
+        let (field, value) = match memchr::memchr(b':', line) {
             Some(colon) => {
                 let value = &line[colon + 1..];
-                (&line[..colon], value.strip_prefix(' ').unwrap_or(value))
+                (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
             }
-            None => (&line[..], ""),
+            None => (line, &b""[..]),
         };
         match field {
-            "event" => {
+            b"event" => {
                 self.event_type.clear();
-                self.event_type.push_str(value);
+                self.event_type.push_str(&text(value));
             }
-            "data" => {
-                if self.data.len() + value.len() + 1 > self.limits.max_event {
+            b"data" => {
+                let value = text(value);
+                let separator = usize::from(self.has_data);
+                if self.data.len() + separator + value.len() > self.limits.max_event {
                     return Err(DecodeError::EventTooLarge {
                         limit: self.limits.max_event,
                     });
                 }
-                self.data.push_str(value);
-                self.data.push('\n');
+                if self.has_data {
+                    self.data.push('\n');
+                }
+                self.data.push_str(&value);
+                self.has_data = true;
             }
-            "id" if !value.contains('\0') => {
+            b"id" if !value.contains(&0) => {
+                let value = text(value);
                 self.last_event_id.clear();
-                self.last_event_id.push_str(value);
-                self.block_id = Some(value.to_owned());
+                self.last_event_id.push_str(&value);
+                self.block_id = Some(value.into_owned());
             }
-            "retry" if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) => {
+            b"retry" if !value.is_empty() && value.iter().all(u8::is_ascii_digit) => {
                 // Digits only; a value beyond u64 is as unusable as a malformed one.
-                if let Ok(ms) = value.parse() {
+                if let Some(ms) = std::str::from_utf8(value).ok().and_then(|v| v.parse().ok()) {
                     self.retry = Some(ms);
                 }
             }
@@ -251,11 +262,10 @@ impl Decoder {
 
     fn dispatch(&mut self) -> Option<Event> {
         let id = self.block_id.take();
-        if self.data.is_empty() {
+        if !std::mem::take(&mut self.has_data) {
             self.event_type.clear();
             return None;
         }
-        self.data.pop(); // the LF appended after the last data line
         let event = (!self.event_type.is_empty()).then(|| std::mem::take(&mut self.event_type));
         Some(Event {
             event,
@@ -264,6 +274,15 @@ impl Decoder {
             last_event_id: self.last_event_id.clone(),
             retry: self.retry,
         })
+    }
+}
+
+/// Bytes as text; invalid UTF-8 decodes to U+FFFD, as the stream's UTF-8 decode step requires.
+fn text(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
+    // `from_utf8` checks ASCII a word at a time; the lossy walk is only for the rare bad line.
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.into(),
+        Err(_) => String::from_utf8_lossy(bytes),
     }
 }
 
@@ -358,6 +377,22 @@ mod tests {
     #[test]
     fn multi_line_data_is_joined_with_lf() {
         assert_eq!(data(&decode(&[b"data: a\ndata:\ndata: b\n\n"])), ["a\n\nb"]);
+        assert_eq!(
+            data(&decode(&[b"data:\ndata: x\n\ndata:\ndata:\n\n"])),
+            ["\nx", "\n"]
+        );
+    }
+
+    #[test]
+    fn invalid_utf8_becomes_replacement_characters() {
+        let events =
+            decode(&[b"event: a\xFFb\nid: 1\xC3\ndata: x\xE2\x82:y\n\nda\xFFta: z\ndata: w\n\n"]);
+        assert_eq!(events[0].event.as_deref(), Some("a\u{FFFD}b"));
+        assert_eq!(events[0].id.as_deref(), Some("1\u{FFFD}"));
+        assert_eq!(events[0].data, "x\u{FFFD}:y");
+        // A field name that is not valid UTF-8 names no known field: the line is ignored.
+        assert_eq!(events[1].data, "w");
+        assert_eq!(events[1].last_event_id, "1\u{FFFD}");
     }
 
     #[test]

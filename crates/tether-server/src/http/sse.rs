@@ -2,7 +2,6 @@
 //! writes them, and waits for more; it never holds up the producer, which only appends.
 
 use std::convert::Infallible;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -185,6 +184,7 @@ impl Pump {
     fn write_events(&mut self, events: &[StoredEvent]) -> Option<Bytes> {
         let mut out = Vec::with_capacity(events.iter().map(|e| e.data.len() + self.id_prefix.len() + 32).sum());
         let mut id = self.id_prefix.clone();
+        let mut seq = itoa::Buffer::new();
         for event in events {
             if event.seq != self.conn.cursor + 1 {
                 // The connection fell behind retention. Close it: the client's resume gets an
@@ -193,7 +193,7 @@ impl Pump {
                 break;
             }
             id.truncate(self.id_prefix.len());
-            let _ = write!(id, "{}", event.seq);
+            id.push_str(seq.format(event.seq));
             let data = std::str::from_utf8(&event.data).unwrap_or("");
             encode(&mut out, &OutgoingEvent { id: Some(&id), data: Some(data), ..Default::default() });
             self.conn.cursor = event.seq;
