@@ -230,13 +230,10 @@ async fn stream(endpoint: &Endpoint, events: u64) -> Result<Measurement> {
 
 /// How long a resume may go without an event before the bench stops waiting.
 const RESUME_SILENCE: Duration = Duration::from_secs(10);
-/// Replays timed per history size; the figure is their median, so one stall on a shared
-/// machine does not become the result.
-const RESUME_SAMPLES: usize = 5;
 
 /// `resume`: for each size R, a call sends R+1 notifications and ends; a GET with the first
 /// event's id as `Last-Event-ID` must then replay the other R and the result. Measured from
-/// sending the GET to receiving the result, as the median of [`RESUME_SAMPLES`] such GETs.
+/// sending the GET to receiving the result.
 async fn resume(endpoint: &Endpoint, sizes: &[u64]) -> Result<Measurement> {
     let mut session = Session::start(endpoint).await?;
     let mut measurement = Measurement::default();
@@ -246,49 +243,42 @@ async fn resume(endpoint: &Endpoint, sizes: &[u64]) -> Result<Measurement> {
         let Some(cursor) = outcome.first_event_id else {
             return Err(Problem::Unsupported("its events carry no ids, so no stream can be resumed".into()));
         };
-        let mut samples = Vec::with_capacity(RESUME_SAMPLES);
-        for _ in 0..RESUME_SAMPLES {
-            samples.push(replay(endpoint, session.id.as_deref(), &cursor, call_id, retained).await?);
+        let mut conn = Conn::open(endpoint).await?;
+        let start = Instant::now();
+        let mut events = match conn.get(session.id.as_deref(), Some(&cursor)).await {
+            Ok(events) => events,
+            Err(WireError::Status { status, .. }) => {
+                return Err(Problem::Unsupported(format!("a resume GET after a finished call answers {status}")));
+            }
+            Err(err) => return Err(err.into()),
+        };
+        let mut replayed = 0u64;
+        let finished = loop {
+            match tokio::time::timeout(RESUME_SILENCE, events.next()).await {
+                Err(_) | Ok(Ok(None)) => break None,
+                Ok(Err(err)) => return Err(err.into()),
+                Ok(Ok(Some(event))) => match crate::wire::classify(&event.data, call_id)? {
+                    crate::wire::Kind::Response => break Some(start.elapsed()),
+                    crate::wire::Kind::Notification => replayed += 1,
+                    crate::wire::Kind::Other => {}
+                },
+            }
+        };
+        match finished {
+            Some(elapsed) if replayed == retained => {
+                let ms = elapsed.as_secs_f64() * 1_000.0;
+                measurement.curve.push((retained, ms));
+                measurement.push(format!("R={retained} ms"), ms);
+            }
+            _ if replayed == 0 => {
+                return Err(Problem::Unsupported(format!(
+                    "a resume after a finished call replays nothing (R={retained})"
+                )));
+            }
+            _ => return Err(Problem::Failed(format!("replayed {replayed} of {retained} events, then stopped"))),
         }
-        samples.sort_by(f64::total_cmp);
-        let ms = samples[RESUME_SAMPLES / 2];
-        measurement.curve.push((retained, ms));
-        measurement.push(format!("R={retained} ms"), ms);
     }
     Ok(measurement)
-}
-
-/// One resume GET after `cursor` on a new connection: milliseconds until the response to
-/// `call_id`, once exactly `retained` notifications came before it.
-async fn replay(endpoint: &Endpoint, session: Option<&str>, cursor: &str, call_id: u64, retained: u64) -> Result<f64> {
-    let mut conn = Conn::open(endpoint).await?;
-    let start = Instant::now();
-    let mut events = match conn.get(session, Some(cursor)).await {
-        Ok(events) => events,
-        Err(WireError::Status { status, .. }) => {
-            return Err(Problem::Unsupported(format!("a resume GET after a finished call answers {status}")));
-        }
-        Err(err) => return Err(err.into()),
-    };
-    let mut replayed = 0u64;
-    let finished = loop {
-        match tokio::time::timeout(RESUME_SILENCE, events.next()).await {
-            Err(_) | Ok(Ok(None)) => break None,
-            Ok(Err(err)) => return Err(err.into()),
-            Ok(Ok(Some(event))) => match crate::wire::classify(&event.data, call_id)? {
-                crate::wire::Kind::Response => break Some(start.elapsed()),
-                crate::wire::Kind::Notification => replayed += 1,
-                crate::wire::Kind::Other => {}
-            },
-        }
-    };
-    match finished {
-        Some(elapsed) if replayed == retained => Ok(elapsed.as_secs_f64() * 1_000.0),
-        _ if replayed == 0 => {
-            Err(Problem::Unsupported(format!("a resume after a finished call replays nothing (R={retained})")))
-        }
-        _ => Err(Problem::Failed(format!("replayed {replayed} of {retained} events, then stopped"))),
-    }
 }
 
 /// `sessions`: `concurrency` workers create sessions (initialize + initialized) until
