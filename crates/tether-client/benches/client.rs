@@ -21,7 +21,7 @@ fn stream() -> Vec<u8> {
         let data = format!(
             r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":"t","progress":{seq}}}}}"#
         );
-        Encoder::event(&mut bytes, &OutgoingEvent { id: Some(&id), data: Some(&data), ..Default::default() })
+        Encoder::event(&mut bytes, &OutgoingEvent { id: Some(&id), data: Some(data.as_bytes()), ..Default::default() })
             .expect("event");
     }
     bytes

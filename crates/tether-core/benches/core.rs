@@ -18,7 +18,7 @@ fn stream_bytes(events: u64) -> (Vec<u8>, Vec<(String, String)>) {
         let data = format!(
             r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":"t-1","progress":{seq},"total":{events}}}}}"#
         );
-        Encoder::event(&mut bytes, &OutgoingEvent { id: Some(&id), data: Some(&data), ..Default::default() })
+        Encoder::event(&mut bytes, &OutgoingEvent { id: Some(&id), data: Some(data.as_bytes()), ..Default::default() })
             .expect("valid event");
         parsed.push((id, data));
     }
@@ -56,8 +56,11 @@ fn sse_encode(c: &mut Criterion) {
         b.iter(|| {
             out.clear();
             for (id, data) in &events {
-                Encoder::event(&mut out, &OutgoingEvent { id: Some(id), data: Some(data), ..Default::default() })
-                    .expect("valid event");
+                Encoder::event(
+                    &mut out,
+                    &OutgoingEvent { id: Some(id), data: Some(data.as_bytes()), ..Default::default() },
+                )
+                .expect("valid event");
             }
             black_box(out.len())
         })

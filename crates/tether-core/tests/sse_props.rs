@@ -85,7 +85,12 @@ fn encode(items: &[Item]) -> Vec<u8> {
         match item {
             Item::Event { id, event, retry, data } => Encoder::event(
                 &mut bytes,
-                &OutgoingEvent { id: id.as_deref(), event: event.as_deref(), retry: *retry, data: data.as_deref() },
+                &OutgoingEvent {
+                    id: id.as_deref(),
+                    event: event.as_deref(),
+                    retry: *retry,
+                    data: data.as_deref().map(str::as_bytes),
+                },
             )
             .expect("generated fields are valid"),
             Item::Comment(text) => Encoder::comment(&mut bytes, text).expect("no line breaks"),

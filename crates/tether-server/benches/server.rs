@@ -49,8 +49,11 @@ fn event_path(c: &mut Criterion) {
                 out.clear();
                 let id = format!("{prefix}{seq}");
                 let text = std::str::from_utf8(&events[0].data).expect("utf-8");
-                Encoder::event(&mut out, &OutgoingEvent { id: Some(&id), data: Some(text), ..Default::default() })
-                    .expect("encode");
+                Encoder::event(
+                    &mut out,
+                    &OutgoingEvent { id: Some(&id), data: Some(text.as_bytes()), ..Default::default() },
+                )
+                .expect("encode");
                 black_box(out.len())
             })
         })

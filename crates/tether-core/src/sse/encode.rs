@@ -9,9 +9,11 @@ pub struct OutgoingEvent<'a> {
     pub event: Option<&'a str>,
     /// The `retry` field, in milliseconds.
     pub retry: Option<u64>,
-    /// The data. `Some("")` writes one empty data line, which dispatches an event with empty
-    /// data (the MCP priming event); `None` writes no data, so the block only sets id or retry.
-    pub data: Option<&'a str>,
+    /// The data: UTF-8 text, taken as bytes because framing only looks for line breaks, and
+    /// stored messages are bytes already. `Some(b"")` writes one empty data line, which
+    /// dispatches an event with empty data (the MCP priming event); `None` writes no data, so
+    /// the block only sets id or retry.
+    pub data: Option<&'a [u8]>,
 }
 
 /// Why an event could not be encoded. Nothing is written when encoding fails.
@@ -95,8 +97,8 @@ fn write_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.push(b'\n');
 }
 
-fn write_data(out: &mut Vec<u8>, data: &str) {
-    let mut rest = data.as_bytes();
+fn write_data(out: &mut Vec<u8>, data: &[u8]) {
+    let mut rest = data;
     loop {
         let (line, next) = match memchr::memchr2(b'\r', b'\n', rest) {
             Some(i) if rest[i] == b'\r' && rest.get(i + 1) == Some(&b'\n') => {
@@ -129,7 +131,7 @@ mod tests {
             id: Some("e:s:1"),
             event: Some("resync"),
             retry: Some(1500),
-            data: Some("{}"),
+            data: Some(b"{}"),
         });
         assert_eq!(wire, "id: e:s:1\nevent: resync\nretry: 1500\ndata: {}\n\n");
     }
@@ -138,7 +140,7 @@ mod tests {
     fn priming_event_is_id_and_empty_data() {
         let wire = encode(OutgoingEvent {
             id: Some("e:s:0"),
-            data: Some(""),
+            data: Some(b""),
             ..Default::default()
         });
         assert_eq!(wire, "id: e:s:0\ndata:\n\n");
@@ -156,7 +158,7 @@ mod tests {
     #[test]
     fn data_is_split_on_every_line_break() {
         let wire = encode(OutgoingEvent {
-            data: Some("a\nb\r\nc\rd\n"),
+            data: Some(b"a\nb\r\nc\rd\n"),
             ..Default::default()
         });
         assert_eq!(wire, "data: a\ndata: b\ndata: c\ndata: d\ndata:\n\n");
@@ -166,7 +168,7 @@ mod tests {
     fn leading_space_in_value_survives() {
         let wire = encode(OutgoingEvent {
             id: Some(" x"),
-            data: Some(" y"),
+            data: Some(b" y"),
             ..Default::default()
         });
         assert_eq!(wire, "id:  x\ndata:  y\n\n");
@@ -178,13 +180,13 @@ mod tests {
             let mut out = Vec::new();
             let id = OutgoingEvent {
                 id: Some(bad),
-                data: Some("x"),
+                data: Some(b"x"),
                 ..Default::default()
             };
             assert_eq!(Encoder::event(&mut out, &id), Err(EncodeError::InvalidId));
             let event = OutgoingEvent {
                 event: Some(bad),
-                data: Some("x"),
+                data: Some(b"x"),
                 ..Default::default()
             };
             assert_eq!(

@@ -124,23 +124,27 @@ impl Pump {
             Prelude::None => {}
             Prelude::Priming => {
                 let id = format!("{}0", self.id_prefix);
-                let event = OutgoingEvent { id: Some(&id), retry: self.retry_ms, data: Some(""), ..Default::default() };
+                let event =
+                    OutgoingEvent { id: Some(&id), retry: self.retry_ms, data: Some(b""), ..Default::default() };
                 encode(&mut out, &event);
                 return Some(Bytes::from(out));
             }
             Prelude::Resync(notice, aborted) => {
                 let id = format!("{}{}", self.id_prefix, notice.head);
                 let data = notice.to_json();
-                let event =
-                    OutgoingEvent { id: Some(&id), event: Some(RESYNC_EVENT), data: Some(&data), ..Default::default() };
+                let event = OutgoingEvent {
+                    id: Some(&id),
+                    event: Some(RESYNC_EVENT),
+                    data: Some(data.as_bytes()),
+                    ..Default::default()
+                };
                 encode(&mut out, &event);
                 if let Some(request) = aborted {
                     let error = crate::idempotency::aborted();
                     let response = Message::Response(jsonrpc::Response::error(Some(request), error)).to_vec();
-                    let text = String::from_utf8_lossy(&response);
                     // No id: it is not part of the stream's history, and resuming from the
                     // resync event's id must not repeat it.
-                    encode(&mut out, &OutgoingEvent { data: Some(&text), ..Default::default() });
+                    encode(&mut out, &OutgoingEvent { data: Some(&response), ..Default::default() });
                 }
                 return Some(Bytes::from(out));
             }
@@ -194,8 +198,7 @@ impl Pump {
             }
             id.truncate(self.id_prefix.len());
             id.push_str(seq.format(event.seq));
-            let data = std::str::from_utf8(&event.data).unwrap_or("");
-            encode(&mut out, &OutgoingEvent { id: Some(&id), data: Some(data), ..Default::default() });
+            encode(&mut out, &OutgoingEvent { id: Some(&id), data: Some(&event.data), ..Default::default() });
             self.conn.cursor = event.seq;
         }
         if self.conn.resumed {
@@ -285,8 +288,7 @@ pub(crate) fn direct_body(rx: mpsc::Receiver<(Bytes, bool)>, cancel_on_drop: Dro
         tokio::select! {
             message = state.rx.recv() => {
                 let (bytes, last) = message?;
-                let data = std::str::from_utf8(&bytes).unwrap_or("");
-                encode(&mut out, &OutgoingEvent { data: Some(data), ..Default::default() });
+                encode(&mut out, &OutgoingEvent { data: Some(&bytes), ..Default::default() });
                 state.done = last;
             }
             () = tokio::time::sleep(state.keep_alive) => {

@@ -302,9 +302,7 @@ impl SqliteStore {
             rx.await.unwrap_or_else(|_| Err(StoreError::Backend("the store thread stopped".into())))
         })
     }
-}
 
-impl SqliteStore {
     /// Appends `events` in one step, recording the last one as the outcome of the idempotency
     /// key `record` (its owner's) even if the append fails; then the mirror and the followers
     /// learn of it.
