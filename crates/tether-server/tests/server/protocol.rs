@@ -500,3 +500,44 @@ async fn tools_list_has_the_fixture_and_streaming_tools() {
             .await;
     assert_eq!(method["error"]["code"], -32601);
 }
+
+/// Panics in a tool call when asked to; answers otherwise.
+struct Panicky;
+
+impl tether_server::Handler for Panicky {
+    fn info(&self) -> tether_server::ServerInfo {
+        tether_server::ServerInfo {
+            name: "panicky".into(),
+            version: "1".into(),
+            instructions: None,
+            capabilities: json!({"tools": {}}),
+        }
+    }
+
+    fn call(
+        &self,
+        _ctx: tether_server::Context,
+        method: String,
+        params: serde_json::Value,
+    ) -> tether_server::HandlerFuture {
+        Box::pin(async move {
+            if method == "tools/call" && params["arguments"]["panic"] == true {
+                panic!("the tool failed");
+            }
+            Ok(json!({"content": []}))
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_handler_answers_an_internal_error_and_the_session_goes_on() {
+    let server = start_with(Builder::new(Panicky).config(config())).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    // A result as the first output is answered as JSON, an error the same way.
+    let answer = json_body(client.call(&session, json!(1), "x", json!({"panic": true})).await).await;
+    assert_eq!((answer["id"].as_i64(), answer["error"]["code"].as_i64()), (Some(1), Some(-32603)), "{answer}");
+    assert_eq!(answer["error"]["data"]["reason"], "handler_panicked");
+    let answer = json_body(client.call(&session, json!(2), "x", json!({})).await).await;
+    assert_eq!(answer["result"], json!({"content": []}), "{answer}");
+}
