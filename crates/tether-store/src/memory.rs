@@ -77,7 +77,8 @@ struct StreamSlot {
     ended_at_ms: Option<u64>,
     /// The request this stream belongs to.
     request_key: Option<String>,
-    head_tx: watch::Sender<u64>,
+    /// Made by the first watch: a response read whole when first read never needs one.
+    head_tx: Option<watch::Sender<u64>>,
 }
 
 impl StreamSlot {
@@ -88,7 +89,7 @@ impl StreamSlot {
             state: StreamState::Live,
             ended_at_ms: None,
             request_key,
-            head_tx: watch::Sender::new(0),
+            head_tx: None,
         }
     }
 
@@ -260,8 +261,8 @@ impl Store for MemoryStore {
         live.bytes += len;
         *total_bytes += len;
         *total_bytes -= evict(live, stream, &retention, *total_bytes);
-        if let Some(slot) = live.streams.get(stream) {
-            slot.head_tx.send_replace(seq);
+        if let Some(tx) = live.streams.get(stream).and_then(|slot| slot.head_tx.as_ref()) {
+            tx.send_replace(seq);
         }
         ready(Ok(seq))
     }
@@ -272,7 +273,9 @@ impl Store for MemoryStore {
             let slot = live.streams.get_mut(stream).ok_or(StoreError::UnknownStream)?;
             if slot.state == StreamState::Live {
                 slot.state = StreamState::Complete;
-                slot.head_tx.send_replace(slot.head);
+                if let Some(tx) = &slot.head_tx {
+                    tx.send_replace(slot.head);
+                }
             }
             Ok(())
         });
@@ -310,8 +313,8 @@ impl Store for MemoryStore {
         let mut inner = self.lock();
         let result = inner
             .live_any(session)
-            .and_then(|live| live.streams.get(stream))
-            .map(|slot| slot.head_tx.subscribe())
+            .and_then(|live| live.streams.get_mut(stream))
+            .map(|slot| slot.head_tx.get_or_insert_with(|| watch::Sender::new(slot.head)).subscribe())
             .ok_or(StoreError::UnknownStream);
         ready(result)
     }

@@ -150,8 +150,11 @@ impl Pump {
             }
         }
         loop {
-            let Some(head) = self.head_watch().await else { return self.finish() };
-            head.borrow_and_update();
+            // A stream is watched only once it has to be waited for: most responses are whole
+            // by the time they are first read, and a watch costs the store a registration.
+            if let Some(head) = &mut self.head {
+                head.borrow_and_update();
+            }
             let store = &self.conn.shared.store;
             let (session, stream) = (&self.conn.runtime.id, &self.conn.stream);
             // The range is read before the events: if it says the stream ended, every event it
@@ -171,18 +174,17 @@ impl Pump {
             if !self.conn.follow || at_end(self.conn.cursor) {
                 return self.finish();
             }
+            if self.head.is_none() {
+                // Read again once watched, so that nothing appended meanwhile is missed.
+                let watch = self.conn.shared.store.watch(&self.conn.runtime.id, &self.conn.stream).await;
+                let Ok(watch) = watch else { return self.finish() };
+                self.head = Some(watch);
+                continue;
+            }
             if let Some(chunk) = self.wait().await {
                 return chunk;
             }
         }
-    }
-
-    async fn head_watch(&mut self) -> Option<&mut HeadWatch> {
-        if self.head.is_none() {
-            let watch = self.conn.shared.store.watch(&self.conn.runtime.id, &self.conn.stream).await.ok()?;
-            self.head = Some(watch);
-        }
-        self.head.as_mut()
     }
 
     fn write_events(&mut self, events: &[StoredEvent]) -> Option<Bytes> {

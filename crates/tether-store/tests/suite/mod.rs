@@ -246,6 +246,30 @@ pub async fn watch_follows_the_head_and_closes_with_the_session(store: &dyn Stor
     assert!(store.watch("s11", &s).await.is_err());
 }
 
+pub async fn a_watch_made_after_appends_starts_at_the_head(store: &dyn Store) {
+    let a = epoch('A');
+    let s = stream("late");
+    store.create_session(record("s11b", a.clone(), 0)).await.expect("create");
+    store.open_stream("s11b", &a, &s).await.expect("open");
+    for data in ["x", "y"] {
+        store.append("s11b", &a, &s, Bytes::from_static(data.as_bytes()), false).await.expect("append");
+    }
+    let mut head = store.watch("s11b", &s).await.expect("watch");
+    assert_eq!(*head.borrow_and_update(), 2, "a new watch knows the appends before it");
+    store.append("s11b", &a, &s, Bytes::from_static(b"z"), true).await.expect("append");
+    // Redis may echo the earlier appends late: a spurious wake-up only makes a follower re-read.
+    let woken = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        for _ in 0..8 {
+            head.changed().await.ok()?;
+            if *head.borrow_and_update() == 3 {
+                return Some(());
+            }
+        }
+        None
+    });
+    assert_eq!(woken.await, Ok(Some(())), "woken by the append after it, at its head");
+}
+
 pub async fn standalone_stream_is_recorded_for_every_replica(store: &dyn Store) {
     let a = epoch('A');
     store.create_session(record("s12", a.clone(), 0)).await.expect("create");
@@ -378,6 +402,7 @@ macro_rules! store_suite {
             session_byte_cap_evicts_ended_streams_first,
             sweep_expires_idle_sessions_and_drops_old_history,
             watch_follows_the_head_and_closes_with_the_session,
+            a_watch_made_after_appends_starts_at_the_head,
             standalone_stream_is_recorded_for_every_replica,
             counters_add_and_read,
             idempotency_keys_run_once_and_keep_their_outcome,
