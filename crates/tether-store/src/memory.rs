@@ -66,6 +66,53 @@ struct LiveSession {
     requests: HashMap<String, (String, StreamName)>,
     standalone: Option<StreamName>,
     bytes: usize,
+    ended: Ended,
+}
+
+/// A session's ended streams, oldest first, so that retention finds what to drop without
+/// visiting every stream: sweeps and evictions hold the store's one lock.
+#[derive(Debug, Default)]
+struct Ended {
+    /// Streams in the order they ended, each with the time of the first sweep that saw it
+    /// ended (`None` until then); retention counts from there.
+    queue: VecDeque<(StreamName, Option<u64>)>,
+    /// How many at the back are not stamped yet.
+    unstamped: usize,
+}
+
+impl Ended {
+    fn push(&mut self, stream: StreamName) {
+        self.queue.push_back((stream, None));
+        self.unstamped += 1;
+    }
+
+    /// Stamps the streams that ended since the last sweep, then takes those stamped `keep_ms`
+    /// or longer ago.
+    fn expired(&mut self, now_ms: u64, keep_ms: u64) -> Vec<StreamName> {
+        let stamped = self.queue.len() - self.unstamped;
+        for (_, at) in self.queue.range_mut(stamped..) {
+            *at = Some(now_ms);
+        }
+        self.unstamped = 0;
+        let mut expired = Vec::new();
+        while self.queue.front().is_some_and(|(_, at)| at.is_some_and(|at| now_ms.saturating_sub(at) >= keep_ms)) {
+            expired.extend(self.queue.pop_front().map(|(stream, _)| stream));
+        }
+        expired
+    }
+
+    /// The stream that ended first, unless it is `except` (which then ended last: an append
+    /// to an ended stream is refused, so only the appending stream itself can be it).
+    fn pop_oldest_except(&mut self, except: &StreamName) -> Option<StreamName> {
+        if self.queue.front().is_none_or(|(stream, _)| stream == except) {
+            return None;
+        }
+        let (stream, at) = self.queue.pop_front()?;
+        if at.is_none() {
+            self.unstamped -= 1;
+        }
+        Some(stream)
+    }
 }
 
 #[derive(Debug)]
@@ -73,8 +120,6 @@ struct StreamSlot {
     events: VecDeque<StoredEvent>,
     head: u64,
     state: StreamState,
-    /// Set by the first sweep after the stream ended; retention counts from there.
-    ended_at_ms: Option<u64>,
     /// The request this stream belongs to.
     request_key: Option<String>,
     /// Made by the first watch: a response read whole when first read never needs one.
@@ -87,7 +132,6 @@ impl StreamSlot {
             events: VecDeque::from([StoredEvent { seq: 0, data: Bytes::new() }]),
             head: 0,
             state: StreamState::Live,
-            ended_at_ms: None,
             request_key,
             head_tx: None,
         }
@@ -152,8 +196,14 @@ impl Store for MemoryStore {
             return ready(Err(StoreError::DuplicateSession));
         }
         let id = record.id.clone();
-        let live =
-            LiveSession { record, streams: HashMap::new(), requests: HashMap::new(), standalone: None, bytes: 0 };
+        let live = LiveSession {
+            record,
+            streams: HashMap::new(),
+            requests: HashMap::new(),
+            standalone: None,
+            bytes: 0,
+            ended: Ended::default(),
+        };
         inner.sessions.insert(id, Slot::Live(Box::new(live)));
         ready(Ok(()))
     }
@@ -257,6 +307,7 @@ impl Store for MemoryStore {
         slot.events.push_back(StoredEvent { seq, data });
         if last {
             slot.state = StreamState::Complete;
+            live.ended.push(stream.clone());
         }
         live.bytes += len;
         *total_bytes += len;
@@ -276,6 +327,7 @@ impl Store for MemoryStore {
                 if let Some(tx) = &slot.head_tx {
                     tx.send_replace(slot.head);
                 }
+                live.ended.push(stream.clone());
             }
             Ok(())
         });
@@ -403,16 +455,12 @@ impl Store for MemoryStore {
                 true
             }
             Slot::Live(live) => {
-                let before = live.bytes;
-                live.streams.retain(|_, s| {
-                    if s.state == StreamState::Live {
-                        return true;
+                for stream in live.ended.expired(now_ms, retention.ended_stream_ms) {
+                    if let Some(slot) = live.streams.remove(&stream) {
+                        live.bytes -= slot.bytes();
+                        freed += slot.bytes();
                     }
-                    let ended = *s.ended_at_ms.get_or_insert(now_ms);
-                    now_ms.saturating_sub(ended) < retention.ended_stream_ms
-                });
-                live.bytes = live.streams.values().map(StreamSlot::bytes).sum();
-                freed += before - live.bytes;
+                }
                 true
             }
         });
@@ -444,7 +492,7 @@ fn forget_keys(inner: &mut Inner, now_ms: u64, retention: &Retention) {
 }
 
 /// Evicts history until `stream`, its session and the global total are within `retention`:
-/// ended streams of the session go first, then the oldest events of `stream` itself (never its
+/// ended streams of the session go first, the earliest ended first, then the oldest events of `stream` itself (never its
 /// newest). Another session's history is never evicted for this one. Returns the bytes freed.
 fn evict(live: &mut LiveSession, stream: &StreamName, retention: &Retention, total_bytes: usize) -> usize {
     let mut freed = 0;
@@ -452,8 +500,7 @@ fn evict(live: &mut LiveSession, stream: &StreamName, retention: &Retention, tot
         bytes > retention.max_bytes_per_session || total_bytes - freed > retention.max_bytes_total
     };
     while over(live.bytes, freed) {
-        let ended = live.streams.iter().find(|(name, slot)| *name != stream && slot.state != StreamState::Live);
-        let Some(name) = ended.map(|(name, _)| name.clone()) else { break };
+        let Some(name) = live.ended.pop_oldest_except(stream) else { break };
         if let Some(slot) = live.streams.remove(&name) {
             live.bytes -= slot.bytes();
             freed += slot.bytes();

@@ -13,3 +13,34 @@ fn every_memory_store_names_its_own_idempotency_records() {
     assert!(!a.records_id().is_empty());
     assert_ne!(a.records_id(), b.records_id(), "a restarted or other process never claims the same records");
 }
+
+#[tokio::test]
+async fn the_byte_cap_evicts_the_earliest_ended_stream_and_sweeps_keep_the_count_exact() {
+    use bytes::Bytes;
+    use suite::{epoch, record, stream};
+    use tether_store::Store;
+    let store = MemoryStore::new(suite::retention());
+    let a = epoch('A');
+    store.create_session(record("m1", a.clone(), 0)).await.expect("create");
+    // Ended in an order that is neither the names' nor the order they were opened in.
+    for name in ["b", "a", "c", "d"] {
+        store.open_stream("m1", &a, &stream(name)).await.expect("open");
+    }
+    for name in ["c", "a", "b"] {
+        store.append("m1", &a, &stream(name), Bytes::from(vec![b'x'; 300]), true).await.expect("append");
+    }
+    store.append("m1", &a, &stream("d"), Bytes::from(vec![b'x'; 300]), false).await.expect("append");
+    let kept = |name: &'static str| {
+        let store = &store;
+        async move { store.stream_range("m1", &stream(name)).await.expect("range").is_some() }
+    };
+    assert!(!kept("c").await, "over the 1,000-byte cap, the stream that ended first goes");
+    assert!(kept("a").await && kept("b").await && kept("d").await);
+    assert_eq!(store.retained_bytes().await, Ok(Some(900)));
+    store.sweep(0).await.expect("sweep");
+    store.sweep(499).await.expect("sweep");
+    assert!(kept("a").await, "ended streams are kept for their retention after a sweep saw them");
+    store.sweep(500).await.expect("sweep");
+    assert!(!kept("a").await && !kept("b").await && kept("d").await);
+    assert_eq!(store.retained_bytes().await, Ok(Some(300)));
+}
