@@ -173,3 +173,23 @@ async fn reads_from_memory_agree_with_the_file() {
     drop(store);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn an_ended_stream_is_kept_for_its_retention_from_the_sweep_before_it_ended() {
+    let dir = fresh_dir();
+    let store = open(&dir, "owner-a");
+    let a = suite::epoch('A');
+    store.create_session(suite::record("r1", a.clone(), 10_000)).await.expect("create");
+    let s = suite::stream("done");
+    store.open_stream("r1", &a, &s).await.expect("open");
+    store.sweep(10_000).await.expect("sweep");
+    store.append("r1", &a, &s, Bytes::from_static(b"result"), true).await.expect("append");
+    // The retention (500 ms) runs from the sweep at 10,000, before the stream ended: no later
+    // sweep has to see the stream first.
+    store.sweep(10_499).await.expect("sweep");
+    assert!(store.stream_range("r1", &s).await.expect("range").is_some(), "kept within its retention");
+    store.sweep(10_500).await.expect("sweep");
+    assert_eq!(store.stream_range("r1", &s).await, Ok(None), "dropped once it ran out");
+    assert_eq!(store.retained_bytes().await.expect("bytes"), Some(0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
