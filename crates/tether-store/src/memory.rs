@@ -64,6 +64,8 @@ struct LiveSession {
     streams: HashMap<StreamName, StreamSlot>,
     /// Request key → (params digest, stream).
     requests: HashMap<String, (String, StreamName)>,
+    /// The keys of `requests`, oldest first, for its bound.
+    request_order: VecDeque<String>,
     standalone: Option<StreamName>,
     bytes: usize,
     ended: Ended,
@@ -200,6 +202,7 @@ impl Store for MemoryStore {
             record,
             streams: HashMap::new(),
             requests: HashMap::new(),
+            request_order: VecDeque::new(),
             standalone: None,
             bytes: 0,
             ended: Ended::default(),
@@ -268,12 +271,19 @@ impl Store for MemoryStore {
         params_digest: &str,
         stream: &StreamName,
     ) -> StoreFuture<'_, BeginRequest> {
+        let max_requests = self.retention.max_requests_per_session.max(1);
         let mut inner = self.lock();
         let result = inner.live(session, epoch).map(|live| {
             if let Some((digest, existing)) = live.requests.get(request_key) {
                 return BeginRequest::Existing { stream: existing.clone(), same_params: digest == params_digest };
             }
             live.requests.insert(request_key.to_owned(), (params_digest.to_owned(), stream.clone()));
+            live.request_order.push_back(request_key.to_owned());
+            while live.request_order.len() > max_requests {
+                if let Some(oldest) = live.request_order.pop_front() {
+                    live.requests.remove(&oldest);
+                }
+            }
             live.streams.entry(stream.clone()).or_insert_with(|| StreamSlot::new(Some(request_key.to_owned())));
             BeginRequest::Started
         });

@@ -154,12 +154,18 @@ pub struct Retention {
     pub idempotency_ms: u64,
     /// Most idempotency records kept; past it, the oldest finished ones are forgotten first.
     pub max_idempotency_records: usize,
+    /// Most request ids the memory and Redis stores remember per session, each outliving its
+    /// stream so that a re-sent id is attached to its request or told its history expired
+    /// instead of running again. Past it, the oldest are forgotten: ids must not be reused within
+    /// a session, so only a re-send of a request that old would run again. The embedded store
+    /// keeps every id of a live session, on disk.
+    pub max_requests_per_session: usize,
 }
 
 impl Default for Retention {
     /// Five minutes of ended streams, thirty of tombstones, 10,000 events per stream, 64 MiB
-    /// per session, 1 GiB in all, a ten-second lease, and idempotency records for 24 hours, at
-    /// most a million of them.
+    /// per session, 1 GiB in all, a ten-second lease, idempotency records for 24 hours, at most
+    /// a million of them, and the last 10,000 request ids of each session.
     fn default() -> Self {
         Retention {
             ended_stream_ms: 5 * 60_000,
@@ -170,6 +176,7 @@ impl Default for Retention {
             lease_ms: 10_000,
             idempotency_ms: 24 * 3_600_000,
             max_idempotency_records: 1_000_000,
+            max_requests_per_session: 10_000,
         }
     }
 }

@@ -93,6 +93,10 @@ fn events_key(session: &str, stream: &str) -> String {
 fn requests_key(session: &str) -> String {
     format!("tether:{{{session}}}:r")
 }
+/// The keys of [`requests_key`]'s hash, oldest first, for its bound.
+fn request_order_key(session: &str) -> String {
+    format!("tether:{{{session}}}:ro")
+}
 fn streams_key(session: &str) -> String {
     format!("tether:{{{session}}}:streams")
 }
@@ -196,7 +200,8 @@ local exp = tonumber(ARGV[2]) + tonumber(redis.call('HGET', KEYS[1], 'ttl'))
 redis.call('HSET', KEYS[1], 'exp', exp)
 return exp"
         )),
-        // KEYS[1] meta, KEYS[2] streams set, KEYS[3] requests; ARGV[2] how, ARGV[3] key prefix
+        // KEYS[1] meta, KEYS[2] streams set, KEYS[3] requests, KEYS[4] their order; ARGV[2] how,
+        // ARGV[3] key prefix
         // of the session's streams. With ARGV[4] = a time, only if due by then.
         end: script(&format!(
             "{CHECK_LIVE}
@@ -204,17 +209,22 @@ if ARGV[4] ~= '' and tonumber(redis.call('HGET', KEYS[1], 'exp')) > tonumber(ARG
 for _, name in ipairs(redis.call('SMEMBERS', KEYS[2])) do
   redis.call('DEL', ARGV[3] .. 's:' .. name, ARGV[3] .. 'e:' .. name)
 end
-redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
 redis.call('HSET', KEYS[1], 'ended', ARGV[2])
 return 1"
         )),
         open: script(&format!("{CHECK_LIVE}{NEW_STREAM}\nnew_stream()\nreturn 1")),
-        // KEYS[5] requests; ARGV[5] request key, ARGV[6] digest.
+        // KEYS[5] requests, KEYS[6] their keys oldest first; ARGV[5] request key, ARGV[6]
+        // digest, ARGV[7] most requests remembered.
         begin: script(&format!(
             "{CHECK_LIVE}{NEW_STREAM}
 local existing = redis.call('HGET', KEYS[5], ARGV[5])
 if existing then return existing end
 redis.call('HSET', KEYS[5], ARGV[5], ARGV[6] .. '\\31' .. ARGV[2])
+redis.call('RPUSH', KEYS[6], ARGV[5])
+while redis.call('LLEN', KEYS[6]) > tonumber(ARGV[7]) do
+  redis.call('HDEL', KEYS[5], redis.call('LPOP', KEYS[6]))
+end
 new_stream()
 return ''"
         )),
@@ -412,6 +422,7 @@ impl RedisStore {
         invocation
             .key(streams_key(id))
             .key(requests_key(id))
+            .key(request_order_key(id))
             .arg(epoch)
             .arg(how)
             .arg(format!("tether:{{{id}}}:"))
@@ -580,12 +591,14 @@ impl Store for RedisStore {
                 .key(e)
                 .key(set)
                 .key(requests_key(&session))
+                .key(request_order_key(&session))
                 .arg(epoch)
                 .arg(&stream)
                 .arg(&self.owner)
                 .arg(&key)
                 .arg(&key)
                 .arg(&digest)
+                .arg(self.retention.max_requests_per_session.max(1))
                 .invoke_async(&mut conn)
                 .await
                 .map_err(script_error)?;

@@ -44,3 +44,8 @@ async fn the_byte_cap_evicts_the_earliest_ended_stream_and_sweeps_keep_the_count
     assert!(!kept("a").await && !kept("b").await && kept("d").await);
     assert_eq!(store.retained_bytes().await, Ok(Some(300)));
 }
+
+#[tokio::test]
+async fn request_ids_past_the_bound_are_forgotten_oldest_first() {
+    suite::request_ids_past_the_bound_are_forgotten_oldest_first(&MemoryStore::new(suite::retention())).await;
+}

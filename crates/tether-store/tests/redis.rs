@@ -85,3 +85,9 @@ async fn a_key_abandoned_by_a_dead_replica_is_reported_and_taken_over_once() {
     a.finish_key("k", Bytes::from_static(b"{\"result\":2}")).await.expect("finish");
     assert_eq!(b.key_state("k", later).await, Ok(Some(KeyState::Finished(Bytes::from_static(b"{\"result\":2}")))));
 }
+
+#[tokio::test]
+async fn request_ids_past_the_bound_are_forgotten_oldest_first() {
+    let (_server, store) = fresh().await;
+    suite::request_ids_past_the_bound_are_forgotten_oldest_first(&store).await;
+}

@@ -21,6 +21,7 @@ pub fn retention() -> Retention {
         lease_ms: 5_000,
         idempotency_ms: 10_000,
         max_idempotency_records: 3,
+        max_requests_per_session: 4,
     }
 }
 
@@ -165,6 +166,30 @@ pub async fn request_ids_are_recorded_once_per_incarnation(store: &dyn Store) {
     let other = store.begin_request("s6", &a, "n:1", "d2", &stream("r3")).await;
     assert_eq!(other, Ok(BeginRequest::Existing { stream: stream("r1"), same_params: false }));
     assert_eq!(store.begin_request("s6", &epoch('B'), "n:2", "d", &stream("r4")).await, Err(StoreError::SessionGone));
+}
+
+/// Run by the memory and Redis stores only: the embedded store keeps a live session's request
+/// ids on disk, where a bound would cost every request an index update (measured: a third of
+/// its tool-call rate), not memory.
+#[allow(dead_code, reason = "not run against the embedded store")]
+pub async fn request_ids_past_the_bound_are_forgotten_oldest_first(store: &dyn Store) {
+    let a = epoch('A');
+    store.create_session(record("s6b", a.clone(), 0)).await.expect("create");
+    for n in 1..=5 {
+        let begun = store.begin_request("s6b", &a, &format!("n:{n}"), "d", &stream(&format!("q{n}"))).await;
+        assert_eq!(begun, Ok(BeginRequest::Started));
+    }
+    // Four are remembered: the first went when the fifth came.
+    for n in 2..=5 {
+        let again = store.begin_request("s6b", &a, &format!("n:{n}"), "d", &stream("other")).await;
+        assert_eq!(again, Ok(BeginRequest::Existing { stream: stream(&format!("q{n}")), same_params: true }));
+    }
+    let forgotten = store.begin_request("s6b", &a, "n:1", "d", &stream("q1-again")).await;
+    assert_eq!(forgotten, Ok(BeginRequest::Started), "the oldest id is forgotten past the bound");
+    let again = store.begin_request("s6b", &a, "n:2", "d", &stream("other")).await;
+    assert_eq!(again, Ok(BeginRequest::Started), "and then the next oldest");
+    let again = store.begin_request("s6b", &a, "n:5", "d", &stream("other")).await;
+    assert_eq!(again, Ok(BeginRequest::Existing { stream: stream("q5"), same_params: true }));
 }
 
 pub async fn retention_evicts_oldest_events_and_reports_it_in_the_range(store: &dyn Store) {
