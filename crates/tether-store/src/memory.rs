@@ -502,8 +502,9 @@ fn forget_keys(inner: &mut Inner, now_ms: u64, retention: &Retention) {
 }
 
 /// Evicts history until `stream`, its session and the global total are within `retention`:
-/// ended streams of the session go first, the earliest ended first, then the oldest events of `stream` itself (never its
-/// newest). Another session's history is never evicted for this one. Returns the bytes freed.
+/// ended streams of the session go first, the earliest ended first, then the oldest events of
+/// `stream` itself (never its newest). Another session's history is never evicted for this one.
+/// Returns the bytes freed.
 fn evict(live: &mut LiveSession, stream: &StreamName, retention: &Retention, total_bytes: usize) -> usize {
     let mut freed = 0;
     let over = |bytes: usize, freed: usize| {

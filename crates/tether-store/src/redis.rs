@@ -201,8 +201,7 @@ redis.call('HSET', KEYS[1], 'exp', exp)
 return exp"
         )),
         // KEYS[1] meta, KEYS[2] streams set, KEYS[3] requests, KEYS[4] their order; ARGV[2] how,
-        // ARGV[3] key prefix
-        // of the session's streams. With ARGV[4] = a time, only if due by then.
+        // ARGV[3] key prefix of the session's streams. With ARGV[4] = a time, only if due by then.
         end: script(&format!(
             "{CHECK_LIVE}
 if ARGV[4] ~= '' and tonumber(redis.call('HGET', KEYS[1], 'exp')) > tonumber(ARGV[4]) then return 0 end

@@ -179,7 +179,8 @@ async fn an_ended_stream_is_kept_for_its_retention_from_the_sweep_before_it_ende
     let dir = fresh_dir();
     let store = open(&dir, "owner-a");
     let a = suite::epoch('A');
-    store.create_session(suite::record("r1", a.clone(), 10_000)).await.expect("create");
+    let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("r1", a.clone(), 10_000) };
+    store.create_session(record).await.expect("create");
     let s = suite::stream("done");
     store.open_stream("r1", &a, &s).await.expect("open");
     store.sweep(10_000).await.expect("sweep");
@@ -191,5 +192,16 @@ async fn an_ended_stream_is_kept_for_its_retention_from_the_sweep_before_it_ende
     store.sweep(10_500).await.expect("sweep");
     assert_eq!(store.stream_range("r1", &s).await, Ok(None), "dropped once it ran out");
     assert_eq!(store.retained_bytes().await.expect("bytes"), Some(0));
+    // After a restart the last sweep is another process's: a stream that ends before this
+    // process's first sweep counts from that sweep, not from the old one.
+    drop(store);
+    let store = open(&dir, "owner-b");
+    let late = suite::stream("late");
+    store.open_stream("r1", &a, &late).await.expect("open");
+    store.append("r1", &a, &late, Bytes::from_static(b"result"), true).await.expect("append");
+    store.sweep(11_100).await.expect("sweep");
+    assert!(store.stream_range("r1", &late).await.expect("range").is_some(), "kept after a restart");
+    store.sweep(11_600).await.expect("sweep");
+    assert_eq!(store.stream_range("r1", &late).await, Ok(None));
     let _ = std::fs::remove_dir_all(&dir);
 }

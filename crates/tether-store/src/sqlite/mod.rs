@@ -213,6 +213,9 @@ impl SqliteStore {
                 params![owner, ABORTED],
             )
             .map_err(backend)?;
+        // The last sweep was another process's, maybe long ago: streams that end before this
+        // process's first sweep are stamped by that sweep instead.
+        connection.execute("DELETE FROM meta WHERE name = 'swept_at'", []).map_err(backend)?;
         // Named once, when the file is created: the name outlives every restart.
         connection
             .execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('records_id', ?1)", [crate::new_records_id()?])
