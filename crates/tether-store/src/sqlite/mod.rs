@@ -144,6 +144,18 @@ fn query_row<T, P: rusqlite::Params>(
     connection.prepare_cached(sql)?.query_row(params, f)
 }
 
+/// Every row of a cached two-column query.
+fn query_pairs<A, B, P>(connection: &Connection, sql: &str, params: P) -> Result<Vec<(A, B)>, StoreError>
+where
+    A: rusqlite::types::FromSql,
+    B: rusqlite::types::FromSql,
+    P: rusqlite::Params,
+{
+    let mut statement = connection.prepare_cached(sql).map_err(backend)?;
+    let rows = statement.query_map(params, |r| Ok((r.get(0)?, r.get(1)?))).map_err(backend)?;
+    rows.collect::<Result<_, _>>().map_err(backend)
+}
+
 /// `execute` on a cached statement.
 fn execute<P: rusqlite::Params>(connection: &Connection, sql: &str, params: P) -> rusqlite::Result<usize> {
     connection.prepare_cached(sql)?.execute(params)
@@ -1162,17 +1174,12 @@ impl Store for SqliteStore {
             execute(txn, "UPDATE streams SET ended_at_ms = ?1 WHERE state != 0 AND ended_at_ms IS NULL", [now]).map_err(backend)?;
             execute(txn, "INSERT INTO meta (name, value) VALUES ('swept_at', ?1) ON CONFLICT (name) DO UPDATE SET value = excluded.value", [now.to_string()]).map_err(backend)?;
             let cutoff = now - as_i64(retention.ended_stream_ms);
-            let mut freed = txn
-                .prepare_cached(
-                    "SELECT session, SUM(bytes) FROM streams INDEXED BY streams_ended \
-                     WHERE state != 0 AND ended_at_ms <= ?1 GROUP BY session",
-                )
-                .map_err(backend)?;
-            let freed: Vec<(String, i64)> = freed
-                .query_map([cutoff], |r| Ok((r.get(0)?, r.get(1)?)))
-                .map_err(backend)?
-                .collect::<Result<_, _>>()
-                .map_err(backend)?;
+            let freed: Vec<(String, i64)> = query_pairs(
+                txn,
+                "SELECT session, SUM(bytes) FROM streams INDEXED BY streams_ended \
+                 WHERE state != 0 AND ended_at_ms <= ?1 GROUP BY session",
+                [cutoff],
+            )?;
             for (session, bytes) in &freed {
                 add_session_bytes(txn, session, -bytes)?;
             }
@@ -1181,14 +1188,11 @@ impl Store for SqliteStore {
                 [cutoff],
             )
             .map_err(backend)?;
-            let mut deleted = txn
-                .prepare_cached("DELETE FROM streams WHERE state != 0 AND ended_at_ms <= ?1 RETURNING session, stream")
-                .map_err(backend)?;
-            let deleted: Vec<(String, String)> = deleted
-                .query_map([cutoff], |r| Ok((r.get(0)?, r.get(1)?)))
-                .map_err(backend)?
-                .collect::<Result<_, _>>()
-                .map_err(backend)?;
+            let deleted: Vec<(String, String)> = query_pairs(
+                txn,
+                "DELETE FROM streams WHERE state != 0 AND ended_at_ms <= ?1 RETURNING session, stream",
+                [cutoff],
+            )?;
             forget_keys(txn, now, &retention)?;
             Ok((expired, deleted, tombstones > 0))
         }, |mirror: &Mirror, (expired, deleted, tombstones): &(Vec<String>, Vec<(String, String)>, bool)| {
