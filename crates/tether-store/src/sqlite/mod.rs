@@ -94,6 +94,10 @@ CREATE TABLE IF NOT EXISTS streams (
     bytes INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (session, stream)
 ) WITHOUT ROWID;
+-- Live sessions by deadline and ended ones by age, for the sweep: without them every sweep read
+-- the whole sessions table three times (10 ms at 50,000 sessions).
+CREATE INDEX IF NOT EXISTS sessions_expiry ON sessions (expires_at_ms) WHERE ended IS NULL;
+CREATE INDEX IF NOT EXISTS sessions_ended ON sessions (ended_at_ms) WHERE ended IS NOT NULL;
 -- Ended streams by age, for the sweep: without it every sweep read the whole table, on the
 -- writer thread, once a second (30 ms at 200,000 retained streams). A stream's retention counts
 -- from the last sweep before it ended (meta `swept_at`), or the first after if there was none:
