@@ -30,6 +30,9 @@ struct Inner {
     /// Counter additions made under an idempotency key → the value they produced.
     counter_ops: HashMap<String, i64>,
     keys: HashMap<String, KeyRecord>,
+    /// The keys of `keys` with their creation times, oldest first, so that forgetting them
+    /// never visits the others: the sweep holds the store's one lock.
+    key_order: VecDeque<(u64, String)>,
     total_bytes: usize,
 }
 
@@ -40,7 +43,6 @@ struct KeyRecord {
     digest: String,
     stream: Option<(String, StreamName)>,
     outcome: Option<Bytes>,
-    created_ms: u64,
 }
 
 impl KeyRecord {
@@ -402,8 +404,8 @@ impl Store for MemoryStore {
                 state: record.state(),
             }));
         }
-        let record =
-            KeyRecord { digest: claim.params_digest, stream: claim.stream, outcome: None, created_ms: claim.now_ms };
+        let record = KeyRecord { digest: claim.params_digest, stream: claim.stream, outcome: None };
+        inner.key_order.push_back((claim.now_ms, claim.key.clone()));
         inner.keys.insert(claim.key, record);
         ready(Ok(Claim::Claimed))
     }
@@ -481,24 +483,34 @@ impl Store for MemoryStore {
 }
 
 /// Forgets idempotency records past their time, then the oldest finished ones past the count
-/// bound, and the counter additions of forgotten keys.
+/// bound, with the counter additions made under them.
 fn forget_keys(inner: &mut Inner, now_ms: u64, retention: &Retention) {
-    inner.keys.retain(|_, record| now_ms.saturating_sub(record.created_ms) < retention.idempotency_ms);
-    let excess = inner.keys.len().saturating_sub(retention.max_idempotency_records);
-    if excess > 0 {
-        let mut finished: Vec<(u64, String)> = inner
-            .keys
-            .iter()
-            .filter(|(_, record)| record.outcome.is_some())
-            .map(|(key, record)| (record.created_ms, key.clone()))
-            .collect();
-        finished.sort_unstable();
-        for (_, key) in finished.into_iter().take(excess) {
-            inner.keys.remove(&key);
+    let Inner { keys, key_order, counter_ops, .. } = inner;
+    let mut forget = |keys: &mut HashMap<String, KeyRecord>, key: &str| {
+        keys.remove(key);
+        counter_ops.remove(key);
+    };
+    while key_order.front().is_some_and(|(created, _)| now_ms.saturating_sub(*created) >= retention.idempotency_ms) {
+        if let Some((_, key)) = key_order.pop_front() {
+            forget(keys, &key);
         }
     }
-    let keys = &inner.keys;
-    inner.counter_ops.retain(|op, _| keys.contains_key(op));
+    let mut excess = key_order.len().saturating_sub(retention.max_idempotency_records);
+    // A running request's record is never forgotten for the count: set aside, then put back.
+    let mut running = Vec::new();
+    while excess > 0
+        && let Some((created, key)) = key_order.pop_front()
+    {
+        if keys.get(&key).is_some_and(|record| record.outcome.is_none()) {
+            running.push((created, key));
+        } else {
+            forget(keys, &key);
+            excess -= 1;
+        }
+    }
+    for entry in running.into_iter().rev() {
+        key_order.push_front(entry);
+    }
 }
 
 /// Evicts history until `stream`, its session and the global total are within `retention`:
