@@ -205,3 +205,29 @@ async fn an_ended_stream_is_kept_for_its_retention_from_the_sweep_before_it_ende
     assert_eq!(store.stream_range("r1", &late).await, Ok(None));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_database_from_before_the_key_count_is_counted_at_open() {
+    let dir = fresh_dir();
+    let store = open(&dir, "owner-a");
+    for (i, key) in ["a", "b", "c", "d"].into_iter().enumerate() {
+        assert_eq!(store.claim_key(suite::claim(key, "d", 1_000 + i as u64)).await, Ok(Claim::Claimed));
+        store.finish_key(key, Bytes::from_static(b"{}")).await.expect("finish");
+    }
+    drop(store);
+    let old = rusqlite::Connection::open(dir.join("tether.sqlite3")).expect("database");
+    old.execute_batch(
+        "DROP TRIGGER keys_counted; DROP TRIGGER keys_uncounted; DELETE FROM meta WHERE name = 'keys_count';",
+    )
+    .expect("as an earlier version left it");
+    drop(old);
+    let store = open(&dir, "owner-a");
+    store.sweep(1_010).await.expect("sweep");
+    let known = |key: &'static str| {
+        let store = &store;
+        async move { store.key_state(key, 1_010).await.expect("state").is_some() }
+    };
+    assert!(!known("a").await, "four records counted at open: the oldest goes past the bound of three");
+    assert!(known("b").await && known("c").await && known("d").await);
+    let _ = std::fs::remove_dir_all(&dir);
+}

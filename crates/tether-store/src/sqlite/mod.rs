@@ -130,6 +130,12 @@ CREATE TABLE IF NOT EXISTS keys (
 CREATE INDEX IF NOT EXISTS keys_by_age ON keys (created_ms);
 CREATE TABLE IF NOT EXISTS counter_ops (op TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+-- How many idempotency records there are, kept by the database itself (so a rolled-back write
+-- takes its count with it): counting them for the sweep's bound read all of them once a second.
+CREATE TRIGGER IF NOT EXISTS keys_counted AFTER INSERT ON keys
+    BEGIN UPDATE meta SET value = value + 1 WHERE name = 'keys_count'; END;
+CREATE TRIGGER IF NOT EXISTS keys_uncounted AFTER DELETE ON keys
+    BEGIN UPDATE meta SET value = value - 1 WHERE name = 'keys_count'; END;
 ";
 
 const LIVE: i64 = 0;
@@ -232,6 +238,10 @@ impl SqliteStore {
         // The last sweep was another process's, maybe long ago: streams that end before this
         // process's first sweep are stamped by that sweep instead.
         connection.execute("DELETE FROM meta WHERE name = 'swept_at'", []).map_err(backend)?;
+        // Counted once, when the file is created or was made before the count was kept.
+        connection
+            .execute("INSERT OR IGNORE INTO meta (name, value) SELECT 'keys_count', COUNT(*) FROM keys", [])
+            .map_err(backend)?;
         // Named once, when the file is created: the name outlives every restart.
         connection
             .execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('records_id', ?1)", [crate::new_records_id()?])
@@ -572,7 +582,9 @@ fn forget_keys(txn: &Connection, now: i64, retention: &Retention) -> Result<(), 
         Ok(())
     };
     forget("created_ms <= ?1", now - as_i64(retention.idempotency_ms))?;
-    let count: i64 = query_row(txn, "SELECT COUNT(*) FROM keys", [], |r| r.get(0)).map_err(backend)?;
+    let count: i64 =
+        query_row(txn, "SELECT CAST(value AS INTEGER) FROM meta WHERE name = 'keys_count'", [], |r| r.get(0))
+            .map_err(backend)?;
     let excess = count - i64::try_from(retention.max_idempotency_records).unwrap_or(i64::MAX);
     if excess > 0 {
         forget("outcome IS NOT NULL ORDER BY created_ms LIMIT ?1", excess)?;
