@@ -48,10 +48,9 @@ fn event_path(c: &mut Criterion) {
                 let events = store.read("bench", &stream, seq - 1, 1).await.expect("read");
                 out.clear();
                 let id = format!("{prefix}{seq}");
-                let text = std::str::from_utf8(&events[0].data).expect("utf-8");
                 Encoder::event(
                     &mut out,
-                    &OutgoingEvent { id: Some(&id), data: Some(text.as_bytes()), ..Default::default() },
+                    &OutgoingEvent { id: Some(&id), data: Some(&events[0].data), ..Default::default() },
                 )
                 .expect("encode");
                 black_box(out.len())

@@ -486,14 +486,9 @@ impl Store for MemoryStore {
 /// bound, with the counter additions made under them.
 fn forget_keys(inner: &mut Inner, now_ms: u64, retention: &Retention) {
     let Inner { keys, key_order, counter_ops, .. } = inner;
-    let mut forget = |keys: &mut HashMap<String, KeyRecord>, key: &str| {
-        keys.remove(key);
-        counter_ops.remove(key);
-    };
+    let mut forgotten = Vec::new();
     while key_order.front().is_some_and(|(created, _)| now_ms.saturating_sub(*created) >= retention.idempotency_ms) {
-        if let Some((_, key)) = key_order.pop_front() {
-            forget(keys, &key);
-        }
+        forgotten.extend(key_order.pop_front().map(|(_, key)| key));
     }
     let mut excess = key_order.len().saturating_sub(retention.max_idempotency_records);
     // A running request's record is never forgotten for the count: set aside, then put back.
@@ -504,12 +499,16 @@ fn forget_keys(inner: &mut Inner, now_ms: u64, retention: &Retention) {
         if keys.get(&key).is_some_and(|record| record.outcome.is_none()) {
             running.push((created, key));
         } else {
-            forget(keys, &key);
+            forgotten.push(key);
             excess -= 1;
         }
     }
     for entry in running.into_iter().rev() {
         key_order.push_front(entry);
+    }
+    for key in forgotten {
+        keys.remove(&key);
+        counter_ops.remove(&key);
     }
 }
 

@@ -8,6 +8,7 @@
 
 mod mirror;
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, mpsc};
 
@@ -144,6 +145,15 @@ const ABORTED: i64 = 2;
 const TERMINATED: i64 = 1;
 const EXPIRED: i64 = 2;
 
+/// The time a stream that ends now is stamped with, for its retention: the last sweep's
+/// (`NULL` before this process's first sweep, which then stamps it). A macro so that the
+/// statements using it stay literals, cached as such.
+macro_rules! last_sweep {
+    () => {
+        "(SELECT CAST(value AS INTEGER) FROM meta WHERE name = 'swept_at')"
+    };
+}
+
 /// `query_row` on a cached statement: every statement is parsed once per connection.
 fn query_row<T, P: rusqlite::Params>(
     connection: &Connection,
@@ -152,18 +162,6 @@ fn query_row<T, P: rusqlite::Params>(
     f: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
 ) -> rusqlite::Result<T> {
     connection.prepare_cached(sql)?.query_row(params, f)
-}
-
-/// Every row of a cached two-column query.
-fn query_pairs<A, B, P>(connection: &Connection, sql: &str, params: P) -> Result<Vec<(A, B)>, StoreError>
-where
-    A: rusqlite::types::FromSql,
-    B: rusqlite::types::FromSql,
-    P: rusqlite::Params,
-{
-    let mut statement = connection.prepare_cached(sql).map_err(backend)?;
-    let rows = statement.query_map(params, |r| Ok((r.get(0)?, r.get(1)?))).map_err(backend)?;
-    rows.collect::<Result<_, _>>().map_err(backend)
 }
 
 /// `execute` on a cached statement.
@@ -708,8 +706,11 @@ fn append_in(
     }
     execute(
         txn,
-        "UPDATE streams SET head = ?3, state = ?4, bytes = bytes + ?5, ended_at_ms = CASE WHEN ?4 != 0 THEN \
-         (SELECT CAST(value AS INTEGER) FROM meta WHERE name = 'swept_at') END WHERE session = ?1 AND stream = ?2",
+        concat!(
+            "UPDATE streams SET head = ?3, state = ?4, bytes = bytes + ?5, ended_at_ms = CASE WHEN ?4 != 0 THEN ",
+            last_sweep!(),
+            " END WHERE session = ?1 AND stream = ?2"
+        ),
         params![s, st, head, if last { COMPLETE } else { LIVE }, bytes],
     )
     .map_err(backend)?;
@@ -991,9 +992,11 @@ impl Store for SqliteStore {
                 let head = head.ok_or(StoreError::UnknownStream)?;
                 execute(
                     txn,
-                    "UPDATE streams SET state = ?3, ended_at_ms = \
-                     (SELECT CAST(value AS INTEGER) FROM meta WHERE name = 'swept_at') \
-                     WHERE session = ?1 AND stream = ?2 AND state = 0",
+                    concat!(
+                        "UPDATE streams SET state = ?3, ended_at_ms = ",
+                        last_sweep!(),
+                        " WHERE session = ?1 AND stream = ?2 AND state = 0"
+                    ),
                     params![s, st, COMPLETE],
                 )
                 .map_err(backend)?;
@@ -1190,32 +1193,33 @@ impl Store for SqliteStore {
             execute(txn, "UPDATE streams SET ended_at_ms = ?1 WHERE state != 0 AND ended_at_ms IS NULL", [now]).map_err(backend)?;
             execute(txn, "INSERT INTO meta (name, value) VALUES ('swept_at', ?1) ON CONFLICT (name) DO UPDATE SET value = excluded.value", [now.to_string()]).map_err(backend)?;
             let cutoff = now - as_i64(retention.ended_stream_ms);
-            let freed: Vec<(String, i64)> = query_pairs(
-                txn,
-                "SELECT session, SUM(bytes) FROM streams INDEXED BY streams_ended \
-                 WHERE state != 0 AND ended_at_ms <= ?1 GROUP BY session",
-                [cutoff],
-            )?;
-            for (session, bytes) in &freed {
-                add_session_bytes(txn, session, -bytes)?;
-            }
             execute(txn,
                 "DELETE FROM events WHERE (session, stream) IN (SELECT session, stream FROM streams WHERE state != 0 AND ended_at_ms <= ?1)",
                 [cutoff],
             )
             .map_err(backend)?;
-            let deleted: Vec<(String, String)> = query_pairs(
-                txn,
-                "DELETE FROM streams WHERE state != 0 AND ended_at_ms <= ?1 RETURNING session, stream",
-                [cutoff],
-            )?;
+            let mut deleted = txn
+                .prepare_cached("DELETE FROM streams WHERE state != 0 AND ended_at_ms <= ?1 RETURNING session, stream, bytes")
+                .map_err(backend)?;
+            let deleted: Vec<(String, String, i64)> = deleted
+                .query_map([cutoff], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .map_err(backend)?
+                .collect::<Result<_, _>>()
+                .map_err(backend)?;
+            let mut freed: HashMap<&str, i64> = HashMap::new();
+            for (session, _, bytes) in &deleted {
+                *freed.entry(session).or_default() += bytes;
+            }
+            for (session, bytes) in freed {
+                add_session_bytes(txn, session, -bytes)?;
+            }
             forget_keys(txn, now, &retention)?;
             Ok((expired, deleted, tombstones > 0))
-        }, |mirror: &Mirror, (expired, deleted, tombstones): &(Vec<String>, Vec<(String, String)>, bool)| {
+        }, |mirror: &Mirror, (expired, deleted, tombstones): &(Vec<String>, Vec<(String, String, i64)>, bool)| {
             for id in expired {
                 mirror.forget_session(id);
             }
-            for (session, stream) in deleted {
+            for (session, stream, _) in deleted {
                 mirror.forget_stream(session, stream);
             }
             if *tombstones {
