@@ -1198,28 +1198,29 @@ impl Store for SqliteStore {
                 [cutoff],
             )
             .map_err(backend)?;
-            let mut deleted = txn
+            let mut dropped = txn
                 .prepare_cached("DELETE FROM streams WHERE state != 0 AND ended_at_ms <= ?1 RETURNING session, stream, bytes")
                 .map_err(backend)?;
-            let deleted: Vec<(String, String, i64)> = deleted
+            let dropped: Vec<(String, String, i64)> = dropped
                 .query_map([cutoff], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
                 .map_err(backend)?
                 .collect::<Result<_, _>>()
                 .map_err(backend)?;
             let mut freed: HashMap<&str, i64> = HashMap::new();
-            for (session, _, bytes) in &deleted {
+            for (session, _, bytes) in &dropped {
                 *freed.entry(session).or_default() += bytes;
             }
             for (session, bytes) in freed {
                 add_session_bytes(txn, session, -bytes)?;
             }
+            let deleted: Vec<(String, String)> = dropped.into_iter().map(|(session, stream, _)| (session, stream)).collect();
             forget_keys(txn, now, &retention)?;
             Ok((expired, deleted, tombstones > 0))
-        }, |mirror: &Mirror, (expired, deleted, tombstones): &(Vec<String>, Vec<(String, String, i64)>, bool)| {
+        }, |mirror: &Mirror, (expired, deleted, tombstones): &(Vec<String>, Vec<(String, String)>, bool)| {
             for id in expired {
                 mirror.forget_session(id);
             }
-            for (session, stream, _) in deleted {
+            for (session, stream) in deleted {
                 mirror.forget_stream(session, stream);
             }
             if *tombstones {
