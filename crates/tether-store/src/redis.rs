@@ -227,22 +227,27 @@ end
 new_stream()
 return ''"
         )),
-        // KEYS[2] stream meta, KEYS[3] events, KEYS[4] the session's stream set; ARGV[2] data,
-        // ARGV[3] last, ARGV[4] max events, ARGV[5] max session bytes, ARGV[6] notification
-        // prefix, ARGV[7] key prefix of the session's streams, ARGV[8] this stream's name.
+        // KEYS[2] stream meta, KEYS[3] events, KEYS[4] the session's stream set; ARGV[2] last,
+        // ARGV[3] max events, ARGV[4] max session bytes, ARGV[5] notification prefix, ARGV[6] key
+        // prefix of the session's streams, ARGV[7] this stream's name, ARGV[8...] the events.
         // Over the session's byte cap, ended streams go first, then this stream's oldest events.
         append: script(&format!(
             "{CHECK_LIVE}
 local s = redis.call('HMGET', KEYS[2], 'head', 'state')
 if not s[1] then return redis.error_reply('UNKNOWN_STREAM') end
 if s[2] ~= '0' then return redis.error_reply('STREAM_ENDED') end
-local seq = tonumber(s[1]) + 1
-redis.call('XADD', KEYS[3], seq .. '-1', 'd', ARGV[2])
+local seq = tonumber(s[1])
+local added = 0
+for i = 8, #ARGV do
+  seq = seq + 1
+  redis.call('XADD', KEYS[3], seq .. '-1', 'd', ARGV[i])
+  added = added + string.len(ARGV[i])
+end
 redis.call('HSET', KEYS[2], 'head', seq)
 local total = tonumber(redis.call('HGET', KEYS[1], 'bytes') or '0')
-if string.len(ARGV[2]) > 0 then
-  redis.call('HINCRBY', KEYS[2], 'bytes', string.len(ARGV[2]))
-  total = redis.call('HINCRBY', KEYS[1], 'bytes', string.len(ARGV[2]))
+if added > 0 then
+  redis.call('HINCRBY', KEYS[2], 'bytes', added)
+  total = redis.call('HINCRBY', KEYS[1], 'bytes', added)
 end
 local function drop_oldest()
   local oldest = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1)[1]
@@ -255,22 +260,22 @@ local function drop_oldest()
   end
   return true
 end
-while redis.call('XLEN', KEYS[3]) > tonumber(ARGV[4]) and drop_oldest() do end
-if total > tonumber(ARGV[5]) then
+while redis.call('XLEN', KEYS[3]) > tonumber(ARGV[3]) and drop_oldest() do end
+if total > tonumber(ARGV[4]) then
   for _, name in ipairs(redis.call('SMEMBERS', KEYS[4])) do
-    if total <= tonumber(ARGV[5]) then break end
-    local other = ARGV[7] .. 's:' .. name
-    if name ~= ARGV[8] and redis.call('HGET', other, 'state') ~= '0' then
+    if total <= tonumber(ARGV[4]) then break end
+    local other = ARGV[6] .. 's:' .. name
+    if name ~= ARGV[7] and redis.call('HGET', other, 'state') ~= '0' then
       local size = tonumber(redis.call('HGET', other, 'bytes') or '0')
-      redis.call('DEL', other, ARGV[7] .. 'e:' .. name)
+      redis.call('DEL', other, ARGV[6] .. 'e:' .. name)
       redis.call('SREM', KEYS[4], name)
       if size > 0 then total = redis.call('HINCRBY', KEYS[1], 'bytes', -size) end
     end
   end
-  while total > tonumber(ARGV[5]) and drop_oldest() do end
+  while total > tonumber(ARGV[4]) and drop_oldest() do end
 end
-if ARGV[3] == '1' then redis.call('HSET', KEYS[2], 'state', 1) end
-redis.call('PUBLISH', '{NOTIFY}', ARGV[6] .. seq)
+if ARGV[2] == '1' then redis.call('HSET', KEYS[2], 'state', 1) end
+redis.call('PUBLISH', '{NOTIFY}', ARGV[5] .. seq)
 return seq"
         )),
         // KEYS[2] stream meta; ARGV[2] notification prefix.
@@ -436,6 +441,19 @@ impl RedisStore {
         let _: i64 = conn.zadd(RETIRING, retiring_session(id), 0).await.map_err(backend)?;
         self.heads.forget_session(id);
         Ok(())
+    }
+
+    /// After a stream ended: it is queued for retirement and leaves this process's owned set, in
+    /// one round trip.
+    async fn retire_stream(&self, conn: &mut ConnectionManager, session: &str, stream: &str) -> Result<(), StoreError> {
+        redis::pipe()
+            .zadd(RETIRING, retiring_stream(session, stream), 0)
+            .ignore()
+            .srem(owned_key(&self.owner), format!("{session}{SEP}{stream}"))
+            .ignore()
+            .query_async::<()>(conn)
+            .await
+            .map_err(backend)
     }
 }
 
@@ -623,31 +641,42 @@ impl Store for RedisStore {
         data: Bytes,
         last: bool,
     ) -> StoreFuture<'_, u64> {
+        self.append_batch(session, epoch, stream, vec![data], last)
+    }
+
+    /// One script call for the whole batch: a stream of many small events costs a round trip
+    /// per batch, not per event.
+    fn append_batch(
+        &self,
+        session: &str,
+        epoch: &Epoch,
+        stream: &StreamName,
+        events: Vec<Bytes>,
+        last: bool,
+    ) -> StoreFuture<'_, u64> {
         let (session, epoch, stream) = (session.to_owned(), epoch.to_string(), stream.to_string());
         Box::pin(async move {
             let mut conn = self.conn();
             let [m, s, e, set] = Self::stream_keys(&session, &stream);
-            let seq: u64 = scripts()
-                .append
-                .key(m)
+            let script = &scripts().append;
+            let mut invocation = script.key(m);
+            invocation
                 .key(s)
                 .key(e)
                 .key(set)
                 .arg(epoch)
-                .arg(&data[..])
                 .arg(if last { "1" } else { "0" })
                 .arg(self.retention.max_events_per_stream.max(1))
                 .arg(self.retention.max_bytes_per_session)
                 .arg(notification_prefix(&session, &stream))
                 .arg(format!("tether:{{{session}}}:"))
-                .arg(&stream)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(script_error)?;
+                .arg(&stream);
+            for data in &events {
+                invocation.arg(&data[..]);
+            }
+            let seq: u64 = invocation.invoke_async(&mut conn).await.map_err(script_error)?;
             if last {
-                let _: i64 = conn.zadd(RETIRING, retiring_stream(&session, &stream), 0).await.map_err(backend)?;
-                let _: i64 =
-                    conn.srem(owned_key(&self.owner), format!("{session}{SEP}{stream}")).await.map_err(backend)?;
+                self.retire_stream(&mut conn, &session, &stream).await?;
             }
             // Local followers need not wait for the round trip through pub/sub.
             if let Ok(name) = StreamName::parse(&stream) {
@@ -671,9 +700,7 @@ impl Store for RedisStore {
                 .invoke_async::<i64>(&mut conn)
                 .await
                 .map_err(script_error)?;
-            let _: i64 = conn.zadd(RETIRING, retiring_stream(&session, &stream), 0).await.map_err(backend)?;
-            let _: i64 = conn.srem(owned_key(&self.owner), format!("{session}{SEP}{stream}")).await.map_err(backend)?;
-            Ok(())
+            self.retire_stream(&mut conn, &session, &stream).await
         })
     }
 

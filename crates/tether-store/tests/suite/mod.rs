@@ -205,6 +205,31 @@ pub async fn retention_evicts_oldest_events_and_reports_it_in_the_range(store: &
     assert_eq!(seqs(store, "s7", &s, 3).await, (13..=20).collect::<Vec<_>>());
 }
 
+/// A batch is held to retention as if its events came one by one: past the per-stream cap the
+/// stream keeps its newest events, batch included; past the session's byte cap ended streams
+/// go first.
+pub async fn a_batch_past_the_caps_keeps_the_newest_events(store: &dyn Store) {
+    let a = epoch('A');
+    let (old, s) = (stream("old"), stream("r1"));
+    store.create_session(record("s7b", a.clone(), 0)).await.expect("create");
+    store.open_stream("s7b", &a, &old).await.expect("open");
+    store.open_stream("s7b", &a, &s).await.expect("open");
+    store.append("s7b", &a, &old, Bytes::from(vec![b'o'; 400]), true).await.expect("append");
+    let batch: Vec<Bytes> = (1..=12u8).map(|i| Bytes::from(vec![i; 50])).collect();
+    assert_eq!(store.append_batch("s7b", &a, &s, batch, false).await, Ok(12));
+    let range = store.stream_range("s7b", &s).await.expect("range").expect("known");
+    assert_eq!((range.retained_from, range.head), (5, 12), "8 events retained");
+    let events = store.read("s7b", &s, 0, usize::MAX).await.expect("read");
+    let firsts: Vec<u8> = events.iter().map(|e| e.data[0]).collect();
+    assert_eq!(firsts, (5..=12).collect::<Vec<u8>>(), "the newest, in order");
+    assert!(store.stream_range("s7b", &old).await.expect("range").is_some(), "under the byte cap");
+    let big: Vec<Bytes> = (0..3).map(|_| Bytes::from(vec![b'b'; 200])).collect();
+    assert_eq!(store.append_batch("s7b", &a, &s, big, false).await, Ok(15));
+    assert_eq!(store.stream_range("s7b", &old).await, Ok(None), "the ended stream went first");
+    let range = store.stream_range("s7b", &s).await.expect("range").expect("known");
+    assert_eq!((range.retained_from, range.head), (8, 15));
+}
+
 pub async fn session_byte_cap_evicts_ended_streams_first(store: &dyn Store) {
     let a = epoch('A');
     store.create_session(record("s8", a.clone(), 0)).await.expect("create");
@@ -424,6 +449,7 @@ macro_rules! store_suite {
             reads_start_strictly_after_the_cursor,
             request_ids_are_recorded_once_per_incarnation,
             retention_evicts_oldest_events_and_reports_it_in_the_range,
+            a_batch_past_the_caps_keeps_the_newest_events,
             session_byte_cap_evicts_ended_streams_first,
             sweep_expires_idle_sessions_and_drops_old_history,
             watch_follows_the_head_and_closes_with_the_session,
