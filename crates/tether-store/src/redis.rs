@@ -708,15 +708,15 @@ impl Store for RedisStore {
         let (session, stream) = (session.to_owned(), stream.to_string());
         Box::pin(async move {
             let mut conn = self.conn();
-            let (head, state): (Option<u64>, Option<i64>) = redis::cmd("HMGET")
+            // One transaction, one round trip: the head and the first retained event are read
+            // together, so an append and trim in between cannot put one past the other.
+            let ((head, state), first): ((Option<u64>, Option<i64>), Value) = redis::pipe()
+                .atomic()
+                .cmd("HMGET")
                 .arg(stream_key(&session, &stream))
                 .arg("head")
                 .arg("state")
-                .query_async(&mut conn)
-                .await
-                .map_err(backend)?;
-            let (Some(head), Some(state)) = (head, state) else { return Ok(None) };
-            let first: Value = redis::cmd("XRANGE")
+                .cmd("XRANGE")
                 .arg(events_key(&session, &stream))
                 .arg("-")
                 .arg("+")
@@ -725,6 +725,7 @@ impl Store for RedisStore {
                 .query_async(&mut conn)
                 .await
                 .map_err(backend)?;
+            let (Some(head), Some(state)) = (head, state) else { return Ok(None) };
             let retained_from = first_id(&first).and_then(|id| parse_seq(&id)).unwrap_or(head + 1);
             let state = match state {
                 0 => StreamState::Live,
