@@ -288,11 +288,12 @@ redis.call('PUBLISH', '{NOTIFY}', ARGV[2] .. s[1])
 return 1"
         )),
         standalone: script(&format!("{CHECK_LIVE}\nredis.call('HSET', KEYS[1], 'standalone', ARGV[2])\nreturn 1")),
-        // KEYS[1] stream meta; ARGV[1] notification prefix.
+        // KEYS[1] stream meta; ARGV[1] notification prefix, ARGV[2] the owner whose lease lapsed.
+        // An owner's set may name a stream it never began (a re-sent request id found another's).
         abort: script(&format!(
             "
-local s = redis.call('HMGET', KEYS[1], 'head', 'state', 'rk')
-if not s[1] or s[2] ~= '0' or s[3] == '' then return 0 end
+local s = redis.call('HMGET', KEYS[1], 'head', 'state', 'rk', 'owner')
+if not s[1] or s[2] ~= '0' or s[3] == '' or s[4] ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'state', 2)
 redis.call('PUBLISH', '{NOTIFY}', ARGV[1] .. s[1])
 return 1"
@@ -601,9 +602,9 @@ impl Store for RedisStore {
         Box::pin(async move {
             let mut conn = self.conn();
             let [m, s, e, set] = Self::stream_keys(&session, &stream);
-            let existing: String = scripts()
-                .begin
-                .key(m)
+            let member = format!("{session}{SEP}{stream}");
+            let mut begin = scripts().begin.key(m);
+            begin
                 .key(s)
                 .key(e)
                 .key(set)
@@ -615,13 +616,22 @@ impl Store for RedisStore {
                 .arg(&key)
                 .arg(&key)
                 .arg(&digest)
-                .arg(self.retention.max_requests_per_session.max(1))
-                .invoke_async(&mut conn)
-                .await
-                .map_err(script_error)?;
+                .arg(self.retention.max_requests_per_session.max(1));
+            // The stream joins this process's owned set before it exists (queued first on the
+            // shared connection; both go in one round trip): if the process dies once the
+            // stream exists, its request is found and aborted, never left live.
+            let mut owned = conn.clone();
+            let (added, begun) = tokio::join!(
+                owned.sadd::<_, _, i64>(owned_key(&self.owner), &member),
+                begin.invoke_async::<String>(&mut conn)
+            );
+            added.map_err(backend)?;
+            let existing = begun.map_err(script_error);
+            if !matches!(existing.as_deref(), Ok("")) {
+                let _: i64 = conn.srem(owned_key(&self.owner), &member).await.map_err(backend)?;
+            }
+            let existing = existing?;
             if existing.is_empty() {
-                let member = format!("{session}{SEP}{stream}");
-                let _: i64 = conn.sadd(owned_key(&self.owner), member).await.map_err(backend)?;
                 return Ok(BeginRequest::Started);
             }
             let (existing_digest, existing_stream) =
@@ -939,6 +949,7 @@ impl Store for RedisStore {
                         .abort
                         .key(stream_key(session, stream))
                         .arg(notification_prefix(session, stream))
+                        .arg(&owner)
                         .invoke_async(&mut conn)
                         .await
                         .map_err(backend)?;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tether_core::lineage::StreamState;
-use tether_store::{Claim, KeyState, RedisStore, SessionRecord, Store};
+use tether_store::{BeginRequest, Claim, KeyState, RedisStore, SessionRecord, Store};
 use tether_testkit::RedisServer;
 
 async fn fresh() -> (RedisServer, RedisStore) {
@@ -59,6 +59,32 @@ async fn requests_of_a_replica_whose_lease_lapsed_are_aborted() {
     survivor.sweep(1_000 + lease + 1).await.expect("sweep");
     assert_eq!(state(survivor.stream_range("s", &running).await.expect("range")), Some(StreamState::Aborted));
     assert_eq!(state(survivor.stream_range("s", &other).await.expect("range")), Some(StreamState::Live));
+}
+
+#[tokio::test]
+async fn a_lapsed_owner_aborts_only_the_requests_it_began() {
+    let server = RedisServer::start().await;
+    let dead = RedisStore::open(&server.url, suite::retention(), "dead").await.expect("connect");
+    let survivor = RedisStore::open(&server.url, suite::retention(), "survivor").await.expect("connect");
+    let epoch = suite::epoch('E');
+    let (theirs, mine) = (suite::stream("r1"), suite::stream("r2"));
+    let lease = suite::retention().lease_ms;
+    dead.sweep(1_000).await.expect("heartbeat");
+    survivor.sweep(1_000).await.expect("heartbeat");
+    let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("s", epoch.clone(), 0) };
+    survivor.create_session(record).await.expect("create");
+    assert_eq!(survivor.begin_request("s", &epoch, "n:1", "d", &mine).await, Ok(BeginRequest::Started));
+    // The same request id re-sent to the other replica attaches to the running request.
+    let existing = dead.begin_request("s", &epoch, "n:1", "d", &theirs).await.expect("begin");
+    assert_eq!(existing, BeginRequest::Existing { stream: mine.clone(), same_params: true });
+    // As if it died between adding the stream to its set and taking it out again.
+    let client = redis::Client::open(server.url.as_str()).expect("client");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+    let _: i64 = redis::AsyncCommands::sadd(&mut conn, "tether:owned:dead", "s\x1fr2").await.expect("sadd");
+    drop(dead);
+    survivor.sweep(1_000 + lease + 1).await.expect("sweep");
+    let range = survivor.stream_range("s", &mine).await.expect("range").expect("known stream");
+    assert_eq!(range.state, StreamState::Live, "the survivor's request runs on");
 }
 
 #[tokio::test]
