@@ -801,27 +801,26 @@ impl Store for RedisStore {
     fn claim_key(&self, claim: KeyClaim) -> StoreFuture<'_, Claim> {
         Box::pin(async move {
             let mut conn = self.conn();
-            let _: i64 = conn.hset(OWNERS, &self.owner, claim.now_ms).await.map_err(backend)?;
-            // Indexed first, so a record is never left outside expiry (NX: a known key keeps its age).
-            let _: i64 = redis::cmd("ZADD")
-                .arg(KEYS)
-                .arg("NX")
-                .arg(claim.now_ms)
-                .arg(&claim.key)
-                .query_async(&mut conn)
-                .await
-                .map_err(backend)?;
             let (session, stream) = claim.columns();
-            let fields: Vec<Option<Vec<u8>>> = scripts()
-                .claim
-                .key(key_record(&claim.key))
+            let mut record = scripts().claim.key(key_record(&claim.key));
+            record
                 .arg(&claim.params_digest)
                 .arg(&self.owner)
                 .arg(session.unwrap_or_default())
-                .arg(stream.unwrap_or_default())
-                .invoke_async(&mut conn)
-                .await
-                .map_err(backend)?;
+                .arg(stream.unwrap_or_default());
+            // The heartbeat, then the index entry (NX: a known key keeps its age), queued ahead
+            // of the script on the shared connection, all in one round trip: a record is never
+            // left outside expiry.
+            let mut index = redis::pipe();
+            index.hset(OWNERS, &self.owner, claim.now_ms).ignore();
+            index.cmd("ZADD").arg(KEYS).arg("NX").arg(claim.now_ms).arg(&claim.key).ignore();
+            let mut indexer = conn.clone();
+            let (indexed, fields) = tokio::join!(
+                index.query_async::<()>(&mut indexer),
+                record.invoke_async::<Vec<Option<Vec<u8>>>>(&mut conn)
+            );
+            indexed.map_err(backend)?;
+            let fields = fields.map_err(backend)?;
             match self.read_key(&mut conn, fields, claim.now_ms).await? {
                 Some((digest, _, state)) => Ok(Claim::Existing { same_params: digest == claim.params_digest, state }),
                 None => Ok(Claim::Claimed),
