@@ -88,7 +88,8 @@ pub(crate) async fn start_legacy(
         Ok(keyed) => keyed,
         Err(error) => return Ok(Started::Conflict(error)),
     };
-    let digest = Digest::of(&key, params.to_string().as_bytes()).to_string();
+    // Straight to bytes, not through `Display`'s formatter; serializing a `Value` cannot fail.
+    let digest = Digest::of(&key, &serde_json::to_vec(&params).unwrap_or_default()).to_string();
     let stream = ids::stream_name('r').map_err(|e| Rejection::internal("random_failed", e.to_string()))?;
     let store = &shared.store;
     let started = std::time::Instant::now();

@@ -74,7 +74,8 @@ fn accepts(headers: &HeaderMap, media: &str) -> bool {
     let (kind, _) = media.split_once('/').unwrap_or((media, ""));
     headers.get_all(ACCEPT).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).any(|range| {
         let range = range.split(';').next().unwrap_or("").trim();
-        range.eq_ignore_ascii_case(media) || range == "*/*" || range.eq_ignore_ascii_case(&format!("{kind}/*"))
+        range.eq_ignore_ascii_case(media)
+            || range.split_once('/').is_some_and(|(k, sub)| sub == "*" && (k == "*" || k.eq_ignore_ascii_case(kind)))
     })
 }
 
@@ -178,7 +179,10 @@ mod tests {
         assert!(accepts(&headers, "text/event-stream"));
         headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
         assert!(!accepts(&headers, "text/event-stream"));
-        headers.insert(ACCEPT, HeaderValue::from_static("text/*"));
+        headers.insert(ACCEPT, HeaderValue::from_static("TEXT/*"));
         assert!(accepts(&headers, "text/event-stream"));
+        assert!(!accepts(&headers, "application/json"), "a type's wildcard is that type's only");
+        headers.insert(ACCEPT, HeaderValue::from_static("*/json"));
+        assert!(!accepts(&headers, "application/json"), "not a media range");
     }
 }
