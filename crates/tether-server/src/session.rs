@@ -16,6 +16,11 @@ use tether_store::SessionRecord;
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+/// A map keyed by ids the server mints at random (sessions, streams): a client can look them
+/// up but not insert one of its choosing, so they need no SipHash, which cost a few percent of
+/// a tool call's instructions.
+type IdMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// Severity of a log message, in increasing order (RFC 5424, as MCP's `logging` uses).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum LogLevel {
@@ -95,7 +100,7 @@ struct RuntimeState {
     /// Server-to-client requests awaiting the client's answer, by their id.
     pending: HashMap<String, oneshot::Sender<ClientAnswer>>,
     /// The generation of the connection attached to each stream; bumping it closes that one.
-    attachments: HashMap<StreamName, watch::Sender<u64>>,
+    attachments: IdMap<StreamName, watch::Sender<u64>>,
     /// Streams whose next connection must close as soon as it is caught up (kicked while no
     /// connection was attached).
     pending_kicks: HashSet<StreamName>,
@@ -123,7 +128,7 @@ impl SessionRuntime {
             state: Mutex::new(RuntimeState {
                 inflight: HashMap::new(),
                 pending: HashMap::new(),
-                attachments: HashMap::new(),
+                attachments: HashMap::default(),
                 pending_kicks: HashSet::new(),
                 get_stream: None,
                 connections: 0,
@@ -318,11 +323,11 @@ impl Drop for Attachment {
 /// The runtimes of the sessions this process has served.
 #[derive(Debug, Default)]
 pub(crate) struct Sessions {
-    map: Mutex<HashMap<String, Arc<SessionRuntime>>>,
+    map: Mutex<IdMap<String, Arc<SessionRuntime>>>,
 }
 
 impl Sessions {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<SessionRuntime>>> {
+    fn lock(&self) -> MutexGuard<'_, IdMap<String, Arc<SessionRuntime>>> {
         self.map.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 

@@ -1,20 +1,19 @@
 //! Wake-ups for the connections of this process that follow streams: one watch per stream,
 //! shared by the backends that persist outside the process.
 
-use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
 use tether_core::lineage::StreamName;
 use tokio::sync::watch;
 
-use crate::HeadWatch;
+use crate::{HeadWatch, IdMap};
 
 /// The watched streams of this process and their heads.
 #[derive(Debug, Default)]
-pub(crate) struct Heads(Mutex<HashMap<(String, StreamName), watch::Sender<u64>>>);
+pub(crate) struct Heads(Mutex<IdMap<(String, StreamName), watch::Sender<u64>>>);
 
 impl Heads {
-    fn lock(&self) -> MutexGuard<'_, HashMap<(String, StreamName), watch::Sender<u64>>> {
+    fn lock(&self) -> MutexGuard<'_, IdMap<(String, StreamName), watch::Sender<u64>>> {
         // Plain data behind the lock: still consistent after a panic elsewhere.
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use crate::record::{
     BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent,
 };
-use crate::{HeadWatch, RelayedAnswer, Store, StoreError, StoreFuture};
+use crate::{HeadWatch, IdMap, RelayedAnswer, Store, StoreError, StoreFuture};
 
 /// A [`Store`] held in process memory, bounded by its [`Retention`].
 #[derive(Debug)]
@@ -25,7 +25,7 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct Inner {
-    sessions: HashMap<String, Slot>,
+    sessions: IdMap<String, Slot>,
     counters: HashMap<String, i64>,
     /// Counter additions made under an idempotency key → the value they produced.
     counter_ops: HashMap<String, i64>,
@@ -63,7 +63,7 @@ enum Slot {
 #[derive(Debug)]
 struct LiveSession {
     record: SessionRecord,
-    streams: HashMap<StreamName, StreamSlot>,
+    streams: IdMap<StreamName, StreamSlot>,
     /// Request key → (params digest, stream).
     requests: HashMap<String, (String, StreamName)>,
     /// The keys of `requests`, oldest first, for its bound.
@@ -202,7 +202,7 @@ impl Store for MemoryStore {
         let id = record.id.clone();
         let live = LiveSession {
             record,
-            streams: HashMap::new(),
+            streams: HashMap::default(),
             requests: HashMap::new(),
             request_order: VecDeque::new(),
             standalone: None,
