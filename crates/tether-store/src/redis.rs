@@ -445,16 +445,19 @@ impl RedisStore {
     }
 
     /// After a stream ended: it is queued for retirement and leaves this process's owned set, in
-    /// one round trip.
-    async fn retire_stream(&self, conn: &mut ConnectionManager, session: &str, stream: &str) -> Result<(), StoreError> {
-        redis::pipe()
+    /// one round trip. The stream has ended either way, so a failure here is logged, not
+    /// answered: the stream is then dropped with its session instead of after its retention.
+    async fn retire_stream(&self, conn: &mut ConnectionManager, session: &str, stream: &str) {
+        let retired = redis::pipe()
             .zadd(RETIRING, retiring_stream(session, stream), 0)
             .ignore()
             .srem(owned_key(&self.owner), format!("{session}{SEP}{stream}"))
             .ignore()
             .query_async::<()>(conn)
-            .await
-            .map_err(backend)
+            .await;
+        if let Err(err) = retired {
+            tracing::warn!(%err, session, stream, "could not queue an ended stream for retirement");
+        }
     }
 }
 
@@ -625,15 +628,23 @@ impl Store for RedisStore {
                 owned.sadd::<_, _, i64>(owned_key(&self.owner), &member),
                 begin.invoke_async::<String>(&mut conn)
             );
-            added.map_err(backend)?;
             let existing = begun.map_err(script_error);
-            if !matches!(existing.as_deref(), Ok("")) {
-                let _: i64 = conn.srem(owned_key(&self.owner), &member).await.map_err(backend)?;
-            }
-            let existing = existing?;
-            if existing.is_empty() {
+            if matches!(existing.as_deref(), Ok("")) {
+                // Begun: failing the call now would leave a live stream nobody runs. Without its
+                // entry the request runs and ends as usual; only a crash would strand it.
+                if let Err(err) = added {
+                    tracing::warn!(%err, session, stream, "a begun request is missing from its owner's set");
+                }
                 return Ok(BeginRequest::Started);
             }
+            // Not begun here: the entry comes out again. Were it left, it would only grow the set
+            // (the abort script checks the owner), so this is best effort.
+            if added.is_ok()
+                && let Err(err) = conn.srem::<_, _, i64>(owned_key(&self.owner), &member).await
+            {
+                tracing::debug!(%err, "could not take a request that was not begun out of the owner's set");
+            }
+            let existing = existing?;
             let (existing_digest, existing_stream) =
                 existing.split_once(SEP).ok_or_else(|| backend("bad request record"))?;
             Ok(BeginRequest::Existing {
@@ -686,7 +697,7 @@ impl Store for RedisStore {
             }
             let seq: u64 = invocation.invoke_async(&mut conn).await.map_err(script_error)?;
             if last {
-                self.retire_stream(&mut conn, &session, &stream).await?;
+                self.retire_stream(&mut conn, &session, &stream).await;
             }
             // Local followers need not wait for the round trip through pub/sub.
             if let Ok(name) = StreamName::parse(&stream) {
@@ -710,7 +721,8 @@ impl Store for RedisStore {
                 .invoke_async::<i64>(&mut conn)
                 .await
                 .map_err(script_error)?;
-            self.retire_stream(&mut conn, &session, &stream).await
+            self.retire_stream(&mut conn, &session, &stream).await;
+            Ok(())
         })
     }
 
@@ -801,26 +813,32 @@ impl Store for RedisStore {
     fn claim_key(&self, claim: KeyClaim) -> StoreFuture<'_, Claim> {
         Box::pin(async move {
             let mut conn = self.conn();
+            // The heartbeat, then the index entry (NX: a known key keeps its age), in one round
+            // trip and before the claim: a claim never exists without both, so no replica takes
+            // it for abandoned and no record escapes expiry.
+            redis::pipe()
+                .hset(OWNERS, &self.owner, claim.now_ms)
+                .ignore()
+                .cmd("ZADD")
+                .arg(KEYS)
+                .arg("NX")
+                .arg(claim.now_ms)
+                .arg(&claim.key)
+                .ignore()
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(backend)?;
             let (session, stream) = claim.columns();
-            let mut record = scripts().claim.key(key_record(&claim.key));
-            record
+            let fields: Vec<Option<Vec<u8>>> = scripts()
+                .claim
+                .key(key_record(&claim.key))
                 .arg(&claim.params_digest)
                 .arg(&self.owner)
                 .arg(session.unwrap_or_default())
-                .arg(stream.unwrap_or_default());
-            // The heartbeat, then the index entry (NX: a known key keeps its age), queued ahead
-            // of the script on the shared connection, all in one round trip: a record is never
-            // left outside expiry.
-            let mut index = redis::pipe();
-            index.hset(OWNERS, &self.owner, claim.now_ms).ignore();
-            index.cmd("ZADD").arg(KEYS).arg("NX").arg(claim.now_ms).arg(&claim.key).ignore();
-            let mut indexer = conn.clone();
-            let (indexed, fields) = tokio::join!(
-                index.query_async::<()>(&mut indexer),
-                record.invoke_async::<Vec<Option<Vec<u8>>>>(&mut conn)
-            );
-            indexed.map_err(backend)?;
-            let fields = fields.map_err(backend)?;
+                .arg(stream.unwrap_or_default())
+                .invoke_async(&mut conn)
+                .await
+                .map_err(backend)?;
             match self.read_key(&mut conn, fields, claim.now_ms).await? {
                 Some((digest, _, state)) => Ok(Claim::Existing { same_params: digest == claim.params_digest, state }),
                 None => Ok(Claim::Claimed),
