@@ -149,11 +149,15 @@ pub trait Store: Send + Sync + 'static {
         stream: &StreamName,
         data: Bytes,
         last: bool,
-    ) -> StoreFuture<'_, u64>;
+    ) -> StoreFuture<'_, u64> {
+        self.append_batch(session, epoch, stream, vec![data], last)
+    }
 
-    /// Appends `events` in order, as [`Store::append`] would one by one, the last of them
-    /// ending the stream if `last`; returns the sequence number of the last. A backend that can
-    /// commits them together (the embedded store: one transaction, one disk flush).
+    /// Appends `events` in order in one step (the embedded store: one transaction and one disk
+    /// flush; Redis: one script call), ending the stream after them if `last`; returns the
+    /// sequence number of the last. Retention ends as if they had come one by one. A stream's
+    /// writer hands over whatever queued up meanwhile, so a backend that took a step per event
+    /// would pay a flush or a round trip per event.
     fn append_batch(
         &self,
         session: &str,
@@ -161,17 +165,7 @@ pub trait Store: Send + Sync + 'static {
         stream: &StreamName,
         events: Vec<Bytes>,
         last: bool,
-    ) -> StoreFuture<'_, u64> {
-        let (session, epoch, stream) = (session.to_owned(), epoch.clone(), stream.clone());
-        Box::pin(async move {
-            let count = events.len();
-            let mut seq = 0;
-            for (i, data) in events.into_iter().enumerate() {
-                seq = self.append(&session, &epoch, &stream, data, last && i + 1 == count).await?;
-            }
-            Ok(seq)
-        })
-    }
+    ) -> StoreFuture<'_, u64>;
 
     /// Appends a request's final `events`, the last of them its response (the stream ends after
     /// it), and records that response as the outcome of idempotency key `key`: in one step where

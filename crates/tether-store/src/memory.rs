@@ -292,12 +292,12 @@ impl Store for MemoryStore {
         ready(result)
     }
 
-    fn append(
+    fn append_batch(
         &self,
         session: &str,
         epoch: &Epoch,
         stream: &StreamName,
-        data: Bytes,
+        events: Vec<Bytes>,
         last: bool,
     ) -> StoreFuture<'_, u64> {
         let retention = self.retention;
@@ -313,10 +313,13 @@ impl Store for MemoryStore {
         if slot.state != StreamState::Live {
             return ready(Err(StoreError::StreamEnded));
         }
-        let len = data.len();
-        slot.head += 1;
+        let mut len = 0;
+        for data in events {
+            len += data.len();
+            slot.head += 1;
+            slot.events.push_back(StoredEvent { seq: slot.head, data });
+        }
         let seq = slot.head;
-        slot.events.push_back(StoredEvent { seq, data });
         if last {
             slot.state = StreamState::Complete;
             live.ended.push(stream.clone());

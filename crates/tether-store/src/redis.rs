@@ -654,19 +654,6 @@ impl Store for RedisStore {
         })
     }
 
-    fn append(
-        &self,
-        session: &str,
-        epoch: &Epoch,
-        stream: &StreamName,
-        data: Bytes,
-        last: bool,
-    ) -> StoreFuture<'_, u64> {
-        self.append_batch(session, epoch, stream, vec![data], last)
-    }
-
-    /// One script call for the whole batch: a stream of many small events costs a round trip
-    /// per batch, not per event.
     fn append_batch(
         &self,
         session: &str,

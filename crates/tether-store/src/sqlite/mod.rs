@@ -941,17 +941,6 @@ impl Store for SqliteStore {
         self.run_with(job, move |mirror, (begun, _)| then(mirror, begun))
     }
 
-    fn append(
-        &self,
-        session: &str,
-        epoch: &Epoch,
-        stream: &StreamName,
-        data: Bytes,
-        last: bool,
-    ) -> StoreFuture<'_, u64> {
-        self.append_batch(session, epoch, stream, vec![data], last)
-    }
-
     fn append_batch(
         &self,
         session: &str,
