@@ -87,6 +87,34 @@ async fn a_lapsed_owner_aborts_only_the_requests_it_began() {
     assert_eq!(range.state, StreamState::Live, "the survivor's request runs on");
 }
 
+/// A request's stream is in its owner's set while it runs, and only then: a re-sent request id
+/// and a refused begin leave nothing behind, and the stream leaves the set when it ends.
+#[tokio::test]
+async fn an_owners_set_holds_exactly_its_running_requests() {
+    let (server, store) = fresh().await;
+    let client = redis::Client::open(server.url.as_str()).expect("client");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+    let mut owned = async || -> Vec<String> {
+        let mut members: Vec<String> =
+            redis::AsyncCommands::smembers(&mut conn, "tether:owned:owner-a").await.expect("smembers");
+        members.sort();
+        members
+    };
+    let epoch = suite::epoch('E');
+    let (first, second) = (suite::stream("r1"), suite::stream("r2"));
+    let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("s", epoch.clone(), 0) };
+    store.create_session(record).await.expect("create");
+    assert_eq!(store.begin_request("s", &epoch, "n:1", "d", &first).await, Ok(BeginRequest::Started));
+    assert_eq!(owned().await, ["s\x1fr1"]);
+    let again = store.begin_request("s", &epoch, "n:1", "d", &second).await.expect("begin");
+    assert_eq!(again, BeginRequest::Existing { stream: first.clone(), same_params: true });
+    let stale = store.begin_request("s", &suite::epoch('F'), "n:2", "d", &second).await;
+    assert_eq!(stale, Err(tether_store::StoreError::SessionGone));
+    assert_eq!(owned().await, ["s\x1fr1"], "neither the re-sent id nor the refused begin stays");
+    store.append("s", &epoch, &first, Bytes::from_static(b"{}"), true).await.expect("final");
+    assert!(owned().await.is_empty(), "an ended request leaves the set");
+}
+
 #[tokio::test]
 async fn a_key_abandoned_by_a_dead_replica_is_reported_and_taken_over_once() {
     let server = RedisServer::start().await;
