@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, ErrorObject, Message, code};
 use tether_core::lineage::{Digest, StreamName, StreamState};
 use tether_core::mcp::{IdempotencyKey, meta, method};
-use tether_store::{Claim, KeyClaim, KeyState, Store, StoreError};
+use tether_store::{Claim, KeyClaim, KeyState, Store, StoreError, StreamPage};
 
 use crate::context::Context;
 use crate::{Shared, now_ms};
@@ -173,9 +173,8 @@ async fn relay(
     let mut cursor = range.head;
     loop {
         head.borrow_and_update();
-        // The range before the events: if it says the stream ended, all its events are readable.
-        let range = store.stream_range(session, stream).await.ok()??;
-        let events = store.read(session, stream, cursor, RELAY_BATCH).await.ok()?;
+        // If the range says the stream ended, the page holds all its events.
+        let StreamPage { range, events } = store.read_page(session, stream, cursor, RELAY_BATCH).await.ok()??;
         for event in &events {
             cursor = event.seq;
             match jsonrpc::parse_message(&event.data) {

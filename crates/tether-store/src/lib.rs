@@ -26,6 +26,7 @@ use tether_core::lineage::{Epoch, StreamName, StreamRange};
 pub use memory::MemoryStore;
 pub use record::{
     BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent,
+    StreamPage,
 };
 pub use redis::RedisStore;
 pub use sqlite::SqliteStore;
@@ -201,6 +202,25 @@ pub trait Store: Send + Sync + 'static {
 
     /// Up to `max` retained events with `seq > after`, in order.
     fn read(&self, session: &str, stream: &StreamName, after: u64, max: usize) -> StoreFuture<'_, Vec<StoredEvent>>;
+
+    /// [`Store::stream_range`] and [`Store::read`] together, for whoever follows a stream: if the
+    /// range says the stream ended, every event it ended with is among those read, so an empty
+    /// page of an ended stream means "nothing more". `None` if the session has no such stream.
+    /// The range is read first (Redis: both in one transaction, one round trip).
+    fn read_page(
+        &self,
+        session: &str,
+        stream: &StreamName,
+        after: u64,
+        max: usize,
+    ) -> StoreFuture<'_, Option<StreamPage>> {
+        let (session, stream) = (session.to_owned(), stream.clone());
+        Box::pin(async move {
+            let Some(range) = self.stream_range(&session, &stream).await? else { return Ok(None) };
+            let events = self.read(&session, &stream, after, max).await?;
+            Ok(Some(StreamPage { range, events }))
+        })
+    }
 
     /// A watch on the stream's head, for following live events.
     fn watch(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, HeadWatch>;

@@ -1,7 +1,7 @@
 //! The records a store keeps.
 
 use bytes::Bytes;
-use tether_core::lineage::{Epoch, SessionLookup, StreamName};
+use tether_core::lineage::{Epoch, SessionLookup, StreamName, StreamRange};
 use tether_core::mcp::ProtocolVersion;
 
 /// A session as the server created it.
@@ -64,6 +64,16 @@ pub struct StoredEvent {
     pub seq: u64,
     /// Its data: a JSON-RPC message, or empty for the priming event.
     pub data: Bytes,
+}
+
+/// A stream's range and events after a cursor, read at one moment:
+/// [`Store::read_page`](crate::Store::read_page).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamPage {
+    /// What is retained of the stream.
+    pub range: StreamRange,
+    /// Retained events after the cursor, in order.
+    pub events: Vec<StoredEvent>,
 }
 
 /// The outcome of [`Store::begin_request`](crate::Store::begin_request).

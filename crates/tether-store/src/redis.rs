@@ -18,6 +18,7 @@ use tether_core::mcp::ProtocolVersion;
 use crate::heads::Heads;
 use crate::record::{
     BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent,
+    StreamPage,
 };
 use crate::{HeadWatch, RelayedAnswer, Store, StoreError, StoreFuture};
 
@@ -299,6 +300,40 @@ redis.call('PUBLISH', '{NOTIFY}', ARGV[1] .. s[1])
 return 1"
         )),
     })
+}
+
+/// A stream's `head` and `state` fields, as `HMGET` answers them (`None` for a stream that
+/// does not exist).
+type RangeMeta = (Option<u64>, Option<i64>);
+
+/// Queues what a stream's range is read from: its meta, then its first retained event. In one
+/// transaction, an append and trim cannot fall between the two.
+fn queue_range(pipe: &mut redis::Pipeline, session: &str, stream: &str) {
+    pipe.cmd("HMGET").arg(stream_key(session, stream)).arg("head").arg("state");
+    pipe.cmd("XRANGE").arg(events_key(session, stream)).arg("-").arg("+").arg("COUNT").arg(1);
+}
+
+/// The range from the answers to [`queue_range`]'s commands.
+fn range_of((head, state): RangeMeta, first: &Value) -> Option<StreamRange> {
+    let (Some(head), Some(state)) = (head, state) else { return None };
+    let retained_from = first_id(first).and_then(|id| parse_seq(&id)).unwrap_or(head + 1);
+    let state = match state {
+        0 => StreamState::Live,
+        1 => StreamState::Complete,
+        _ => StreamState::Aborted,
+    };
+    Some(StreamRange { retained_from, head, state })
+}
+
+/// Reads up to `max` events of a stream after `after`.
+fn page_cmd(session: &str, stream: &str, after: u64, max: usize) -> redis::Cmd {
+    let mut cmd = redis::cmd("XRANGE");
+    cmd.arg(events_key(session, stream))
+        .arg(format!("{}-1", after.saturating_add(1)))
+        .arg("+")
+        .arg("COUNT")
+        .arg(max.min(1 << 20));
+    cmd
 }
 
 fn retiring_session(session: &str) -> String {
@@ -717,31 +752,10 @@ impl Store for RedisStore {
         let (session, stream) = (session.to_owned(), stream.to_string());
         Box::pin(async move {
             let mut conn = self.conn();
-            // One transaction, one round trip: the head and the first retained event are read
-            // together, so an append and trim in between cannot put one past the other.
-            let ((head, state), first): ((Option<u64>, Option<i64>), Value) = redis::pipe()
-                .atomic()
-                .cmd("HMGET")
-                .arg(stream_key(&session, &stream))
-                .arg("head")
-                .arg("state")
-                .cmd("XRANGE")
-                .arg(events_key(&session, &stream))
-                .arg("-")
-                .arg("+")
-                .arg("COUNT")
-                .arg(1)
-                .query_async(&mut conn)
-                .await
-                .map_err(backend)?;
-            let (Some(head), Some(state)) = (head, state) else { return Ok(None) };
-            let retained_from = first_id(&first).and_then(|id| parse_seq(&id)).unwrap_or(head + 1);
-            let state = match state {
-                0 => StreamState::Live,
-                1 => StreamState::Complete,
-                _ => StreamState::Aborted,
-            };
-            Ok(Some(StreamRange { retained_from, head, state }))
+            let mut pipe = redis::pipe();
+            queue_range(pipe.atomic(), &session, &stream);
+            let (meta, first): (RangeMeta, Value) = pipe.query_async(&mut conn).await.map_err(backend)?;
+            Ok(range_of(meta, &first))
         })
     }
 
@@ -755,19 +769,29 @@ impl Store for RedisStore {
     }
 
     fn read(&self, session: &str, stream: &StreamName, after: u64, max: usize) -> StoreFuture<'_, Vec<StoredEvent>> {
-        let key = events_key(session, stream.as_str());
+        let read = page_cmd(session, stream.as_str(), after, max);
         Box::pin(async move {
-            let mut conn = self.conn();
-            let reply: Value = redis::cmd("XRANGE")
-                .arg(key)
-                .arg(format!("{}-1", after.saturating_add(1)))
-                .arg("+")
-                .arg("COUNT")
-                .arg(max.min(1 << 20))
-                .query_async(&mut conn)
-                .await
-                .map_err(backend)?;
+            let reply: Value = read.query_async(&mut self.conn()).await.map_err(backend)?;
             Ok(stream_entries(&reply))
+        })
+    }
+
+    /// The range and the page in one transaction: one round trip per page read by a response,
+    /// a replay or a relay, where there were two.
+    fn read_page(
+        &self,
+        session: &str,
+        stream: &StreamName,
+        after: u64,
+        max: usize,
+    ) -> StoreFuture<'_, Option<StreamPage>> {
+        let mut pipe = redis::pipe();
+        queue_range(pipe.atomic(), session, stream.as_str());
+        pipe.add_command(page_cmd(session, stream.as_str(), after, max));
+        Box::pin(async move {
+            let (meta, first, page): (RangeMeta, Value, Value) =
+                pipe.query_async(&mut self.conn()).await.map_err(backend)?;
+            Ok(range_of(meta, &first).map(|range| StreamPage { range, events: stream_entries(&page) }))
         })
     }
 

@@ -13,7 +13,7 @@ use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, HeaderValue};
 use tether_core::jsonrpc::{self, Message, RequestId};
 use tether_core::lineage::{RESYNC_EVENT, ResyncNotice, StreamName, StreamState};
 use tether_core::sse::{Encoder, OutgoingEvent};
-use tether_store::{HeadWatch, StoredEvent};
+use tether_store::{HeadWatch, StoredEvent, StreamPage};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::DropGuard;
@@ -157,11 +157,11 @@ impl Pump {
             }
             let store = &self.conn.shared.store;
             let (session, stream) = (&self.conn.runtime.id, &self.conn.stream);
-            // The range is read before the events: if it says the stream ended, every event it
-            // ended with is already readable, so an empty read really means "nothing more".
-            let range = store.stream_range(session, stream).await;
-            let events = store.read(session, stream, self.conn.cursor, READ_BATCH).await;
-            let (Ok(Some(range)), Ok(events)) = (range, events) else {
+            // If the range says the stream ended, the page holds every event it ended with, so
+            // an empty page really means "nothing more".
+            let Ok(Some(StreamPage { range, events })) =
+                store.read_page(session, stream, self.conn.cursor, READ_BATCH).await
+            else {
                 return self.finish();
             };
             let at_end = move |cursor: u64| range.state != StreamState::Live && cursor >= range.head;

@@ -2,7 +2,7 @@
 //! file. Time is passed in explicitly, so nothing here sleeps.
 
 use bytes::Bytes;
-use tether_core::lineage::{Epoch, StreamName, StreamState};
+use tether_core::lineage::{Epoch, StreamName, StreamRange, StreamState};
 use tether_core::mcp::ProtocolVersion;
 use tether_store::{
     BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, Store, StoreError,
@@ -152,6 +152,25 @@ pub async fn reads_start_strictly_after_the_cursor(store: &dyn Store) {
     // The priming event is event 0 and is returned only to a reader from before it: never.
     assert_eq!(seqs(store, "s5", &s, 0).await, [1, 2, 3, 4, 5]);
     assert_eq!(seqs(store, "other", &s, 0).await, Vec::<u64>::new());
+}
+
+pub async fn a_page_holds_the_range_and_the_events_after_the_cursor(store: &dyn Store) {
+    let a = epoch('A');
+    let s = stream("r1");
+    store.create_session(record("s5p", a.clone(), 0)).await.expect("create");
+    assert_eq!(store.read_page("s5p", &s, 0, 10).await, Ok(None), "no such stream");
+    store.open_stream("s5p", &a, &s).await.expect("open");
+    let events = ["e1", "e2", "final"].map(|e| Bytes::from_static(e.as_bytes())).to_vec();
+    assert_eq!(store.append_batch("s5p", &a, &s, events, true).await, Ok(3));
+    let ended = StreamRange { retained_from: 0, head: 3, state: StreamState::Complete };
+    let page = store.read_page("s5p", &s, 1, 10).await.expect("page").expect("known stream");
+    assert_eq!(page.range, ended);
+    assert_eq!(page.events.iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 3]);
+    assert_eq!(&page.events[1].data[..], b"final");
+    let page = store.read_page("s5p", &s, 1, 1).await.expect("page").expect("known stream");
+    assert_eq!(page.events.iter().map(|e| e.seq).collect::<Vec<_>>(), [2], "at most max");
+    let page = store.read_page("s5p", &s, 3, 10).await.expect("page").expect("known stream");
+    assert_eq!((page.range, page.events.len()), (ended, 0), "nothing more after the end");
 }
 
 pub async fn request_ids_are_recorded_once_per_incarnation(store: &dyn Store) {
@@ -447,6 +466,7 @@ macro_rules! store_suite {
             appends_are_contiguous_and_checked_against_the_incarnation,
             batches_append_in_order_and_wake_watchers_once_committed,
             reads_start_strictly_after_the_cursor,
+            a_page_holds_the_range_and_the_events_after_the_cursor,
             request_ids_are_recorded_once_per_incarnation,
             retention_evicts_oldest_events_and_reports_it_in_the_range,
             a_batch_past_the_caps_keeps_the_newest_events,
