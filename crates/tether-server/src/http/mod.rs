@@ -67,12 +67,12 @@ async fn handle(shared: Arc<Shared>, request: axum::extract::Request) -> Result<
 
 /// The headers that tie a response to its session: the id echo and the replay epoch.
 pub(crate) fn session_headers(runtime: &SessionRuntime) -> [(HeaderName, HeaderValue); 2] {
+    // Checked once, at compile time, instead of on every response.
+    const SESSION_ID: HeaderName = HeaderName::from_static(header::SESSION_ID);
+    const REPLAY_EPOCH: HeaderName = HeaderName::from_static(header::REPLAY_EPOCH);
     // Session ids and epochs are base64url tokens the server minted: always valid header values.
     let value = |s: &str| HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static(""));
-    [
-        (HeaderName::from_static(header::SESSION_ID), value(&runtime.id)),
-        (HeaderName::from_static(header::REPLAY_EPOCH), value(runtime.epoch.as_str())),
-    ]
+    [(SESSION_ID, value(&runtime.id)), (REPLAY_EPOCH, value(runtime.epoch.as_str()))]
 }
 
 /// A JSON response body with extra headers.

@@ -30,7 +30,8 @@ pub(crate) fn response(body: Body, extra: impl IntoIterator<Item = (HeaderName, 
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(tether_core::sse::CONTENT_TYPE));
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert(HeaderName::from_static("x-accel-buffering"), HeaderValue::from_static("no"));
+    const ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
+    headers.insert(ACCEL_BUFFERING, HeaderValue::from_static("no"));
     headers.extend(extra);
     response
 }
