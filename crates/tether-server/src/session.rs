@@ -10,16 +10,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::Value;
 use tether_core::jsonrpc::ErrorObject;
-use tether_core::lineage::{Epoch, StreamName};
+use tether_core::lineage::{Epoch, IdMap, StreamName};
 use tether_core::mcp::ProtocolVersion;
 use tether_store::SessionRecord;
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
-
-/// A map keyed by ids the server mints at random (sessions, streams): a client can look them
-/// up but not insert one of its choosing, so they need no SipHash, which cost a few percent of
-/// a tool call's instructions.
-type IdMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Severity of a log message, in increasing order (RFC 5424, as MCP's `logging` uses).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

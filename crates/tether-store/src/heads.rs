@@ -3,10 +3,10 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use tether_core::lineage::StreamName;
+use tether_core::lineage::{IdMap, StreamName};
 use tokio::sync::watch;
 
-use crate::{HeadWatch, IdMap};
+use crate::HeadWatch;
 
 /// The watched streams of this process and their heads.
 #[derive(Debug, Default)]

@@ -12,11 +12,6 @@ mod record;
 mod redis;
 mod sqlite;
 
-/// A map keyed by session ids and stream names, which the server mints at random and a client
-/// can only look up: they need no defence against keys chosen to collide (SipHash's), and
-/// hashing them with SipHash was 3% of a tool call's instructions (callgrind).
-type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-
 use std::future::Future;
 use std::pin::Pin;
 

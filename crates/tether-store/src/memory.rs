@@ -7,13 +7,13 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 
 use bytes::Bytes;
-use tether_core::lineage::{Epoch, StreamName, StreamRange, StreamState};
+use tether_core::lineage::{Epoch, IdMap, StreamName, StreamRange, StreamState};
 use tokio::sync::watch;
 
 use crate::record::{
     BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent,
 };
-use crate::{HeadWatch, IdMap, RelayedAnswer, Store, StoreError, StoreFuture};
+use crate::{HeadWatch, RelayedAnswer, Store, StoreError, StoreFuture};
 
 /// A [`Store`] held in process memory, bounded by its [`Retention`].
 #[derive(Debug)]

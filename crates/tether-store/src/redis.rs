@@ -104,6 +104,11 @@ fn streams_key(session: &str) -> String {
 fn owned_key(owner: &str) -> String {
     format!("tether:owned:{owner}")
 }
+
+/// A request's stream as a member of its owner's set (the sweep splits it at `SEP`).
+fn owned_member(session: &str, stream: &str) -> String {
+    format!("{session}{SEP}{stream}")
+}
 fn key_record(key: &str) -> String {
     format!("tether:k:{{{key}}}")
 }
@@ -486,7 +491,7 @@ impl RedisStore {
         let retired = redis::pipe()
             .zadd(RETIRING, retiring_stream(session, stream), 0)
             .ignore()
-            .srem(owned_key(&self.owner), format!("{session}{SEP}{stream}"))
+            .srem(owned_key(&self.owner), owned_member(session, stream))
             .ignore()
             .query_async::<()>(conn)
             .await;
@@ -640,7 +645,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let mut conn = self.conn();
             let [m, s, e, set] = Self::stream_keys(&session, &stream);
-            let member = format!("{session}{SEP}{stream}");
+            let member = owned_member(&session, &stream);
             let mut begin = scripts().begin.key(m);
             begin
                 .key(s)

@@ -17,7 +17,9 @@ pub use client::{
     Verdict, client_verdict,
 };
 pub use digest::{Digest, DigestParseError};
-pub use id::{Epoch, EventId, IdError, ObservedId, StreamName, base64url, parse_canonical_u64};
+pub use id::{
+    Epoch, EventId, IdError, IdMap, ObservedId, StreamName, base64url, parse_canonical_u64,
+};
 pub use resync::{RESYNC_EVENT, ResyncNotice, ResyncReason};
 pub use server::{
     InvalidReason, ServerDecision, SessionLookup, StreamRange, StreamState, Then, check_session,
