@@ -26,7 +26,7 @@ fn event_path(c: &mut Criterion) {
         epoch: epoch.clone(),
         principal: None,
         protocol_version: ProtocolVersion::V2025_11_25,
-        client: json!({}),
+        client: std::sync::Arc::new(json!({})),
         idle_ttl_ms: u64::MAX / 2,
         expires_at_ms: u64::MAX / 2,
     };

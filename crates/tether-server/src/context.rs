@@ -176,6 +176,31 @@ fn notification(method: &str, params: Value) -> Bytes {
     Bytes::from(Message::Notification(Notification { method: method.to_owned(), params: Some(params) }).to_vec())
 }
 
+/// `notifications/progress`, serialized straight from its fields: a streaming tool sends one
+/// per step, and building its params as a `Value` first cost a map and its keys each time.
+fn progress_notification(token: &Value, progress: f64, total: Option<f64>, message: Option<&str>) -> Bytes {
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Params<'a> {
+        progress_token: &'a Value,
+        progress: Value,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        total: Option<Value>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        message: Option<&'a str>,
+    }
+    #[derive(serde::Serialize)]
+    struct Envelope<'a> {
+        jsonrpc: &'static str,
+        method: &'static str,
+        params: Params<'a>,
+    }
+    let params = Params { progress_token: token, progress: number(progress), total: total.map(number), message };
+    let envelope = Envelope { jsonrpc: "2.0", method: method::PROGRESS, params };
+    // Serializing it cannot fail: every key is a string and every value a `Value` or a primitive.
+    Bytes::from(serde_json::to_vec(&envelope).unwrap_or_default())
+}
+
 /// Appends `message` to the session's standalone stream, wherever and whenever it was opened
 /// (the store knows it); `false` if the client never opened one.
 async fn append_standalone(store: &dyn Store, runtime: &SessionRuntime, message: Bytes) -> Result<bool, StoreError> {
@@ -225,7 +250,9 @@ impl SessionHandle {
     /// the store keeps them (the process does not, to stay small per session).
     pub async fn client_params(&self) -> Result<Value, ContextError> {
         match self.store.session(&self.runtime.id, crate::now_ms()).await? {
-            tether_store::SessionStatus::Live(record) if record.epoch == self.runtime.epoch => Ok(record.client),
+            tether_store::SessionStatus::Live(record) if record.epoch == self.runtime.epoch => {
+                Ok(Arc::unwrap_or_clone(record.client))
+            }
             _ => Err(ContextError::StreamGone("the session ended".into())),
         }
     }
@@ -342,14 +369,7 @@ impl Context {
     /// Sends `notifications/progress` if the request asked for progress; otherwise does nothing.
     pub async fn progress(&self, progress: f64, total: Option<f64>, message: Option<&str>) -> Result<(), ContextError> {
         let Some(token) = &self.shared.meta.progress_token else { return Ok(()) };
-        let mut params = json!({"progressToken": token, "progress": number(progress)});
-        if let Some(total) = total {
-            params["total"] = number(total);
-        }
-        if let Some(message) = message {
-            params["message"] = json!(message);
-        }
-        self.notify(method::PROGRESS, params).await
+        self.emit(progress_notification(token, progress, total, message), false, None).await
     }
 
     /// Sends `notifications/message` at `level`, unless the client asked for less: a session's
@@ -518,5 +538,27 @@ impl Context {
 
     fn signal(&self, first: impl FnOnce() -> FirstOutput) {
         signal_first(&self.shared.first, first);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_progress_notification_holds_exactly_the_fields_given() {
+        let parsed = |bytes: Bytes| serde_json::from_slice::<Value>(&bytes).expect("JSON");
+        assert_eq!(
+            parsed(progress_notification(&json!("t"), 3.0, None, None)),
+            json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": "t", "progress": 3}})
+        );
+        assert_eq!(
+            parsed(progress_notification(&json!(7), 0.5, Some(10.0), Some("half"))),
+            json!({
+                "jsonrpc": "2.0",
+                "method": "notifications/progress",
+                "params": {"progressToken": 7, "progress": 0.5, "total": 10, "message": "half"}
+            })
+        );
     }
 }

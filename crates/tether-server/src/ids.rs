@@ -1,6 +1,6 @@
 //! Identifiers the server mints: session ids, epochs and stream names, all from the OS CSPRNG.
 
-use tether_core::lineage::{Epoch, StreamName, base64url};
+use tether_core::lineage::{Epoch, StreamName, base64url, push_base64url};
 
 /// The OS random source failed; nothing safe can be minted.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -40,7 +40,9 @@ pub fn stream_name(prefix: char) -> Result<StreamName, RandomError> {
         }
     };
     let n = start.wrapping_add(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-    let name = format!("{prefix}{}", base64url(&n.to_be_bytes()));
+    let mut name = String::with_capacity(12);
+    name.push(prefix);
+    push_base64url(&mut name, &n.to_be_bytes());
     // The prefix is one of the server's own ASCII letters and base64url stays in the token alphabet.
     StreamName::parse(&name).map_err(|e| RandomError(e.to_string()))
 }

@@ -387,7 +387,7 @@ mod tests {
             epoch: Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch"),
             principal: None,
             protocol_version: ProtocolVersion::V2025_11_25,
-            client: serde_json::json!({}),
+            client: std::sync::Arc::new(serde_json::json!({})),
             idle_ttl_ms: 1,
             expires_at_ms: 1,
         };

@@ -26,7 +26,7 @@ fn record(id: &str) -> SessionRecord {
         epoch: epoch(),
         principal: None,
         protocol_version: ProtocolVersion::V2025_11_25,
-        client: serde_json::json!({}),
+        client: std::sync::Arc::new(serde_json::json!({})),
         idle_ttl_ms: u64::MAX / 4,
         expires_at_ms: u64::MAX / 4,
     }

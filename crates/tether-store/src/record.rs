@@ -16,7 +16,8 @@ pub struct SessionRecord {
     /// The negotiated protocol version.
     pub protocol_version: ProtocolVersion,
     /// The client's `initialize` params (capabilities, client info), so any replica can serve it.
-    pub client: serde_json::Value,
+    /// Shared: every lookup of a live session returns its record.
+    pub client: std::sync::Arc<serde_json::Value>,
     /// How long the session lives without activity.
     pub idle_ttl_ms: u64,
     /// When it expires unless renewed, in milliseconds since the Unix epoch.

@@ -537,7 +537,7 @@ impl Store for RedisStore {
                     epoch: Epoch::parse(field(&map, "epoch")?).map_err(backend)?,
                     principal: map.get("principal").cloned(),
                     protocol_version: field(&map, "pv")?.parse::<ProtocolVersion>().map_err(backend)?,
-                    client: serde_json::from_str(field(&map, "client")?).map_err(backend)?,
+                    client: std::sync::Arc::new(serde_json::from_str(field(&map, "client")?).map_err(backend)?),
                     idle_ttl_ms: field(&map, "ttl")?.parse().map_err(backend)?,
                     expires_at_ms: field(&map, "exp")?.parse().map_err(backend)?,
                     id,

@@ -177,7 +177,7 @@ async fn apply(store: &dyn Store, run: u64, op: &Op, payload: &Bytes) -> String 
                     epoch: epoch(false),
                     principal: None,
                     protocol_version: ProtocolVersion::V2025_11_25,
-                    client: serde_json::json!({}),
+                    client: std::sync::Arc::new(serde_json::json!({})),
                     idle_ttl_ms: 1 << 40,
                     expires_at_ms: 1 << 40,
                 })

@@ -36,7 +36,7 @@ fn record(id: &str, epoch: &Epoch) -> SessionRecord {
         epoch: epoch.clone(),
         principal: Some("alice".into()),
         protocol_version: ProtocolVersion::V2025_06_18,
-        client: serde_json::json!({"capabilities": {"elicitation": {}}}),
+        client: std::sync::Arc::new(serde_json::json!({"capabilities": {"elicitation": {}}})),
         idle_ttl_ms: 60_000,
         expires_at_ms: 60_000,
     }

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 /// Why a string is not a lineage id, epoch or stream name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -42,9 +43,10 @@ pub fn parse_canonical_u64(s: &str) -> Option<u64> {
 /// The replay epoch of one session incarnation.
 ///
 /// A new epoch is drawn whenever a session's history starts afresh, so ids from different
-/// incarnations never compare as continuous.
+/// incarnations never compare as continuous. Shared, not copied, when cloned: every store
+/// operation of a request names its incarnation.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Epoch(String);
+pub struct Epoch(Arc<str>);
 
 impl Epoch {
     /// Shortest epoch: 11 base64url characters hold 64 bits.
@@ -55,7 +57,7 @@ impl Epoch {
     /// Parses an epoch.
     pub fn parse(s: &str) -> Result<Epoch, IdError> {
         if (Self::MIN_LEN..=Self::MAX_LEN).contains(&s.len()) && is_token(s) {
-            Ok(Epoch(s.to_owned()))
+            Ok(Epoch(Arc::from(s)))
         } else {
             Err(IdError::Epoch)
         }
@@ -63,7 +65,7 @@ impl Epoch {
 
     /// An epoch made from 128 random bits (the caller supplies them from a CSPRNG).
     pub fn from_entropy(bytes: [u8; 16]) -> Epoch {
-        Epoch(base64url(&bytes))
+        Epoch(Arc::from(base64url(&bytes)))
     }
 
     /// The epoch as text.
@@ -87,8 +89,14 @@ impl FromStr for Epoch {
 
 /// Unpadded base64url: the alphabet of epochs and session ids.
 pub fn base64url(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    push_base64url(&mut out, bytes);
+    out
+}
+
+/// Appends `bytes` to `out` as unpadded base64url.
+pub fn push_base64url(out: &mut String, bytes: &[u8]) {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     for chunk in bytes.chunks(3) {
         let n = chunk
             .iter()
@@ -98,12 +106,13 @@ pub fn base64url(bytes: &[u8]) -> String {
             out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
         }
     }
-    out
 }
 
 /// The name of one stream inside a session (a request's stream, or the standalone GET stream).
+/// Shared, not copied, when cloned: a request's stream is named by its output, its store
+/// records and every connection that follows it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StreamName(String);
+pub struct StreamName(Arc<str>);
 
 impl StreamName {
     /// Longest stream name accepted.
@@ -112,7 +121,7 @@ impl StreamName {
     /// Parses a stream name.
     pub fn parse(s: &str) -> Result<StreamName, IdError> {
         if (1..=Self::MAX_LEN).contains(&s.len()) && is_token(s) {
-            Ok(StreamName(s.to_owned()))
+            Ok(StreamName(Arc::from(s)))
         } else {
             Err(IdError::Stream)
         }

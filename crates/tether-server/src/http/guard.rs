@@ -69,14 +69,27 @@ pub(crate) fn authenticate(headers: &HeaderMap, auth: Option<&dyn Authenticator>
     })
 }
 
-/// Whether an `Accept` header admits `media` (`type/subtype`), counting wildcards.
-fn accepts(headers: &HeaderMap, media: &str) -> bool {
-    let (kind, _) = media.split_once('/').unwrap_or((media, ""));
-    headers.get_all(ACCEPT).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).any(|range| {
-        let range = range.split(';').next().unwrap_or("").trim();
-        range.eq_ignore_ascii_case(media)
-            || range.split_once('/').is_some_and(|(k, sub)| sub == "*" && (k == "*" || k.eq_ignore_ascii_case(kind)))
-    })
+/// Which of the two media types MCP responds with an `Accept` header admits.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Accepted {
+    json: bool,
+    sse: bool,
+}
+
+/// Reads every `Accept` range once, counting wildcards (`*/*`, `type/*`).
+fn accepted(headers: &HeaderMap) -> Accepted {
+    let mut accepted = Accepted::default();
+    for range in headers.get_all(ACCEPT).iter().flat_map(|v| v.as_bytes().split(|&b| b == b',')) {
+        let range = range.split(|&b| b == b';').next().unwrap_or_default().trim_ascii();
+        let Some(slash) = range.iter().position(|&b| b == b'/') else { continue };
+        let (kind, sub) = (&range[..slash], &range[slash + 1..]);
+        let any = kind == b"*" && sub == b"*";
+        accepted.json |=
+            any || kind.eq_ignore_ascii_case(b"application") && (sub == b"*" || sub.eq_ignore_ascii_case(b"json"));
+        accepted.sse |=
+            any || kind.eq_ignore_ascii_case(b"text") && (sub == b"*" || sub.eq_ignore_ascii_case(b"event-stream"));
+    }
+    accepted
 }
 
 fn not_acceptable(needed: &str) -> Rejection {
@@ -85,7 +98,7 @@ fn not_acceptable(needed: &str) -> Rejection {
 
 /// A POST must accept both JSON and SSE (406 otherwise) and send JSON (415 otherwise).
 pub(crate) fn post_media(headers: &HeaderMap) -> Result<(), Rejection> {
-    if !(accepts(headers, "application/json") && accepts(headers, "text/event-stream")) {
+    if accepted(headers) != (Accepted { json: true, sse: true }) {
         return Err(not_acceptable("application/json and text/event-stream"));
     }
     let content_type = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
@@ -103,7 +116,7 @@ pub(crate) fn post_media(headers: &HeaderMap) -> Result<(), Rejection> {
 
 /// A GET must accept SSE (406 otherwise).
 pub(crate) fn get_media(headers: &HeaderMap) -> Result<(), Rejection> {
-    if accepts(headers, "text/event-stream") { Ok(()) } else { Err(not_acceptable("text/event-stream")) }
+    if accepted(headers).sse { Ok(()) } else { Err(not_acceptable("text/event-stream")) }
 }
 
 /// What the `MCP-Protocol-Version` header says.
@@ -172,17 +185,21 @@ mod tests {
 
     #[test]
     fn accept_ranges_with_wildcards_and_params() {
+        let of = |value: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(ACCEPT, HeaderValue::from_static(value));
+            let Accepted { json, sse } = accepted(&headers);
+            (json, sse)
+        };
+        assert_eq!(of("application/json;q=0.9, text/event-stream"), (true, true));
+        assert_eq!(of("*/*"), (true, true));
+        assert_eq!(of("application/json"), (true, false));
+        assert_eq!(of("TEXT/*"), (false, true), "a type's wildcard is that type's only");
+        assert_eq!(of("Application/JSON ; q=1,text/plain"), (true, false));
+        assert_eq!(of("*/json, text/event-streams, event-stream"), (false, false), "not a media range");
         let mut headers = HeaderMap::new();
-        headers.insert(ACCEPT, HeaderValue::from_static("application/json;q=0.9, text/event-stream"));
-        assert!(accepts(&headers, "application/json") && accepts(&headers, "text/event-stream"));
-        headers.insert(ACCEPT, HeaderValue::from_static("*/*"));
-        assert!(accepts(&headers, "text/event-stream"));
-        headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
-        assert!(!accepts(&headers, "text/event-stream"));
-        headers.insert(ACCEPT, HeaderValue::from_static("TEXT/*"));
-        assert!(accepts(&headers, "text/event-stream"));
-        assert!(!accepts(&headers, "application/json"), "a type's wildcard is that type's only");
-        headers.insert(ACCEPT, HeaderValue::from_static("*/json"));
-        assert!(!accepts(&headers, "application/json"), "not a media range");
+        headers.append(ACCEPT, HeaderValue::from_static("application/json"));
+        headers.append(ACCEPT, HeaderValue::from_static("text/event-stream"));
+        assert_eq!(accepted(&headers), Accepted { json: true, sse: true }, "ranges over several headers");
     }
 }

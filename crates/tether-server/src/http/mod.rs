@@ -207,7 +207,7 @@ mod tests {
             epoch: tether_core::lineage::Epoch::parse("AAAAAAAAAAAAAAAAAAAAAA").expect("epoch"),
             principal: None,
             protocol_version: tether_core::mcp::ProtocolVersion::V2025_11_25,
-            client: serde_json::json!({}),
+            client: std::sync::Arc::new(serde_json::json!({})),
             idle_ttl_ms,
             expires_at_ms,
         }

@@ -96,7 +96,7 @@ async fn initialize(shared: &Arc<Shared>, request: Request, principal: Option<St
         epoch: ids::epoch().map_err(random)?,
         principal,
         protocol_version: version,
-        client: params,
+        client: Arc::new(params),
         idle_ttl_ms: ttl,
         expires_at_ms: now.saturating_add(ttl),
     };

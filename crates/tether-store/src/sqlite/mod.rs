@@ -792,7 +792,7 @@ impl Store for SqliteStore {
                     epoch: Epoch::parse(&epoch).map_err(backend)?,
                     principal,
                     protocol_version: version.parse::<ProtocolVersion>().map_err(backend)?,
-                    client: serde_json::from_str(&client).map_err(backend)?,
+                    client: Arc::new(serde_json::from_str(&client).map_err(backend)?),
                     idle_ttl_ms: as_u64(ttl),
                     expires_at_ms: as_u64(expires),
                 }),

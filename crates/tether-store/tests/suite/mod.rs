@@ -44,7 +44,7 @@ pub fn record(id: &str, epoch: Epoch, now: u64) -> SessionRecord {
         epoch,
         principal: None,
         protocol_version: ProtocolVersion::V2025_11_25,
-        client: serde_json::json!({"capabilities": {}}),
+        client: std::sync::Arc::new(serde_json::json!({"capabilities": {}})),
         idle_ttl_ms: TTL,
         expires_at_ms: now + TTL,
     }
