@@ -268,26 +268,21 @@ async fn run(
             Job::Run(keyed) => (shared.handler.call(ctx.clone(), method.clone(), params), keyed),
             Job::Answer(answer, keyed) => (Box::pin(idempotency::answer(ctx.clone(), keyed, answer)), None),
         };
-        let mut task = tokio::spawn(work.in_current_span());
-        let joined = tokio::select! {
-            joined = &mut task => Some(joined),
+        let mut work = CatchPanic(work);
+        let finished = tokio::select! {
+            finished = &mut work => Some(finished),
             () = cancel.cancelled() => None,
         };
-        let outcome = match joined {
+        let outcome = match finished {
             Some(Ok(outcome)) => Some(outcome),
-            Some(Err(err)) if err.is_panic() => {
+            Some(Err(Panicked)) => {
                 tracing::error!("handler panicked");
                 Some(Err(rpc_error(code::INTERNAL_ERROR, "handler_panicked", "the handler failed")))
             }
-            Some(Err(_)) => None,
             None => {
-                // Give the handler a moment to notice the cancellation and clean up; nothing it
-                // sends from now on is delivered.
-                tokio::spawn(async move {
-                    if tokio::time::timeout(CANCEL_GRACE, &mut task).await.is_err() {
-                        task.abort();
-                    }
-                });
+                // Give the handler a moment to notice the cancellation and clean up (nothing it
+                // sends from now on is delivered), then drop it.
+                tokio::spawn(tokio::time::timeout(CANCEL_GRACE, work).in_current_span());
                 None
             }
         };
@@ -327,6 +322,25 @@ async fn run(
     }
     .instrument(span)
     .await
+}
+
+/// A handler panicked while it was polled.
+struct Panicked;
+
+/// A handler's future, polled in the request's own task (no task of its own per request), with
+/// a panic turned into [`Panicked`] so that the request is still answered.
+struct CatchPanic(crate::HandlerFuture);
+
+impl std::future::Future for CatchPanic {
+    type Output = Result<Result<Value, ErrorObject>, Panicked>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        // Never polled again once it has panicked: the result is ready then.
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.0.as_mut().poll(cx))) {
+            Ok(poll) => poll.map(Ok),
+            Err(_) => std::task::Poll::Ready(Err(Panicked)),
+        }
+    }
 }
 
 #[cfg(test)]
