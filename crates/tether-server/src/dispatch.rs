@@ -1,6 +1,6 @@
-//! Running a request: record it, run the handler on its own task, and send its outcome to
-//! the request's output. A request runs to completion even if the client's connection drops;
-//! only cancellation (or, in 2026-07-28, a closed response stream) stops it.
+//! Running a request: record it, run the handler in a task of the request's own, and send its
+//! outcome to the request's output. A request runs to completion even if the client's
+//! connection drops; only cancellation (or, in 2026-07-28, a closed response stream) stops it.
 
 use std::sync::Arc;
 
@@ -268,7 +268,7 @@ async fn run(
             Job::Run(keyed) => (shared.handler.call(ctx.clone(), method.clone(), params), keyed),
             Job::Answer(answer, keyed) => (Box::pin(idempotency::answer(ctx.clone(), keyed, answer)), None),
         };
-        let mut work = CatchPanic(work);
+        let mut work = CatchPanic(Some(work));
         let finished = tokio::select! {
             finished = &mut work => Some(finished),
             () = cancel.cancelled() => None,
@@ -328,17 +328,28 @@ async fn run(
 struct Panicked;
 
 /// A handler's future, polled in the request's own task (no task of its own per request), with
-/// a panic turned into [`Panicked`] so that the request is still answered.
-struct CatchPanic(crate::HandlerFuture);
+/// a panic turned into [`Panicked`] so that the request is still answered. A finished handler
+/// is dropped at once (what it holds goes before its response is stored), and a panic while it
+/// is dropped counts as the handler's, as it did when each handler had a task.
+struct CatchPanic(Option<crate::HandlerFuture>);
 
 impl std::future::Future for CatchPanic {
     type Output = Result<Result<Value, ErrorObject>, Panicked>;
 
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
-        // Never polled again once it has panicked: the result is ready then.
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.0.as_mut().poll(cx))) {
-            Ok(poll) => poll.map(Ok),
-            Err(_) => std::task::Poll::Ready(Err(Panicked)),
+        use std::panic::{AssertUnwindSafe, catch_unwind};
+        use std::task::Poll;
+        // Polled again after it finished (which no caller does): it stays finished.
+        let Some(handler) = self.0.as_mut() else { return Poll::Pending };
+        let outcome = match catch_unwind(AssertUnwindSafe(|| handler.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => return Poll::Pending,
+            Ok(Poll::Ready(outcome)) => Ok(outcome),
+            Err(_) => Err(Panicked),
+        };
+        let handler = self.0.take();
+        match catch_unwind(AssertUnwindSafe(move || drop(handler))) {
+            Ok(()) => Poll::Ready(outcome),
+            Err(_) => Poll::Ready(Err(Panicked)),
         }
     }
 }
@@ -346,6 +357,51 @@ impl std::future::Future for CatchPanic {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A hand-written handler that answers at once and keeps `T` until it is dropped (an
+    /// `async` block would drop what it captured as soon as it finished).
+    struct Holding<T>(T);
+
+    impl<T: Unpin> std::future::Future for Holding<T> {
+        type Output = Result<Value, ErrorObject>;
+
+        fn poll(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+            std::task::Poll::Ready(Ok(json!(1)))
+        }
+    }
+
+    /// Polls `work` once, which must then be ready.
+    fn poll_once(work: std::pin::Pin<&mut CatchPanic>) -> Result<Result<Value, ErrorObject>, Panicked> {
+        use std::future::Future as _;
+        match work.poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+            std::task::Poll::Ready(finished) => finished,
+            std::task::Poll::Pending => panic!("a handler with nothing to wait for must be ready"),
+        }
+    }
+
+    #[test]
+    fn a_handler_that_panics_in_its_body_or_its_drop_is_answered_not_unwound() {
+        let answers = CatchPanic(Some(Box::pin(async { Ok(json!(1)) })));
+        assert!(matches!(poll_once(std::pin::pin!(answers)), Ok(Ok(_))));
+        let panics = CatchPanic(Some(Box::pin(async { panic!("in the body") })));
+        assert!(matches!(poll_once(std::pin::pin!(panics)), Err(Panicked)));
+        struct PanicsOnDrop;
+        impl Drop for PanicsOnDrop {
+            fn drop(&mut self) {
+                panic!("in drop");
+            }
+        }
+        let panics_on_drop = CatchPanic(Some(Box::pin(Holding(PanicsOnDrop))));
+        assert!(matches!(poll_once(std::pin::pin!(panics_on_drop)), Err(Panicked)));
+    }
+
+    #[test]
+    fn a_finished_handler_is_dropped_at_once() {
+        let held = Arc::new(());
+        let mut work = std::pin::pin!(CatchPanic(Some(Box::pin(Holding(Arc::clone(&held))))));
+        assert!(matches!(poll_once(work.as_mut()), Ok(Ok(_))));
+        assert_eq!(Arc::strong_count(&held), 1, "the finished handler still holds what it captured");
+    }
 
     #[test]
     fn request_keys_round_trip_and_keep_the_id_type() {
