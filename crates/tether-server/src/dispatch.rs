@@ -339,7 +339,8 @@ impl std::future::Future for CatchPanic {
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
         use std::panic::{AssertUnwindSafe, catch_unwind};
         use std::task::Poll;
-        // Polled again after it finished (which no caller does): it stays finished.
+        // Polled again after it finished (which futures may not be, and no caller does): never
+        // ready again.
         let Some(handler) = self.0.as_mut() else { return Poll::Pending };
         let outcome = match catch_unwind(AssertUnwindSafe(|| handler.as_mut().poll(cx))) {
             Ok(Poll::Pending) => return Poll::Pending,
@@ -380,7 +381,7 @@ mod tests {
     }
 
     #[test]
-    fn a_handler_that_panics_in_its_body_or_its_drop_is_answered_not_unwound() {
+    fn a_panic_in_a_handlers_body_or_its_drop_is_caught_not_unwound() {
         let answers = CatchPanic(Some(Box::pin(async { Ok(json!(1)) })));
         assert!(matches!(poll_once(std::pin::pin!(answers)), Ok(Ok(_))));
         let panics = CatchPanic(Some(Box::pin(async { panic!("in the body") })));

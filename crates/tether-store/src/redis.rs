@@ -754,12 +754,10 @@ impl Store for RedisStore {
     }
 
     fn stream_range(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>> {
-        let (session, stream) = (session.to_owned(), stream.to_string());
+        let mut pipe = redis::pipe();
+        queue_range(pipe.atomic(), session, stream.as_str());
         Box::pin(async move {
-            let mut conn = self.conn();
-            let mut pipe = redis::pipe();
-            queue_range(pipe.atomic(), &session, &stream);
-            let (meta, first): (RangeMeta, Value) = pipe.query_async(&mut conn).await.map_err(backend)?;
+            let (meta, first): (RangeMeta, Value) = pipe.query_async(&mut self.conn()).await.map_err(backend)?;
             Ok(range_of(meta, &first))
         })
     }
