@@ -23,7 +23,7 @@ const HANDSHAKE_ATTEMPTS: u32 = 3;
 /// The key of the standalone stream in the checkpoint.
 pub(crate) const STANDALONE: &str = "get";
 
-type Answer = Result<Value, RequestError>;
+pub(crate) type Answer = Result<Value, RequestError>;
 
 /// Which revision family the server speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,18 +154,7 @@ impl Inner {
         match message {
             Message::Response(response) => {
                 let Some(request) = &response.id else { return };
-                let key = request_key(request);
-                let pending = {
-                    let mut state = self.state();
-                    state.checkpoint.pending.remove(&request.to_string());
-                    state.checkpoint.streams.remove(&key);
-                    state.committed.remove(&key);
-                    state.pending.remove(&key)
-                };
-                self.persist();
-                if let Some(pending) = pending {
-                    let _ = pending.tx.send(response.outcome.map_err(RequestError::Rpc));
-                }
+                self.finish(request, response.outcome.map_err(RequestError::Rpc));
             }
             Message::Request(request) => {
                 self.emit(ClientEvent::Message { id, message: Message::Request(request.clone()), ack });
@@ -175,6 +164,23 @@ impl Inner {
             notification @ Message::Notification(_) => {
                 self.emit(ClientEvent::Message { id, message: notification, ack })
             }
+        }
+    }
+
+    /// Ends request `request` with `answer`: its stream has nothing left to resume, and whoever
+    /// waits for it gets the answer.
+    pub fn finish(&self, request: &RequestId, answer: Answer) {
+        let key = request_key(request);
+        let pending = {
+            let mut state = self.state();
+            state.checkpoint.pending.remove(&request.to_string());
+            state.checkpoint.streams.remove(&key);
+            state.committed.remove(&key);
+            state.pending.remove(&key)
+        };
+        self.persist();
+        if let Some(pending) = pending {
+            let _ = pending.tx.send(answer);
         }
     }
 
@@ -200,10 +206,29 @@ impl Inner {
         if !self.is_current(generation) {
             return;
         }
-        tracing::info!(kind, %detail, "divergence; re-initializing");
+        tracing::info!(kind, %detail, "divergence");
         metrics::counter!("tether_client_divergences_total", "kind" => kind).increment(1);
         self.emit(ClientEvent::Divergence { kind, detail: detail.clone() });
-        self.reinitialize(generation, &format!("the session diverged ({kind})")).await;
+        let why = format!("the session diverged ({kind})");
+        if self.config.reinitialize {
+            self.reinitialize(generation, &why).await;
+        } else {
+            self.stop(&why);
+        }
+    }
+
+    /// Closes the client without a word to the server: what was pending ends as
+    /// [`RequestError::OutcomeUnknown`].
+    fn stop(&self, why: &str) {
+        let pending: Vec<Pending> = {
+            let mut state = self.state();
+            state.closed = true;
+            state.pending.drain().map(|(_, pending)| pending).collect()
+        };
+        for pending in pending {
+            let _ = pending.tx.send(Err(RequestError::OutcomeUnknown(why.to_owned())));
+        }
+        self.emit(ClientEvent::Closed { reason: why.to_owned(), fatal: true });
     }
 
     /// Replaces the session of `generation` with a new one, unless that already happened.
@@ -613,6 +638,7 @@ impl Client {
             let reason = match &outcome {
                 Err(RequestError::OutcomeUnknown(reason) | RequestError::NotExecuted(reason)) => reason.clone(),
                 Err(RequestError::Cancelled) => "the response stream broke".to_owned(),
+                Err(RequestError::Aborted(error)) => format!("its server stopped before it finished: {}", error.message),
                 _ => return outcome,
             };
             let Some(delay) = reissues.next_delay(None, None) else { return outcome };

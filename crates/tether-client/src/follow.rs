@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use tether_core::jsonrpc::{self, Message, RequestId};
 use tether_core::lineage::{
-    Checkpoint as LineageCheckpoint, Digest, Divergence, FirstEvent, Reconnect, StreamValidator, Unverifiable, Verdict,
-    client_verdict,
+    Accepted, Checkpoint as LineageCheckpoint, Digest, Divergence, FirstEvent, Reconnect, ResyncNotice, StreamValidator,
+    Unverifiable, Verdict, client_verdict,
 };
 use tether_core::sse::Event;
 
@@ -36,6 +36,18 @@ enum Continuity {
     Resuming { checkpoint: LineageCheckpoint, head: Head },
     /// Policy `Trust` after an unverifiable resume: events are delivered without proof.
     Trusted,
+}
+
+/// What an event is to the stream being followed.
+enum Admit {
+    /// The next event: deliver it.
+    Deliver,
+    /// Already delivered (the cursor's own event again), or not judged yet: skip it.
+    Skip,
+    /// A resync that continues the stream: report it and go on.
+    Resynced(ResyncNotice),
+    /// The error that ends a request whose outcome the stream no longer holds.
+    Trailer,
 }
 
 /// How reading a connection ended.
@@ -221,59 +233,104 @@ impl Follower {
             if !self.inner.is_current(self.generation) {
                 return Ended::Done;
             }
-            match self.admit(&event) {
-                Ok(true) => {}
-                Ok(false) => continue,
+            let done = match self.admit(&event) {
+                Ok(Admit::Deliver) => self.record_and_deliver(event),
+                Ok(Admit::Skip) => false,
+                Ok(Admit::Resynced(notice)) => {
+                    self.resynced(&event, notice);
+                    false
+                }
+                Ok(Admit::Trailer) => self.trailer(&event),
                 Err(ended) => return ended,
-            }
-            if self.record_and_deliver(event) {
+            };
+            if done {
                 return Ended::Done;
             }
         }
     }
 
-    /// Decides whether an event continues the stream: `Ok(true)` deliver it, `Ok(false)` skip it.
-    fn admit(&mut self, event: &Event) -> Result<bool, Ended> {
+    /// Decides what an event is to the stream being followed.
+    fn admit(&mut self, event: &Event) -> Result<Admit, Ended> {
         let id = event.id.as_deref();
         let kind = event.event.as_deref();
-        match &mut self.continuity {
+        let accepted = match &mut self.continuity {
             Continuity::Checked(validator) => {
-                validator.accept(id, kind, event.data.as_bytes()).map(|()| true).map_err(|d| diverged(&d))
+                validator.accept(id, kind, event.data.as_bytes()).map_err(|d| diverged(&d))?
             }
             Continuity::Trusted => match kind {
-                Some(tether_core::lineage::RESYNC_EVENT) => Err(Ended::Diverged("resync", event.data.clone())),
-                _ => Ok(true),
+                Some(tether_core::lineage::RESYNC_EVENT) => return Err(Ended::Diverged("resync", event.data.clone())),
+                _ => Accepted::Event,
             },
             Continuity::Resuming { checkpoint, head } => {
                 let first = FirstEvent { id, event: kind, data: event.data.as_bytes() };
                 let verdict = client_verdict(checkpoint, &reconnect_of(head, Some(first)));
                 let resumed = |verdict| ClientEvent::Resumed { id: id.unwrap_or_default().to_owned(), verdict };
                 match verdict {
-                    Verdict::ProvisionallyContinuous => {
+                    Verdict::ProvisionallyContinuous | Verdict::Resynced(_) => {
                         let mut validator = StreamValidator::resume(checkpoint);
-                        validator.accept(id, kind, event.data.as_bytes()).map_err(|d| diverged(&d))?;
+                        let accepted = validator.accept(id, kind, event.data.as_bytes()).map_err(|d| diverged(&d))?;
                         self.continuity = Continuity::Checked(validator);
-                        self.inner.emit(resumed(ResumeVerdict::Continuous));
-                        Ok(true)
+                        if accepted == Accepted::Event {
+                            self.inner.emit(resumed(ResumeVerdict::Continuous));
+                        }
+                        accepted
                     }
                     Verdict::BoundaryDuplicate => {
                         self.continuity = Continuity::Checked(StreamValidator::resume(checkpoint));
                         self.inner.emit(resumed(ResumeVerdict::DuplicateSkipped));
-                        Ok(false)
+                        return Ok(Admit::Skip);
                     }
                     Verdict::Unverifiable(why) => match self.inner.config.policy {
-                        Policy::Strict => Err(Ended::Diverged("unverifiable", unverifiable_detail(why))),
+                        Policy::Strict => return Err(Ended::Diverged("unverifiable", unverifiable_detail(why))),
                         Policy::Trust => {
                             self.continuity = Continuity::Trusted;
                             self.inner.emit(resumed(ResumeVerdict::Unverified));
-                            Ok(true)
+                            Accepted::Event
                         }
                     },
-                    Verdict::Diverged(d) => Err(diverged(&d)),
-                    Verdict::AwaitingFirstEvent => Ok(false),
+                    Verdict::Diverged(d) => return Err(diverged(&d)),
+                    Verdict::AwaitingFirstEvent => return Ok(Admit::Skip),
                 }
             }
+        };
+        Ok(match accepted {
+            Accepted::Event => Admit::Deliver,
+            Accepted::Resync(notice) => Admit::Resynced(notice),
+            Accepted::Trailer => Admit::Trailer,
+        })
+    }
+
+    /// A resync that continues the stream: the loss (or the end) it names is reported, and its
+    /// id is the cursor from now on.
+    fn resynced(&mut self, event: &Event, notice: ResyncNotice) {
+        metrics::counter!("tether_client_divergences_total", "kind" => "resync").increment(1);
+        let id = event.id.clone().unwrap_or_default();
+        self.inner.emit(ClientEvent::Resynced { id: id.clone(), notice });
+        let cursor = StreamCursor { digest: Digest::of(&id, event.data.as_bytes()).to_string(), last_id: id };
+        self.inner.state().checkpoint.streams.insert(self.key.clone(), cursor.clone());
+        // Nothing for the application to process: committed at once.
+        Ack::new(&self.inner, self.generation, self.key.clone(), cursor).done();
+    }
+
+    /// The error that ends a request whose outcome the stream no longer holds (after a resync
+    /// at the stream's head). `true` when it ended the followed request.
+    fn trailer(&mut self, event: &Event) -> bool {
+        let Origin::Request(request) = &self.origin else { return false };
+        let request = request.clone();
+        let Ok(Message::Response(response)) = jsonrpc::parse_message(event.data.as_bytes()) else { return false };
+        if response.id.as_ref() != Some(&request) {
+            return false;
         }
+        let outcome = match response.outcome {
+            Ok(_) => return false,
+            Err(error) if error.reason() == Some("request_aborted") => Err(RequestError::Aborted(error)),
+            Err(error) if error.reason() == Some("request_history_expired") => {
+                Err(RequestError::OutcomeUnknown(format!("the stream no longer holds the outcome: {}", error.message)))
+            }
+            Err(error) => Err(RequestError::Rpc(error)),
+        };
+        self.inner.finish(&request, outcome);
+        true
     }
 
     /// Records the event's cursor and delivers its message; `true` when it completes the stream.

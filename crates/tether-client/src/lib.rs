@@ -62,6 +62,10 @@ pub struct ClientConfig {
     /// Whether `tools/call` requests carry an idempotency key when the server offers the
     /// extension (requests sent with [`Client::request_keyed`] always do).
     pub idempotency_keys: bool,
+    /// Whether a divergence re-initializes the session. Without, the client reports it
+    /// ([`ClientEvent::Divergence`]), resolves what was pending as
+    /// [`RequestError::OutcomeUnknown`] and closes, sending nothing more.
+    pub reinitialize: bool,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -72,7 +76,7 @@ impl std::fmt::Debug for ClientConfig {
 
 impl ClientConfig {
     /// Defaults for `url`: strict policy, default backoff, no checkpoint file, 2025-11-25,
-    /// idempotency keys on.
+    /// idempotency keys on, re-initialization after a divergence.
     pub fn new(url: impl Into<String>) -> ClientConfig {
         ClientConfig {
             url: url.into(),
@@ -83,6 +87,7 @@ impl ClientConfig {
             name: "tether".into(),
             hooks: Arc::new(DefaultHooks),
             idempotency_keys: true,
+            reinitialize: true,
         }
     }
 }
@@ -161,7 +166,19 @@ pub enum ClientEvent {
         /// How it was judged.
         verdict: ResumeVerdict,
     },
-    /// The stream is provably not the one the client was following; re-initialization follows.
+    /// The server said exactly what of a stream is gone (a `resync` event that continues it
+    /// where the client is): the events of `notice.lost` will never arrive, or (`reason`
+    /// `request_aborted`) the request feeding the stream died. The session is the same one and
+    /// the stream goes on; a request whose response was lost ends as [`RequestError::Aborted`]
+    /// or [`RequestError::OutcomeUnknown`] (and a keyed one is re-sent).
+    Resynced {
+        /// The id of the resync event: the stream's cursor from now on.
+        id: String,
+        /// What the server said.
+        notice: tether_core::lineage::ResyncNotice,
+    },
+    /// The stream is provably not the one the client was following; re-initialization follows
+    /// (unless [`ClientConfig::reinitialize`] is off).
     Divergence {
         /// `session_invalid`, `session_changed`, `epoch_changed`, `gap`, `replay_reset`,
         /// `digest_mismatch`, `non_monotonic`, `unverifiable` or `resync`.
@@ -230,6 +247,11 @@ pub enum RequestError {
     /// The server answered with a JSON-RPC error.
     #[error("error {}: {}", .0.code, .0.message)]
     Rpc(ErrorObject),
+    /// The request's stream said its server stopped before the request finished
+    /// (`request_aborted`): it may have partly run. A keyed request is re-sent (its record
+    /// knows more: a resumable tool is completed, any other answered `request_aborted`).
+    #[error("aborted: {}", .0.message)]
+    Aborted(ErrorObject),
     /// The stream carrying the answer diverged or could not be resumed: the request may or may
     /// not have run. Only keyed requests are re-sent automatically, and they end here only when
     /// the re-sends ran out.

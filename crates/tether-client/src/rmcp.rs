@@ -127,7 +127,7 @@ fn deliver(rmcp: &mpsc::UnboundedSender<ServerJsonRpcMessage>, message: &Message
 /// How a tether request's failure reaches rmcp.
 fn request_error(error: RequestError) -> ErrorObject {
     let (reason, message) = match error {
-        RequestError::Rpc(error) => return error,
+        RequestError::Rpc(error) | RequestError::Aborted(error) => return error,
         RequestError::OutcomeUnknown(why) => ("outcome_unknown", format!("outcome unknown: {why}")),
         RequestError::NotExecuted(why) => ("not_executed", format!("not executed: {why}")),
         RequestError::Cancelled => ("cancelled", "the response stream broke; the request was cancelled".into()),

@@ -71,7 +71,8 @@ impl RequestId {
         }
     }
 
-    fn from_value(value: &Value) -> Result<RequestId, String> {
+    /// The id a JSON value is, or why it is none (JSON-RPC ids are strings or integers).
+    pub fn from_value(value: &Value) -> Result<RequestId, String> {
         match value {
             Value::String(s) => Ok(RequestId::String(s.clone())),
             Value::Number(n) => n

@@ -1,11 +1,13 @@
 //! Property tests of the two decisions together: a healthy server under random disconnects
-//! never makes the client see a divergence, and every injected fault is classified as the
-//! right kind.
+//! never makes the client see a divergence; under random eviction the client gets exactly the
+//! retained events and one exact notice per loss; and every injected fault is classified as
+//! the right kind.
 
 use proptest::prelude::*;
 use tether_core::lineage::{
-    Checkpoint, Digest, Divergence, Epoch, EventId, FirstEvent, ObservedId, Reconnect, ServerDecision, SessionLookup,
-    StreamName, StreamRange, StreamState, StreamValidator, Then, Unverifiable, Verdict, client_verdict, decide_resume,
+    Accepted, Checkpoint, Digest, Divergence, Epoch, EventId, FirstEvent, InvalidReason, Next, ObservedId, Reconnect,
+    ResyncNotice, ResyncReason, SeqRange, ServerDecision, SessionLookup, StreamName, StreamRange, StreamState,
+    StreamValidator, Unverifiable, Verdict, client_verdict, decide_resume, next_after,
 };
 
 const SESSION: &str = "session-under-test";
@@ -78,7 +80,10 @@ impl Client {
                 other => return Err(format!("healthy resume judged {other:?}")),
             }
         }
-        self.validator.accept(Some(&raw), None, data).map_err(|d| format!("{d:?}"))?;
+        let accepted = self.validator.accept(Some(&raw), None, data).map_err(|d| format!("{d:?}"))?;
+        if accepted != Accepted::Event {
+            return Err(format!("a plain event accepted as {accepted:?}"));
+        }
         if id.seq > 0 {
             self.delivered.push(id.seq);
         }
@@ -125,7 +130,8 @@ proptest! {
                     let session = SessionLookup::Live { epoch: &e, expires_at_ms: NOW + 1 };
                     let range = StreamRange { retained_from: 0, head, state: StreamState::Live };
                     let decision = decide_resume(session, &cursor, Some(range), NOW);
-                    prop_assert_eq!(&decision, &ServerDecision::Replay { after: cursor.seq, then: Then::FollowLive });
+                    let starts = if cursor.seq < head { Next::Events } else { Next::Wait };
+                    prop_assert_eq!(&decision, &ServerDecision::Replay { after: cursor.seq, starts });
                     let reconnect = Reconnect { status: 200, session_id: Some(SESSION), epoch: Some(e.as_str()), first_event: None };
                     prop_assert_eq!(client_verdict(&checkpoint, &reconnect), Verdict::AwaitingFirstEvent);
                     client.pending_resume = Some(checkpoint);
@@ -142,18 +148,179 @@ proptest! {
     }
 }
 
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    /// The producer appends one event.
+    Produce,
+    /// Retention drops up to this many of the oldest retained events.
+    Evict(u64),
+    /// The producer finishes (`Complete`) or dies (`Aborted`).
+    End(StreamState),
+    /// The connection writes up to this many items and the client reads them.
+    Read(u8),
+    /// The connection drops and the client resumes from what it processed.
+    Disconnect,
+}
+
+fn change() -> impl Strategy<Value = Change> {
+    prop_oneof![
+        4 => Just(Change::Produce),
+        2 => (1u64..6).prop_map(Change::Evict),
+        1 => prop_oneof![Just(StreamState::Complete), Just(StreamState::Aborted)].prop_map(Change::End),
+        4 => (1u8..6).prop_map(Change::Read),
+        2 => Just(Change::Disconnect),
+    ]
+}
+
+/// What a connection writes, by `next_after`, given what the store retains now.
+enum Item {
+    Event(u64),
+    Resync(ResyncNotice),
+    End,
+}
+
+/// One connection to the stream, from `cursor`, reading the store as a server's reader does.
+fn write_next(cursor: &mut u64, range: StreamRange) -> Option<Item> {
+    match next_after(*cursor, range, range.first_after(*cursor)) {
+        Next::Events => {
+            *cursor += 1;
+            Some(Item::Event(*cursor))
+        }
+        Next::Gap(lost) => {
+            *cursor = lost.to;
+            Some(Item::Resync(ResyncNotice::evicted("req-1", lost, range.head)))
+        }
+        Next::Wait => None,
+        Next::End => Some(Item::End),
+        Next::Aborted => Some(Item::Resync(ResyncNotice::aborted("req-1", range.head))),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1000))]
+
+    /// Seed 004's third branch, exactly: under random eviction, producers, ends and cursors, the
+    /// client gets every retained event after its cursor once, in order, and for what is gone
+    /// one resync naming exactly it; nothing it is told is lost was still retained.
+    #[test]
+    fn a_resume_delivers_exactly_what_is_retained_and_names_exactly_what_is_gone(
+        changes in proptest::collection::vec(change(), 1..120),
+    ) {
+        let e = epoch('A');
+        let session = SessionLookup::Live { epoch: &e, expires_at_ms: NOW + 1 };
+        let mut range = StreamRange { retained_from: 0, head: 0, state: StreamState::Live };
+        let mut validator = StreamValidator::resume(&Checkpoint {
+            session_id: SESSION.into(),
+            epoch: Some(e.to_string()),
+            last_id: ObservedId::parse(&event_id(&e, 0).to_string()),
+            last_digest: Digest::of(&event_id(&e, 0).to_string(), &data(0)),
+        });
+        // The connection's cursor; `None` while the client is disconnected.
+        let mut conn = Some(0u64);
+        let (mut delivered, mut lost, mut ended) = (Vec::new(), Vec::new(), false);
+        let mut receive = |item: Item, validator: &mut StreamValidator, range: &StreamRange| -> Result<bool, TestCaseError> {
+            match item {
+                Item::Event(seq) => {
+                    let id = event_id(&e, seq).to_string();
+                    let accepted = validator.accept(Some(&id), None, &data(seq)).map_err(|d| TestCaseError::fail(format!("{d:?}")))?;
+                    prop_assert_eq!(accepted, Accepted::Event);
+                    prop_assert!(seq >= range.retained_from, "event {} was written although not retained", seq);
+                    delivered.push(seq);
+                    Ok(false)
+                }
+                Item::Resync(notice) => {
+                    let id = event_id(&e, notice.position()).to_string();
+                    let accepted = validator
+                        .accept(Some(&id), Some("resync"), notice.to_json().as_bytes())
+                        .map_err(|d| TestCaseError::fail(format!("{d:?}")))?;
+                    prop_assert_eq!(accepted, Accepted::Resync(notice.clone()));
+                    if let Some(gone) = notice.lost {
+                        prop_assert!(gone.to < range.retained_from, "{:?} named lost while retained from {}", gone, range.retained_from);
+                        lost.extend(gone.from..=gone.to);
+                    }
+                    Ok(notice.reason == ResyncReason::RequestAborted)
+                }
+                Item::End => Ok(true),
+            }
+        };
+        for change in changes {
+            match change {
+                Change::Produce if range.state == StreamState::Live => range.head += 1,
+                Change::End(state) if range.state == StreamState::Live => range.state = state,
+                Change::Evict(k) => range.retained_from = (range.retained_from + k).min(range.head + 1),
+                Change::Read(n) => {
+                    for _ in 0..n {
+                        let Some(cursor) = conn.as_mut() else { break };
+                        let Some(item) = write_next(cursor, range) else { break };
+                        if receive(item, &mut validator, &range)? {
+                            ended = true;
+                            conn = None;
+                        }
+                    }
+                }
+                Change::Disconnect if !ended => {
+                    let (last, _) = validator.last().expect("a cursor");
+                    let ObservedId::Lineage(cursor) = last.clone() else { return Err(TestCaseError::fail("lineage ids")) };
+                    let decision = decide_resume(session, &cursor, Some(range), NOW);
+                    let ServerDecision::Replay { after, starts } = decision else {
+                        return Err(TestCaseError::fail(format!("a live session's resume answered {decision:?}")));
+                    };
+                    prop_assert_eq!(after, cursor.seq);
+                    prop_assert_eq!(starts, next_after(after, range, range.first_after(after)));
+                    conn = Some(after);
+                }
+                _ => {}
+            }
+        }
+        // Drain whatever remains.
+        if range.state == StreamState::Live {
+            range.state = StreamState::Complete;
+        }
+        if !ended {
+            let mut cursor = match conn {
+                Some(cursor) => cursor,
+                None => validator.last().and_then(|(id, _)| match id { ObservedId::Lineage(id) => Some(id.seq), _ => None }).unwrap_or(0),
+            };
+            for _ in 0..1_000 {
+                let Some(item) = write_next(&mut cursor, range) else { break };
+                if receive(item, &mut validator, &range)? {
+                    ended = true;
+                    break;
+                }
+            }
+        }
+        prop_assert!(ended, "the stream ended");
+        let mut all: Vec<u64> = delivered.iter().chain(&lost).copied().collect();
+        all.sort_unstable();
+        prop_assert_eq!(all, (1..=range.head).collect::<Vec<_>>(), "each event delivered or named lost, once");
+        prop_assert!(delivered.windows(2).all(|w| w[0] < w[1]), "in order: {:?}", delivered);
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Fault {
     Status(u16),
     OtherSession,
     OtherEpochHeader,
+    /// The epoch header disappears.
+    NoEpochHeader,
+    /// Seed 000's main signature: the header's epoch is unchanged, but the ids carry a new one
+    /// (a restarted server that kept counting).
+    EpochInsideIds,
     /// The first event skips this many events.
     Gap(u64),
     /// The first event goes back to this fraction of the cursor.
     Reset(u64),
     BoundaryDuplicate,
     BoundaryOtherContent,
+    /// A resync that cannot continue the stream (the stream is unknown to the session).
     Resync,
+    /// A resync naming exactly this many events after the cursor as gone.
+    NamedLoss(u64),
+    /// The first event's id carries no order.
+    OpaqueId,
+    /// The first event has no id.
+    NoId,
     /// The resume is clean but a later event jumps ahead by this much.
     JumpLater(u64),
 }
@@ -163,26 +330,39 @@ fn fault() -> impl Strategy<Value = Fault> {
         prop_oneof![Just(400u16), Just(404), Just(410), Just(500), Just(503)].prop_map(Fault::Status),
         Just(Fault::OtherSession),
         Just(Fault::OtherEpochHeader),
+        Just(Fault::NoEpochHeader),
+        Just(Fault::EpochInsideIds),
         (1u64..50).prop_map(Fault::Gap),
         (0u64..100).prop_map(Fault::Reset),
         Just(Fault::BoundaryDuplicate),
         Just(Fault::BoundaryOtherContent),
         Just(Fault::Resync),
+        (1u64..50).prop_map(Fault::NamedLoss),
+        Just(Fault::OpaqueId),
+        Just(Fault::NoId),
         (1u64..50).prop_map(Fault::JumpLater),
     ]
 }
 
-/// How the client must classify a fault: a divergence kind, or the duplicate it skips.
-fn expected_kind(fault: &Fault) -> &'static str {
+/// How the client must classify a fault: a divergence kind, the duplicate it skips, the loss it
+/// accepts as named, or why it cannot judge.
+fn expected_kind(fault: &Fault, integer_ids: bool) -> &'static str {
     match fault {
         Fault::Status(_) => "session_invalid",
         Fault::OtherSession => "session_changed",
-        Fault::OtherEpochHeader => "epoch_changed",
+        Fault::OtherEpochHeader | Fault::NoEpochHeader => "epoch_changed",
+        // An integer cursor cannot carry an epoch: a lineage id after it changes the scheme.
+        Fault::EpochInsideIds if integer_ids => "non_monotonic",
+        Fault::EpochInsideIds => "epoch_changed",
         Fault::Gap(_) | Fault::JumpLater(_) => "gap",
         Fault::Reset(_) => "replay_reset",
         Fault::BoundaryDuplicate => "boundary_duplicate",
         Fault::BoundaryOtherContent => "digest_mismatch",
         Fault::Resync => "resync",
+        // Only lineage ids can show where a notice stands.
+        Fault::NamedLoss(_) if integer_ids => "resync",
+        Fault::NamedLoss(_) => "resynced",
+        Fault::OpaqueId | Fault::NoId => "unverifiable",
     }
 }
 
@@ -198,12 +378,22 @@ fn classify(fault: &Fault, cursor_seq: u64, integer_ids: bool) -> Result<&'stati
         last_id: ObservedId::parse(&last_id),
         last_digest: Digest::of(&last_id, &data(cursor_seq)),
     };
-    let (mut status, mut session, mut header_epoch) = (200, SESSION, a.as_str());
+    let (mut status, mut session, mut header_epoch) = (200, SESSION, Some(a.as_str()));
     let (mut first_seq, mut first_data, mut first_type) = (cursor_seq + 1, data(cursor_seq + 1), None);
+    let mut first_id = None;
+    let notice = |reason: &str, lost: Option<(u64, u64)>, head: u64| {
+        let (from, to) = lost.map_or(("null".to_owned(), "null".to_owned()), |(f, t)| (f.to_string(), t.to_string()));
+        format!(
+            r#"{{"reason":"{reason}","stream":"req-1","after":{cursor_seq},"lost_from":{from},"lost_to":{to},"head":{head}}}"#
+        )
+        .into_bytes()
+    };
     match fault {
         Fault::Status(s) => status = *s,
         Fault::OtherSession => session = "another-session",
-        Fault::OtherEpochHeader => header_epoch = b.as_str(),
+        Fault::OtherEpochHeader => header_epoch = Some(b.as_str()),
+        Fault::NoEpochHeader => header_epoch = None,
+        Fault::EpochInsideIds => first_id = Some(Some(event_id(&b, first_seq).to_string())),
         Fault::Gap(k) => {
             first_seq = cursor_seq + 1 + k;
             first_data = data(first_seq);
@@ -216,26 +406,34 @@ fn classify(fault: &Fault, cursor_seq: u64, integer_ids: bool) -> Result<&'stati
         Fault::BoundaryOtherContent => (first_seq, first_data) = (cursor_seq, b"{\"other\":1}".to_vec()),
         Fault::Resync => {
             first_type = Some("resync");
-            first_data =
-                br#"{"reason":"evicted","stream":"req-1","after":1,"lost_from":2,"lost_to":3,"head":3}"#.to_vec();
+            (first_seq, first_data) = (cursor_seq, notice("unknown_stream", None, 0));
         }
+        Fault::NamedLoss(k) => {
+            first_type = Some("resync");
+            first_seq = cursor_seq + k;
+            first_data = notice("evicted", Some((cursor_seq + 1, first_seq)), first_seq + 3);
+        }
+        Fault::OpaqueId => first_id = Some(Some("opaque-cursor-7f3a".to_owned())),
+        Fault::NoId => first_id = Some(None),
         Fault::JumpLater(_) => {}
     }
-    let first_id = id_of(first_seq);
+    let first_id = first_id.unwrap_or_else(|| Some(id_of(first_seq)));
     let reconnect = Reconnect {
         status,
         session_id: Some(session),
-        epoch: Some(header_epoch),
-        first_event: Some(FirstEvent { id: Some(&first_id), event: first_type, data: &first_data }),
+        epoch: header_epoch,
+        first_event: Some(FirstEvent { id: first_id.as_deref(), event: first_type, data: &first_data }),
     };
     match client_verdict(&checkpoint, &reconnect) {
         Verdict::Diverged(d) => return Ok(d.kind()),
         Verdict::BoundaryDuplicate => return Ok("boundary_duplicate"),
+        Verdict::Resynced(_) => return Ok("resynced"),
+        Verdict::Unverifiable(_) => return Ok("unverifiable"),
         Verdict::ProvisionallyContinuous => {}
-        other => return Err(format!("unexpected verdict {other:?}")),
+        Verdict::AwaitingFirstEvent => return Err("a first event was given".into()),
     }
     let mut validator = StreamValidator::resume(&checkpoint);
-    validator.accept(Some(&first_id), None, &first_data).map_err(|d| format!("{d:?}"))?;
+    validator.accept(first_id.as_deref(), None, &first_data).map_err(|d| format!("{d:?}"))?;
     if let Fault::JumpLater(k) = fault {
         let jumped = first_seq + 1 + k;
         let err: Divergence =
@@ -254,7 +452,7 @@ proptest! {
         cursor_seq in 1u64..1_000_000,
         integer_ids in any::<bool>(),
     ) {
-        prop_assert_eq!(classify(&fault, cursor_seq, integer_ids), Ok(expected_kind(&fault)));
+        prop_assert_eq!(classify(&fault, cursor_seq, integer_ids), Ok(expected_kind(&fault, integer_ids)));
     }
 
     #[test]
@@ -301,22 +499,48 @@ proptest! {
         let range = stream_known.then_some(StreamRange { retained_from, head, state: stream_state });
         let cursor = event_id(&a, cursor_seq);
         let decision = decide_resume(session, &cursor, range, NOW);
-        let session_ok = state == 3 && same_epoch && !expired;
-        match &decision {
-            ServerDecision::SessionInvalid(_) => prop_assert!(!session_ok),
-            ServerDecision::Replay { after, .. } => {
-                prop_assert!(session_ok && stream_known);
-                prop_assert_eq!(*after, cursor_seq, "never the cursor's own event");
-                prop_assert!(cursor_seq <= head && cursor_seq + 1 >= retained_from);
-                prop_assert!(stream_state != StreamState::Aborted);
+        // The expected answer, case by case, in seed 004's order: the session, then the history.
+        let invalid = match state {
+            0 => Some(InvalidReason::UnknownSession),
+            1 => Some(InvalidReason::Terminated),
+            2 => Some(InvalidReason::Expired),
+            _ if expired => Some(InvalidReason::Expired),
+            _ if !same_epoch => Some(InvalidReason::IncarnationMismatch),
+            _ => None,
+        };
+        let expected = match (invalid, range) {
+            (Some(reason), _) => ServerDecision::SessionInvalid(reason),
+            (None, None) => ServerDecision::Resync(ResyncNotice {
+                reason: ResyncReason::UnknownStream, stream: "req-1".into(), after: cursor_seq, lost: None, head: 0,
+            }),
+            (None, Some(range)) if cursor_seq > range.head => ServerDecision::Resync(ResyncNotice {
+                reason: ResyncReason::AheadOfHead, stream: "req-1".into(), after: cursor_seq, lost: None, head: range.head,
+            }),
+            (None, Some(range)) => {
+                let starts = if cursor_seq < range.head {
+                    // The events after the cursor that are no longer retained, if any.
+                    match SeqRange::new(cursor_seq + 1, range.head.min(range.retained_from.saturating_sub(1))) {
+                        Some(gone) => Next::Gap(gone),
+                        None => Next::Events,
+                    }
+                } else {
+                    match range.state {
+                        StreamState::Live => Next::Wait,
+                        StreamState::Complete => Next::End,
+                        StreamState::Aborted => Next::Aborted,
+                    }
+                };
+                ServerDecision::Replay { after: cursor_seq, starts }
             }
-            ServerDecision::Resync { notice, .. } => {
-                prop_assert!(session_ok);
-                prop_assert_eq!(notice.after, cursor_seq);
-                if let (Some(from), Some(to)) = (notice.lost_from, notice.lost_to) {
-                    prop_assert!(from == cursor_seq + 1 && from <= to && to == head);
-                }
-            }
+        };
+        prop_assert_eq!(&decision, &expected);
+        if let ServerDecision::Replay { starts: Next::Gap(gone), .. } = decision {
+            // A loss is named exactly: from right after the cursor up to the first retained
+            // event (or the head when nothing after the cursor is retained).
+            let range = range.expect("a replay has a range");
+            prop_assert_eq!(gone.from, cursor_seq + 1);
+            prop_assert!(gone.to < range.retained_from && gone.to <= range.head);
+            prop_assert!(gone.to == range.head || gone.to + 1 == range.retained_from);
         }
     }
 }

@@ -17,10 +17,11 @@
 //! (attached while the original runs); it never runs the tool again.
 
 use tether_core::lineage::{
-    Checkpoint, Digest, Divergence, Epoch, EventId, FirstEvent, ObservedId, Reconnect, ServerDecision, SessionLookup,
-    StreamName, StreamRange, StreamState, StreamValidator, Verdict, client_verdict, decide_resume,
+    Accepted, Checkpoint, Digest, Divergence, Epoch, EventId, FirstEvent, Next, ObservedId, Reconnect, ResyncNotice,
+    SeqRange, ServerDecision, SessionLookup, StreamName, StreamRange, StreamState, StreamValidator, Verdict,
+    client_verdict, decide_resume, next_after,
 };
-use tether_core::lineage::{RESYNC_EVENT, ResyncReason};
+use tether_core::lineage::RESYNC_EVENT;
 
 use crate::checker::{Invariant, Model};
 
@@ -81,17 +82,54 @@ pub enum Reissue {
     Attached,
 }
 
+/// What a replica writes on a connection, as the client reads it (one item is delivered whole
+/// or lost with the connection).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Wire {
+    /// Event `seq` of the stream.
+    Event(u8),
+    /// A resync naming events `from..=to` as gone, written when the stream's head was `head`.
+    Gap {
+        /// First event gone.
+        from: u8,
+        /// Last event gone: the notice's position.
+        to: u8,
+        /// The stream's head when the notice was written.
+        head: u8,
+    },
+    /// The stream's producer died after event `head`: the `request_aborted` notice, then the
+    /// request's error (the trailer). The connection ends with it.
+    Aborted {
+        /// The stream's head.
+        head: u8,
+    },
+    /// The stream ended right after a gap that took its response: the request's
+    /// `request_history_expired` error (the trailer). The connection ends with it.
+    Expired,
+}
+
 /// One connection of the client to a replica.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Conn {
     /// The replica serving it.
     pub replica: u8,
-    /// The next sequence number the replica will send.
-    pub next: u8,
-    /// Sent by the replica, not yet read by the client (at most two).
-    pub in_flight: Vec<u8>,
-    /// The client has not judged this connection's first event yet (it is a resume).
+    /// The last position the replica wrote (or accounted for with a gap).
+    pub cursor: u8,
+    /// The last thing the replica wrote was a gap: a stream that ends now lost its response.
+    pub after_gap: bool,
+    /// Written by the replica, not yet read by the client (at most two).
+    pub in_flight: Vec<Wire>,
+    /// The replica wrote the stream's end (the aborted notice or the expired trailer).
+    pub ended: bool,
+    /// The client has not judged this connection's first item yet (it is a resume).
     pub first: bool,
+}
+
+impl Conn {
+    /// A connection whose replica writes what follows `cursor`.
+    fn from(replica: u8, cursor: u8, first: bool) -> Conn {
+        Conn { replica, cursor, after_gap: false, in_flight: Vec::new(), ended: false, first }
+    }
 }
 
 /// The whole system.
@@ -118,10 +156,18 @@ pub struct State {
     pub forgotten: bool,
     /// The client's connection, if open.
     pub conn: Option<Conn>,
-    /// The sequence number of the last event the application got (0: the priming event).
+    /// The sequence number of the client's cursor: the last event the application got (0: the
+    /// priming event), or the position of the last resync it accepted.
     pub checkpoint: u8,
+    /// The cursor is a resync's position: the notice it was (`from`, `to`, `head`; `from` 0 for
+    /// a `request_aborted` notice), whose digest the cursor carries.
+    pub checkpoint_notice: Option<(u8, u8, u8)>,
     /// Bit `s` set: the application got event `s`.
     pub delivered: u32,
+    /// Bit `s` set: the client was told event `s` is gone.
+    pub announced: u32,
+    /// The client was told an event was gone while the store still retained it.
+    pub needless_loss: bool,
     /// The application got some event twice.
     pub duplicate: bool,
     /// How the request ended.
@@ -183,8 +229,12 @@ pub enum ServerVariant {
     Real,
     /// Replays from the cursor's own event instead of the one after it.
     ReplaysCursorEvent,
-    /// Answers a cursor whose history was evicted with an empty replay instead of `resync`.
+    /// Answers a cursor whose history was evicted with an empty replay instead of saying what
+    /// is gone.
     EmptyReplayWhenEvicted,
+    /// Says what is gone, but names everything up to the head as gone and skips the retained
+    /// tail after the gap (tether before exact resync).
+    DiscardsRetainedTail,
     /// Looks an expired session up as live (the "resurrected session" of the seeds).
     RevivesExpired,
     /// A replica that does not know the session accepts it anyway, as a fresh incarnation with
@@ -299,13 +349,29 @@ fn bit(seq: u8) -> u32 {
     1 << seq
 }
 
+/// The notice a gap item carries.
+fn gap_notice(incarnation: u8, from: u8, to: u8, head: u8) -> ResyncNotice {
+    let lost = SeqRange { from: u64::from(from), to: u64::from(to) };
+    ResyncNotice::evicted(stream_name(incarnation).as_str(), lost, u64::from(head))
+}
+
+/// The notice of a stream whose producer died after `head`.
+fn aborted_notice(incarnation: u8, head: u8) -> ResyncNotice {
+    ResyncNotice::aborted(stream_name(incarnation).as_str(), u64::from(head))
+}
+
 impl Resumption {
     fn checkpoint(&self, state: &State) -> Checkpoint {
         let id = event_id(state.incarnation, state.checkpoint);
+        let data = match state.checkpoint_notice {
+            Some((0, _, head)) => aborted_notice(state.incarnation, head).to_json().into_bytes(),
+            Some((from, to, head)) => gap_notice(state.incarnation, from, to, head).to_json().into_bytes(),
+            None => data(state.incarnation, state.checkpoint),
+        };
         Checkpoint {
             session_id: self.session_id.clone(),
             epoch: Some(epoch(state.incarnation).to_string()),
-            last_digest: Digest::of(&id, &data(state.incarnation, state.checkpoint)),
+            last_digest: Digest::of(&id, &data),
             last_id: ObservedId::parse(&id),
         }
     }
@@ -317,6 +383,7 @@ impl Resumption {
         }
         state.delivered |= bit(seq);
         state.checkpoint = seq;
+        state.checkpoint_notice = None;
         state.idle_resumes = 0;
         if seq == self.config.last() {
             state.outcome = Outcome::Result;
@@ -383,7 +450,7 @@ impl Resumption {
     fn diverge(&self, state: &mut State, divergence: &Divergence) {
         let lost = match divergence {
             Divergence::Gap { lost } => Some((lost.from, lost.to)),
-            Divergence::Resync(Some(notice)) => notice.lost_from.zip(notice.lost_to),
+            Divergence::Resync(Some(notice)) => notice.lost.map(|lost| (lost.from, lost.to)),
             _ => None,
         };
         state.conn = None;
@@ -397,8 +464,10 @@ impl Resumption {
             state.producer = Some(0);
             state.executions += 1;
             state.checkpoint = 0;
+            state.checkpoint_notice = None;
             state.delivered = 0;
-            state.conn = Some(Conn { replica: 0, next: 1, in_flight: Vec::new(), first: false });
+            state.announced = 0;
+            state.conn = Some(Conn::from(0, 0, false));
             return;
         }
         state.reported = Some((divergence.kind(), lost));
@@ -409,43 +478,101 @@ impl Resumption {
         state.outcome = Outcome::Unknown;
     }
 
-    fn receive(&self, state: &mut State) {
-        let Some(conn) = state.conn.as_mut() else { return };
-        if conn.in_flight.is_empty() {
+    /// The request's stream ended without its response and said so (`aborted`: its producer
+    /// died; else its response is no longer retained): a keyed request is sent again, an
+    /// unkeyed one ends with the error or as unknown.
+    fn ended_without_response(&self, state: &mut State, aborted: bool) {
+        state.conn = None;
+        if self.config.client == ClientVariant::ForgetsUnfinished {
+            state.outcome = Outcome::Dropped;
             return;
         }
-        let seq = conn.in_flight.remove(0);
-        let first = std::mem::replace(&mut conn.first, false);
-        let id = event_id(state.incarnation, seq);
-        let data = data(state.incarnation, seq);
-        let event = FirstEvent { id: Some(&id), event: None, data: &data };
+        if self.keyed() {
+            state.reported = Some((if aborted { "request_aborted" } else { "request_history_expired" }, None));
+            state.reissue = Reissue::Due;
+            return;
+        }
+        state.outcome = if aborted { Outcome::Error } else { Outcome::Unknown };
+    }
+
+    /// The client judges one item: the first of a resumed connection with `client_verdict`,
+    /// every other with the `StreamValidator` continuing from its cursor.
+    fn judge(&self, state: &State, id: &str, event: Option<&str>, data: &[u8], first: bool) -> Result<Accepted, Judged> {
+        let checkpoint = self.checkpoint(state);
         if first {
-            if self.config.client == ClientVariant::SkipsFirstEventProbe {
-                self.deliver(state, seq);
-                return;
+            if self.config.client == ClientVariant::SkipsFirstEventProbe && event.is_none() {
+                return Ok(Accepted::Event);
             }
             let epoch = epoch(state.incarnation).to_string();
             let reconnect = Reconnect {
                 status: 200,
                 session_id: Some(&self.session_id),
                 epoch: Some(&epoch),
-                first_event: Some(event),
+                first_event: Some(FirstEvent { id: Some(id), event, data }),
             };
-            match client_verdict(&self.checkpoint(state), &reconnect) {
-                Verdict::ProvisionallyContinuous => self.deliver(state, seq),
-                Verdict::BoundaryDuplicate => {}
-                Verdict::Diverged(divergence) => self.diverge(state, &divergence),
+            match client_verdict(&checkpoint, &reconnect) {
+                Verdict::ProvisionallyContinuous | Verdict::Resynced(_) => {}
+                Verdict::BoundaryDuplicate => return Err(Judged::Skip),
+                Verdict::Diverged(divergence) => return Err(Judged::Diverged(divergence)),
                 // Lineage ids are always verifiable; the strict client re-initializes otherwise.
                 Verdict::Unverifiable(_) | Verdict::AwaitingFirstEvent => {
-                    self.diverge(state, &Divergence::NonMonotonic { after: id.clone(), got: None });
+                    return Err(Judged::Diverged(Divergence::NonMonotonic { after: id.to_owned(), got: None }));
                 }
             }
+        }
+        StreamValidator::resume(&checkpoint).accept(Some(id), event, data).map_err(Judged::Diverged)
+    }
+
+    /// The client accepted a resync: its position is the cursor, and what it names is gone.
+    fn resynced(&self, state: &mut State, notice: (u8, u8, u8)) {
+        let (from, to, _) = notice;
+        if from > 0 {
+            let lost = (from..=to).fold(0, |bits, seq| bits | bit(seq));
+            if to >= state.retained_from {
+                state.needless_loss = true;
+            }
+            state.announced |= lost;
+            state.checkpoint = to;
+        }
+        state.checkpoint_notice = Some(notice);
+        state.idle_resumes = 0;
+    }
+
+    fn receive(&self, state: &mut State) {
+        let Some(conn) = state.conn.as_mut() else { return };
+        if conn.in_flight.is_empty() {
             return;
         }
-        let mut validator = StreamValidator::resume(&self.checkpoint(state));
-        match validator.accept(Some(&id), None, &data) {
-            Ok(()) => self.deliver(state, seq),
-            Err(divergence) => self.diverge(state, &divergence),
+        let item = conn.in_flight.remove(0);
+        let first = std::mem::replace(&mut conn.first, false);
+        let inc = state.incarnation;
+        let (id, event, data, notice) = match item {
+            Wire::Event(seq) => (event_id(inc, seq), None, data(inc, seq), None),
+            Wire::Gap { from, to, head } => {
+                (event_id(inc, to), Some(RESYNC_EVENT), gap_notice(inc, from, to, head).to_json().into_bytes(), Some((from, to, head)))
+            }
+            Wire::Aborted { head } => {
+                (event_id(inc, head), Some(RESYNC_EVENT), aborted_notice(inc, head).to_json().into_bytes(), Some((0, head, head)))
+            }
+            // The trailer follows a resync at the head, which the validator admits it after.
+            Wire::Expired => return self.ended_without_response(state, false),
+        };
+        match self.judge(state, &id, event, &data, first) {
+            Ok(Accepted::Event) => {
+                if let Wire::Event(seq) = item {
+                    self.deliver(state, seq);
+                }
+            }
+            Ok(Accepted::Resync(_)) => {
+                if let Some(notice) = notice {
+                    self.resynced(state, notice);
+                }
+                if let Wire::Aborted { .. } = item {
+                    self.ended_without_response(state, true);
+                }
+            }
+            Ok(Accepted::Trailer) | Err(Judged::Skip) => {}
+            Err(Judged::Diverged(divergence)) => self.diverge(state, &divergence),
         }
     }
 
@@ -465,17 +592,74 @@ impl Resumption {
         if self.config.server == ServerVariant::AdoptsUnknownSession {
             // A new incarnation under the old id, replaying an empty history: a revival.
             state.revived = true;
-            state.conn = Some(Conn { replica, next: 1, in_flight: Vec::new(), first: true });
+            state.conn = Some(Conn::from(replica, 0, true));
             return;
         }
         let status = match decision {
             ServerDecision::SessionInvalid(_) => 404,
             other => unreachable!("an unknown session is refused, not {other:?}"),
         };
+        self.refused(state, status);
+    }
+
+    /// The client's judgement of a resume refused with `status`: always a divergence.
+    fn refused(&self, state: &mut State, status: u16) {
         let reconnect = Reconnect { status, session_id: None, epoch: None, first_event: None };
-        if let Verdict::Diverged(divergence) = client_verdict(&self.checkpoint(state), &reconnect) {
-            self.diverge(state, &divergence);
+        match client_verdict(&self.checkpoint(state), &reconnect) {
+            Verdict::Diverged(divergence) => self.diverge(state, &divergence),
+            other => unreachable!("a resume answered {status} is a divergence, not {other:?}"),
         }
+    }
+
+    /// The stream as the store retains it.
+    fn range(state: &State) -> StreamRange {
+        StreamRange {
+            retained_from: u64::from(state.retained_from),
+            head: u64::from(state.head),
+            state: match state.stream {
+                Stream::Live => StreamState::Live,
+                Stream::Complete => StreamState::Complete,
+                Stream::Aborted => StreamState::Aborted,
+            },
+        }
+    }
+
+    /// What the replica of `conn` writes next, by `next_after` (or the broken variant), with the
+    /// connection as it is after writing it; `None` when it has nothing to write.
+    fn next_write(&self, state: &State, conn: &Conn) -> Option<(Option<Wire>, Conn)> {
+        if conn.ended {
+            return None;
+        }
+        let range = Self::range(state);
+        let cursor = u64::from(conn.cursor);
+        let narrow = |n: u64| u8::try_from(n).unwrap_or(u8::MAX);
+        let mut after = conn.clone();
+        let item = match next_after(cursor, range, range.first_after(cursor)) {
+            Next::Events => {
+                after.cursor += 1;
+                after.after_gap = false;
+                Some(Wire::Event(after.cursor))
+            }
+            Next::Gap(lost) => {
+                let to = match self.config.server {
+                    ServerVariant::DiscardsRetainedTail => state.head,
+                    _ => narrow(lost.to),
+                };
+                after.cursor = to;
+                after.after_gap = true;
+                Some(Wire::Gap { from: narrow(lost.from), to, head: state.head })
+            }
+            Next::Aborted => {
+                after.ended = true;
+                Some(Wire::Aborted { head: state.head })
+            }
+            Next::End if conn.after_gap => {
+                after.ended = true;
+                Some(Wire::Expired)
+            }
+            Next::End | Next::Wait => return None,
+        };
+        Some((item, after))
     }
 
     fn resume(&self, state: &mut State, replica: u8) {
@@ -494,61 +678,52 @@ impl Resumption {
         };
         let cursor = EventId::parse(&event_id(state.incarnation, state.checkpoint))
             .unwrap_or_else(|_| unreachable!("the model mints valid lineage ids"));
-        let range = StreamRange {
-            retained_from: u64::from(state.retained_from),
-            head: u64::from(state.head),
-            state: match state.stream {
-                Stream::Live => StreamState::Live,
-                Stream::Complete => StreamState::Complete,
-                Stream::Aborted => StreamState::Aborted,
-            },
-        };
-        let decision = decide_resume(lookup, &cursor, Some(range), 0);
+        let decision = decide_resume(lookup, &cursor, Some(Self::range(state)), 0);
         let checkpoint = self.checkpoint(state);
-        let epoch_header = session_epoch.to_string();
         match decision {
-            ServerDecision::SessionInvalid(_) => {
-                let reconnect = Reconnect { status: 404, session_id: None, epoch: None, first_event: None };
-                if let Verdict::Diverged(divergence) = client_verdict(&checkpoint, &reconnect) {
-                    self.diverge(state, &divergence);
-                }
-            }
-            ServerDecision::Resync { notice, .. } => {
+            ServerDecision::SessionInvalid(_) => self.refused(state, 404),
+            ServerDecision::Resync(notice) => {
                 if ended {
                     state.revived = true;
                 }
-                if self.config.server == ServerVariant::EmptyReplayWhenEvicted && notice.reason == ResyncReason::Evicted
-                {
-                    let next = state.head.saturating_add(1);
-                    state.conn = Some(Conn { replica, next, in_flight: Vec::new(), first: true });
-                    return;
-                }
-                let id = event_id(state.incarnation, state.head);
+                let id = event_id(state.incarnation, u8::try_from(notice.position()).unwrap_or(u8::MAX));
                 let data = notice.to_json();
                 let first = FirstEvent { id: Some(&id), event: Some(RESYNC_EVENT), data: data.as_bytes() };
+                let epoch_header = session_epoch.to_string();
                 let reconnect = Reconnect {
                     status: 200,
                     session_id: Some(&self.session_id),
                     epoch: Some(&epoch_header),
                     first_event: Some(first),
                 };
-                if let Verdict::Diverged(divergence) = client_verdict(&checkpoint, &reconnect) {
-                    self.diverge(state, &divergence);
+                match client_verdict(&checkpoint, &reconnect) {
+                    Verdict::Diverged(divergence) => self.diverge(state, &divergence),
+                    other => unreachable!("a resume the server cannot continue is a divergence, not {other:?}"),
                 }
             }
-            ServerDecision::Replay { after, .. } => {
+            ServerDecision::Replay { after, starts } => {
                 if ended {
                     state.revived = true;
                 }
                 let after = u8::try_from(after).unwrap_or(u8::MAX);
-                let next = match self.config.server {
-                    ServerVariant::ReplaysCursorEvent => after.max(1),
-                    _ => after + 1,
+                let cursor = match (self.config.server, starts) {
+                    (ServerVariant::ReplaysCursorEvent, _) => after.saturating_sub(1),
+                    // Nothing is replayed: the connection starts at the head.
+                    (ServerVariant::EmptyReplayWhenEvicted, Next::Gap(_)) => state.head,
+                    _ => after,
                 };
-                state.conn = Some(Conn { replica, next, in_flight: Vec::new(), first: true });
+                state.conn = Some(Conn::from(replica, cursor, true));
             }
         }
     }
+}
+
+/// Why the client did not accept an item.
+enum Judged {
+    /// It is the cursor's own event again: skipped.
+    Skip,
+    /// It breaks the stream.
+    Diverged(Divergence),
 }
 
 impl Model for Resumption {
@@ -567,9 +742,12 @@ impl Model for Resumption {
             revived: false,
             forgotten: false,
             // The POST's response stream, after its priming event.
-            conn: Some(Conn { replica: 0, next: 1, in_flight: Vec::new(), first: false }),
+            conn: Some(Conn::from(0, 0, false)),
             checkpoint: 0,
+            checkpoint_notice: None,
             delivered: 0,
+            announced: 0,
+            needless_loss: false,
             duplicate: false,
             outcome: Outcome::Pending,
             reported: None,
@@ -589,13 +767,15 @@ impl Model for Resumption {
         if let Some(conn) = &state.conn {
             // Only a replica that can read the stream has events to send.
             let serves = self.knows_session(state, conn.replica);
-            if serves && conn.in_flight.len() < 2 && conn.next <= state.head {
+            let write = if serves { self.next_write(state, conn) } else { None };
+            if write.is_some() && conn.in_flight.len() < 2 {
                 actions.push(Action::Send);
             }
             if !conn.in_flight.is_empty() {
                 actions.push(Action::Receive);
             }
-            if serves && conn.in_flight.is_empty() && conn.next > state.head && state.stream != Stream::Live {
+            let at_end = next_after(u64::from(conn.cursor), Self::range(state), None) == Next::End;
+            if serves && write.is_none() && !conn.ended && conn.in_flight.is_empty() && at_end {
                 actions.push(Action::End);
             }
             if state.budget.cuts > 0 {
@@ -639,15 +819,11 @@ impl Model for Resumption {
                 }
             }
             Action::Send => {
-                if let Some(conn) = next.conn.as_mut() {
-                    if conn.next < next.retained_from {
-                        // The connection fell behind retention: the replica closes it, and the
-                        // resume gets an explicit resync.
-                        next.conn = None;
-                    } else {
-                        conn.in_flight.push(conn.next);
-                        conn.next += 1;
-                    }
+                if let Some(conn) = &next.conn
+                    && let Some((item, mut written)) = self.next_write(&next, conn)
+                {
+                    written.in_flight.extend(item);
+                    next.conn = Some(written);
                 }
             }
             Action::Receive => self.receive(&mut next),
@@ -717,6 +893,7 @@ impl Model for Resumption {
             Invariant { name: "outcome_never_silently_lost", check: outcome_never_silently_lost },
             Invariant { name: "tool_runs_once", check: tool_runs_once },
             Invariant { name: "no_revival", check: no_revival },
+            Invariant { name: "no_needless_loss", check: no_needless_loss },
         ]
     }
 
@@ -730,15 +907,22 @@ fn no_duplicate_delivery(state: &State) -> Result<(), String> {
     if state.duplicate { Err("an event reached the application twice".into()) } else { Ok(()) }
 }
 
-/// (2) The application's events are the stream's, in order, without holes; and a client that
-/// stopped without the response either reported a divergence or a resync, or its events are
-/// all still the stream's prefix and it said the outcome is unknown only after a divergence.
+/// (2) The application's events are the stream's, in order, without holes but the ones it was
+/// told are gone; and a client that stopped without the response either reported a divergence,
+/// or was told the response is gone, or its stream had nothing more.
 fn no_silent_loss(state: &State) -> Result<(), String> {
     let expected = if state.checkpoint == 0 { 0 } else { (bit(state.checkpoint) << 1) - 2 };
-    if state.delivered != expected {
-        return Err(format!("delivered {:#b}, not exactly events 1..={}", state.delivered, state.checkpoint));
+    if state.delivered & state.announced != 0 {
+        return Err(format!("events {:#b} were delivered and also named lost", state.delivered & state.announced));
     }
-    if state.outcome == Outcome::Unknown && state.reported.is_none() {
+    if state.delivered | state.announced != expected {
+        return Err(format!(
+            "delivered {:#b} and named lost {:#b}: not exactly events 1..={}",
+            state.delivered, state.announced, state.checkpoint
+        ));
+    }
+    let told_response_gone = state.announced & bit(state.head) != 0 && state.stream != Stream::Live;
+    if state.outcome == Outcome::Unknown && state.reported.is_none() && !told_response_gone {
         let missing = state.head > state.checkpoint || state.stream == Stream::Live;
         if missing {
             return Err(format!(
@@ -748,6 +932,15 @@ fn no_silent_loss(state: &State) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// (6) The client is told lost only what the store no longer retains.
+fn no_needless_loss(state: &State) -> Result<(), String> {
+    if state.needless_loss {
+        Err(format!("events named lost while still retained (announced {:#b})", state.announced))
+    } else {
+        Ok(())
+    }
 }
 
 /// (3) The request ends with its result, an error or `OutcomeUnknown`; never just dropped.

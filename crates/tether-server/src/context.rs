@@ -56,8 +56,10 @@ pub(crate) enum FirstOutput {
 
 /// Where a request's messages go.
 pub(crate) enum Output {
-    /// Legacy sessions: into the store, durable before any client sees them.
-    Stored { store: Arc<dyn Store>, runtime: Arc<SessionRuntime>, stream: StreamName },
+    /// Legacy sessions: into the store, durable before any client sees them. `ends_stream`: the
+    /// stream is the request's own and ends with its response; a batch's requests share one,
+    /// which the batch ends once all of them did.
+    Stored { store: Arc<dyn Store>, runtime: Arc<SessionRuntime>, stream: StreamName, ends_stream: bool },
     /// 2026-07-28: straight to the one connection, which is the request's whole life.
     Direct { tx: mpsc::Sender<(Bytes, bool)> },
 }
@@ -81,7 +83,7 @@ pub(crate) struct RequestMeta {
 struct Write {
     /// The message; `None` only asks to be told when everything before it is written.
     bytes: Option<Bytes>,
-    /// The message is the final response: the stream ends after it.
+    /// The message is the final response: the stream ends after it, if it is the request's own.
     last: bool,
     /// The final response is also the outcome of this idempotency key (the store's name).
     record: Option<String>,
@@ -114,7 +116,7 @@ fn signal_first(first: &FirstSender, kind: impl FnOnce() -> FirstOutput) {
 async fn write_output(
     store: Arc<dyn Store>,
     runtime: Arc<SessionRuntime>,
-    stream: StreamName,
+    (stream, ends_stream): (StreamName, bool),
     mut queue: mpsc::Receiver<Write>,
     failure: Arc<Mutex<Option<ContextError>>>,
     first_output: FirstSender,
@@ -142,12 +144,12 @@ async fn write_output(
             (Some(err), _) => Err(err.clone()),
             (None, _) if events.is_empty() => Ok(()),
             (None, Some(key)) => store
-                .append_final(&runtime.id, &runtime.epoch, &stream, events, &key)
+                .append_final(&runtime.id, &runtime.epoch, &stream, events, last && ends_stream, &key)
                 .await
                 .map(drop)
                 .map_err(ContextError::from),
             (None, None) => store
-                .append_batch(&runtime.id, &runtime.epoch, &stream, events, last)
+                .append_batch(&runtime.id, &runtime.epoch, &stream, events, last && ends_stream)
                 .await
                 .map(drop)
                 .map_err(ContextError::from),
@@ -310,9 +312,9 @@ impl Context {
         let first: FirstSender = Arc::new(Mutex::new(Some(tx)));
         let write_failure = Arc::default();
         let writes = match &output {
-            Output::Stored { store, runtime, stream } => {
+            Output::Stored { store, runtime, stream, ends_stream } => {
                 let (writes, queue) = mpsc::channel(WRITE_QUEUE);
-                let (store, runtime, stream) = (Arc::clone(store), Arc::clone(runtime), stream.clone());
+                let (store, runtime, stream) = (Arc::clone(store), Arc::clone(runtime), (stream.clone(), *ends_stream));
                 let (failure, first) = (Arc::clone(&write_failure), Arc::clone(&first));
                 tokio::spawn(write_output(store, runtime, stream, queue, failure, first));
                 Some(writes)
@@ -478,12 +480,13 @@ impl Context {
         self.emit(response, true, record).await
     }
 
-    /// Ends the request's stream without a response (it was cancelled).
+    /// Ends the request's stream without a response (it was cancelled); a shared stream is left
+    /// to its batch.
     pub(crate) async fn end_without_response(&self) {
         self.signal(|| FirstOutput::Event);
         // What the handler sent before it stopped goes in first.
         let _ = self.write(None, false, None).await;
-        if let Output::Stored { store, runtime, stream } = &self.shared.output
+        if let Output::Stored { store, runtime, stream, ends_stream: true } = &self.shared.output
             && let Err(err) = store.end_stream(&runtime.id, &runtime.epoch, stream).await
         {
             tracing::debug!(%err, "ending a cancelled request's stream");

@@ -24,8 +24,9 @@ use crate::session::{LogLevel, SessionRuntime};
 
 /// How a legacy request started.
 pub(crate) enum Started {
-    /// It runs; the receiver tells whether its first output was the result (JSON) or not (SSE).
-    Running { stream: StreamName, first: oneshot::Receiver<FirstOutput> },
+    /// It runs; `first` tells whether its first output was the result (JSON) or not (SSE), and
+    /// `task` ends once its outcome is stored.
+    Running { stream: StreamName, first: oneshot::Receiver<FirstOutput>, task: tokio::task::JoinHandle<()> },
     /// Its id was used before in this incarnation with the same params: attach to that stream.
     Attach { stream: StreamName },
     /// Its id was used before with other params.
@@ -33,20 +34,42 @@ pub(crate) enum Started {
 }
 
 /// The key a request id is recorded under: the type matters (`1` and `"1"` differ).
-fn request_key(id: &RequestId) -> String {
+pub(crate) fn request_key(id: &RequestId) -> String {
     match id {
         RequestId::Number(n) => format!("n:{n}"),
         RequestId::String(s) => format!("s:{s}"),
     }
 }
 
-/// The request id a key was made from.
-pub(crate) fn request_id_of_key(key: &str) -> Option<RequestId> {
-    match key.split_once(':')? {
-        ("n", n) => n.parse().ok().map(RequestId::Number),
-        ("s", s) => Some(RequestId::String(s.to_owned())),
-        _ => None,
+/// The key a batch's shared `stream` is recorded under: the stream (so each batch has its own)
+/// and its requests' ids, so that a stream whose requests died can end each of them. No request
+/// id makes this key.
+pub(crate) fn batch_key(stream: &StreamName, ids: &[RequestId]) -> String {
+    let ids: Vec<Value> = ids.iter().map(RequestId::to_value).collect();
+    format!("b:{stream}:{}", Value::Array(ids))
+}
+
+/// The request ids a key (a request's or a batch's) was made from.
+pub(crate) fn request_ids_of_key(key: &str) -> Vec<RequestId> {
+    match key.split_once(':') {
+        Some(("n", n)) => n.parse().ok().map(RequestId::Number).into_iter().collect(),
+        Some(("s", s)) => vec![RequestId::String(s.to_owned())],
+        // Stream names have no ':'.
+        Some(("b", batch)) => serde_json::from_str::<Vec<Value>>(batch.split_once(':').map_or("", |(_, ids)| ids))
+            .map(|ids| ids.iter().filter_map(|id| RequestId::from_value(id).ok()).collect())
+            .unwrap_or_default(),
+        _ => Vec::new(),
     }
+}
+
+/// The responses that end the requests of a stream recorded under `key` with `error`: sent, as
+/// events without ids, when the stream will never carry their own (their producer died, or
+/// their responses are no longer retained).
+pub(crate) fn trailer(key: &str, error: &ErrorObject) -> Vec<Bytes> {
+    request_ids_of_key(key)
+        .into_iter()
+        .map(|id| Bytes::from(Message::Response(Response::error(Some(id), error.clone())).to_vec()))
+        .collect()
 }
 
 /// The request's `_meta.progressToken`, if any.
@@ -76,11 +99,15 @@ pub(crate) fn decorate_modern(method: &str, result: &mut Value, server_info: &Va
 /// Starts a request of a legacy session: recorded in the store with its own stream, so it is
 /// executed once however often its id is sent, and its output survives the connection. With an
 /// idempotency key, once however often it is sent at all (see [`idempotency`]).
+///
+/// With `batch`, the request writes to that stream (a batch's, opened by the batch) and leaves
+/// it open; an id sent before is then answered with the original's outcome on it.
 pub(crate) async fn start_legacy(
     shared: &Arc<Shared>,
     runtime: &Arc<SessionRuntime>,
     principal: Option<&str>,
     request: Request,
+    batch: Option<&StreamName>,
 ) -> Result<Started, Rejection> {
     let key = request_key(&request.id);
     let params = request.params.unwrap_or_else(|| json!({}));
@@ -90,7 +117,10 @@ pub(crate) async fn start_legacy(
     };
     // Straight to bytes, not through `Display`'s formatter; serializing a `Value` cannot fail.
     let digest = Digest::of(&key, &serde_json::to_vec(&params).unwrap_or_default()).to_string();
-    let stream = ids::stream_name('r').map_err(|e| Rejection::internal("random_failed", e.to_string()))?;
+    let stream = match batch {
+        Some(stream) => stream.clone(),
+        None => ids::stream_name('r').map_err(|e| Rejection::internal("random_failed", e.to_string()))?,
+    };
     let store = &shared.store;
     let started = std::time::Instant::now();
     let claim = keyed.as_ref().map(|keyed| keyed.claim(Some((runtime.id.clone(), stream.clone()))));
@@ -102,7 +132,11 @@ pub(crate) async fn start_legacy(
     }
     .map_err(|e| crate::store_rejection(&e))?;
     crate::telemetry::store_latency("begin_request", started.elapsed());
+    let mut job = None;
     match begun {
+        BeginRequest::Existing { stream: original, same_params: true } if batch.is_some() => {
+            job = Some(Job::Answer(Answer::Follow { session: runtime.id.clone(), stream: original }, None));
+        }
         BeginRequest::Existing { stream, same_params: true } => return Ok(Started::Attach { stream }),
         BeginRequest::Existing { same_params: false, .. } => {
             return Ok(Started::Conflict(rpc_error(
@@ -117,8 +151,12 @@ pub(crate) async fn start_legacy(
     if !runtime.start_request(&key, cancel.clone()) {
         return Err(Rejection::session_invalid(tether_core::lineage::InvalidReason::Terminated));
     }
-    let output =
-        Output::Stored { store: Arc::clone(&shared.store), runtime: Arc::clone(runtime), stream: stream.clone() };
+    let output = Output::Stored {
+        store: Arc::clone(&shared.store),
+        runtime: Arc::clone(runtime),
+        stream: stream.clone(),
+        ends_stream: batch.is_none(),
+    };
     let meta = RequestMeta {
         progress_token: progress_token(&params),
         client_capabilities: runtime.client_capabilities.clone(),
@@ -127,9 +165,10 @@ pub(crate) async fn start_legacy(
         idempotency_key: keyed.as_ref().map(|k| k.name.clone()),
     };
     let (ctx, first) = Context::new(output, meta, cancel.clone(), Arc::clone(shared));
-    let job = match keyed.zip(claim) {
-        Some((keyed, claim)) => keyed_job(shared, keyed, claim, claimed, &request.method, &params).await,
-        None => Ok(Job::Run(None)),
+    let job = match (job, keyed.zip(claim)) {
+        (Some(job), _) => Ok(job),
+        (None, Some((keyed, claim))) => keyed_job(shared, keyed, claim, claimed, &request.method, &params).await,
+        (None, None) => Ok(Job::Run(None)),
     };
     let job = match job {
         Ok(job) => job,
@@ -143,19 +182,19 @@ pub(crate) async fn start_legacy(
     let runtime = Arc::clone(runtime);
     let shared = Arc::clone(shared);
     let request = Request { params: Some(params), ..request };
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         run(&shared, ctx, request, job, cancel, None).await;
         runtime.finish_request(&key);
     });
-    Ok(Started::Running { stream, first })
+    Ok(Started::Running { stream, first, task })
 }
 
 /// What a request's task does.
 enum Job {
     /// Runs the handler; with a key, records the outcome under it.
     Run(Option<Keyed>),
-    /// Answers from the original request of its key.
-    Answer(Answer, Keyed),
+    /// Answers from the original request: of its key, or of its id (a batch's request).
+    Answer(Answer, Option<Keyed>),
 }
 
 /// Turns the store's answer to a request's claim (claiming it now if `claimed` is `None`) into a
@@ -182,7 +221,7 @@ async fn keyed_job(
     let plan = idempotency::plan(store, claim, claimed, resumable).await.map_err(|e| crate::store_rejection(&e))?;
     Ok(match plan {
         Plan::Run => Job::Run(Some(keyed)),
-        Plan::Answer(answer) => Job::Answer(answer, keyed),
+        Plan::Answer(answer) => Job::Answer(answer, Some(keyed)),
     })
 }
 
@@ -407,8 +446,28 @@ mod tests {
     #[test]
     fn request_keys_round_trip_and_keep_the_id_type() {
         for id in [RequestId::Number(-3), RequestId::String("7".into()), RequestId::String("a:b".into())] {
-            assert_eq!(request_id_of_key(&request_key(&id)), Some(id));
+            assert_eq!(request_ids_of_key(&request_key(&id)), [id]);
         }
         assert_ne!(request_key(&RequestId::Number(7)), request_key(&RequestId::String("7".into())));
+        let batch = [RequestId::Number(1), RequestId::String("b:2".into())];
+        let stream = StreamName::parse("b1").expect("a stream name");
+        assert_eq!(request_ids_of_key(&batch_key(&stream, &batch)), batch);
+        assert!(request_ids_of_key("x:1").is_empty());
+    }
+
+    #[test]
+    fn a_trailer_ends_every_request_of_the_stream() {
+        let error = ErrorObject::with_reason(-32000, "gone", "request_aborted");
+        let stream = StreamName::parse("b1").expect("a stream name");
+        let responses = trailer(&batch_key(&stream, &[RequestId::Number(1), RequestId::Number(2)]), &error);
+        let ids: Vec<_> = responses
+            .iter()
+            .map(|bytes| match tether_core::jsonrpc::parse_message(bytes) {
+                Ok(Message::Response(Response { id, outcome: Err(e) })) => (id, e.reason().map(str::to_owned)),
+                other => panic!("not an error response: {other:?}"),
+            })
+            .collect();
+        let aborted = Some("request_aborted".to_owned());
+        assert_eq!(ids, [(Some(RequestId::Number(1)), aborted.clone()), (Some(RequestId::Number(2)), aborted)]);
     }
 }

@@ -14,13 +14,11 @@ use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, ErrorObject, Message, code};
 use tether_core::lineage::{Digest, StreamName, StreamState};
 use tether_core::mcp::{IdempotencyKey, meta, method};
-use tether_store::{Claim, KeyClaim, KeyState, Store, StoreError, StreamPage};
+use tether_store::{Claim, KeyClaim, KeyState, Store, StoreError};
 
 use crate::context::Context;
+use crate::reader::{Item, StreamReader};
 use crate::{Shared, now_ms};
-
-/// Events read per round trip while relaying another request's stream.
-const RELAY_BATCH: usize = 256;
 /// The longest pause between two looks at a running original's record.
 const MAX_POLL: Duration = Duration::from_millis(250);
 
@@ -138,57 +136,55 @@ pub(crate) async fn plan(
     }))
 }
 
-/// Carries out `answer` for the request of `ctx`: its outcome is the original's.
-pub(crate) async fn answer(ctx: Context, keyed: Keyed, answer: Answer) -> Result<Value, ErrorObject> {
+/// Carries out `answer` for the request of `ctx`: its outcome is the original's. Without a key
+/// (a batch's request whose id was sent before), an original whose stream no longer holds its
+/// response is answered `request_history_expired`.
+pub(crate) async fn answer(ctx: Context, keyed: Option<Keyed>, answer: Answer) -> Result<Value, ErrorObject> {
     let store = Arc::clone(ctx.store());
+    let awaited = |keyed: Option<Keyed>| async move {
+        match keyed {
+            Some(keyed) => await_outcome(&store, &keyed.name).await,
+            None => Err(history_expired()),
+        }
+    };
     match answer {
         Answer::Replay(outcome) => outcome,
         Answer::Fail(error) => Err(error),
-        Answer::Follow { session, stream } => match relay(&ctx, &store, &session, &stream).await {
+        Answer::Follow { session, stream } => match relay(&ctx, &session, stream).await {
             Some(outcome) => outcome,
-            None => await_outcome(&store, &keyed.name).await,
+            None => awaited(keyed).await,
         },
-        Answer::Await => await_outcome(&store, &keyed.name).await,
+        Answer::Await => awaited(keyed).await,
     }
 }
 
 /// Relays the notifications the original sends from now on, and returns its response if its
 /// stream carries it; `None` when the stream ended (or is gone) without one.
-async fn relay(
-    ctx: &Context,
-    store: &Arc<dyn Store>,
-    session: &str,
-    stream: &StreamName,
-) -> Option<Result<Value, ErrorObject>> {
-    let mut head = store.watch(session, stream).await.ok()?;
-    let range = store.stream_range(session, stream).await.ok()??;
-    if range.state != StreamState::Live {
-        // Finished, or its process stopped: its last event may be the response it recorded.
-        let last = store.read(session, stream, range.head.saturating_sub(1), 1).await.ok()?;
-        return match last.first().map(|event| jsonrpc::parse_message(&event.data)) {
-            Some(Ok(Message::Response(response))) => Some(response.outcome),
-            _ => None,
-        };
-    }
-    let mut cursor = range.head;
+async fn relay(ctx: &Context, session: &str, stream: StreamName) -> Option<Result<Value, ErrorObject>> {
+    let store = Arc::clone(ctx.store());
+    let range = store.stream_range(session, &stream).await.ok()??;
+    // A running original's notifications from now on; of an ended one, only its last event,
+    // which may be the response it recorded (what it sent before was for its own client).
+    let live = range.state == StreamState::Live;
+    let from = if live { range.head } else { range.head.saturating_sub(1) };
+    let mut reader = StreamReader::new(store, session, stream, from);
     loop {
-        head.borrow_and_update();
-        // If the range says the stream ended, the page holds all its events.
-        let StreamPage { range, events } = store.read_page(session, stream, cursor, RELAY_BATCH).await.ok()??;
-        for event in &events {
-            cursor = event.seq;
-            match jsonrpc::parse_message(&event.data) {
-                Ok(Message::Response(response)) => return Some(response.outcome),
-                Ok(Message::Notification(notification)) => forward(ctx, notification).await,
-                // The original's requests to the client are answered on its own stream.
-                _ => {}
+        let items = reader.read().await.ok()?;
+        for item in &items {
+            match item {
+                Item::Event(event) => match jsonrpc::parse_message(&event.data) {
+                    Ok(Message::Response(response)) => return Some(response.outcome),
+                    Ok(Message::Notification(notification)) if live => forward(ctx, notification).await,
+                    // The original's requests to the client are answered on its own stream.
+                    _ => {}
+                },
+                // Notifications lost to retention are not relayed; a lost response shows as the end.
+                Item::Gap(_) => {}
+                Item::End(_) => return None,
             }
         }
-        if events.is_empty() {
-            if range.state != StreamState::Live && cursor >= range.head {
-                return None;
-            }
-            head.changed().await.ok()?;
+        if items.is_empty() {
+            reader.changed().await.ok()?;
         }
     }
 }
@@ -234,6 +230,16 @@ pub(crate) fn aborted() -> ErrorObject {
         -32000,
         "the server running this request stopped before it finished; it may have partly run",
         "request_aborted",
+    )
+}
+
+/// The answer for a request whose stream no longer holds its response: it ran (or runs), but
+/// its outcome is no longer retained where this request looked.
+pub(crate) fn history_expired() -> ErrorObject {
+    ErrorObject::with_reason(
+        code::INVALID_REQUEST,
+        "this request's outcome is no longer retained; its stream's history expired",
+        "request_history_expired",
     )
 }
 

@@ -24,6 +24,7 @@ mod handler;
 mod http;
 mod idempotency;
 mod ids;
+mod reader;
 #[cfg(feature = "rmcp")]
 pub mod rmcp;
 mod session;

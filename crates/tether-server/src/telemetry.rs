@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tether_core::lineage::{InvalidReason, ServerDecision};
+use tether_core::lineage::{InvalidReason, Next, ResyncReason, ServerDecision};
 
 /// A session was created by `initialize`.
 pub(crate) fn session_created() {
@@ -41,14 +41,23 @@ pub(crate) fn events_replayed(count: usize) {
     metrics::counter!("tether_events_replayed_total").increment(count as u64);
 }
 
-/// How a resume was decided: `replay`, `session_invalid` or `resync`, with the reason.
+/// How a resume was decided: `replay`, `session_invalid` or `resync`, with the reason (a
+/// replay that starts with what is gone counts as the resync it starts with).
 pub(crate) fn resume(decision: &ServerDecision) {
     let (branch, reason) = match decision {
+        ServerDecision::Replay { starts: Next::Gap(_), .. } => ("resync", ResyncReason::Evicted.as_str()),
+        ServerDecision::Replay { starts: Next::Aborted, .. } => ("resync", ResyncReason::RequestAborted.as_str()),
         ServerDecision::Replay { .. } => ("replay", ""),
         ServerDecision::SessionInvalid(reason) => ("session_invalid", InvalidReason::as_str(*reason)),
-        ServerDecision::Resync { notice, .. } => ("resync", notice.reason.as_str()),
+        ServerDecision::Resync(notice) => ("resync", notice.reason.as_str()),
     };
     metrics::counter!("tether_resumes_total", "branch" => branch, "reason" => reason).increment(1);
+}
+
+/// A resync event was written on a connection (a gap or an aborted request's end, on a resume
+/// or a live connection that fell behind).
+pub(crate) fn resync_sent(reason: ResyncReason) {
+    metrics::counter!("tether_resyncs_sent_total", "reason" => reason.as_str()).increment(1);
 }
 
 /// How long a store operation took (`op`: `begin_request`, `append`, `claim_key`). Not measured

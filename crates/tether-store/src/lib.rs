@@ -163,23 +163,25 @@ pub trait Store: Send + Sync + 'static {
         last: bool,
     ) -> StoreFuture<'_, u64>;
 
-    /// Appends a request's final `events`, the last of them its response (the stream ends after
-    /// it), and records that response as the outcome of idempotency key `key`: in one step where
-    /// the backend can (the embedded store: one transaction, one disk flush). The outcome is
-    /// recorded even if the append fails (the session ended meanwhile): the request ran, and a
-    /// re-send must learn how.
+    /// Appends a request's final `events`, the last of them its response, ending the stream
+    /// after them if `last` (a request that shares its stream with others, as the requests of
+    /// a batch do, leaves it open), and records that response as the outcome of idempotency key
+    /// `key`: in one step where the backend can (the embedded store: one transaction, one disk
+    /// flush). The outcome is recorded even if the append fails (the session ended meanwhile):
+    /// the request ran, and a re-send must learn how.
     fn append_final(
         &self,
         session: &str,
         epoch: &Epoch,
         stream: &StreamName,
         events: Vec<Bytes>,
+        last: bool,
         key: &str,
     ) -> StoreFuture<'_, u64> {
         let (session, epoch, stream, key) = (session.to_owned(), epoch.clone(), stream.clone(), key.to_owned());
         Box::pin(async move {
             let outcome = events.last().cloned().unwrap_or_default();
-            let appended = self.append_batch(&session, &epoch, &stream, events, true).await;
+            let appended = self.append_batch(&session, &epoch, &stream, events, last).await;
             self.finish_key(&key, outcome).await?;
             appended
         })
@@ -188,11 +190,16 @@ pub trait Store: Send + Sync + 'static {
     /// Ends a stream without a final event (a cancelled request). Idempotent.
     fn end_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;
 
-    /// What is retained of a stream, or `None` if the session has no such stream. A request's
-    /// stream whose owning process is gone is reported `Aborted`.
+    /// What is retained of a stream, or `None` if the session never had such a stream. A
+    /// request's stream whose owning process is gone is reported `Aborted`. A stream whose
+    /// events retention dropped is still reported, retaining nothing (its tombstone: head and
+    /// how it ended), for as long as its session lives (the memory and Redis stores: for the
+    /// session's last [`Retention::max_requests_per_session`] dropped streams), so a resume is
+    /// told exactly what is gone instead of being told the stream never existed.
     fn stream_range(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>>;
 
-    /// The key of the request a stream belongs to, if it is a request's stream.
+    /// The key of the request a stream belongs to, if it is a request's stream (tombstones
+    /// included).
     fn stream_request(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<String>>;
 
     /// Up to `max` retained events with `seq > after`, in order.

@@ -71,6 +71,10 @@ struct LiveSession {
     standalone: Option<StreamName>,
     bytes: usize,
     ended: Ended,
+    /// Streams whose events retention dropped, oldest first: each is kept as a tombstone (its
+    /// head and how it ended, no events) so a resume is told exactly what is gone, up to the
+    /// bound of [`Retention::max_requests_per_session`].
+    tombstones: VecDeque<StreamName>,
 }
 
 /// A session's ended streams, oldest first, so that retention finds what to drop without
@@ -154,6 +158,26 @@ impl StreamSlot {
     }
 }
 
+impl LiveSession {
+    /// Drops the events of ended stream `name`, keeping its tombstone; forgets the oldest
+    /// tombstones past the bound. Returns the bytes freed.
+    fn drop_events(&mut self, name: StreamName, retention: &Retention) -> usize {
+        let Some(slot) = self.streams.get_mut(&name) else { return 0 };
+        let freed = slot.bytes();
+        slot.events = VecDeque::new();
+        // Nobody waits on an ended stream: its followers were woken when it ended.
+        slot.head_tx = None;
+        self.bytes -= freed;
+        self.tombstones.push_back(name);
+        while self.tombstones.len() > retention.max_requests_per_session.max(1) {
+            if let Some(oldest) = self.tombstones.pop_front() {
+                self.streams.remove(&oldest);
+            }
+        }
+        freed
+    }
+}
+
 impl MemoryStore {
     /// An empty store keeping history as `retention` allows.
     pub fn new(retention: Retention) -> MemoryStore {
@@ -208,6 +232,7 @@ impl Store for MemoryStore {
             standalone: None,
             bytes: 0,
             ended: Ended::default(),
+            tombstones: VecDeque::new(),
         };
         inner.sessions.insert(id, Slot::Live(Box::new(live)));
         ready(Ok(()))
@@ -471,10 +496,7 @@ impl Store for MemoryStore {
             }
             Slot::Live(live) => {
                 for stream in live.ended.expired(now_ms, retention.ended_stream_ms) {
-                    if let Some(slot) = live.streams.remove(&stream) {
-                        live.bytes -= slot.bytes();
-                        freed += slot.bytes();
-                    }
+                    freed += live.drop_events(stream, &retention);
                 }
                 true
             }
@@ -526,10 +548,7 @@ fn evict(live: &mut LiveSession, stream: &StreamName, retention: &Retention, tot
     };
     while over(live.bytes, freed) {
         let Some(name) = live.ended.pop_oldest_except(stream) else { break };
-        if let Some(slot) = live.streams.remove(&name) {
-            live.bytes -= slot.bytes();
-            freed += slot.bytes();
-        }
+        freed += live.drop_events(name, retention);
     }
     let LiveSession { streams, bytes, .. } = live;
     if let Some(slot) = streams.get_mut(stream) {

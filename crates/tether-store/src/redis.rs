@@ -133,6 +133,26 @@ local function new_stream()
 end
 ";
 
+/// Drops the events of the ended stream `name` of the session whose keys start with `prefix`,
+/// keeping its meta (head, state, request key) as a tombstone, the newest `max` of them per
+/// session (`{prefix}t`, oldest first); returns the bytes it held. The session's byte count is
+/// the caller's to lower.
+const BURY: &str = r"
+local function bury(prefix, name, max)
+  local key = prefix .. 's:' .. name
+  if redis.call('EXISTS', key) == 0 then return 0 end
+  local bytes = tonumber(redis.call('HGET', key, 'bytes') or '0')
+  redis.call('DEL', prefix .. 'e:' .. name)
+  redis.call('HSET', key, 'bytes', 0)
+  redis.call('SREM', prefix .. 'streams', name)
+  redis.call('RPUSH', prefix .. 't', name)
+  while redis.call('LLEN', prefix .. 't') > tonumber(max) do
+    redis.call('DEL', prefix .. 's:' .. redis.call('LPOP', prefix .. 't'))
+  end
+  return bytes
+end
+";
+
 fn script(body: &str) -> Script {
     Script::new(body)
 }
@@ -145,6 +165,7 @@ struct Scripts {
     begin: Script,
     append: Script,
     end_stream: Script,
+    bury: Script,
     abort: Script,
     standalone: Script,
     claim: Script,
@@ -214,7 +235,10 @@ if ARGV[4] ~= '' and tonumber(redis.call('HGET', KEYS[1], 'exp')) > tonumber(ARG
 for _, name in ipairs(redis.call('SMEMBERS', KEYS[2])) do
   redis.call('DEL', ARGV[3] .. 's:' .. name, ARGV[3] .. 'e:' .. name)
 end
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
+for _, name in ipairs(redis.call('LRANGE', ARGV[3] .. 't', 0, -1)) do
+  redis.call('DEL', ARGV[3] .. 's:' .. name)
+end
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], ARGV[3] .. 't')
 redis.call('HSET', KEYS[1], 'ended', ARGV[2])
 return 1"
         )),
@@ -235,16 +259,17 @@ return ''"
         )),
         // KEYS[2] stream meta, KEYS[3] events, KEYS[4] the session's stream set; ARGV[2] last,
         // ARGV[3] max events, ARGV[4] max session bytes, ARGV[5] notification prefix, ARGV[6] key
-        // prefix of the session's streams, ARGV[7] this stream's name, ARGV[8...] the events.
-        // Over the session's byte cap, ended streams go first, then this stream's oldest events.
+        // prefix of the session's streams, ARGV[7] this stream's name, ARGV[8] most tombstones,
+        // ARGV[9...] the events. Over the session's byte cap, ended streams go first (their
+        // tombstones stay), then this stream's oldest events.
         append: script(&format!(
-            "{CHECK_LIVE}
+            "{CHECK_LIVE}{BURY}
 local s = redis.call('HMGET', KEYS[2], 'head', 'state')
 if not s[1] then return redis.error_reply('UNKNOWN_STREAM') end
 if s[2] ~= '0' then return redis.error_reply('STREAM_ENDED') end
 local seq = tonumber(s[1])
 local added = 0
-for i = 8, #ARGV do
+for i = 9, #ARGV do
   seq = seq + 1
   redis.call('XADD', KEYS[3], seq .. '-1', 'd', ARGV[i])
   added = added + string.len(ARGV[i])
@@ -270,11 +295,8 @@ while redis.call('XLEN', KEYS[3]) > tonumber(ARGV[3]) and drop_oldest() do end
 if total > tonumber(ARGV[4]) then
   for _, name in ipairs(redis.call('SMEMBERS', KEYS[4])) do
     if total <= tonumber(ARGV[4]) then break end
-    local other = ARGV[6] .. 's:' .. name
-    if name ~= ARGV[7] and redis.call('HGET', other, 'state') ~= '0' then
-      local size = tonumber(redis.call('HGET', other, 'bytes') or '0')
-      redis.call('DEL', other, ARGV[6] .. 'e:' .. name)
-      redis.call('SREM', KEYS[4], name)
+    if name ~= ARGV[7] and redis.call('HGET', ARGV[6] .. 's:' .. name, 'state') ~= '0' then
+      local size = bury(ARGV[6], name, ARGV[8])
       if size > 0 then total = redis.call('HINCRBY', KEYS[1], 'bytes', -size) end
     end
   end
@@ -294,6 +316,15 @@ redis.call('PUBLISH', '{NOTIFY}', ARGV[2] .. s[1])
 return 1"
         )),
         standalone: script(&format!("{CHECK_LIVE}\nredis.call('HSET', KEYS[1], 'standalone', ARGV[2])\nreturn 1")),
+        // KEYS[1] session meta; ARGV[1] key prefix of the session's streams, ARGV[2] the stream,
+        // ARGV[3] most tombstones. Only an ended stream is buried.
+        bury: script(&format!(
+            "{BURY}
+if redis.call('HGET', ARGV[1] .. 's:' .. ARGV[2], 'state') == '0' then return 0 end
+local bytes = bury(ARGV[1], ARGV[2], ARGV[3])
+if bytes > 0 and redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HINCRBY', KEYS[1], 'bytes', -bytes) end
+return 1"
+        )),
         // KEYS[1] stream meta; ARGV[1] notification prefix, ARGV[2] the owner whose lease lapsed.
         // An owner's set may name a stream it never began (a re-sent request id found another's).
         abort: script(&format!(
@@ -718,7 +749,8 @@ impl Store for RedisStore {
                 .arg(self.retention.max_bytes_per_session)
                 .arg(notification_prefix(&session, &stream))
                 .arg(format!("tether:{{{session}}}:"))
-                .arg(&stream);
+                .arg(&stream)
+                .arg(self.retention.max_requests_per_session.max(1));
             for data in &events {
                 invocation.arg(&data[..]);
             }
@@ -1007,16 +1039,15 @@ impl Store for RedisStore {
                         let _: i64 = conn.del(meta(session)).await.map_err(backend)?;
                     }
                     (Some("s"), Some(session), Some(stream)) if waited >= self.retention.ended_stream_ms => {
-                        let bytes: Option<i64> =
-                            conn.hget(stream_key(session, stream), "bytes").await.map_err(backend)?;
-                        let _: i64 = conn
-                            .del(&[stream_key(session, stream), events_key(session, stream)])
+                        let _: i64 = scripts()
+                            .bury
+                            .key(meta(session))
+                            .arg(format!("tether:{{{session}}}:"))
+                            .arg(stream)
+                            .arg(self.retention.max_requests_per_session.max(1))
+                            .invoke_async(&mut conn)
                             .await
                             .map_err(backend)?;
-                        let _: i64 = conn.srem(streams_key(session), stream).await.map_err(backend)?;
-                        if let Some(bytes) = bytes.filter(|b| *b > 0) {
-                            let _: i64 = conn.hincr(meta(session), "bytes", -bytes).await.map_err(backend)?;
-                        }
                     }
                     _ => continue,
                 }

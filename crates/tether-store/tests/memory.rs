@@ -30,9 +30,13 @@ async fn the_byte_cap_evicts_the_earliest_ended_stream_and_sweeps_keep_the_count
         store.append("m1", &a, &stream(name), Bytes::from(vec![b'x'; 300]), true).await.expect("append");
     }
     store.append("m1", &a, &stream("d"), Bytes::from(vec![b'x'; 300]), false).await.expect("append");
+    // Kept: its events are retained (a dropped stream keeps only its tombstone).
     let kept = |name: &'static str| {
         let store = &store;
-        async move { store.stream_range("m1", &stream(name)).await.expect("range").is_some() }
+        async move {
+            let range = store.stream_range("m1", &stream(name)).await.expect("range").expect("known");
+            range.retained_from <= range.head
+        }
     };
     assert!(!kept("c").await, "over the 1,000-byte cap, the stream that ended first goes");
     assert!(kept("a").await && kept("b").await && kept("d").await);
@@ -51,4 +55,32 @@ async fn the_byte_cap_evicts_the_earliest_ended_stream_and_sweeps_keep_the_count
 #[tokio::test]
 async fn request_ids_past_the_bound_are_forgotten_oldest_first() {
     suite::request_ids_past_the_bound_are_forgotten_oldest_first(&MemoryStore::new(suite::retention())).await;
+}
+
+#[tokio::test]
+async fn tombstones_past_the_bound_are_forgotten_oldest_first() {
+    use bytes::Bytes;
+    use suite::{epoch, record, stream};
+    use tether_store::Store;
+    let store = MemoryStore::new(suite::retention());
+    let a = epoch('A');
+    store.create_session(record("m2", a.clone(), 0)).await.expect("create");
+    // Five streams dropped one sweep apart; the bound (4) keeps the last four tombstones.
+    for (n, now) in (1..=5).zip((0..).step_by(600)) {
+        let name = stream(&format!("t{n}"));
+        store.open_stream("m2", &a, &name).await.expect("open");
+        store.append("m2", &a, &name, Bytes::from_static(b"x"), true).await.expect("append");
+        store.touch_session("m2", &a, now).await.expect("touch");
+        store.sweep(now).await.expect("sweep");
+    }
+    store.touch_session("m2", &a, 3_000).await.expect("touch");
+    store.sweep(3_000).await.expect("sweep");
+    let known = |n: u32| {
+        let store = &store;
+        async move { store.stream_range("m2", &stream(&format!("t{n}"))).await.expect("range").is_some() }
+    };
+    assert!(!known(1).await, "the oldest tombstone went past the bound");
+    for n in 2..=5 {
+        assert!(known(n).await, "tombstone t{n}");
+    }
 }

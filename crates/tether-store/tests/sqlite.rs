@@ -166,7 +166,11 @@ async fn reads_from_memory_agree_with_the_file() {
     for ended in &before[4..] {
         assert!(ended.contains("head: 20, state: Complete") && ended.contains("(20, b\"0019\")"), "{ended}");
     }
-    assert!(before[2].starts_with("ended: None"), "the byte cap dropped the ended stream: {}", before[2]);
+    assert!(
+        before[2].starts_with("ended: Some(StreamRange { retained_from: 3, head: 2, state: Complete }) []"),
+        "the byte cap dropped the ended stream's events, its tombstone kept: {}",
+        before[2]
+    );
     assert!(!before[3].contains("retained_from: 0,"), "the byte cap trimmed the stream: {}", before[3]);
     let store = SqliteStore::open(&dir, retention, "owner").expect("reopen");
     assert_eq!(snapshot(&store, "mirrored", &streams).await, before, "memory answered what the file holds");
@@ -188,9 +192,17 @@ async fn an_ended_stream_is_kept_for_its_retention_from_the_sweep_before_it_ende
     // The retention (500 ms) runs from the sweep at 10,000, before the stream ended: no later
     // sweep has to see the stream first.
     store.sweep(10_499).await.expect("sweep");
-    assert!(store.stream_range("r1", &s).await.expect("range").is_some(), "kept within its retention");
+    assert_eq!(
+        store.stream_range("r1", &s).await.expect("range").map(|r| r.retained_from),
+        Some(0),
+        "kept within its retention"
+    );
     store.sweep(10_500).await.expect("sweep");
-    assert_eq!(store.stream_range("r1", &s).await, Ok(None), "dropped once it ran out");
+    assert_eq!(
+        store.stream_range("r1", &s).await,
+        Ok(suite::tombstone(1, StreamState::Complete)),
+        "its events dropped once it ran out"
+    );
     assert_eq!(store.retained_bytes().await.expect("bytes"), Some(0));
     // After a restart the last sweep is another process's: a stream that ends before this
     // process's first sweep counts from that sweep, not from the old one.
@@ -200,9 +212,13 @@ async fn an_ended_stream_is_kept_for_its_retention_from_the_sweep_before_it_ende
     store.open_stream("r1", &a, &late).await.expect("open");
     store.append("r1", &a, &late, Bytes::from_static(b"result"), true).await.expect("append");
     store.sweep(11_100).await.expect("sweep");
-    assert!(store.stream_range("r1", &late).await.expect("range").is_some(), "kept after a restart");
+    assert_eq!(
+        store.stream_range("r1", &late).await.expect("range").map(|r| r.retained_from),
+        Some(0),
+        "kept after a restart"
+    );
     store.sweep(11_600).await.expect("sweep");
-    assert_eq!(store.stream_range("r1", &late).await, Ok(None));
+    assert_eq!(store.stream_range("r1", &late).await, Ok(suite::tombstone(1, StreamState::Complete)));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

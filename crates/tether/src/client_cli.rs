@@ -12,8 +12,13 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 /// Exit status when a divergence ends the command (`--exit-on-divergence`).
 const EXIT_DIVERGENCE: u8 = 3;
-/// Exit status when a call's outcome is unknown.
+/// Exit status when a call's outcome is unknown (also past `--timeout`).
 const EXIT_OUTCOME_UNKNOWN: u8 = 4;
+/// Exit status when `watch` gives up: the stream kept closing without progress, the server
+/// offers none, or `--timeout` passed.
+const EXIT_GAVE_UP: u8 = 5;
+/// Exit status when the tool's result says it failed (`isError: true`).
+const EXIT_TOOL_ERROR: u8 = 6;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum PolicyArg {
@@ -34,12 +39,16 @@ pub struct ClientArgs {
     /// What an unverifiable resume leads to.
     #[arg(long, value_enum, default_value = "strict")]
     policy: PolicyArg,
-    /// Exit with status 3 at the first divergence.
+    /// Exit with status 3 at the first divergence, sending nothing more to the server.
     #[arg(long)]
     exit_on_divergence: bool,
     /// Exit after printing this many messages.
     #[arg(long)]
     max_events: Option<u64>,
+    /// Give up after this long (`30s`, `2m`): `call` reports the outcome unknown (exit 4),
+    /// `watch` prints `gave_up` (exit 5).
+    #[arg(long, value_parser = tether_server::parse_duration)]
+    timeout: Option<std::time::Duration>,
 }
 
 impl ClientArgs {
@@ -50,7 +59,21 @@ impl ClientArgs {
             PolicyArg::Strict => Policy::Strict,
             PolicyArg::Trust => Policy::Trust,
         };
+        config.reinitialize = !self.exit_on_divergence;
         config
+    }
+
+    /// When the command gives up, if `--timeout` says.
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.timeout.map(|timeout| tokio::time::Instant::now() + timeout)
+    }
+}
+
+/// Resolves at `deadline`, or never.
+async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -105,14 +128,30 @@ fn print_event(event: ClientEvent, args: &ClientArgs, messages: &mut u64) -> Opt
                 return Some(ExitCode::from(EXIT_DIVERGENCE));
             }
         }
+        ClientEvent::Resynced { id, notice } => {
+            let (lost_from, lost_to) = (notice.lost.map(|l| l.from), notice.lost.map(|l| l.to));
+            let detail = match notice.lost {
+                Some(lost) => format!("events {}..={} of stream {} are gone", lost.from, lost.to, notice.stream),
+                None => format!("the request of stream {} stopped before it finished", notice.stream),
+            };
+            print(json!({"event": "divergence", "kind": "resync", "reason": notice.reason.as_str(), "id": id,
+                "lost_from": lost_from, "lost_to": lost_to, "detail": detail}));
+            if args.exit_on_divergence {
+                return Some(ExitCode::from(EXIT_DIVERGENCE));
+            }
+        }
         ClientEvent::Reinitialized { session } => print(json!({"event": "reinitialized", "session": session})),
         ClientEvent::Reissued { key, attempt, reason } => {
             print(json!({"event": "reissued", "key": key, "attempt": attempt, "reason": reason}))
         }
         ClientEvent::Unkeyed { reason } => print(json!({"event": "unkeyed", "reason": reason})),
-        ClientEvent::Closed { reason, fatal } => {
+        ClientEvent::Closed { reason, fatal: false } => {
+            print(json!({"event": "gave_up", "reason": reason}));
+            return Some(ExitCode::from(EXIT_GAVE_UP));
+        }
+        ClientEvent::Closed { reason, fatal: true } => {
             eprintln!("{reason}");
-            return Some(if fatal { ExitCode::FAILURE } else { ExitCode::SUCCESS });
+            return Some(ExitCode::FAILURE);
         }
     }
     None
@@ -131,14 +170,26 @@ pub async fn watch(args: WatchArgs) -> ExitCode {
         Ok(connected) => connected,
         Err(code) => return code,
     };
-    client.follow_standalone().await;
+    let deadline = args.client.deadline();
+    let gave_up = |reason: &str| {
+        print(json!({"event": "gave_up", "reason": reason}));
+        ExitCode::from(EXIT_GAVE_UP)
+    };
+    tokio::select! {
+        () = client.follow_standalone() => {}
+        () = until(deadline) => return gave_up("timed out"),
+    }
     let mut messages = 0;
-    while let Some(event) = events.recv().await {
+    loop {
+        let event = tokio::select! {
+            event = events.recv() => event,
+            () = until(deadline) => return gave_up("timed out"),
+        };
+        let Some(event) = event else { return gave_up("the client stopped") };
         if let Some(code) = print_event(event, &args.client, &mut messages) {
             return code;
         }
     }
-    ExitCode::SUCCESS
 }
 
 /// `tether call`: call one tool, printing its notifications, then its outcome.
@@ -157,6 +208,7 @@ pub async fn call(args: CallArgs) -> ExitCode {
         Err(code) => return code,
     };
     let mut messages = 0;
+    let deadline = args.client.deadline();
     let call = client.call_tool(&args.tool, arguments);
     tokio::pin!(call);
     let outcome = loop {
@@ -168,6 +220,7 @@ pub async fn call(args: CallArgs) -> ExitCode {
                 }
             }
             outcome = &mut call => break outcome,
+            () = until(deadline) => break Err(RequestError::OutcomeUnknown("timed out".into())),
         }
     };
     while let Ok(event) = events.try_recv() {
@@ -177,10 +230,11 @@ pub async fn call(args: CallArgs) -> ExitCode {
     }
     let code = match outcome {
         Ok(result) => {
+            let failed = result.get("isError") == Some(&Value::Bool(true));
             print(json!({"event": "result", "result": result}));
-            ExitCode::SUCCESS
+            if failed { ExitCode::from(EXIT_TOOL_ERROR) } else { ExitCode::SUCCESS }
         }
-        Err(RequestError::Rpc(error)) => {
+        Err(RequestError::Rpc(error) | RequestError::Aborted(error)) => {
             print(json!({"event": "error", "error": error}));
             ExitCode::FAILURE
         }

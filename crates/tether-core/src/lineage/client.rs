@@ -7,7 +7,7 @@
 
 use super::digest::Digest;
 use super::id::ObservedId;
-use super::resync::{RESYNC_EVENT, ResyncNotice};
+use super::resync::{RESYNC_EVENT, ResyncNotice, ResyncReason, SeqRange};
 
 /// What the client recorded about a stream before the connection dropped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,15 +44,6 @@ pub struct Reconnect<'a> {
     pub epoch: Option<&'a str>,
     /// The first event, or `None` while only the response head has arrived.
     pub first_event: Option<FirstEvent<'a>>,
-}
-
-/// An inclusive range of sequence numbers that will never be delivered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SeqRange {
-    /// First lost sequence number.
-    pub from: u64,
-    /// Last lost sequence number.
-    pub to: u64,
 }
 
 /// A proof that the resumed stream is not the stream the client was following.
@@ -101,7 +92,8 @@ pub enum Divergence {
         /// The id that arrived, or `None` for an event without an id.
         got: Option<String>,
     },
-    /// The server said it cannot resume exactly.
+    /// The server said it cannot resume from the cursor at all (or sent a resync that does not
+    /// continue the stream where the client is).
     Resync(Option<ResyncNotice>),
 }
 
@@ -142,6 +134,10 @@ pub enum Verdict {
     ProvisionallyContinuous,
     /// The first event is the cursor's own event again, byte for byte: skip it and go on.
     BoundaryDuplicate,
+    /// The first event is a resync that continues the stream exactly where the client is: it
+    /// names the events after the cursor that are gone, or says the stream's producer died at
+    /// the cursor. Report it, and go on validating every event after it.
+    Resynced(ResyncNotice),
     /// Continuity cannot be proven (seed 000: "undetectable by the client alone").
     Unverifiable(Unverifiable),
     /// Continuity is disproven.
@@ -174,7 +170,10 @@ pub fn client_verdict(checkpoint: &Checkpoint, reconnect: &Reconnect<'_>) -> Ver
         return Verdict::AwaitingFirstEvent;
     };
     if first.event == Some(RESYNC_EVENT) {
-        return diverged(Divergence::Resync(resync_notice(first.data)));
+        return match judge_resync(&checkpoint.last_id, first.id, first.data) {
+            Ok(notice) => Verdict::Resynced(notice),
+            Err(divergence) => diverged(divergence),
+        };
     }
     let Some(raw_id) = first.id else {
         return Verdict::Unverifiable(Unverifiable::EventWithoutId);
@@ -244,24 +243,78 @@ fn non_monotonic(last: &ObservedId, got: Option<&str>) -> Divergence {
     }
 }
 
-/// Checks every event of a stream: same epoch and stream, sequence exactly one more.
+/// Whether a resync event continues the stream right after `last`: it names exactly the events
+/// after `last` that are gone (and its id is the last of them), or says that the stream's
+/// producer died right at `last` (and its id is `last`'s). Anything else is a divergence.
+fn judge_resync(
+    last: &ObservedId,
+    id: Option<&str>,
+    data: &[u8],
+) -> Result<ResyncNotice, Divergence> {
+    let notice = resync_notice(data);
+    let (Some(found), ObservedId::Lineage(last), Some(ObservedId::Lineage(id))) =
+        (&notice, last, id.map(ObservedId::parse))
+    else {
+        return Err(Divergence::Resync(notice));
+    };
+    if id.epoch != last.epoch {
+        return Err(Divergence::EpochChanged {
+            expected: Some(last.epoch.to_string()),
+            got: Some(id.epoch.to_string()),
+        });
+    }
+    let continues = match (found.reason, found.lost) {
+        (ResyncReason::Evicted, Some(lost)) => Some(lost.from) == last.seq.checked_add(1),
+        (ResyncReason::RequestAborted, None) => found.after == last.seq,
+        _ => false,
+    };
+    let here = id.stream == last.stream
+        && found.stream == last.stream.as_str()
+        && id.seq == found.position();
+    match notice {
+        Some(notice) if continues && here => Ok(notice),
+        other => Err(Divergence::Resync(other)),
+    }
+}
+
+/// What [`StreamValidator::accept`] accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Accepted {
+    /// The next event of the stream.
+    Event,
+    /// A resync that continues the stream exactly: report it, then go on.
+    Resync(ResyncNotice),
+    /// The one event without an id that may follow a resync standing at the stream's head: the
+    /// JSON-RPC error that ends a request whose outcome the stream no longer holds. It moves no
+    /// cursor.
+    Trailer,
+}
+
+/// Checks every event of a stream: same epoch and stream, sequence exactly one more; a resync
+/// only where it continues the stream.
 ///
 /// It holds the last accepted id and digest, which are what the client checkpoints.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamValidator {
     last: Option<(ObservedId, Digest)>,
+    /// A resync at the stream's head was accepted: one event without an id may follow.
+    trailer: bool,
 }
 
 impl StreamValidator {
     /// A validator for a stream followed from its start: the first event sets the lineage.
     pub fn fresh() -> StreamValidator {
-        StreamValidator { last: None }
+        StreamValidator {
+            last: None,
+            trailer: false,
+        }
     }
 
     /// A validator that continues from a checkpoint (after a continuous resume).
     pub fn resume(checkpoint: &Checkpoint) -> StreamValidator {
         StreamValidator {
             last: Some((checkpoint.last_id.clone(), checkpoint.last_digest)),
+            trailer: false,
         }
     }
 
@@ -276,9 +329,21 @@ impl StreamValidator {
         id: Option<&str>,
         event: Option<&str>,
         data: &[u8],
-    ) -> Result<(), Divergence> {
+    ) -> Result<Accepted, Divergence> {
+        let trailer = std::mem::take(&mut self.trailer);
         if event == Some(RESYNC_EVENT) {
-            return Err(Divergence::Resync(resync_notice(data)));
+            let Some((last, _)) = &self.last else {
+                return Err(Divergence::Resync(resync_notice(data)));
+            };
+            let notice = judge_resync(last, id, data)?;
+            if let Some(raw) = id {
+                self.last = Some((ObservedId::parse(raw), Digest::of(raw, data)));
+            }
+            self.trailer = notice.position() == notice.head;
+            return Ok(Accepted::Resync(notice));
+        }
+        if id.is_none() && trailer {
+            return Ok(Accepted::Trailer);
         }
         let observed = id.map(ObservedId::parse);
         if let Some((last, _)) = &self.last {
@@ -289,7 +354,7 @@ impl StreamValidator {
         if let (Some(raw), Some(observed)) = (id, observed) {
             self.last = Some((observed, Digest::of(raw, data)));
         }
-        Ok(())
+        Ok(Accepted::Event)
     }
 }
 
@@ -378,6 +443,7 @@ mod tests {
     fn kind(verdict: &Verdict) -> &'static str {
         match verdict {
             Verdict::Diverged(d) => d.kind(),
+            Verdict::Resynced(_) => "resynced",
             Verdict::AwaitingFirstEvent => "awaiting",
             Verdict::ProvisionallyContinuous => "continuous",
             Verdict::BoundaryDuplicate => "duplicate",
@@ -646,25 +712,86 @@ mod tests {
         );
     }
 
+    fn resync<'a>(id: &'a str, data: &'a [u8]) -> Option<FirstEvent<'a>> {
+        Some(FirstEvent {
+            id: Some(id),
+            event: Some("resync"),
+            data,
+        })
+    }
+
     #[test]
-    fn resync_event_is_a_resync_divergence_with_its_notice() {
+    fn a_resync_naming_exactly_the_events_after_the_cursor_continues_the_stream() {
         let a = epoch('A');
         let cp = checkpoint(Some(a.as_str()), &lid('A', "s", 4), b"x");
         let id = lid('A', "s", 9);
         let data =
-            br#"{"reason":"evicted","stream":"s","after":4,"lost_from":5,"lost_to":9,"head":9}"#;
-        let r = reconnect(
-            Some(a.as_str()),
-            Some(FirstEvent {
-                id: Some(&id),
-                event: Some("resync"),
-                data,
-            }),
-        );
-        let Verdict::Diverged(Divergence::Resync(Some(notice))) = client_verdict(&cp, &r) else {
-            panic!("expected a resync with its notice");
+            br#"{"reason":"evicted","stream":"s","after":4,"lost_from":5,"lost_to":9,"head":12}"#;
+        let Verdict::Resynced(notice) =
+            client_verdict(&cp, &reconnect(Some(a.as_str()), resync(&id, data)))
+        else {
+            panic!("expected the resync to continue the stream");
         };
-        assert_eq!((notice.lost_from, notice.lost_to), (Some(5), Some(9)));
+        assert_eq!(notice.lost, Some(SeqRange { from: 5, to: 9 }));
+    }
+
+    #[test]
+    fn a_request_aborted_resync_at_the_cursor_continues_the_stream_to_its_end() {
+        let a = epoch('A');
+        let cp = checkpoint(Some(a.as_str()), &lid('A', "s", 4), b"x");
+        let id = lid('A', "s", 4);
+        let data = br#"{"reason":"request_aborted","stream":"s","after":4,"lost_from":null,"lost_to":null,"head":4}"#;
+        let verdict = client_verdict(&cp, &reconnect(Some(a.as_str()), resync(&id, data)));
+        assert!(
+            matches!(&verdict, Verdict::Resynced(n) if n.reason == ResyncReason::RequestAborted),
+            "{verdict:?}"
+        );
+    }
+
+    #[test]
+    fn a_resync_that_does_not_continue_from_the_cursor_is_a_divergence() {
+        let a = epoch('A');
+        let cp = checkpoint(Some(a.as_str()), &lid('A', "s", 4), b"x");
+        let cases: [(String, &[u8]); 6] = [
+            // Starts after a hole: event 5 is neither delivered nor named lost.
+            (
+                lid('A', "s", 9),
+                br#"{"reason":"evicted","stream":"s","after":5,"lost_from":6,"lost_to":9,"head":9}"#,
+            ),
+            // Its id is not the last position it names.
+            (
+                lid('A', "s", 12),
+                br#"{"reason":"evicted","stream":"s","after":4,"lost_from":5,"lost_to":9,"head":12}"#,
+            ),
+            // Another stream's notice.
+            (
+                lid('A', "t", 9),
+                br#"{"reason":"evicted","stream":"t","after":4,"lost_from":5,"lost_to":9,"head":9}"#,
+            ),
+            // A resume the server could not continue at all.
+            (
+                lid('A', "s", 2),
+                br#"{"reason":"ahead_of_head","stream":"s","after":4,"lost_from":null,"lost_to":null,"head":2}"#,
+            ),
+            (
+                lid('A', "s", 4),
+                br#"{"reason":"unknown_stream","stream":"s","after":4,"lost_from":null,"lost_to":null,"head":0}"#,
+            ),
+            // Not a notice at all.
+            (lid('A', "s", 5), b"{}"),
+        ];
+        for (id, data) in cases {
+            let verdict = client_verdict(&cp, &reconnect(Some(a.as_str()), resync(&id, data)));
+            assert_eq!(kind(&verdict), "resync", "{}", String::from_utf8_lossy(data));
+        }
+        let other_epoch = lid('B', "s", 9);
+        let data =
+            br#"{"reason":"evicted","stream":"s","after":4,"lost_from":5,"lost_to":9,"head":9}"#;
+        let verdict = client_verdict(
+            &cp,
+            &reconnect(Some(a.as_str()), resync(&other_epoch, data)),
+        );
+        assert_eq!(kind(&verdict), "epoch_changed");
     }
 
     #[test]
@@ -776,12 +903,64 @@ mod tests {
     }
 
     #[test]
-    fn validator_reports_resync_events() {
+    fn validator_reports_resync_events_that_do_not_continue_the_stream() {
         let mut v = StreamValidator::fresh();
         assert_eq!(
             v.accept(Some("1"), Some("resync"), b"{}")
                 .map_err(|d| d.kind()),
             Err("resync")
+        );
+        let mut v = StreamValidator::fresh();
+        v.accept(Some(&lid('A', "s", 3)), None, b"a")
+            .expect("first");
+        let data = br#"{"reason":"evicted","stream":"s","after":4,"lost_from":5,"lost_to":6,"head":6}"#;
+        assert_eq!(
+            v.accept(Some(&lid('A', "s", 6)), Some("resync"), data)
+                .map_err(|d| d.kind()),
+            Err("resync"),
+            "event 4 is neither delivered nor named lost"
+        );
+    }
+
+    #[test]
+    fn validator_accepts_a_gap_resync_then_the_events_after_it() {
+        let mut v = StreamValidator::fresh();
+        v.accept(Some(&lid('A', "s", 3)), None, b"a")
+            .expect("first");
+        let id = lid('A', "s", 6);
+        let data = br#"{"reason":"evicted","stream":"s","after":3,"lost_from":4,"lost_to":6,"head":9}"#;
+        let accepted = v.accept(Some(&id), Some("resync"), data).expect("exact");
+        assert!(
+            matches!(&accepted, Accepted::Resync(n) if n.lost == Some(SeqRange { from: 4, to: 6 })),
+            "{accepted:?}"
+        );
+        assert_eq!(v.last().map(|(id, _)| id.to_string()), Some(id));
+        assert_eq!(
+            v.accept(Some(&lid('A', "s", 7)), None, b"b"),
+            Ok(Accepted::Event)
+        );
+        assert_eq!(
+            v.accept(None, None, b"c").map_err(|d| d.kind()),
+            Err("non_monotonic"),
+            "no trailer after a resync that is not at the head"
+        );
+    }
+
+    #[test]
+    fn validator_accepts_one_trailer_after_a_resync_at_the_head() {
+        let mut v = StreamValidator::fresh();
+        v.accept(Some(&lid('A', "s", 3)), None, b"a")
+            .expect("first");
+        let data = br#"{"reason":"request_aborted","stream":"s","after":3,"lost_from":null,"lost_to":null,"head":3}"#;
+        let accepted = v
+            .accept(Some(&lid('A', "s", 3)), Some("resync"), data)
+            .expect("aborted at the cursor");
+        assert!(matches!(accepted, Accepted::Resync(_)));
+        assert_eq!(v.accept(None, None, b"error"), Ok(Accepted::Trailer));
+        assert_eq!(
+            v.accept(None, None, b"again").map_err(|d| d.kind()),
+            Err("non_monotonic"),
+            "one trailer only"
         );
     }
 

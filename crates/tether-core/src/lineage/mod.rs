@@ -3,8 +3,9 @@
 //!
 //! Event ids are `{epoch}:{stream}:{seq}` ([`EventId`]); digests tie an id to its content
 //! ([`Digest`]). The two decision procedures are pure functions: the server's
-//! [`decide_resume`] (seed 004) and the client's [`client_verdict`] with the per-event
-//! [`StreamValidator`] (seed 000).
+//! [`decide_resume`] (seed 004) with [`next_after`], the rule every reader of a stored stream
+//! follows, and the client's [`client_verdict`] with the per-event [`StreamValidator`]
+//! (seed 000).
 
 mod client;
 mod digest;
@@ -13,7 +14,7 @@ mod resync;
 mod server;
 
 pub use client::{
-    Checkpoint, Divergence, FirstEvent, Reconnect, SeqRange, StreamValidator, Unverifiable,
+    Accepted, Checkpoint, Divergence, FirstEvent, Reconnect, StreamValidator, Unverifiable,
     Verdict, client_verdict,
 };
 pub use digest::{Digest, DigestParseError};
@@ -21,8 +22,8 @@ pub use id::{
     Epoch, EventId, IdError, IdMap, ObservedId, StreamName, base64url, parse_canonical_u64,
     push_base64url,
 };
-pub use resync::{RESYNC_EVENT, ResyncNotice, ResyncReason};
+pub use resync::{RESYNC_EVENT, ResyncNotice, ResyncReason, SeqRange};
 pub use server::{
-    InvalidReason, ServerDecision, SessionLookup, StreamRange, StreamState, Then, check_session,
-    decide_resume,
+    InvalidReason, Next, ServerDecision, SessionLookup, StreamRange, StreamState, check_session,
+    decide_resume, next_after,
 };

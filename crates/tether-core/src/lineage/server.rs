@@ -2,12 +2,15 @@
 //!
 //! A resume is answered in one of three ways, decided here and nowhere else, in this order:
 //! the session must be live and be the incarnation that issued the cursor (else
-//! [`ServerDecision::SessionInvalid`]); then the retained history must cover the cursor (else
-//! [`ServerDecision::Resync`]); only then is the answer an exact [`ServerDecision::Replay`].
-//! Deciding reads state and changes none of it, so a resume can never renew an expired session.
+//! [`ServerDecision::SessionInvalid`]); then the cursor must name a position of one of its
+//! streams (else one [`ServerDecision::Resync`]); then the answer is a
+//! [`ServerDecision::Replay`] that follows [`next_after`], the one rule every reader of a stored
+//! stream follows: each retained event once, in order, and whatever is no longer retained said
+//! once by a resync event standing exactly where it was. Deciding reads state and changes none
+//! of it, so a resume can never renew an expired session.
 
 use super::id::{Epoch, EventId};
-use super::resync::{ResyncNotice, ResyncReason};
+use super::resync::{ResyncNotice, ResyncReason, SeqRange};
 
 /// What the session store knows about the session a resume names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +66,8 @@ pub enum StreamState {
     Aborted,
 }
 
-/// What the store retains of one stream.
+/// What the store retains of one stream. Retained events are always a contiguous suffix of the
+/// stream: `retained_from..=head`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StreamRange {
     /// Lowest sequence number still retained; `head + 1` when nothing is.
@@ -74,43 +78,67 @@ pub struct StreamRange {
     pub state: StreamState,
 }
 
-/// What the connection does once the decided events are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Then {
-    /// Keep the connection open and send new events as they are appended.
-    FollowLive,
-    /// Close the stream.
-    End,
+impl StreamRange {
+    /// The first retained event after `cursor`, if any.
+    pub fn first_after(&self, cursor: u64) -> Option<u64> {
+        let first = self.retained_from.max(cursor.saturating_add(1));
+        (first <= self.head).then_some(first)
+    }
 }
 
-impl Then {
-    fn after(state: StreamState) -> Then {
-        match state {
-            StreamState::Live => Then::FollowLive,
-            StreamState::Complete | StreamState::Aborted => Then::End,
-        }
+/// What a reader of a stored stream writes next, from its cursor (see [`next_after`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// The event after the cursor is retained: write the retained events, in order.
+    Events,
+    /// These events after the cursor are gone: write one resync event for exactly them
+    /// ([`ResyncNotice::evicted`]), then go on from the range's end.
+    Gap(SeqRange),
+    /// Nothing follows the cursor yet: wait for the head to move.
+    Wait,
+    /// The stream is complete and everything up to its head is written.
+    End,
+    /// The stream's producer died and everything up to its head is written: write one
+    /// `request_aborted` resync event ([`ResyncNotice::aborted`]), then end.
+    Aborted,
+}
+
+/// The one rule for following a stored stream, for a resume and for every later read alike:
+/// every retained event after the cursor once, in order; what is gone said once, exactly where
+/// it is; the end as the stream ended. `first_retained` is the first retained event after
+/// `cursor` as the store read it (the first event of a page), `range` what the store said of
+/// the stream just before.
+pub fn next_after(cursor: u64, range: StreamRange, first_retained: Option<u64>) -> Next {
+    let next = cursor.saturating_add(1);
+    match first_retained {
+        Some(first) if first <= next => Next::Events,
+        Some(first) => SeqRange::new(next, first - 1).map_or(Next::Events, Next::Gap),
+        // Events after the cursor were written but none of them is retained any more.
+        None if cursor < range.head => SeqRange::new(next, range.head).map_or(Next::Wait, Next::Gap),
+        None => match range.state {
+            StreamState::Live => Next::Wait,
+            StreamState::Complete => Next::End,
+            StreamState::Aborted => Next::Aborted,
+        },
     }
 }
 
 /// The answer to a resume.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ServerDecision {
-    /// 200: send exactly the events with `seq > after`, then follow `then`.
+    /// 200: the stream from the cursor, by [`next_after`]: exactly the retained events after
+    /// `after`, each loss said where it is, then the end as the stream ends (or new events).
     Replay {
-        /// The cursor's sequence number; its own event is not sent again.
+        /// The cursor's sequence number; its own event is never sent again.
         after: u64,
-        /// What follows the replay.
-        then: Then,
+        /// What the replay starts with, as the range read for the decision shows it.
+        starts: Next,
     },
     /// 404 with the reason; the session is left as it is.
     SessionInvalid(InvalidReason),
-    /// 200 whose first event is a `resync` event carrying the notice, then follow `then`.
-    Resync {
-        /// The data of the resync event.
-        notice: ResyncNotice,
-        /// What follows the resync event.
-        then: Then,
-    },
+    /// 200 with this one resync event and nothing else: the cursor names no position of the
+    /// stream (the session never had it, or it never got that far).
+    Resync(ResyncNotice),
 }
 
 /// Whether a session may be used at `now_ms`: its live incarnation's epoch, or why not.
@@ -129,9 +157,11 @@ pub fn check_session(session: SessionLookup<'_>, now_ms: u64) -> Result<&Epoch, 
     }
 }
 
-/// Decides how to answer a resume of `cursor` (seed 004's three-way branch).
+/// Decides how to answer a resume of `cursor` (seed 004's branch, in its order): the session
+/// first, then the history.
 ///
-/// `stream` is `None` when the session has no stream by the cursor's name.
+/// `stream` is `None` when the session never had a stream by the cursor's name (a stream whose
+/// events retention dropped is still known: its range retains nothing).
 pub fn decide_resume(
     session: SessionLookup<'_>,
     cursor: &EventId,
@@ -146,48 +176,22 @@ pub fn decide_resume(
         return ServerDecision::SessionInvalid(InvalidReason::IncarnationMismatch);
     }
     let after = cursor.seq;
-    let resync = |reason, lost: Option<(u64, u64)>, head, then| ServerDecision::Resync {
-        notice: ResyncNotice {
-            reason,
-            stream: cursor.stream.to_string(),
-            after,
-            lost_from: lost.map(|(from, _)| from),
-            lost_to: lost.map(|(_, to)| to),
-            head,
-        },
-        then,
+    let notice = |reason, head| ResyncNotice {
+        reason,
+        stream: cursor.stream.to_string(),
+        after,
+        lost: None,
+        head,
     };
     let Some(range) = stream else {
-        return resync(ResyncReason::UnknownStream, None, 0, Then::End);
+        return ServerDecision::Resync(notice(ResyncReason::UnknownStream, 0));
     };
-    let undelivered = (after < range.head).then(|| (after + 1, range.head));
     if after > range.head {
-        return resync(
-            ResyncReason::AheadOfHead,
-            None,
-            range.head,
-            Then::after(range.state),
-        );
-    }
-    if range.state == StreamState::Aborted {
-        return resync(
-            ResyncReason::RequestAborted,
-            undelivered,
-            range.head,
-            Then::End,
-        );
-    }
-    if after + 1 < range.retained_from {
-        return resync(
-            ResyncReason::Evicted,
-            undelivered,
-            range.head,
-            Then::after(range.state),
-        );
+        return ServerDecision::Resync(notice(ResyncReason::AheadOfHead, range.head));
     }
     ServerDecision::Replay {
         after,
-        then: Then::after(range.state),
+        starts: next_after(after, range, range.first_after(after)),
     }
 }
 
@@ -217,79 +221,84 @@ mod tests {
         }
     }
 
-    fn range(retained_from: u64, head: u64, state: StreamState) -> Option<StreamRange> {
-        Some(StreamRange {
+    fn range(retained_from: u64, head: u64, state: StreamState) -> StreamRange {
+        StreamRange {
             retained_from,
             head,
             state,
-        })
+        }
     }
 
-    fn resync_reason(
-        decision: &ServerDecision,
-    ) -> Option<(ResyncReason, Option<u64>, Option<u64>, u64)> {
-        match decision {
-            ServerDecision::Resync { notice, .. } => {
-                Some((notice.reason, notice.lost_from, notice.lost_to, notice.head))
+    fn gap(from: u64, to: u64) -> Next {
+        Next::Gap(SeqRange { from, to })
+    }
+
+    /// What a reader writes, following `range` (which does not change) from `cursor` to its end
+    /// or until it would wait: `n` for event `n`, `gap a..b`, `aborted`, `end`, `wait`.
+    fn follow(mut cursor: u64, range: StreamRange) -> Vec<String> {
+        let mut out = Vec::new();
+        for _ in 0..64 {
+            match next_after(cursor, range, range.first_after(cursor)) {
+                Next::Events => {
+                    cursor += 1;
+                    out.push(cursor.to_string());
+                }
+                Next::Gap(lost) => {
+                    out.push(format!("gap {}..{}", lost.from, lost.to));
+                    cursor = lost.to;
+                }
+                Next::Wait => return [out, vec!["wait".into()]].concat(),
+                Next::End => return [out, vec!["end".into()]].concat(),
+                Next::Aborted => return [out, vec!["aborted".into()]].concat(),
             }
-            _ => None,
         }
+        panic!("the reader did not stop: {out:?}");
+    }
+
+    fn replay(cursor_seq: u64, range: StreamRange) -> ServerDecision {
+        decide_resume(live(&epoch('A')), &cursor(cursor_seq), Some(range), NOW)
     }
 
     #[test]
     fn replayable_live_session_same_incarnation_covered_cursor_replays_after_cursor() {
-        let e = epoch('A');
-        let decision = decide_resume(live(&e), &cursor(5), range(0, 9, StreamState::Live), NOW);
+        let r = range(0, 9, StreamState::Live);
         assert_eq!(
-            decision,
+            replay(5, r),
             ServerDecision::Replay {
                 after: 5,
-                then: Then::FollowLive
+                starts: Next::Events
             }
         );
+        assert_eq!(follow(5, r), ["6", "7", "8", "9", "wait"]);
     }
 
     #[test]
     fn replay_never_includes_the_cursors_own_event() {
         // The cursor's event itself may already be evicted: only the events after it matter.
-        let e = epoch('A');
-        let decision = decide_resume(live(&e), &cursor(5), range(6, 9, StreamState::Live), NOW);
+        let r = range(6, 9, StreamState::Live);
         assert_eq!(
-            decision,
+            replay(5, r),
             ServerDecision::Replay {
                 after: 5,
-                then: Then::FollowLive
+                starts: Next::Events
             }
         );
+        assert_eq!(follow(5, r), ["6", "7", "8", "9", "wait"]);
     }
 
     #[test]
     fn completed_stream_is_replayed_then_ended() {
-        let e = epoch('A');
-        let decision = decide_resume(
-            live(&e),
-            &cursor(2),
-            range(0, 4, StreamState::Complete),
-            NOW,
-        );
-        assert_eq!(
-            decision,
-            ServerDecision::Replay {
-                after: 2,
-                then: Then::End
-            }
-        );
+        assert_eq!(follow(2, range(0, 4, StreamState::Complete)), ["3", "4", "end"]);
     }
 
     #[test]
     fn cursor_at_head_of_live_stream_replays_nothing_and_follows() {
-        let e = epoch('A');
-        let decision = decide_resume(live(&e), &cursor(9), range(0, 9, StreamState::Live), NOW);
+        let r = range(0, 9, StreamState::Live);
         assert_eq!(
-            decision,
+            replay(9, r),
             ServerDecision::Replay {
                 after: 9,
-                then: Then::FollowLive
+                starts: Next::Wait
             }
         );
     }
@@ -299,7 +308,7 @@ mod tests {
         let decision = decide_resume(
             SessionLookup::Unknown,
             &cursor(5),
-            range(0, 9, StreamState::Live),
+            Some(range(0, 9, StreamState::Live)),
             NOW,
         );
         assert_eq!(
@@ -313,7 +322,7 @@ mod tests {
         let decision = decide_resume(
             SessionLookup::Terminated,
             &cursor(5),
-            range(0, 9, StreamState::Live),
+            Some(range(0, 9, StreamState::Live)),
             NOW,
         );
         assert_eq!(
@@ -341,7 +350,8 @@ mod tests {
             epoch: &e,
             expires_at_ms: NOW - 60_000,
         };
-        let decision = decide_resume(session, &cursor(5), range(0, 9, StreamState::Live), NOW);
+        let retained = Some(range(0, 9, StreamState::Live));
+        let decision = decide_resume(session, &cursor(5), retained, NOW);
         assert_eq!(
             decision,
             ServerDecision::SessionInvalid(InvalidReason::Expired)
@@ -351,7 +361,7 @@ mod tests {
             expires_at_ms: NOW,
         };
         assert_eq!(
-            decide_resume(at_deadline, &cursor(5), range(0, 9, StreamState::Live), NOW),
+            decide_resume(at_deadline, &cursor(5), retained, NOW),
             ServerDecision::SessionInvalid(InvalidReason::Expired)
         );
     }
@@ -362,7 +372,7 @@ mod tests {
         let decision = decide_resume(
             live(&rotated),
             &cursor(5),
-            range(0, 9, StreamState::Live),
+            Some(range(0, 9, StreamState::Live)),
             NOW,
         );
         assert_eq!(
@@ -383,7 +393,7 @@ mod tests {
             decide_resume(
                 SessionLookup::Terminated,
                 &cursor(500),
-                range(0, 9, StreamState::Aborted),
+                Some(range(0, 9, StreamState::Aborted)),
                 NOW
             ),
             ServerDecision::SessionInvalid(InvalidReason::Terminated)
@@ -391,102 +401,96 @@ mod tests {
     }
 
     #[test]
-    fn evicted_history_is_a_resync_naming_the_lost_range() {
-        let e = epoch('A');
-        let decision = decide_resume(live(&e), &cursor(3), range(6, 9, StreamState::Live), NOW);
+    fn evicted_history_is_said_once_then_the_retained_tail_follows_with_the_result() {
+        let r = range(6, 9, StreamState::Complete);
         assert_eq!(
-            resync_reason(&decision),
-            Some((ResyncReason::Evicted, Some(4), Some(9), 9))
-        );
-        assert!(matches!(
-            decision,
-            ServerDecision::Resync {
-                then: Then::FollowLive,
-                ..
+            replay(3, r),
+            ServerDecision::Replay {
+                after: 3,
+                starts: gap(4, 5)
             }
-        ));
+        );
+        assert_eq!(follow(3, r), ["gap 4..5", "6", "7", "8", "9", "end"]);
+        assert_eq!(
+            follow(3, range(6, 9, StreamState::Live)),
+            ["gap 4..5", "6", "7", "8", "9", "wait"]
+        );
     }
 
     #[test]
-    fn fully_evicted_completed_stream_is_a_resync_then_end() {
-        let e = epoch('A');
-        let decision = decide_resume(
-            live(&e),
-            &cursor(0),
-            range(10, 9, StreamState::Complete),
-            NOW,
-        );
+    fn a_stream_whose_retention_ran_out_is_evicted_with_its_exact_range() {
+        // What a tombstone says: the stream reached 9 and ended; nothing is retained.
+        let r = range(10, 9, StreamState::Complete);
         assert_eq!(
-            resync_reason(&decision),
-            Some((ResyncReason::Evicted, Some(1), Some(9), 9))
-        );
-        assert!(matches!(
-            decision,
-            ServerDecision::Resync {
-                then: Then::End,
-                ..
+            replay(2, r),
+            ServerDecision::Replay {
+                after: 2,
+                starts: gap(3, 9)
             }
-        ));
+        );
+        assert_eq!(follow(2, r), ["gap 3..9", "end"]);
+        assert_eq!(follow(0, r), ["gap 1..9", "end"]);
+    }
+
+    #[test]
+    fn an_aborted_stream_replays_what_is_retained_then_says_it_was_aborted() {
+        let r = range(0, 4, StreamState::Aborted);
+        assert_eq!(
+            replay(2, r),
+            ServerDecision::Replay {
+                after: 2,
+                starts: Next::Events
+            }
+        );
+        assert_eq!(follow(2, r), ["3", "4", "aborted"]);
+        assert_eq!(follow(4, r), ["aborted"]);
+        assert_eq!(
+            follow(0, range(3, 5, StreamState::Aborted)),
+            ["gap 1..2", "3", "4", "5", "aborted"]
+        );
     }
 
     #[test]
     fn cursor_ahead_of_head_is_a_resync_without_loss() {
-        let e = epoch('A');
-        let decision = decide_resume(live(&e), &cursor(12), range(0, 9, StreamState::Live), NOW);
-        assert_eq!(
-            resync_reason(&decision),
-            Some((ResyncReason::AheadOfHead, None, None, 9))
-        );
-    }
-
-    #[test]
-    fn unknown_stream_is_a_resync_then_end() {
-        let e = epoch('A');
-        let decision = decide_resume(live(&e), &cursor(2), None, NOW);
-        assert_eq!(
-            resync_reason(&decision),
-            Some((ResyncReason::UnknownStream, None, None, 0))
-        );
-        assert!(matches!(
-            decision,
-            ServerDecision::Resync {
-                then: Then::End,
-                ..
-            }
-        ));
-    }
-
-    #[test]
-    fn dead_producer_is_a_request_aborted_resync() {
-        let e = epoch('A');
-        let decision = decide_resume(live(&e), &cursor(2), range(0, 4, StreamState::Aborted), NOW);
-        assert_eq!(
-            resync_reason(&decision),
-            Some((ResyncReason::RequestAborted, Some(3), Some(4), 4))
-        );
-        assert!(matches!(
-            decision,
-            ServerDecision::Resync {
-                then: Then::End,
-                ..
-            }
-        ));
-        let at_head = decide_resume(live(&e), &cursor(4), range(0, 4, StreamState::Aborted), NOW);
-        assert_eq!(
-            resync_reason(&at_head),
-            Some((ResyncReason::RequestAborted, None, None, 4))
-        );
-    }
-
-    #[test]
-    fn resync_notice_names_the_cursor_and_stream() {
-        let e = epoch('A');
-        let ServerDecision::Resync { notice, .. } =
-            decide_resume(live(&e), &cursor(3), range(6, 9, StreamState::Live), NOW)
-        else {
+        let ServerDecision::Resync(notice) = replay(12, range(0, 9, StreamState::Live)) else {
             panic!("expected a resync");
         };
-        assert_eq!(notice.stream, "r1");
-        assert_eq!(notice.after, 3);
+        assert_eq!(
+            (notice.reason, notice.lost, notice.head, notice.position()),
+            (ResyncReason::AheadOfHead, None, 9, 9)
+        );
+    }
+
+    #[test]
+    fn a_stream_the_session_never_had_is_an_unknown_stream_resync_at_the_cursor() {
+        let e = epoch('A');
+        let ServerDecision::Resync(notice) = decide_resume(live(&e), &cursor(2), None, NOW) else {
+            panic!("expected a resync");
+        };
+        assert_eq!(
+            (notice.reason, notice.lost, notice.position()),
+            (ResyncReason::UnknownStream, None, 2)
+        );
+        assert_eq!((notice.stream.as_str(), notice.after), ("r1", 2));
+    }
+
+    #[test]
+    fn a_reader_that_falls_behind_is_told_the_gap_then_goes_on() {
+        // A page read after eviction moved past the cursor: its first event is not the next.
+        let r = range(8, 12, StreamState::Live);
+        assert_eq!(next_after(5, r, Some(8)), gap(6, 7));
+        assert_eq!(next_after(7, r, Some(8)), Next::Events);
+        // Everything after the cursor went between the range and the read.
+        assert_eq!(next_after(5, r, None), gap(6, 12));
+        assert_eq!(next_after(12, r, None), Next::Wait);
+    }
+
+    #[test]
+    fn first_after_is_the_first_retained_event_past_the_cursor() {
+        let r = range(6, 9, StreamState::Live);
+        assert_eq!(r.first_after(3), Some(6));
+        assert_eq!(r.first_after(7), Some(8));
+        assert_eq!(r.first_after(9), None);
+        assert_eq!(range(10, 9, StreamState::Complete).first_after(0), None);
     }
 }

@@ -4,14 +4,14 @@ use std::sync::Arc;
 
 use axum::response::Response;
 use http::{HeaderMap, StatusCode};
-use tether_core::lineage::{EventId, ResyncReason, ServerDecision, Then, decide_resume};
+use tether_core::lineage::{EventId, ServerDecision, decide_resume};
 use tether_core::mcp::header;
 use tether_store::SessionStatus;
 
 use super::reject::Rejection;
 use super::sse::{Connection, Prelude};
 use super::{check_load, guard, live_session, renew, session_headers, session_id, session_status, sse};
-use crate::dispatch::request_id_of_key;
+use crate::reader::StreamReader;
 use crate::{Shared, ids, now_ms};
 
 pub(crate) async fn get(
@@ -71,28 +71,30 @@ async fn resume(
     };
     let decision = decide_resume(status.lookup(), &cursor, range, now);
     crate::telemetry::resume(&decision);
-    let SessionStatus::Live(record) = status else {
-        return Err(match decision {
-            ServerDecision::SessionInvalid(reason) => Rejection::session_invalid(reason),
-            _ => Rejection::internal("decision_inconsistent", "a resume was allowed for a session that is not live"),
-        });
-    };
-    let request = shared.store.stream_request(id, &cursor.stream).await.map_err(|e| crate::store_rejection(&e))?;
-    let (cursor_seq, prelude, then) = match decision {
-        ServerDecision::SessionInvalid(reason) => return Err(Rejection::session_invalid(reason)),
-        ServerDecision::Replay { after, then } => (after, Prelude::None, then),
-        ServerDecision::Resync { notice, then } => {
-            let aborted = match notice.reason {
-                ResyncReason::RequestAborted => request.as_deref().and_then(request_id_of_key),
-                _ => None,
-            };
-            (notice.head, Prelude::Resync(notice, aborted), then)
+    let (record, after) = match (status, decision) {
+        (_, ServerDecision::SessionInvalid(reason)) => return Err(Rejection::session_invalid(reason)),
+        (SessionStatus::Live(record), ServerDecision::Replay { after, .. }) => (record, Ok(after)),
+        (SessionStatus::Live(record), ServerDecision::Resync(notice)) => (record, Err(notice)),
+        _ => {
+            return Err(Rejection::internal(
+                "decision_inconsistent",
+                "a resume was allowed for a session that is not live",
+            ));
         }
     };
     // Only a resume the decision allowed renews the session.
     renew(shared, &record, now).await?;
     let runtime = shared.sessions.runtime(&record, &shared.process_token);
-    if request.is_none() && range.is_some() {
+    let headers = session_headers(&runtime);
+    let after = match after {
+        Ok(after) => after,
+        Err(notice) => {
+            crate::telemetry::resync_sent(notice.reason);
+            return Ok(sse::response(sse::notice_body(record.epoch.as_str(), &notice), headers));
+        }
+    };
+    let request = shared.store.stream_request(id, &cursor.stream).await.map_err(|e| crate::store_rejection(&e))?;
+    if request.is_none() {
         // A resumed standalone stream is the session's standalone stream again (after a plain
         // GET elsewhere replaced it, server messages follow the client back).
         runtime.adopt_get_stream(&cursor.stream);
@@ -103,14 +105,12 @@ async fn resume(
             .map_err(|e| crate::store_rejection(&e))?;
     }
     let attachment = runtime.attach(&cursor.stream);
-    let headers = session_headers(&runtime);
+    let reader = StreamReader::new(Arc::clone(&shared.store), &record.id, cursor.stream, after);
     let connection = Connection {
         shared: Arc::clone(shared),
         runtime,
-        stream: cursor.stream,
-        cursor: cursor_seq,
-        prelude,
-        follow: then == Then::FollowLive,
+        reader,
+        prelude: Prelude::None,
         resumed: true,
         attachment,
     };

@@ -5,9 +5,11 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::response::Response;
+use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, Message, Notification, Request, RequestId, code};
+use tether_core::lineage::StreamState;
 use tether_core::mcp::{ProtocolVersion, meta, method};
 use tether_store::{RelayedAnswer, SessionRecord};
 
@@ -173,21 +175,24 @@ async fn respond(
     }
     check_load(shared, runtime)?;
     let id = request.id.clone();
-    let stream = match dispatch::start_legacy(shared, runtime, principal, request).await? {
-        Started::Running { stream, first } => match first.await {
+    let stream = match dispatch::start_legacy(shared, runtime, principal, request, None).await? {
+        Started::Running { stream, first, .. } => match first.await {
             Ok(FirstOutput::Final(bytes)) => return Ok(json_response(StatusCode::OK, bytes, headers)),
             Ok(FirstOutput::Event) | Err(_) => stream,
         },
         Started::Attach { stream } => {
-            let retained =
-                shared.store.stream_range(&runtime.id, &stream).await.map_err(|e| crate::store_rejection(&e))?;
-            if retained.is_none() {
-                // Never an empty stream: say that the earlier outcome is no longer retained.
-                let error = rpc_error(
-                    code::INVALID_REQUEST,
-                    "request_history_expired",
-                    format!("request id {id} was used before in this session and its stream is no longer retained"),
-                );
+            let range = shared.store.stream_range(&runtime.id, &stream).await.map_err(|e| crate::store_rejection(&e))?;
+            // Never an empty stream: an ended request none of whose events is retained says so.
+            let gone = match range {
+                None => Some(crate::idempotency::history_expired()),
+                Some(range) if range.first_after(0).is_some() => None,
+                Some(range) => match range.state {
+                    StreamState::Live => None,
+                    StreamState::Complete => Some(crate::idempotency::history_expired()),
+                    StreamState::Aborted => Some(crate::idempotency::aborted()),
+                },
+            };
+            if let Some(error) = gone {
                 let body = Message::Response(jsonrpc::Response::error(Some(id), error)).to_vec();
                 return Ok(json_response(StatusCode::OK, body, headers));
             }
@@ -224,64 +229,80 @@ fn protocol_method(runtime: &SessionRuntime, request: &Request) -> Option<Result
     }
 }
 
-/// A 2025-03-26 batch: every request runs, and the answer is the array of their responses.
+/// A 2025-03-26 batch: every request runs on one stream of the batch's, so one cursor resumes
+/// all of it. The answer is the array of their responses if each request's first output was
+/// its response; else the batch's stream as SSE, with every notification and every response.
 async fn respond_batch(
     shared: &Arc<Shared>,
     runtime: &Arc<SessionRuntime>,
     principal: Option<&str>,
     requests: Vec<Request>,
 ) -> Result<Response, Rejection> {
-    let mut responses = Vec::with_capacity(requests.len());
-    for request in requests {
-        let id = request.id.clone();
-        if let Some(outcome) = protocol_method(runtime, &request) {
-            responses.push(Message::Response(jsonrpc::Response { id: Some(id), outcome }));
-            continue;
-        }
-        let stream = match dispatch::start_legacy(shared, runtime, principal, request).await? {
-            Started::Running { stream, .. } | Started::Attach { stream } => stream,
-            Started::Conflict(error) => {
-                responses.push(Message::Response(jsonrpc::Response::error(Some(id), error)));
-                continue;
-            }
-        };
-        responses.push(final_response(shared, runtime, &stream, id).await?);
-    }
-    let body = serde_json::to_vec(&responses).map_err(|e| Rejection::internal("serialize_failed", e.to_string()))?;
-    Ok(json_response(StatusCode::OK, body, session_headers(runtime)))
-}
-
-/// Waits for a request's final response in the store (its notifications are not delivered in a
-/// JSON batch answer; they stay retained on the request's stream).
-async fn final_response(
-    shared: &Shared,
-    runtime: &SessionRuntime,
-    stream: &tether_core::lineage::StreamName,
-    id: RequestId,
-) -> Result<Message, Rejection> {
+    check_load(shared, runtime)?;
+    let stream = ids::stream_name('b').map_err(|e| Rejection::internal("random_failed", e.to_string()))?;
+    let ids: Vec<RequestId> = requests.iter().map(|r| r.id.clone()).collect();
+    let key = dispatch::batch_key(&stream, &ids);
     let store = &shared.store;
-    let mut head = store.watch(&runtime.id, stream).await.map_err(|e| crate::store_rejection(&e))?;
-    loop {
-        head.borrow_and_update();
-        let range = store.stream_range(&runtime.id, stream).await.map_err(|e| crate::store_rejection(&e))?;
-        if let Some(range) = range
-            && range.state != tether_core::lineage::StreamState::Live
-        {
-            let last = store.read(&runtime.id, stream, range.head.saturating_sub(1), 1).await;
-            let message = last
-                .ok()
-                .and_then(|events| events.into_iter().next())
-                .and_then(|e| jsonrpc::parse_message(&e.data).ok());
-            return Ok(match message {
-                Some(message @ Message::Response(_)) => message,
-                _ => Message::Response(jsonrpc::Response::error(
-                    Some(id),
-                    rpc_error(code::INTERNAL_ERROR, "no_response", "the request ended without a response"),
-                )),
-            });
+    store.begin_request(&runtime.id, &runtime.epoch, &key, &key, &stream).await.map_err(|e| crate::store_rejection(&e))?;
+    // Each request's response, once known; its place in the batch for the ones still running.
+    let mut answers: Vec<Option<Bytes>> = vec![None; requests.len()];
+    let mut firsts = tokio::task::JoinSet::new();
+    let mut tasks = Vec::new();
+    for (place, request) in requests.into_iter().enumerate() {
+        let id = request.id.clone();
+        let outcome = match protocol_method(runtime, &request) {
+            Some(outcome) => outcome,
+            None => match dispatch::start_legacy(shared, runtime, principal, request, Some(&stream)).await? {
+                Started::Running { first, task, .. } => {
+                    firsts.spawn(async move { (place, first.await) });
+                    tasks.push(task);
+                    continue;
+                }
+                Started::Conflict(error) => Err(error),
+                // A batch's request sent before is answered on the batch's stream (dispatch).
+                Started::Attach { .. } => Err(rpc_error(code::INTERNAL_ERROR, "attach_in_batch", "unreachable")),
+            },
+        };
+        let response = Bytes::from(Message::Response(jsonrpc::Response { id: Some(id), outcome }).to_vec());
+        store
+            .append(&runtime.id, &runtime.epoch, &stream, response.clone(), false)
+            .await
+            .map_err(|e| crate::store_rejection(&e))?;
+        answers[place] = Some(response);
+    }
+    // The batch's stream ends once every request's outcome is in it.
+    let (ending, session, epoch, ended) = (Arc::clone(store), runtime.id.clone(), runtime.epoch.clone(), stream.clone());
+    tokio::spawn(async move {
+        for task in tasks {
+            let _ = task.await;
         }
-        if head.changed().await.is_err() {
-            return Err(Rejection::session_invalid(tether_core::lineage::InvalidReason::Terminated));
+        if let Err(err) = ending.end_stream(&session, &epoch, &ended).await {
+            tracing::debug!(%err, "ending a batch's stream");
+        }
+    });
+    let mut streamed = false;
+    while let Some(first) = firsts.join_next().await {
+        match first {
+            Ok((place, Ok(FirstOutput::Final(response)))) => answers[place] = Some(response),
+            _ => {
+                streamed = true;
+                break;
+            }
         }
     }
+    let headers = session_headers(runtime);
+    if streamed {
+        let attachment = runtime.attach(&stream);
+        let connection = Connection::fresh(shared, Arc::clone(runtime), stream, attachment);
+        return Ok(sse::response(connection.into_body(), headers));
+    }
+    let mut body = b"[".to_vec();
+    for (i, response) in answers.iter().flatten().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(response);
+    }
+    body.push(b']');
+    Ok(json_response(StatusCode::OK, body, headers))
 }

@@ -1,5 +1,6 @@
-//! SSE response bodies. A connection to a stream reads events from the store after its cursor,
-//! writes them, and waits for more; it never holds up the producer, which only appends.
+//! SSE response bodies. A connection to a stream writes what its [`StreamReader`] yields from
+//! the store after its cursor, and waits for more; it never holds up the producer, which only
+//! appends.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -10,19 +11,16 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures_util::stream;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, HeaderValue};
-use tether_core::jsonrpc::{self, Message, RequestId};
-use tether_core::lineage::{RESYNC_EVENT, ResyncNotice, StreamName, StreamState};
+use tether_core::jsonrpc::ErrorObject;
+use tether_core::lineage::{RESYNC_EVENT, ResyncNotice, StreamName};
 use tether_core::sse::{Encoder, OutgoingEvent};
-use tether_store::{HeadWatch, StoredEvent, StreamPage};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::DropGuard;
 
 use crate::Shared;
+use crate::reader::{Ending, Item, StreamReader};
 use crate::session::{Attachment, SessionRuntime};
-
-/// Events read from the store per round trip.
-const READ_BATCH: usize = 256;
 
 /// An SSE response with the headers every stream carries.
 pub(crate) fn response(body: Body, extra: impl IntoIterator<Item = (HeaderName, HeaderValue)>) -> Response {
@@ -42,21 +40,15 @@ pub(crate) enum Prelude {
     None,
     /// The priming event (the stream's event 0, empty data) with the `retry` hint (2025-11-25).
     Priming,
-    /// A resync event: the replay cannot be exact. For a request whose producer died, its
-    /// JSON-RPC error response follows, so clients waiting for the result stop waiting.
-    Resync(ResyncNotice, Option<RequestId>),
 }
 
 /// One connection to a session stream.
 pub(crate) struct Connection {
     pub shared: Arc<Shared>,
     pub runtime: Arc<SessionRuntime>,
-    pub stream: StreamName,
-    /// The last sequence number written (or skipped by a resync).
-    pub cursor: u64,
+    /// What the connection writes: the stream from its cursor.
+    pub reader: StreamReader,
     pub prelude: Prelude,
-    /// Whether to keep following once the retained events are written.
-    pub follow: bool,
     /// Whether the connection resumed the stream (`Last-Event-ID`): its events count as replayed.
     pub resumed: bool,
     pub attachment: Attachment,
@@ -65,7 +57,6 @@ pub(crate) struct Connection {
 struct Pump {
     conn: Connection,
     id_prefix: String,
-    head: Option<HeadWatch>,
     /// SEP-1699 polling: announce `retry` and close at this instant (2025-11-25 sessions).
     deadline: Option<Instant>,
     retry_ms: Option<u64>,
@@ -73,7 +64,7 @@ struct Pump {
 }
 
 impl Connection {
-    /// A connection to a new stream, from its start: primed where the version asks for it.
+    /// A connection to a stream from its start: primed where the version asks for it.
     pub fn fresh(
         shared: &Arc<Shared>,
         runtime: Arc<SessionRuntime>,
@@ -81,16 +72,8 @@ impl Connection {
         attachment: Attachment,
     ) -> Connection {
         let prelude = if runtime.version.primes_streams() { Prelude::Priming } else { Prelude::None };
-        Connection {
-            shared: Arc::clone(shared),
-            runtime,
-            stream,
-            cursor: 0,
-            prelude,
-            follow: true,
-            resumed: false,
-            attachment,
-        }
+        let reader = StreamReader::new(Arc::clone(&shared.store), &runtime.id, stream, 0);
+        Connection { shared: Arc::clone(shared), runtime, reader, prelude, resumed: false, attachment }
     }
 
     /// The streaming body of this connection.
@@ -99,13 +82,43 @@ impl Connection {
         let config = &self.shared.config;
         let retry_ms = polls.then(|| u64::try_from(config.sse_retry.as_millis()).unwrap_or(u64::MAX));
         let deadline = polls.then(|| Instant::now() + config.max_connection_duration);
-        let id_prefix = format!("{}:{}:", self.runtime.epoch, self.stream);
+        let id_prefix = format!("{}:{}:", self.runtime.epoch, self.reader.stream());
         crate::telemetry::stream_connections(1.0);
-        let pump = Pump { conn: self, id_prefix, head: None, deadline, retry_ms, done: false };
+        let pump = Pump { conn: self, id_prefix, deadline, retry_ms, done: false };
         Body::from_stream(stream::unfold(pump, |mut pump| async move {
             let chunk = pump.next_chunk().await?;
             Some((Ok::<_, Infallible>(chunk), pump))
         }))
+    }
+}
+
+/// A body of one resync event and nothing else: a resume the server cannot continue at all.
+pub(crate) fn notice_body(epoch: &str, notice: &ResyncNotice) -> Body {
+    let mut out = Vec::new();
+    write_notice(&mut out, &format!("{epoch}:{}:", notice.stream), notice);
+    Body::from(out)
+}
+
+/// Writes a resync event for `notice`, whose id is its position.
+fn write_notice(out: &mut Vec<u8>, id_prefix: &str, notice: &ResyncNotice) {
+    let id = format!("{id_prefix}{}", notice.position());
+    let data = notice.to_json();
+    encode(out, &OutgoingEvent { id: Some(&id), event: Some(RESYNC_EVENT), data: Some(data.as_bytes()), ..Default::default() });
+}
+
+/// Writes the JSON-RPC error that ends each request of `stream` whose response the stream will
+/// never carry, as an event without an id: it is not part of the stream's history, and
+/// resuming from the notice before it must not repeat it.
+async fn write_trailer(out: &mut Vec<u8>, shared: &Shared, session: &str, stream: &StreamName, error: ErrorObject) {
+    let request = match shared.store.stream_request(session, stream).await {
+        Ok(request) => request,
+        Err(err) => {
+            tracing::warn!(%err, %stream, "could not read the request of a stream that ended without its response");
+            return;
+        }
+    };
+    for response in request.as_deref().map(|key| crate::dispatch::trailer(key, &error)).unwrap_or_default() {
+        encode(out, &OutgoingEvent { data: Some(&response), ..Default::default() });
     }
 }
 
@@ -120,67 +133,17 @@ impl Pump {
         if self.done {
             return None;
         }
-        let mut out = Vec::new();
-        match std::mem::replace(&mut self.conn.prelude, Prelude::None) {
-            Prelude::None => {}
-            Prelude::Priming => {
-                let id = format!("{}0", self.id_prefix);
-                let event =
-                    OutgoingEvent { id: Some(&id), retry: self.retry_ms, data: Some(b""), ..Default::default() };
-                encode(&mut out, &event);
-                return Some(Bytes::from(out));
-            }
-            Prelude::Resync(notice, aborted) => {
-                let id = format!("{}{}", self.id_prefix, notice.head);
-                let data = notice.to_json();
-                let event = OutgoingEvent {
-                    id: Some(&id),
-                    event: Some(RESYNC_EVENT),
-                    data: Some(data.as_bytes()),
-                    ..Default::default()
-                };
-                encode(&mut out, &event);
-                if let Some(request) = aborted {
-                    let error = crate::idempotency::aborted();
-                    let response = Message::Response(jsonrpc::Response::error(Some(request), error)).to_vec();
-                    // No id: it is not part of the stream's history, and resuming from the
-                    // resync event's id must not repeat it.
-                    encode(&mut out, &OutgoingEvent { data: Some(&response), ..Default::default() });
-                }
-                return Some(Bytes::from(out));
-            }
+        if let Prelude::Priming = std::mem::replace(&mut self.conn.prelude, Prelude::None) {
+            let mut out = Vec::new();
+            let id = format!("{}0", self.id_prefix);
+            let event = OutgoingEvent { id: Some(&id), retry: self.retry_ms, data: Some(b""), ..Default::default() };
+            encode(&mut out, &event);
+            return Some(Bytes::from(out));
         }
         loop {
-            // A stream is watched only once it has to be waited for: most responses are whole
-            // by the time they are first read, and a watch costs the store a registration.
-            if let Some(head) = &mut self.head {
-                head.borrow_and_update();
-            }
-            let store = &self.conn.shared.store;
-            let (session, stream) = (&self.conn.runtime.id, &self.conn.stream);
-            // If the range says the stream ended, the page holds every event it ended with, so
-            // an empty page really means "nothing more".
-            let Ok(Some(StreamPage { range, events })) =
-                store.read_page(session, stream, self.conn.cursor, READ_BATCH).await
-            else {
-                return self.finish();
-            };
-            let at_end = move |cursor: u64| range.state != StreamState::Live && cursor >= range.head;
-            if !events.is_empty() {
-                let chunk = self.write_events(&events);
-                // The end of a finished stream: no need to read again to learn it.
-                self.done |= at_end(self.conn.cursor);
-                return chunk;
-            }
-            if !self.conn.follow || at_end(self.conn.cursor) {
-                return self.finish();
-            }
-            if self.head.is_none() {
-                // Read again once watched, so that nothing appended meanwhile is missed.
-                let watch = self.conn.shared.store.watch(&self.conn.runtime.id, &self.conn.stream).await;
-                let Ok(watch) = watch else { return self.finish() };
-                self.head = Some(watch);
-                continue;
+            let Ok(items) = self.conn.reader.read().await else { return self.finish() };
+            if !items.is_empty() {
+                return self.write(items).await;
             }
             if let Some(chunk) = self.wait().await {
                 return chunk;
@@ -188,24 +151,48 @@ impl Pump {
         }
     }
 
-    fn write_events(&mut self, events: &[StoredEvent]) -> Option<Bytes> {
-        let mut out = Vec::with_capacity(events.iter().map(|e| e.data.len() + self.id_prefix.len() + 32).sum());
+    /// Writes what the reader yielded: events with their lineage ids, each gap as one resync
+    /// event, and how the stream ended.
+    async fn write(&mut self, items: Vec<Item>) -> Option<Bytes> {
+        let mut out = Vec::with_capacity(
+            items.iter().map(|i| if let Item::Event(e) = i { e.data.len() } else { 256 } + self.id_prefix.len() + 32).sum(),
+        );
         let mut id = self.id_prefix.clone();
         let mut seq = itoa::Buffer::new();
-        for event in events {
-            if event.seq != self.conn.cursor + 1 {
-                // The connection fell behind retention. Close it: the client's resume gets an
-                // explicit resync instead of a silent gap.
-                self.done = true;
-                break;
+        let mut replayed = 0;
+        for item in items {
+            match item {
+                Item::Event(event) => {
+                    id.truncate(self.id_prefix.len());
+                    id.push_str(seq.format(event.seq));
+                    encode(&mut out, &OutgoingEvent { id: Some(&id), data: Some(&event.data), ..Default::default() });
+                    replayed += 1;
+                }
+                Item::Gap(notice) => {
+                    crate::telemetry::resync_sent(notice.reason);
+                    write_notice(&mut out, &self.id_prefix, &notice);
+                }
+                Item::End(ending) => {
+                    self.done = true;
+                    let (session, stream) = (&self.conn.runtime.id, self.conn.reader.stream());
+                    match ending {
+                        Ending::Complete { response_lost: false } | Ending::Gone => {}
+                        Ending::Complete { response_lost: true } => {
+                            let expired = crate::idempotency::history_expired();
+                            write_trailer(&mut out, &self.conn.shared, session, stream, expired).await;
+                        }
+                        Ending::Aborted(notice) => {
+                            crate::telemetry::resync_sent(notice.reason);
+                            write_notice(&mut out, &self.id_prefix, &notice);
+                            let aborted = crate::idempotency::aborted();
+                            write_trailer(&mut out, &self.conn.shared, session, stream, aborted).await;
+                        }
+                    }
+                }
             }
-            id.truncate(self.id_prefix.len());
-            id.push_str(seq.format(event.seq));
-            encode(&mut out, &OutgoingEvent { id: Some(&id), data: Some(&event.data), ..Default::default() });
-            self.conn.cursor = event.seq;
         }
         if self.conn.resumed {
-            crate::telemetry::events_replayed(events.len());
+            crate::telemetry::events_replayed(replayed);
         }
         if out.is_empty() { self.finish() } else { Some(Bytes::from(out)) }
     }
@@ -220,11 +207,10 @@ impl Pump {
         }
         let keep_alive = self.conn.shared.config.keep_alive;
         let deadline = self.deadline;
-        let Pump { head, conn, .. } = self;
-        let head = head.as_mut()?;
+        let Connection { reader, attachment, .. } = &mut self.conn;
         let woke = tokio::select! {
-            changed = head.changed() => Woke::Head(changed.is_ok()),
-            () = conn.attachment.superseded() => Woke::Close,
+            changed = reader.changed() => Woke::Head(changed.is_ok()),
+            () = attachment.superseded() => Woke::Close,
             () = sleep_until(deadline) => Woke::Close,
             () = tokio::time::sleep(keep_alive) => Woke::KeepAlive,
         };

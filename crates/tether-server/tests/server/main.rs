@@ -5,3 +5,4 @@ mod idempotency;
 mod modern;
 mod protocol;
 mod resume;
+mod resync;

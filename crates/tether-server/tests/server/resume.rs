@@ -59,7 +59,7 @@ async fn resume_of_a_live_stream_continues_without_gap_or_duplicate() {
 }
 
 #[tokio::test]
-async fn evicted_history_is_one_explicit_resync_event() {
+async fn evicted_history_is_said_once_then_the_retained_tail_follows() {
     let retention = Retention { max_events_per_stream: 4, ..Retention::default() };
     let server = start(ServerConfig { retention, ..config() }).await;
     let client = Client::new(&server);
@@ -69,18 +69,21 @@ async fn evicted_history_is_one_explicit_resync_event() {
     assert_eq!(response.status(), 200);
     let (events, ended) = drain(&mut response).await;
     assert!(ended);
-    assert_eq!(events.len(), 1, "exactly one event: {events:?}");
     assert_eq!(events[0].event.as_deref(), Some("resync"));
-    assert_eq!(events[0].id.as_deref(), Some(with_stream(&session.epoch, &ids, 11).as_str()));
+    assert_eq!(events[0].id.as_deref(), Some(with_stream(&session.epoch, &ids, 7).as_str()), "its id is the gap's end");
     let notice: serde_json::Value = serde_json::from_str(&events[0].data).expect("json");
     assert_eq!(notice["reason"], "evicted");
     assert_eq!(
-        (notice["after"].clone(), notice["lost_from"].clone(), notice["lost_to"].clone()),
-        (json!(1), json!(2), json!(11))
+        (notice["after"].clone(), notice["lost_from"].clone(), notice["lost_to"].clone(), notice["head"].clone()),
+        (json!(1), json!(2), json!(7), json!(11))
     );
-    // Resuming from the resync event's id replays nothing more: the client is told once.
+    let tail: Vec<u64> = events[1..].iter().map(|e| seq(e.id.as_deref().expect("id"))).collect();
+    assert_eq!(tail, [8, 9, 10, 11], "the retained tail, the result included");
+    assert_eq!(messages(&events).last().expect("result")["id"], 1);
+    // Resuming from the resync event's id replays the tail, not the notice: told once.
     let mut again = client.get(&session, events[0].id.as_deref()).send().await.expect("send");
-    assert!(drain(&mut again).await.0.is_empty());
+    let again: Vec<u64> = drain(&mut again).await.0.iter().map(|e| seq(e.id.as_deref().expect("id"))).collect();
+    assert_eq!(again, [8, 9, 10, 11]);
 }
 
 #[tokio::test]
@@ -194,8 +197,12 @@ async fn finished_streams_stay_replayable_for_the_retention_then_resync() {
     tokio::time::sleep(Duration::from_millis(1_600)).await;
     let mut late = client.get(&session, Some(&ids[0])).send().await.expect("send");
     let events = drain(&mut late).await.0;
-    assert_eq!(events.len(), 1);
+    assert_eq!(events.len(), 2, "{events:?}");
     assert_eq!(events[0].event.as_deref(), Some("resync"), "dropped history is reported, never silent");
+    let notice: serde_json::Value = serde_json::from_str(&events[0].data).expect("json");
+    assert_eq!((notice["lost_from"].clone(), notice["lost_to"].clone()), (json!(1), json!(3)), "exactly what is gone");
+    let error: serde_json::Value = serde_json::from_str(&events[1].data).expect("json");
+    assert_eq!((error["id"].clone(), error["error"]["data"]["reason"].clone()), (json!(1), json!("request_history_expired")));
 }
 
 #[tokio::test]

@@ -111,6 +111,16 @@ CREATE TABLE IF NOT EXISTS events (
     data BLOB NOT NULL,
     PRIMARY KEY (session, stream, seq)
 ) WITHOUT ROWID;
+-- Streams whose events retention dropped: how far they got and how they ended, kept while their
+-- session lives, so a resume is told exactly what is gone.
+CREATE TABLE IF NOT EXISTS tombstones (
+    session TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    head INTEGER NOT NULL,
+    state INTEGER NOT NULL,
+    request_key TEXT,
+    PRIMARY KEY (session, stream)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS requests (
     session TEXT NOT NULL,
     key TEXT NOT NULL,
@@ -478,6 +488,29 @@ fn delete_events_upto(txn: &Connection, session: &str, stream: &str, upto: i64) 
     Ok(deleted)
 }
 
+/// Turns the streams matching `condition` (whose events are already deleted) into tombstones;
+/// returns each one's session, name and the bytes it held.
+fn bury<P: rusqlite::Params + Copy>(
+    txn: &Connection,
+    condition: &str,
+    params: P,
+) -> Result<Vec<(String, String, i64)>, StoreError> {
+    execute(
+        txn,
+        &format!(
+            "INSERT OR REPLACE INTO tombstones (session, stream, head, state, request_key) \
+             SELECT session, stream, head, state, request_key FROM streams WHERE {condition}"
+        ),
+        params,
+    )
+    .map_err(backend)?;
+    let mut dropped = txn
+        .prepare_cached(&format!("DELETE FROM streams WHERE {condition} RETURNING session, stream, bytes"))
+        .map_err(backend)?;
+    let dropped = dropped.query_map(params, |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).map_err(backend)?;
+    dropped.collect::<Result<_, _>>().map_err(backend)
+}
+
 /// Keeps `stream` and its session within `retention`: ended streams of the session go first,
 /// then the oldest events of `stream` (never its newest). Byte counts are kept per stream and
 /// per session, so this costs a few indexed lookups, not a scan.
@@ -514,8 +547,7 @@ fn evict(
                 .map_err(backend)?;
                 execute(txn, "DELETE FROM events WHERE session = ?1 AND stream = ?2", params![session, ended])
                     .map_err(backend)?;
-                execute(txn, "DELETE FROM streams WHERE session = ?1 AND stream = ?2", params![session, ended])
-                    .map_err(backend)?;
+                bury(txn, "session = ?1 AND stream = ?2", params![session, ended])?;
                 add_session_bytes(txn, session, -bytes)?;
                 evicted.dropped.push(ended);
             }
@@ -843,7 +875,7 @@ impl Store for SqliteStore {
                 check_live(txn, &session, &epoch)?;
                 execute(txn, "UPDATE sessions SET ended = ?2 WHERE id = ?1", params![session, code])
                     .map_err(backend)?;
-                for table in ["events", "streams", "requests"] {
+                for table in ["events", "streams", "tombstones", "requests"] {
                     execute(txn, &format!("DELETE FROM {table} WHERE session = ?1"), [&session]).map_err(backend)?;
                 }
                 Ok(())
@@ -958,9 +990,10 @@ impl Store for SqliteStore {
         epoch: &Epoch,
         stream: &StreamName,
         events: Vec<Bytes>,
+        last: bool,
         key: &str,
     ) -> StoreFuture<'_, u64> {
-        self.append_events(session, epoch, stream, events, true, Some(key.to_owned()))
+        self.append_events(session, epoch, stream, events, last, Some(key.to_owned()))
     }
 
     fn end_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
@@ -1010,7 +1043,8 @@ impl Store for SqliteStore {
             let row: Option<(i64, i64, Option<i64>)> = query_row(
                 txn,
                 "SELECT head, state, (SELECT MIN(seq) FROM events WHERE session = ?1 AND stream = ?2) \
-                     FROM streams WHERE session = ?1 AND stream = ?2",
+                     FROM streams WHERE session = ?1 AND stream = ?2 \
+                 UNION ALL SELECT head, state, NULL FROM tombstones WHERE session = ?1 AND stream = ?2",
                 params![s, st],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
@@ -1027,9 +1061,13 @@ impl Store for SqliteStore {
     fn stream_request(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<String>> {
         let (s, st) = (session.to_owned(), stream.to_string());
         self.query(move |txn| {
-            query_row(txn, "SELECT request_key FROM streams WHERE session = ?1 AND stream = ?2", params![s, st], |r| {
-                r.get(0)
-            })
+            query_row(
+                txn,
+                "SELECT request_key FROM streams WHERE session = ?1 AND stream = ?2 \
+                 UNION ALL SELECT request_key FROM tombstones WHERE session = ?1 AND stream = ?2",
+                params![s, st],
+                |r| r.get(0),
+            )
             .optional()
             .map(Option::flatten)
             .map_err(backend)
@@ -1171,7 +1209,7 @@ impl Store for SqliteStore {
             let expired: Vec<String> =
                 expired.query_map([now], |r| r.get(0)).map_err(backend)?.collect::<Result<_, _>>().map_err(backend)?;
             for id in &expired {
-                for table in ["events", "streams", "requests"] {
+                for table in ["events", "streams", "tombstones", "requests"] {
                     execute(txn, &format!("DELETE FROM {table} WHERE session = ?1"), [id]).map_err(backend)?;
                 }
             }
@@ -1187,14 +1225,7 @@ impl Store for SqliteStore {
                 [cutoff],
             )
             .map_err(backend)?;
-            let mut dropped = txn
-                .prepare_cached("DELETE FROM streams WHERE state != 0 AND ended_at_ms <= ?1 RETURNING session, stream, bytes")
-                .map_err(backend)?;
-            let dropped: Vec<(String, String, i64)> = dropped
-                .query_map([cutoff], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-                .map_err(backend)?
-                .collect::<Result<_, _>>()
-                .map_err(backend)?;
+            let dropped = bury(txn, "state != 0 AND ended_at_ms <= ?1", [cutoff])?;
             let mut freed: HashMap<&str, i64> = HashMap::new();
             for (session, _, bytes) in &dropped {
                 *freed.entry(session).or_default() += bytes;

@@ -50,6 +50,12 @@ pub fn record(id: &str, epoch: Epoch, now: u64) -> SessionRecord {
     }
 }
 
+/// What a stream whose events retention dropped says of itself: how far it got and how it
+/// ended, with nothing retained.
+pub fn tombstone(head: u64, state: StreamState) -> Option<StreamRange> {
+    Some(StreamRange { retained_from: head + 1, head, state })
+}
+
 async fn seqs(store: &dyn Store, session: &str, s: &StreamName, after: u64) -> Vec<u64> {
     store.read(session, s, after, usize::MAX).await.expect("read").iter().map(|e| e.seq).collect()
 }
@@ -244,7 +250,11 @@ pub async fn a_batch_past_the_caps_keeps_the_newest_events(store: &dyn Store) {
     assert!(store.stream_range("s7b", &old).await.expect("range").is_some(), "under the byte cap");
     let big: Vec<Bytes> = (0..3).map(|_| Bytes::from(vec![b'b'; 200])).collect();
     assert_eq!(store.append_batch("s7b", &a, &s, big, false).await, Ok(15));
-    assert_eq!(store.stream_range("s7b", &old).await, Ok(None), "the ended stream went first");
+    assert_eq!(
+        store.stream_range("s7b", &old).await,
+        Ok(tombstone(1, StreamState::Complete)),
+        "the ended stream's events went first"
+    );
     let range = store.stream_range("s7b", &s).await.expect("range").expect("known");
     assert_eq!((range.retained_from, range.head), (8, 15));
 }
@@ -259,7 +269,11 @@ pub async fn session_byte_cap_evicts_ended_streams_first(store: &dyn Store) {
     store.append("s8", &a, &live, Bytes::from(vec![b'l'; 300]), false).await.expect("append");
     assert!(store.stream_range("s8", &old).await.expect("range").is_some());
     store.append("s8", &a, &live, Bytes::from(vec![b'l'; 300]), false).await.expect("append");
-    assert_eq!(store.stream_range("s8", &old).await, Ok(None), "ended stream evicted first");
+    assert_eq!(
+        store.stream_range("s8", &old).await,
+        Ok(tombstone(1, StreamState::Complete)),
+        "ended stream evicted first, its tombstone kept"
+    );
     let range = store.stream_range("s8", &live).await.expect("range").expect("live stream kept");
     assert_eq!(range.retained_from, 0);
     // Over the cap with no ended stream left: the live stream loses its oldest events.
@@ -284,7 +298,12 @@ pub async fn sweep_expires_idle_sessions_and_drops_old_history(store: &dyn Store
     assert!(store.stream_range("s9", &done).await.expect("range").is_some(), "ended stream retained");
     store.touch_session("s9", &a, TTL + 400).await.expect("touch");
     store.sweep(TTL + 600).await.expect("sweep");
-    assert_eq!(store.stream_range("s9", &done).await, Ok(None), "dropped after its retention");
+    assert_eq!(
+        store.stream_range("s9", &done).await,
+        Ok(tombstone(1, StreamState::Complete)),
+        "its events dropped after their retention"
+    );
+    assert!(seqs(store, "s9", &done, 0).await.is_empty());
     // Tombstones are forgotten after their time.
     store.sweep(TTL + 2_000).await.expect("sweep");
     assert_eq!(store.session("s10", TTL + 2_000).await, Ok(SessionStatus::Unknown));
@@ -412,7 +431,7 @@ pub async fn a_final_append_records_the_keys_outcome_even_if_the_session_is_gone
     assert_eq!(begun, Ok((BeginRequest::Started, Some(Claim::Claimed))));
     let response = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
     let events = vec![Bytes::from_static(b"progress"), response.clone()];
-    assert_eq!(store.append_final("s", &a, &stream("r1"), events, "k").await, Ok(2));
+    assert_eq!(store.append_final("s", &a, &stream("r1"), events, true, "k").await, Ok(2));
     let range = store.stream_range("s", &stream("r1")).await.expect("range").expect("stream");
     assert_eq!((range.head, range.state), (2, StreamState::Complete));
     assert_eq!(store.key_state("k", 101).await, Ok(Some(KeyState::Finished(response))));
@@ -421,7 +440,7 @@ pub async fn a_final_append_records_the_keys_outcome_even_if_the_session_is_gone
     store.end_session("s", &a, SessionEnd::Terminated).await.expect("end");
     let late = Bytes::from_static(br#"{"jsonrpc":"2.0","id":2,"result":{}}"#);
     assert_eq!(
-        store.append_final("s", &a, &stream("r2"), vec![late.clone()], "k2").await,
+        store.append_final("s", &a, &stream("r2"), vec![late.clone()], true, "k2").await,
         Err(StoreError::SessionGone)
     );
     assert_eq!(store.key_state("k2", 103).await, Ok(Some(KeyState::Finished(late))));
@@ -453,6 +472,44 @@ pub async fn idempotency_records_expire_and_are_bounded(store: &dyn Store) {
     assert!(known("d").await);
 }
 
+/// A stream whose events retention dropped keeps its tombstone (head, end, request) while its
+/// session lives, so a resume can be told exactly what is gone; the session's end forgets it.
+pub async fn a_dropped_stream_keeps_its_tombstone_while_its_session_lives(store: &dyn Store) {
+    let a = epoch('A');
+    let (request, standalone) = (stream("r1"), stream("g1"));
+    store.create_session(record("st", a.clone(), 0)).await.expect("create");
+    store.begin_request("st", &a, "n:7", "d", &request).await.expect("begin");
+    store.open_stream("st", &a, &standalone).await.expect("open");
+    let events = vec![Bytes::from_static(b"progress"), Bytes::from_static(b"result")];
+    store.append_batch("st", &a, &request, events, true).await.expect("append");
+    store.touch_session("st", &a, 100).await.expect("touch");
+    store.sweep(100).await.expect("sweep");
+    store.touch_session("st", &a, 700).await.expect("touch");
+    store.sweep(700).await.expect("sweep");
+    assert_eq!(store.stream_range("st", &request).await, Ok(tombstone(2, StreamState::Complete)));
+    assert_eq!(store.stream_request("st", &request).await, Ok(Some("n:7".to_owned())), "the request it carried");
+    let page = store.read_page("st", &request, 0, 10).await.expect("page").expect("known");
+    assert!(page.events.is_empty());
+    // A live stream is never buried.
+    assert_eq!(store.stream_range("st", &standalone).await.expect("range").map(|r| r.state), Some(StreamState::Live));
+    store.end_session("st", &a, SessionEnd::Terminated).await.expect("end");
+    assert_eq!(store.stream_range("st", &request).await, Ok(None), "forgotten with its session");
+}
+
+/// A request that shares its stream (a batch's) records its outcome without ending it.
+pub async fn a_final_append_may_leave_the_stream_open(store: &dyn Store) {
+    let a = epoch('A');
+    store.create_session(record("s", a.clone(), 0)).await.expect("create");
+    let begun = store.begin_keyed_request("s", &a, "n:1", "d", &stream("b1"), claim("k", "d", 100)).await;
+    assert_eq!(begun, Ok((BeginRequest::Started, Some(Claim::Claimed))));
+    let response = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
+    assert_eq!(store.append_final("s", &a, &stream("b1"), vec![response.clone()], false, "k").await, Ok(1));
+    let range = store.stream_range("s", &stream("b1")).await.expect("range").expect("stream");
+    assert_eq!((range.head, range.state), (1, StreamState::Live));
+    assert_eq!(store.key_state("k", 101).await, Ok(Some(KeyState::Finished(response))));
+    assert_eq!(store.append("s", &a, &stream("b1"), Bytes::from_static(b"next"), false).await, Ok(2));
+}
+
 /// Declares one `#[tokio::test]` per suite case, each with a fresh store from `$make`; with
 /// `guarded:` the expression gives `(guard, store)` and the guard (a server process) lives as
 /// long as the test.
@@ -481,6 +538,8 @@ macro_rules! store_suite {
             a_final_append_records_the_keys_outcome_even_if_the_session_is_gone,
             counter_additions_under_a_key_apply_once,
             idempotency_records_expire_and_are_bounded,
+            a_dropped_stream_keeps_its_tombstone_while_its_session_lives,
+            a_final_append_may_leave_the_stream_open,
         );
     };
     ($make:expr) => {

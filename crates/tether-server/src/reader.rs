@@ -1,0 +1,140 @@
+//! Following a stored stream from a cursor to its end: the one place that reads a stream for
+//! a connection (a POST's answer, a resume), for a request attached to another's stream, and
+//! for a batch. What it yields is decided by [`next_after`]: every retained event after the
+//! cursor once, in order; each part that is gone once, as a notice standing where it was; then
+//! how the stream ended.
+
+use std::sync::Arc;
+
+use tether_core::lineage::{Next, ResyncNotice, StreamName, next_after};
+use tether_store::{HeadWatch, Store, StoreError, StoredEvent, StreamPage};
+
+/// Events read from the store per round trip.
+const READ_BATCH: usize = 256;
+
+/// What follows the cursor.
+#[derive(Debug)]
+pub(crate) enum Item {
+    /// The next retained event.
+    Event(StoredEvent),
+    /// Events after the cursor that are gone: one resync event says so
+    /// ([`ResyncNotice::position`] is its id), and the stream goes on after them.
+    Gap(ResyncNotice),
+    /// The stream ended; nothing follows.
+    End(Ending),
+}
+
+/// How a followed stream ended.
+#[derive(Debug)]
+pub(crate) enum Ending {
+    /// Its producer finished. `response_lost`: the stream's last event (a request's response)
+    /// went in the gap just before the end, so the reader never gets it.
+    Complete { response_lost: bool },
+    /// Its producer died after the events read: the `request_aborted` notice to send.
+    Aborted(ResyncNotice),
+    /// The stream (or its session) no longer exists.
+    Gone,
+}
+
+/// A reader of one stored stream.
+pub(crate) struct StreamReader {
+    store: Arc<dyn Store>,
+    session: String,
+    stream: StreamName,
+    /// The last position read (or accounted for by a gap).
+    cursor: u64,
+    /// Made once the stream has to be waited for: most are whole by the time they are read,
+    /// and a watch costs the store a registration.
+    head: Option<HeadWatch>,
+    /// The last item read was a gap: a stream that ends right after it lost its last event.
+    after_gap: bool,
+    done: bool,
+}
+
+impl StreamReader {
+    /// A reader of `stream` of `session` that yields what follows `cursor`.
+    pub fn new(store: Arc<dyn Store>, session: &str, stream: StreamName, cursor: u64) -> StreamReader {
+        StreamReader {
+            store,
+            session: session.to_owned(),
+            stream,
+            cursor,
+            head: None,
+            after_gap: false,
+            done: false,
+        }
+    }
+
+    /// The stream followed.
+    pub fn stream(&self) -> &StreamName {
+        &self.stream
+    }
+
+    /// The items that follow the cursor now, in order, up to one page of events; empty when
+    /// nothing follows yet (then [`StreamReader::changed`] waits for more). After an
+    /// [`Item::End`], always empty.
+    pub async fn read(&mut self) -> Result<Vec<Item>, StoreError> {
+        if self.done {
+            return Ok(Vec::new());
+        }
+        loop {
+            if let Some(head) = &mut self.head {
+                head.borrow_and_update();
+            }
+            let page = self.store.read_page(&self.session, &self.stream, self.cursor, READ_BATCH).await?;
+            let Some(StreamPage { range, events }) = page else {
+                self.done = true;
+                return Ok(vec![Item::End(Ending::Gone)]);
+            };
+            let mut items = Vec::with_capacity(events.len() + 1);
+            // A full page may stop short of what is retained: read on from its end next time.
+            let full = events.len() >= READ_BATCH;
+            let mut events = events.into_iter().peekable();
+            loop {
+                if full && events.peek().is_none() {
+                    return Ok(items);
+                }
+                match next_after(self.cursor, range, events.peek().map(|e| e.seq)) {
+                    Next::Events => {
+                        // The page is contiguous: its next event is the one after the cursor.
+                        let Some(event) = events.next() else { break };
+                        self.cursor = event.seq;
+                        self.after_gap = false;
+                        items.push(Item::Event(event));
+                    }
+                    Next::Gap(lost) => {
+                        self.cursor = lost.to;
+                        self.after_gap = true;
+                        items.push(Item::Gap(ResyncNotice::evicted(self.stream.as_str(), lost, range.head)));
+                    }
+                    Next::Wait => break,
+                    Next::End => {
+                        self.done = true;
+                        items.push(Item::End(Ending::Complete { response_lost: self.after_gap }));
+                        break;
+                    }
+                    Next::Aborted => {
+                        self.done = true;
+                        items.push(Item::End(Ending::Aborted(ResyncNotice::aborted(self.stream.as_str(), range.head))));
+                        break;
+                    }
+                }
+            }
+            if !items.is_empty() || self.head.is_some() {
+                return Ok(items);
+            }
+            // Nothing yet: watch the stream, then read again, so nothing appended meanwhile is
+            // missed.
+            self.head = Some(self.store.watch(&self.session, &self.stream).await?);
+        }
+    }
+
+    /// Waits until the stream's head moves; `Err` when the stream or its session is gone.
+    pub async fn changed(&mut self) -> Result<(), StoreError> {
+        match &mut self.head {
+            Some(head) => head.changed().await.map_err(|_| StoreError::UnknownStream),
+            // Nothing to wait for: read again.
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! Exact resync, over real HTTP on the memory and embedded stores: a connection or a resume
+//! gets every retained event after its cursor once, in order, and whatever is gone said once
+//! by one resync event standing exactly where it was; never an empty 200.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tether_core::sse::Event;
+use tether_server::{Builder, ServerConfig, builtin::BuiltinHandler};
+use tether_store::{MemoryStore, Retention, SqliteStore, Store};
+
+use crate::common::*;
+
+/// The two stores a single process serves from.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Memory,
+    Embedded,
+}
+
+const KINDS: [Kind; 2] = [Kind::Memory, Kind::Embedded];
+
+/// A server whose store keeps at most `max_events` events per stream and ended streams for
+/// `retention`, with the store itself for looking at what it retains.
+async fn server(kind: Kind, max_events: usize, retention: Duration) -> (TestServer, Arc<dyn Store>) {
+    let retention = Retention {
+        max_events_per_stream: max_events,
+        ended_stream_ms: u64::try_from(retention.as_millis()).expect("short"),
+        ..Retention::default()
+    };
+    let store: Arc<dyn Store> = match kind {
+        Kind::Memory => Arc::new(MemoryStore::new(retention)),
+        Kind::Embedded => {
+            static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let dir = std::env::temp_dir().join(format!("tether-resync-{}-{n}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            Arc::new(SqliteStore::open(&dir, retention, "test").expect("open the embedded store"))
+        }
+    };
+    let config = ServerConfig { retention, ..config() };
+    let server = start_with(Builder::new(BuiltinHandler::new()).config(config).store(Arc::clone(&store))).await;
+    (server, store)
+}
+
+fn count(id: Value, to: u64) -> Value {
+    request(id, "tools/call", json!({"name": "count", "arguments": {"to": to}, "_meta": {"progressToken": "p"}}))
+}
+
+/// What a client sees: `n` for event n, `resync a..b` (or `resync <reason>`) with the id's seq,
+/// `trailer <reason>` for an event without an id.
+fn shape(events: &[Event]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| match (e.event.as_deref(), e.id.as_deref()) {
+            (Some("resync"), Some(id)) => {
+                let notice: Value = serde_json::from_str(&e.data).expect("notice");
+                match (notice["lost_from"].as_u64(), notice["lost_to"].as_u64()) {
+                    (Some(from), Some(to)) => format!("resync {from}..{to} @{}", seq(id)),
+                    _ => format!("resync {} @{}", notice["reason"].as_str().unwrap_or("?"), seq(id)),
+                }
+            }
+            (None, Some(id)) => seq(id).to_string(),
+            (None, None) => {
+                let message: Value = serde_json::from_str(&e.data).expect("message");
+                format!("trailer {}", message["error"]["data"]["reason"].as_str().unwrap_or("?"))
+            }
+            other => panic!("unexpected event {other:?}"),
+        })
+        .collect()
+}
+
+fn range(from: u64, to: u64) -> Vec<String> {
+    (from..=to).map(|n| n.to_string()).collect()
+}
+
+fn cat(parts: &[&[String]]) -> Vec<String> {
+    parts.concat()
+}
+
+fn s(text: &str) -> Vec<String> {
+    vec![text.to_owned()]
+}
+
+/// Reproduction 1: a POST whose own connection fell behind a small retention was answered with
+/// an empty 200 (2025-06-18) or the priming event alone (2025-11-25), and so was the same request
+/// id sent again. Now: one resync for exactly what is gone, then the retained tail and the result.
+#[tokio::test]
+async fn a_post_that_falls_behind_retention_goes_on_with_a_resync_and_the_retained_tail() {
+    for kind in KINDS {
+        let (server, _store) = server(kind, 10, Duration::from_secs(300)).await;
+        let client = Client::new(&server);
+        for (version, primed) in [("2025-06-18", false), ("2025-11-25", true)] {
+            let session = client.initialize(version).await;
+            for attempt in ["first", "re-sent id"] {
+                let mut response = client.post(Some(&session), &count(json!(1), 30)).send().await.expect("send");
+                assert_eq!(response.status(), 200);
+                let (events, ended) = drain(&mut response).await;
+                assert!(ended, "{kind:?} {version} {attempt}");
+                let prime = if primed { s("0") } else { Vec::new() };
+                // 31 events (30 notifications, the result); the last 10 are retained.
+                let expected = cat(&[&prime, &s("resync 1..21 @21"), &range(22, 31)]);
+                assert_eq!(shape(&events), expected, "{kind:?} {version} {attempt}");
+                let result = messages(&events).pop().expect("the result");
+                assert_eq!((result["id"].clone(), result["result"]["content"][0]["text"].clone()), (json!(1), json!("counted to 30")));
+            }
+        }
+    }
+}
+
+/// Reproduction 2: a resume from before the evicted part got a resync naming everything up to
+/// the head and nothing else, although the tail (the result included) was retained.
+#[tokio::test]
+async fn a_resume_from_before_an_evicted_part_gets_the_retained_tail_after_the_resync() {
+    for kind in KINDS {
+        let (server, _store) = server(kind, 10, Duration::from_secs(300)).await;
+        let client = Client::new(&server);
+        let session = client.initialize("2025-11-25").await;
+        let mut response = client.post(Some(&session), &count(json!(1), 30)).send().await.expect("send");
+        let (events, _) = drain(&mut response).await;
+        let priming = events[0].id.clone().expect("the priming event");
+        let stream = priming.rsplit_once(':').expect("lineage id").0.to_owned();
+        for (cursor, expected) in [
+            (0, cat(&[&s("resync 1..21 @21"), &range(22, 31)])),
+            (20, cat(&[&s("resync 21..21 @21"), &range(22, 31)])),
+            (21, range(22, 31)),
+            (28, range(29, 31)),
+        ] {
+            let mut resumed =
+                client.get(&session, Some(&format!("{stream}:{cursor}"))).send().await.expect("resume");
+            assert_eq!(resumed.status(), 200);
+            let (events, ended) = drain(&mut resumed).await;
+            assert!(ended);
+            assert_eq!(shape(&events), expected, "{kind:?} from {cursor}");
+        }
+    }
+}
+
+/// Reproduction 4: once a finished stream's retention ran out, a resume was told
+/// `unknown_stream` with nothing lost and an id behind its cursor. The stream's tombstone now
+/// says exactly what is gone, and the request's error ends it for whoever waits for the result.
+#[tokio::test]
+async fn a_stream_whose_retention_ran_out_is_resynced_with_its_exact_range() {
+    for kind in KINDS {
+        let (server, store) = server(kind, 10_000, Duration::from_millis(200)).await;
+        let client = Client::new(&server);
+        let session = client.initialize("2025-11-25").await;
+        let mut response = client.post(Some(&session), &count(json!(7), 3)).send().await.expect("send");
+        let (events, _) = drain(&mut response).await;
+        let cursor = events[2].id.clone().expect("event 2's id");
+        let name = tether_core::lineage::EventId::parse(&cursor).expect("lineage id").stream;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while store.stream_range(&session.id, &name).await.expect("range").is_some_and(|r| r.retained_from <= r.head) {
+            assert!(tokio::time::Instant::now() < deadline, "{kind:?}: retention never dropped the stream");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut resumed = client.get(&session, Some(&cursor)).send().await.expect("resume");
+        let (events, ended) = drain(&mut resumed).await;
+        assert!(ended);
+        assert_eq!(shape(&events), ["resync 3..4 @4", "trailer request_history_expired"], "{kind:?}");
+        assert_eq!(messages(&events)[1]["id"], 7, "the trailer answers the request");
+        // The same request id sent again is told its outcome is no longer retained.
+        let again = client.post(Some(&session), &count(json!(7), 3)).send().await.expect("send");
+        assert_eq!(reason_of(again).await, "request_history_expired", "{kind:?}");
+        // A stream the session never had is still unknown, and its notice stands at the cursor.
+        let unknown = format!("{}:rnever:5", session.epoch);
+        let (events, _) = drain(&mut client.get(&session, Some(&unknown)).send().await.expect("resume")).await;
+        assert_eq!(shape(&events), ["resync unknown_stream @5"], "{kind:?}");
+    }
+}
+
+/// The JSON-RPC error reason of a body (JSON-RPC error in an HTTP 200).
+async fn reason_of(response: reqwest::Response) -> String {
+    assert_eq!(response.status(), 200);
+    json_body(response).await["error"]["data"]["reason"].as_str().unwrap_or_default().to_owned()
+}
+
+/// Reproduction 5: in a 2025-03-26 batch, a request's notifications were stored and never sent
+/// (the answer was a JSON array of results). Now the batch's requests share one stream, answered
+/// as SSE with every notification and every response.
+#[tokio::test]
+async fn a_batch_carries_every_notification_and_every_response_of_its_requests() {
+    for kind in KINDS {
+        let (server, _store) = server(kind, 10_000, Duration::from_secs(300)).await;
+        let client = Client::new(&server);
+        let session = client.initialize("2025-03-26").await;
+        let batch = json!([count(json!(1), 3), request(json!(2), "ping", json!({})), count(json!("c"), 2)]);
+        let mut response = client.post(Some(&session), &batch).send().await.expect("send");
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["content-type"], "text/event-stream", "{kind:?}");
+        let (events, ended) = drain(&mut response).await;
+        assert!(ended, "the batch's stream ends once every request answered");
+        let ids: Vec<u64> = events.iter().map(|e| seq(e.id.as_deref().expect("every event has an id"))).collect();
+        assert_eq!(ids, (1..=8).collect::<Vec<_>>(), "one stream, contiguous: {kind:?}");
+        let messages = messages(&events);
+        let progress = messages.iter().filter(|m| m["method"] == "notifications/progress").count();
+        assert_eq!(progress, 5, "every notification of both calls: {messages:?}");
+        let mut answered: Vec<String> = messages.iter().filter_map(|m| m.get("id")).map(Value::to_string).collect();
+        answered.sort();
+        assert_eq!(answered, ["\"c\"", "1", "2"], "every response");
+        // A batch whose requests answer at once is still answered as a JSON array.
+        let quick = json!([request(json!(3), "ping", json!({})), request(json!(4), "tools/call",
+            json!({"name": "counter_get", "arguments": {"key": "b"}}))]);
+        let response = client.post(Some(&session), &quick).send().await.expect("send");
+        let body = json_body(response).await;
+        let ids: Vec<_> = body.as_array().expect("array").iter().map(|r| r["id"].clone()).collect();
+        assert_eq!(ids, [json!(3), json!(4)]);
+    }
+}
+
+/// A re-sent request id whose stream lost its oldest events gets the resync and what is left,
+/// the result included; a live request's re-send attaches from the start.
+#[tokio::test]
+async fn a_re_sent_request_id_gets_what_is_retained_of_its_stream() {
+    for kind in KINDS {
+        let (server, _store) = server(kind, 4, Duration::from_secs(300)).await;
+        let client = Client::new(&server);
+        let session = client.initialize("2025-06-18").await;
+        let call = request(json!(5), "tools/call", json!({"name": "count", "arguments": {"to": 8, "interval_ms": 1}}));
+        let (first, _) = drain(&mut client.post(Some(&session), &call).send().await.expect("send")).await;
+        let (again, ended) = drain(&mut client.post(Some(&session), &call).send().await.expect("send")).await;
+        assert!(ended);
+        assert_eq!(shape(&again), cat(&[&s("resync 1..5 @5"), &range(6, 9)]), "{kind:?} first: {:?}", shape(&first));
+        assert_eq!(messages(&again).last().expect("result")["id"], 5);
+    }
+}
+
+/// What a resume from `cursor` must show, given what the store retains of the (ended) stream:
+/// one resync for exactly the events after the cursor that are gone, every retained event after
+/// it, and the request's error if the gap took the result.
+fn expected_after(cursor: u64, retained: tether_core::lineage::StreamRange) -> Vec<String> {
+    let first = retained.retained_from.max(cursor + 1);
+    let mut out = Vec::new();
+    let gone_to = retained.head.min(first - 1);
+    if gone_to > cursor {
+        out.push(format!("resync {}..{gone_to} @{gone_to}", cursor + 1));
+    }
+    out.extend(range(first, retained.head));
+    if gone_to == retained.head && gone_to > cursor {
+        out.push("trailer request_history_expired".into());
+    }
+    out
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 24, ..Default::default() })]
+
+    /// For random retention limits, producers and cursors, on both stores: the POST's own answer
+    /// and a resume from any cursor deliver exactly the retained events after the cursor, and
+    /// one resync whose range is exactly what is missing.
+    #[test]
+    fn a_resume_delivers_exactly_the_retained_events_and_one_exact_resync(
+        max_events in 1usize..12,
+        to in 1u64..40,
+        pick in 0u64..64,
+        embedded in proptest::prelude::any::<bool>(),
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        runtime.block_on(async move {
+            let kind = if embedded { Kind::Embedded } else { Kind::Memory };
+            let (server, store) = server(kind, max_events, Duration::from_secs(300)).await;
+            let client = Client::new(&server);
+            let session = client.initialize("2025-11-25").await;
+            let (events, ended) = drain(&mut client.post(Some(&session), &count(json!(1), to)).send().await.expect("send")).await;
+            assert!(ended);
+            let priming = events[0].id.clone().expect("the priming event");
+            let name = tether_core::lineage::EventId::parse(&priming).expect("lineage id").stream;
+            let range = store.stream_range(&session.id, &name).await.expect("range").expect("the stream");
+            assert_eq!(range.head, to + 1, "{kind:?}");
+            // The answer itself, from its priming event.
+            assert_eq!(shape(&events[1..]), expected_after(0, range), "{kind:?} answer");
+            let cursor = pick % (range.head + 1);
+            let resumed = client.get(&session, Some(&format!("{}:{}:{cursor}", session.epoch, name))).send().await;
+            let (events, ended) = drain(&mut resumed.expect("resume")).await;
+            assert!(ended);
+            assert_eq!(shape(&events), expected_after(cursor, range), "{kind:?} from {cursor}");
+        });
+    }
+}
