@@ -137,3 +137,56 @@ fn a_keyed_call_is_not_reissued_to_a_restarted_memory_server_whose_records_are_n
     assert_eq!(lines.last().map(|l| l["event"].clone()), Some(json!("outcome_unknown")), "{lines:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Reproduction 3 of exact resync: a request the crash interrupted was answered, on resume from
+/// an early cursor, with `request_aborted` naming as lost the events that were on disk. Now the
+/// resume replays every event on disk, then says the request was aborted (nothing lost), then
+/// ends the request with its error.
+#[test]
+fn a_request_a_crash_interrupted_replays_what_is_on_disk_then_says_it_was_aborted() {
+    let dir = temp_dir("crash-replay");
+    let port = free_port();
+    let (mut server, url) = serve(port, &dir, &FAST);
+    let session = raw_session(&url);
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+        ("Mcp-Session-Id", session.as_str()),
+    ];
+    let call = r#"{"jsonrpc":"2.0","id":"c1","method":"tools/call","params":{"name":"count","arguments":{"to":30,"interval_ms":100},"_meta":{"progressToken":"p"}}}"#;
+    // Read the priming event and the first notifications, then let a few more reach the disk.
+    let (status, _, body) =
+        exchange(&url, "POST", &headers, call, |body| sse_events(body).len() >= 3, Duration::from_secs(10));
+    assert_eq!(status, 200);
+    let seen = sse_events(&body);
+    let cursor = seen[1].0.clone().expect("event 1's id");
+    std::thread::sleep(Duration::from_millis(700));
+    server.kill9();
+    let (_server, _) = serve(port, &dir, &FAST);
+    let mut resume = headers.to_vec();
+    resume.push(("Last-Event-ID", &cursor));
+    let (status, _, body) = exchange(&url, "GET", &resume, "", |_| false, Duration::from_secs(10));
+    assert_eq!(status, 200);
+    let events = sse_events(&body);
+    let (replayed, end) = events.split_at(events.len().saturating_sub(2));
+    let seqs: Vec<u64> = replayed
+        .iter()
+        .map(|(id, _, _)| id.as_deref().and_then(|id| id.rsplit(':').next()?.parse().ok()).expect("a lineage id"))
+        .collect();
+    println!("resumed from {cursor} after the crash: events {seqs:?}, then {end:?}");
+    assert!(seqs.len() >= 4, "the events written before the crash are replayed: {events:?}");
+    assert_eq!(seqs, (2..2 + seqs.len() as u64).collect::<Vec<_>>(), "every event on disk, in order");
+    let [(Some(id), Some(kind), notice), (None, None, error)] = end else { panic!("a notice and the error: {end:?}") };
+    assert_eq!(kind, "resync");
+    let notice: Value = serde_json::from_str(notice).expect("notice");
+    let head = *seqs.last().expect("replayed");
+    assert_eq!(
+        (notice["reason"].as_str(), notice["lost_from"].clone(), notice["head"].as_u64()),
+        (Some("request_aborted"), Value::Null, Some(head)),
+        "nothing on disk is declared lost"
+    );
+    assert!(id.ends_with(&format!(":{head}")), "the notice stands at the head: {id}");
+    let error: Value = serde_json::from_str(error).expect("error");
+    assert_eq!((error["id"].as_str(), error["error"]["data"]["reason"].as_str()), (Some("c1"), Some("request_aborted")));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -131,3 +131,104 @@ pub fn checkpointed_session(path: &Path) -> String {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// One HTTP/1.1 exchange over a plain socket with `Connection: close`: the status, the response
+/// headers (names in lowercase) and the body (de-chunked) as read until the server closes it,
+/// `enough` says so, or `timeout` passes.
+pub fn exchange(
+    url: &str,
+    method: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+    enough: impl Fn(&str) -> bool,
+    timeout: Duration,
+) -> (u16, Vec<(String, String)>, String) {
+    let authority = url.trim_start_matches("http://").split('/').next().expect("authority");
+    let mut stream = TcpStream::connect(authority).expect("connect");
+    let deadline = Instant::now() + timeout;
+    let mut request = format!("{method} /mcp HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    stream.write_all(request.as_bytes()).expect("send");
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let _ = stream.set_read_timeout(Some(left.min(Duration::from_millis(200))));
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(err) if matches!(err.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => break,
+        }
+        if let Some((_, _, body)) = split_response(&raw)
+            && enough(&body)
+        {
+            break;
+        }
+    }
+    split_response(&raw).expect("an HTTP response")
+}
+
+fn split_response(raw: &[u8]) -> Option<(u16, Vec<(String, String)>, String)> {
+    let text = String::from_utf8_lossy(raw);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let mut lines = head.lines();
+    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let chunked = headers.iter().any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
+    Some((status, headers, if chunked { dechunk(body) } else { body.to_owned() }))
+}
+
+/// The data of a chunked body read so far (a last partial chunk included).
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else { break };
+        if size == 0 {
+            break;
+        }
+        let end = size.min(rest.len());
+        out.push_str(&rest[..end]);
+        body = rest.get(end..).unwrap_or("").trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// The SSE events of a body: (id, event type, data) each.
+pub fn sse_events(body: &str) -> Vec<(Option<String>, Option<String>, String)> {
+    let mut decoder = tether_core::sse::Decoder::default();
+    let mut input = body.as_bytes();
+    let mut out = Vec::new();
+    while let Ok(Some(event)) = decoder.decode(&mut input) {
+        out.push((event.id, event.event, event.data));
+    }
+    out
+}
+
+/// A header's value.
+pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> &'a str {
+    headers.iter().find(|(n, _)| n == name).map_or("", |(_, v)| v.as_str())
+}
+
+/// Creates a 2025-11-25 session over a plain socket; returns its id.
+pub fn raw_session(url: &str) -> String {
+    let json = [("Content-Type", "application/json"), ("Accept", "application/json, text/event-stream")];
+    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    let (status, headers, _) = exchange(url, "POST", &json, init, |_| false, Duration::from_secs(10));
+    assert_eq!(status, 200);
+    let session = header(&headers, "mcp-session-id").to_owned();
+    let mut with_session = json.to_vec();
+    with_session.push(("Mcp-Session-Id", &session));
+    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    assert_eq!(exchange(url, "POST", &with_session, initialized, |_| false, Duration::from_secs(10)).0, 202);
+    session
+}
