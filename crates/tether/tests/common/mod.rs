@@ -143,10 +143,11 @@ pub fn exchange(
     enough: impl Fn(&str) -> bool,
     timeout: Duration,
 ) -> (u16, Vec<(String, String)>, String) {
-    let authority = url.trim_start_matches("http://").split('/').next().expect("authority");
+    let rest = url.trim_start_matches("http://");
+    let (authority, path) = rest.find('/').map_or((rest, "/"), |slash| rest.split_at(slash));
     let mut stream = TcpStream::connect(authority).expect("connect");
     let deadline = Instant::now() + timeout;
-    let mut request = format!("{method} /mcp HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n");
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n");
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
