@@ -1,6 +1,7 @@
 //! The black-box scenarios. Each sends a few requests, looks at what comes back, and gives a
 //! verdict with the evidence.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -49,12 +50,17 @@ impl Position {
     /// The id `by` events after `id`, written in the server's own scheme (none if it would
     /// overflow: a server's ids are input, never trusted to be small).
     fn ahead(id: &str, by: u64) -> Option<String> {
+        Position::at(id, Position::of(id)?.index.checked_add(by)?)
+    }
+
+    /// The id of position `index` of `id`'s stream, in the server's own scheme.
+    fn at(id: &str, index: u64) -> Option<String> {
         match ObservedId::parse(id) {
-            ObservedId::Lineage(id) => Some(EventId { seq: id.seq.checked_add(by)?, ..id }.to_string()),
-            ObservedId::Integer(index) => Some(index.checked_add(by)?.to_string()),
+            ObservedId::Lineage(id) => Some(EventId { seq: index, ..id }.to_string()),
+            ObservedId::Integer(_) => Some(index.to_string()),
             ObservedId::Opaque(text) => {
-                let (index, stream) = text.split_once('/')?;
-                Some(format!("{}/{stream}", index.parse::<u64>().ok()?.checked_add(by)?))
+                let (_, stream) = text.split_once('/')?;
+                Some(format!("{index}/{stream}"))
             }
         }
     }
@@ -431,6 +437,90 @@ pub(crate) async fn result_recoverable(
     Ok(check("result-recoverable", TITLE, verdict, vec![format!("resume from {first}: {}", answer.summary())]))
 }
 
+/// A call that outruns the server's retention, then resumes from its first event: whatever is
+/// gone must be named, once and exactly, and whatever is retained replayed. Classified as
+/// exact (pass), lossy (events missing without a word, or named lost although still retained)
+/// or silent (nothing at all).
+pub(crate) async fn evicted_cursor(
+    wire: &Wire,
+    session: &Session,
+    call: &StreamingCall,
+    arguments: Option<&Value>,
+) -> Result<Check, ProbeError> {
+    const ID: &str = "evicted-cursor";
+    const TITLE: &str = "a cursor whose history was evicted gets exactly what is retained, and what is gone named once";
+    let Some(arguments) = arguments else {
+        let why = "give --evict-args: arguments for the streaming tool that outrun the server's retention";
+        return Ok(check(ID, TITLE, Verdict::NotApplicable, vec![why.into()]));
+    };
+    const REQUEST: u64 = 103;
+    let long = StreamingCall { tool: call.tool.clone(), arguments: arguments.clone() };
+    let answer = wire.post(Some(session), &long.body(REQUEST), &[], 5_000, LONG).await?;
+    let answers = follow(wire, session, answer, REQUEST).await?;
+    let ids: Vec<String> = answers.iter().flat_map(|a| &a.events).filter_map(|e| e.id.clone()).collect();
+    let (Some(first), Some(start)) = (ids.first(), ids.first().and_then(|id| Position::of(id))) else {
+        return Ok(check(ID, TITLE, Verdict::NotApplicable, vec!["the call's events carry no positions".into()]));
+    };
+    let end = ids.iter().filter_map(|id| Position::of(id)).filter(|p| p.stream == start.stream).map(|p| p.index).max();
+    let end = end.unwrap_or(start.index);
+    let early = wire.get(session, Some(first), 5_000, LONG).await?;
+    // What the server still retains at the end of the stream: the truth a notice is held to.
+    let late_cursor = Position::at(first, end.saturating_sub(2).max(start.index)).unwrap_or_else(|| first.clone());
+    let late = wire.get(session, Some(&late_cursor), 50, LONG).await?;
+    let mut evidence = vec![
+        format!("the call's stream reached position {end}; resume from {first}: {}", early.summary()),
+        format!("resume from {late_cursor}: {}", late.summary()),
+    ];
+    if !early.ok() {
+        evidence.push("refused: more is lost than is gone, but never silently".into());
+        return Ok(check(ID, TITLE, Verdict::Warn, evidence));
+    }
+    let (replayed, named) = positions(&early, &start);
+    let (retained, _) = positions(&late, &start);
+    let needless: Vec<u64> = named.intersection(&retained).copied().collect();
+    let missing: Vec<u64> =
+        (start.index + 1..=end).filter(|p| !replayed.contains(p) && !named.contains(p)).collect();
+    let (verdict, class, signature) = if !needless.is_empty() {
+        evidence.push(format!("named lost but still replayed: {needless:?}"));
+        (Verdict::Fail, "lossy", Some("needless loss: a resync discards events the server still retains"))
+    } else if !missing.is_empty() && replayed.is_empty() && named.is_empty() {
+        (Verdict::Fail, "silent", Some("silent empty 200: the resume looks like a quiet stream"))
+    } else if !missing.is_empty() {
+        evidence.push(format!("missing without a word: {} events from {}", missing.len(), missing[0]));
+        (Verdict::Fail, "lossy", Some("gap: events after the cursor are missing"))
+    } else if named.is_empty() {
+        evidence.push("nothing was evicted: give --evict-args that outrun the server's retention".into());
+        (Verdict::NotApplicable, "not evicted", None)
+    } else {
+        (Verdict::Pass, "exact", None)
+    };
+    evidence.insert(0, format!("{class}: {} replayed, {} named lost", replayed.len(), named.len()));
+    let mut result = check(ID, TITLE, verdict, evidence);
+    result.signature = signature;
+    Ok(result)
+}
+
+/// The positions of `stream` an answer replayed, and those its `resync` events named lost
+/// (`lost_from..=lost_to`).
+fn positions(answer: &Answer, stream: &Position) -> (BTreeSet<u64>, BTreeSet<u64>) {
+    let (mut replayed, mut named) = (BTreeSet::new(), BTreeSet::new());
+    for event in &answer.events {
+        if event.event.as_deref() == Some("resync") {
+            let notice: Value = serde_json::from_str(&event.data).unwrap_or_default();
+            if let (Some(from), Some(to)) = (notice["lost_from"].as_u64(), notice["lost_to"].as_u64()) {
+                // Bounded by the probe's own reading: a notice is input, never trusted to be small.
+                named.extend(from..=to.min(from.saturating_add(100_000)));
+            }
+            continue;
+        }
+        let position = event.id.as_deref().and_then(Position::of);
+        if let Some(position) = position.filter(|p| p.stream == stream.stream) {
+            replayed.insert(position.index);
+        }
+    }
+    (replayed, named)
+}
+
 #[cfg(test)]
 mod tests {
     use super::Position;
@@ -442,6 +532,8 @@ mod tests {
         assert!(!Position::of("1/4").expect("other stream").at_or_before(&rmcp));
         assert!(!Position::of("3/3").expect("later").at_or_before(&rmcp));
         assert_eq!(Position::ahead("2/3", 1_000).as_deref(), Some("1002/3"));
+        assert_eq!(Position::at("2/3", 7).as_deref(), Some("7/3"));
+        assert_eq!(Position::at("41", 7).as_deref(), Some("7"));
         assert_eq!(Position::ahead("41", 1_000).as_deref(), Some("1041"));
         assert_eq!(Position::of("0b6c_1796047336263_1chccux6"), None);
         assert_eq!(Position::ahead("x/3", 1), None);

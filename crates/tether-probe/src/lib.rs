@@ -49,6 +49,9 @@ pub struct ProbeConfig {
     pub restart_command: Option<String>,
     /// Other replicas behind the same deployment; enables the replica-switch check.
     pub replicas: Vec<String>,
+    /// Arguments for the streaming tool that make it send more events than the server retains
+    /// per stream; enables the evicted-cursor check.
+    pub evict_arguments: Option<Value>,
 }
 
 /// The checks so far, shown to `progress` as each one finishes.
@@ -91,6 +94,7 @@ pub async fn run(config: ProbeConfig, progress: impl FnMut(&Check)) -> Result<Re
             out.extend(checks::bad_cursors(&wire, &session, cursor.as_deref()).await?);
             out.push(checks::isolation(&wire, cursor.as_deref()).await?);
             out.push(checks::result_recoverable(&wire, &session, &reference).await?);
+            out.push(checks::evicted_cursor(&wire, &session, &call, config.evict_arguments.as_ref()).await?);
             for replica in &config.replicas {
                 out.push(checks::replica_resume(&wire, &wire.at(replica), &session, &call, &reference).await?);
             }

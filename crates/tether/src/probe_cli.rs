@@ -40,6 +40,11 @@ pub struct ProbeArgs {
     /// Another replica of the same deployment: a call started on URL is resumed there.
     #[arg(long = "replica")]
     replicas: Vec<String>,
+    /// Arguments for the streaming tool (a JSON object) that make it send more events than the
+    /// server retains per stream: enables the evicted-cursor check (for tether started with
+    /// `--max-events-per-stream 10`, `--evict-args '{"to": 40}'`).
+    #[arg(long)]
+    evict_args: Option<String>,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
@@ -62,7 +67,12 @@ pub async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
             eprint!("\r\x1b[2K[{done:>2}] {} {}", check.verdict.paint(check.verdict.as_str()), check.id);
         }
     };
-    let config = ProbeConfig { url: args.url, tool, restart_command: args.restart_cmd, replicas: args.replicas };
+    let evict_arguments = match &args.evict_args {
+        Some(json) => Some(serde_json::from_str(json).context("--evict-args is not JSON")?),
+        None => None,
+    };
+    let config =
+        ProbeConfig { url: args.url, tool, restart_command: args.restart_cmd, replicas: args.replicas, evict_arguments };
     let report = tether_probe::run(config, progress).await;
     if terminal {
         eprint!("\r\x1b[2K");
