@@ -145,3 +145,27 @@ async fn request_ids_past_the_bound_are_forgotten_oldest_first() {
     let (_server, store) = fresh().await;
     suite::request_ids_past_the_bound_are_forgotten_oldest_first(&store).await;
 }
+
+#[tokio::test]
+async fn tombstones_past_the_bound_are_forgotten_oldest_first() {
+    let (_server, store) = fresh().await;
+    let a = suite::epoch('A');
+    let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("rt", a.clone(), 0) };
+    store.create_session(record).await.expect("create");
+    // Five streams dropped one sweep apart; the bound (4) keeps the last four tombstones.
+    for (n, now) in (1..=5).zip((1..).step_by(600)) {
+        let name = suite::stream(&format!("t{n}"));
+        store.open_stream("rt", &a, &name).await.expect("open");
+        store.append("rt", &a, &name, Bytes::from_static(b"x"), true).await.expect("append");
+        store.sweep(now).await.expect("sweep");
+    }
+    store.sweep(4_000).await.expect("sweep");
+    let range = |n: u32| {
+        let store = &store;
+        async move { store.stream_range("rt", &suite::stream(&format!("t{n}"))).await.expect("range") }
+    };
+    assert_eq!(range(1).await, None, "the oldest tombstone went past the bound");
+    for n in 2..=5 {
+        assert_eq!(range(n).await, suite::tombstone(1, StreamState::Complete), "tombstone t{n}");
+    }
+}

@@ -332,10 +332,13 @@ impl StreamValidator {
     ) -> Result<Accepted, Divergence> {
         let trailer = std::mem::take(&mut self.trailer);
         if event == Some(RESYNC_EVENT) {
-            let Some((last, _)) = &self.last else {
-                return Err(Divergence::Resync(resync_notice(data)));
+            // A stream followed from its start (without a priming event) is at its position 0.
+            let start = match (&self.last, id.map(ObservedId::parse)) {
+                (Some((last, _)), _) => last.clone(),
+                (None, Some(ObservedId::Lineage(id))) => ObservedId::Lineage(id.with_seq(0)),
+                (None, _) => return Err(Divergence::Resync(resync_notice(data))),
             };
-            let notice = judge_resync(last, id, data)?;
+            let notice = judge_resync(&start, id, data)?;
             if let Some(raw) = id {
                 self.last = Some((ObservedId::parse(raw), Digest::of(raw, data)));
             }
@@ -943,6 +946,27 @@ mod tests {
             v.accept(None, None, b"c").map_err(|d| d.kind()),
             Err("non_monotonic"),
             "no trailer after a resync that is not at the head"
+        );
+    }
+
+    #[test]
+    fn validator_of_a_fresh_stream_accepts_a_resync_from_its_start() {
+        // A 2025-06-18 POST answer has no priming event: its first event may be the gap's notice.
+        let mut v = StreamValidator::fresh();
+        let data = br#"{"reason":"evicted","stream":"s","after":0,"lost_from":1,"lost_to":4,"head":9}"#;
+        let accepted = v.accept(Some(&lid('A', "s", 4)), Some("resync"), data);
+        assert!(matches!(accepted, Ok(Accepted::Resync(_))), "{accepted:?}");
+        assert_eq!(
+            v.accept(Some(&lid('A', "s", 5)), None, b"x"),
+            Ok(Accepted::Event)
+        );
+        let mut v = StreamValidator::fresh();
+        let later = br#"{"reason":"evicted","stream":"s","after":1,"lost_from":2,"lost_to":4,"head":9}"#;
+        assert_eq!(
+            v.accept(Some(&lid('A', "s", 4)), Some("resync"), later)
+                .map_err(|d| d.kind()),
+            Err("resync"),
+            "event 1 is neither delivered nor named lost"
         );
     }
 
