@@ -81,16 +81,34 @@ fn wait_for_port(port: u16) {
     panic!("server on {port} did not start");
 }
 
-/// Starts `tether serve` (with `extra` flags) through a restart script, probes it with that script
-/// as `--restart-cmd`, stops the server and returns the probe's exit status and report.
-fn probe_across_a_restart(name: &str, extra: &str) -> (Option<i32>, Value) {
+/// The pid the restart script recorded last.
+fn recorded_pid(dir: &Path) -> u32 {
+    std::fs::read_to_string(dir.join("pid")).expect("pid file").trim().parse().expect("a pid")
+}
+
+/// Whether process `pid` still runs (a zombie waiting to be reaped does not).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .is_ok_and(|status| !status.lines().any(|l| l.starts_with("State:") && l.contains('Z')))
+}
+
+/// Starts `tether serve` (with `extra` flags) through a restart script, probes it (with `args`)
+/// with that script as `--restart-cmd`, stops the server and returns the probe's exit status and
+/// report, after checking that the restart really replaced the process.
+fn probe_across_a_restart(name: &str, extra: &str, args: &[&str]) -> (Option<i32>, Value) {
     let dir = temp_dir(name);
     let port = free_port();
     let command = restart_script(&dir, port, extra);
     let started = Started(dir.clone());
     assert!(Command::new("sh").arg("-c").arg(&command).status().expect("start").success());
     wait_for_port(port);
-    let outcome = probe(&[&format!("http://127.0.0.1:{port}/mcp"), "--restart-cmd", &command]);
+    let first = recorded_pid(&dir);
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let outcome = probe(&[&[url.as_str(), "--restart-cmd", &command], args].concat());
+    let second = recorded_pid(&dir);
+    assert_ne!(first, second, "the probe restarted the server");
+    assert!(!running(first), "the first server (pid {first}) was killed");
+    assert!(running(second), "the restarted server (pid {second}) answered the probe");
     drop(started);
     let _ = std::fs::remove_dir_all(&dir);
     outcome
@@ -98,7 +116,8 @@ fn probe_across_a_restart(name: &str, extra: &str) -> (Option<i32>, Value) {
 
 #[test]
 fn embedded_store_survives_a_kill_9_restart_with_continuous_history() {
-    let (code, report) = probe_across_a_restart("probe-restart", "");
+    let evicting = ["--evict-args", r#"{"to": 40}"#];
+    let (code, report) = probe_across_a_restart("probe-restart", "--max-events-per-stream 10", &evicting);
     assert_eq!(code, Some(0), "{report:#}");
     assert!(verdicts(&report).iter().all(|(_, v)| v == "pass"), "{report:#}");
     assert!(evidence(&report, "restart").contains("continuous history"), "{report:#}");
@@ -106,7 +125,7 @@ fn embedded_store_survives_a_kill_9_restart_with_continuous_history() {
 
 #[test]
 fn memory_store_restart_answers_404() {
-    let (code, report) = probe_across_a_restart("probe-restart-memory", "--store memory");
+    let (code, report) = probe_across_a_restart("probe-restart-memory", "--store memory", &[]);
     assert_eq!(code, Some(0), "{report:#}");
     assert_eq!(verdict(&report, "restart"), "pass");
     assert!(evidence(&report, "restart").contains("HTTP 404"), "{report:#}");
