@@ -397,17 +397,68 @@ async fn notify_all_reaches_every_sessions_standalone_stream_once() {
     }
 }
 
+/// The largest send buffer the kernel gives a socket (`tcp_wmem`'s maximum), or 4 MiB.
+fn largest_send_buffer() -> usize {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_wmem").unwrap_or_default();
+    text.split_whitespace().nth(2).and_then(|n| n.parse().ok()).unwrap_or(4 << 20)
+}
+
 #[tokio::test]
 async fn a_client_that_stops_reading_never_blocks_the_producer() {
-    let server = start(config()).await;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let retention = tether_store::Retention { max_events_per_stream: 2_000, ..Default::default() };
+    let server = start(ServerConfig { retention, ..config() }).await;
     let client = Client::new(&server);
     let session = client.initialize("2025-11-25").await;
-    // A standalone stream nobody reads, and a broadcast far larger than the socket buffers.
-    let _stalled = client.get(&session, None).send().await.expect("send");
-    let started = std::time::Instant::now();
-    let result = json_body(client.call(&session, json!(1), "broadcast", json!({"count": 20_000})).await).await;
-    assert_eq!(result["result"]["content"][0]["text"], "broadcast 20000 of 20000 notifications");
-    assert!(started.elapsed() < WAIT);
+    // A standalone stream on a socket with a 4 KiB receive buffer that nobody reads (HTTP/1.0:
+    // the body is the stream itself, not chunked).
+    let addr: std::net::SocketAddr =
+        server.url.trim_start_matches("http://").split('/').next().expect("authority").parse().expect("address");
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("receive buffer");
+    let mut stalled = socket.connect(addr).await.expect("connect");
+    let get = format!(
+        "GET /mcp HTTP/1.0\r\nHost: {addr}\r\nAccept: text/event-stream\r\nMcp-Session-Id: {}\r\n\
+         MCP-Protocol-Version: 2025-11-25\r\n\r\n",
+        session.id
+    );
+    stalled.write_all(get.as_bytes()).await.expect("send");
+    // Far more (every event is over 100 bytes) than the kernel's largest send buffer, the 4 KiB
+    // receive buffer and what the server buffers can hold: the reader must fall behind.
+    let count = 2_000 + 2 * (largest_send_buffer() + (1 << 20)) / 100;
+    let broadcast = async { json_body(client.call(&session, json!(1), "broadcast", json!({"count": count})).await).await };
+    let result = tokio::time::timeout(WAIT, broadcast).await.expect("the producer was held up by the stalled reader");
+    assert_eq!(result["result"]["content"][0]["text"], format!("broadcast {count} of {count} notifications"));
+    // Only now is the stalled stream read: it fell behind while the producer went on, and it is
+    // told exactly what it lost (in one notice or more), then gets the rest.
+    let mut body = Vec::new();
+    let last = format!("\"broadcast\":{count}}}");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut buf = vec![0u8; 1 << 16];
+    while !body.windows(last.len()).any(|w| w == last.as_bytes()) {
+        match tokio::time::timeout_at(deadline, stalled.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => body.extend_from_slice(&buf[..n]),
+            _ => panic!("the stalled stream never reached the last broadcast ({} bytes read)", body.len()),
+        }
+    }
+    let text = String::from_utf8_lossy(&body);
+    let (_, stream) = text.split_once("\r\n\r\n").expect("a response head");
+    let mut decoder = tether_core::sse::Decoder::default();
+    let mut input = stream.as_bytes();
+    let (mut delivered, mut lost) = (Vec::new(), Vec::new());
+    while let Ok(Some(event)) = decoder.decode(&mut input) {
+        if event.event.as_deref() == Some("resync") {
+            let notice: serde_json::Value = serde_json::from_str(&event.data).expect("notice");
+            lost.extend(notice["lost_from"].as_u64().expect("from")..=notice["lost_to"].as_u64().expect("to"));
+        } else if !event.data.is_empty() {
+            delivered.push(seq(event.id.as_deref().expect("id")));
+        }
+    }
+    assert!(!lost.is_empty(), "the reader never fell behind: nothing was stalled");
+    let mut all: Vec<u64> = delivered.iter().chain(&lost).copied().collect();
+    all.sort_unstable();
+    assert_eq!(all.len(), count, "every broadcast delivered or named lost, once");
+    assert!(all.iter().enumerate().all(|(i, s)| *s == i as u64 + 1), "contiguous from 1");
 }
 
 #[tokio::test]

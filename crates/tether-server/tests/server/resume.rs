@@ -215,8 +215,13 @@ async fn a_resume_takes_over_the_connection_already_attached() {
     let cursor = seen.last().and_then(|e| e.id.clone()).expect("cursor");
     let mut new = client.get(&session, Some(&cursor)).send().await.expect("send");
     assert_eq!(events(&mut new, 1).await.len(), 1);
-    let (_, ended) = drain(&mut old).await;
-    assert!(ended, "the half-open connection was closed when the resume arrived");
+    let (rest, ended) = drain(&mut old).await;
+    assert!(ended, "the half-open connection was closed");
+    // Closed when the resume arrived, not when the stream ended: it never got the result.
+    let answered = messages(&rest).iter().any(|m| m.get("id").is_some());
+    assert!(!answered, "the old connection went on to the result ({} more events)", rest.len());
+    let (taken, _) = drain(&mut new).await;
+    assert_eq!(messages(&taken).last().expect("the result")["id"], 1, "the new connection carries the stream");
 }
 
 #[tokio::test]
