@@ -133,9 +133,11 @@ async fn a_cursor_of_one_stream_never_replays_another() {
     let second = counted(&client, &session, 2, 3).await;
     let mut response = client.get(&session, Some(&first[1])).send().await.expect("send");
     let events = drain(&mut response).await.0;
-    let stream_of = |id: &str| id.split(':').nth(1).expect("stream").to_owned();
-    assert!(events.iter().all(|e| stream_of(e.id.as_deref().expect("id")) == stream_of(&first[0])));
-    assert_ne!(stream_of(&first[0]), stream_of(&second[0]));
+    let ids: Vec<String> = events.iter().map(|e| e.id.clone().expect("id")).collect();
+    assert_eq!(ids, first[2..], "exactly the rest of the cursor's own stream");
+    assert!(ids.iter().all(|id| !second.contains(id)), "nothing of the other stream");
+    let replayed = messages(&events);
+    assert_eq!(replayed.last().expect("the result")["id"], 1, "its own result, not request 2's");
 }
 
 #[tokio::test]
@@ -170,19 +172,35 @@ async fn session_that_expired_during_a_partition_gets_404_although_history_is_re
     assert_eq!(reason(response).await, "expired");
 }
 
+/// A ping past the session's idle TTL: whether the session was still alive.
+async fn alive_after_the_ttl(client: &Client, session: &Session) -> bool {
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let response = client.post(Some(session), &request(json!(9), "ping", json!({}))).send().await.expect("send");
+    response.status() == 200
+}
+
 #[tokio::test]
-async fn open_streams_and_running_requests_keep_a_session_alive() {
+async fn an_open_stream_alone_keeps_a_session_alive() {
     let server = start(ServerConfig { session_idle_ttl: Duration::from_millis(1_000), ..config() }).await;
     let client = Client::new(&server);
     let session = client.initialize("2025-11-25").await;
     let stream = client.get(&session, None).send().await.expect("send");
-    let running = client.call(&session, json!(1), "sleep", json!({"ms": 2_500})).await;
-    tokio::time::sleep(Duration::from_millis(2_000)).await;
-    let response = client.post(Some(&session), &request(json!(2), "ping", json!({}))).send().await.expect("send");
-    assert_eq!(response.status(), 200, "active session stays alive past its idle TTL");
-    let result = json_body(running).await;
-    assert_eq!(result["result"]["content"][0]["text"], "slept 2500 ms");
+    assert!(alive_after_the_ttl(&client, &session).await, "an open stream is activity");
     drop(stream);
+    let idle = client.initialize("2025-11-25").await;
+    assert!(!alive_after_the_ttl(&client, &idle).await, "without activity the session expires");
+}
+
+#[tokio::test]
+async fn a_running_request_alone_keeps_a_session_alive() {
+    let server = start(ServerConfig { session_idle_ttl: Duration::from_millis(1_000), ..config() }).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    // Its answer is JSON, so no stream is open while it runs.
+    let running = client.call(&session, json!(1), "sleep", json!({"ms": 2_500}));
+    let (result, alive) = tokio::join!(async { json_body(running.await).await }, alive_after_the_ttl(&client, &session));
+    assert!(alive, "a running request is activity");
+    assert_eq!(result["result"]["content"][0]["text"], "slept 2500 ms");
 }
 
 #[tokio::test]
