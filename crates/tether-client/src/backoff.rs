@@ -89,6 +89,29 @@ mod tests {
     }
 
     #[test]
+    fn delays_grow_and_spread_over_the_whole_range_below_the_ceiling() {
+        // Full jitter: each delay is uniform below its ceiling. Over 64 draws per attempt, the
+        // chance that all fall in one half is 2^-63: the largest is above half the ceiling (so
+        // delays grow, and are not zero), the smallest below it (so they are jittered).
+        for n in 0..8u32 {
+            let ceiling = Duration::from_millis(100).saturating_mul(1 << n).min(Duration::from_secs(1));
+            let draws: Vec<Duration> = (0..64)
+                .map(|_| {
+                    let mut attempts = Attempts::new(policy_without_limit());
+                    (0..=n).map(|_| attempts.next_delay(Some("c"), None).expect("budget left")).last().expect("drawn")
+                })
+                .collect();
+            let (low, high) = (draws.iter().min().expect("draws"), draws.iter().max().expect("draws"));
+            assert!(*high > ceiling / 2 && *high <= ceiling, "attempt {n}: largest {high:?} of ceiling {ceiling:?}");
+            assert!(*low < ceiling / 2, "attempt {n}: smallest {low:?}, not jittered below {ceiling:?}");
+        }
+    }
+
+    fn policy_without_limit() -> Backoff {
+        Backoff { max_attempts_without_progress: 100, ..policy() }
+    }
+
+    #[test]
     fn budget_is_spent_without_progress_and_refilled_by_progress() {
         let mut attempts = Attempts::new(policy());
         for _ in 0..3 {
