@@ -45,6 +45,8 @@ enum Fault {
 struct Faulty {
     fault: Fault,
     sessions: u32,
+    /// The `Last-Event-ID` of every resume, in order.
+    cursors: Vec<String>,
 }
 
 fn uses_epoch(fault: Fault) -> bool {
@@ -126,7 +128,8 @@ async fn endpoint(
         }
         return respond(&echo, epoch, Body::from(sse(&first())));
     };
-    assert_eq!(cursor, id(fault, 3), "the client resumes from its last processed event");
+    // Asserted by the test (a panic here would only end this connection).
+    state.cursors.push(cursor);
     let plain =
         |range: std::ops::RangeInclusive<u64>| range.map(|n| (id(fault, n), None, message(n))).collect::<Vec<_>>();
     let events = match fault {
@@ -190,13 +193,14 @@ impl Drop for Watch {
 }
 
 /// Runs `tether watch` against a server with `fault` and returns its JSON lines, read until
-/// `done` says so (bounded in time).
+/// `done` says so (bounded in time); asserts that the client resumed the first stream from the
+/// last event it delivered.
 fn watch(fault: Fault, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind");
     let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
-    let state = Arc::new(Mutex::new(Faulty { fault, sessions: 0 }));
-    let app = axum::Router::new().route("/mcp", axum::routing::any(endpoint)).with_state(state);
+    let state = Arc::new(Mutex::new(Faulty { fault, sessions: 0, cursors: Vec::new() }));
+    let app = axum::Router::new().route("/mcp", axum::routing::any(endpoint)).with_state(Arc::clone(&state));
     runtime.spawn(async move { axum::serve(listener, app).await });
     let child = Command::new(env!("CARGO_BIN_EXE_tether"))
         .args(["watch", &url])
@@ -225,6 +229,11 @@ fn watch(fault: Fault, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     }
     drop(watch);
     runtime.shutdown_background();
+    let cursors = std::mem::take(&mut state.lock().expect("state").cursors);
+    // Every scenario but the lost handshake resumes the first session's stream once.
+    if fault != Fault::LostAfterInitialize {
+        assert_eq!(cursors.first(), Some(&id(fault, 3)), "{fault:?}: the client resumes from its last processed event");
+    }
     lines
 }
 
@@ -301,6 +310,15 @@ fn jump_in_the_middle_of_a_resumed_stream_is_a_gap() {
     assert_eq!(kinds.first().copied(), Some(&json!("gap")), "{lines:?}");
     assert!(lines.iter().any(|l| l["event"] == "resumed" && l["verdict"] == "continuous"), "{lines:?}");
     assert!(reinitialized(&lines));
+    // Event 4 continues the stream and is delivered; event 7 jumps and is held back.
+    let delivered: Vec<u64> = lines
+        .iter()
+        .take_while(|l| l["event"] != "divergence")
+        .filter_map(|l| l["message"]["params"]["data"]["n"].as_u64())
+        .collect();
+    assert_eq!(delivered, [1, 2, 3, 4], "{lines:?}");
+    let gap = lines.iter().find(|l| l["event"] == "divergence").expect("the gap");
+    assert!(gap["detail"].as_str().is_some_and(|d| d.contains("from: 5, to: 6")), "the lost range: {gap}");
 }
 
 #[test]
