@@ -67,13 +67,14 @@ async fn a_lapsed_owner_aborts_only_the_requests_it_began() {
     let dead = RedisStore::open(&server.url, suite::retention(), "dead").await.expect("connect");
     let survivor = RedisStore::open(&server.url, suite::retention(), "survivor").await.expect("connect");
     let epoch = suite::epoch('E');
-    let (theirs, mine) = (suite::stream("r1"), suite::stream("r2"));
+    let (theirs, mine, own) = (suite::stream("r1"), suite::stream("r2"), suite::stream("r3"));
     let lease = suite::retention().lease_ms;
     dead.sweep(1_000).await.expect("heartbeat");
     survivor.sweep(1_000).await.expect("heartbeat");
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("s", epoch.clone(), 0) };
     survivor.create_session(record).await.expect("create");
     assert_eq!(survivor.begin_request("s", &epoch, "n:1", "d", &mine).await, Ok(BeginRequest::Started));
+    assert_eq!(dead.begin_request("s", &epoch, "n:2", "d", &own).await, Ok(BeginRequest::Started));
     // The same request id re-sent to the other replica attaches to the running request.
     let existing = dead.begin_request("s", &epoch, "n:1", "d", &theirs).await.expect("begin");
     assert_eq!(existing, BeginRequest::Existing { stream: mine.clone(), same_params: true });
@@ -85,6 +86,8 @@ async fn a_lapsed_owner_aborts_only_the_requests_it_began() {
     survivor.sweep(1_000 + lease + 1).await.expect("sweep");
     let range = survivor.stream_range("s", &mine).await.expect("range").expect("known stream");
     assert_eq!(range.state, StreamState::Live, "the survivor's request runs on");
+    let range = survivor.stream_range("s", &own).await.expect("range").expect("known stream");
+    assert_eq!(range.state, StreamState::Aborted, "the request the dead owner began is aborted");
 }
 
 /// A request's stream is in its owner's set while it runs, and only then: a re-sent request id
