@@ -38,6 +38,16 @@ struct Tally {
     failed: Vec<String>,
     /// Re-issues of keyed calls.
     reissued: usize,
+    /// When each call started and ended.
+    spans: Vec<(Instant, Instant)>,
+}
+
+impl Tally {
+    /// The calls that were running when one of `kills` happened: started before it and ended
+    /// after it (the server they were waiting for died under them).
+    fn spanning(&self, kills: &[Instant]) -> usize {
+        self.spans.iter().filter(|(start, end)| kills.iter().any(|kill| start < kill && kill < end)).count()
+    }
 }
 
 /// Makes `CALLS` calls through `url`, `WORKERS` at a time; `done` counts finished calls.
@@ -56,6 +66,7 @@ fn run_calls(url: &str, done: &AtomicUsize) -> Tally {
                     call.kill9();
                     let lines = parse(&lines);
                     let mut tally = tally.lock().expect("tally");
+                    tally.spans.push((began, Instant::now()));
                     tally.reissued += lines.iter().filter(|l| l["event"] == "reissued").count();
                     let last = lines.last().cloned().unwrap_or(Value::Null);
                     match last["event"].as_str() {
@@ -94,9 +105,20 @@ fn addr(port: u16) -> std::net::SocketAddr {
     std::net::SocketAddr::from(([127, 0, 0, 1], port))
 }
 
+/// How one run with kills went.
+struct Killed {
+    tally: Tally,
+    /// The counter's value at the end.
+    value: i64,
+    /// Responses the proxy cut.
+    cuts: u64,
+    /// Calls that were running when the server was killed.
+    hit: usize,
+}
+
 /// Runs the calls through a faulty proxy against an embedded server that is killed `KILLS`
-/// times and restarted on the same directory. Returns the tally, the counter and the cuts.
-fn embedded_with_kills(name: &str, server_args: &[&str]) -> (Tally, i64, u64) {
+/// times and restarted on the same directory.
+fn embedded_with_kills(name: &str, server_args: &[&str]) -> Killed {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     let dir = temp_dir(name);
     let port = free_port();
@@ -104,6 +126,7 @@ fn embedded_with_kills(name: &str, server_args: &[&str]) -> (Tally, i64, u64) {
     let proxy = faulty_proxy(&runtime, vec![addr(port)]);
     let url = format!("http://{}/mcp", proxy.addr);
     let done = AtomicUsize::new(0);
+    let mut kills = Vec::new();
     let tally = std::thread::scope(|scope| {
         let calls = scope.spawn(|| run_calls(&url, &done));
         for kill in 1..=KILLS {
@@ -112,6 +135,7 @@ fn embedded_with_kills(name: &str, server_args: &[&str]) -> (Tally, i64, u64) {
             while done.load(Ordering::Relaxed) < due && Instant::now() < deadline && !calls.is_finished() {
                 std::thread::sleep(Duration::from_millis(5));
             }
+            kills.push(Instant::now());
             server.kill9();
             server = serve(port, &dir, server_args).0;
         }
@@ -121,7 +145,8 @@ fn embedded_with_kills(name: &str, server_args: &[&str]) -> (Tally, i64, u64) {
     let cuts = proxy.cuts.load(Ordering::Relaxed);
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
-    (tally, value, cuts)
+    let hit = tally.spanning(&kills);
+    Killed { tally, value, cuts, hit }
 }
 
 /// Every call got its real result: the values 1 to `CALLS`, each once, and the counter at `CALLS`.
@@ -141,9 +166,10 @@ fn assert_exactly_once(run: &str, tally: &Tally, value: i64) {
 
 #[test]
 fn keyed_calls_run_exactly_once_through_kills_and_cuts() {
-    let (tally, value, cuts) = embedded_with_kills("chaos-embedded", &["--sse-retry", "50ms"]);
+    let Killed { tally, value, cuts, hit } = embedded_with_kills("chaos-embedded", &["--sse-retry", "50ms"]);
     println!(
-        "embedded, {KILLS} kills, {cuts} cuts: {} results, {} re-issued, {} unknown, {} failed; counter {value}",
+        "embedded, {KILLS} kills ({hit} calls in flight at a kill), {cuts} cuts: {} results, {} re-issued, {} unknown, \
+         {} failed; counter {value}",
         tally.values.len(),
         tally.reissued,
         tally.unknown,
@@ -151,6 +177,7 @@ fn keyed_calls_run_exactly_once_through_kills_and_cuts() {
     );
     assert_exactly_once("embedded", &tally, value);
     assert!(tally.reissued > 0 && cuts > 0, "the faults happened");
+    assert!(hit > 0, "a kill hit calls in flight");
 }
 
 #[test]
@@ -182,7 +209,8 @@ fn keyed_calls_run_exactly_once_across_two_redis_replicas() {
 
 #[test]
 fn without_the_extension_the_same_faults_leave_outcomes_unknown() {
-    let (tally, value, cuts) = embedded_with_kills("chaos-contrast", &["--sse-retry", "50ms", "--no-idempotency"]);
+    let Killed { tally, value, cuts, .. } =
+        embedded_with_kills("chaos-contrast", &["--sse-retry", "50ms", "--no-idempotency"]);
     let results = tally.values.len() as i64;
     let unknown = tally.unknown as i64;
     println!(
