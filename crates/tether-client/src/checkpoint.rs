@@ -98,7 +98,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn save_and_load_round_trip_atomically() {
+    fn save_and_load_round_trip() {
         let dir = std::env::temp_dir().join(format!("tether-checkpoint-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let path = dir.join("cp.json");
@@ -115,6 +115,49 @@ mod tests {
         assert_eq!(lineage.last_digest, Digest::of("e:g:3", b"x"));
         std::fs::write(&path, b"{").expect("write");
         assert!(matches!(Checkpoint::load(&path), Err(CheckpointError::Invalid { .. })));
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    /// A checkpoint whose cursors all carry `tag`, large enough that writing it takes many
+    /// system calls.
+    fn large(tag: &str) -> Checkpoint {
+        let mut cp = Checkpoint { session_id: Some(tag.into()), ..Checkpoint::default() };
+        for n in 0..2_000 {
+            let id = format!("{tag}:g{n}:{n}");
+            cp.streams.insert(format!("request:{n}"), StreamCursor { digest: Digest::of(&id, b"x").to_string(), last_id: id });
+        }
+        cp
+    }
+
+    #[test]
+    fn a_reader_never_sees_a_torn_checkpoint_and_a_crashed_save_changes_nothing() {
+        let dir = std::env::temp_dir().join(format!("tether-checkpoint-torn-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("cp.json");
+        let (a, b) = (large("a"), large("b"));
+        a.save(&path).expect("save");
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let reads = std::thread::scope(|scope| {
+            let reader = scope.spawn(|| {
+                let mut reads = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let read = Checkpoint::load(&path).expect("never a torn file");
+                    assert!(read == a || read == b, "a checkpoint that was saved");
+                    reads += 1;
+                }
+                reads
+            });
+            for n in 0..100 {
+                if n % 2 == 0 { &b } else { &a }.save(&path).expect("save");
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            reader.join().expect("reader")
+        });
+        assert!(reads > 0);
+        // A save that died before its rename left a partial sibling: the checkpoint is the last
+        // one saved.
+        std::fs::write(path.with_extension("tmp"), br#"{"session_id": "torn"#).expect("write");
+        assert_eq!(Checkpoint::load(&path).expect("load"), a);
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }
