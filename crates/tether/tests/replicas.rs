@@ -62,18 +62,26 @@ impl Tally {
         }
     }
 
-    /// Streams whose notifications are not exactly 1, 2, 3, ... (in blocks of `block` for
-    /// standalone streams, which carry one block per broadcast).
+    /// Streams whose notifications are not what they must be: exactly 1 to `count_to` for a
+    /// request's stream (one call each), whole blocks of 1 to `block` for a standalone stream
+    /// (one block per broadcast).
     fn broken_streams(&self, count_to: u64, block: u64) -> Vec<String> {
         self.by_stream
             .iter()
-            .filter(|(stream, seen)| {
-                let size = if stream.starts_with('g') { block } else { count_to };
-                !seen.iter().enumerate().all(|(i, n)| *n == (i as u64 % size) + 1)
-                    || !(seen.len() as u64).is_multiple_of(size)
+            .filter(|(stream, seen)| match stream.starts_with('g') {
+                true => {
+                    !seen.iter().enumerate().all(|(i, n)| *n == (i as u64 % block) + 1)
+                        || !(seen.len() as u64).is_multiple_of(block)
+                }
+                false => **seen != (1..=count_to).collect::<Vec<_>>(),
             })
             .map(|(stream, seen)| format!("{stream}: {seen:?}"))
             .collect()
+    }
+
+    /// How many request streams delivered anything.
+    fn request_streams(&self) -> usize {
+        self.by_stream.keys().filter(|stream| !stream.starts_with('g')).count()
     }
 }
 
@@ -133,8 +141,10 @@ fn two_redis_replicas_behind_a_cutting_balancer_lose_and_duplicate_nothing() {
         );
         assert!(tally.divergences.is_empty(), "{:?}", tally.divergences);
         assert!(broken.is_empty(), "{broken:?}");
+        assert_eq!(tally.request_streams() as u64, calls, "one complete stream per call");
         assert_eq!(standalone, broadcasts * 5, "every broadcast arrived once");
         assert!(balancer.cuts.load(Ordering::Relaxed) >= 200);
+        assert!(tally.resumed > 0, "streams were resumed, not only restarted");
         client.close().await;
     });
     let _ = std::fs::remove_dir_all(&dir);
@@ -150,7 +160,8 @@ fn memory_replicas_without_a_shared_store_are_detected_never_silent() {
     let (_b, _) = serve(p2, &dir, &args);
     let upstreams: Vec<SocketAddr> = [p1, p2].iter().map(|p| SocketAddr::from(([127, 0, 0, 1], *p))).collect();
     rt.block_on(async {
-        let balancer = proxy::start(upstreams, 0xbad, 400, 1_500).await;
+        // Budgets around a call's stream (about 3 KB): some calls are cut, some complete.
+        let balancer = proxy::start(upstreams, 0xbad, 1_000, 6_000).await;
         // Unkeyed calls: this is about what the client sees of the replicas' divergence. (Keyed,
         // a call re-issued to the other replica is not re-sent: its records are another's.)
         let mut config = fast(format!("http://{}/mcp", balancer.addr));
@@ -160,6 +171,7 @@ fn memory_replicas_without_a_shared_store_are_detected_never_silent() {
         let mut tally = Tally::default();
         let (mut results, mut unknown, mut refused) = (0, 0, 0);
         for _ in 0..20 {
+            let before: Vec<String> = tally.by_stream.keys().cloned().collect();
             let call = client.call_tool("count", json!({"to": 20, "interval_ms": 2}));
             tokio::pin!(call);
             let result = loop {
@@ -168,8 +180,18 @@ fn memory_replicas_without_a_shared_store_are_detected_never_silent() {
                     result = &mut call => break result,
                 }
             };
+            // Everything the client delivered before the result is queued already.
+            while let Ok(event) = events.try_recv() {
+                tally.record(event);
+            }
             match result {
-                Ok(_) => results += 1,
+                Ok(_) => {
+                    // A call that got its result got all of its notifications, on one stream.
+                    let fresh: Vec<&Vec<u64>> =
+                        tally.by_stream.iter().filter(|(s, _)| !before.contains(s)).map(|(_, seen)| seen).collect();
+                    assert_eq!(fresh, [&(1..=20).collect::<Vec<_>>()], "a result with its stream incomplete");
+                    results += 1;
+                }
                 Err(RequestError::OutcomeUnknown(_)) => unknown += 1,
                 Err(RequestError::NotExecuted(_)) => refused += 1,
                 Err(other) => panic!("unexpected outcome {other}"),
@@ -192,6 +214,7 @@ fn memory_replicas_without_a_shared_store_are_detected_never_silent() {
             tally.divergences
         );
         assert!(tally.reinitialized as usize >= tally.divergences.len());
+        assert!(results > 0 && unknown > 0, "both a complete call and a cut one were seen");
         let duplicated: Vec<_> =
             tally.by_stream.values().filter(|seen| seen.iter().enumerate().any(|(i, n)| *n != i as u64 + 1)).collect();
         assert!(duplicated.is_empty(), "{duplicated:?}");
@@ -202,12 +225,15 @@ fn memory_replicas_without_a_shared_store_are_detected_never_silent() {
 
 #[test]
 fn session_that_expires_during_a_partition_gets_404_and_the_side_effect_runs_once() {
-    // Seed 004's incident, scaled: idle TTL 2s, retention 1s, a 3s partition.
+    // Seed 004's incident, scaled: idle TTL 2s, retention 1s, a 3s partition, and a call in
+    // flight whose answer is lost when the partition starts.
     let rt = runtime();
     let dir = temp_dir("partition");
     let port = free_port();
-    let (_server, _) = serve(port, &dir, &["--session-idle-ttl", "2s", "--retention", "1s", "--sse-retry", "10ms"]);
+    let (_server, direct) =
+        serve(port, &dir, &["--session-idle-ttl", "2s", "--retention", "1s", "--sse-retry", "10ms"]);
     rt.block_on(async {
+        // A budget of 0: once cutting, every response (JSON answers too) loses its whole body.
         let proxy = proxy::start(vec![SocketAddr::from(([127, 0, 0, 1], port))], 1, 0, 0).await;
         let mut config = fast(format!("http://{}/mcp", proxy.addr));
         config.backoff = Backoff {
@@ -218,17 +244,28 @@ fn session_that_expires_during_a_partition_gets_404_and_the_side_effect_runs_onc
         let (client, mut events) = Client::connect(config).await.expect("connect");
         client.follow_standalone().await;
         let before = client.session_id().expect("session");
-        let added = client.call_tool("counter_add", json!({"key": "once", "amount": 1})).await.expect("counter_add");
-        assert_eq!(added["structuredContent"]["value"], 1);
+        let (observer, _) = Client::connect(ClientConfig::new(direct)).await.expect("connect directly");
+        let counted = || async { observer.call_tool("counter_get", json!({"key": "once"})).await.expect("counter_get") };
+        proxy.cut_responses.store(true, Ordering::Relaxed);
+        proxy.cutting.store(true, Ordering::Relaxed);
+        let call = tokio::spawn({
+            let client = client.clone();
+            async move { client.call_tool("counter_add", json!({"key": "once", "amount": 1})).await }
+        });
+        // The server ran it (as seen past the proxy); its answer is lost; then the partition.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while counted().await["structuredContent"]["value"] != 1 {
+            assert!(Instant::now() < deadline, "the call never ran");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         proxy.partitioned.store(true, Ordering::Relaxed);
+        proxy.cutting.store(false, Ordering::Relaxed);
         tokio::time::sleep(Duration::from_secs(3)).await;
         proxy.partitioned.store(false, Ordering::Relaxed);
+        let outcome = tokio::time::timeout(Duration::from_secs(30), call).await.expect("the call ended").expect("task");
         let mut tally = Tally::default();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while tally.reinitialized == 0 && Instant::now() < deadline {
-            if let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(200), events.recv()).await {
-                tally.record(event);
-            }
+        while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(300), events.recv()).await {
+            tally.record(event);
         }
         println!("partition: divergences {:?}, re-initializations {}", tally.divergences, tally.reinitialized);
         assert_eq!(tally.divergences.len(), 1, "{:?}", tally.divergences);
@@ -236,8 +273,9 @@ fn session_that_expires_during_a_partition_gets_404_and_the_side_effect_runs_onc
         assert!(tally.divergences[0].contains("404"), "{:?}", tally.divergences);
         assert_eq!(tally.reinitialized, 1);
         assert_ne!(client.session_id().expect("session"), before, "a new session");
-        let value = client.call_tool("counter_get", json!({"key": "once"})).await.expect("counter_get");
-        assert_eq!(value["structuredContent"]["value"], 1, "executed exactly once");
+        // The call re-sent under its key in the new session got the first run's outcome.
+        assert_eq!(outcome.expect("the call's real outcome")["structuredContent"]["value"], 1);
+        assert_eq!(counted().await["structuredContent"]["value"], 1, "executed exactly once");
         client.close().await;
     });
     let _ = std::fs::remove_dir_all(&dir);
