@@ -23,6 +23,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 // Only now is the message's cursor written to the checkpoint file.
                 ack.done();
             }
+            ClientEvent::Resynced { notice, ack, .. } => {
+                println!("the server says these events are gone: {notice:?}");
+                ack.done();
+            }
             ClientEvent::Closed { reason, fatal: true } => return Err(reason.into()),
             other => println!("{other:?}"),
         }

@@ -124,7 +124,10 @@ mod tests {
         let mut cp = Checkpoint { session_id: Some(tag.into()), ..Checkpoint::default() };
         for n in 0..2_000 {
             let id = format!("{tag}:g{n}:{n}");
-            cp.streams.insert(format!("request:{n}"), StreamCursor { digest: Digest::of(&id, b"x").to_string(), last_id: id });
+            cp.streams.insert(
+                format!("request:{n}"),
+                StreamCursor { digest: Digest::of(&id, b"x").to_string(), last_id: id },
+            );
         }
         cp
     }

@@ -638,7 +638,9 @@ impl Client {
             let reason = match &outcome {
                 Err(RequestError::OutcomeUnknown(reason) | RequestError::NotExecuted(reason)) => reason.clone(),
                 Err(RequestError::Cancelled) => "the response stream broke".to_owned(),
-                Err(RequestError::Aborted(error)) => format!("its server stopped before it finished: {}", error.message),
+                Err(RequestError::Aborted(error)) => {
+                    format!("its server stopped before it finished: {}", error.message)
+                }
                 _ => return outcome,
             };
             let Some(delay) = reissues.next_delay(None, None) else { return outcome };

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use tether_core::jsonrpc::{self, Message, RequestId};
 use tether_core::lineage::{
-    Accepted, Checkpoint as LineageCheckpoint, Digest, Divergence, FirstEvent, Reconnect, ResyncNotice, StreamValidator,
-    Unverifiable, Verdict, client_verdict,
+    Accepted, Checkpoint as LineageCheckpoint, Digest, Divergence, FirstEvent, Reconnect, ResyncNotice,
+    StreamValidator, Unverifiable, Verdict, client_verdict,
 };
 use tether_core::sse::Event;
 
@@ -301,15 +301,15 @@ impl Follower {
     }
 
     /// A resync that continues the stream: the loss (or the end) it names is reported, and its
-    /// id is the cursor from now on.
+    /// id is the cursor from now on, committed when the application acknowledges the report
+    /// (after what came before it).
     fn resynced(&mut self, event: &Event, notice: ResyncNotice) {
-        metrics::counter!("tether_client_divergences_total", "kind" => "resync").increment(1);
+        metrics::counter!("tether_client_resyncs_total", "reason" => notice.reason.as_str()).increment(1);
         let id = event.id.clone().unwrap_or_default();
-        self.inner.emit(ClientEvent::Resynced { id: id.clone(), notice });
-        let cursor = StreamCursor { digest: Digest::of(&id, event.data.as_bytes()).to_string(), last_id: id };
+        let cursor = StreamCursor { digest: Digest::of(&id, event.data.as_bytes()).to_string(), last_id: id.clone() };
         self.inner.state().checkpoint.streams.insert(self.key.clone(), cursor.clone());
-        // Nothing for the application to process: committed at once.
-        Ack::new(&self.inner, self.generation, self.key.clone(), cursor).done();
+        let ack = Ack::new(&self.inner, self.generation, self.key.clone(), cursor);
+        self.inner.emit(ClientEvent::Resynced { id, notice, ack });
     }
 
     /// The error that ends a request whose outcome the stream no longer holds (after a resync

@@ -176,6 +176,8 @@ pub enum ClientEvent {
         id: String,
         /// What the server said.
         notice: tether_core::lineage::ResyncNotice,
+        /// Call [`Ack::done`] once the report is processed: the cursor moves past the loss then.
+        ack: Ack,
     },
     /// The stream is provably not the one the client was following; re-initialization follows
     /// (unless [`ClientConfig::reinitialize`] is off).

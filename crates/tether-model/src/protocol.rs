@@ -16,12 +16,12 @@
 //! only to the records it was first sent under. The re-sent request is answered from the record
 //! (attached while the original runs); it never runs the tool again.
 
+use tether_core::lineage::RESYNC_EVENT;
 use tether_core::lineage::{
     Accepted, Checkpoint, Digest, Divergence, Epoch, EventId, FirstEvent, Next, ObservedId, Reconnect, ResyncNotice,
     SeqRange, ServerDecision, SessionLookup, StreamName, StreamRange, StreamState, StreamValidator, Verdict,
     client_verdict, decide_resume, next_after,
 };
-use tether_core::lineage::RESYNC_EVENT;
 
 use crate::checker::{Invariant, Model};
 
@@ -497,7 +497,14 @@ impl Resumption {
 
     /// The client judges one item: the first of a resumed connection with `client_verdict`,
     /// every other with the `StreamValidator` continuing from its cursor.
-    fn judge(&self, state: &State, id: &str, event: Option<&str>, data: &[u8], first: bool) -> Result<Accepted, Judged> {
+    fn judge(
+        &self,
+        state: &State,
+        id: &str,
+        event: Option<&str>,
+        data: &[u8],
+        first: bool,
+    ) -> Result<Accepted, Judged> {
         let checkpoint = self.checkpoint(state);
         if first {
             if self.config.client == ClientVariant::SkipsFirstEventProbe && event.is_none() {
@@ -548,12 +555,18 @@ impl Resumption {
         let inc = state.incarnation;
         let (id, event, data, notice) = match item {
             Wire::Event(seq) => (event_id(inc, seq), None, data(inc, seq), None),
-            Wire::Gap { from, to, head } => {
-                (event_id(inc, to), Some(RESYNC_EVENT), gap_notice(inc, from, to, head).to_json().into_bytes(), Some((from, to, head)))
-            }
-            Wire::Aborted { head } => {
-                (event_id(inc, head), Some(RESYNC_EVENT), aborted_notice(inc, head).to_json().into_bytes(), Some((0, head, head)))
-            }
+            Wire::Gap { from, to, head } => (
+                event_id(inc, to),
+                Some(RESYNC_EVENT),
+                gap_notice(inc, from, to, head).to_json().into_bytes(),
+                Some((from, to, head)),
+            ),
+            Wire::Aborted { head } => (
+                event_id(inc, head),
+                Some(RESYNC_EVENT),
+                aborted_notice(inc, head).to_json().into_bytes(),
+                Some((0, head, head)),
+            ),
             // The trailer follows a resync at the head, which the validator admits it after.
             Wire::Expired => return self.ended_without_response(state, false),
         };
@@ -712,7 +725,11 @@ impl Resumption {
                     (ServerVariant::EmptyReplayWhenEvicted, Next::Gap(_)) => state.head,
                     _ => after,
                 };
-                state.conn = Some(Conn::from(replica, cursor, true));
+                let mut conn = Conn::from(replica, cursor, true);
+                // As the reader starts: a cursor whose own event is gone came from a gap's notice,
+                // and a stream that ends there lost its response.
+                conn.after_gap = cursor > 0 && state.retained_from > cursor;
+                state.conn = Some(conn);
             }
         }
     }

@@ -164,7 +164,8 @@ fn a_keyed_reissue_attaches_to_the_running_original_and_gets_its_result() {
     let aborted = walk(&[Action::Cut, Action::Expire, Action::Resume(1), Action::Reissue(1)]);
     assert_eq!((aborted.outcome, aborted.executions), (Outcome::Error, 1), "cancelled with its session");
     // Resumed after the crash: event 1 is replayed, then the stream says its request was aborted.
-    let resumed = walk(&[Action::Produce, Action::Cut, Action::Crash(0), Action::Resume(1), Action::Send, Action::Receive]);
+    let resumed =
+        walk(&[Action::Produce, Action::Cut, Action::Crash(0), Action::Resume(1), Action::Send, Action::Receive]);
     assert_eq!((resumed.delivered, resumed.reissue), (0b10, Reissue::None), "what is retained is replayed");
     let crashed = shared.next(&shared.next(&resumed, &Action::Send), &Action::Receive);
     assert_eq!(crashed.reissue, Reissue::Due, "the aborted end sends a keyed request again");

@@ -478,8 +478,7 @@ pub(crate) async fn evicted_cursor(
     let (replayed, named) = positions(&early, &start);
     let (retained, _) = positions(&late, &start);
     let needless: Vec<u64> = named.intersection(&retained).copied().collect();
-    let missing: Vec<u64> =
-        (start.index + 1..=end).filter(|p| !replayed.contains(p) && !named.contains(p)).collect();
+    let missing: Vec<u64> = (start.index + 1..=end).filter(|p| !replayed.contains(p) && !named.contains(p)).collect();
     let (verdict, class, signature) = if !needless.is_empty() {
         evidence.push(format!("named lost but still replayed: {needless:?}"));
         (Verdict::Fail, "lossy", Some("needless loss: a resync discards events the server still retains"))

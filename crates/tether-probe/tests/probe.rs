@@ -136,11 +136,14 @@ fn discards_tail() -> Router {
         let session = [("mcp-session-id", "0123456789abcdef0123456789abcdef")];
         let Some(id) = message.get("id").cloned() else { return StatusCode::ACCEPTED.into_response() };
         let result = match message.get("method").and_then(Value::as_str) {
-            Some("initialize") => json!({"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "lossy", "version": "0"}}),
+            Some("initialize") => {
+                json!({"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "lossy", "version": "0"}})
+            }
             Some("tools/call") => {
                 let mut sse = String::new();
                 for i in 1..=6 {
-                    let note = json!({"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": {"count": i}}});
+                    let note =
+                        json!({"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": {"count": i}}});
                     sse.push_str(&format!("id: {i}\ndata: {note}\n\n"));
                 }
                 sse.push_str(&format!("id: 7\ndata: {}\n\n", json!({"jsonrpc": "2.0", "id": id, "result": {}})));
@@ -149,11 +152,15 @@ fn discards_tail() -> Router {
             Some("tools/list") => json!({"tools": [{"name": "count", "inputSchema": {"type": "object"}}]}),
             _ => json!({}),
         };
-        ([("content-type", "application/json"), session[0]], json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string())
+        (
+            [("content-type", "application/json"), session[0]],
+            json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string(),
+        )
             .into_response()
     }
     async fn on_get(headers: HeaderMap) -> Response {
-        let cursor: u64 = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(0);
+        let cursor: u64 =
+            headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(0);
         // Events 1..3 are gone; 4..7 retained. The notice claims everything after the cursor.
         let body = if cursor >= 3 {
             (cursor + 1..=7).map(|i| format!("id: {i}\ndata: {{}}\n\n")).collect::<String>()

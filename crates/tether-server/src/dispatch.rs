@@ -24,13 +24,22 @@ use crate::session::{LogLevel, SessionRuntime};
 
 /// How a legacy request started.
 pub(crate) enum Started {
-    /// It runs; `first` tells whether its first output was the result (JSON) or not (SSE), and
-    /// `task` ends once its outcome is stored.
-    Running { stream: StreamName, first: oneshot::Receiver<FirstOutput>, task: tokio::task::JoinHandle<()> },
+    /// It runs.
+    Running(Running),
     /// Its id was used before in this incarnation with the same params: attach to that stream.
     Attach { stream: StreamName },
-    /// Its id was used before with other params.
+    /// Its id was used before with other params, or its idempotency key is malformed.
     Conflict(ErrorObject),
+}
+
+/// A request that runs.
+pub(crate) struct Running {
+    /// The stream it writes to.
+    pub stream: StreamName,
+    /// Tells whether its first output was the result (JSON) or not (SSE).
+    pub first: oneshot::Receiver<FirstOutput>,
+    /// Ends once its outcome is stored.
+    pub task: tokio::task::JoinHandle<()>,
 }
 
 /// The key a request id is recorded under: the type matters (`1` and `"1"` differ).
@@ -99,54 +108,136 @@ pub(crate) fn decorate_modern(method: &str, result: &mut Value, server_info: &Va
 /// Starts a request of a legacy session: recorded in the store with its own stream, so it is
 /// executed once however often its id is sent, and its output survives the connection. With an
 /// idempotency key, once however often it is sent at all (see [`idempotency`]).
-///
-/// With `batch`, the request writes to that stream (a batch's, opened by the batch) and leaves
-/// it open; an id sent before is then answered with the original's outcome on it.
 pub(crate) async fn start_legacy(
     shared: &Arc<Shared>,
     runtime: &Arc<SessionRuntime>,
     principal: Option<&str>,
     request: Request,
-    batch: Option<&StreamName>,
 ) -> Result<Started, Rejection> {
+    let stream = ids::stream_name('r').map_err(|e| Rejection::internal("random_failed", e.to_string()))?;
+    Ok(match record(shared, runtime, principal, request, &stream, true).await? {
+        Recorded::New(work) => Started::Running(run_recorded(shared, runtime, work, stream, true).await?),
+        Recorded::Again { original, .. } => Started::Attach { stream: original },
+        Recorded::Conflict(error) => Started::Conflict(error),
+    })
+}
+
+/// Starts a request of a 2025-03-26 batch on the batch's `stream`, which it leaves open (the
+/// batch ends it once all of its requests answered). An id sent before is answered, on the
+/// batch's stream, with the original's outcome. `Err` with the error that answers the request
+/// instead.
+pub(crate) async fn start_in_batch(
+    shared: &Arc<Shared>,
+    runtime: &Arc<SessionRuntime>,
+    principal: Option<&str>,
+    request: Request,
+    stream: &StreamName,
+) -> Result<Result<Running, ErrorObject>, Rejection> {
+    let work = match record(shared, runtime, principal, request, stream, false).await? {
+        Recorded::New(work) => work,
+        Recorded::Again { original, request } => {
+            // Its own key is the original's, which may be running: the relay is tracked apart.
+            let key = format!("{} in {stream}", request_key(&request.id));
+            let follow =
+                Answer::Follow { session: runtime.id.clone(), stream: original, request: Some(request.id.clone()) };
+            let relay = Job::Answer(follow, None);
+            Work { key, request, job: Prepared::Ready(relay) }
+        }
+        Recorded::Conflict(error) => return Ok(Err(error)),
+    };
+    Ok(Ok(run_recorded(shared, runtime, work, stream.clone(), false).await?))
+}
+
+/// What the store said of a request before anything of it runs.
+enum Recorded {
+    /// It is new: recorded, with its stream opened, it is to run.
+    New(Work),
+    /// Its id was used before in this incarnation with the same params: the original's stream.
+    Again { original: StreamName, request: Request },
+    /// Its id was used before with other params, or its idempotency key is malformed.
+    Conflict(ErrorObject),
+}
+
+/// A request about to run.
+struct Work {
+    /// The key it runs under in this process (its cancellation).
+    key: String,
+    /// The request, its params set.
+    request: Request,
+    job: Prepared,
+}
+
+/// A request's job, or what decides it once the request has a context.
+enum Prepared {
+    Ready(Job),
+    /// A keyed request: its key, the key's claim, and the store's answer to the claim if it
+    /// came with the begin.
+    Keyed {
+        keyed: Keyed,
+        claim: KeyClaim,
+        claimed: Option<Claim>,
+    },
+}
+
+/// Records `request` (and claims its idempotency key) with `stream` as its stream, the
+/// request's `own` or a batch's. A key's claim names only a request's own stream: a re-send
+/// follows it; one sharing a batch's waits for the key's record instead.
+async fn record(
+    shared: &Arc<Shared>,
+    runtime: &Arc<SessionRuntime>,
+    principal: Option<&str>,
+    request: Request,
+    stream: &StreamName,
+    own: bool,
+) -> Result<Recorded, Rejection> {
     let key = request_key(&request.id);
     let params = request.params.unwrap_or_else(|| json!({}));
     let keyed = match Keyed::of(shared, principal, &request.method, &params) {
         Ok(keyed) => keyed,
-        Err(error) => return Ok(Started::Conflict(error)),
+        Err(error) => return Ok(Recorded::Conflict(error)),
     };
     // Straight to bytes, not through `Display`'s formatter; serializing a `Value` cannot fail.
     let digest = Digest::of(&key, &serde_json::to_vec(&params).unwrap_or_default()).to_string();
-    let stream = match batch {
-        Some(stream) => stream.clone(),
-        None => ids::stream_name('r').map_err(|e| Rejection::internal("random_failed", e.to_string()))?,
-    };
     let store = &shared.store;
     let started = std::time::Instant::now();
-    let claim = keyed.as_ref().map(|keyed| keyed.claim(Some((runtime.id.clone(), stream.clone()))));
+    let followed = own.then(|| (runtime.id.clone(), stream.clone()));
+    let claim = keyed.as_ref().map(|keyed| keyed.claim(followed));
     let (begun, claimed) = match &claim {
         Some(claim) => {
-            store.begin_keyed_request(&runtime.id, &runtime.epoch, &key, &digest, &stream, claim.clone()).await
+            store.begin_keyed_request(&runtime.id, &runtime.epoch, &key, &digest, stream, claim.clone()).await
         }
-        None => store.begin_request(&runtime.id, &runtime.epoch, &key, &digest, &stream).await.map(|b| (b, None)),
+        None => store.begin_request(&runtime.id, &runtime.epoch, &key, &digest, stream).await.map(|b| (b, None)),
     }
     .map_err(|e| crate::store_rejection(&e))?;
     crate::telemetry::store_latency("begin_request", started.elapsed());
-    let mut job = None;
-    match begun {
-        BeginRequest::Existing { stream: original, same_params: true } if batch.is_some() => {
-            job = Some(Job::Answer(Answer::Follow { session: runtime.id.clone(), stream: original }, None));
+    let request = Request { params: Some(params), ..request };
+    Ok(match begun {
+        BeginRequest::Existing { stream: original, same_params: true } => Recorded::Again { original, request },
+        BeginRequest::Existing { same_params: false, .. } => Recorded::Conflict(rpc_error(
+            code::INVALID_REQUEST,
+            "request_id_reused",
+            format!("request id {} was already used in this session with other params", request.id),
+        )),
+        BeginRequest::Started => {
+            let job = match keyed.zip(claim) {
+                Some((keyed, claim)) => Prepared::Keyed { keyed, claim, claimed },
+                None => Prepared::Ready(Job::Run(None)),
+            };
+            Recorded::New(Work { key, request, job })
         }
-        BeginRequest::Existing { stream, same_params: true } => return Ok(Started::Attach { stream }),
-        BeginRequest::Existing { same_params: false, .. } => {
-            return Ok(Started::Conflict(rpc_error(
-                code::INVALID_REQUEST,
-                "request_id_reused",
-                format!("request id {} was already used in this session with other params", request.id),
-            )));
-        }
-        BeginRequest::Started => {}
-    }
+    })
+}
+
+/// Runs a recorded request in a task of its own, writing to `stream` (which ends with its
+/// response if `ends_stream`).
+async fn run_recorded(
+    shared: &Arc<Shared>,
+    runtime: &Arc<SessionRuntime>,
+    work: Work,
+    stream: StreamName,
+    ends_stream: bool,
+) -> Result<Running, Rejection> {
+    let Work { key, request, job } = work;
     let cancel = CancellationToken::new();
     if !runtime.start_request(&key, cancel.clone()) {
         return Err(Rejection::session_invalid(tether_core::lineage::InvalidReason::Terminated));
@@ -155,20 +246,25 @@ pub(crate) async fn start_legacy(
         store: Arc::clone(&shared.store),
         runtime: Arc::clone(runtime),
         stream: stream.clone(),
-        ends_stream: batch.is_none(),
+        ends_stream,
     };
+    let params = request.params.as_ref().unwrap_or(&Value::Null);
     let meta = RequestMeta {
-        progress_token: progress_token(&params),
+        progress_token: progress_token(params),
         client_capabilities: runtime.client_capabilities.clone(),
         log_level: None,
         client_request_timeout: shared.config.client_request_timeout,
-        idempotency_key: keyed.as_ref().map(|k| k.name.clone()),
+        idempotency_key: match &job {
+            Prepared::Keyed { keyed, .. } => Some(keyed.name.clone()),
+            Prepared::Ready(_) => None,
+        },
     };
     let (ctx, first) = Context::new(output, meta, cancel.clone(), Arc::clone(shared));
-    let job = match (job, keyed.zip(claim)) {
-        (Some(job), _) => Ok(job),
-        (None, Some((keyed, claim))) => keyed_job(shared, keyed, claim, claimed, &request.method, &params).await,
-        (None, None) => Ok(Job::Run(None)),
+    let job = match job {
+        Prepared::Ready(job) => Ok(job),
+        Prepared::Keyed { keyed, claim, claimed } => {
+            keyed_job(shared, keyed, claim, claimed, &request.method, params).await
+        }
     };
     let job = match job {
         Ok(job) => job,
@@ -179,14 +275,12 @@ pub(crate) async fn start_legacy(
             return Err(rejection);
         }
     };
-    let runtime = Arc::clone(runtime);
-    let shared = Arc::clone(shared);
-    let request = Request { params: Some(params), ..request };
+    let (runtime, shared) = (Arc::clone(runtime), Arc::clone(shared));
     let task = tokio::spawn(async move {
         run(&shared, ctx, request, job, cancel, None).await;
         runtime.finish_request(&key);
     });
-    Ok(Started::Running { stream, first, task })
+    Ok(Running { stream, first, task })
 }
 
 /// What a request's task does.

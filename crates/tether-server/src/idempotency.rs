@@ -11,13 +11,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::{Value, json};
-use tether_core::jsonrpc::{self, ErrorObject, Message, code};
+use tether_core::jsonrpc::{self, ErrorObject, Message, RequestId, code};
 use tether_core::lineage::{Digest, StreamName, StreamState};
 use tether_core::mcp::{IdempotencyKey, meta, method};
 use tether_store::{Claim, KeyClaim, KeyState, Store, StoreError};
 
 use crate::context::Context;
-use crate::reader::{Item, StreamReader};
+use crate::reader::{Ending, Item, StreamReader};
 use crate::{Shared, now_ms};
 /// The longest pause between two looks at a running original's record.
 const MAX_POLL: Duration = Duration::from_millis(250);
@@ -97,8 +97,10 @@ pub(crate) enum Plan {
 pub(crate) enum Answer {
     /// The original finished: its recorded outcome.
     Replay(Result<Value, ErrorObject>),
-    /// The original is running, or stopped: what remains of its stream, then its outcome.
-    Follow { session: String, stream: StreamName },
+    /// The original is running, or stopped: what remains of its stream, then its outcome. With
+    /// `request`, the stream is shared (a batch's): only that request's response is the outcome,
+    /// and nothing else of the stream is relayed.
+    Follow { session: String, stream: StreamName, request: Option<RequestId> },
     /// The original is running without a stream (2026-07-28): its outcome, once recorded.
     Await,
     /// This error.
@@ -130,61 +132,80 @@ pub(crate) async fn plan(
         KeyState::Running { abandoned: true, .. } if resumable && store.take_over_key(claim).await? => {
             return Ok(Plan::Run);
         }
-        KeyState::Running { stream: Some((session, stream)), .. } => Answer::Follow { session, stream },
+        KeyState::Running { stream: Some((session, stream)), .. } => Answer::Follow { session, stream, request: None },
         KeyState::Running { stream: None, abandoned: false } => Answer::Await,
         KeyState::Running { stream: None, abandoned: true } => Answer::Fail(aborted()),
     }))
 }
 
 /// Carries out `answer` for the request of `ctx`: its outcome is the original's. Without a key
-/// (a batch's request whose id was sent before), an original whose stream no longer holds its
-/// response is answered `request_history_expired`.
+/// (a batch's request whose id was sent before), an original whose stream ended without the
+/// response is answered as the stream ended: `request_aborted`, or `request_history_expired`.
 pub(crate) async fn answer(ctx: Context, keyed: Option<Keyed>, answer: Answer) -> Result<Value, ErrorObject> {
     let store = Arc::clone(ctx.store());
-    let awaited = |keyed: Option<Keyed>| async move {
-        match keyed {
-            Some(keyed) => await_outcome(&store, &keyed.name).await,
-            None => Err(history_expired()),
+    match (answer, keyed) {
+        (Answer::Replay(outcome), _) => outcome,
+        (Answer::Fail(error), _) => Err(error),
+        (Answer::Follow { session, stream, request }, keyed) => {
+            match (relay(&ctx, &session, stream, request).await, keyed) {
+                (Relayed::Outcome(outcome), _) => outcome,
+                // The key's record knows more than the stream.
+                (_, Some(keyed)) => await_outcome(&store, &keyed.name).await,
+                (Relayed::Aborted, None) => Err(aborted()),
+                (Relayed::Lost, None) => Err(history_expired()),
+            }
         }
-    };
-    match answer {
-        Answer::Replay(outcome) => outcome,
-        Answer::Fail(error) => Err(error),
-        Answer::Follow { session, stream } => match relay(&ctx, &session, stream).await {
-            Some(outcome) => outcome,
-            None => awaited(keyed).await,
-        },
-        Answer::Await => awaited(keyed).await,
+        (Answer::Await, Some(keyed)) => await_outcome(&store, &keyed.name).await,
+        (Answer::Await, None) => Err(history_expired()),
     }
 }
 
+/// How following the original's stream ended.
+enum Relayed {
+    /// With its response.
+    Outcome(Result<Value, ErrorObject>),
+    /// Its producer died first.
+    Aborted,
+    /// Without the response: gone, or no longer retained.
+    Lost,
+}
+
 /// Relays the notifications the original sends from now on, and returns its response if its
-/// stream carries it; `None` when the stream ended (or is gone) without one.
-async fn relay(ctx: &Context, session: &str, stream: StreamName) -> Option<Result<Value, ErrorObject>> {
+/// stream carries it. A shared stream (`request` names the original's id) is read from its
+/// start, for that response only.
+async fn relay(ctx: &Context, session: &str, stream: StreamName, request: Option<RequestId>) -> Relayed {
     let store = Arc::clone(ctx.store());
-    let range = store.stream_range(session, &stream).await.ok()??;
+    let Ok(Some(range)) = store.stream_range(session, &stream).await else { return Relayed::Lost };
     // A running original's notifications from now on; of an ended one, only its last event,
     // which may be the response it recorded (what it sent before was for its own client).
     let live = range.state == StreamState::Live;
-    let from = if live { range.head } else { range.head.saturating_sub(1) };
+    let from = match (&request, live) {
+        (Some(_), _) => 0,
+        (None, true) => range.head,
+        (None, false) => range.head.saturating_sub(1),
+    };
+    let forwarding = live && request.is_none();
     let mut reader = StreamReader::new(store, session, stream, from);
     loop {
-        let items = reader.read().await.ok()?;
+        let Ok(items) = reader.read().await else { return Relayed::Lost };
         for item in &items {
             match item {
                 Item::Event(event) => match jsonrpc::parse_message(&event.data) {
-                    Ok(Message::Response(response)) => return Some(response.outcome),
-                    Ok(Message::Notification(notification)) if live => forward(ctx, notification).await,
+                    Ok(Message::Response(response)) if request.is_none() || response.id == request => {
+                        return Relayed::Outcome(response.outcome);
+                    }
+                    Ok(Message::Notification(notification)) if forwarding => forward(ctx, notification).await,
                     // The original's requests to the client are answered on its own stream.
                     _ => {}
                 },
                 // Notifications lost to retention are not relayed; a lost response shows as the end.
                 Item::Gap(_) => {}
-                Item::End(_) => return None,
+                Item::End(Ending::Aborted(_)) => return Relayed::Aborted,
+                Item::End(_) => return Relayed::Lost,
             }
         }
-        if items.is_empty() {
-            reader.changed().await.ok()?;
+        if items.is_empty() && reader.changed().await.is_err() {
+            return Relayed::Lost;
         }
     }
 }

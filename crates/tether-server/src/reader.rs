@@ -46,8 +46,11 @@ pub(crate) struct StreamReader {
     /// Made once the stream has to be waited for: most are whole by the time they are read,
     /// and a watch costs the store a registration.
     head: Option<HeadWatch>,
-    /// The last item read was a gap: a stream that ends right after it lost its last event.
+    /// The last position read is gone: a stream that ends there lost its last event (the gap
+    /// just read took it, or the cursor itself stood for it: a resume from a gap's notice).
     after_gap: bool,
+    /// Whether a page was read yet.
+    started: bool,
     done: bool,
 }
 
@@ -61,6 +64,7 @@ impl StreamReader {
             cursor,
             head: None,
             after_gap: false,
+            started: false,
             done: false,
         }
     }
@@ -86,6 +90,9 @@ impl StreamReader {
                 self.done = true;
                 return Ok(vec![Item::End(Ending::Gone)]);
             };
+            if !std::mem::replace(&mut self.started, true) {
+                self.after_gap = self.cursor > 0 && range.retained_from > self.cursor;
+            }
             let mut items = Vec::with_capacity(events.len() + 1);
             // A full page may stop short of what is retained: read on from its end next time.
             let full = events.len() >= READ_BATCH;
@@ -105,7 +112,10 @@ impl StreamReader {
                     Next::Gap(lost) => {
                         self.cursor = lost.to;
                         self.after_gap = true;
-                        items.push(Item::Gap(ResyncNotice::evicted(self.stream.as_str(), lost, range.head)));
+                        // Events appended (and evicted) after the range was read can put the gap
+                        // past the head it reported.
+                        let head = range.head.max(lost.to);
+                        items.push(Item::Gap(ResyncNotice::evicted(self.stream.as_str(), lost, head)));
                     }
                     Next::Wait => break,
                     Next::End => {

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tether_core::lineage::{InvalidReason, Next, ResyncReason, ServerDecision};
+use tether_core::lineage::{InvalidReason, ResyncReason, ServerDecision};
 
 /// A session was created by `initialize`.
 pub(crate) fn session_created() {
@@ -45,9 +45,10 @@ pub(crate) fn events_replayed(count: usize) {
 /// replay that starts with what is gone counts as the resync it starts with).
 pub(crate) fn resume(decision: &ServerDecision) {
     let (branch, reason) = match decision {
-        ServerDecision::Replay { starts: Next::Gap(_), .. } => ("resync", ResyncReason::Evicted.as_str()),
-        ServerDecision::Replay { starts: Next::Aborted, .. } => ("resync", ResyncReason::RequestAborted.as_str()),
-        ServerDecision::Replay { .. } => ("replay", ""),
+        ServerDecision::Replay { starts, .. } => match starts.resync_reason() {
+            Some(reason) => ("resync", reason.as_str()),
+            None => ("replay", ""),
+        },
         ServerDecision::SessionInvalid(reason) => ("session_invalid", InvalidReason::as_str(*reason)),
         ServerDecision::Resync(notice) => ("resync", notice.reason.as_str()),
     };

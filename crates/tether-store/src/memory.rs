@@ -169,7 +169,7 @@ impl LiveSession {
         slot.head_tx = None;
         self.bytes -= freed;
         self.tombstones.push_back(name);
-        while self.tombstones.len() > retention.max_requests_per_session.max(1) {
+        while self.tombstones.len() > retention.max_tombstones_per_session() {
             if let Some(oldest) = self.tombstones.pop_front() {
                 self.streams.remove(&oldest);
             }

@@ -173,6 +173,14 @@ pub struct Retention {
     pub max_requests_per_session: usize,
 }
 
+impl Retention {
+    /// Most tombstones of streams whose events were dropped the memory and Redis stores keep
+    /// per session: as many as request ids, whose streams they mostly are.
+    pub fn max_tombstones_per_session(&self) -> usize {
+        self.max_requests_per_session.max(1)
+    }
+}
+
 impl Default for Retention {
     /// Five minutes of ended streams, thirty of tombstones, 10,000 events per stream, 64 MiB
     /// per session, 1 GiB in all, a ten-second lease, idempotency records for 24 hours, at most

@@ -136,11 +136,11 @@ end
 /// Drops the events of the ended stream `name` of the session whose keys start with `prefix`,
 /// keeping its meta (head, state, request key) as a tombstone, the newest `max` of them per
 /// session (`{prefix}t`, oldest first); returns the bytes it held. The session's byte count is
-/// the caller's to lower.
+/// the caller's to lower. A stream no longer in the session's set (buried already) is left alone.
 const BURY: &str = r"
 local function bury(prefix, name, max)
   local key = prefix .. 's:' .. name
-  if redis.call('EXISTS', key) == 0 then return 0 end
+  if redis.call('SISMEMBER', prefix .. 'streams', name) == 0 then return 0 end
   local bytes = tonumber(redis.call('HGET', key, 'bytes') or '0')
   redis.call('DEL', prefix .. 'e:' .. name)
   redis.call('HSET', key, 'bytes', 0)
@@ -690,7 +690,7 @@ impl Store for RedisStore {
                 .arg(&key)
                 .arg(&key)
                 .arg(&digest)
-                .arg(self.retention.max_requests_per_session.max(1));
+                .arg(self.retention.max_tombstones_per_session());
             // The stream joins this process's owned set before it exists (queued first on the
             // shared connection; both go in one round trip): if the process dies once the
             // stream exists, its request is found and aborted, never left live.
@@ -750,7 +750,7 @@ impl Store for RedisStore {
                 .arg(notification_prefix(&session, &stream))
                 .arg(format!("tether:{{{session}}}:"))
                 .arg(&stream)
-                .arg(self.retention.max_requests_per_session.max(1));
+                .arg(self.retention.max_tombstones_per_session());
             for data in &events {
                 invocation.arg(&data[..]);
             }
@@ -1044,7 +1044,7 @@ impl Store for RedisStore {
                             .key(meta(session))
                             .arg(format!("tether:{{{session}}}:"))
                             .arg(stream)
-                            .arg(self.retention.max_requests_per_session.max(1))
+                            .arg(self.retention.max_tombstones_per_session())
                             .invoke_async(&mut conn)
                             .await
                             .map_err(backend)?;

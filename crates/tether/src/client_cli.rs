@@ -69,6 +69,12 @@ impl ClientArgs {
     }
 }
 
+/// Prints that the command gave up, and why; its exit code.
+fn gave_up(reason: &str) -> ExitCode {
+    print(json!({"event": "gave_up", "reason": reason}));
+    ExitCode::from(EXIT_GAVE_UP)
+}
+
 /// Resolves at `deadline`, or never.
 async fn until(deadline: Option<tokio::time::Instant>) {
     match deadline {
@@ -128,7 +134,7 @@ fn print_event(event: ClientEvent, args: &ClientArgs, messages: &mut u64) -> Opt
                 return Some(ExitCode::from(EXIT_DIVERGENCE));
             }
         }
-        ClientEvent::Resynced { id, notice } => {
+        ClientEvent::Resynced { id, notice, ack } => {
             let (lost_from, lost_to) = (notice.lost.map(|l| l.from), notice.lost.map(|l| l.to));
             let detail = match notice.lost {
                 Some(lost) => format!("events {}..={} of stream {} are gone", lost.from, lost.to, notice.stream),
@@ -136,6 +142,7 @@ fn print_event(event: ClientEvent, args: &ClientArgs, messages: &mut u64) -> Opt
             };
             print(json!({"event": "divergence", "kind": "resync", "reason": notice.reason.as_str(), "id": id,
                 "lost_from": lost_from, "lost_to": lost_to, "detail": detail}));
+            ack.done();
             if args.exit_on_divergence {
                 return Some(ExitCode::from(EXIT_DIVERGENCE));
             }
@@ -145,10 +152,7 @@ fn print_event(event: ClientEvent, args: &ClientArgs, messages: &mut u64) -> Opt
             print(json!({"event": "reissued", "key": key, "attempt": attempt, "reason": reason}))
         }
         ClientEvent::Unkeyed { reason } => print(json!({"event": "unkeyed", "reason": reason})),
-        ClientEvent::Closed { reason, fatal: false } => {
-            print(json!({"event": "gave_up", "reason": reason}));
-            return Some(ExitCode::from(EXIT_GAVE_UP));
-        }
+        ClientEvent::Closed { reason, fatal: false } => return Some(gave_up(&reason)),
         ClientEvent::Closed { reason, fatal: true } => {
             eprintln!("{reason}");
             return Some(ExitCode::FAILURE);
@@ -171,10 +175,6 @@ pub async fn watch(args: WatchArgs) -> ExitCode {
         Err(code) => return code,
     };
     let deadline = args.client.deadline();
-    let gave_up = |reason: &str| {
-        print(json!({"event": "gave_up", "reason": reason}));
-        ExitCode::from(EXIT_GAVE_UP)
-    };
     tokio::select! {
         () = client.follow_standalone() => {}
         () = until(deadline) => return gave_up("timed out"),
@@ -247,7 +247,8 @@ pub async fn call(args: CallArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     };
-    client.close().await;
+    // The session's end is a courtesy: it must not hold up a command that timed out.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), client.close()).await;
     code
 }
 

@@ -71,8 +71,13 @@ pub async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         Some(json) => Some(serde_json::from_str(json).context("--evict-args is not JSON")?),
         None => None,
     };
-    let config =
-        ProbeConfig { url: args.url, tool, restart_command: args.restart_cmd, replicas: args.replicas, evict_arguments };
+    let config = ProbeConfig {
+        url: args.url,
+        tool,
+        restart_command: args.restart_cmd,
+        replicas: args.replicas,
+        evict_arguments,
+    };
     let report = tether_probe::run(config, progress).await;
     if terminal {
         eprint!("\r\x1b[2K");

@@ -37,8 +37,7 @@ fn counts(lines: &[Value]) -> Vec<u64> {
 fn a_call_whose_stream_lost_events_to_retention_still_gets_its_result() {
     let dir = temp_dir("cli-resync-call");
     let port = free_port();
-    let (_server, _) =
-        serve(port, &dir, &["--store", "memory", "--max-events-per-stream", "5", "--sse-retry", "1s"]);
+    let (_server, _) = serve(port, &dir, &["--store", "memory", "--max-events-per-stream", "5", "--sse-retry", "1s"]);
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let proxy = runtime.block_on(proxy::start(vec![upstream], 7, 150, 300));
@@ -66,7 +65,10 @@ fn a_call_whose_stream_lost_events_to_retention_still_gets_its_result() {
     assert_eq!(all, (1..=30).collect::<Vec<_>>(), "{lines:?}");
     assert!(!lines.iter().any(|l| l["event"] == "reinitialized"), "the session went on: {lines:?}");
     let last = lines.last().expect("a last line");
-    assert_eq!((last["event"].as_str(), last["result"]["content"][0]["text"].as_str()), (Some("result"), Some("counted to 30")));
+    assert_eq!(
+        (last["event"].as_str(), last["result"]["content"][0]["text"].as_str()),
+        (Some("result"), Some("counted to 30"))
+    );
     assert_eq!(status.code(), Some(0));
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -89,7 +91,8 @@ fn a_watch_resumed_past_evicted_events_reports_the_resync_and_goes_on() {
         assert_eq!(post(&url, &session, &call), 200);
     };
     broadcast(1, 2);
-    let before = parse(&[first.line(Duration::from_secs(10)).expect("1"), first.line(Duration::from_secs(10)).expect("2")]);
+    let before =
+        parse(&[first.line(Duration::from_secs(10)).expect("1"), first.line(Duration::from_secs(10)).expect("2")]);
     // Killed once the second broadcast (event 2) is committed.
     let deadline = Instant::now() + Duration::from_secs(10);
     while !std::fs::read_to_string(checkpoint).unwrap_or_default().contains(":2\"") {
@@ -128,7 +131,8 @@ fn a_watch_resumed_past_evicted_events_reports_the_resync_and_goes_on() {
 
 /// The sessions a server created, from its metrics.
 fn sessions_created(metrics: &str) -> u64 {
-    let (status, _, text) = exchange(&format!("http://{metrics}/metrics"), "GET", &[], "", |_| false, Duration::from_secs(5));
+    let (status, _, text) =
+        exchange(&format!("http://{metrics}/metrics"), "GET", &[], "", |_| false, Duration::from_secs(5));
     assert_eq!(status, 200);
     text.lines()
         .find_map(|l| l.strip_prefix("tether_sessions_created_total ").and_then(|n| n.trim().parse().ok()))

@@ -187,6 +187,9 @@ fn a_request_a_crash_interrupted_replays_what_is_on_disk_then_says_it_was_aborte
     );
     assert!(id.ends_with(&format!(":{head}")), "the notice stands at the head: {id}");
     let error: Value = serde_json::from_str(error).expect("error");
-    assert_eq!((error["id"].as_str(), error["error"]["data"]["reason"].as_str()), (Some("c1"), Some("request_aborted")));
+    assert_eq!(
+        (error["id"].as_str(), error["error"]["data"]["reason"].as_str()),
+        (Some("c1"), Some("request_aborted"))
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

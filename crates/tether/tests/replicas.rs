@@ -245,7 +245,8 @@ fn session_that_expires_during_a_partition_gets_404_and_the_side_effect_runs_onc
         client.follow_standalone().await;
         let before = client.session_id().expect("session");
         let (observer, _) = Client::connect(ClientConfig::new(direct)).await.expect("connect directly");
-        let counted = || async { observer.call_tool("counter_get", json!({"key": "once"})).await.expect("counter_get") };
+        let counted =
+            || async { observer.call_tool("counter_get", json!({"key": "once"})).await.expect("counter_get") };
         proxy.cut_responses.store(true, Ordering::Relaxed);
         proxy.cutting.store(true, Ordering::Relaxed);
         let call = tokio::spawn({

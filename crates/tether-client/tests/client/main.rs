@@ -1,4 +1,5 @@
 //! The client against a real tether server, through a real fault proxy.
 
 mod chaos;
+mod reactions;
 mod telemetry;

@@ -5,6 +5,8 @@
 //! epoch, and a first event that is exactly the one after the cursor. Everything else is a
 //! [`Divergence`] or, when the server gives too little to check, [`Verdict::Unverifiable`].
 
+use std::cmp::Ordering;
+
 use super::digest::Digest;
 use super::id::ObservedId;
 use super::resync::{RESYNC_EVENT, ResyncNotice, ResyncReason, SeqRange};
@@ -202,28 +204,30 @@ pub fn client_verdict(checkpoint: &Checkpoint, reconnect: &Reconnect<'_>) -> Ver
             return diverged(non_monotonic(&checkpoint.last_id, Some(raw_id)));
         }
     };
-    if got_seq == last_seq {
-        return if Digest::of(raw_id, first.data) == checkpoint.last_digest {
-            Verdict::BoundaryDuplicate
-        } else {
-            diverged(Divergence::DigestMismatch {
+    match got_seq.cmp(&last_seq) {
+        Ordering::Equal if Digest::of(raw_id, first.data) == checkpoint.last_digest => {
+            return Verdict::BoundaryDuplicate;
+        }
+        Ordering::Equal => {
+            return diverged(Divergence::DigestMismatch {
                 id: raw_id.to_owned(),
-            })
-        };
-    }
-    if got_seq < last_seq {
-        return diverged(Divergence::ReplayReset {
-            last: last_seq,
-            got: got_seq,
-        });
-    }
-    if got_seq > last_seq + 1 {
-        return diverged(Divergence::Gap {
-            lost: SeqRange {
-                from: last_seq + 1,
-                to: got_seq - 1,
-            },
-        });
+            });
+        }
+        Ordering::Less => {
+            return diverged(Divergence::ReplayReset {
+                last: last_seq,
+                got: got_seq,
+            });
+        }
+        Ordering::Greater if got_seq - last_seq > 1 => {
+            return diverged(Divergence::Gap {
+                lost: SeqRange {
+                    from: last_seq + 1,
+                    to: got_seq - 1,
+                },
+            });
+        }
+        Ordering::Greater => {}
     }
     // A lineage id carries its epoch; an integer id is only as good as the advertised epoch.
     if matches!(got, ObservedId::Integer(_)) && checkpoint.epoch.is_none() {
@@ -284,9 +288,9 @@ pub enum Accepted {
     Event,
     /// A resync that continues the stream exactly: report it, then go on.
     Resync(ResyncNotice),
-    /// The one event without an id that may follow a resync standing at the stream's head: the
-    /// JSON-RPC error that ends a request whose outcome the stream no longer holds. It moves no
-    /// cursor.
+    /// An event without an id after a resync standing at the stream's head: the JSON-RPC error
+    /// that ends a request whose outcome the stream no longer holds (one per request of the
+    /// stream). It moves no cursor.
     Trailer,
 }
 
@@ -297,7 +301,8 @@ pub enum Accepted {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamValidator {
     last: Option<(ObservedId, Digest)>,
-    /// A resync at the stream's head was accepted: one event without an id may follow.
+    /// A resync at the stream's head was accepted: events without an id may follow, until the
+    /// next event with one.
     trailer: bool,
 }
 
@@ -330,7 +335,9 @@ impl StreamValidator {
         event: Option<&str>,
         data: &[u8],
     ) -> Result<Accepted, Divergence> {
-        let trailer = std::mem::take(&mut self.trailer);
+        if id.is_some() {
+            self.trailer = false;
+        }
         if event == Some(RESYNC_EVENT) {
             // A stream followed from its start (without a priming event) is at its position 0.
             let start = match (&self.last, id.map(ObservedId::parse)) {
@@ -345,7 +352,7 @@ impl StreamValidator {
             self.trailer = notice.position() == notice.head;
             return Ok(Accepted::Resync(notice));
         }
-        if id.is_none() && trailer {
+        if id.is_none() && self.trailer {
             return Ok(Accepted::Trailer);
         }
         let observed = id.map(ObservedId::parse);
@@ -368,7 +375,6 @@ fn check_next(
 ) -> Result<(), Divergence> {
     let (last_seq, got_seq) = match (last, got) {
         (ObservedId::Opaque(_), _) => return Ok(()),
-        (_, None) => return Err(non_monotonic(last, None)),
         (ObservedId::Lineage(last_id), Some(ObservedId::Lineage(id))) => {
             if id.epoch != last_id.epoch {
                 return Err(Divergence::EpochChanged {
@@ -382,17 +388,21 @@ fn check_next(
             (last_id.seq, id.seq)
         }
         (ObservedId::Integer(last_n), Some(ObservedId::Integer(n))) => (*last_n, *n),
+        // Another id scheme, or no id at all on an ordered stream.
         _ => return Err(non_monotonic(last, raw)),
     };
-    match last_seq.checked_add(1) {
-        Some(next) if got_seq == next => Ok(()),
-        Some(next) if got_seq > next => Err(Divergence::Gap {
+    let Some(next) = last_seq.checked_add(1) else {
+        return Err(non_monotonic(last, raw));
+    };
+    match got_seq.cmp(&next) {
+        Ordering::Equal => Ok(()),
+        Ordering::Greater => Err(Divergence::Gap {
             lost: SeqRange {
                 from: next,
                 to: got_seq - 1,
             },
         }),
-        _ => Err(non_monotonic(last, raw)),
+        Ordering::Less => Err(non_monotonic(last, raw)),
     }
 }
 
@@ -785,7 +795,12 @@ mod tests {
         ];
         for (id, data) in cases {
             let verdict = client_verdict(&cp, &reconnect(Some(a.as_str()), resync(&id, data)));
-            assert_eq!(kind(&verdict), "resync", "{}", String::from_utf8_lossy(data));
+            assert_eq!(
+                kind(&verdict),
+                "resync",
+                "{}",
+                String::from_utf8_lossy(data)
+            );
         }
         let other_epoch = lid('B', "s", 9);
         let data =
@@ -916,7 +931,8 @@ mod tests {
         let mut v = StreamValidator::fresh();
         v.accept(Some(&lid('A', "s", 3)), None, b"a")
             .expect("first");
-        let data = br#"{"reason":"evicted","stream":"s","after":4,"lost_from":5,"lost_to":6,"head":6}"#;
+        let data =
+            br#"{"reason":"evicted","stream":"s","after":4,"lost_from":5,"lost_to":6,"head":6}"#;
         assert_eq!(
             v.accept(Some(&lid('A', "s", 6)), Some("resync"), data)
                 .map_err(|d| d.kind()),
@@ -931,7 +947,8 @@ mod tests {
         v.accept(Some(&lid('A', "s", 3)), None, b"a")
             .expect("first");
         let id = lid('A', "s", 6);
-        let data = br#"{"reason":"evicted","stream":"s","after":3,"lost_from":4,"lost_to":6,"head":9}"#;
+        let data =
+            br#"{"reason":"evicted","stream":"s","after":3,"lost_from":4,"lost_to":6,"head":9}"#;
         let accepted = v.accept(Some(&id), Some("resync"), data).expect("exact");
         assert!(
             matches!(&accepted, Accepted::Resync(n) if n.lost == Some(SeqRange { from: 4, to: 6 })),
@@ -953,7 +970,8 @@ mod tests {
     fn validator_of_a_fresh_stream_accepts_a_resync_from_its_start() {
         // A 2025-06-18 POST answer has no priming event: its first event may be the gap's notice.
         let mut v = StreamValidator::fresh();
-        let data = br#"{"reason":"evicted","stream":"s","after":0,"lost_from":1,"lost_to":4,"head":9}"#;
+        let data =
+            br#"{"reason":"evicted","stream":"s","after":0,"lost_from":1,"lost_to":4,"head":9}"#;
         let accepted = v.accept(Some(&lid('A', "s", 4)), Some("resync"), data);
         assert!(matches!(accepted, Ok(Accepted::Resync(_))), "{accepted:?}");
         assert_eq!(
@@ -961,7 +979,8 @@ mod tests {
             Ok(Accepted::Event)
         );
         let mut v = StreamValidator::fresh();
-        let later = br#"{"reason":"evicted","stream":"s","after":1,"lost_from":2,"lost_to":4,"head":9}"#;
+        let later =
+            br#"{"reason":"evicted","stream":"s","after":1,"lost_from":2,"lost_to":4,"head":9}"#;
         assert_eq!(
             v.accept(Some(&lid('A', "s", 4)), Some("resync"), later)
                 .map_err(|d| d.kind()),
@@ -971,7 +990,7 @@ mod tests {
     }
 
     #[test]
-    fn validator_accepts_one_trailer_after_a_resync_at_the_head() {
+    fn validator_accepts_trailers_after_a_resync_at_the_head_until_the_next_id() {
         let mut v = StreamValidator::fresh();
         v.accept(Some(&lid('A', "s", 3)), None, b"a")
             .expect("first");
@@ -980,11 +999,17 @@ mod tests {
             .accept(Some(&lid('A', "s", 3)), Some("resync"), data)
             .expect("aborted at the cursor");
         assert!(matches!(accepted, Accepted::Resync(_)));
-        assert_eq!(v.accept(None, None, b"error"), Ok(Accepted::Trailer));
+        // One error per request of the stream (a batch's has several).
+        assert_eq!(v.accept(None, None, b"error 1"), Ok(Accepted::Trailer));
+        assert_eq!(v.accept(None, None, b"error 2"), Ok(Accepted::Trailer));
         assert_eq!(
-            v.accept(None, None, b"again").map_err(|d| d.kind()),
+            v.accept(Some(&lid('A', "s", 4)), None, b"b"),
+            Ok(Accepted::Event)
+        );
+        assert_eq!(
+            v.accept(None, None, b"late").map_err(|d| d.kind()),
             Err("non_monotonic"),
-            "one trailer only"
+            "no trailer after an event with an id"
         );
     }
 

@@ -152,7 +152,9 @@ impl TryFrom<Wire> for ResyncNotice {
     fn try_from(wire: Wire) -> Result<ResyncNotice, &'static str> {
         let lost = match (wire.lost_from, wire.lost_to) {
             (None, None) => None,
-            (Some(from), Some(to)) => Some(SeqRange::new(from, to).ok_or("lost_from is after lost_to")?),
+            (Some(from), Some(to)) => {
+                Some(SeqRange::new(from, to).ok_or("lost_from is after lost_to")?)
+            }
             _ => return Err("lost_from and lost_to are both numbers or both null"),
         };
         Ok(ResyncNotice {
@@ -197,15 +199,20 @@ mod tests {
 
     #[test]
     fn a_half_or_inverted_range_is_not_a_notice() {
-        let half = r#"{"reason":"evicted","stream":"r1","after":3,"lost_from":4,"lost_to":null,"head":9}"#;
+        let half =
+            r#"{"reason":"evicted","stream":"r1","after":3,"lost_from":4,"lost_to":null,"head":9}"#;
         assert_eq!(ResyncNotice::from_json(half), None);
-        let inverted = r#"{"reason":"evicted","stream":"r1","after":3,"lost_from":9,"lost_to":4,"head":9}"#;
+        let inverted =
+            r#"{"reason":"evicted","stream":"r1","after":3,"lost_from":9,"lost_to":4,"head":9}"#;
         assert_eq!(ResyncNotice::from_json(inverted), None);
     }
 
     #[test]
     fn the_position_is_the_last_one_the_notice_accounts_for() {
-        assert_eq!(ResyncNotice::evicted("s", SeqRange { from: 4, to: 9 }, 20).position(), 9);
+        assert_eq!(
+            ResyncNotice::evicted("s", SeqRange { from: 4, to: 9 }, 20).position(),
+            9
+        );
         assert_eq!(ResyncNotice::aborted("s", 7).position(), 7);
         let ahead = ResyncNotice {
             reason: ResyncReason::AheadOfHead,

@@ -103,6 +103,17 @@ pub enum Next {
     Aborted,
 }
 
+impl Next {
+    /// The reason of the resync event this step writes, if it writes one.
+    pub fn resync_reason(self) -> Option<ResyncReason> {
+        match self {
+            Next::Gap(_) => Some(ResyncReason::Evicted),
+            Next::Aborted => Some(ResyncReason::RequestAborted),
+            Next::Events | Next::Wait | Next::End => None,
+        }
+    }
+}
+
 /// The one rule for following a stored stream, for a resume and for every later read alike:
 /// every retained event after the cursor once, in order; what is gone said once, exactly where
 /// it is; the end as the stream ended. `first_retained` is the first retained event after
@@ -111,10 +122,12 @@ pub enum Next {
 pub fn next_after(cursor: u64, range: StreamRange, first_retained: Option<u64>) -> Next {
     let next = cursor.saturating_add(1);
     match first_retained {
-        Some(first) if first <= next => Next::Events,
-        Some(first) => SeqRange::new(next, first - 1).map_or(Next::Events, Next::Gap),
+        // Everything from the next position up to the first retained event is gone, if anything.
+        Some(first) => SeqRange::new(next, first.saturating_sub(1)).map_or(Next::Events, Next::Gap),
         // Events after the cursor were written but none of them is retained any more.
-        None if cursor < range.head => SeqRange::new(next, range.head).map_or(Next::Wait, Next::Gap),
+        None if cursor < range.head => {
+            SeqRange::new(next, range.head).map_or(Next::Wait, Next::Gap)
+        }
         None => match range.state {
             StreamState::Live => Next::Wait,
             StreamState::Complete => Next::End,
@@ -288,7 +301,10 @@ mod tests {
 
     #[test]
     fn completed_stream_is_replayed_then_ended() {
-        assert_eq!(follow(2, range(0, 4, StreamState::Complete)), ["3", "4", "end"]);
+        assert_eq!(
+            follow(2, range(0, 4, StreamState::Complete)),
+            ["3", "4", "end"]
+        );
     }
 
     #[test]
@@ -483,6 +499,38 @@ mod tests {
         // Everything after the cursor went between the range and the read.
         assert_eq!(next_after(5, r, None), gap(6, 12));
         assert_eq!(next_after(12, r, None), Next::Wait);
+    }
+
+    #[test]
+    fn only_a_gap_and_an_aborted_end_write_a_resync() {
+        assert_eq!(gap(1, 2).resync_reason(), Some(ResyncReason::Evicted));
+        assert_eq!(
+            Next::Aborted.resync_reason(),
+            Some(ResyncReason::RequestAborted)
+        );
+        for quiet in [Next::Events, Next::Wait, Next::End] {
+            assert_eq!(quiet.resync_reason(), None);
+        }
+    }
+
+    #[test]
+    fn invalid_reasons_as_on_the_wire() {
+        let reasons = [
+            InvalidReason::UnknownSession,
+            InvalidReason::Terminated,
+            InvalidReason::Expired,
+            InvalidReason::IncarnationMismatch,
+        ];
+        let wire: Vec<&str> = reasons.into_iter().map(InvalidReason::as_str).collect();
+        assert_eq!(
+            wire,
+            [
+                "unknown_session",
+                "terminated",
+                "expired",
+                "incarnation_mismatch"
+            ]
+        );
     }
 
     #[test]

@@ -106,13 +106,7 @@ async fn resume(
     }
     let attachment = runtime.attach(&cursor.stream);
     let reader = StreamReader::new(Arc::clone(&shared.store), &record.id, cursor.stream, after);
-    let connection = Connection {
-        shared: Arc::clone(shared),
-        runtime,
-        reader,
-        prelude: Prelude::None,
-        resumed: true,
-        attachment,
-    };
+    let connection =
+        Connection { shared: Arc::clone(shared), runtime, reader, prelude: Prelude::None, resumed: true, attachment };
     Ok(sse::response(connection.into_body(), headers))
 }

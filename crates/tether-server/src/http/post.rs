@@ -9,7 +9,6 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, Message, Notification, Request, RequestId, code};
-use tether_core::lineage::StreamState;
 use tether_core::mcp::{ProtocolVersion, meta, method};
 use tether_store::{RelayedAnswer, SessionRecord};
 
@@ -18,7 +17,7 @@ use super::sse::Connection;
 use super::{accepted, check_load, guard, json_response, live_session, read_body, session_headers, sse};
 use crate::context::FirstOutput;
 use crate::context::SessionHandle;
-use crate::dispatch::{self, Started};
+use crate::dispatch::{self, Running, Started};
 use crate::session::{LogLevel, SessionRuntime};
 use crate::{Shared, ids, now_ms};
 
@@ -175,29 +174,14 @@ async fn respond(
     }
     check_load(shared, runtime)?;
     let id = request.id.clone();
-    let stream = match dispatch::start_legacy(shared, runtime, principal, request, None).await? {
-        Started::Running { stream, first, .. } => match first.await {
+    let stream = match dispatch::start_legacy(shared, runtime, principal, request).await? {
+        Started::Running(Running { stream, first, .. }) => match first.await {
             Ok(FirstOutput::Final(bytes)) => return Ok(json_response(StatusCode::OK, bytes, headers)),
             Ok(FirstOutput::Event) | Err(_) => stream,
         },
-        Started::Attach { stream } => {
-            let range = shared.store.stream_range(&runtime.id, &stream).await.map_err(|e| crate::store_rejection(&e))?;
-            // Never an empty stream: an ended request none of whose events is retained says so.
-            let gone = match range {
-                None => Some(crate::idempotency::history_expired()),
-                Some(range) if range.first_after(0).is_some() => None,
-                Some(range) => match range.state {
-                    StreamState::Live => None,
-                    StreamState::Complete => Some(crate::idempotency::history_expired()),
-                    StreamState::Aborted => Some(crate::idempotency::aborted()),
-                },
-            };
-            if let Some(error) = gone {
-                let body = Message::Response(jsonrpc::Response::error(Some(id), error)).to_vec();
-                return Ok(json_response(StatusCode::OK, body, headers));
-            }
-            stream
-        }
+        // From its start, by the one rule: what is retained, the result included, and what is
+        // gone said once (an ended request none of whose events is retained gets its error).
+        Started::Attach { stream } => stream,
         Started::Conflict(error) => {
             let body = Message::Response(jsonrpc::Response::error(Some(id), error)).to_vec();
             return Ok(json_response(StatusCode::OK, body, headers));
@@ -206,6 +190,30 @@ async fn respond(
     let attachment = runtime.attach(&stream);
     let connection = Connection::fresh(shared, Arc::clone(runtime), stream, attachment);
     Ok(sse::response(connection.into_body(), headers))
+}
+
+/// Ends a batch's stream once every request of it that started has its outcome there: when
+/// dropped, whether the batch's POST finished or its connection went away while it started them.
+struct BatchEnd {
+    store: Arc<dyn tether_store::Store>,
+    runtime: Arc<SessionRuntime>,
+    stream: tether_core::lineage::StreamName,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for BatchEnd {
+    fn drop(&mut self) {
+        let (store, runtime, stream) = (Arc::clone(&self.store), Arc::clone(&self.runtime), self.stream.clone());
+        let tasks = std::mem::take(&mut self.tasks);
+        tokio::spawn(async move {
+            for task in tasks {
+                let _ = task.await;
+            }
+            if let Err(err) = store.end_stream(&runtime.id, &runtime.epoch, &stream).await {
+                tracing::debug!(%err, "ending a batch's stream");
+            }
+        });
+    }
 }
 
 /// Requests the protocol layer answers itself.
@@ -243,43 +251,42 @@ async fn respond_batch(
     let ids: Vec<RequestId> = requests.iter().map(|r| r.id.clone()).collect();
     let key = dispatch::batch_key(&stream, &ids);
     let store = &shared.store;
-    store.begin_request(&runtime.id, &runtime.epoch, &key, &key, &stream).await.map_err(|e| crate::store_rejection(&e))?;
+    store
+        .begin_request(&runtime.id, &runtime.epoch, &key, &key, &stream)
+        .await
+        .map_err(|e| crate::store_rejection(&e))?;
     // Each request's response, once known; its place in the batch for the ones still running.
     let mut answers: Vec<Option<Bytes>> = vec![None; requests.len()];
     let mut firsts = tokio::task::JoinSet::new();
-    let mut tasks = Vec::new();
+    let mut ending =
+        BatchEnd { store: Arc::clone(store), runtime: Arc::clone(runtime), stream: stream.clone(), tasks: Vec::new() };
+    let mut started = Ok(());
     for (place, request) in requests.into_iter().enumerate() {
         let id = request.id.clone();
         let outcome = match protocol_method(runtime, &request) {
             Some(outcome) => outcome,
-            None => match dispatch::start_legacy(shared, runtime, principal, request, Some(&stream)).await? {
-                Started::Running { first, task, .. } => {
+            None => match dispatch::start_in_batch(shared, runtime, principal, request, &stream).await {
+                Ok(Ok(Running { first, task, .. })) => {
                     firsts.spawn(async move { (place, first.await) });
-                    tasks.push(task);
+                    ending.tasks.push(task);
                     continue;
                 }
-                Started::Conflict(error) => Err(error),
-                // A batch's request sent before is answered on the batch's stream (dispatch).
-                Started::Attach { .. } => Err(rpc_error(code::INTERNAL_ERROR, "attach_in_batch", "unreachable")),
+                Ok(Err(error)) => Err(error),
+                Err(rejection) => {
+                    started = Err(rejection);
+                    break;
+                }
             },
         };
         let response = Bytes::from(Message::Response(jsonrpc::Response { id: Some(id), outcome }).to_vec());
-        store
-            .append(&runtime.id, &runtime.epoch, &stream, response.clone(), false)
-            .await
-            .map_err(|e| crate::store_rejection(&e))?;
+        if let Err(err) = store.append(&runtime.id, &runtime.epoch, &stream, response.clone(), false).await {
+            started = Err(crate::store_rejection(&err));
+            break;
+        }
         answers[place] = Some(response);
     }
-    // The batch's stream ends once every request's outcome is in it.
-    let (ending, session, epoch, ended) = (Arc::clone(store), runtime.id.clone(), runtime.epoch.clone(), stream.clone());
-    tokio::spawn(async move {
-        for task in tasks {
-            let _ = task.await;
-        }
-        if let Err(err) = ending.end_stream(&session, &epoch, &ended).await {
-            tracing::debug!(%err, "ending a batch's stream");
-        }
-    });
+    drop(ending);
+    started?;
     let mut streamed = false;
     while let Some(first) = firsts.join_next().await {
         match first {

@@ -103,7 +103,10 @@ pub(crate) fn notice_body(epoch: &str, notice: &ResyncNotice) -> Body {
 fn write_notice(out: &mut Vec<u8>, id_prefix: &str, notice: &ResyncNotice) {
     let id = format!("{id_prefix}{}", notice.position());
     let data = notice.to_json();
-    encode(out, &OutgoingEvent { id: Some(&id), event: Some(RESYNC_EVENT), data: Some(data.as_bytes()), ..Default::default() });
+    encode(
+        out,
+        &OutgoingEvent { id: Some(&id), event: Some(RESYNC_EVENT), data: Some(data.as_bytes()), ..Default::default() },
+    );
 }
 
 /// Writes the JSON-RPC error that ends each request of `stream` whose response the stream will
@@ -154,9 +157,12 @@ impl Pump {
     /// Writes what the reader yielded: events with their lineage ids, each gap as one resync
     /// event, and how the stream ended.
     async fn write(&mut self, items: Vec<Item>) -> Option<Bytes> {
-        let mut out = Vec::with_capacity(
-            items.iter().map(|i| if let Item::Event(e) = i { e.data.len() } else { 256 } + self.id_prefix.len() + 32).sum(),
-        );
+        // An event's data and id, and the fields' names; a notice is under 256 bytes.
+        let size = |item: &Item| match item {
+            Item::Event(event) => event.data.len() + self.id_prefix.len() + 32,
+            Item::Gap(_) | Item::End(_) => 256,
+        };
+        let mut out = Vec::with_capacity(items.iter().map(size).sum());
         let mut id = self.id_prefix.clone();
         let mut seq = itoa::Buffer::new();
         let mut replayed = 0;

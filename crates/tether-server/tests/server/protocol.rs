@@ -426,7 +426,8 @@ async fn a_client_that_stops_reading_never_blocks_the_producer() {
     // Far more (every event is over 100 bytes) than the kernel's largest send buffer, the 4 KiB
     // receive buffer and what the server buffers can hold: the reader must fall behind.
     let count = 2_000 + 2 * (largest_send_buffer() + (1 << 20)) / 100;
-    let broadcast = async { json_body(client.call(&session, json!(1), "broadcast", json!({"count": count})).await).await };
+    let broadcast =
+        async { json_body(client.call(&session, json!(1), "broadcast", json!({"count": count})).await).await };
     let result = tokio::time::timeout(WAIT, broadcast).await.expect("the producer was held up by the stalled reader");
     assert_eq!(result["result"]["content"][0]["text"], format!("broadcast {count} of {count} notifications"));
     // Only now is the stalled stream read: it fell behind while the producer went on, and it is

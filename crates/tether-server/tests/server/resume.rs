@@ -198,7 +198,8 @@ async fn a_running_request_alone_keeps_a_session_alive() {
     let session = client.initialize("2025-11-25").await;
     // Its answer is JSON, so no stream is open while it runs.
     let running = client.call(&session, json!(1), "sleep", json!({"ms": 2_500}));
-    let (result, alive) = tokio::join!(async { json_body(running.await).await }, alive_after_the_ttl(&client, &session));
+    let (result, alive) =
+        tokio::join!(async { json_body(running.await).await }, alive_after_the_ttl(&client, &session));
     assert!(alive, "a running request is activity");
     assert_eq!(result["result"]["content"][0]["text"], "slept 2500 ms");
 }
@@ -220,7 +221,10 @@ async fn finished_streams_stay_replayable_for_the_retention_then_resync() {
     let notice: serde_json::Value = serde_json::from_str(&events[0].data).expect("json");
     assert_eq!((notice["lost_from"].clone(), notice["lost_to"].clone()), (json!(1), json!(3)), "exactly what is gone");
     let error: serde_json::Value = serde_json::from_str(&events[1].data).expect("json");
-    assert_eq!((error["id"].clone(), error["error"]["data"]["reason"].clone()), (json!(1), json!("request_history_expired")));
+    assert_eq!(
+        (error["id"].clone(), error["error"]["data"]["reason"].clone()),
+        (json!(1), json!("request_history_expired"))
+    );
 }
 
 #[tokio::test]

@@ -443,12 +443,16 @@ fn insert_stream(
         params![session, stream, owner, key],
     )
     .map_err(backend)?;
-    execute(
-        txn,
-        "INSERT OR IGNORE INTO events (session, stream, seq, data) VALUES (?1, ?2, 0, x'')",
-        params![session, stream],
-    )
-    .map_err(backend)?;
+    // An existing stream (a batch's, joined by another of its requests) keeps its events as they
+    // are: its priming event may have been evicted long ago.
+    if inserted > 0 {
+        execute(
+            txn,
+            "INSERT INTO events (session, stream, seq, data) VALUES (?1, ?2, 0, x'')",
+            params![session, stream],
+        )
+        .map_err(backend)?;
+    }
     Ok(inserted > 0)
 }
 
@@ -647,16 +651,20 @@ fn key_record(txn: &Connection, key: &str, owner: &str) -> Result<Option<(String
 }
 
 /// The mirror's update after `begin`: a started request has a new stream.
-fn opened_by_begin(session: &str, stream: &StreamName) -> impl FnOnce(&Mirror, &BeginRequest) + Send + 'static {
+/// A begun request, and whether its stream was opened by it (not joined: a batch's).
+type Begun = (BeginRequest, bool);
+
+fn opened_by_begin(session: &str, stream: &StreamName) -> impl FnOnce(&Mirror, &Begun) + Send + 'static {
     let (session, stream) = (session.to_owned(), stream.to_string());
-    move |mirror, begun| {
-        if matches!(begun, BeginRequest::Started) {
+    move |mirror, (_, opened)| {
+        if *opened {
             mirror.stream_opened(&session, &stream);
         }
     }
 }
 
-/// Records request `key` of a live session with its stream, unless the key is known.
+/// Records request `key` of a live session with its stream (opening it unless it exists),
+/// unless the key is known.
 fn begin(
     txn: &Connection,
     owner: &str,
@@ -665,7 +673,7 @@ fn begin(
     key: &str,
     digest: &str,
     stream: &StreamName,
-) -> Result<BeginRequest, StoreError> {
+) -> Result<Begun, StoreError> {
     check_live(txn, session, epoch)?;
     let existing: Option<(String, String)> = query_row(
         txn,
@@ -677,7 +685,7 @@ fn begin(
     .map_err(backend)?;
     if let Some((existing_digest, existing_stream)) = existing {
         let stream = StreamName::parse(&existing_stream).map_err(backend)?;
-        return Ok(BeginRequest::Existing { stream, same_params: existing_digest == digest });
+        return Ok((BeginRequest::Existing { stream, same_params: existing_digest == digest }, false));
     }
     execute(
         txn,
@@ -685,8 +693,8 @@ fn begin(
         params![session, key, digest, stream.as_str()],
     )
     .map_err(backend)?;
-    insert_stream(txn, session, stream.as_str(), owner, Some(key))?;
-    Ok(BeginRequest::Started)
+    let opened = insert_stream(txn, session, stream.as_str(), owner, Some(key))?;
+    Ok((BeginRequest::Started, opened))
 }
 
 /// Claims an idempotency key for `owner`, unless it is recorded.
@@ -946,7 +954,8 @@ impl Store for SqliteStore {
         // Answered only once durable: a handler must never run for a request whose record a
         // crash could lose, or the same request id sent again would run it twice.
         let then = opened_by_begin(&session, &stream);
-        self.run_with(move |txn| begin(txn, &owner, &session, &epoch, &key, &digest, &stream), then)
+        let begun = self.run_with(move |txn| begin(txn, &owner, &session, &epoch, &key, &digest, &stream), then);
+        Box::pin(async move { begun.await.map(|(begun, _)| begun) })
     }
 
     fn begin_keyed_request(
@@ -964,13 +973,14 @@ impl Store for SqliteStore {
         let then = opened_by_begin(&session, &stream);
         let job = move |txn: &Connection| {
             let begun = begin(txn, &owner, &session, &epoch, &key, &digest, &stream)?;
-            let claimed = match begun {
+            let claimed = match begun.0 {
                 BeginRequest::Started => Some(claim_in(txn, &owner, &claim)?),
                 BeginRequest::Existing { .. } => None,
             };
             Ok((begun, claimed))
         };
-        self.run_with(job, move |mirror, (begun, _)| then(mirror, begun))
+        let begun = self.run_with(job, move |mirror, (begun, _)| then(mirror, begun));
+        Box::pin(async move { begun.await.map(|((begun, _), claimed)| (begun, claimed)) })
     }
 
     fn append_batch(

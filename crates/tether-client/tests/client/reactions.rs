@@ -1,0 +1,342 @@
+//! The client's reaction to each thing a server can answer a resume with, against a scripted
+//! server: the call's stream is cut after two events, and the resume gets what the scenario says.
+//! What the application sees (events and the call's outcome) is checked for each.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::Response;
+use serde_json::{Value, json};
+use tether_client::{Backoff, Client, ClientConfig, ClientEvent, Policy, RequestError};
+use tether_core::jsonrpc::Message;
+
+const EPOCH: &str = "EpochOfTheScriptedServer";
+
+/// One SSE event as the server writes it; `@ID` in the data stands for the call's request id.
+#[derive(Debug, Clone)]
+struct Frame {
+    id: Option<String>,
+    event: Option<&'static str>,
+    data: String,
+}
+
+/// The id of event `n` of the call's stream.
+fn id(n: u64) -> String {
+    format!("{EPOCH}:r1:{n}")
+}
+
+fn event(n: u64) -> Frame {
+    let data = json!({"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": {"n": n}}});
+    Frame { id: Some(id(n)), event: None, data: data.to_string() }
+}
+
+fn priming() -> Frame {
+    Frame { id: Some(id(0)), event: None, data: String::new() }
+}
+
+fn result(n: u64) -> Frame {
+    Frame { id: Some(id(n)), event: None, data: r#"{"jsonrpc":"2.0","id":@ID,"result":{"done":true}}"#.into() }
+}
+
+fn resync(reason: &str, lost: Option<(u64, u64)>, at: u64, head: u64) -> Frame {
+    let after = lost.map_or(at, |(from, _)| from - 1);
+    let (from, to) = (lost.map(|l| l.0), lost.map(|l| l.1));
+    let data =
+        json!({"reason": reason, "stream": "r1", "after": after, "lost_from": from, "lost_to": to, "head": head});
+    Frame { id: Some(id(at)), event: Some("resync"), data: data.to_string() }
+}
+
+fn trailer(reason: &str) -> Frame {
+    let data = json!({"jsonrpc": "2.0", "id": "@ID", "error": {"code": -32000, "message": reason, "data": {"reason": reason}}});
+    Frame { id: None, event: None, data: data.to_string().replace("\"@ID\"", "@ID") }
+}
+
+/// What a resume gets.
+#[derive(Debug, Clone)]
+enum Resume {
+    /// 200, these events, then the connection ends.
+    Stream(Vec<Frame>),
+    /// The same with another replay epoch in the header.
+    OtherEpoch(Vec<Frame>),
+    /// This status and no stream.
+    Status(u16),
+    /// 200 with a JSON body instead of a stream.
+    Json,
+}
+
+struct Scripted {
+    /// The call's answer: these events, then the connection ends (cut).
+    call: Vec<Frame>,
+    resumes: VecDeque<Resume>,
+    /// What happened: the cursors of resumes, and how many sessions were initialized.
+    cursors: Vec<String>,
+    initializes: u32,
+    call_id: Value,
+}
+
+fn sse(frames: &[Frame], call_id: &Value) -> String {
+    frames
+        .iter()
+        .map(|f| {
+            let id = f.id.as_ref().map(|id| format!("id: {id}\n")).unwrap_or_default();
+            let kind = f.event.map(|k| format!("event: {k}\n")).unwrap_or_default();
+            format!("{id}{kind}data: {}\n\n", f.data.replace("@ID", &call_id.to_string()))
+        })
+        .collect()
+}
+
+async fn endpoint(
+    State(state): State<Arc<Mutex<Scripted>>>,
+    method: Method,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
+    let mut state = state.lock().expect("state");
+    let stream = |body: String, epoch: &str| {
+        Response::builder()
+            .header("content-type", "text/event-stream")
+            .header("mcp-session-id", "s1")
+            .header("x-mcp-replay-epoch", epoch)
+            .body(Body::from(body))
+            .expect("response")
+    };
+    let json = |body: Value| {
+        Response::builder()
+            .header("content-type", "application/json")
+            .header("mcp-session-id", "s1")
+            .header("x-mcp-replay-epoch", EPOCH)
+            .body(Body::from(body.to_string()))
+            .expect("response")
+    };
+    match method {
+        Method::POST => {
+            let message: Value = serde_json::from_str(&body).unwrap_or_default();
+            match message["method"].as_str() {
+                Some("initialize") => {
+                    state.initializes += 1;
+                    json(json!({"jsonrpc": "2.0", "id": message["id"], "result": {"protocolVersion": "2025-11-25",
+                        "capabilities": {}, "serverInfo": {"name": "scripted", "version": "1"}}}))
+                }
+                Some("tools/call") => {
+                    state.call_id = message["id"].clone();
+                    stream(sse(&state.call, &state.call_id), EPOCH)
+                }
+                _ if message.get("id").is_some() => json(json!({"jsonrpc": "2.0", "id": message["id"], "result": {}})),
+                _ => Response::builder().status(StatusCode::ACCEPTED).body(Body::empty()).expect("response"),
+            }
+        }
+        Method::GET => {
+            let Some(cursor) = headers.get("last-event-id").and_then(|v| v.to_str().ok()) else {
+                return Response::builder().status(StatusCode::METHOD_NOT_ALLOWED).body(Body::empty()).expect("405");
+            };
+            state.cursors.push(cursor.to_owned());
+            match state.resumes.pop_front().unwrap_or(Resume::Stream(Vec::new())) {
+                Resume::Stream(frames) => stream(sse(&frames, &state.call_id), EPOCH),
+                Resume::OtherEpoch(frames) => stream(sse(&frames, &state.call_id), "AnotherEpochAfterRestart"),
+                Resume::Status(status) => Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(Body::from(
+                        json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32001, "message": "gone"}}).to_string(),
+                    ))
+                    .expect("response"),
+                Resume::Json => json(json!({"jsonrpc": "2.0", "id": null, "result": {}})),
+            }
+        }
+        _ => Response::builder().body(Body::empty()).expect("response"),
+    }
+}
+
+/// How a scenario went: what the application saw, the call's outcome, the cursors of the
+/// resumes and how many sessions were initialized.
+struct Seen {
+    events: Vec<String>,
+    outcome: Result<Value, RequestError>,
+    cursors: Vec<String>,
+    initializes: u32,
+}
+
+/// The call's stream: the priming event and events 1 and 2, then the cut.
+fn cut_after_two() -> Vec<Frame> {
+    vec![priming(), event(1), event(2)]
+}
+
+async fn run(call: Vec<Frame>, resumes: Vec<Resume>, adjust: impl FnOnce(&mut ClientConfig)) -> Seen {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
+    let state = Arc::new(Mutex::new(Scripted {
+        call,
+        resumes: resumes.into(),
+        cursors: Vec::new(),
+        initializes: 0,
+        call_id: Value::Null,
+    }));
+    let app = axum::Router::new().route("/mcp", axum::routing::any(endpoint)).with_state(Arc::clone(&state));
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let mut config = ClientConfig::new(url);
+    config.backoff =
+        Backoff { initial: Duration::from_millis(1), max: Duration::from_millis(5), max_attempts_without_progress: 3 };
+    adjust(&mut config);
+    let (client, mut events) = Client::connect(config).await.expect("connect");
+    let outcome = tokio::time::timeout(Duration::from_secs(10), client.call_tool("count", json!({})))
+        .await
+        .expect("the call ends");
+    // What the client still reports after the call ended (a re-initialization finishes after
+    // the requests it orphaned were resolved), until it falls quiet.
+    let mut seen = Vec::new();
+    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(300), events.recv()).await {
+        seen.push(match event {
+            ClientEvent::Message { message: Message::Notification(n), ack, .. } => {
+                ack.done();
+                format!("message {}", n.params.as_ref().map_or(Value::Null, |p| p["data"]["n"].clone()))
+            }
+            ClientEvent::Message { .. } => "message".into(),
+            ClientEvent::Resumed { verdict, .. } => format!("resumed {}", verdict.as_str()),
+            ClientEvent::Resynced { notice, ack, .. } => {
+                ack.done();
+                match notice.lost {
+                    Some(lost) => format!("resynced {}..{}", lost.from, lost.to),
+                    None => format!("resynced {}", notice.reason.as_str()),
+                }
+            }
+            ClientEvent::Divergence { kind, .. } => format!("divergence {kind}"),
+            ClientEvent::Reinitialized { .. } => "reinitialized".into(),
+            ClientEvent::Closed { fatal, .. } => format!("closed{}", if fatal { " fatal" } else { "" }),
+            ClientEvent::Unkeyed { .. } | ClientEvent::Reissued { .. } => continue,
+        });
+    }
+    server.abort();
+    let state = state.lock().expect("state");
+    Seen { events: seen, outcome, cursors: state.cursors.clone(), initializes: state.initializes }
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[tokio::test]
+async fn a_continuous_resume_delivers_the_rest_and_the_result() {
+    let seen = run(cut_after_two(), vec![Resume::Stream(vec![event(3), result(4)])], |_| {}).await;
+    assert_eq!(seen.events, strings(&["message 1", "message 2", "resumed continuous", "message 3"]));
+    assert_eq!(seen.outcome.expect("the result")["done"], true);
+    assert_eq!(seen.cursors, [id(2)], "resumed from the last event delivered");
+}
+
+#[tokio::test]
+async fn the_cursors_own_event_again_is_skipped() {
+    let seen = run(cut_after_two(), vec![Resume::Stream(vec![event(2), event(3), result(4)])], |_| {}).await;
+    assert_eq!(seen.events, strings(&["message 1", "message 2", "resumed duplicate_skipped", "message 3"]));
+    assert!(seen.outcome.is_ok());
+}
+
+/// The divergences: each reported with its kind, the session re-initialized, and the unkeyed
+/// call's outcome unknown (never a result, never a hang).
+#[tokio::test]
+async fn every_divergence_is_reported_and_leaves_the_outcome_unknown() {
+    let mut other = event(2);
+    other.data = other.data.replace("\"n\":2", "\"n\":22");
+    let not_from_the_cursor = resync("evicted", Some((4, 5)), 5, 7);
+    for (resume, kind) in [
+        (Resume::Stream(vec![other, event(3), result(4)]), "digest_mismatch"),
+        (Resume::Stream(vec![event(5), result(6)]), "gap"),
+        (Resume::Stream(vec![event(1), event(2)]), "replay_reset"),
+        (Resume::Stream(vec![not_from_the_cursor, event(6), result(7)]), "resync"),
+        (Resume::OtherEpoch(vec![event(3), result(4)]), "epoch_changed"),
+        (Resume::Status(404), "session_invalid"),
+        (Resume::Json, "session_invalid"),
+    ] {
+        let seen = run(cut_after_two(), vec![resume.clone()], |_| {}).await;
+        let divergence = format!("divergence {kind}");
+        assert_eq!(seen.events, strings(&["message 1", "message 2", &divergence, "reinitialized"]), "{resume:?}");
+        assert!(matches!(seen.outcome, Err(RequestError::OutcomeUnknown(_))), "{resume:?}: {:?}", seen.outcome);
+        assert_eq!(seen.initializes, 2, "{resume:?}");
+    }
+}
+
+#[tokio::test]
+async fn an_exact_resync_is_reported_and_the_result_after_it_delivered() {
+    let resume = vec![resync("evicted", Some((3, 5)), 5, 7), event(6), result(7)];
+    let seen = run(cut_after_two(), vec![Resume::Stream(resume)], |_| {}).await;
+    assert_eq!(seen.events, strings(&["message 1", "message 2", "resynced 3..5", "message 6"]));
+    assert_eq!(seen.outcome.expect("the result after the gap")["done"], true);
+    assert_eq!(seen.initializes, 1, "the same session goes on");
+}
+
+#[tokio::test]
+async fn an_exact_resync_is_the_cursor_a_later_resume_starts_from() {
+    let resumes = vec![
+        Resume::Stream(vec![resync("evicted", Some((3, 5)), 5, 9), event(6)]),
+        Resume::Stream(vec![event(7), result(8)]),
+    ];
+    let seen = run(cut_after_two(), resumes, |_| {}).await;
+    assert_eq!(seen.cursors, [id(2), id(6)]);
+    assert_eq!(
+        seen.events,
+        strings(&["message 1", "message 2", "resynced 3..5", "message 6", "resumed continuous", "message 7"])
+    );
+    assert!(seen.outcome.is_ok());
+}
+
+#[tokio::test]
+async fn an_aborted_request_ends_with_its_error_and_a_lost_result_as_unknown() {
+    let aborted = vec![resync("request_aborted", None, 2, 2), trailer("request_aborted")];
+    let seen = run(cut_after_two(), vec![Resume::Stream(aborted)], |_| {}).await;
+    assert_eq!(seen.events, strings(&["message 1", "message 2", "resynced request_aborted"]));
+    let Err(RequestError::Aborted(error)) = seen.outcome else { panic!("aborted, not {:?}", seen.outcome) };
+    assert_eq!(error.reason(), Some("request_aborted"));
+    let expired = vec![resync("evicted", Some((3, 4)), 4, 4), trailer("request_history_expired")];
+    let seen = run(cut_after_two(), vec![Resume::Stream(expired)], |_| {}).await;
+    assert_eq!(seen.events, strings(&["message 1", "message 2", "resynced 3..4"]));
+    assert!(matches!(seen.outcome, Err(RequestError::OutcomeUnknown(_))), "{:?}", seen.outcome);
+    assert_eq!(seen.initializes, 1);
+}
+
+#[tokio::test]
+async fn a_stream_that_keeps_closing_without_progress_ends_the_call_as_unknown() {
+    let seen = run(cut_after_two(), Vec::new(), |_| {}).await;
+    assert!(
+        matches!(&seen.outcome, Err(RequestError::OutcomeUnknown(why)) if why.contains("without progress")),
+        "{:?}",
+        seen.outcome
+    );
+    assert_eq!(seen.cursors, vec![id(2); 3], "each reconnect from the same cursor, then no more");
+    assert_eq!(seen.events, strings(&["message 1", "message 2"]), "no divergence: nothing was disproven");
+}
+
+#[tokio::test]
+async fn a_stream_cut_before_any_event_id_cannot_be_resumed() {
+    let seen = run(Vec::new(), Vec::new(), |_| {}).await;
+    assert!(
+        matches!(&seen.outcome, Err(RequestError::OutcomeUnknown(why)) if why.contains("before any event id")),
+        "{:?}",
+        seen.outcome
+    );
+    assert!(seen.cursors.is_empty(), "no resume without a cursor");
+}
+
+#[tokio::test]
+async fn ids_without_order_are_a_divergence_unless_trusted() {
+    let opaque = |n: u64| Frame { id: Some(format!("evt-{}", ["q", "b", "x", "k", "a"][n as usize])), ..event(n) };
+    let call = vec![opaque(0), opaque(1), opaque(2)];
+    let rest = || Resume::Stream(vec![opaque(3), Frame { id: Some("evt-z".into()), ..result(4) }]);
+    let strict = run(call.clone(), vec![rest()], |_| {}).await;
+    assert_eq!(
+        strict.events,
+        strings(&["message 0", "message 1", "message 2", "divergence unverifiable", "reinitialized"])
+    );
+    let trusted = run(call, vec![rest()], |config| config.policy = Policy::Trust).await;
+    assert_eq!(trusted.events, strings(&["message 0", "message 1", "message 2", "resumed unverified", "message 3"]));
+    assert!(trusted.outcome.is_ok());
+}
+
+#[tokio::test]
+async fn without_reinitialization_a_divergence_closes_the_client_and_sends_nothing_more() {
+    let seen = run(cut_after_two(), vec![Resume::Stream(vec![event(5)])], |config| config.reinitialize = false).await;
+    assert_eq!(seen.events, strings(&["message 1", "message 2", "divergence gap", "closed fatal"]));
+    assert!(matches!(seen.outcome, Err(RequestError::OutcomeUnknown(_))));
+    assert_eq!(seen.initializes, 1, "no second initialize");
+}
