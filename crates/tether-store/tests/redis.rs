@@ -172,3 +172,26 @@ async fn tombstones_past_the_bound_are_forgotten_oldest_first() {
         assert_eq!(range(n).await, suite::tombstone(1, StreamState::Complete), "tombstone t{n}");
     }
 }
+
+#[tokio::test]
+async fn a_stream_the_byte_cap_buried_is_not_buried_again_by_the_sweep() {
+    let (server, store) = fresh().await;
+    let a = suite::epoch('A');
+    let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("rb", a.clone(), 0) };
+    store.create_session(record).await.expect("create");
+    let (old, live) = (suite::stream("old"), suite::stream("live"));
+    store.open_stream("rb", &a, &old).await.expect("open");
+    store.open_stream("rb", &a, &live).await.expect("open");
+    store.append("rb", &a, &old, Bytes::from(vec![b'o'; 600]), true).await.expect("append");
+    // Over the 1,000-byte cap: the ended stream's events go, its tombstone stays.
+    store.append("rb", &a, &live, Bytes::from(vec![b'l'; 600]), false).await.expect("append");
+    assert_eq!(store.stream_range("rb", &old).await, Ok(suite::tombstone(1, StreamState::Complete)));
+    // Its retention runs out later: the sweep finds it buried already.
+    store.sweep(1).await.expect("sweep");
+    store.sweep(1_000).await.expect("sweep");
+    let client = redis::Client::open(server.url.as_str()).expect("client");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+    let listed: Vec<String> = redis::AsyncCommands::lrange(&mut conn, "tether:{rb}:t", 0, -1).await.expect("lrange");
+    assert_eq!(listed, ["old"], "one tombstone, listed once");
+    assert_eq!(store.stream_range("rb", &old).await, Ok(suite::tombstone(1, StreamState::Complete)));
+}

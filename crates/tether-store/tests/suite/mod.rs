@@ -496,6 +496,22 @@ pub async fn a_dropped_stream_keeps_its_tombstone_while_its_session_lives(store:
     assert_eq!(store.stream_range("st", &request).await, Ok(None), "forgotten with its session");
 }
 
+/// A request that joins a stream already open (a batch's) leaves it as it is: its head, and
+/// which of its events are retained.
+pub async fn a_request_joining_an_open_stream_leaves_it_as_it_is(store: &dyn Store) {
+    let a = epoch('A');
+    let shared = stream("b1");
+    store.create_session(record("sj", a.clone(), 0)).await.expect("create");
+    assert_eq!(store.begin_request("sj", &a, "n:1", "d", &shared).await, Ok(BeginRequest::Started));
+    let events: Vec<Bytes> = (0..20).map(|_| Bytes::from_static(b"e")).collect();
+    store.append_batch("sj", &a, &shared, events, false).await.expect("append");
+    let before = store.stream_range("sj", &shared).await.expect("range").expect("known");
+    assert_eq!((before.retained_from, before.head), (13, 20), "8 events retained");
+    assert_eq!(store.begin_request("sj", &a, "n:2", "d", &shared).await, Ok(BeginRequest::Started));
+    // Its head, and its oldest retained event (not an event 0 written again).
+    assert_eq!(store.stream_range("sj", &shared).await, Ok(Some(before)), "the same stream, as it was");
+}
+
 /// A request that shares its stream (a batch's) records its outcome without ending it.
 pub async fn a_final_append_may_leave_the_stream_open(store: &dyn Store) {
     let a = epoch('A');
@@ -540,6 +556,7 @@ macro_rules! store_suite {
             idempotency_records_expire_and_are_bounded,
             a_dropped_stream_keeps_its_tombstone_while_its_session_lives,
             a_final_append_may_leave_the_stream_open,
+            a_request_joining_an_open_stream_leaves_it_as_it_is,
         );
     };
     ($make:expr) => {
