@@ -1,6 +1,7 @@
 //! Exact resync, over real HTTP on the memory and embedded stores: a connection or a resume
 //! gets every retained event after its cursor once, in order, and whatever is gone said once
-//! by one resync event standing exactly where it was; never an empty 200.
+//! by one resync event standing exactly where it was; never an empty 200 (but for the resume of
+//! an ended stream from its last event, which holds nothing more).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -298,7 +299,8 @@ async fn a_request_answered_from_a_batch_gets_its_own_requests_outcome() {
 
 /// What a resume from `cursor` must show, given what the store retains of the (ended) stream:
 /// one resync for exactly the events after the cursor that are gone, every retained event after
-/// it, and the request's error if the gap took the result.
+/// it, and the request's error if the result is gone (the gap took it, or the cursor stood for
+/// it: a resume from the notice that named it lost).
 fn expected_after(cursor: u64, retained: tether_core::lineage::StreamRange) -> Vec<String> {
     let first = retained.retained_from.max(cursor + 1);
     let mut out = Vec::new();
@@ -307,7 +309,7 @@ fn expected_after(cursor: u64, retained: tether_core::lineage::StreamRange) -> V
         out.push(format!("resync {}..{gone_to} @{gone_to}", cursor + 1));
     }
     out.extend(range(first, retained.head));
-    if gone_to == retained.head && gone_to > cursor {
+    if retained.retained_from > retained.head {
         out.push("trailer request_history_expired".into());
     }
     out
@@ -325,21 +327,37 @@ proptest::proptest! {
         to in 1u64..40,
         pick in 0u64..64,
         embedded in proptest::prelude::any::<bool>(),
+        dropped in proptest::prelude::any::<bool>(),
     ) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         runtime.block_on(async move {
             let kind = if embedded { Kind::Embedded } else { Kind::Memory };
-            let (server, store) = server(kind, max_events, Duration::from_secs(300)).await;
+            // Either the stream's last events are retained, or (its retention run out) none.
+            let retention = Duration::from_millis(if dropped { 1 } else { 300_000 });
+            let (server, store) = server(kind, max_events, retention).await;
             let client = Client::new(&server);
             let session = client.initialize("2025-11-25").await;
             let (events, ended) = drain(&mut client.post(Some(&session), &count(json!(1), to)).send().await.expect("send")).await;
             assert!(ended);
             let priming = events[0].id.clone().expect("the priming event");
             let name = tether_core::lineage::EventId::parse(&priming).expect("lineage id").stream;
-            let range = store.stream_range(&session.id, &name).await.expect("range").expect("the stream");
-            assert_eq!(range.head, to + 1, "{kind:?}");
-            // The answer itself, from its priming event.
-            assert_eq!(shape(&events[1..]), expected_after(0, range), "{kind:?} answer");
+            let head = to + 1;
+            // What the stores retain, as their retention says: the newest `max_events` of the
+            // stream's events (the priming event counted), or nothing once dropped.
+            let kept = if dropped { head + 1 } else { (head + 1).saturating_sub(max_events as u64) };
+            let deadline = tokio::time::Instant::now() + WAIT;
+            let range = loop {
+                let range = store.stream_range(&session.id, &name).await.expect("range").expect("the stream");
+                if range.retained_from == kept || tokio::time::Instant::now() > deadline {
+                    break range;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            assert_eq!((range.retained_from, range.head), (kept, head), "{kind:?}");
+            if !dropped {
+                // The answer itself, from its priming event.
+                assert_eq!(shape(&events[1..]), expected_after(0, range), "{kind:?} answer");
+            }
             let cursor = pick % (range.head + 1);
             let resumed = client.get(&session, Some(&format!("{}:{}:{cursor}", session.epoch, name))).send().await;
             let (events, ended) = drain(&mut resumed.expect("resume")).await;
