@@ -116,7 +116,7 @@ pub(crate) async fn start_legacy(
 ) -> Result<Started, Rejection> {
     let stream = ids::stream_name('r').map_err(|e| Rejection::internal("random_failed", e.to_string()))?;
     Ok(match record(shared, runtime, principal, request, &stream, true).await? {
-        Recorded::New(work) => Started::Running(run_recorded(shared, runtime, work, stream, true).await?),
+        Recorded::New(work) => Started::Running(run_recorded(shared, runtime, *work, stream, true).await?),
         Recorded::Again { original, .. } => Started::Attach { stream: original },
         Recorded::Conflict(error) => Started::Conflict(error),
     })
@@ -134,7 +134,7 @@ pub(crate) async fn start_in_batch(
     stream: &StreamName,
 ) -> Result<Result<Running, ErrorObject>, Rejection> {
     let work = match record(shared, runtime, principal, request, stream, false).await? {
-        Recorded::New(work) => work,
+        Recorded::New(work) => *work,
         Recorded::Again { original, request } => {
             // Its own key is the original's, which may be running: the relay is tracked apart.
             let key = format!("{} in {stream}", request_key(&request.id));
@@ -151,7 +151,7 @@ pub(crate) async fn start_in_batch(
 /// What the store said of a request before anything of it runs.
 enum Recorded {
     /// It is new: recorded, with its stream opened, it is to run.
-    New(Work),
+    New(Box<Work>),
     /// Its id was used before in this incarnation with the same params: the original's stream.
     Again { original: StreamName, request: Request },
     /// Its id was used before with other params, or its idempotency key is malformed.
@@ -223,7 +223,7 @@ async fn record(
                 Some((keyed, claim)) => Prepared::Keyed { keyed, claim, claimed },
                 None => Prepared::Ready(Job::Run(None)),
             };
-            Recorded::New(Work { key, request, job })
+            Recorded::New(Box::new(Work { key, request, job }))
         }
     })
 }

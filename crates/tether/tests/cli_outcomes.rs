@@ -131,10 +131,11 @@ fn a_watch_resumed_past_evicted_events_reports_the_resync_and_goes_on() {
 
 /// The sessions a server created, from its metrics.
 fn sessions_created(metrics: &str) -> u64 {
-    let (status, _, text) =
-        exchange(&format!("http://{metrics}/metrics"), "GET", &[], "", |_| false, Duration::from_secs(5));
-    assert_eq!(status, 200);
-    text.lines()
+    let scraped = exchange(&format!("http://{metrics}/metrics"), "GET", &[], "", |_| false, Duration::from_secs(5));
+    assert_eq!(scraped.status, 200);
+    scraped
+        .body
+        .lines()
         .find_map(|l| l.strip_prefix("tether_sessions_created_total ").and_then(|n| n.trim().parse().ok()))
         .unwrap_or(0)
 }

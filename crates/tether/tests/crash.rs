@@ -155,19 +155,18 @@ fn a_request_a_crash_interrupted_replays_what_is_on_disk_then_says_it_was_aborte
     ];
     let call = r#"{"jsonrpc":"2.0","id":"c1","method":"tools/call","params":{"name":"count","arguments":{"to":30,"interval_ms":100},"_meta":{"progressToken":"p"}}}"#;
     // Read the priming event and the first notifications, then let a few more reach the disk.
-    let (status, _, body) =
-        exchange(&url, "POST", &headers, call, |body| sse_events(body).len() >= 3, Duration::from_secs(10));
-    assert_eq!(status, 200);
-    let seen = sse_events(&body);
+    let answer = exchange(&url, "POST", &headers, call, |body| sse_events(body).len() >= 3, Duration::from_secs(10));
+    assert_eq!(answer.status, 200);
+    let seen = sse_events(&answer.body);
     let cursor = seen[1].0.clone().expect("event 1's id");
     std::thread::sleep(Duration::from_millis(700));
     server.kill9();
     let (_server, _) = serve(port, &dir, &FAST);
     let mut resume = headers.to_vec();
     resume.push(("Last-Event-ID", &cursor));
-    let (status, _, body) = exchange(&url, "GET", &resume, "", |_| false, Duration::from_secs(10));
-    assert_eq!(status, 200);
-    let events = sse_events(&body);
+    let resumed = exchange(&url, "GET", &resume, "", |_| false, Duration::from_secs(10));
+    assert_eq!(resumed.status, 200);
+    let events = sse_events(&resumed.body);
     let (replayed, end) = events.split_at(events.len().saturating_sub(2));
     let seqs: Vec<u64> = replayed
         .iter()

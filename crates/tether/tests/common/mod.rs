@@ -132,9 +132,17 @@ pub fn checkpointed_session(path: &Path) -> String {
     }
 }
 
-/// One HTTP/1.1 exchange over a plain socket with `Connection: close`: the status, the response
-/// headers (names in lowercase) and the body (de-chunked) as read until the server closes it,
-/// `enough` says so, or `timeout` passes.
+/// An HTTP response as read over a plain socket.
+pub struct Exchanged {
+    pub status: u16,
+    /// Names in lowercase.
+    pub headers: Vec<(String, String)>,
+    /// De-chunked, as far as it was read.
+    pub body: String,
+}
+
+/// One HTTP/1.1 exchange over a plain socket with `Connection: close`: the response as read
+/// until the server closes it, `enough` says so (given the body so far), or `timeout` passes.
 pub fn exchange(
     url: &str,
     method: &str,
@@ -142,7 +150,7 @@ pub fn exchange(
     body: &str,
     enough: impl Fn(&str) -> bool,
     timeout: Duration,
-) -> (u16, Vec<(String, String)>, String) {
+) -> Exchanged {
     let rest = url.trim_start_matches("http://");
     let (authority, path) = rest.find('/').map_or((rest, "/"), |slash| rest.split_at(slash));
     let mut stream = TcpStream::connect(authority).expect("connect");
@@ -167,8 +175,8 @@ pub fn exchange(
             Err(err) if matches!(err.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
             Err(_) => break,
         }
-        if let Some((_, _, body)) = split_response(&raw)
-            && enough(&body)
+        if let Some(response) = split_response(&raw)
+            && enough(&response.body)
         {
             break;
         }
@@ -176,7 +184,7 @@ pub fn exchange(
     split_response(&raw).expect("an HTTP response")
 }
 
-fn split_response(raw: &[u8]) -> Option<(u16, Vec<(String, String)>, String)> {
+fn split_response(raw: &[u8]) -> Option<Exchanged> {
     let text = String::from_utf8_lossy(raw);
     let (head, body) = text.split_once("\r\n\r\n")?;
     let mut lines = head.lines();
@@ -186,7 +194,7 @@ fn split_response(raw: &[u8]) -> Option<(u16, Vec<(String, String)>, String)> {
         .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
         .collect();
     let chunked = headers.iter().any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
-    Some((status, headers, if chunked { dechunk(body) } else { body.to_owned() }))
+    Some(Exchanged { status, headers, body: if chunked { dechunk(body) } else { body.to_owned() } })
 }
 
 /// The data of a chunked body read so far (a last partial chunk included).
@@ -224,12 +232,12 @@ pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> &'a str {
 pub fn raw_session(url: &str) -> String {
     let json = [("Content-Type", "application/json"), ("Accept", "application/json, text/event-stream")];
     let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
-    let (status, headers, _) = exchange(url, "POST", &json, init, |_| false, Duration::from_secs(10));
-    assert_eq!(status, 200);
-    let session = header(&headers, "mcp-session-id").to_owned();
+    let response = exchange(url, "POST", &json, init, |_| false, Duration::from_secs(10));
+    assert_eq!(response.status, 200);
+    let session = header(&response.headers, "mcp-session-id").to_owned();
     let mut with_session = json.to_vec();
     with_session.push(("Mcp-Session-Id", &session));
     let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
-    assert_eq!(exchange(url, "POST", &with_session, initialized, |_| false, Duration::from_secs(10)).0, 202);
+    assert_eq!(exchange(url, "POST", &with_session, initialized, |_| false, Duration::from_secs(10)).status, 202);
     session
 }
