@@ -31,7 +31,7 @@ fn event_path(c: &mut Criterion) {
         expires_at_ms: u64::MAX / 2,
     };
     rt.block_on(async {
-        store.create_session(record).await.expect("session");
+        store.create_session(record, usize::MAX).await.expect("session");
         store.open_stream("bench", &epoch, &stream).await.expect("stream");
     });
     let data = Bytes::from_static(

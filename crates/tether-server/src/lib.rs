@@ -74,6 +74,13 @@ pub(crate) fn now_ms() -> u64 {
 pub(crate) fn store_rejection(err: &StoreError) -> Rejection {
     match err {
         StoreError::SessionGone => Rejection::session_invalid(tether_core::lineage::InvalidReason::UnknownSession),
+        StoreError::TooManySessions => Rejection::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            -32000,
+            "too_many_sessions",
+            "as many sessions as allowed are live; try again later",
+        )
+        .with_header(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1")),
         StoreError::Backend(message) => {
             tracing::error!(%message, "store backend failed");
             Rejection::new(

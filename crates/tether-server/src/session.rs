@@ -357,10 +357,6 @@ impl Sessions {
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
     /// Every runtime.
     pub fn all(&self) -> Vec<Arc<SessionRuntime>> {
         self.lock().values().cloned().collect()

@@ -66,7 +66,7 @@ fn append(c: &mut Criterion) {
     let (_server, stores) = stores(&rt);
     for (name, store) in stores {
         let e = epoch();
-        rt.block_on(store.create_session(record("append"))).expect("session");
+        rt.block_on(store.create_session(record("append"), usize::MAX)).expect("session");
         let streams: Vec<StreamName> =
             (0..WRITERS).map(|i| StreamName::parse(&format!("s{i}")).expect("stream")).collect();
         for stream in &streams {
@@ -104,7 +104,7 @@ fn replay(c: &mut Criterion) {
     for (name, store) in stores {
         let (e, stream) = (epoch(), StreamName::parse("replay").expect("stream"));
         rt.block_on(async {
-            store.create_session(record("replay")).await.expect("session");
+            store.create_session(record("replay"), usize::MAX).await.expect("session");
             store.open_stream("replay", &e, &stream).await.expect("stream");
             let writers: Vec<_> = (0..100)
                 .map(|_| {

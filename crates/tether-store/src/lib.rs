@@ -38,6 +38,9 @@ pub enum StoreError {
     /// A session with this id already exists (ids are never reused).
     #[error("session id already exists")]
     DuplicateSession,
+    /// As many sessions as allowed are live already.
+    #[error("too many live sessions")]
+    TooManySessions,
     /// The stream does not exist in this session.
     #[error("no such stream")]
     UnknownStream,
@@ -78,8 +81,11 @@ pub struct RelayedAnswer {
 /// incarnation and assigns the next sequence number in one step, and
 /// [`Store::begin_request`] records the request and opens its stream in one step.
 pub trait Store: Send + Sync + 'static {
-    /// Records a new session. Fails with [`StoreError::DuplicateSession`] if the id was ever used.
-    fn create_session(&self, record: SessionRecord) -> StoreFuture<'_, ()>;
+    /// Records a new session, unless `max_live` sessions are live already: then it fails with
+    /// [`StoreError::TooManySessions`]. Live sessions are counted in the same step, over every
+    /// process sharing the store and across restarts of a durable one. Fails with
+    /// [`StoreError::DuplicateSession`] if the id was ever used.
+    fn create_session(&self, record: SessionRecord, max_live: usize) -> StoreFuture<'_, ()>;
 
     /// Reads a session's status at `now_ms` without renewing it.
     fn session(&self, id: &str, now_ms: u64) -> StoreFuture<'_, SessionStatus>;

@@ -34,6 +34,8 @@ struct Inner {
     /// never visits the others: the sweep holds the store's one lock.
     key_order: VecDeque<(u64, String)>,
     total_bytes: usize,
+    /// How many of `sessions` are live.
+    live_sessions: usize,
 }
 
 /// An idempotency key's request. One process holds a memory store, so a running request is
@@ -218,11 +220,15 @@ fn ready<T: Send + 'static>(value: Result<T, StoreError>) -> StoreFuture<'static
 }
 
 impl Store for MemoryStore {
-    fn create_session(&self, record: SessionRecord) -> StoreFuture<'_, ()> {
+    fn create_session(&self, record: SessionRecord, max_live: usize) -> StoreFuture<'_, ()> {
         let mut inner = self.lock();
         if inner.sessions.contains_key(&record.id) {
             return ready(Err(StoreError::DuplicateSession));
         }
+        if inner.live_sessions >= max_live {
+            return ready(Err(StoreError::TooManySessions));
+        }
+        inner.live_sessions += 1;
         let id = record.id.clone();
         let live = LiveSession {
             record,
@@ -266,6 +272,7 @@ impl Store for MemoryStore {
             Err(err) => return ready(Err(err)),
         };
         inner.total_bytes -= bytes;
+        inner.live_sessions -= 1;
         // Dropping the streams drops their watch senders, which ends every live connection.
         inner.sessions.insert(id.to_owned(), Slot::Ended { end, at_ms: None });
         ready(Ok(()))
@@ -502,6 +509,7 @@ impl Store for MemoryStore {
             }
         });
         inner.total_bytes -= freed;
+        inner.live_sessions -= expired.len();
         forget_keys(inner, now_ms, &retention);
         ready(Ok(expired))
     }

@@ -158,6 +158,7 @@ fn script(body: &str) -> Script {
 }
 
 struct Scripts {
+    admit: Script,
     create: Script,
     touch: Script,
     end: Script,
@@ -177,6 +178,15 @@ struct Scripts {
 fn scripts() -> &'static Scripts {
     static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
     SCRIPTS.get_or_init(|| Scripts {
+        // KEYS[1] the live sessions by deadline; ARGV[1] most live, ARGV[2] deadline, ARGV[3] id.
+        // 1: admitted; 0: too many; -1: the id is live already.
+        admit: script(
+            r"
+if redis.call('ZSCORE', KEYS[1], ARGV[3]) then return -1 end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
+return 1",
+        ),
         // KEYS[1] the key's record; ARGV[1] digest, ARGV[2] owner, ARGV[3] session, ARGV[4]
         // stream. Returns the existing record's fields, or nothing once claimed.
         claim: script(
@@ -533,10 +543,26 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
-    fn create_session(&self, record: SessionRecord) -> StoreFuture<'_, ()> {
+    fn create_session(&self, record: SessionRecord, max_live: usize) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             let mut conn = self.conn();
-            scripts()
+            // Admitted first, in the index of live sessions every replica shares: its size is the
+            // count, checked and grown in one step.
+            let admitted: i64 = scripts()
+                .admit
+                .key(SESSIONS)
+                .arg(max_live)
+                .arg(record.expires_at_ms)
+                .arg(&record.id)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(backend)?;
+            match admitted {
+                1 => {}
+                0 => return Err(StoreError::TooManySessions),
+                _ => return Err(StoreError::DuplicateSession),
+            }
+            let created = scripts()
                 .create
                 .key(meta(&record.id))
                 .arg(record.epoch.as_str())
@@ -547,8 +573,11 @@ impl Store for RedisStore {
                 .arg(record.principal.clone().unwrap_or_default())
                 .invoke_async::<i64>(&mut conn)
                 .await
-                .map_err(script_error)?;
-            let _: i64 = conn.zadd(SESSIONS, &record.id, record.expires_at_ms).await.map_err(backend)?;
+                .map_err(script_error);
+            if let Err(err) = created {
+                let _: i64 = conn.zrem(SESSIONS, &record.id).await.map_err(backend)?;
+                return Err(err);
+            }
             Ok(())
         })
     }
@@ -589,7 +618,16 @@ impl Store for RedisStore {
                 .invoke_async(&mut conn)
                 .await
                 .map_err(script_error)?;
-            let _: i64 = conn.zadd(SESSIONS, &id, expires).await.map_err(backend)?;
+            // XX: only a deadline still in the index moves. A session that ended meanwhile left
+            // it, and must not come back to be counted among the live.
+            let _: i64 = redis::cmd("ZADD")
+                .arg(SESSIONS)
+                .arg("XX")
+                .arg(expires)
+                .arg(&id)
+                .query_async(&mut conn)
+                .await
+                .map_err(backend)?;
             Ok(())
         })
     }

@@ -21,7 +21,7 @@ async fn the_byte_cap_evicts_the_earliest_ended_stream_and_sweeps_keep_the_count
     use tether_store::Store;
     let store = MemoryStore::new(suite::retention());
     let a = epoch('A');
-    store.create_session(record("m1", a.clone(), 0)).await.expect("create");
+    store.create_session(record("m1", a.clone(), 0), usize::MAX).await.expect("create");
     // Ended in an order that is neither the names' nor the order they were opened in.
     for name in ["b", "a", "c", "d"] {
         store.open_stream("m1", &a, &stream(name)).await.expect("open");
@@ -64,7 +64,7 @@ async fn tombstones_past_the_bound_are_forgotten_oldest_first() {
     use tether_store::Store;
     let store = MemoryStore::new(suite::retention());
     let a = epoch('A');
-    store.create_session(record("m2", a.clone(), 0)).await.expect("create");
+    store.create_session(record("m2", a.clone(), 0), usize::MAX).await.expect("create");
     // Five streams dropped one sweep apart; the bound (4) keeps the last four tombstones.
     for (n, now) in (1..=5).zip((0..).step_by(600)) {
         let name = stream(&format!("t{n}"));

@@ -172,15 +172,18 @@ async fn apply(store: &dyn Store, run: u64, op: &Op, payload: &Bytes) -> String 
     match *op {
         Op::Create(s) => show(
             store
-                .create_session(SessionRecord {
-                    id: sid(s),
-                    epoch: epoch(false),
-                    principal: None,
-                    protocol_version: ProtocolVersion::V2025_11_25,
-                    client: std::sync::Arc::new(serde_json::json!({})),
-                    idle_ttl_ms: 1 << 40,
-                    expires_at_ms: 1 << 40,
-                })
+                .create_session(
+                    SessionRecord {
+                        id: sid(s),
+                        epoch: epoch(false),
+                        principal: None,
+                        protocol_version: ProtocolVersion::V2025_11_25,
+                        client: std::sync::Arc::new(serde_json::json!({})),
+                        idle_ttl_ms: 1 << 40,
+                        expires_at_ms: 1 << 40,
+                    },
+                    usize::MAX,
+                )
                 .await,
         ),
         Op::End(s) => show(store.end_session(&sid(s), &epoch(false), SessionEnd::Terminated).await),

@@ -26,8 +26,8 @@ async fn two_replicas_share_sessions_history_and_live_events() {
     let (epoch, stream) = (suite::epoch('E'), suite::stream("g1"));
     assert_eq!(a.records_id(), b.records_id(), "one set of idempotency records");
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("shared", epoch.clone(), 0) };
-    a.create_session(record.clone()).await.expect("create on a");
-    assert_eq!(b.create_session(record).await, Err(tether_store::StoreError::DuplicateSession));
+    a.create_session(record.clone(), usize::MAX).await.expect("create on a");
+    assert_eq!(b.create_session(record, usize::MAX).await, Err(tether_store::StoreError::DuplicateSession));
     b.open_stream("shared", &epoch, &stream).await.expect("open on b");
     let mut head = b.watch("shared", &stream).await.expect("watch on b");
     head.borrow_and_update();
@@ -40,6 +40,27 @@ async fn two_replicas_share_sessions_history_and_live_events() {
 }
 
 #[tokio::test]
+async fn replicas_admit_sessions_against_one_count() {
+    let server = RedisServer::start().await;
+    let a = RedisStore::open(&server.url, suite::retention(), "replica-a").await.expect("connect");
+    let b = RedisStore::open(&server.url, suite::retention(), "replica-b").await.expect("connect");
+    let epoch = suite::epoch('E');
+    let attempts = (0..20).map(|n| {
+        let store = if n % 2 == 0 { &a } else { &b };
+        store.create_session(suite::record(&format!("r{n}"), epoch.clone(), 0), 6)
+    });
+    let results = futures_util::future::join_all(attempts).await;
+    assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 6, "{results:?}");
+    let ended = (0..20).find(|n| results[*n].is_ok()).expect("one admitted");
+    a.end_session(&format!("r{ended}"), &epoch, tether_store::SessionEnd::Terminated).await.expect("end on a");
+    b.create_session(suite::record("late", epoch.clone(), 0), 6).await.expect("the ended one's place, on b");
+    assert_eq!(
+        a.create_session(suite::record("later", epoch, 0), 6).await,
+        Err(tether_store::StoreError::TooManySessions)
+    );
+}
+
+#[tokio::test]
 async fn requests_of_a_replica_whose_lease_lapsed_are_aborted() {
     let server = RedisServer::start().await;
     let dead = RedisStore::open(&server.url, suite::retention(), "dead").await.expect("connect");
@@ -49,7 +70,7 @@ async fn requests_of_a_replica_whose_lease_lapsed_are_aborted() {
     let lease = suite::retention().lease_ms;
     dead.sweep(1_000).await.expect("heartbeat");
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("s", epoch.clone(), 0) };
-    dead.create_session(record).await.expect("create");
+    dead.create_session(record, usize::MAX).await.expect("create");
     dead.begin_request("s", &epoch, "n:1", "d", &running).await.expect("begin");
     dead.open_stream("s", &epoch, &other).await.expect("open");
     drop(dead);
@@ -72,7 +93,7 @@ async fn a_lapsed_owner_aborts_only_the_requests_it_began() {
     dead.sweep(1_000).await.expect("heartbeat");
     survivor.sweep(1_000).await.expect("heartbeat");
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("s", epoch.clone(), 0) };
-    survivor.create_session(record).await.expect("create");
+    survivor.create_session(record, usize::MAX).await.expect("create");
     assert_eq!(survivor.begin_request("s", &epoch, "n:1", "d", &mine).await, Ok(BeginRequest::Started));
     assert_eq!(dead.begin_request("s", &epoch, "n:2", "d", &own).await, Ok(BeginRequest::Started));
     // The same request id re-sent to the other replica attaches to the running request.
@@ -106,7 +127,7 @@ async fn an_owners_set_holds_exactly_its_running_requests() {
     let epoch = suite::epoch('E');
     let (first, second) = (suite::stream("r1"), suite::stream("r2"));
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("s", epoch.clone(), 0) };
-    store.create_session(record).await.expect("create");
+    store.create_session(record, usize::MAX).await.expect("create");
     assert_eq!(store.begin_request("s", &epoch, "n:1", "d", &first).await, Ok(BeginRequest::Started));
     assert_eq!(owned().await, ["s\x1fr1"]);
     let again = store.begin_request("s", &epoch, "n:1", "d", &second).await.expect("begin");
@@ -154,7 +175,7 @@ async fn tombstones_past_the_bound_are_forgotten_oldest_first() {
     let (_server, store) = fresh().await;
     let a = suite::epoch('A');
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("rt", a.clone(), 0) };
-    store.create_session(record).await.expect("create");
+    store.create_session(record, usize::MAX).await.expect("create");
     // Five streams dropped one sweep apart; the bound (4) keeps the last four tombstones.
     for (n, now) in (1..=5).zip((1..).step_by(600)) {
         let name = suite::stream(&format!("t{n}"));
@@ -178,7 +199,7 @@ async fn a_stream_the_byte_cap_buried_is_not_buried_again_by_the_sweep() {
     let (server, store) = fresh().await;
     let a = suite::epoch('A');
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("rb", a.clone(), 0) };
-    store.create_session(record).await.expect("create");
+    store.create_session(record, usize::MAX).await.expect("create");
     let (old, live) = (suite::stream("old"), suite::stream("live"));
     store.open_stream("rb", &a, &old).await.expect("open");
     store.open_stream("rb", &a, &live).await.expect("open");

@@ -51,7 +51,7 @@ async fn everything_acknowledged_survives_a_reopen() {
     {
         let store = open(&dir, "before");
         records_id = store.records_id().to_owned();
-        store.create_session(record("durable", &epoch)).await.expect("create");
+        store.create_session(record("durable", &epoch), usize::MAX).await.expect("create");
         store.begin_request("durable", &epoch, "n:1", "digest", &stream).await.expect("begin");
         for i in 0..5 {
             store.append("durable", &epoch, &stream, Bytes::from(format!("event {i}")), i == 4).await.expect("append");
@@ -76,13 +76,36 @@ async fn everything_acknowledged_survives_a_reopen() {
 }
 
 #[tokio::test]
+async fn live_sessions_are_still_counted_after_a_reopen() {
+    let dir = fresh_dir();
+    let epoch = suite::epoch('E');
+    let live = |id: &str| SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record(id, epoch.clone(), 0) };
+    {
+        let store = open(&dir, "before");
+        for id in ["a", "b", "c"] {
+            store.create_session(live(id), 3).await.expect("admitted");
+        }
+    }
+    {
+        let store = open(&dir, "after");
+        assert_eq!(store.create_session(live("d"), 3).await, Err(tether_store::StoreError::TooManySessions));
+        store.end_session("a", &epoch, tether_store::SessionEnd::Terminated).await.expect("end");
+    }
+    let store = open(&dir, "again");
+    store.create_session(live("d"), 3).await.expect("the ended one's place");
+    assert_eq!(store.create_session(live("e"), 3).await, Err(tether_store::StoreError::TooManySessions));
+    drop(store);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[tokio::test]
 async fn a_reopened_store_aborts_what_the_previous_process_left_running() {
     let dir = fresh_dir();
     let epoch = Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch");
     let (running, other) = (StreamName::parse("r1").expect("stream"), StreamName::parse("g1").expect("stream"));
     {
         let dead = open(&dir, "dead");
-        dead.create_session(SessionRecord { expires_at_ms: u64::MAX / 2, ..record("s", &epoch) })
+        dead.create_session(SessionRecord { expires_at_ms: u64::MAX / 2, ..record("s", &epoch) }, usize::MAX)
             .await
             .expect("create");
         dead.begin_request("s", &epoch, "n:1", "d", &running).await.expect("begin");
@@ -141,7 +164,7 @@ async fn reads_from_memory_agree_with_the_file() {
         .collect();
     let before = {
         let store = SqliteStore::open(&dir, retention, "owner").expect("open");
-        store.create_session(record("mirrored", &epoch)).await.expect("create");
+        store.create_session(record("mirrored", &epoch), usize::MAX).await.expect("create");
         for (i, stream) in streams.iter().enumerate() {
             store.begin_request("mirrored", &epoch, &format!("n:{i}"), "digest", stream).await.expect("begin");
         }
@@ -184,7 +207,7 @@ async fn an_ended_stream_is_kept_for_its_retention_from_the_sweep_before_it_ende
     let store = open(&dir, "owner-a");
     let a = suite::epoch('A');
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("r1", a.clone(), 10_000) };
-    store.create_session(record).await.expect("create");
+    store.create_session(record, usize::MAX).await.expect("create");
     let s = suite::stream("done");
     store.open_stream("r1", &a, &s).await.expect("open");
     store.sweep(10_000).await.expect("sweep");

@@ -2,7 +2,7 @@
 //! media types and protocol version.
 
 use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, ORIGIN, WWW_AUTHENTICATE};
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use serde_json::json;
 use tether_core::mcp::{ProtocolVersion, code, header};
 
@@ -31,8 +31,18 @@ fn is_loopback_origin(origin: &str) -> bool {
         .is_some_and(|authority| !authority.contains('/') && is_loopback_host(authority))
 }
 
-/// Origin (403) and, when bound to loopback, Host (403): the DNS-rebinding defences.
-pub(crate) fn origin_and_host(headers: &HeaderMap, config: &ServerConfig) -> Result<(), Rejection> {
+/// The authority a request is for: the request target's when it has one (absolute form, and
+/// HTTP/2's `:authority`), else the `Host` header's (RFC 9112 §3.2.2, RFC 9113 §8.3.1).
+fn authority<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> &'a str {
+    match uri.authority() {
+        Some(authority) => authority.as_str(),
+        None => headers.get(HOST).and_then(|h| h.to_str().ok()).unwrap_or(""),
+    }
+}
+
+/// Origin (403) and, when bound to loopback, the authority the request is for (403): the
+/// DNS-rebinding defences.
+pub(crate) fn origin_and_host(uri: &Uri, headers: &HeaderMap, config: &ServerConfig) -> Result<(), Rejection> {
     if let Some(origin) = headers.get(ORIGIN) {
         let origin = origin.to_str().unwrap_or("");
         let allowed = is_loopback_origin(origin) || config.allowed_origins.iter().any(|o| o == origin);
@@ -46,7 +56,7 @@ pub(crate) fn origin_and_host(headers: &HeaderMap, config: &ServerConfig) -> Res
         }
     }
     if config.require_loopback_host {
-        let host = headers.get(HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+        let host = authority(uri, headers);
         if !is_loopback_host(host) {
             return Err(Rejection::new(
                 StatusCode::FORBIDDEN,
@@ -181,6 +191,17 @@ mod tests {
         assert!(!is_loopback_origin("http://evil.example.com"));
         assert!(!is_loopback_origin("null"));
         assert!(!is_loopback_origin("http://localhost/x"));
+    }
+
+    #[test]
+    fn the_authority_is_the_targets_before_the_host_headers() {
+        let mut headers = HeaderMap::new();
+        headers.insert(HOST, HeaderValue::from_static("127.0.0.1:8808"));
+        let absolute: Uri = "http://evil.example/mcp".parse().expect("absolute form");
+        assert_eq!(authority(&absolute, &headers), "evil.example");
+        let origin: Uri = "/mcp".parse().expect("origin form");
+        assert_eq!(authority(&origin, &headers), "127.0.0.1:8808");
+        assert_eq!(authority(&origin, &HeaderMap::new()), "");
     }
 
     #[test]

@@ -45,7 +45,7 @@ async fn endpoint(State(shared): State<Arc<Shared>>, request: axum::extract::Req
 
 async fn handle(shared: Arc<Shared>, request: axum::extract::Request) -> Result<Response, Rejection> {
     let (parts, body) = request.into_parts();
-    guard::origin_and_host(&parts.headers, &shared.config)?;
+    guard::origin_and_host(&parts.uri, &parts.headers, &shared.config)?;
     let principal = guard::authenticate(&parts.headers, shared.auth.as_deref())?;
     let version = guard::protocol_version(&parts.headers);
     let legacy = matches!(version, HeaderVersion::Absent | HeaderVersion::Legacy(_));

@@ -78,10 +78,6 @@ fn reason_of(err: &jsonrpc::ParseError) -> &'static str {
 
 /// `initialize`: a new session with a fresh incarnation, whatever session header came with it.
 async fn initialize(shared: &Arc<Shared>, request: Request, principal: Option<String>) -> Result<Response, Rejection> {
-    if shared.sessions.len() >= shared.config.max_sessions {
-        return Err(Rejection::new(StatusCode::SERVICE_UNAVAILABLE, -32000, "too_many_sessions", "too many sessions")
-            .with_header(http::header::RETRY_AFTER, http::HeaderValue::from_static("1")));
-    }
     let params = request.params.unwrap_or_else(|| json!({}));
     let requested =
         params.get("protocolVersion").and_then(Value::as_str).and_then(|v| v.parse::<ProtocolVersion>().ok());
@@ -101,7 +97,9 @@ async fn initialize(shared: &Arc<Shared>, request: Request, principal: Option<St
         idle_ttl_ms: ttl,
         expires_at_ms: now.saturating_add(ttl),
     };
-    shared.store.create_session(record.clone()).await.map_err(|e| crate::store_rejection(&e))?;
+    // The store admits it against every live session it holds, of every replica sharing it.
+    let max = shared.config.max_sessions;
+    shared.store.create_session(record.clone(), max).await.map_err(|e| crate::store_rejection(&e))?;
     let runtime = shared.sessions.runtime(&record, &shared.process_token);
     crate::telemetry::session_created();
     let info = shared.handler.info();

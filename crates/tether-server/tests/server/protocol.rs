@@ -498,6 +498,12 @@ async fn bearer_token_is_required_when_configured() {
     assert_eq!(response.status(), 401);
     let response = client.post(None, &init).header("authorization", "Bearer s3cret").send().await.expect("send");
     assert_eq!(response.status(), 200);
+    // The scheme's name is case-insensitive (RFC 9110 §11.1).
+    for scheme in ["bearer", "BEARER"] {
+        let response =
+            client.post(None, &init).header("authorization", format!("{scheme} s3cret")).send().await.expect("send");
+        assert_eq!(response.status(), 200, "{scheme}");
+    }
 }
 
 /// Two principals: "Bearer alice" and "Bearer bob".

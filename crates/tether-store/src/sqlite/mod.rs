@@ -147,6 +147,14 @@ CREATE TRIGGER IF NOT EXISTS keys_counted AFTER INSERT ON keys
     BEGIN UPDATE meta SET value = value + 1 WHERE name = 'keys_count'; END;
 CREATE TRIGGER IF NOT EXISTS keys_uncounted AFTER DELETE ON keys
     BEGIN UPDATE meta SET value = value - 1 WHERE name = 'keys_count'; END;
+-- How many sessions are live, kept the same way: a new session is admitted against it.
+CREATE TRIGGER IF NOT EXISTS sessions_counted AFTER INSERT ON sessions WHEN NEW.ended IS NULL
+    BEGIN UPDATE meta SET value = value + 1 WHERE name = 'live_sessions'; END;
+CREATE TRIGGER IF NOT EXISTS sessions_ended AFTER UPDATE OF ended ON sessions
+    WHEN OLD.ended IS NULL AND NEW.ended IS NOT NULL
+    BEGIN UPDATE meta SET value = value - 1 WHERE name = 'live_sessions'; END;
+CREATE TRIGGER IF NOT EXISTS sessions_uncounted AFTER DELETE ON sessions WHEN OLD.ended IS NULL
+    BEGIN UPDATE meta SET value = value - 1 WHERE name = 'live_sessions'; END;
 ";
 
 const LIVE: i64 = 0;
@@ -228,14 +236,24 @@ impl SqliteStore {
     /// requests are aborted at open, and its keys are abandoned. No lease is needed.
     pub fn open(dir: &Path, retention: Retention, owner: &str) -> Result<SqliteStore, StoreError> {
         std::fs::create_dir_all(dir).map_err(backend)?;
-        let lock = std::fs::File::create(dir.join("tether.lock")).map_err(backend)?;
+        // The lock is on the database file itself, which the store cannot run without: no file
+        // beside it to delete, and a moved or symlinked directory still holds the same file.
+        // (SQLite's own locks are POSIX record locks, which this one, flock(2), leaves alone.)
+        let path = dir.join("tether.sqlite3");
+        let lock = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(backend)?;
         lock.try_lock().map_err(|err| match err {
             std::fs::TryLockError::WouldBlock => {
-                StoreError::Backend(format!("{} is in use by another process", dir.display()))
+                StoreError::Backend(format!("{} is in use by another process", path.display()))
             }
             std::fs::TryLockError::Error(err) => backend(err),
         })?;
-        let mut connection = Connection::open(dir.join("tether.sqlite3")).map_err(backend)?;
+        let mut connection = Connection::open(&path).map_err(backend)?;
         connection.execute_batch(SCHEMA).map_err(backend)?;
         connection
             .execute(
@@ -250,6 +268,12 @@ impl SqliteStore {
         connection
             .execute("INSERT OR IGNORE INTO meta (name, value) SELECT 'keys_count', COUNT(*) FROM keys", [])
             .map_err(backend)?;
+        connection
+            .execute(
+                "INSERT OR IGNORE INTO meta (name, value) SELECT 'live_sessions', COUNT(*) FROM sessions WHERE ended IS NULL",
+                [],
+            )
+            .map_err(backend)?;
         // Named once, when the file is created: the name outlives every restart.
         connection
             .execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('records_id', ?1)", [crate::new_records_id()?])
@@ -260,7 +284,7 @@ impl SqliteStore {
         connection.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         let mut queries = Vec::new();
         for _ in 0..READERS {
-            let reader = Connection::open(dir.join("tether.sqlite3")).map_err(backend)?;
+            let reader = Connection::open(&path).map_err(backend)?;
             reader.busy_timeout(std::time::Duration::from_secs(5)).map_err(backend)?;
             reader.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
             // Reads map the file instead of copying every page out of the OS cache.
@@ -771,13 +795,19 @@ fn finish_in(txn: &Connection, owner: &str, key: &str, outcome: &[u8]) -> Result
 }
 
 impl Store for SqliteStore {
-    fn create_session(&self, record: SessionRecord) -> StoreFuture<'_, ()> {
+    fn create_session(&self, record: SessionRecord, max_live: usize) -> StoreFuture<'_, ()> {
         let created = record.clone();
         let then = move |mirror: &Mirror, (): &()| {
             let id = created.id.clone();
             mirror.set_session(&id, SessionStatus::Live(created));
         };
         self.run_with(move |txn| {
+            let live: i64 =
+                query_row(txn, "SELECT CAST(value AS INTEGER) FROM meta WHERE name = 'live_sessions'", [], |r| r.get(0))
+                    .map_err(backend)?;
+            if as_u64(live) >= u64::try_from(max_live).unwrap_or(u64::MAX) {
+                return Err(StoreError::TooManySessions);
+            }
             let client = record.client.to_string();
             let inserted = execute(txn,
                     "INSERT OR IGNORE INTO sessions (id, epoch, principal, protocol_version, client, idle_ttl_ms, expires_at_ms) \

@@ -62,8 +62,8 @@ async fn seqs(store: &dyn Store, session: &str, s: &StreamName, after: u64) -> V
 
 pub async fn sessions_are_created_once_and_read_without_renewal(store: &dyn Store) {
     let a = epoch('A');
-    store.create_session(record("s1", a.clone(), 0)).await.expect("create");
-    assert_eq!(store.create_session(record("s1", epoch('B'), 0)).await, Err(StoreError::DuplicateSession));
+    store.create_session(record("s1", a.clone(), 0), usize::MAX).await.expect("create");
+    assert_eq!(store.create_session(record("s1", epoch('B'), 0), usize::MAX).await, Err(StoreError::DuplicateSession));
     let SessionStatus::Live(r) = store.session("s1", 900).await.expect("lookup") else { panic!("live") };
     assert_eq!((r.epoch, r.expires_at_ms), (a, TTL));
     // Reading at a later time did not renew it.
@@ -72,9 +72,43 @@ pub async fn sessions_are_created_once_and_read_without_renewal(store: &dyn Stor
     assert_eq!(store.session("nope", 0).await, Ok(SessionStatus::Unknown));
 }
 
+pub async fn live_sessions_are_counted_when_one_is_admitted(store: &dyn Store) {
+    let a = epoch('A');
+    for id in ["c1", "c2", "c3"] {
+        store.create_session(record(id, a.clone(), 0), 3).await.expect("admitted under the limit");
+    }
+    assert_eq!(store.create_session(record("c4", a.clone(), 0), 3).await, Err(StoreError::TooManySessions));
+    assert_eq!(store.create_session(record("c1", a.clone(), 0), 4).await, Err(StoreError::DuplicateSession));
+    store.end_session("c1", &a, SessionEnd::Terminated).await.expect("end");
+    store.create_session(record("c4", a.clone(), 0), 3).await.expect("an ended session is not counted");
+    assert_eq!(store.create_session(record("c5", a.clone(), 0), 3).await, Err(StoreError::TooManySessions));
+    // Renewed, c2 outlives the sweep; c3 and c4 expire and are no longer counted.
+    store.touch_session("c2", &a, 500).await.expect("touch");
+    assert_eq!(
+        store.sweep(TTL).await.map(|mut ids| {
+            ids.sort();
+            ids
+        }),
+        Ok(vec!["c3".into(), "c4".into()])
+    );
+    store.create_session(record("c5", a.clone(), TTL), 3).await.expect("admitted");
+    store.create_session(record("c6", a.clone(), TTL), 3).await.expect("admitted");
+    assert_eq!(store.create_session(record("c7", a.clone(), TTL), 3).await, Err(StoreError::TooManySessions));
+}
+
+/// Many initializes at once against a limit: exactly the limit's worth is admitted.
+pub async fn concurrent_admissions_never_pass_the_limit(store: &dyn Store) {
+    let a = epoch('A');
+    let attempts = (0..24).map(|n| store.create_session(record(&format!("x{n}"), a.clone(), 0), 5));
+    let results = futures_util::future::join_all(attempts).await;
+    let admitted = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(admitted, 5, "{results:?}");
+    assert!(results.iter().all(|r| matches!(r, Ok(()) | Err(StoreError::TooManySessions))));
+}
+
 pub async fn touch_renews_only_a_live_session_of_the_same_incarnation(store: &dyn Store) {
     let a = epoch('A');
-    store.create_session(record("s2", a.clone(), 0)).await.expect("create");
+    store.create_session(record("s2", a.clone(), 0), usize::MAX).await.expect("create");
     store.touch_session("s2", &a, 500).await.expect("touch");
     let SessionStatus::Live(r) = store.session("s2", 500).await.expect("lookup") else { panic!("live") };
     assert_eq!(r.expires_at_ms, 500 + TTL);
@@ -87,20 +121,20 @@ pub async fn touch_renews_only_a_live_session_of_the_same_incarnation(store: &dy
 pub async fn ended_sessions_refuse_writes_and_are_remembered(store: &dyn Store) {
     let a = epoch('A');
     let s = stream("r1");
-    store.create_session(record("s3", a.clone(), 0)).await.expect("create");
+    store.create_session(record("s3", a.clone(), 0), usize::MAX).await.expect("create");
     store.open_stream("s3", &a, &s).await.expect("open");
     assert_eq!(store.end_session("s3", &epoch('B'), SessionEnd::Terminated).await, Err(StoreError::SessionGone));
     store.end_session("s3", &a, SessionEnd::Terminated).await.expect("end");
     assert_eq!(store.session("s3", 0).await, Ok(SessionStatus::Ended(SessionEnd::Terminated)));
     assert_eq!(store.append("s3", &a, &s, Bytes::from_static(b"x"), false).await, Err(StoreError::SessionGone));
     assert_eq!(store.stream_range("s3", &s).await, Ok(None));
-    assert_eq!(store.create_session(record("s3", epoch('C'), 0)).await, Err(StoreError::DuplicateSession));
+    assert_eq!(store.create_session(record("s3", epoch('C'), 0), usize::MAX).await, Err(StoreError::DuplicateSession));
 }
 
 pub async fn appends_are_contiguous_and_checked_against_the_incarnation(store: &dyn Store) {
     let a = epoch('A');
     let s = stream("r1");
-    store.create_session(record("s4", a.clone(), 0)).await.expect("create");
+    store.create_session(record("s4", a.clone(), 0), usize::MAX).await.expect("create");
     store.open_stream("s4", &a, &s).await.expect("open");
     for expected in 1..=3 {
         assert_eq!(store.append("s4", &a, &s, Bytes::from(format!("e{expected}")), false).await, Ok(expected));
@@ -123,7 +157,7 @@ pub async fn appends_are_contiguous_and_checked_against_the_incarnation(store: &
 pub async fn batches_append_in_order_and_wake_watchers_once_committed(store: &dyn Store) {
     let a = epoch('A');
     let s = stream("r1");
-    store.create_session(record("s4b", a.clone(), 0)).await.expect("create");
+    store.create_session(record("s4b", a.clone(), 0), usize::MAX).await.expect("create");
     store.open_stream("s4b", &a, &s).await.expect("open");
     let mut watch = store.watch("s4b", &s).await.expect("watch");
     let batch = |items: &[&'static str]| items.iter().map(|i| Bytes::from_static(i.as_bytes())).collect::<Vec<_>>();
@@ -146,7 +180,7 @@ pub async fn batches_append_in_order_and_wake_watchers_once_committed(store: &dy
 pub async fn reads_start_strictly_after_the_cursor(store: &dyn Store) {
     let a = epoch('A');
     let s = stream("r1");
-    store.create_session(record("s5", a.clone(), 0)).await.expect("create");
+    store.create_session(record("s5", a.clone(), 0), usize::MAX).await.expect("create");
     store.open_stream("s5", &a, &s).await.expect("open");
     for _ in 0..5 {
         store.append("s5", &a, &s, Bytes::from_static(b"x"), false).await.expect("append");
@@ -163,7 +197,7 @@ pub async fn reads_start_strictly_after_the_cursor(store: &dyn Store) {
 pub async fn a_page_holds_the_range_and_the_events_after_the_cursor(store: &dyn Store) {
     let a = epoch('A');
     let s = stream("r1");
-    store.create_session(record("s5p", a.clone(), 0)).await.expect("create");
+    store.create_session(record("s5p", a.clone(), 0), usize::MAX).await.expect("create");
     assert_eq!(store.read_page("s5p", &s, 0, 10).await, Ok(None), "no such stream");
     store.open_stream("s5p", &a, &s).await.expect("open");
     let events = ["e1", "e2", "final"].map(|e| Bytes::from_static(e.as_bytes())).to_vec();
@@ -181,7 +215,7 @@ pub async fn a_page_holds_the_range_and_the_events_after_the_cursor(store: &dyn 
 
 pub async fn request_ids_are_recorded_once_per_incarnation(store: &dyn Store) {
     let a = epoch('A');
-    store.create_session(record("s6", a.clone(), 0)).await.expect("create");
+    store.create_session(record("s6", a.clone(), 0), usize::MAX).await.expect("create");
     let started = store.begin_request("s6", &a, "n:1", "d1", &stream("r1")).await;
     assert_eq!(started, Ok(BeginRequest::Started));
     assert!(store.stream_range("s6", &stream("r1")).await.expect("range").is_some());
@@ -199,7 +233,7 @@ pub async fn request_ids_are_recorded_once_per_incarnation(store: &dyn Store) {
 #[allow(dead_code, reason = "not run against the embedded store")]
 pub async fn request_ids_past_the_bound_are_forgotten_oldest_first(store: &dyn Store) {
     let a = epoch('A');
-    store.create_session(record("s6b", a.clone(), 0)).await.expect("create");
+    store.create_session(record("s6b", a.clone(), 0), usize::MAX).await.expect("create");
     for n in 1..=5 {
         let begun = store.begin_request("s6b", &a, &format!("n:{n}"), "d", &stream(&format!("q{n}"))).await;
         assert_eq!(begun, Ok(BeginRequest::Started));
@@ -220,7 +254,7 @@ pub async fn request_ids_past_the_bound_are_forgotten_oldest_first(store: &dyn S
 pub async fn retention_evicts_oldest_events_and_reports_it_in_the_range(store: &dyn Store) {
     let a = epoch('A');
     let s = stream("r1");
-    store.create_session(record("s7", a.clone(), 0)).await.expect("create");
+    store.create_session(record("s7", a.clone(), 0), usize::MAX).await.expect("create");
     store.open_stream("s7", &a, &s).await.expect("open");
     for _ in 0..20 {
         store.append("s7", &a, &s, Bytes::from_static(b"x"), false).await.expect("append");
@@ -236,7 +270,7 @@ pub async fn retention_evicts_oldest_events_and_reports_it_in_the_range(store: &
 pub async fn a_batch_past_the_caps_keeps_the_newest_events(store: &dyn Store) {
     let a = epoch('A');
     let (old, s) = (stream("old"), stream("r1"));
-    store.create_session(record("s7b", a.clone(), 0)).await.expect("create");
+    store.create_session(record("s7b", a.clone(), 0), usize::MAX).await.expect("create");
     store.open_stream("s7b", &a, &old).await.expect("open");
     store.open_stream("s7b", &a, &s).await.expect("open");
     store.append("s7b", &a, &old, Bytes::from(vec![b'o'; 400]), true).await.expect("append");
@@ -261,7 +295,7 @@ pub async fn a_batch_past_the_caps_keeps_the_newest_events(store: &dyn Store) {
 
 pub async fn session_byte_cap_evicts_ended_streams_first(store: &dyn Store) {
     let a = epoch('A');
-    store.create_session(record("s8", a.clone(), 0)).await.expect("create");
+    store.create_session(record("s8", a.clone(), 0), usize::MAX).await.expect("create");
     let (old, live) = (stream("old"), stream("live"));
     store.open_stream("s8", &a, &old).await.expect("open");
     store.open_stream("s8", &a, &live).await.expect("open");
@@ -285,8 +319,8 @@ pub async fn session_byte_cap_evicts_ended_streams_first(store: &dyn Store) {
 
 pub async fn sweep_expires_idle_sessions_and_drops_old_history(store: &dyn Store) {
     let a = epoch('A');
-    store.create_session(record("s9", a.clone(), 0)).await.expect("create");
-    store.create_session(record("s10", epoch('B'), 0)).await.expect("create");
+    store.create_session(record("s9", a.clone(), 0), usize::MAX).await.expect("create");
+    store.create_session(record("s10", epoch('B'), 0), usize::MAX).await.expect("create");
     let done = stream("done");
     store.open_stream("s9", &a, &done).await.expect("open");
     store.append("s9", &a, &done, Bytes::from_static(b"result"), true).await.expect("append");
@@ -312,7 +346,7 @@ pub async fn sweep_expires_idle_sessions_and_drops_old_history(store: &dyn Store
 pub async fn watch_follows_the_head_and_closes_with_the_session(store: &dyn Store) {
     let a = epoch('A');
     let s = stream("g");
-    store.create_session(record("s11", a.clone(), 0)).await.expect("create");
+    store.create_session(record("s11", a.clone(), 0), usize::MAX).await.expect("create");
     store.open_stream("s11", &a, &s).await.expect("open");
     let mut head = store.watch("s11", &s).await.expect("watch");
     assert_eq!(*head.borrow_and_update(), 0);
@@ -337,7 +371,7 @@ pub async fn watch_follows_the_head_and_closes_with_the_session(store: &dyn Stor
 pub async fn a_watch_made_after_appends_starts_at_the_head(store: &dyn Store) {
     let a = epoch('A');
     let s = stream("late");
-    store.create_session(record("s11b", a.clone(), 0)).await.expect("create");
+    store.create_session(record("s11b", a.clone(), 0), usize::MAX).await.expect("create");
     store.open_stream("s11b", &a, &s).await.expect("open");
     for data in ["x", "y"] {
         store.append("s11b", &a, &s, Bytes::from_static(data.as_bytes()), false).await.expect("append");
@@ -360,7 +394,7 @@ pub async fn a_watch_made_after_appends_starts_at_the_head(store: &dyn Store) {
 
 pub async fn standalone_stream_is_recorded_for_every_replica(store: &dyn Store) {
     let a = epoch('A');
-    store.create_session(record("s12", a.clone(), 0)).await.expect("create");
+    store.create_session(record("s12", a.clone(), 0), usize::MAX).await.expect("create");
     assert_eq!(store.standalone_stream("s12").await, Ok(None));
     store.open_stream("s12", &a, &stream("g1")).await.expect("open");
     store.set_standalone_stream("s12", &a, &stream("g1")).await.expect("set");
@@ -407,7 +441,7 @@ pub async fn idempotency_keys_run_once_and_keep_their_outcome(store: &dyn Store)
 
 pub async fn keyed_requests_begin_and_claim_together(store: &dyn Store) {
     let a = epoch('A');
-    store.create_session(record("s", a.clone(), 0)).await.expect("create");
+    store.create_session(record("s", a.clone(), 0), usize::MAX).await.expect("create");
     let begun = store.begin_keyed_request("s", &a, "n:1", "d", &stream("r1"), claim("k", "d", 100)).await;
     assert_eq!(begun, Ok((BeginRequest::Started, Some(Claim::Claimed))));
     // The same request id again: it attaches in its session, and claims nothing.
@@ -426,7 +460,7 @@ pub async fn keyed_requests_begin_and_claim_together(store: &dyn Store) {
 
 pub async fn a_final_append_records_the_keys_outcome_even_if_the_session_is_gone(store: &dyn Store) {
     let a = epoch('A');
-    store.create_session(record("s", a.clone(), 0)).await.expect("create");
+    store.create_session(record("s", a.clone(), 0), usize::MAX).await.expect("create");
     let begun = store.begin_keyed_request("s", &a, "n:1", "d", &stream("r1"), claim("k", "d", 100)).await;
     assert_eq!(begun, Ok((BeginRequest::Started, Some(Claim::Claimed))));
     let response = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
@@ -477,7 +511,7 @@ pub async fn idempotency_records_expire_and_are_bounded(store: &dyn Store) {
 pub async fn a_dropped_stream_keeps_its_tombstone_while_its_session_lives(store: &dyn Store) {
     let a = epoch('A');
     let (request, standalone) = (stream("r1"), stream("g1"));
-    store.create_session(record("st", a.clone(), 0)).await.expect("create");
+    store.create_session(record("st", a.clone(), 0), usize::MAX).await.expect("create");
     store.begin_request("st", &a, "n:7", "d", &request).await.expect("begin");
     store.open_stream("st", &a, &standalone).await.expect("open");
     let events = vec![Bytes::from_static(b"progress"), Bytes::from_static(b"result")];
@@ -501,7 +535,7 @@ pub async fn a_dropped_stream_keeps_its_tombstone_while_its_session_lives(store:
 pub async fn a_request_joining_an_open_stream_leaves_it_as_it_is(store: &dyn Store) {
     let a = epoch('A');
     let shared = stream("b1");
-    store.create_session(record("sj", a.clone(), 0)).await.expect("create");
+    store.create_session(record("sj", a.clone(), 0), usize::MAX).await.expect("create");
     assert_eq!(store.begin_request("sj", &a, "n:1", "d", &shared).await, Ok(BeginRequest::Started));
     let events: Vec<Bytes> = (0..20).map(|_| Bytes::from_static(b"e")).collect();
     store.append_batch("sj", &a, &shared, events, false).await.expect("append");
@@ -515,7 +549,7 @@ pub async fn a_request_joining_an_open_stream_leaves_it_as_it_is(store: &dyn Sto
 /// A request that shares its stream (a batch's) records its outcome without ending it.
 pub async fn a_final_append_may_leave_the_stream_open(store: &dyn Store) {
     let a = epoch('A');
-    store.create_session(record("s", a.clone(), 0)).await.expect("create");
+    store.create_session(record("s", a.clone(), 0), usize::MAX).await.expect("create");
     let begun = store.begin_keyed_request("s", &a, "n:1", "d", &stream("b1"), claim("k", "d", 100)).await;
     assert_eq!(begun, Ok((BeginRequest::Started, Some(Claim::Claimed))));
     let response = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
@@ -534,6 +568,8 @@ macro_rules! store_suite {
     (guarded: $make:expr) => {
         $crate::store_suite!(@cases $make;
             sessions_are_created_once_and_read_without_renewal,
+            live_sessions_are_counted_when_one_is_admitted,
+            concurrent_admissions_never_pass_the_limit,
             touch_renews_only_a_live_session_of_the_same_incarnation,
             ended_sessions_refuse_writes_and_are_remembered,
             appends_are_contiguous_and_checked_against_the_incarnation,
