@@ -16,5 +16,5 @@ async fn main() -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:8809").await?;
     println!("listening on http://127.0.0.1:8809 (MCP at /mcp)");
     // `tether_server::serve` sets TCP_NODELAY on every accepted socket, which SSE needs.
-    tether_server::serve(listener, app).await
+    tether_server::serve(listener, app, tether_server::ConnectionLimits::default()).await
 }

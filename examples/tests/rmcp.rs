@@ -55,7 +55,12 @@ async fn start_server(
     let app = Builder::new(handler).store(store).config(config).build().router("/mcp");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
-    (addr, tokio::spawn(async move { tether_server::serve(listener, app).await }))
+    (
+        addr,
+        tokio::spawn(
+            async move { tether_server::serve(listener, app, tether_server::ConnectionLimits::default()).await },
+        ),
+    )
 }
 
 /// Waits up to 5 s for `condition`; fails with `what` if it never holds.

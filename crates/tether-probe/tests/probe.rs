@@ -24,7 +24,7 @@ async fn serve(app: Router) -> Served {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
     let url = format!("http://{}/mcp", listener.local_addr().expect("local addr"));
     let task = tokio::spawn(async move {
-        let _ = tether_server::serve(listener, app).await;
+        let _ = tether_server::serve(listener, app, tether_server::ConnectionLimits::default()).await;
     });
     Served { url, task }
 }

@@ -66,7 +66,7 @@ fn server_with(rt: &tokio::runtime::Runtime, store: Arc<dyn Store>) -> (String, 
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
         let app = Builder::new(BuiltinHandler::new()).store(store).build().router("/mcp");
-        tokio::spawn(async move { tether_server::serve(listener, app).await });
+        tokio::spawn(async move { tether_server::serve(listener, app, tether_server::ConnectionLimits::default()).await });
         let client = reqwest::Client::new();
         let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}});
         let response = client

@@ -12,8 +12,10 @@ pub struct ServerConfig {
     pub session_idle_ttl: Duration,
     /// What the store retains, and for how long a finished request's stream stays replayable.
     pub retention: Retention,
-    /// Largest accepted request body.
+    /// Largest accepted request body; a larger one gets 413.
     pub max_body_bytes: usize,
+    /// How long a request body may take to arrive, from its head; a slower one gets 408.
+    pub body_timeout: Duration,
     /// Most live sessions; more get 503 with `Retry-After`.
     pub max_sessions: usize,
     /// Most open streams and running requests per session; more get 429.
@@ -46,6 +48,7 @@ impl Default for ServerConfig {
             session_idle_ttl: Duration::from_secs(30 * 60),
             retention: Retention::default(),
             max_body_bytes: 4 << 20,
+            body_timeout: Duration::from_secs(30),
             max_sessions: 10_000,
             max_streams_per_session: 64,
             allowed_origins: Vec::new(),

@@ -11,13 +11,14 @@
 //! let server = tether_server::Builder::new(handler).build();
 //! let app = server.router("/mcp");
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8808").await?;
-//! tether_server::serve(listener, app).await
+//! tether_server::serve(listener, app, tether_server::ConnectionLimits::default()).await
 //! # }
 //! ```
 
 mod auth;
 pub mod builtin;
 mod config;
+mod connection;
 mod context;
 mod dispatch;
 mod handler;
@@ -39,6 +40,7 @@ use tether_store::{MemoryStore, Store, StoreError};
 
 pub use auth::{Authenticator, BearerToken};
 pub use config::{ServerConfig, parse_duration};
+pub use connection::{ConnectionLimits, serve};
 pub use context::{Context, ContextError, SessionHandle};
 pub use handler::{Handler, HandlerFuture, ServerInfo};
 pub use session::LogLevel;
@@ -159,18 +161,6 @@ impl Server {
         }
         http::router(path, Arc::clone(&self.shared))
     }
-}
-
-/// Serves `app` on `listener` with `TCP_NODELAY` on every accepted socket: SSE writes many
-/// small frames, and Nagle's algorithm would hold each one back for a delayed ACK.
-pub async fn serve(listener: tokio::net::TcpListener, app: axum::Router) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        if let Err(err) = tcp.set_nodelay(true) {
-            tracing::warn!(%err, "could not set TCP_NODELAY");
-        }
-    });
-    axum::serve(listener, app).await
 }
 
 /// Delivers answers other replicas received for this process's waiting handlers.

@@ -18,7 +18,7 @@
 //! # async fn run() -> std::io::Result<()> {
 //! let server = tether_server::Builder::new(tether_server::rmcp::RmcpHandler::new(MyServer::default)).build();
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8808").await?;
-//! tether_server::serve(listener, server.router("/mcp")).await
+//! tether_server::serve(listener, server.router("/mcp"), tether_server::ConnectionLimits::default()).await
 //! # }
 //! ```
 

@@ -71,3 +71,18 @@ pub(crate) fn store_latency(op: &'static str, took: Duration) {
 pub(crate) fn bytes_retained(bytes: u64) {
     metrics::gauge!("tether_bytes_retained").set(bytes as f64);
 }
+
+/// Connections open now (`delta` is +1 or -1).
+pub(crate) fn connections_open(delta: f64) {
+    metrics::gauge!("tether_connections_open").increment(delta);
+}
+
+/// A connection over `max_connections` was refused.
+pub(crate) fn connection_refused() {
+    metrics::counter!("tether_connections_refused_total").increment(1);
+}
+
+/// A connection was closed for doing nothing for too long.
+pub(crate) fn connection_expired(why: crate::connection::Expiry) {
+    metrics::counter!("tether_connections_expired_total", "reason" => why.as_str()).increment(1);
+}

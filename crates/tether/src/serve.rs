@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
-use tether_server::{BearerToken, Builder, ServerConfig, builtin::BuiltinHandler, parse_duration};
+use tether_server::{BearerToken, Builder, ConnectionLimits, ServerConfig, builtin::BuiltinHandler, parse_duration};
 use tether_store::{MemoryStore, RedisStore, SqliteStore, Store};
 
 /// Where sessions and events are kept.
@@ -69,6 +69,22 @@ pub struct ServeArgs {
     /// Do not offer exactly-once execution (`io.tether/idempotency`): keys are ignored.
     #[arg(long)]
     no_idempotency: bool,
+    /// Most connections open at once; one more is answered 503 and closed. Default: the
+    /// descriptor limit (raised to its hard limit at start) less an eighth, at least 64, kept for
+    /// the store and for those refusals.
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// How long a request head may take from its first byte, and a new connection may wait
+    /// before sending one.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    header_timeout: Duration,
+    /// How long a connection stays open with no request in flight (an open stream is a request
+    /// in flight).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    idle_timeout: Duration,
+    /// How long a request body may take to arrive; a slower one gets 408.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    body_timeout: Duration,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
@@ -111,6 +127,25 @@ async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
     Ok(bound)
 }
 
+/// Raises the soft limit on open descriptors to the hard limit, and returns the soft limit.
+fn raise_descriptor_limit() -> u64 {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => limit,
+        Err(err) => {
+            let (soft, _) = rlimit::getrlimit(rlimit::Resource::NOFILE).unwrap_or((1_024, 1_024));
+            eprintln!("tether serve: could not raise the descriptor limit ({err}); it stays {soft}");
+            soft
+        }
+    }
+}
+
+/// The connections `descriptors` leave room for: an eighth of them, at least 64, is kept for
+/// the store, the metrics endpoint and the refusals of connections over the limit.
+fn max_connections_for(descriptors: u64) -> usize {
+    let reserve = (descriptors / 8).max(64);
+    usize::try_from(descriptors.saturating_sub(reserve)).unwrap_or(usize::MAX).max(1)
+}
+
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut config = ServerConfig {
         session_idle_ttl: args.session_idle_ttl,
@@ -119,7 +154,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         allowed_origins: args.allowed_origins,
         require_loopback_host: args.listen.ip().is_loopback(),
         idempotency: !args.no_idempotency,
+        body_timeout: args.body_timeout,
         ..ServerConfig::default()
+    };
+    let limits = ConnectionLimits {
+        max_connections: args.max_connections.unwrap_or_else(|| max_connections_for(raise_descriptor_limit())),
+        header_timeout: args.header_timeout,
+        idle_timeout: args.idle_timeout,
+        ..ConnectionLimits::default()
     };
     config.retention.idempotency_ms = u64::try_from(args.idempotency_ttl.as_millis()).unwrap_or(u64::MAX);
     config.retention.ended_stream_ms = u64::try_from(args.retention.as_millis()).unwrap_or(u64::MAX);
@@ -157,7 +199,20 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let app = server.router(&args.path);
     tokio::select! {
-        served = tether_server::serve(listener, app) => served.context("serving"),
+        served = tether_server::serve(listener, app, limits) => served.context("serving"),
         _ = tokio::signal::ctrl_c() => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::max_connections_for;
+
+    #[test]
+    fn connections_leave_room_for_the_store_and_refusals() {
+        assert_eq!(max_connections_for(1_024), 896);
+        assert_eq!(max_connections_for(256), 192);
+        assert_eq!(max_connections_for(65_536), 57_344);
+        assert_eq!(max_connections_for(10), 1, "never zero");
     }
 }

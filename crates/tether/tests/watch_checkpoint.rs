@@ -42,3 +42,71 @@ fn a_restarted_watch_resumes_from_its_checkpoint_exactly_once() {
     assert_eq!(saved["session_id"], session.as_str(), "the same session all along");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `watch --checkpoint` is at-least-once (README): a notification printed just before a
+/// SIGKILL, whose checkpoint had not been written yet, is printed again by the next run, with
+/// the same id. Deduplicated on the id, every notification is there exactly once.
+#[test]
+fn a_watch_killed_again_and_again_prints_every_notification_with_its_id() {
+    let dir = temp_dir("watch-killed");
+    let checkpoint = dir.join("watch.json");
+    let path = checkpoint.to_str().expect("path");
+    let (_server, url) = serve(free_port(), &dir.join("data"), &[]);
+    let mut watch = tether(&["watch", &url, "--checkpoint", path]);
+    let session = checkpointed_session(&checkpoint);
+    const COUNT: u64 = 1_500;
+    let broadcaster = {
+        let (url, session) = (url.clone(), session.clone());
+        std::thread::spawn(move || {
+            let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "broadcast", "arguments": {"count": COUNT, "interval_ms": 2}}});
+            post(&url, &session, &call)
+        })
+    };
+    let mut runs: Vec<Vec<Value>> = Vec::new();
+    let numbers = |run: &[Value]| {
+        run.iter().filter_map(|l| l["message"]["params"]["data"]["broadcast"].as_u64()).collect::<Vec<_>>()
+    };
+    for _ in 0..4 {
+        let mut lines = Vec::new();
+        let until = std::time::Instant::now() + Duration::from_millis(600);
+        while let Some(line) = watch.line(until.saturating_duration_since(std::time::Instant::now())) {
+            lines.push(line);
+        }
+        watch.kill9();
+        runs.push(parse(&lines));
+        watch = tether(&["watch", &url, "--checkpoint", path]);
+    }
+    assert_eq!(broadcaster.join().expect("thread"), 200);
+    let mut last = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !numbers(&parse(&last)).contains(&COUNT) && std::time::Instant::now() < deadline {
+        if let Some(line) = watch.line(Duration::from_millis(200)) {
+            last.push(line);
+        }
+    }
+    drop(watch);
+    runs.push(parse(&last));
+
+    let mut by_id: std::collections::BTreeMap<String, Value> = std::collections::BTreeMap::new();
+    let (mut printed, mut again) = (0, 0);
+    for line in runs.iter().flatten().filter(|l| l["event"] == "message") {
+        let id = line["id"].as_str().expect("every message is printed with its id").to_owned();
+        printed += 1;
+        if let Some(first) = by_id.insert(id, line["message"].clone()) {
+            assert_eq!(first, line["message"], "an id is always the same notification");
+            again += 1;
+        }
+    }
+    let mut unique: Vec<u64> = by_id.values().filter_map(|m| m["params"]["data"]["broadcast"].as_u64()).collect();
+    unique.sort_unstable();
+    println!("watch killed 4 times: {printed} lines printed, {again} printed again, {} unique", unique.len());
+    assert_eq!(unique, (1..=COUNT).collect::<Vec<_>>(), "none lost, and none twice under two ids");
+    for run in &runs {
+        let ids: Vec<&str> = run.iter().filter(|l| l["event"] == "message").filter_map(|l| l["id"].as_str()).collect();
+        let distinct: std::collections::BTreeSet<&str> = ids.iter().copied().collect();
+        assert_eq!(ids.len(), distinct.len(), "within one run, nothing is printed twice");
+    }
+    assert!(runs.iter().filter(|r| !numbers(r).is_empty()).count() >= 4, "the kills hit a running watch");
+    let _ = std::fs::remove_dir_all(&dir);
+}

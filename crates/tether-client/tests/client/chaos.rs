@@ -25,7 +25,10 @@ async fn a_thousand_random_disconnects_lose_and_duplicate_nothing() {
     let upstream = listener.local_addr().expect("addr");
     let config = ServerConfig { sse_retry: Duration::from_millis(2), ..ServerConfig::default() };
     let app = Builder::new(BuiltinHandler::new()).config(config).build().router("/mcp");
-    let server = tokio::spawn(async move { tether_server::serve(listener, app).await });
+    let server =
+        tokio::spawn(
+            async move { tether_server::serve(listener, app, tether_server::ConnectionLimits::default()).await },
+        );
     // Cut after 400..3000 bytes: past any response head, anywhere inside the SSE body.
     let proxy = proxy::start(vec![upstream], 0x7e7e_7e7e, 400, 3_000).await;
     let mut config = ClientConfig::new(format!("http://{}/mcp", proxy.addr));

@@ -15,7 +15,10 @@ async fn divergences_reinitializations_and_reissues_are_counted() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
     let app = Builder::new(BuiltinHandler::new()).build().router("/mcp");
-    let server = tokio::spawn(async move { tether_server::serve(listener, app).await });
+    let server =
+        tokio::spawn(
+            async move { tether_server::serve(listener, app, tether_server::ConnectionLimits::default()).await },
+        );
     let (client, mut events) = Client::connect(ClientConfig::new(url.clone())).await.expect("connect");
     let first = client.session_id().expect("a session");
     // The session ends behind the client's back.

@@ -185,15 +185,46 @@ pub(crate) fn check_load(shared: &Shared, runtime: &SessionRuntime) -> Result<()
     Ok(())
 }
 
-/// Reads a request body up to the configured limit (413 beyond it).
-pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, Rejection> {
-    axum::body::to_bytes(body, limit).await.map_err(|_| {
+/// Reads a request body: 413 past the configured size, 408 if it takes longer than the body
+/// timeout (a slow sender holds a connection and its buffers), 400 if the client broke it off.
+pub(crate) async fn read_body(body: Body, config: &crate::ServerConfig) -> Result<Bytes, Rejection> {
+    use futures_util::StreamExt as _;
+    let limit = config.max_body_bytes;
+    let too_large = || {
         Rejection::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             -32000,
             "body_too_large",
             format!("request body over {limit} bytes"),
         )
+    };
+    let read = async {
+        let mut chunks = body.into_data_stream();
+        let unreadable = |_| Rejection::bad_request("body_unreadable", "the request body could not be read");
+        // Most bodies are one chunk: it is returned as it is, without a copy.
+        let Some(first) = chunks.next().await.transpose().map_err(unreadable)? else { return Ok(Bytes::new()) };
+        if first.len() > limit {
+            return Err(too_large());
+        }
+        let Some(second) = chunks.next().await.transpose().map_err(unreadable)? else { return Ok(first) };
+        let mut all = bytes::BytesMut::from(first);
+        let mut next = Some(second);
+        while let Some(chunk) = next {
+            if all.len() + chunk.len() > limit {
+                return Err(too_large());
+            }
+            all.extend_from_slice(&chunk);
+            next = chunks.next().await.transpose().map_err(unreadable)?;
+        }
+        Ok(all.freeze())
+    };
+    tokio::time::timeout(config.body_timeout, read).await.unwrap_or_else(|_| {
+        Err(Rejection::new(
+            StatusCode::REQUEST_TIMEOUT,
+            -32000,
+            "body_timeout",
+            format!("the request body took longer than {:?} to arrive", config.body_timeout),
+        ))
     })
 }
 

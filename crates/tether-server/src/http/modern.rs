@@ -41,7 +41,7 @@ pub(crate) async fn post(
     unsupported: Option<&str>,
 ) -> Result<Response, Rejection> {
     guard::post_media(headers)?;
-    let bytes = read_body(body, shared.config.max_body_bytes).await?;
+    let bytes = read_body(body, &shared.config).await?;
     let message = jsonrpc::parse_message(&bytes).map_err(|e| {
         let reason = if e.code() == code::PARSE_ERROR { "parse_error" } else { "invalid_message" };
         Rejection::new(StatusCode::BAD_REQUEST, e.code(), reason, e.to_string())

@@ -28,7 +28,7 @@ pub(crate) async fn post(
     principal: Option<String>,
 ) -> Result<Response, Rejection> {
     guard::post_media(headers)?;
-    let bytes = read_body(body, shared.config.max_body_bytes).await?;
+    let bytes = read_body(body, &shared.config).await?;
     let parsed = jsonrpc::parse_body(&bytes)
         .map_err(|e| Rejection::new(StatusCode::BAD_REQUEST, e.code(), reason_of(&e), e.to_string()))?;
     let (messages, batch) = match parsed {

@@ -32,7 +32,7 @@ pub async fn start_with(builder: Builder) -> TestServer {
     let url = format!("http://{}/mcp", listener.local_addr().expect("local addr"));
     let app = builder.build().router("/mcp");
     let task = tokio::spawn(async move {
-        let _ = tether_server::serve(listener, app).await;
+        let _ = tether_server::serve(listener, app, tether_server::ConnectionLimits::default()).await;
     });
     TestServer { url, task }
 }

@@ -151,6 +151,24 @@ async fn body_over_the_limit_gets_413() {
 }
 
 #[tokio::test]
+async fn a_body_slower_than_the_body_timeout_gets_408() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let server = start(ServerConfig { body_timeout: Duration::from_millis(300), ..config() }).await;
+    let authority = server.url.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
+    let mut tcp = tokio::net::TcpStream::connect(&authority).await.expect("connect");
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: 100\r\n\r\n{{\"jsonrpc\""
+    );
+    tcp.write_all(head.as_bytes()).await.expect("send");
+    let mut answer = vec![0u8; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut answer)).await.expect("answered");
+    let answer = String::from_utf8_lossy(&answer[..read.expect("read")]).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+    assert!(answer.contains("body_timeout"), "{answer}");
+}
+
+#[tokio::test]
 async fn foreign_origin_and_host_are_refused() {
     let server = start(ServerConfig { allowed_origins: vec!["https://app.example".into()], ..config() }).await;
     let client = Client::new(&server);
@@ -169,6 +187,55 @@ async fn foreign_origin_and_host_are_refused() {
         let response = client.post(None, &init).header("origin", origin).send().await.expect("send");
         assert_eq!(response.status(), 200, "{origin}");
     }
+}
+
+/// RFC 9112 §3.2.2: with an absolute-form target, the target's authority is the host, whatever
+/// `Host` says.
+#[tokio::test]
+async fn an_absolute_form_target_is_checked_as_the_host() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let server = start(config()).await;
+    let authority = server.url.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    for (target, expected) in [("http://evil.example/mcp", "403"), (&*format!("http://{authority}/mcp"), "400")] {
+        let mut tcp = tokio::net::TcpStream::connect(&authority).await.expect("connect");
+        let head = format!(
+            "POST {target} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        tcp.write_all(head.as_bytes()).await.expect("send");
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(10), tcp.read_to_string(&mut answer))
+            .await
+            .expect("answered")
+            .expect("read");
+        assert_eq!(answer.split(' ').nth(1), Some(expected), "{target}: {answer}");
+        if expected == "403" {
+            assert!(answer.contains("host_not_allowed"), "{answer}");
+        }
+    }
+}
+
+/// HTTP/2 with prior knowledge (h2c) is served: `:authority` is the host.
+#[tokio::test]
+async fn http2_cleartext_is_served_with_its_authority_checked() {
+    let server = start(config()).await;
+    let http = reqwest::Client::builder().http2_prior_knowledge().build().expect("client");
+    let client = Client { http, url: server.url.clone() };
+    let session = client.initialize("2025-11-25").await;
+    let ping = request(json!(2), "ping", json!({}));
+    let response = client.post(Some(&session), &ping).send().await.expect("send");
+    assert_eq!((response.version(), response.status().as_u16()), (reqwest::Version::HTTP_2, 200));
+    // A name that resolves to the loopback address, so only `:authority` is foreign.
+    let addr: std::net::SocketAddr =
+        client.url.trim_start_matches("http://").trim_end_matches("/mcp").parse().expect("addr");
+    let http =
+        reqwest::Client::builder().http2_prior_knowledge().resolve("evil.example", addr).build().expect("client");
+    let foreign = Client { http, url: format!("http://evil.example:{}/mcp", addr.port()) };
+    let refused = foreign.post(Some(&session), &ping).send().await.expect("send");
+    assert_eq!((refused.version(), refused.status().as_u16()), (reqwest::Version::HTTP_2, 403));
+    assert_eq!(reason(refused).await, "host_not_allowed");
 }
 
 #[tokio::test]

@@ -1,0 +1,425 @@
+//! Connections: accepting them, and the limits each is held to before and between its requests.
+//!
+//! A connection may be open only while it does something: it has `header_timeout` to send a
+//! whole request head (from its first byte, or from accept if it sends nothing), and
+//! `idle_timeout` with no request in flight after a response. A request in flight is the
+//! router's to bound (the body read timeout, the slow-consumer rules of streams), so a long SSE
+//! stream is never cut for being idle. At `max_connections`, one more is answered 503 and closed
+//! instead of waiting for a slot. HTTP/1.1 and HTTP/2 with prior knowledge (h2c) are served on
+//! the same port; TLS, and so h2 negotiated by ALPN, is left to a proxy in front.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::Request;
+use hyper::body::{Frame, Incoming, SizeHint};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tower::ServiceExt as _;
+
+/// Limits on connections, applied before any request reaches the router.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Most connections open at once. One more is answered `503` with `Retry-After` and
+    /// closed; keep it below the descriptor limit so that answer can still be given.
+    pub max_connections: usize,
+    /// How long a request head may take from its first byte, and how long a new connection may
+    /// wait before sending one.
+    pub header_timeout: Duration,
+    /// How long a connection stays open with no request in flight after a response.
+    pub idle_timeout: Duration,
+    /// Most requests in flight at once on one HTTP/2 connection.
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            max_connections: 4_096,
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_concurrent_streams: 128,
+        }
+    }
+}
+
+/// Most refusals being written at once; past it a connection over the limit is closed unanswered,
+/// so a flood of connections cannot hold descriptors through its refusals.
+const MAX_REFUSING: usize = 64;
+
+/// How long a refusal may take to be written and read by the peer.
+const REFUSAL_TIME: Duration = Duration::from_secs(1);
+
+/// How long accepting pauses after an error such as running out of descriptors, which would
+/// otherwise repeat at once.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Serves `app` on `listener` under `limits`, with `TCP_NODELAY` on every socket (SSE writes many
+/// small frames, and Nagle's algorithm would hold each one back for a delayed ACK). Runs until
+/// the listener fails for good.
+pub async fn serve(listener: TcpListener, app: axum::Router, limits: ConnectionLimits) -> io::Result<()> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http2().max_concurrent_streams(limits.max_concurrent_streams);
+    let builder = Arc::new(builder);
+    let open = Arc::new(AtomicUsize::new(0));
+    let refusing = Arc::new(AtomicUsize::new(0));
+    loop {
+        let (tcp, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                tracing::warn!(%err, "accepting a connection failed");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::warn!(%err, "could not set TCP_NODELAY");
+        }
+        let Some(slot) = Slot::take(&open, limits.max_connections) else {
+            crate::telemetry::connection_refused();
+            if let Some(refusal) = Slot::take(&refusing, MAX_REFUSING) {
+                tokio::spawn(refuse(tcp, refusal));
+            }
+            continue;
+        };
+        let (builder, app) = (Arc::clone(&builder), app.clone());
+        tokio::spawn(async move {
+            crate::telemetry::connections_open(1.0);
+            run(&builder, tcp, app, limits).await;
+            crate::telemetry::connections_open(-1.0);
+            drop(slot);
+        });
+    }
+}
+
+/// One of a bounded number of places, given back when dropped.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(count: &Arc<AtomicUsize>, max: usize) -> Option<Slot> {
+        count.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).ok()?;
+        Some(Slot(Arc::clone(count)))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The refusal of a connection over the limit: an HTTP/1.1 503 whose body is a JSON-RPC error.
+fn refusal() -> Vec<u8> {
+    use tether_core::jsonrpc::{ErrorObject, Message, Response};
+    let error = ErrorObject::with_reason(
+        -32000,
+        "as many connections as allowed are open; try again later",
+        "too_many_connections",
+    );
+    let body = Message::Response(Response::error(None, error)).to_vec();
+    let mut out = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Answers a connection over the limit and closes it. What the peer already sent is read and
+/// dropped until it closes too, so the close does not reset the connection before the answer
+/// is read.
+async fn refuse(mut tcp: TcpStream, _slot: Slot) {
+    let _ = tokio::time::timeout(REFUSAL_TIME, async {
+        tcp.write_all(&refusal()).await?;
+        tcp.shutdown().await?;
+        let mut sink = [0u8; 1024];
+        while tcp.read(&mut sink).await? > 0 {}
+        io::Result::Ok(())
+    })
+    .await;
+}
+
+/// Why a connection was closed by its watchdog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Expiry {
+    /// No complete request head within the header timeout.
+    Head,
+    /// Nothing in flight for the idle timeout.
+    Idle,
+}
+
+impl Expiry {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Expiry::Head => "header_timeout",
+            Expiry::Idle => "idle_timeout",
+        }
+    }
+}
+
+/// Serves one connection until it closes or its watchdog expires it.
+async fn run(builder: &auto::Builder<TokioExecutor>, tcp: TcpStream, app: axum::Router, limits: ConnectionLimits) {
+    let activity = Arc::new(Activity::new());
+    let io = TokioIo::new(Observed { inner: tcp, activity: Arc::clone(&activity) });
+    let service = hyper::service::service_fn({
+        let activity = Arc::clone(&activity);
+        move |request: Request<Incoming>| {
+            let in_flight = InFlight::start(&activity);
+            let app = app.clone();
+            async move {
+                let response = app.oneshot(request.map(Body::new)).await?;
+                Ok::<_, std::convert::Infallible>(
+                    response.map(|body| Body::new(Finishing { body, _in_flight: in_flight })),
+                )
+            }
+        }
+    });
+    let connection = builder.serve_connection(io, service);
+    tokio::select! {
+        served = connection => {
+            if let Err(err) = served {
+                tracing::debug!(%err, "connection ended with an error");
+            }
+        }
+        expiry = activity.expired(&limits) => {
+            tracing::debug!(reason = expiry.as_str(), "connection closed");
+            crate::telemetry::connection_expired(expiry);
+        }
+    }
+}
+
+/// What a connection is doing, reported by its reads and its requests to its watchdog.
+struct Activity {
+    /// The connection's start: times below are milliseconds after it.
+    start: Instant,
+    /// Requests whose response, body included, is not finished.
+    in_flight: AtomicUsize,
+    /// Whether a response was ever finished: until then, waiting is waiting for a first head.
+    answered: AtomicBool,
+    /// When the connection last had nothing in flight.
+    idle_since: AtomicU64,
+    /// When the first byte arrived with nothing in flight, or [`NO_HEAD`].
+    head_since: AtomicU64,
+    /// Wakes the watchdog when any of the above changed.
+    changed: Notify,
+}
+
+const NO_HEAD: u64 = u64::MAX;
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            start: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            answered: AtomicBool::new(false),
+            idle_since: AtomicU64::new(0),
+            head_since: AtomicU64::new(NO_HEAD),
+            changed: Notify::new(),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
+    }
+
+    /// Bytes arrived: with nothing in flight, they are a request head starting.
+    fn read(&self) {
+        if self.in_flight.load(Ordering::Acquire) == 0
+            && self.head_since.compare_exchange(NO_HEAD, self.now(), Ordering::AcqRel, Ordering::Acquire).is_ok()
+        {
+            self.changed.notify_one();
+        }
+    }
+
+    /// When the connection expires if nothing changes, and why; none while a request is in
+    /// flight.
+    fn deadline(&self, limits: &ConnectionLimits) -> Option<(Instant, Expiry)> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let at = |ms: u64, after: Duration| self.start + Duration::from_millis(ms) + after;
+        let head = self.head_since.load(Ordering::Acquire);
+        if head != NO_HEAD {
+            return Some((at(head, limits.header_timeout), Expiry::Head));
+        }
+        let idle = self.idle_since.load(Ordering::Acquire);
+        Some(if self.answered.load(Ordering::Acquire) {
+            (at(idle, limits.idle_timeout), Expiry::Idle)
+        } else {
+            (at(idle, limits.header_timeout), Expiry::Head)
+        })
+    }
+
+    /// Resolves when the connection has outlived its deadline; never while a request is in
+    /// flight.
+    async fn expired(&self, limits: &ConnectionLimits) -> Expiry {
+        loop {
+            let changed = self.changed.notified();
+            match self.deadline(limits) {
+                None => changed.await,
+                Some((at, why)) if at <= Instant::now() => return why,
+                Some((at, _)) => {
+                    tokio::select! {
+                        () = changed => {}
+                        () = tokio::time::sleep_until(at) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A request in flight on its connection, from its head until its response body is finished or
+/// dropped.
+struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    fn start(activity: &Arc<Activity>) -> InFlight {
+        activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        activity.changed.notify_one();
+        InFlight(Arc::clone(activity))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let activity = &self.0;
+        activity.answered.store(true, Ordering::Release);
+        activity.idle_since.store(activity.now(), Ordering::Release);
+        activity.head_since.store(NO_HEAD, Ordering::Release);
+        activity.in_flight.fetch_sub(1, Ordering::AcqRel);
+        activity.changed.notify_one();
+    }
+}
+
+/// A response body that keeps its request in flight until it is finished or dropped.
+struct Finishing {
+    body: Body,
+    _in_flight: InFlight,
+}
+
+impl hyper::body::Body for Finishing {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A connection's socket, reporting its reads to the connection's [`Activity`].
+struct Observed {
+    inner: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for Observed {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.read();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Observed {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> ConnectionLimits {
+        ConnectionLimits {
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            ..ConnectionLimits::default()
+        }
+    }
+
+    fn after(activity: &Activity, deadline: Option<(Instant, Expiry)>) -> Option<(Duration, Expiry)> {
+        deadline.map(|(at, why)| (at - activity.start, why))
+    }
+
+    #[test]
+    fn a_new_connection_has_the_header_timeout_and_an_answered_one_the_idle_timeout() {
+        let activity = Arc::new(Activity::new());
+        assert_eq!(after(&activity, activity.deadline(&limits())), Some((Duration::from_secs(10), Expiry::Head)));
+        let request = InFlight::start(&activity);
+        assert_eq!(activity.deadline(&limits()), None, "nothing expires with a request in flight");
+        activity.read();
+        assert_eq!(activity.deadline(&limits()), None, "a body read is not a head");
+        drop(request);
+        let (idle, why) = after(&activity, activity.deadline(&limits())).expect("a deadline");
+        assert_eq!(why, Expiry::Idle);
+        assert!(idle >= Duration::from_secs(60), "{idle:?}");
+    }
+
+    #[test]
+    fn the_first_byte_of_a_head_starts_the_header_timeout() {
+        let activity = Arc::new(Activity::new());
+        drop(InFlight::start(&activity));
+        activity.read();
+        let head = activity.head_since.load(Ordering::Acquire);
+        assert_ne!(head, NO_HEAD);
+        let (timeout, why) = after(&activity, activity.deadline(&limits())).expect("a deadline");
+        assert_eq!((timeout, why), (Duration::from_millis(head) + Duration::from_secs(10), Expiry::Head));
+        activity.read();
+        assert_eq!(activity.head_since.load(Ordering::Acquire), head, "later bytes do not extend it");
+    }
+
+    #[test]
+    fn the_refusal_is_a_complete_http_response_with_a_reason() {
+        let text = String::from_utf8(refusal()).expect("ASCII");
+        let (head, body) = text.split_once("\r\n\r\n").expect("head and body");
+        assert!(head.starts_with("HTTP/1.1 503 "), "{head}");
+        assert!(head.contains(&format!("content-length: {}", body.len())), "{head}");
+        let body: serde_json::Value = serde_json::from_str(body).expect("JSON");
+        assert_eq!(body["error"]["data"]["reason"], "too_many_connections");
+    }
+}
