@@ -68,9 +68,6 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// small frames, and Nagle's algorithm would hold each one back for a delayed ACK). Runs until
 /// the listener fails for good.
 pub async fn serve(listener: TcpListener, app: axum::Router, limits: ConnectionLimits) -> io::Result<()> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http2().max_concurrent_streams(limits.max_concurrent_streams);
-    let builder = Arc::new(builder);
     let open = Arc::new(AtomicUsize::new(0));
     let refusing = Arc::new(AtomicUsize::new(0));
     loop {
@@ -92,10 +89,10 @@ pub async fn serve(listener: TcpListener, app: axum::Router, limits: ConnectionL
             }
             continue;
         };
-        let (builder, app) = (Arc::clone(&builder), app.clone());
+        let app = app.clone();
         tokio::spawn(async move {
             crate::telemetry::connections_open(1.0);
-            run(&builder, tcp, app, limits).await;
+            serve_connection(tcp, app, limits).await;
             crate::telemetry::connections_open(-1.0);
             drop(slot);
         });
@@ -169,10 +166,17 @@ impl Expiry {
     }
 }
 
-/// Serves one connection until it closes or its watchdog expires it.
-async fn run(builder: &auto::Builder<TokioExecutor>, tcp: TcpStream, app: axum::Router, limits: ConnectionLimits) {
+/// Serves one connection of any transport (a TLS stream, a Unix socket) under `limits`, as
+/// [`serve`] serves each TCP connection it accepts: until the peer closes it or it expires.
+/// `max_connections` is the caller's to apply.
+pub async fn serve_connection<I>(io: I, app: axum::Router, limits: ConnectionLimits)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http2().max_concurrent_streams(limits.max_concurrent_streams);
     let activity = Arc::new(Activity::new());
-    let io = TokioIo::new(Observed { inner: tcp, activity: Arc::clone(&activity) });
+    let io = TokioIo::new(Observed { inner: io, activity: Arc::clone(&activity) });
     let service = hyper::service::service_fn({
         let activity = Arc::clone(&activity);
         move |request: Request<Incoming>| {
@@ -327,13 +331,13 @@ impl hyper::body::Body for Finishing {
     }
 }
 
-/// A connection's socket, reporting its reads to the connection's [`Activity`].
-struct Observed {
-    inner: TcpStream,
+/// A connection's transport, reporting its reads to the connection's [`Activity`].
+struct Observed<I> {
+    inner: I,
     activity: Arc<Activity>,
 }
 
-impl AsyncRead for Observed {
+impl<I: AsyncRead + Unpin> AsyncRead for Observed<I> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
@@ -344,7 +348,7 @@ impl AsyncRead for Observed {
     }
 }
 
-impl AsyncWrite for Observed {
+impl<I: AsyncWrite + Unpin> AsyncWrite for Observed<I> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }

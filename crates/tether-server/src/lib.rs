@@ -40,7 +40,7 @@ use tether_store::{MemoryStore, Store, StoreError};
 
 pub use auth::{Authenticator, BearerToken};
 pub use config::{ServerConfig, parse_duration};
-pub use connection::{ConnectionLimits, serve};
+pub use connection::{ConnectionLimits, serve, serve_connection};
 pub use context::{Context, ContextError, SessionHandle};
 pub use handler::{Handler, HandlerFuture, ServerInfo};
 pub use session::LogLevel;

@@ -127,6 +127,17 @@ async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
     Ok(bound)
 }
 
+/// How many connections the kernel may queue before `serve` accepts them (capped by
+/// `net.core.somaxconn`): a burst of connections waits there instead of retrying its SYN.
+const LISTEN_BACKLOG: u32 = 4_096;
+
+fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Raises the soft limit on open descriptors to the hard limit, and returns the soft limit.
 fn raise_descriptor_limit() -> u64 {
     match rlimit::increase_nofile_limit(u64::MAX) {
@@ -189,8 +200,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         builder = builder.authenticator(BearerToken::new(token));
     }
     let server = builder.build();
-    let listener =
-        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    let listener = bind(args.listen).with_context(|| format!("binding {}", args.listen))?;
     let local = listener.local_addr()?;
     println!("listening on http://{local}{}", args.path);
     if let Some(addr) = args.metrics {

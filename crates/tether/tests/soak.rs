@@ -1,0 +1,234 @@
+//! A bounded soak of `tether serve` with its default connection limits: 1,500 connections that
+//! send nothing, 200 that send a request head one byte at a time (slowloris), both reconnecting
+//! as soon as the server closes them, and 100 clients making real tool calls, all at once for
+//! 30 s. Every real call succeeds; once the attackers are gone the server holds as many
+//! descriptors as before and its memory is back to its baseline. Prints the counts
+//! (scripts/test runs it with --nocapture).
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::json;
+use tether_client::{Client, ClientConfig};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+const IDLE: usize = 1_500;
+const SLOW: usize = 200;
+const CLIENTS: usize = 100;
+const SOAK: Duration = Duration::from_secs(30);
+
+/// What a process holds: resident anonymous memory in KiB (the heap; the store's file pages,
+/// which the OS may drop at will, are not counted) and open descriptors.
+fn holdings(pid: u32) -> (u64, usize) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("RssAnon");
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("fds").count();
+    (rss, fds)
+}
+
+#[derive(Default)]
+struct Counts {
+    idle_closed: AtomicU64,
+    slow_closed: AtomicU64,
+    slow_heads_completed: AtomicU64,
+    refused: AtomicU64,
+    calls_ok: AtomicU64,
+    calls_failed: AtomicU64,
+}
+
+/// Connects, sends nothing, and waits for the server to close the connection; again until
+/// `stop`.
+async fn idle_attacker(addr: String, stop: Arc<AtomicBool>, counts: Arc<Counts>) {
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(mut tcp) = TcpStream::connect(&addr).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let mut buf = [0u8; 512];
+        loop {
+            match tokio::time::timeout(Duration::from_millis(500), tcp.read(&mut buf)).await {
+                Ok(Ok(0) | Err(_)) => {
+                    counts.idle_closed.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                Ok(Ok(_)) => {
+                    counts.refused.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(_) if stop.load(Ordering::Relaxed) => return,
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+/// Sends a request head one byte every 300 ms until the server closes the connection; again
+/// until `stop`.
+async fn slow_attacker(addr: String, stop: Arc<AtomicBool>, counts: Arc<Counts>) {
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nX-Pad: {}\r\n\r\n",
+        "p".repeat(64)
+    );
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(mut tcp) = TcpStream::connect(&addr).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let mut sent = 0;
+        let mut buf = [0u8; 512];
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            if sent == head.len() {
+                counts.slow_heads_completed.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            if tcp.write_all(&head.as_bytes()[sent..=sent]).await.is_err() {
+                counts.slow_closed.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            sent += 1;
+            match tokio::time::timeout(Duration::from_millis(300), tcp.read(&mut buf)).await {
+                Ok(Ok(0) | Err(_)) => {
+                    counts.slow_closed.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                Ok(Ok(_)) => counts.refused.fetch_add(1, Ordering::Relaxed),
+                Err(_) => 0,
+            };
+        }
+    }
+}
+
+/// Calls `count` over and over until `stop`, checking every result.
+async fn caller(url: String, stop: Arc<AtomicBool>, counts: Arc<Counts>) {
+    let (client, mut events) = Client::connect(ClientConfig::new(url)).await.expect("connect");
+    let drain = tokio::spawn(async move { while events.recv().await.is_some() {} });
+    while !stop.load(Ordering::Relaxed) {
+        let result = tokio::time::timeout(Duration::from_secs(30), client.call_tool("count", json!({"to": 3}))).await;
+        match result {
+            Ok(Ok(value)) if value["content"][0]["text"] == "counted to 3" => {
+                counts.calls_ok.fetch_add(1, Ordering::Relaxed);
+            }
+            other => {
+                eprintln!("a real call failed: {other:?}");
+                counts.calls_failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    client.close().await;
+    drain.abort();
+}
+
+#[test]
+fn idle_and_slow_connections_do_not_starve_real_calls_or_leak() {
+    rlimit::increase_nofile_limit(u64::MAX).expect("raise the descriptor limit");
+    let dir = temp_dir("soak");
+    let (server, url) = serve(free_port(), &dir, &["--retention", "1s"]);
+    let pid = server.child.id();
+    let addr = url.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let counts = Arc::new(Counts::default());
+
+    // Warm up: the clients' sessions, calls and streams allocate what they need once.
+    let warm = Arc::new(AtomicBool::new(false));
+    runtime.block_on(async {
+        let tasks: Vec<_> =
+            (0..CLIENTS).map(|_| tokio::spawn(caller(url.clone(), Arc::clone(&warm), Arc::clone(&counts)))).collect();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        warm.store(true, Ordering::Relaxed);
+        for task in tasks {
+            task.await.expect("caller");
+        }
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let (baseline_rss, baseline_fds) = holdings(pid);
+    let warm_calls = counts.calls_ok.swap(0, Ordering::Relaxed);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let mut soaked = Duration::ZERO;
+    let mut peak = (0, 0);
+    runtime.block_on(async {
+        let mut tasks = Vec::new();
+        for _ in 0..IDLE {
+            tasks.push(tokio::spawn(idle_attacker(addr.clone(), Arc::clone(&stop), Arc::clone(&counts))));
+        }
+        for _ in 0..SLOW {
+            tasks.push(tokio::spawn(slow_attacker(addr.clone(), Arc::clone(&stop), Arc::clone(&counts))));
+        }
+        for _ in 0..CLIENTS {
+            tasks.push(tokio::spawn(caller(url.clone(), Arc::clone(&stop), Arc::clone(&counts))));
+        }
+        while started.elapsed() < SOAK {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let now = holdings(pid);
+            peak = (peak.0.max(now.0), peak.1.max(now.1));
+        }
+        stop.store(true, Ordering::Relaxed);
+        soaked = started.elapsed();
+        for task in tasks {
+            task.await.expect("task");
+        }
+    });
+
+    // The attackers are gone and one client goes on calling, as traffic does: the allocator,
+    // which returns freed pages to the OS as it works, lets go of their memory.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let calling = Arc::new(AtomicBool::new(false));
+    let after_calls = Arc::new(Counts::default());
+    let one = runtime.spawn(caller(url.clone(), Arc::clone(&calling), Arc::clone(&after_calls)));
+    let mut after = holdings(pid);
+    while after.0 > baseline_rss + baseline_rss / 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        after.0 = holdings(pid).0;
+    }
+    let settled = deadline.saturating_duration_since(Instant::now()).abs_diff(Duration::from_secs(30));
+    calling.store(true, Ordering::Relaxed);
+    runtime.block_on(one).expect("caller");
+    drop(runtime);
+    assert_eq!(after_calls.calls_failed.load(Ordering::Relaxed), 0);
+    // And every descriptor is given back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while after.1 > baseline_fds && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        after.1 = holdings(pid).1;
+    }
+    let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    println!(
+        "soak {:?}: {} real calls ok, {} failed ({warm_calls} in the warm-up); {IDLE} idle attackers closed {} times, \
+         {SLOW} slowloris closed {} times ({} heads completed); {} refusals; server heap (RssAnon) {} KiB baseline, {} KiB peak, \
+         {} KiB after ({:?} later); descriptors {baseline_fds} baseline, {} peak, {} after",
+        soaked,
+        count(&counts.calls_ok),
+        count(&counts.calls_failed),
+        count(&counts.idle_closed),
+        count(&counts.slow_closed),
+        count(&counts.slow_heads_completed),
+        count(&counts.refused),
+        baseline_rss,
+        peak.0,
+        after.0,
+        settled,
+        peak.1,
+        after.1,
+    );
+    assert_eq!(count(&counts.calls_failed), 0, "every real call succeeds");
+    assert!(count(&counts.calls_ok) > CLIENTS as u64, "the clients kept calling");
+    assert_eq!(count(&counts.slow_heads_completed), 0, "no slowloris head outlives the header timeout");
+    assert!(count(&counts.idle_closed) >= IDLE as u64, "the server closed every idle connection at least once");
+    assert!(count(&counts.slow_closed) >= SLOW as u64, "and every slow one");
+    assert!(peak.1 >= baseline_fds + IDLE, "the attackers were connected at once");
+    assert!(after.1 <= baseline_fds, "descriptors back to the baseline");
+    assert!(after.0 <= baseline_rss + baseline_rss / 4, "memory back to within a quarter of the baseline");
+    let _ = std::fs::remove_dir_all(&dir);
+}
