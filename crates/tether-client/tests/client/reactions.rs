@@ -76,6 +76,11 @@ struct Scripted {
     cursors: Vec<String>,
     initializes: u32,
     call_id: Value,
+    /// What plain GETs (the standalone stream) get, in turn; 405 once they run out.
+    standalone: VecDeque<Resume>,
+    /// Whether the server speaks only 2026-07-28: it refuses the legacy `initialize` and
+    /// answers `server/discover`.
+    modern: bool,
 }
 
 fn sse(frames: &[Frame], call_id: &Value) -> String {
@@ -116,6 +121,16 @@ async fn endpoint(
         Method::POST => {
             let message: Value = serde_json::from_str(&body).unwrap_or_default();
             match message["method"].as_str() {
+                Some("initialize") if state.modern => Response::builder()
+                    .status(StatusCode::BAD_REQUEST)
+                    .header("content-type", "application/json")
+                    .body(Body::from(
+                        json!({"jsonrpc": "2.0", "id": message["id"], "error": {"code": -32022, "message": "unsupported"}})
+                            .to_string(),
+                    ))
+                    .expect("response"),
+                Some("server/discover") if state.modern => json(json!({"jsonrpc": "2.0", "id": message["id"],
+                    "result": {"capabilities": {}, "serverInfo": {"name": "scripted", "version": "1"}}})),
                 Some("initialize") => {
                     state.initializes += 1;
                     json(json!({"jsonrpc": "2.0", "id": message["id"], "result": {"protocolVersion": "2025-11-25",
@@ -130,11 +145,14 @@ async fn endpoint(
             }
         }
         Method::GET => {
-            let Some(cursor) = headers.get("last-event-id").and_then(|v| v.to_str().ok()) else {
-                return Response::builder().status(StatusCode::METHOD_NOT_ALLOWED).body(Body::empty()).expect("405");
+            let answer = match headers.get("last-event-id").and_then(|v| v.to_str().ok()) {
+                Some(cursor) => {
+                    state.cursors.push(cursor.to_owned());
+                    state.resumes.pop_front().unwrap_or(Resume::Stream(Vec::new()))
+                }
+                None => state.standalone.pop_front().unwrap_or(Resume::Status(405)),
             };
-            state.cursors.push(cursor.to_owned());
-            match state.resumes.pop_front().unwrap_or(Resume::Stream(Vec::new())) {
+            match answer {
                 Resume::Stream(frames) => stream(sse(&frames, &state.call_id), EPOCH),
                 Resume::OtherEpoch(frames) => stream(sse(&frames, &state.call_id), "AnotherEpochAfterRestart"),
                 Resume::Status(status) => Response::builder()
@@ -155,6 +173,8 @@ async fn endpoint(
 /// resumes and how many sessions were initialized.
 struct Seen {
     events: Vec<String>,
+    /// The detail of each divergence.
+    details: Vec<String>,
     outcome: Result<Value, RequestError>,
     cursors: Vec<String>,
     initializes: u32,
@@ -166,15 +186,41 @@ fn cut_after_two() -> Vec<Frame> {
 }
 
 async fn run(call: Vec<Frame>, resumes: Vec<Resume>, adjust: impl FnOnce(&mut ClientConfig)) -> Seen {
+    let scripted = Scripted::new(call, resumes);
+    run_with(scripted, adjust, |client| async move {
+        Some(
+            tokio::time::timeout(Duration::from_secs(10), client.call_tool("count", json!({})))
+                .await
+                .expect("the call ends"),
+        )
+    })
+    .await
+}
+
+impl Scripted {
+    fn new(call: Vec<Frame>, resumes: Vec<Resume>) -> Scripted {
+        Scripted {
+            call,
+            resumes: resumes.into(),
+            cursors: Vec::new(),
+            initializes: 0,
+            call_id: Value::Null,
+            standalone: VecDeque::new(),
+            modern: false,
+        }
+    }
+}
+
+/// Runs `act` with a client of the scripted server, then collects what the client reports
+/// until it falls quiet.
+async fn run_with<F: std::future::Future<Output = Option<Result<Value, RequestError>>>>(
+    scripted: Scripted,
+    adjust: impl FnOnce(&mut ClientConfig),
+    act: impl FnOnce(Arc<Client>) -> F,
+) -> Seen {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
-    let state = Arc::new(Mutex::new(Scripted {
-        call,
-        resumes: resumes.into(),
-        cursors: Vec::new(),
-        initializes: 0,
-        call_id: Value::Null,
-    }));
+    let state = Arc::new(Mutex::new(scripted));
     let app = axum::Router::new().route("/mcp", axum::routing::any(endpoint)).with_state(Arc::clone(&state));
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     let mut config = ClientConfig::new(url);
@@ -182,13 +228,15 @@ async fn run(call: Vec<Frame>, resumes: Vec<Resume>, adjust: impl FnOnce(&mut Cl
         Backoff { initial: Duration::from_millis(1), max: Duration::from_millis(5), max_attempts_without_progress: 3 };
     adjust(&mut config);
     let (client, mut events) = Client::connect(config).await.expect("connect");
-    let outcome = tokio::time::timeout(Duration::from_secs(10), client.call_tool("count", json!({})))
-        .await
-        .expect("the call ends");
+    let outcome = act(Arc::new(client)).await.unwrap_or(Ok(Value::Null));
     // What the client still reports after the call ended (a re-initialization finishes after
     // the requests it orphaned were resolved), until it falls quiet.
     let mut seen = Vec::new();
+    let mut details = Vec::new();
     while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(300), events.recv()).await {
+        if let ClientEvent::Divergence { detail, .. } | ClientEvent::Closed { reason: detail, .. } = &event {
+            details.push(detail.clone());
+        }
         seen.push(match event {
             ClientEvent::Message { message: Message::Notification(n), ack, .. } => {
                 ack.done();
@@ -211,7 +259,7 @@ async fn run(call: Vec<Frame>, resumes: Vec<Resume>, adjust: impl FnOnce(&mut Cl
     }
     server.abort();
     let state = state.lock().expect("state");
-    Seen { events: seen, outcome, cursors: state.cursors.clone(), initializes: state.initializes }
+    Seen { events: seen, details, outcome, cursors: state.cursors.clone(), initializes: state.initializes }
 }
 
 fn strings(items: &[&str]) -> Vec<String> {
@@ -293,6 +341,11 @@ async fn an_aborted_request_ends_with_its_error_and_a_lost_result_as_unknown() {
     assert_eq!(seen.events, strings(&["message 1", "message 2", "resynced 3..4"]));
     assert!(matches!(seen.outcome, Err(RequestError::OutcomeUnknown(_))), "{:?}", seen.outcome);
     assert_eq!(seen.initializes, 1);
+    // Any other error after the gap is the request's own.
+    let cancelled = vec![resync("evicted", Some((3, 4)), 4, 4), trailer("request_cancelled")];
+    let seen = run(cut_after_two(), vec![Resume::Stream(cancelled)], |_| {}).await;
+    let Err(RequestError::Rpc(error)) = seen.outcome else { panic!("the error, not {:?}", seen.outcome) };
+    assert_eq!(error.reason(), Some("request_cancelled"));
 }
 
 #[tokio::test]
@@ -328,6 +381,7 @@ async fn ids_without_order_are_a_divergence_unless_trusted() {
         strict.events,
         strings(&["message 0", "message 1", "message 2", "divergence unverifiable", "reinitialized"])
     );
+    assert!(strict.details[0].contains("carry no order"), "{:?}", strict.details);
     let trusted = run(call, vec![rest()], |config| config.policy = Policy::Trust).await;
     assert_eq!(trusted.events, strings(&["message 0", "message 1", "message 2", "resumed unverified", "message 3"]));
     assert!(trusted.outcome.is_ok());
@@ -339,4 +393,65 @@ async fn without_reinitialization_a_divergence_closes_the_client_and_sends_nothi
     assert_eq!(seen.events, strings(&["message 1", "message 2", "divergence gap", "closed fatal"]));
     assert!(matches!(seen.outcome, Err(RequestError::OutcomeUnknown(_))));
     assert_eq!(seen.initializes, 1, "no second initialize");
+}
+
+#[tokio::test]
+async fn a_resync_on_a_trusted_stream_is_a_divergence() {
+    let opaque = |n: u64| Frame { id: Some(format!("evt-{}", ["q", "b", "x", "k", "a"][n as usize])), ..event(n) };
+    let call = vec![opaque(0), opaque(1), opaque(2)];
+    let resync = Frame { id: Some("evt-r".into()), event: Some("resync"), data: "{}".into() };
+    let seen = run(call, vec![Resume::Stream(vec![opaque(3), resync])], |config| config.policy = Policy::Trust).await;
+    assert_eq!(
+        seen.events,
+        strings(&[
+            "message 0",
+            "message 1",
+            "message 2",
+            "resumed unverified",
+            "message 3",
+            "divergence resync",
+            "reinitialized"
+        ])
+    );
+    assert!(matches!(seen.outcome, Err(RequestError::OutcomeUnknown(_))), "{:?}", seen.outcome);
+}
+
+fn standalone_event(n: u64) -> Frame {
+    Frame { id: Some(format!("{EPOCH}:g1:{n}")), ..event(n) }
+}
+
+#[tokio::test]
+async fn a_refused_standalone_stream_is_tried_again_and_one_the_server_does_not_offer_is_given_up() {
+    let follow = |client: Arc<Client>| async move {
+        client.follow_standalone().await;
+        None
+    };
+    let mut scripted = Scripted::new(Vec::new(), Vec::new());
+    scripted.standalone = [Resume::Status(503), Resume::Stream(vec![standalone_event(1)])].into();
+    let seen = run_with(scripted, |_| {}, follow).await;
+    assert_eq!(seen.events.first().map(String::as_str), Some("message 1"), "{:?}", seen.events);
+
+    let seen = run_with(Scripted::new(Vec::new(), Vec::new()), |_| {}, follow).await;
+    assert_eq!(seen.events, strings(&["closed"]));
+    assert!(seen.details[0].contains("no standalone stream (405)"), "{:?}", seen.details);
+}
+
+#[tokio::test]
+async fn a_2026_07_28_response_stream_delivers_its_notifications_and_result() {
+    let notification = Frame { id: None, ..event(1) };
+    let empty = Frame { id: None, event: None, data: String::new() };
+    let result = Frame { id: None, ..result(2) };
+    let mut scripted = Scripted::new(vec![notification, empty, result], Vec::new());
+    scripted.modern = true;
+    let seen = run_with(scripted, |_| {}, |client| async move {
+        Some(
+            tokio::time::timeout(Duration::from_secs(10), client.call_tool("count", json!({})))
+                .await
+                .expect("the call ends"),
+        )
+    })
+    .await;
+    assert_eq!(seen.outcome.expect("the result")["done"], true);
+    assert_eq!(seen.events, strings(&["message 1"]));
+    assert_eq!(seen.initializes, 0, "no session: the legacy handshake was refused");
 }
