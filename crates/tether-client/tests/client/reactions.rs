@@ -443,13 +443,17 @@ async fn a_2026_07_28_response_stream_delivers_its_notifications_and_result() {
     let result = Frame { id: None, ..result(2) };
     let mut scripted = Scripted::new(vec![notification, empty, result], Vec::new());
     scripted.modern = true;
-    let seen = run_with(scripted, |_| {}, |client| async move {
-        Some(
-            tokio::time::timeout(Duration::from_secs(10), client.call_tool("count", json!({})))
-                .await
-                .expect("the call ends"),
-        )
-    })
+    let seen = run_with(
+        scripted,
+        |_| {},
+        |client| async move {
+            Some(
+                tokio::time::timeout(Duration::from_secs(10), client.call_tool("count", json!({})))
+                    .await
+                    .expect("the call ends"),
+            )
+        },
+    )
     .await;
     assert_eq!(seen.outcome.expect("the result")["done"], true);
     assert_eq!(seen.events, strings(&["message 1"]));
