@@ -290,9 +290,10 @@ impl Activity {
 struct InFlight(Arc<Activity>);
 
 impl InFlight {
+    /// The watchdog is not woken: at its deadline it finds the request in flight and waits for
+    /// the last one to finish.
     fn start(activity: &Arc<Activity>) -> InFlight {
         activity.in_flight.fetch_add(1, Ordering::AcqRel);
-        activity.changed.notify_one();
         InFlight(Arc::clone(activity))
     }
 }
@@ -303,8 +304,9 @@ impl Drop for InFlight {
         activity.answered.store(true, Ordering::Release);
         activity.idle_since.store(activity.now(), Ordering::Release);
         activity.head_since.store(NO_HEAD, Ordering::Release);
-        activity.in_flight.fetch_sub(1, Ordering::AcqRel);
-        activity.changed.notify_one();
+        if activity.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            activity.changed.notify_one();
+        }
     }
 }
 
