@@ -1,12 +1,14 @@
 //! Connections: accepting them, and the limits each is held to before and between its requests.
 //!
 //! A connection may be open only while it does something: it has `header_timeout` to send a
-//! whole request head (from its first byte, or from accept if it sends nothing), and
-//! `idle_timeout` with no request in flight after a response. A request in flight is the
-//! router's to bound (the body read timeout, the slow-consumer rules of streams), so a long SSE
-//! stream is never cut for being idle. At `max_connections`, one more is answered 503 and closed
-//! instead of waiting for a slot. HTTP/1.1 and HTTP/2 with prior knowledge (h2c) are served on
-//! the same port; TLS, and so h2 negotiated by ALPN, is left to a proxy in front.
+//! whole request head (from its first byte, or from accept if it sends nothing), `idle_timeout`
+//! with no request in flight after a response, and `send_timeout` to take each part of a
+//! response the server has ready (a client that stops reading, or an HTTP/2 client that never
+//! opens its window, holds nothing for long). A request waiting for its handler or its stream's
+//! next event is not idle: a long SSE stream is never cut for being quiet, and the request's body
+//! is the router's to bound. At `max_connections`, one more is answered 503 and closed instead of
+//! waiting for a slot. HTTP/1.1 and HTTP/2 with prior knowledge (h2c) are served on the same
+//! port; TLS, and so h2 negotiated by ALPN, is left to a proxy in front.
 
 use std::io;
 use std::pin::Pin;
@@ -38,6 +40,9 @@ pub struct ConnectionLimits {
     pub header_timeout: Duration,
     /// How long a connection stays open with no request in flight after a response.
     pub idle_timeout: Duration,
+    /// How long a part of a response may wait for the client to take it (to read it, or to open
+    /// its HTTP/2 window) before the connection is closed.
+    pub send_timeout: Duration,
     /// Most requests in flight at once on one HTTP/2 connection.
     pub max_concurrent_streams: u32,
 }
@@ -48,6 +53,7 @@ impl Default for ConnectionLimits {
             max_connections: 4_096,
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            send_timeout: Duration::from_secs(60),
             max_concurrent_streams: 128,
         }
     }
@@ -65,16 +71,21 @@ const REFUSAL_TIME: Duration = Duration::from_secs(1);
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// Serves `app` on `listener` under `limits`, with `TCP_NODELAY` on every socket (SSE writes many
-/// small frames, and Nagle's algorithm would hold each one back for a delayed ACK). Runs until
-/// the listener fails for good.
+/// small frames, and Nagle's algorithm would hold each one back for a delayed ACK). Runs for
+/// ever: an error accepting a connection (such as running out of descriptors) is logged, at most
+/// once a second, and accepting goes on after a pause.
 pub async fn serve(listener: TcpListener, app: axum::Router, limits: ConnectionLimits) -> io::Result<()> {
     let open = Arc::new(AtomicUsize::new(0));
     let refusing = Arc::new(AtomicUsize::new(0));
+    let mut logged: Option<Instant> = None;
     loop {
         let (tcp, _) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(err) => {
-                tracing::warn!(%err, "accepting a connection failed");
+                if logged.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+                    tracing::warn!(%err, "accepting a connection failed");
+                    logged = Some(Instant::now());
+                }
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
             }
@@ -155,6 +166,8 @@ pub(crate) enum Expiry {
     Head,
     /// Nothing in flight for the idle timeout.
     Idle,
+    /// A part of a response not taken by the client for the send timeout.
+    Send,
 }
 
 impl Expiry {
@@ -162,6 +175,7 @@ impl Expiry {
         match self {
             Expiry::Head => "header_timeout",
             Expiry::Idle => "idle_timeout",
+            Expiry::Send => "send_timeout",
         }
     }
 }
@@ -185,24 +199,35 @@ where
             async move {
                 let response = app.oneshot(request.map(Body::new)).await?;
                 Ok::<_, std::convert::Infallible>(
-                    response.map(|body| Body::new(Finishing { body, _in_flight: in_flight })),
+                    response.map(|body| Body::new(Finishing::new(body, in_flight))),
                 )
             }
         }
     });
     let connection = builder.serve_connection(io, service);
-    tokio::select! {
-        served = connection => {
+    tokio::pin!(connection);
+    let expiry = tokio::select! {
+        served = connection.as_mut() => {
             if let Err(err) = served {
                 tracing::debug!(%err, "connection ended with an error");
             }
+            return;
         }
-        expiry = activity.expired(&limits) => {
-            tracing::debug!(reason = expiry.as_str(), "connection closed");
-            crate::telemetry::connection_expired(expiry);
-        }
+        expiry = activity.expired(&limits) => expiry,
+    };
+    tracing::debug!(reason = expiry.as_str(), "connection closed");
+    crate::telemetry::connection_expired(expiry);
+    // Nothing is in flight but a response the client does not take: an HTTP/2 client is told
+    // (GOAWAY) that nothing more will be served, and the connection closes when that is written
+    // or the grace runs out.
+    if expiry != Expiry::Send {
+        connection.as_mut().graceful_shutdown();
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, connection).await;
     }
 }
+
+/// How long an expired connection may take to close after it was told to.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
 /// What a connection is doing, reported by its reads and its requests to its watchdog.
 struct Activity {
@@ -216,7 +241,14 @@ struct Activity {
     idle_since: AtomicU64,
     /// When the first byte arrived with nothing in flight, or [`NO_HEAD`].
     head_since: AtomicU64,
-    /// Wakes the watchdog when any of the above changed.
+    /// Whether the connection speaks HTTP/2, whose control frames are not request heads.
+    h2: AtomicBool,
+    /// Response parts handed to the connection that the client has not taken yet: a body that
+    /// gave one and has not been asked for the next.
+    unsent: AtomicUsize,
+    /// When a response body last gave a part or was asked for one.
+    sent_at: AtomicU64,
+    /// Wakes the watchdog when the connection becomes idle or a head starts.
     changed: Notify,
 }
 
@@ -230,6 +262,9 @@ impl Activity {
             answered: AtomicBool::new(false),
             idle_since: AtomicU64::new(0),
             head_since: AtomicU64::new(NO_HEAD),
+            h2: AtomicBool::new(false),
+            unsent: AtomicUsize::new(0),
+            sent_at: AtomicU64::new(0),
             changed: Notify::new(),
         }
     }
@@ -238,43 +273,53 @@ impl Activity {
         u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
     }
 
-    /// Bytes arrived: with nothing in flight, they are a request head starting.
-    fn read(&self) {
-        if self.in_flight.load(Ordering::Acquire) == 0
-            && self.head_since.compare_exchange(NO_HEAD, self.now(), Ordering::AcqRel, Ordering::Acquire).is_ok()
-        {
+    /// Bytes arrived: with nothing in flight, on HTTP/1 they are a request head starting.
+    /// HTTP/2 has no heads to time out (a request is one frame), only the first request, which is
+    /// timed from accept.
+    fn read(&self, bytes: &[u8]) {
+        if self.in_flight.load(Ordering::Acquire) > 0 || self.h2.load(Ordering::Relaxed) {
+            return;
+        }
+        if bytes.starts_with(H2_PREFACE) {
+            self.h2.store(true, Ordering::Relaxed);
+            return;
+        }
+        if self.head_since.compare_exchange(NO_HEAD, self.now(), Ordering::AcqRel, Ordering::Acquire).is_ok() {
             self.changed.notify_one();
         }
     }
 
-    /// When the connection expires if nothing changes, and why; none while a request is in
-    /// flight.
-    fn deadline(&self, limits: &ConnectionLimits) -> Option<(Instant, Expiry)> {
-        if self.in_flight.load(Ordering::Acquire) > 0 {
-            return None;
-        }
+    /// When the connection is to be looked at again, and whether it expires then if nothing
+    /// changed (`None`: a request in flight, checked for stalled responses every send timeout).
+    fn deadline(&self, limits: &ConnectionLimits) -> (Instant, Option<Expiry>) {
         let at = |ms: u64, after: Duration| self.start + Duration::from_millis(ms) + after;
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            let sent = at(self.sent_at.load(Ordering::Acquire), limits.send_timeout);
+            return if self.unsent.load(Ordering::Acquire) > 0 {
+                (sent, Some(Expiry::Send))
+            } else {
+                (sent.max(Instant::now() + limits.send_timeout), None)
+            };
+        }
         let head = self.head_since.load(Ordering::Acquire);
         if head != NO_HEAD {
-            return Some((at(head, limits.header_timeout), Expiry::Head));
+            return (at(head, limits.header_timeout), Some(Expiry::Head));
         }
         let idle = self.idle_since.load(Ordering::Acquire);
-        Some(if self.answered.load(Ordering::Acquire) {
-            (at(idle, limits.idle_timeout), Expiry::Idle)
+        if self.answered.load(Ordering::Acquire) {
+            (at(idle, limits.idle_timeout), Some(Expiry::Idle))
         } else {
-            (at(idle, limits.header_timeout), Expiry::Head)
-        })
+            (at(idle, limits.header_timeout), Some(Expiry::Head))
+        }
     }
 
-    /// Resolves when the connection has outlived its deadline; never while a request is in
-    /// flight.
+    /// Resolves when the connection has outlived its deadline.
     async fn expired(&self, limits: &ConnectionLimits) -> Expiry {
         loop {
             let changed = self.changed.notified();
             match self.deadline(limits) {
-                None => changed.await,
-                Some((at, why)) if at <= Instant::now() => return why,
-                Some((at, _)) => {
+                (at, Some(why)) if at <= Instant::now() => return why,
+                (at, _) => {
                     tokio::select! {
                         () = changed => {}
                         () = tokio::time::sleep_until(at) => {}
@@ -285,13 +330,15 @@ impl Activity {
     }
 }
 
+/// The bytes an HTTP/2 connection starts with.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
 /// A request in flight on its connection, from its head until its response body is finished or
 /// dropped.
 struct InFlight(Arc<Activity>);
 
 impl InFlight {
-    /// The watchdog is not woken: at its deadline it finds the request in flight and waits for
-    /// the last one to finish.
+    /// The watchdog is not woken: at its deadline it finds the request in flight.
     fn start(activity: &Arc<Activity>) -> InFlight {
         activity.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight(Arc::clone(activity))
@@ -310,10 +357,25 @@ impl Drop for InFlight {
     }
 }
 
-/// A response body that keeps its request in flight until it is finished or dropped.
+/// A response body that keeps its request in flight until it is finished or dropped, and tells
+/// the watchdog whether the part it gave last was taken.
 struct Finishing {
     body: Body,
-    _in_flight: InFlight,
+    in_flight: InFlight,
+    /// Whether the last part given has not been asked past yet.
+    unsent: bool,
+}
+
+impl Finishing {
+    fn new(body: Body, in_flight: InFlight) -> Finishing {
+        Finishing { body, in_flight, unsent: false }
+    }
+
+    fn taken(&mut self) {
+        if std::mem::take(&mut self.unsent) {
+            self.in_flight.0.unsent.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 impl hyper::body::Body for Finishing {
@@ -321,7 +383,16 @@ impl hyper::body::Body for Finishing {
     type Error = axum::Error;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        // Asked for the next part: the last one was taken.
+        self.taken();
+        let activity = Arc::clone(&self.in_flight.0);
+        activity.sent_at.store(activity.now(), Ordering::Release);
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(Some(Ok(_)))) {
+            self.unsent = true;
+            activity.unsent.fetch_add(1, Ordering::AcqRel);
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -330,6 +401,12 @@ impl hyper::body::Body for Finishing {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+impl Drop for Finishing {
+    fn drop(&mut self) {
+        self.taken();
     }
 }
 
@@ -344,7 +421,7 @@ impl<I: AsyncRead + Unpin> AsyncRead for Observed<I> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.activity.read();
+            self.activity.read(&buf.filled()[before..]);
         }
         polled
     }
@@ -388,20 +465,22 @@ mod tests {
         }
     }
 
-    fn after(activity: &Activity, deadline: Option<(Instant, Expiry)>) -> Option<(Duration, Expiry)> {
-        deadline.map(|(at, why)| (at - activity.start, why))
+    /// The deadline after the connection's start, if it expires then.
+    fn expiry(activity: &Activity) -> Option<(Duration, Expiry)> {
+        let (at, why) = activity.deadline(&limits());
+        why.map(|why| (at - activity.start, why))
     }
 
     #[test]
     fn a_new_connection_has_the_header_timeout_and_an_answered_one_the_idle_timeout() {
         let activity = Arc::new(Activity::new());
-        assert_eq!(after(&activity, activity.deadline(&limits())), Some((Duration::from_secs(10), Expiry::Head)));
+        assert_eq!(expiry(&activity), Some((Duration::from_secs(10), Expiry::Head)));
         let request = InFlight::start(&activity);
-        assert_eq!(activity.deadline(&limits()), None, "nothing expires with a request in flight");
-        activity.read();
-        assert_eq!(activity.deadline(&limits()), None, "a body read is not a head");
+        assert_eq!(expiry(&activity), None, "nothing expires with a request in flight");
+        activity.read(b"body");
+        assert_eq!(expiry(&activity), None, "a body read is not a head");
         drop(request);
-        let (idle, why) = after(&activity, activity.deadline(&limits())).expect("a deadline");
+        let (idle, why) = expiry(&activity).expect("a deadline");
         assert_eq!(why, Expiry::Idle);
         assert!(idle >= Duration::from_secs(60), "{idle:?}");
     }
@@ -410,13 +489,56 @@ mod tests {
     fn the_first_byte_of_a_head_starts_the_header_timeout() {
         let activity = Arc::new(Activity::new());
         drop(InFlight::start(&activity));
-        activity.read();
+        activity.read(b"P");
         let head = activity.head_since.load(Ordering::Acquire);
         assert_ne!(head, NO_HEAD);
-        let (timeout, why) = after(&activity, activity.deadline(&limits())).expect("a deadline");
+        let (timeout, why) = expiry(&activity).expect("a deadline");
         assert_eq!((timeout, why), (Duration::from_millis(head) + Duration::from_secs(10), Expiry::Head));
-        activity.read();
+        activity.read(b"O");
         assert_eq!(activity.head_since.load(Ordering::Acquire), head, "later bytes do not extend it");
+    }
+
+    #[test]
+    fn http2_frames_between_requests_are_not_a_head() {
+        let activity = Arc::new(Activity::new());
+        activity.read(H2_PREFACE);
+        drop(InFlight::start(&activity));
+        activity.read(b"\0\0\x04\x08\0\0\0\0\0");
+        assert_eq!(activity.head_since.load(Ordering::Acquire), NO_HEAD);
+        assert_eq!(expiry(&activity).map(|(_, why)| why), Some(Expiry::Idle));
+    }
+
+    /// Polls `body` once with a no-op waker.
+    fn poll(body: &mut Finishing) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        hyper::body::Body::poll_frame(Pin::new(body), &mut cx)
+    }
+
+    #[test]
+    fn a_response_part_not_taken_expires_the_connection_after_the_send_timeout() {
+        let activity = Arc::new(Activity::new());
+        let mut body = Finishing::new(Body::from("part"), InFlight::start(&activity));
+        assert_eq!(expiry(&activity), None, "a request waiting for its response is not stalled");
+        assert!(matches!(poll(&mut body), Poll::Ready(Some(Ok(_)))));
+        let (at, why) = expiry(&activity).expect("a part given and not taken");
+        assert_eq!(why, Expiry::Send);
+        assert!(at >= Duration::from_secs(60) && at < Duration::from_secs(61), "{at:?}");
+        // Asked for the next part: the first was taken.
+        assert!(matches!(poll(&mut body), Poll::Ready(None)));
+        assert_eq!(expiry(&activity), None);
+        assert!(matches!(poll(&mut body), Poll::Ready(None)));
+        drop(body);
+        assert_eq!(activity.unsent.load(Ordering::Acquire), 0);
+        assert_eq!(expiry(&activity).map(|(_, why)| why), Some(Expiry::Idle));
+    }
+
+    #[test]
+    fn a_body_dropped_with_a_part_not_taken_leaves_nothing_unsent() {
+        let activity = Arc::new(Activity::new());
+        let mut body = Finishing::new(Body::from("part"), InFlight::start(&activity));
+        assert!(matches!(poll(&mut body), Poll::Ready(Some(Ok(_)))));
+        drop(body);
+        assert_eq!(activity.unsent.load(Ordering::Acquire), 0);
     }
 
     #[test]

@@ -574,9 +574,16 @@ impl Store for RedisStore {
                 .invoke_async::<i64>(&mut conn)
                 .await
                 .map_err(script_error);
-            if let Err(err) = created {
-                let _: i64 = conn.zrem(SESSIONS, &record.id).await.map_err(backend)?;
-                return Err(err);
+            match created {
+                Ok(_) => {}
+                // Refused: it takes no place. Any other failure may have created it all the
+                // same (a lost reply); its index entry stays, and the sweep removes it if the
+                // session is not there.
+                Err(StoreError::DuplicateSession) => {
+                    let _: i64 = conn.zrem(SESSIONS, &record.id).await.map_err(backend)?;
+                    return Err(StoreError::DuplicateSession);
+                }
+                Err(err) => return Err(err),
             }
             Ok(())
         })

@@ -82,6 +82,10 @@ pub struct ServeArgs {
     /// in flight).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     idle_timeout: Duration,
+    /// How long a part of a response may wait for the client to take it (a client that stops
+    /// reading a stream, or never opens its HTTP/2 window) before the connection is closed.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    send_timeout: Duration,
     /// How long a request body may take to arrive; a slower one gets 408.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     body_timeout: Duration,
@@ -168,10 +172,23 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         body_timeout: args.body_timeout,
         ..ServerConfig::default()
     };
+    let room = max_connections_for(raise_descriptor_limit());
+    let max_connections = match args.max_connections {
+        Some(wanted) if wanted > room => {
+            eprintln!(
+                "tether serve: --max-connections {wanted} is more than the descriptor limit leaves room for; \
+                 beyond {room} connections, new ones wait unaccepted instead of being refused"
+            );
+            wanted
+        }
+        Some(wanted) => wanted,
+        None => room,
+    };
     let limits = ConnectionLimits {
-        max_connections: args.max_connections.unwrap_or_else(|| max_connections_for(raise_descriptor_limit())),
+        max_connections,
         header_timeout: args.header_timeout,
         idle_timeout: args.idle_timeout,
+        send_timeout: args.send_timeout,
         ..ConnectionLimits::default()
     };
     config.retention.idempotency_ms = u64::try_from(args.idempotency_ttl.as_millis()).unwrap_or(u64::MAX);

@@ -28,11 +28,15 @@ pub async fn start(config: ServerConfig) -> TestServer {
 }
 
 pub async fn start_with(builder: Builder) -> TestServer {
+    start_limited(builder, tether_server::ConnectionLimits::default()).await
+}
+
+pub async fn start_limited(builder: Builder, limits: tether_server::ConnectionLimits) -> TestServer {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
     let url = format!("http://{}/mcp", listener.local_addr().expect("local addr"));
     let app = builder.build().router("/mcp");
     let task = tokio::spawn(async move {
-        let _ = tether_server::serve(listener, app, tether_server::ConnectionLimits::default()).await;
+        let _ = tether_server::serve(listener, app, limits).await;
     });
     TestServer { url, task }
 }

@@ -37,7 +37,10 @@ type Query = Box<dyn FnOnce(&Connection) + Send>;
 
 /// A [`Store`] in a SQLite file.
 pub struct SqliteStore {
-    jobs: mpsc::Sender<Job>,
+    /// The writer's queue; taken when the store is dropped, which ends the writer.
+    jobs: Option<mpsc::Sender<Job>>,
+    /// The writer thread, which holds the directory's locks until it has closed the database.
+    writer: Option<std::thread::JoinHandle<()>>,
     /// Reads go to their own connections (WAL lets them run beside the writer), so they never
     /// wait for a batch's disk flush; they see only committed data.
     queries: Vec<mpsc::Sender<Query>>,
@@ -48,9 +51,19 @@ pub struct SqliteStore {
     /// Sessions and recent streams in memory: the hot reads never reach SQLite.
     mirror: Arc<Mirror>,
     records_id: String,
-    /// Held while the store is open: one process owns the files, so at open every request
-    /// another process left running is known to be abandoned.
-    _lock: std::fs::File,
+}
+
+impl Drop for SqliteStore {
+    /// Waits for the writer to finish what it was given and close the database: only then is
+    /// the directory free for another store.
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(writer) = self.writer.take()
+            && writer.join().is_err()
+        {
+            tracing::error!("the store's writer thread panicked");
+        }
+    }
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -236,23 +249,23 @@ impl SqliteStore {
     /// requests are aborted at open, and its keys are abandoned. No lease is needed.
     pub fn open(dir: &Path, retention: Retention, owner: &str) -> Result<SqliteStore, StoreError> {
         std::fs::create_dir_all(dir).map_err(backend)?;
-        // The lock is on the database file itself, which the store cannot run without: no file
-        // beside it to delete, and a moved or symlinked directory still holds the same file.
-        // (SQLite's own locks are POSIX record locks, which this one, flock(2), leaves alone.)
+        let locks = [
+            // The directory itself, which no one can delete while it holds the database, and
+            // which is the same directory however it is reached (a symlink, a move). Not the
+            // database file: closing a descriptor of it would drop SQLite's own locks.
+            std::fs::File::open(dir).map_err(backend)?,
+            // The file earlier versions lock, so that one of them cannot start beside this one.
+            std::fs::File::create(dir.join("tether.lock")).map_err(backend)?,
+        ];
+        for lock in &locks {
+            lock.try_lock().map_err(|err| match err {
+                std::fs::TryLockError::WouldBlock => {
+                    StoreError::Backend(format!("{} is in use by another process", dir.display()))
+                }
+                std::fs::TryLockError::Error(err) => backend(err),
+            })?;
+        }
         let path = dir.join("tether.sqlite3");
-        let lock = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(backend)?;
-        lock.try_lock().map_err(|err| match err {
-            std::fs::TryLockError::WouldBlock => {
-                StoreError::Backend(format!("{} is in use by another process", path.display()))
-            }
-            std::fs::TryLockError::Error(err) => backend(err),
-        })?;
         let mut connection = Connection::open(&path).map_err(backend)?;
         connection.execute_batch(SCHEMA).map_err(backend)?;
         connection
@@ -301,13 +314,21 @@ impl SqliteStore {
             queries.push(tx);
         }
         let (jobs, queue) = mpsc::channel::<Job>();
-        std::thread::Builder::new()
+        // The locks go with the writer: held while the store is open, so at open every request
+        // another process left running is known to be abandoned, and until the database is
+        // closed.
+        let writer = std::thread::Builder::new()
             .name("tether-sqlite".into())
-            .spawn(move || writer(&mut connection, &queue))
+            .spawn(move || {
+                writer(&mut connection, &queue);
+                drop(connection);
+                drop(locks);
+            })
             .map_err(backend)?;
         let next_reader = std::sync::atomic::AtomicUsize::new(0);
         Ok(SqliteStore {
-            jobs,
+            jobs: Some(jobs),
+            writer: Some(writer),
             queries,
             next_reader,
             retention,
@@ -315,7 +336,6 @@ impl SqliteStore {
             heads: Heads::default(),
             mirror: Arc::default(),
             records_id,
-            _lock: lock,
         })
     }
 
@@ -367,9 +387,12 @@ impl SqliteStore {
                 let _ = tx.send(committed.and(result));
             })
         });
-        let sent = self.jobs.send(job);
+        // Only a store being dropped has no queue.
+        let sent = self.jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok());
         Box::pin(async move {
-            sent.map_err(|_| StoreError::Backend("the store thread stopped".into()))?;
+            if !sent {
+                return Err(StoreError::Backend("the store thread stopped".into()));
+            }
             rx.await.unwrap_or_else(|_| Err(StoreError::Backend("the store thread stopped".into())))
         })
     }
