@@ -198,9 +198,7 @@ where
             let app = app.clone();
             async move {
                 let response = app.oneshot(request.map(Body::new)).await?;
-                Ok::<_, std::convert::Infallible>(
-                    response.map(|body| Body::new(Finishing::new(body, in_flight))),
-                )
+                Ok::<_, std::convert::Infallible>(response.map(|body| Body::new(Finishing::new(body, in_flight))))
             }
         }
     });
