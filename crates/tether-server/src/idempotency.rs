@@ -299,4 +299,63 @@ mod tests {
         assert_eq!(decode(&encode(&error)), error);
         assert_eq!(decode(b"{}").map_err(|e| e.reason().map(str::to_owned)), Err(Some("store_failed".into())));
     }
+
+    #[test]
+    fn the_stopped_requests_errors_are_server_errors_with_their_reason() {
+        for (error, reason) in [(aborted(), "request_aborted"), (cancelled(), "request_cancelled")] {
+            assert_eq!((error.code, error.reason()), (-32000, Some(reason)));
+        }
+    }
+
+    /// A store in which `claim`'s key was left running by a process that died: an embedded
+    /// store reopened by another owner.
+    async fn abandoned(claim: &KeyClaim) -> (Arc<dyn Store>, Claim, std::path::PathBuf) {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("tether-plan-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let retention = tether_store::Retention::default();
+        let dead = tether_store::SqliteStore::open(&dir, retention, "dead").expect("open");
+        assert_eq!(dead.claim_key(claim.clone()).await, Ok(Claim::Claimed));
+        drop(dead);
+        let store: Arc<dyn Store> =
+            Arc::new(tether_store::SqliteStore::open(&dir, retention, "alive").expect("reopen"));
+        let claimed = store.claim_key(claim.clone()).await.expect("claim");
+        (store, claimed, dir)
+    }
+
+    fn claim(stream: Option<(String, StreamName)>) -> KeyClaim {
+        KeyClaim { key: "k".into(), params_digest: "d".into(), stream, now_ms: now_ms() }
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_request_is_run_again_only_if_its_handler_resumes_it() {
+        let (store, claimed, dir) = abandoned(&claim(None)).await;
+        let Claim::Existing { state: KeyState::Running { abandoned: true, .. }, .. } = &claimed else {
+            panic!("abandoned, not {claimed:?}")
+        };
+        let plan_for = |resumable| {
+            let (store, claimed) = (Arc::clone(&store), claimed.clone());
+            async move { plan(&store, claim(None), claimed, resumable).await.expect("plan") }
+        };
+        let Plan::Answer(Answer::Fail(error)) = plan_for(false).await else { panic!("not resumable: aborted") };
+        assert_eq!(error.reason(), Some("request_aborted"));
+        assert!(matches!(plan_for(true).await, Plan::Run), "resumable: taken over and run");
+        // Taken over: a later re-send finds it running here, and waits for it.
+        let again = store.claim_key(claim(None)).await.expect("claim");
+        assert!(matches!(plan(&store, claim(None), again, true).await.expect("plan"), Plan::Answer(Answer::Await)));
+        drop(store);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_request_with_a_stream_is_followed_unless_resumed() {
+        let stream = Some(("s".to_owned(), StreamName::parse("r1").expect("stream")));
+        let (store, claimed, dir) = abandoned(&claim(stream.clone())).await;
+        let followed = plan(&store, claim(stream.clone()), claimed.clone(), false).await.expect("plan");
+        assert!(matches!(followed, Plan::Answer(Answer::Follow { request: None, .. })), "{followed:?}");
+        assert!(matches!(plan(&store, claim(stream), claimed, true).await.expect("plan"), Plan::Run));
+        drop(store);
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

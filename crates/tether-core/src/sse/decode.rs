@@ -565,6 +565,21 @@ mod tests {
     }
 
     #[test]
+    fn an_event_of_exactly_the_limit_is_dispatched() {
+        let mut decoder = Decoder::new(Limits {
+            max_line: 64,
+            max_event: 11,
+        });
+        // Two lines of five and the newline that joins them: eleven bytes.
+        let mut input = &b"data: 12345\ndata: 12345\n\n"[..];
+        let event = decoder
+            .decode(&mut input)
+            .expect("within the limit")
+            .expect("an event");
+        assert_eq!(event.data, "12345\n12345");
+    }
+
+    #[test]
     fn many_events_in_one_chunk_come_out_one_per_call() {
         let mut decoder = Decoder::default();
         let mut input = &b"data: 1\n\ndata: 2\n\ndata: 3\n\n"[..];

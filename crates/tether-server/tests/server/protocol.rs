@@ -413,6 +413,11 @@ async fn second_plain_get_while_the_standalone_stream_is_attached_gets_409() {
     assert_eq!(priming.len(), 1);
     let second = client.get(&session, None).send().await.expect("send");
     assert_eq!(second.status(), 409);
+    let refused = json_body(second).await;
+    assert_eq!(
+        (refused["error"]["code"].clone(), refused["error"]["data"]["reason"].clone()),
+        (json!(-32000), json!("get_stream_attached"))
+    );
     drop(first);
     // Once the first connection is gone, a new standalone stream may open.
     let mut ok = false;

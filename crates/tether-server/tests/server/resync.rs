@@ -297,6 +297,41 @@ async fn a_request_answered_from_a_batch_gets_its_own_requests_outcome() {
     }
 }
 
+/// A `count` call with a progress token, `interval` ms between its `to` notifications.
+fn counting(id: u64, to: u64, interval: u64) -> Value {
+    let params =
+        json!({"name": "count", "arguments": {"to": to, "interval_ms": interval}, "_meta": {"progressToken": "p"}});
+    request(json!(id), "tools/call", params)
+}
+
+/// A batch's request whose id is sent again while the batch runs gets its own response, and
+/// nothing else: not the batch's notifications, not another request's answer that came first.
+#[tokio::test]
+async fn a_batch_request_sent_again_while_the_batch_runs_gets_only_its_own_response() {
+    for kind in KINDS {
+        let (server, _store) = server(kind, 10_000, Duration::from_secs(300)).await;
+        let client = Client::new(&server);
+        let session = client.initialize("2025-03-26").await;
+        let mut batch =
+            client.post(Some(&session), &json!([counting(20, 3, 300), counting(21, 1, 0)])).send().await.expect("send");
+        // Once 21 has answered on the batch's stream, 20 runs on.
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let answered = |e: &Event| serde_json::from_str::<Value>(&e.data).is_ok_and(|m| m["id"] == 21);
+        while !events(&mut batch, 1).await.iter().any(answered) {
+            assert!(tokio::time::Instant::now() < deadline, "{kind:?}: 21 never answered");
+        }
+        let again = client.post(Some(&session), &json!([counting(20, 3, 300)])).send().await.expect("send");
+        let body = json_body(again).await;
+        let answer = &body.as_array().expect("a JSON array: nothing was relayed before the response")[0];
+        assert_eq!(
+            (answer["id"].clone(), answer["result"]["content"][0]["text"].clone()),
+            (json!(20), json!("counted to 3")),
+            "{kind:?}"
+        );
+        drain(&mut batch).await;
+    }
+}
+
 /// What a resume from `cursor` must show, given what the store retains of the (ended) stream:
 /// one resync for exactly the events after the cursor that are gone, every retained event after
 /// it, and the request's error if the result is gone (the gap took it, or the cursor stood for
