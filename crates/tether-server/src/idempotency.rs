@@ -241,8 +241,13 @@ async fn await_outcome(store: &Arc<dyn Store>, name: &str) -> Result<Value, Erro
             Err(err) => return Err(ErrorObject::with_reason(code::INTERNAL_ERROR, err.to_string(), "store_failed")),
         }
         tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(MAX_POLL);
+        pause = next_pause(pause);
     }
+}
+
+/// The pause after `pause` between two looks at a record: twice as long, up to `MAX_POLL`.
+fn next_pause(pause: Duration) -> Duration {
+    (pause * 2).min(MAX_POLL)
 }
 
 /// The answer for a key whose request's process stopped before it finished.
@@ -298,6 +303,12 @@ mod tests {
         let error = Err(aborted());
         assert_eq!(decode(&encode(&error)), error);
         assert_eq!(decode(b"{}").map_err(|e| e.reason().map(str::to_owned)), Err(Some("store_failed".into())));
+    }
+
+    #[test]
+    fn a_record_is_looked_at_less_and_less_often() {
+        assert_eq!(next_pause(Duration::from_millis(10)), Duration::from_millis(20));
+        assert_eq!(next_pause(MAX_POLL), MAX_POLL);
     }
 
     #[test]
