@@ -189,7 +189,7 @@ where
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http2().max_concurrent_streams(limits.max_concurrent_streams);
-    let activity = Arc::new(Activity::new());
+    let activity = Arc::new(Activity::new(limits));
     let io = TokioIo::new(Observed { inner: io, activity: Arc::clone(&activity) });
     let service = hyper::service::service_fn({
         let activity = Arc::clone(&activity);
@@ -211,7 +211,7 @@ where
             }
             return;
         }
-        expiry = activity.expired(&limits) => expiry,
+        expiry = activity.expired() => expiry,
     };
     tracing::debug!(reason = expiry.as_str(), "connection closed");
     crate::telemetry::connection_expired(expiry);
@@ -231,6 +231,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 struct Activity {
     /// The connection's start: times below are milliseconds after it.
     start: Instant,
+    /// The limits the connection is held to.
+    limits: ConnectionLimits,
     /// Requests whose response, body included, is not finished.
     in_flight: AtomicUsize,
     /// Whether a response was ever finished: until then, waiting is waiting for a first head.
@@ -246,16 +248,18 @@ struct Activity {
     unsent: AtomicUsize,
     /// When a response body last gave a part or was asked for one.
     sent_at: AtomicU64,
-    /// Wakes the watchdog when the connection becomes idle or a head starts.
+    /// Wakes the watchdog when the connection becomes idle or a head starts, and when a request
+    /// starts if the send timeout is the shortest.
     changed: Notify,
 }
 
 const NO_HEAD: u64 = u64::MAX;
 
 impl Activity {
-    fn new() -> Activity {
+    fn new(limits: ConnectionLimits) -> Activity {
         Activity {
             start: Instant::now(),
+            limits,
             in_flight: AtomicUsize::new(0),
             answered: AtomicBool::new(false),
             idle_since: AtomicU64::new(0),
@@ -289,7 +293,8 @@ impl Activity {
 
     /// When the connection is to be looked at again, and whether it expires then if nothing
     /// changed (`None`: a request in flight, checked for stalled responses every send timeout).
-    fn deadline(&self, limits: &ConnectionLimits) -> (Instant, Option<Expiry>) {
+    fn deadline(&self) -> (Instant, Option<Expiry>) {
+        let limits = &self.limits;
         let at = |ms: u64, after: Duration| self.start + Duration::from_millis(ms) + after;
         if self.in_flight.load(Ordering::Acquire) > 0 {
             let sent = at(self.sent_at.load(Ordering::Acquire), limits.send_timeout);
@@ -312,10 +317,10 @@ impl Activity {
     }
 
     /// Resolves when the connection has outlived its deadline.
-    async fn expired(&self, limits: &ConnectionLimits) -> Expiry {
+    async fn expired(&self) -> Expiry {
         loop {
             let changed = self.changed.notified();
-            match self.deadline(limits) {
+            match self.deadline() {
                 (at, Some(why)) if at <= Instant::now() => return why,
                 (at, _) => {
                     tokio::select! {
@@ -336,9 +341,15 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 struct InFlight(Arc<Activity>);
 
 impl InFlight {
-    /// The watchdog is not woken: at its deadline it finds the request in flight.
+    /// The watchdog, asleep until the header or idle deadline, is woken only if that may be later
+    /// than a response part is allowed to wait: otherwise at its deadline it finds the request in
+    /// flight, and looks again every send timeout.
     fn start(activity: &Arc<Activity>) -> InFlight {
-        activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        let limits = &activity.limits;
+        let later = limits.send_timeout < limits.header_timeout.max(limits.idle_timeout);
+        if activity.in_flight.fetch_add(1, Ordering::AcqRel) == 0 && later {
+            activity.changed.notify_one();
+        }
         InFlight(Arc::clone(activity))
     }
 }
@@ -465,13 +476,13 @@ mod tests {
 
     /// The deadline after the connection's start, if it expires then.
     fn expiry(activity: &Activity) -> Option<(Duration, Expiry)> {
-        let (at, why) = activity.deadline(&limits());
+        let (at, why) = activity.deadline();
         why.map(|why| (at - activity.start, why))
     }
 
     #[test]
     fn a_new_connection_has_the_header_timeout_and_an_answered_one_the_idle_timeout() {
-        let activity = Arc::new(Activity::new());
+        let activity = Arc::new(Activity::new(limits()));
         assert_eq!(expiry(&activity), Some((Duration::from_secs(10), Expiry::Head)));
         let request = InFlight::start(&activity);
         assert_eq!(expiry(&activity), None, "nothing expires with a request in flight");
@@ -485,7 +496,7 @@ mod tests {
 
     #[test]
     fn the_first_byte_of_a_head_starts_the_header_timeout() {
-        let activity = Arc::new(Activity::new());
+        let activity = Arc::new(Activity::new(limits()));
         drop(InFlight::start(&activity));
         activity.read(b"P");
         let head = activity.head_since.load(Ordering::Acquire);
@@ -498,7 +509,7 @@ mod tests {
 
     #[test]
     fn http2_frames_between_requests_are_not_a_head() {
-        let activity = Arc::new(Activity::new());
+        let activity = Arc::new(Activity::new(limits()));
         activity.read(H2_PREFACE);
         drop(InFlight::start(&activity));
         activity.read(b"\0\0\x04\x08\0\0\0\0\0");
@@ -514,7 +525,7 @@ mod tests {
 
     #[test]
     fn a_response_part_not_taken_expires_the_connection_after_the_send_timeout() {
-        let activity = Arc::new(Activity::new());
+        let activity = Arc::new(Activity::new(limits()));
         let mut body = Finishing::new(Body::from("part"), InFlight::start(&activity));
         assert_eq!(expiry(&activity), None, "a request waiting for its response is not stalled");
         assert!(matches!(poll(&mut body), Poll::Ready(Some(Ok(_)))));
@@ -530,9 +541,27 @@ mod tests {
         assert_eq!(expiry(&activity).map(|(_, why)| why), Some(Expiry::Idle));
     }
 
+    /// A send timeout shorter than the header timeout holds from a connection's first request:
+    /// the watchdog, asleep until the header deadline, is woken when the request starts.
+    #[tokio::test(start_paused = true)]
+    async fn a_send_timeout_shorter_than_the_header_timeout_holds_for_the_first_response() {
+        let send_timeout = Duration::from_millis(500);
+        let activity = Arc::new(Activity::new(ConnectionLimits { send_timeout, ..limits() }));
+        let watchdog = tokio::spawn({
+            let activity = Arc::clone(&activity);
+            async move { activity.expired().await }
+        });
+        tokio::task::yield_now().await;
+        let mut body = Finishing::new(Body::from("part"), InFlight::start(&activity));
+        assert!(matches!(poll(&mut body), Poll::Ready(Some(Ok(_)))));
+        assert_eq!(watchdog.await.expect("the watchdog ends"), Expiry::Send);
+        let after = activity.start.elapsed();
+        assert!(after >= send_timeout && after <= 2 * send_timeout, "expired after {after:?}");
+    }
+
     #[test]
     fn a_body_dropped_with_a_part_not_taken_leaves_nothing_unsent() {
-        let activity = Arc::new(Activity::new());
+        let activity = Arc::new(Activity::new(limits()));
         let mut body = Finishing::new(Body::from("part"), InFlight::start(&activity));
         assert!(matches!(poll(&mut body), Poll::Ready(Some(Ok(_)))));
         drop(body);

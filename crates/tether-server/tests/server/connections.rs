@@ -9,8 +9,14 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::common::*;
 
+/// A send timeout far shorter than the others, so only it can end a connection within a test.
 fn limits() -> ConnectionLimits {
-    ConnectionLimits { send_timeout: Duration::from_millis(500), ..ConnectionLimits::default() }
+    ConnectionLimits {
+        send_timeout: Duration::from_millis(500),
+        header_timeout: Duration::from_secs(600),
+        idle_timeout: Duration::from_secs(600),
+        ..ConnectionLimits::default()
+    }
 }
 
 /// A client that opens its stream and stops reading: once the server cannot write more, the
