@@ -57,6 +57,9 @@ pub struct BenchConfig {
     pub scenarios: Vec<Scenario>,
     /// How long each timed scenario runs (tool calls, fan-out, session creation's cap).
     pub duration: Duration,
+    /// How long the sustained scenarios run: long enough for periodic work (sweeps, map growth,
+    /// allocator purges) to happen many times.
+    pub sustained: Duration,
     /// Sessions shared by the tool-call workers.
     pub sessions: usize,
     /// Closed-loop workers, each with its own connection.

@@ -22,7 +22,11 @@ pub struct Results {
 /// The column ratios are taken on and the reference target, per scenario.
 fn headline(scenario: Scenario) -> &'static str {
     match scenario {
-        Scenario::ToolCall | Scenario::ToolCallJson => "calls/s",
+        Scenario::ToolCall
+        | Scenario::ToolCallJson
+        | Scenario::Sustained
+        | Scenario::SustainedSessions
+        | Scenario::SustainedSingle => "calls/s",
         Scenario::Stream => "events/s",
         Scenario::Resume => "R=10000 ms",
         Scenario::Sessions => "sessions/s",
@@ -74,6 +78,13 @@ impl Results {
             .filter_map(|m| m.metrics.iter().find(|x| x.name == metric).map(|x| x.value))
             .collect();
         median(values)
+    }
+
+    /// The largest value of one figure over the runs (a maximum latency is not a median's).
+    pub fn worst(&self, scenario: Scenario, target: Target, metric: &str) -> Option<f64> {
+        self.measurements(scenario, target)
+            .filter_map(|m| m.metrics.iter().find(|x| x.name == metric).map(|x| x.value))
+            .reduce(f64::max)
     }
 
     fn targets(&self, scenario: Scenario) -> Vec<Target> {
@@ -143,6 +154,39 @@ impl Results {
                 &|v| v <= 4.0,
             );
         }
+        let (sustained, single) = (Scenario::Sustained, Scenario::SustainedSingle);
+        let memory_p99 = m(sustained, Target::TetherMemory, "p99 ms");
+        goal(
+            "sustained: tether (memory) p99 ≤ 2× raw's and ≤ 5 ms",
+            ratio(memory_p99, m(sustained, Target::Raw, "p99 ms")),
+            &|r| format!("{r:.2}× raw ({:.2} ms)", memory_p99.unwrap_or(f64::NAN)),
+            &|r| r <= 2.0 && memory_p99.is_some_and(|ms| ms <= 5.0),
+        );
+        goal(
+            "sustained: tether (memory) max ≤ 25 ms (slowest run)",
+            self.worst(sustained, Target::TetherMemory, "max ms"),
+            &|v| format!("{v:.1} ms"),
+            &|v| v <= 25.0,
+        );
+        goal(
+            "sustained: tether (memory) ≥ 90% of raw's calls/s",
+            ratio(m(sustained, Target::TetherMemory, "calls/s"), m(sustained, Target::Raw, "calls/s")),
+            &|r| format!("{:.0}%", r * 100.0),
+            &|r| r >= 0.9,
+        );
+        goal(
+            "sustained-single: tether (memory) p99 ≤ 2× raw's",
+            ratio(m(single, Target::TetherMemory, "p99 ms"), m(single, Target::Raw, "p99 ms")),
+            &times,
+            &|r| r <= 2.0,
+        );
+        let embedded_p99 = ratio(m(sustained, Target::TetherEmbedded, "p99 ms"), m(sustained, Target::Rmcp, "p99 ms"));
+        goal(
+            "sustained: tether (embedded) ≥ rmcp's calls/s, p99 ≤ 2× rmcp's",
+            ratio(m(sustained, Target::TetherEmbedded, "calls/s"), m(sustained, Target::Rmcp, "calls/s")),
+            &|r| format!("{r:.2}×, p99 {:.2}× rmcp's", embedded_p99.unwrap_or(f64::NAN)),
+            &|r| r >= 1.0 && embedded_p99.is_some_and(|p| p <= 2.0),
+        );
         goals
     }
 
@@ -213,6 +257,9 @@ impl Results {
             out,
             "\n## Plots\n\n![throughput](throughput.svg)\n\n![latency](latency.svg)\n\n![resume](resume.svg)"
         );
+        for scenario in self.scenarios().into_iter().filter(|s| Self::over_time(*s)) {
+            let _ = writeln!(out, "\n![{0} over time]({0}.svg)", scenario.name());
+        }
         out
     }
 
@@ -223,6 +270,9 @@ impl Results {
         self.plot_throughput(&plots.join("throughput.svg"))?;
         self.plot_latency(&plots.join("latency.svg"))?;
         self.plot_resume(&plots.join("resume.svg"))?;
+        for scenario in self.scenarios().into_iter().filter(|s| Self::over_time(*s)) {
+            self.plot_timeline(scenario, &plots.join(format!("{}.svg", scenario.name())))?;
+        }
         let report = self.markdown(date, machine, runs).replace("](", &format!("]({date}/"));
         let path = dir.join(format!("{date}.md"));
         std::fs::write(&path, report).map_err(|source| BenchError::Write { path: path.clone(), source })?;
@@ -302,6 +352,51 @@ impl Results {
                 .build_cartesian_2d((low * 0.9..high * 1.1).log_scale(), 0f64..100f64)?;
             chart.configure_mesh().x_desc("latency (ms, log)").y_desc("percentile").draw()?;
             draw_curves(&mut chart, curves, SeriesLabelPosition::LowerRight)
+        })
+    }
+
+    /// Whether the scenario's report has a latency-over-time plot.
+    fn over_time(scenario: Scenario) -> bool {
+        matches!(scenario, Scenario::Sustained | Scenario::SustainedSessions | Scenario::SustainedSingle)
+    }
+
+    /// The slowest call of every step over the measured time, per target, from the run with
+    /// the largest maximum: a stall shows as a spike.
+    fn plot_timeline(&self, scenario: Scenario, path: &Path) -> Result<(), BenchError> {
+        let step = crate::scenario::TIMELINE_STEP.as_secs_f64();
+        let mut curves = Vec::new();
+        for target in Target::ALL {
+            let slowest = self.measurements(scenario, target).max_by(|a, b| {
+                let max = |m: &Measurement| m.timeline.iter().flatten().copied().fold(0.0, f64::max);
+                max(a).total_cmp(&max(b))
+            });
+            let Some(run) = slowest else { continue };
+            // A step in which no call started is drawn at the top: the calls of the step before
+            // were stalled through it.
+            let ceiling = run.timeline.iter().flatten().copied().fold(0.001, f64::max);
+            let points: Vec<(f64, f64)> = run
+                .timeline
+                .iter()
+                .enumerate()
+                .map(|(i, ms)| (i as f64 * step, ms.unwrap_or(ceiling).max(0.001)))
+                .collect();
+            if !points.is_empty() {
+                curves.push((target, points));
+            }
+        }
+        let all = || curves.iter().flat_map(|(_, p)| p.iter().copied());
+        let (x_high, y_high) = all().fold((step, 1.0), |(x, y), (px, py)| (f64::max(x, px), f64::max(y, py)));
+        let y_low = all().fold(y_high, |y, (_, py)| f64::min(y, py));
+        let caption = format!("{}: slowest call of every {} ms (slowest run)", scenario.name(), step * 1_000.0);
+        draw(path, |root| {
+            let mut chart = ChartBuilder::on(root)
+                .caption(caption, ("sans-serif", 20))
+                .margin(12)
+                .x_label_area_size(40)
+                .y_label_area_size(60)
+                .build_cartesian_2d(0f64..x_high, (y_low * 0.8..y_high * 1.2).log_scale())?;
+            chart.configure_mesh().x_desc("s").y_desc("ms (log)").draw()?;
+            draw_curves(&mut chart, curves, SeriesLabelPosition::UpperRight)
         })
     }
 
@@ -439,5 +534,29 @@ mod tests {
         let report = results.markdown("2026-01-01", "2 cores", 3);
         assert!(report.contains("| rmcp | 50.0 | 0.25 | |"), "{report}");
         assert!(report.contains("failed: refused (1 of 3 runs)"), "{report}");
+    }
+
+    #[test]
+    fn tail_goals_take_the_slowest_run_for_the_maximum() {
+        let mut results = Results::new("tether bench".into());
+        let measured = |p99: f64, max: f64| {
+            let metric = |name: &str, value| Metric { name: name.into(), value };
+            Outcome::Measured(Measurement {
+                metrics: vec![metric("calls/s", 1_000.0), metric("p99 ms", p99), metric("max ms", max)],
+                ..Default::default()
+            })
+        };
+        for (p99, max) in [(3.0, 10.0), (3.0, 30.0), (3.0, 12.0)] {
+            results.add(Target::TetherMemory, Scenario::Sustained, measured(p99, max));
+        }
+        results.add(Target::Raw, Scenario::Sustained, measured(2.0, 5.0));
+        let goals = results.goals();
+        let goal = |text: &str| goals.iter().find(|(g, _, _)| g.starts_with(text)).expect(text).clone();
+        let (_, shown, met) = goal("sustained: tether (memory) p99");
+        assert_eq!((shown.as_str(), met), ("1.50× raw (3.00 ms)", Some(true)));
+        let (_, shown, met) = goal("sustained: tether (memory) max");
+        assert_eq!((shown.as_str(), met), ("30.0 ms", Some(false)), "the median run's 12 ms would pass");
+        assert_eq!(goal("sustained: tether (memory) ≥ 90%").2, Some(true));
+        assert_eq!(goal("sustained-single").2, None, "not measured");
     }
 }

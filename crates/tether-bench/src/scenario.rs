@@ -27,17 +27,33 @@ pub enum Scenario {
     Sessions,
     /// One broadcast per second to many sessions' standalone streams; delivery latency.
     Fanout,
+    /// Tool calls as `tool-call`, for the sustained duration (30 s by default) on
+    /// [`SUSTAINED_CONNECTIONS`] connections sharing one session: the tail (p99.9, max) and the slowest call of every 100 ms.
+    Sustained,
+    /// The same with a session per connection.
+    SustainedSessions,
+    /// The same on one connection: latency with no queueing behind other calls.
+    SustainedSingle,
 }
+
+/// Connections of the sustained scenarios (but the single one).
+pub const SUSTAINED_CONNECTIONS: usize = 16;
+
+/// The width of one point of the latency-over-time series.
+pub const TIMELINE_STEP: Duration = Duration::from_millis(100);
 
 impl Scenario {
     /// Every scenario, in report order.
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::ToolCall,
         Scenario::ToolCallJson,
         Scenario::Stream,
         Scenario::Resume,
         Scenario::Sessions,
         Scenario::Fanout,
+        Scenario::Sustained,
+        Scenario::SustainedSessions,
+        Scenario::SustainedSingle,
     ];
 
     /// The name used on the command line and in reports.
@@ -49,6 +65,9 @@ impl Scenario {
             Scenario::Resume => "resume",
             Scenario::Sessions => "sessions",
             Scenario::Fanout => "fanout",
+            Scenario::Sustained => "sustained",
+            Scenario::SustainedSessions => "sustained-sessions",
+            Scenario::SustainedSingle => "sustained-single",
         }
     }
 
@@ -76,6 +95,9 @@ pub struct Measurement {
     pub latency_us: Option<Histogram<u64>>,
     /// `(history size, milliseconds)` points of the resume scenario.
     pub curve: Vec<(u64, f64)>,
+    /// The slowest call started in each [`TIMELINE_STEP`] of the measured time, in
+    /// milliseconds (`None`: no call started in it, the sign of a stall longer than the step).
+    pub timeline: Vec<Option<f64>>,
 }
 
 impl Measurement {
@@ -121,8 +143,13 @@ pub async fn run(target: Target, scenario: Scenario, config: &BenchConfig, sizes
     };
     let endpoint = running.endpoint.clone();
     let measured = match scenario {
-        Scenario::ToolCall => tool_calls(&endpoint, config, true).await,
-        Scenario::ToolCallJson => tool_calls(&endpoint, config, false).await,
+        Scenario::ToolCall => tool_calls(&endpoint, Load::timed(config, true)).await,
+        Scenario::ToolCallJson => tool_calls(&endpoint, Load::timed(config, false)).await,
+        Scenario::Sustained => tool_calls(&endpoint, Load::sustained(config, SUSTAINED_CONNECTIONS, 1)).await,
+        Scenario::SustainedSessions => {
+            tool_calls(&endpoint, Load::sustained(config, SUSTAINED_CONNECTIONS, SUSTAINED_CONNECTIONS)).await
+        }
+        Scenario::SustainedSingle => tool_calls(&endpoint, Load::sustained(config, 1, 1)).await,
         Scenario::Stream => stream(&endpoint, sizes.stream_events).await,
         Scenario::Resume => resume(&endpoint, &sizes.resume_events).await,
         Scenario::Sessions => sessions(&endpoint, config, sizes.idle_sessions, &running).await,
@@ -157,20 +184,75 @@ fn add_latencies(measurement: &mut Measurement, histogram: Histogram<u64>) {
     measurement.latency_us = Some(histogram);
 }
 
-/// `tool-call` and `tool-call-json`: `concurrency` closed-loop workers over `sessions`
+/// How a tool-call scenario loads its target.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    /// Closed-loop workers, each on its own connection.
+    connections: usize,
+    /// Sessions, shared round-robin by the workers.
+    sessions: usize,
+    /// How long calls are measured, after the warm-up.
+    duration: Duration,
+    /// With a progress token (one notification, SSE), or not (JSON).
+    streamed: bool,
+}
+
+impl Load {
+    /// `tool-call` and `tool-call-json`, as configured.
+    fn timed(config: &BenchConfig, streamed: bool) -> Load {
+        Load { connections: config.concurrency, sessions: config.sessions, duration: config.duration, streamed }
+    }
+
+    /// The sustained scenarios: fixed connection counts, so that their figures compare across
+    /// runs and with other load generators.
+    fn sustained(config: &BenchConfig, connections: usize, sessions: usize) -> Load {
+        Load { connections, sessions, duration: config.sustained, streamed: true }
+    }
+}
+
+/// The slowest call started in each step of a timeline, in microseconds.
+#[derive(Debug, Default)]
+struct Timeline(Vec<u64>);
+
+impl Timeline {
+    fn record(&mut self, since_start: Duration, micros: u64) {
+        let step = usize::try_from(since_start.as_millis() / TIMELINE_STEP.as_millis()).unwrap_or(usize::MAX);
+        if step >= self.0.len() {
+            self.0.resize(step.saturating_add(1), 0);
+        }
+        self.0[step] = self.0[step].max(micros);
+    }
+
+    fn merge(&mut self, other: Timeline) {
+        if other.0.len() > self.0.len() {
+            self.0.resize(other.0.len(), 0);
+        }
+        for (mine, theirs) in self.0.iter_mut().zip(other.0) {
+            *mine = (*mine).max(theirs);
+        }
+    }
+
+    /// Milliseconds per step over `steps` steps; `None` where no call started.
+    fn millis(&self, steps: usize) -> Vec<Option<f64>> {
+        (0..steps).map(|i| self.0.get(i).filter(|us| **us > 0).map(|us| *us as f64 / 1_000.0)).collect()
+    }
+}
+
+/// The tool-call scenarios: `load.connections` closed-loop workers over `load.sessions`
 /// sessions call `count {to: 1}` (with a progress token: one notification, SSE) or
-/// `count {to: 0}` (JSON) until the duration is over; the first fifth (at most a second)
-/// warms up and is not counted.
-async fn tool_calls(endpoint: &Endpoint, config: &BenchConfig, streamed: bool) -> Result<Measurement> {
+/// `count {to: 0}` (JSON) for the duration, after a warm-up of a fifth of it (at most a
+/// second) that is not counted.
+async fn tool_calls(endpoint: &Endpoint, load: Load) -> Result<Measurement> {
     let mut ids = Vec::new();
-    for _ in 0..config.sessions.max(1) {
+    for _ in 0..load.sessions.max(1) {
         ids.push(Session::start(endpoint).await?.id);
     }
-    let warmup = (config.duration / 5).min(Duration::from_secs(1));
+    let warmup = (load.duration / 5).min(Duration::from_secs(1));
     let start = Instant::now();
-    let (measure_from, until) = (start + warmup, start + warmup + config.duration);
+    let (measure_from, until) = (start + warmup, start + warmup + load.duration);
+    let streamed = load.streamed;
     let mut workers = JoinSet::new();
-    for worker in 0..config.concurrency.max(1) {
+    for worker in 0..load.connections.max(1) {
         let conn = Conn::open(endpoint).await?;
         // Workers sharing a session must not reuse each other's request ids: a server may
         // (tether does) answer a repeated id with the first call's stream.
@@ -178,12 +260,13 @@ async fn tool_calls(endpoint: &Endpoint, config: &BenchConfig, streamed: bool) -
         let mut session = Session::attach(conn, ids[worker % ids.len()].clone(), first_id);
         workers.spawn(async move {
             let mut latencies = histogram();
+            let mut timeline = Timeline::default();
             let mut calls = 0u64;
             let to = u64::from(streamed);
             loop {
                 let sent = Instant::now();
                 if sent >= until {
-                    return Ok::<_, WireError>((latencies, calls));
+                    return Ok::<_, WireError>((latencies, timeline, calls));
                 }
                 let outcome = session.call("count", json!({"to": to}), streamed).await?;
                 if outcome.notifications != to {
@@ -193,23 +276,31 @@ async fn tool_calls(endpoint: &Endpoint, config: &BenchConfig, streamed: bool) -
                     )));
                 }
                 if sent >= measure_from {
-                    let _ = latencies.record(micros(sent.elapsed()));
+                    let took = micros(sent.elapsed());
+                    let _ = latencies.record(took);
+                    timeline.record(sent - measure_from, took);
                     calls += 1;
                 }
             }
         });
     }
     let mut all = histogram();
+    let mut over_time = Timeline::default();
     let mut calls = 0;
     while let Some(joined) = workers.join_next().await {
-        let (latencies, n) = joined.map_err(|e| Problem::Failed(e.to_string()))??;
+        let (latencies, timeline, n) = joined.map_err(|e| Problem::Failed(e.to_string()))??;
         let _ = all.add(latencies);
+        over_time.merge(timeline);
         calls += n;
     }
     let measured = Instant::now().saturating_duration_since(measure_from).as_secs_f64();
     let mut measurement = Measurement::default();
     measurement.push("calls/s", calls as f64 / measured);
+    let max = all.max() as f64 / 1_000.0;
     add_latencies(&mut measurement, all);
+    measurement.push("max ms", max);
+    let steps = usize::try_from(load.duration.as_millis() / TIMELINE_STEP.as_millis()).unwrap_or(usize::MAX);
+    measurement.timeline = over_time.millis(steps);
     Ok(measurement)
 }
 
@@ -408,6 +499,20 @@ mod tests {
             assert_eq!(Scenario::parse(scenario.name()), Some(scenario));
         }
         assert_eq!(Scenario::parse("nope"), None);
+    }
+
+    #[test]
+    fn a_timeline_keeps_the_slowest_call_of_each_step_and_shows_empty_steps() {
+        let step = TIMELINE_STEP;
+        let mut one = Timeline::default();
+        one.record(Duration::ZERO, 2_000);
+        one.record(step / 2, 5_000);
+        one.record(step * 3, 1_000);
+        let mut other = Timeline::default();
+        other.record(step / 3, 3_000);
+        other.record(step * 4 + step / 2, 90_000);
+        one.merge(other);
+        assert_eq!(one.millis(6), vec![Some(5.0), None, None, Some(1.0), Some(90.0), None]);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 mod heads;
 mod memory;
+mod queue;
 mod record;
 mod redis;
 mod sqlite;

@@ -2,14 +2,21 @@
 //!
 //! Nothing survives the process, and every session's epoch is drawn fresh, so a restarted
 //! server answers old session ids with 404 instead of pretending to continue them.
+//!
+//! Every request takes the store's one lock, so nothing done under it may grow with what is
+//! retained: what grows with history (a session's streams, idempotency records) is held in
+//! B-trees, which never rehash everything at once as a hash map does when it grows; a sweep
+//! forgets history in batches with the lock released in between; and what is forgotten is
+//! freed after the lock is released.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 
 use bytes::Bytes;
 use tether_core::lineage::{Epoch, IdMap, StreamName, StreamRange, StreamState};
 use tokio::sync::watch;
 
+use crate::queue::ChunkedQueue;
 use crate::record::{
     BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent,
 };
@@ -28,11 +35,11 @@ struct Inner {
     sessions: IdMap<String, Slot>,
     counters: HashMap<String, i64>,
     /// Counter additions made under an idempotency key → the value they produced.
-    counter_ops: HashMap<String, i64>,
-    keys: HashMap<String, KeyRecord>,
+    counter_ops: BTreeMap<String, i64>,
+    keys: BTreeMap<String, KeyRecord>,
     /// The keys of `keys` with their creation times, oldest first, so that forgetting them
     /// never visits the others: the sweep holds the store's one lock.
-    key_order: VecDeque<(u64, String)>,
+    key_order: ChunkedQueue<(u64, String)>,
     total_bytes: usize,
     /// How many of `sessions` are live.
     live_sessions: usize,
@@ -65,7 +72,7 @@ enum Slot {
 #[derive(Debug)]
 struct LiveSession {
     record: SessionRecord,
-    streams: IdMap<StreamName, StreamSlot>,
+    streams: BTreeMap<StreamName, StreamSlot>,
     /// Request key → (params digest, stream).
     requests: HashMap<String, (String, StreamName)>,
     /// The keys of `requests`, oldest first, for its bound.
@@ -85,7 +92,7 @@ struct LiveSession {
 struct Ended {
     /// Streams in the order they ended, each with the time of the first sweep that saw it
     /// ended (`None` until then); retention counts from there.
-    queue: VecDeque<(StreamName, Option<u64>)>,
+    queue: ChunkedQueue<(StreamName, Option<u64>)>,
     /// How many at the back are not stamped yet.
     unstamped: usize,
 }
@@ -96,19 +103,26 @@ impl Ended {
         self.unstamped += 1;
     }
 
-    /// Stamps the streams that ended since the last sweep, then takes those stamped `keep_ms`
-    /// or longer ago.
-    fn expired(&mut self, now_ms: u64, keep_ms: u64) -> Vec<StreamName> {
-        let stamped = self.queue.len() - self.unstamped;
-        for (_, at) in self.queue.range_mut(stamped..) {
+    /// Stamps the streams that ended since the last sweep; says whether the first one is due
+    /// to be dropped (stamped `keep_ms` or longer ago).
+    fn stamp(&mut self, now_ms: u64, keep_ms: u64) -> bool {
+        for (_, at) in self.queue.back_mut(self.unstamped) {
             *at = Some(now_ms);
         }
         self.unstamped = 0;
-        let mut expired = Vec::new();
-        while self.queue.front().is_some_and(|(_, at)| at.is_some_and(|at| now_ms.saturating_sub(at) >= keep_ms)) {
-            expired.extend(self.queue.pop_front().map(|(stream, _)| stream));
+        self.due(now_ms, keep_ms)
+    }
+
+    fn due(&self, now_ms: u64, keep_ms: u64) -> bool {
+        self.queue.front().is_some_and(|(_, at)| at.is_some_and(|at| now_ms.saturating_sub(at) >= keep_ms))
+    }
+
+    /// The stream that ended first, if it was stamped `keep_ms` or longer ago.
+    fn pop_due(&mut self, now_ms: u64, keep_ms: u64) -> Option<StreamName> {
+        if !self.due(now_ms, keep_ms) {
+            return None;
         }
-        expired
+        self.queue.pop_front().map(|(stream, _)| stream)
     }
 
     /// The stream that ended first, unless it is `except` (which then ended last: an append
@@ -161,12 +175,13 @@ impl StreamSlot {
 }
 
 impl LiveSession {
-    /// Drops the events of ended stream `name`, keeping its tombstone; forgets the oldest
-    /// tombstones past the bound. Returns the bytes freed.
-    fn drop_events(&mut self, name: StreamName, retention: &Retention) -> usize {
-        let Some(slot) = self.streams.get_mut(&name) else { return 0 };
+    /// Takes the events of ended stream `name`, keeping its tombstone; forgets the oldest
+    /// tombstones past the bound. Returns the bytes freed and the events, for the caller to
+    /// free once it released the lock.
+    fn drop_events(&mut self, name: StreamName, retention: &Retention) -> (usize, VecDeque<StoredEvent>) {
+        let Some(slot) = self.streams.get_mut(&name) else { return (0, VecDeque::new()) };
         let freed = slot.bytes();
-        slot.events = VecDeque::new();
+        let events = std::mem::take(&mut slot.events);
         // Nobody waits on an ended stream: its followers were woken when it ended.
         slot.head_tx = None;
         self.bytes -= freed;
@@ -176,7 +191,7 @@ impl LiveSession {
                 self.streams.remove(&oldest);
             }
         }
-        freed
+        (freed, events)
     }
 }
 
@@ -232,7 +247,7 @@ impl Store for MemoryStore {
         let id = record.id.clone();
         let live = LiveSession {
             record,
-            streams: HashMap::default(),
+            streams: BTreeMap::new(),
             requests: HashMap::new(),
             request_order: VecDeque::new(),
             standalone: None,
@@ -273,8 +288,11 @@ impl Store for MemoryStore {
         };
         inner.total_bytes -= bytes;
         inner.live_sessions -= 1;
-        // Dropping the streams drops their watch senders, which ends every live connection.
-        inner.sessions.insert(id.to_owned(), Slot::Ended { end, at_ms: None });
+        let history = inner.sessions.insert(id.to_owned(), Slot::Ended { end, at_ms: None });
+        drop(inner);
+        // Freed with the lock released. Dropping the streams drops their watch senders, which
+        // ends every live connection.
+        drop(history);
         ready(Ok(()))
     }
 
@@ -485,48 +503,101 @@ impl Store for MemoryStore {
     }
 
     fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>> {
-        let retention = self.retention;
-        let mut inner = self.lock();
-        let inner = &mut *inner;
-        let mut expired = Vec::new();
-        let mut freed = 0;
-        inner.sessions.retain(|id, slot| match slot {
-            Slot::Ended { at_ms, .. } => {
-                let at = *at_ms.get_or_insert(now_ms);
-                now_ms.saturating_sub(at) < retention.tombstone_ms
-            }
-            Slot::Live(live) if now_ms >= live.record.expires_at_ms => {
-                freed += live.bytes;
-                expired.push(id.clone());
-                *slot = Slot::Ended { end: SessionEnd::Expired, at_ms: Some(now_ms) };
-                true
-            }
-            Slot::Live(live) => {
-                for stream in live.ended.expired(now_ms, retention.ended_stream_ms) {
-                    freed += live.drop_events(stream, &retention);
+        Box::pin(async move {
+            let retention = self.retention;
+            let (expired, due, histories) = {
+                let mut inner = self.lock();
+                let inner = &mut *inner;
+                let (mut expired, mut due, mut histories) = (Vec::new(), Vec::new(), Vec::new());
+                let mut freed = 0;
+                inner.sessions.retain(|id, slot| match slot {
+                    Slot::Ended { at_ms, .. } => {
+                        let at = *at_ms.get_or_insert(now_ms);
+                        now_ms.saturating_sub(at) < retention.tombstone_ms
+                    }
+                    Slot::Live(live) if now_ms >= live.record.expires_at_ms => {
+                        freed += live.bytes;
+                        expired.push(id.clone());
+                        let ended = Slot::Ended { end: SessionEnd::Expired, at_ms: Some(now_ms) };
+                        histories.push(std::mem::replace(slot, ended));
+                        true
+                    }
+                    Slot::Live(live) => {
+                        if live.ended.stamp(now_ms, retention.ended_stream_ms) {
+                            due.push(id.clone());
+                        }
+                        true
+                    }
+                });
+                inner.total_bytes -= freed;
+                inner.live_sessions -= expired.len();
+                (expired, due, histories)
+            };
+            drop(histories);
+            for session in due {
+                while self.drop_due_streams(&session, now_ms) {
+                    tokio::task::yield_now().await;
                 }
-                true
             }
-        });
-        inner.total_bytes -= freed;
-        inner.live_sessions -= expired.len();
-        forget_keys(inner, now_ms, &retention);
-        ready(Ok(expired))
+            loop {
+                let (forgotten, more) = forget_keys(&mut self.lock(), now_ms, &retention);
+                drop(forgotten);
+                if !more {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            Ok(expired)
+        })
     }
 }
 
-/// Forgets idempotency records past their time, then the oldest finished ones past the count
-/// bound, with the counter additions made under them.
-fn forget_keys(inner: &mut Inner, now_ms: u64, retention: &Retention) {
+/// Most pieces of history (an ended stream's events, an idempotency record) one hold of the
+/// lock forgets in a sweep: requests get the lock in between, so what a sweep costs them does
+/// not grow with what it has to forget.
+const SWEEP_BATCH: usize = 1_024;
+
+impl MemoryStore {
+    /// Drops the events of up to [`SWEEP_BATCH`] of `session`'s streams past their retention
+    /// and frees them with the lock released. Returns whether more are due.
+    fn drop_due_streams(&self, session: &str, now_ms: u64) -> bool {
+        let retention = self.retention;
+        let mut dropped = Vec::new();
+        let more = {
+            let mut inner = self.lock();
+            let Inner { sessions, total_bytes, .. } = &mut *inner;
+            let Some(Slot::Live(live)) = sessions.get_mut(session) else { return false };
+            while dropped.len() < SWEEP_BATCH
+                && let Some(stream) = live.ended.pop_due(now_ms, retention.ended_stream_ms)
+            {
+                let (bytes, events) = live.drop_events(stream, &retention);
+                *total_bytes -= bytes;
+                dropped.push(events);
+            }
+            live.ended.due(now_ms, retention.ended_stream_ms)
+        };
+        drop(dropped);
+        more
+    }
+}
+
+/// Forgets up to [`SWEEP_BATCH`] idempotency records: those past their time, then the oldest
+/// finished ones past the count bound, with the counter additions made under them. Returns the
+/// records, for the caller to free once it released the lock, and whether more are due.
+fn forget_keys(inner: &mut Inner, now_ms: u64, retention: &Retention) -> (Vec<KeyRecord>, bool) {
     let Inner { keys, key_order, counter_ops, .. } = inner;
     let mut forgotten = Vec::new();
-    while key_order.front().is_some_and(|(created, _)| now_ms.saturating_sub(*created) >= retention.idempotency_ms) {
+    while forgotten.len() < SWEEP_BATCH
+        && key_order.front().is_some_and(|(created, _)| now_ms.saturating_sub(*created) >= retention.idempotency_ms)
+    {
         forgotten.extend(key_order.pop_front().map(|(_, key)| key));
     }
     let mut excess = key_order.len().saturating_sub(retention.max_idempotency_records);
     // A running request's record is never forgotten for the count: set aside, then put back.
+    // Those are bounded by the requests in flight, not by history.
     let mut running = Vec::new();
     while excess > 0
+        && forgotten.len() < SWEEP_BATCH
         && let Some((created, key)) = key_order.pop_front()
     {
         if keys.get(&key).is_some_and(|record| record.outcome.is_none()) {
@@ -539,10 +610,15 @@ fn forget_keys(inner: &mut Inner, now_ms: u64, retention: &Retention) {
     for entry in running.into_iter().rev() {
         key_order.push_front(entry);
     }
-    for key in forgotten {
-        keys.remove(&key);
-        counter_ops.remove(&key);
-    }
+    let more = forgotten.len() == SWEEP_BATCH;
+    let records = forgotten
+        .into_iter()
+        .filter_map(|key| {
+            counter_ops.remove(&key);
+            keys.remove(&key)
+        })
+        .collect();
+    (records, more)
 }
 
 /// Evicts history until `stream`, its session and the global total are within `retention`:
@@ -556,7 +632,7 @@ fn evict(live: &mut LiveSession, stream: &StreamName, retention: &Retention, tot
     };
     while over(live.bytes, freed) {
         let Some(name) = live.ended.pop_oldest_except(stream) else { break };
-        freed += live.drop_events(name, retention);
+        freed += live.drop_events(name, retention).0;
     }
     let LiveSession { streams, bytes, .. } = live;
     if let Some(slot) = streams.get_mut(stream) {

@@ -84,3 +84,40 @@ async fn tombstones_past_the_bound_are_forgotten_oldest_first() {
         assert_eq!(range(n).await, suite::tombstone(1, tether_core::lineage::StreamState::Complete), "tombstone t{n}");
     }
 }
+
+/// A sweep forgets history in batches with the lock released in between: it must still forget
+/// everything due, however many batches that takes.
+#[tokio::test]
+async fn a_sweep_forgets_everything_due_however_many_batches_it_takes() {
+    use bytes::Bytes;
+    use suite::{claim, epoch, record, stream};
+    use tether_store::Store;
+    let retention = tether_store::Retention {
+        max_bytes_per_session: 1 << 20,
+        max_requests_per_session: 10_000,
+        max_idempotency_records: 10_000,
+        ..suite::retention()
+    };
+    let store = MemoryStore::new(retention);
+    let a = epoch('A');
+    store.create_session(record("m3", a.clone(), 0), usize::MAX).await.expect("create");
+    let n = 2_500;
+    for i in 0..n {
+        let name = stream(&format!("s{i}"));
+        store.open_stream("m3", &a, &name).await.expect("open");
+        store.append("m3", &a, &name, Bytes::from_static(b"x"), true).await.expect("append");
+        let key = format!("k{i}");
+        assert!(matches!(store.claim_key(claim(&key, "d", 0)).await, Ok(tether_store::Claim::Claimed)));
+        store.finish_key(&key, Bytes::from_static(b"{}")).await.expect("finish");
+    }
+    assert_eq!(store.retained_bytes().await, Ok(Some(n)));
+    store.sweep(0).await.expect("sweep");
+    store.sweep(retention.ended_stream_ms).await.expect("sweep");
+    assert_eq!(store.retained_bytes().await, Ok(Some(0)), "every ended stream's events dropped");
+    let last = store.stream_range("m3", &stream(&format!("s{}", n - 1))).await.expect("range");
+    assert_eq!(last, suite::tombstone(1, tether_core::lineage::StreamState::Complete));
+    store.sweep(retention.idempotency_ms).await.expect("sweep");
+    for i in [0, n / 2, n - 1] {
+        assert_eq!(store.key_state(&format!("k{i}"), retention.idempotency_ms).await, Ok(None), "k{i} forgotten");
+    }
+}

@@ -18,13 +18,16 @@ pub struct BenchArgs {
     /// tether-redis, rmcp, ts, python, raw or all (repeatable).
     #[arg(long = "target", value_name = "TARGET", default_value = "all")]
     targets: Vec<String>,
-    /// Scenarios: tool-call, tool-call-json, stream, resume, sessions, fanout (repeatable;
-    /// default all).
+    /// Scenarios: tool-call, tool-call-json, stream, resume, sessions, fanout, sustained,
+    /// sustained-sessions, sustained-single (repeatable; default all).
     #[arg(long = "scenario", value_name = "NAME")]
     scenarios: Vec<String>,
     /// How long each timed scenario runs.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     duration: Duration,
+    /// How long each sustained scenario runs.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    sustained: Duration,
     /// Sessions shared by the tool-call workers.
     #[arg(long, default_value_t = 8)]
     sessions: usize,
@@ -100,6 +103,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         targets,
         scenarios,
         duration: args.duration,
+        sustained: args.sustained,
         sessions: args.sessions,
         concurrency: args.concurrency,
         runs: args.runs.max(1),

@@ -1,6 +1,7 @@
 //! `tether bench` end to end against the targets it can always start (tether on the memory
 //! store and the raw baseline), with the quick sizes: every scenario measured, the report and
-//! its plots written, and a target whose program is missing reported, not fatal.
+//! its plots (latency over time for the sustained scenarios) written, and a target whose
+//! program is missing reported, not fatal.
 
 mod common;
 
@@ -10,7 +11,8 @@ use std::process::Command;
 fn bench_measures_every_scenario_and_writes_the_report() {
     let out = common::temp_dir("bench");
     let output = Command::new(env!("CARGO_BIN_EXE_tether"))
-        .args(["bench", "--quick", "--runs", "1", "--duration", "1s", "--sessions", "2", "--concurrency", "2"])
+        .args(["bench", "--quick", "--runs", "1", "--duration", "1s", "--sustained", "1s"])
+        .args(["--sessions", "2", "--concurrency", "2"])
         .args(["--target", "tether-memory", "--target", "raw", "--target", "rmcp", "--out"])
         .arg(&out)
         .env_remove("TETHER_BENCH_RMCP")
@@ -25,7 +27,8 @@ fn bench_measures_every_scenario_and_writes_the_report() {
         .find(|p| p.extension().is_some_and(|e| e == "md"))
         .expect("a report");
     let report = std::fs::read_to_string(&report_path).expect("report");
-    for scenario in ["tool-call", "tool-call-json", "stream", "resume", "sessions", "fanout"] {
+    let scenarios = ["tool-call", "tool-call-json", "stream", "resume", "sessions", "fanout", "sustained"];
+    for scenario in scenarios.into_iter().chain(["sustained-sessions", "sustained-single"]) {
         let section = report.split(&format!("\n## {scenario}\n")).nth(1).expect(scenario);
         let section = section.split("\n## ").next().unwrap_or_default();
         for target in ["tether-memory", "raw"] {
@@ -42,7 +45,8 @@ fn bench_measures_every_scenario_and_writes_the_report() {
     let row = fanout.lines().find(|l| l.starts_with("| tether-memory |")).expect("row");
     assert_eq!(row.split('|').nth(2).map(str::trim), Some("100"), "{row}");
     let plots = report_path.with_extension("");
-    for plot in ["throughput.svg", "latency.svg", "resume.svg"] {
+    let over_time = ["sustained.svg", "sustained-sessions.svg", "sustained-single.svg"];
+    for plot in ["throughput.svg", "latency.svg", "resume.svg"].into_iter().chain(over_time) {
         let svg = std::fs::read_to_string(plots.join(plot)).expect(plot);
         assert!(svg.starts_with("<svg") && svg.contains("tether-memory"), "{plot}");
     }
