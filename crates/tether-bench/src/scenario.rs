@@ -28,7 +28,8 @@ pub enum Scenario {
     /// One broadcast per second to many sessions' standalone streams; delivery latency.
     Fanout,
     /// Tool calls as `tool-call`, for the sustained duration (30 s by default) on
-    /// [`SUSTAINED_CONNECTIONS`] connections sharing one session: the tail (p99.9, max) and the slowest call of every 100 ms.
+    /// [`SUSTAINED_CONNECTIONS`] connections sharing one session: the tail (p99.9, max) and
+    /// the slowest call of every 100 ms.
     Sustained,
     /// The same with a session per connection.
     SustainedSessions,
@@ -299,7 +300,7 @@ async fn tool_calls(endpoint: &Endpoint, load: Load) -> Result<Measurement> {
     let max = all.max() as f64 / 1_000.0;
     add_latencies(&mut measurement, all);
     measurement.push("max ms", max);
-    let steps = usize::try_from(load.duration.as_millis() / TIMELINE_STEP.as_millis()).unwrap_or(usize::MAX);
+    let steps = usize::try_from(load.duration.as_millis().div_ceil(TIMELINE_STEP.as_millis())).unwrap_or(usize::MAX);
     measurement.timeline = over_time.millis(steps);
     Ok(measurement)
 }

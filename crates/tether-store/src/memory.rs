@@ -3,17 +3,20 @@
 //! Nothing survives the process, and every session's epoch is drawn fresh, so a restarted
 //! server answers old session ids with 404 instead of pretending to continue them.
 //!
-//! Every request takes the store's one lock, so nothing done under it may grow with what is
-//! retained: what grows with history (a session's streams, idempotency records) is held in
-//! B-trees, which never rehash everything at once as a hash map does when it grows; a sweep
-//! forgets history in batches with the lock released in between; and what is forgotten is
-//! freed after the lock is released.
+//! Every request takes the store's one lock, so no step done under it may cost in proportion
+//! to what is retained. What grows with history (sessions, a session's streams, idempotency
+//! records) is held in B-trees, which never rehash everything at once as a hash map does when
+//! it grows, and queued in chunks, which never copy everything at once as a `VecDeque` does; a
+//! sweep visits and forgets history in batches with the lock released in between; and what is
+//! forgotten is freed after the lock is released. What may still double and copy is bounded
+//! per session or stream by [`Retention`] (request ids, tombstones, one stream's events).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Bound;
 use std::sync::{Mutex, MutexGuard};
 
 use bytes::Bytes;
-use tether_core::lineage::{Epoch, IdMap, StreamName, StreamRange, StreamState};
+use tether_core::lineage::{Epoch, StreamName, StreamRange, StreamState};
 use tokio::sync::watch;
 
 use crate::queue::ChunkedQueue;
@@ -32,7 +35,9 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct Inner {
-    sessions: IdMap<String, Slot>,
+    /// Live sessions and the tombstones of ended ones, in a B-tree: it never rehashes them all
+    /// at once to grow, and a sweep can visit it a batch at a time.
+    sessions: BTreeMap<String, Slot>,
     counters: HashMap<String, i64>,
     /// Counter additions made under an idempotency key → the value they produced.
     counter_ops: BTreeMap<String, i64>,
@@ -142,6 +147,8 @@ impl Ended {
 #[derive(Debug)]
 struct StreamSlot {
     events: VecDeque<StoredEvent>,
+    /// The bytes of `events`' data.
+    bytes: usize,
     head: u64,
     state: StreamState,
     /// The request this stream belongs to.
@@ -154,15 +161,12 @@ impl StreamSlot {
     fn new(request_key: Option<String>) -> StreamSlot {
         StreamSlot {
             events: VecDeque::from([StoredEvent { seq: 0, data: Bytes::new() }]),
+            bytes: 0,
             head: 0,
             state: StreamState::Live,
             request_key,
             head_tx: None,
         }
-    }
-
-    fn bytes(&self) -> usize {
-        self.events.iter().map(|e| e.data.len()).sum()
     }
 
     fn range(&self) -> StreamRange {
@@ -175,13 +179,18 @@ impl StreamSlot {
 }
 
 impl LiveSession {
-    /// Takes the events of ended stream `name`, keeping its tombstone; forgets the oldest
-    /// tombstones past the bound. Returns the bytes freed and the events, for the caller to
-    /// free once it released the lock.
-    fn drop_events(&mut self, name: StreamName, retention: &Retention) -> (usize, VecDeque<StoredEvent>) {
-        let Some(slot) = self.streams.get_mut(&name) else { return (0, VecDeque::new()) };
-        let freed = slot.bytes();
-        let events = std::mem::take(&mut slot.events);
+    /// Takes the events of ended stream `name` into `dropped`, for the caller to free once it
+    /// released the lock, keeping the stream's tombstone; forgets the oldest tombstones past
+    /// the bound. Returns the bytes freed.
+    fn drop_events(
+        &mut self,
+        name: StreamName,
+        retention: &Retention,
+        dropped: &mut Vec<VecDeque<StoredEvent>>,
+    ) -> usize {
+        let Some(slot) = self.streams.get_mut(&name) else { return 0 };
+        let freed = std::mem::take(&mut slot.bytes);
+        dropped.push(std::mem::take(&mut slot.events));
         // Nobody waits on an ended stream: its followers were woken when it ended.
         slot.head_tx = None;
         self.bytes -= freed;
@@ -191,7 +200,7 @@ impl LiveSession {
                 self.streams.remove(&oldest);
             }
         }
-        (freed, events)
+        freed
     }
 }
 
@@ -351,36 +360,40 @@ impl Store for MemoryStore {
         last: bool,
     ) -> StoreFuture<'_, u64> {
         let retention = self.retention;
-        let mut inner = self.lock();
-        let Inner { sessions, total_bytes, .. } = &mut *inner;
-        let live = match sessions.get_mut(session) {
-            Some(Slot::Live(live)) if live.record.epoch == *epoch => live,
-            _ => return ready(Err(StoreError::SessionGone)),
-        };
-        let Some(slot) = live.streams.get_mut(stream) else {
-            return ready(Err(StoreError::UnknownStream));
-        };
-        if slot.state != StreamState::Live {
-            return ready(Err(StoreError::StreamEnded));
-        }
-        let mut len = 0;
-        for data in events {
-            len += data.len();
-            slot.head += 1;
-            slot.events.push_back(StoredEvent { seq: slot.head, data });
-        }
-        let seq = slot.head;
-        if last {
-            slot.state = StreamState::Complete;
-            live.ended.push(stream.clone());
-        }
-        live.bytes += len;
-        *total_bytes += len;
-        *total_bytes -= evict(live, stream, &retention, *total_bytes);
-        if let Some(tx) = live.streams.get(stream).and_then(|slot| slot.head_tx.as_ref()) {
-            tx.send_replace(seq);
-        }
-        ready(Ok(seq))
+        let mut dropped = Vec::new();
+        let appended = (|| {
+            let mut inner = self.lock();
+            let Inner { sessions, total_bytes, .. } = &mut *inner;
+            let live = match sessions.get_mut(session) {
+                Some(Slot::Live(live)) if live.record.epoch == *epoch => live,
+                _ => return Err(StoreError::SessionGone),
+            };
+            let slot = live.streams.get_mut(stream).ok_or(StoreError::UnknownStream)?;
+            if slot.state != StreamState::Live {
+                return Err(StoreError::StreamEnded);
+            }
+            let mut len = 0;
+            for data in events {
+                len += data.len();
+                slot.head += 1;
+                slot.events.push_back(StoredEvent { seq: slot.head, data });
+            }
+            slot.bytes += len;
+            let seq = slot.head;
+            if last {
+                slot.state = StreamState::Complete;
+                live.ended.push(stream.clone());
+            }
+            live.bytes += len;
+            *total_bytes += len;
+            *total_bytes -= evict(live, stream, &retention, *total_bytes, &mut dropped);
+            if let Some(tx) = live.streams.get(stream).and_then(|slot| slot.head_tx.as_ref()) {
+                tx.send_replace(seq);
+            }
+            Ok(seq)
+        })();
+        drop(dropped);
+        ready(appended)
     }
 
     fn end_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
@@ -504,43 +517,20 @@ impl Store for MemoryStore {
 
     fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>> {
         Box::pin(async move {
-            let retention = self.retention;
-            let (expired, due, histories) = {
-                let mut inner = self.lock();
-                let inner = &mut *inner;
-                let (mut expired, mut due, mut histories) = (Vec::new(), Vec::new(), Vec::new());
-                let mut freed = 0;
-                inner.sessions.retain(|id, slot| match slot {
-                    Slot::Ended { at_ms, .. } => {
-                        let at = *at_ms.get_or_insert(now_ms);
-                        now_ms.saturating_sub(at) < retention.tombstone_ms
-                    }
-                    Slot::Live(live) if now_ms >= live.record.expires_at_ms => {
-                        freed += live.bytes;
-                        expired.push(id.clone());
-                        let ended = Slot::Ended { end: SessionEnd::Expired, at_ms: Some(now_ms) };
-                        histories.push(std::mem::replace(slot, ended));
-                        true
-                    }
-                    Slot::Live(live) => {
-                        if live.ended.stamp(now_ms, retention.ended_stream_ms) {
-                            due.push(id.clone());
-                        }
-                        true
-                    }
-                });
-                inner.total_bytes -= freed;
-                inner.live_sessions -= expired.len();
-                (expired, due, histories)
-            };
-            drop(histories);
+            let mut expired = Vec::new();
+            let mut due = Vec::new();
+            let mut after = None;
+            while let Some(last) = self.sweep_sessions(now_ms, after.as_deref(), &mut expired, &mut due) {
+                after = Some(last);
+                tokio::task::yield_now().await;
+            }
             for session in due {
                 while self.drop_due_streams(&session, now_ms) {
                     tokio::task::yield_now().await;
                 }
             }
             loop {
-                let (forgotten, more) = forget_keys(&mut self.lock(), now_ms, &retention);
+                let (forgotten, more) = forget_keys(&mut self.lock(), now_ms, &self.retention);
                 drop(forgotten);
                 if !more {
                     break;
@@ -552,12 +542,69 @@ impl Store for MemoryStore {
     }
 }
 
-/// Most pieces of history (an ended stream's events, an idempotency record) one hold of the
-/// lock forgets in a sweep: requests get the lock in between, so what a sweep costs them does
-/// not grow with what it has to forget.
+/// Most pieces of history (a session, an ended stream's events, an idempotency record) one
+/// hold of the lock visits in a sweep: requests get the lock in between, so what a sweep costs
+/// them does not grow with what is retained.
 const SWEEP_BATCH: usize = 1_024;
 
 impl MemoryStore {
+    /// Sweeps up to [`SWEEP_BATCH`] sessions after `after`: forgets ended ones past their
+    /// tombstone time, ends live ones past their deadline (into `expired`), and stamps the
+    /// others' newly ended streams, noting in `due` those with streams past their retention.
+    /// Frees the expired sessions' history with the lock released. Returns the last session
+    /// visited if there may be more.
+    fn sweep_sessions(
+        &self,
+        now_ms: u64,
+        after: Option<&str>,
+        expired: &mut Vec<String>,
+        due: &mut Vec<String>,
+    ) -> Option<String> {
+        let retention = self.retention;
+        let mut histories = Vec::new();
+        let last = {
+            let mut inner = self.lock();
+            let inner = &mut *inner;
+            let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+            let mut forgotten = Vec::new();
+            let mut freed = 0;
+            let mut visited = 0;
+            let mut last = None;
+            for (id, slot) in inner.sessions.range_mut::<str, _>((from, Bound::Unbounded)).take(SWEEP_BATCH) {
+                visited += 1;
+                last = Some(id);
+                match slot {
+                    Slot::Ended { at_ms, .. } => {
+                        let at = *at_ms.get_or_insert(now_ms);
+                        if now_ms.saturating_sub(at) >= retention.tombstone_ms {
+                            forgotten.push(id.clone());
+                        }
+                    }
+                    Slot::Live(live) if now_ms >= live.record.expires_at_ms => {
+                        freed += live.bytes;
+                        expired.push(id.clone());
+                        let ended = Slot::Ended { end: SessionEnd::Expired, at_ms: Some(now_ms) };
+                        histories.push(std::mem::replace(slot, ended));
+                        inner.live_sessions -= 1;
+                    }
+                    Slot::Live(live) => {
+                        if live.ended.stamp(now_ms, retention.ended_stream_ms) {
+                            due.push(id.clone());
+                        }
+                    }
+                }
+            }
+            let last = (visited == SWEEP_BATCH).then(|| last.cloned()).flatten();
+            inner.total_bytes -= freed;
+            for id in forgotten {
+                inner.sessions.remove(&id);
+            }
+            last
+        };
+        drop(histories);
+        last
+    }
+
     /// Drops the events of up to [`SWEEP_BATCH`] of `session`'s streams past their retention
     /// and frees them with the lock released. Returns whether more are due.
     fn drop_due_streams(&self, session: &str, now_ms: u64) -> bool {
@@ -567,12 +614,12 @@ impl MemoryStore {
             let mut inner = self.lock();
             let Inner { sessions, total_bytes, .. } = &mut *inner;
             let Some(Slot::Live(live)) = sessions.get_mut(session) else { return false };
-            while dropped.len() < SWEEP_BATCH
+            let mut visited = 0;
+            while visited < SWEEP_BATCH
                 && let Some(stream) = live.ended.pop_due(now_ms, retention.ended_stream_ms)
             {
-                let (bytes, events) = live.drop_events(stream, &retention);
-                *total_bytes -= bytes;
-                dropped.push(events);
+                visited += 1;
+                *total_bytes -= live.drop_events(stream, &retention, &mut dropped);
             }
             live.ended.due(now_ms, retention.ended_stream_ms)
         };
@@ -624,20 +671,28 @@ fn forget_keys(inner: &mut Inner, now_ms: u64, retention: &Retention) -> (Vec<Ke
 /// Evicts history until `stream`, its session and the global total are within `retention`:
 /// ended streams of the session go first, the earliest ended first, then the oldest events of
 /// `stream` itself (never its newest). Another session's history is never evicted for this one.
-/// Returns the bytes freed.
-fn evict(live: &mut LiveSession, stream: &StreamName, retention: &Retention, total_bytes: usize) -> usize {
+/// Returns the bytes freed; the events of dropped streams are put in `dropped`, for the caller
+/// to free once it released the lock.
+fn evict(
+    live: &mut LiveSession,
+    stream: &StreamName,
+    retention: &Retention,
+    total_bytes: usize,
+    dropped: &mut Vec<VecDeque<StoredEvent>>,
+) -> usize {
     let mut freed = 0;
     let over = |bytes: usize, freed: usize| {
         bytes > retention.max_bytes_per_session || total_bytes - freed > retention.max_bytes_total
     };
     while over(live.bytes, freed) {
         let Some(name) = live.ended.pop_oldest_except(stream) else { break };
-        freed += live.drop_events(name, retention).0;
+        freed += live.drop_events(name, retention, dropped);
     }
     let LiveSession { streams, bytes, .. } = live;
     if let Some(slot) = streams.get_mut(stream) {
         while slot.events.len() > 1 && (slot.events.len() > retention.max_events_per_stream || over(*bytes, freed)) {
             let Some(event) = slot.events.pop_front() else { break };
+            slot.bytes -= event.data.len();
             *bytes -= event.data.len();
             freed += event.data.len();
         }

@@ -6,11 +6,11 @@
 
 use std::collections::VecDeque;
 
-/// Elements per chunk: a chunk is allocated whole, and the list of chunks is what doubles, at
-/// a thousandth of the rate.
+/// Most elements per chunk. A chunk grows as a `VecDeque` does up to this size (so a short
+/// queue holds little), and the list of chunks doubles at a thousandth of the rate.
 const CHUNK: usize = 1_024;
 
-/// A FIFO queue in fixed-size chunks: every push and pop costs the same at any length.
+/// A FIFO queue in bounded chunks: no push or pop copies more than a chunk, at any length.
 #[derive(Debug)]
 pub(crate) struct ChunkedQueue<T> {
     chunks: VecDeque<VecDeque<T>>,
@@ -35,11 +35,7 @@ impl<T> ChunkedQueue<T> {
     pub(crate) fn push_back(&mut self, value: T) {
         match self.chunks.back_mut() {
             Some(last) if last.len() < CHUNK => last.push_back(value),
-            _ => {
-                let mut chunk = VecDeque::with_capacity(CHUNK);
-                chunk.push_back(value);
-                self.chunks.push_back(chunk);
-            }
+            _ => self.chunks.push_back(VecDeque::from([value])),
         }
         self.len += 1;
     }
@@ -48,11 +44,7 @@ impl<T> ChunkedQueue<T> {
     pub(crate) fn push_front(&mut self, value: T) {
         match self.chunks.front_mut() {
             Some(first) if first.len() < CHUNK => first.push_front(value),
-            _ => {
-                let mut chunk = VecDeque::with_capacity(CHUNK);
-                chunk.push_front(value);
-                self.chunks.push_front(chunk);
-            }
+            _ => self.chunks.push_front(VecDeque::from([value])),
         }
         self.len += 1;
     }

@@ -121,3 +121,24 @@ async fn a_sweep_forgets_everything_due_however_many_batches_it_takes() {
         assert_eq!(store.key_state(&format!("k{i}"), retention.idempotency_ms).await, Ok(None), "k{i} forgotten");
     }
 }
+
+/// Sessions are swept a batch at a time too: every one past its deadline is expired and
+/// uncounted, and every tombstone past its time forgotten, however many batches that takes.
+#[tokio::test]
+async fn a_sweep_visits_every_session_however_many_batches_it_takes() {
+    use suite::{TTL, epoch, record};
+    use tether_store::{SessionStatus, Store};
+    let store = MemoryStore::new(suite::retention());
+    let n = 2_500;
+    for i in 0..n {
+        store.create_session(record(&format!("s{i:04}"), epoch('A'), 0), usize::MAX).await.expect("create");
+    }
+    let expired = store.sweep(TTL).await.expect("sweep");
+    assert_eq!(expired.len(), n, "every session past its deadline expired");
+    store.create_session(record("one-more", epoch('B'), TTL), 1).await.expect("none counted as live any more");
+    store.sweep(TTL + suite::retention().tombstone_ms).await.expect("sweep");
+    for i in [0, n / 2, n - 1] {
+        let status = store.session(&format!("s{i:04}"), TTL).await.expect("status");
+        assert!(matches!(status, SessionStatus::Unknown), "s{i:04}: {status:?}");
+    }
+}
