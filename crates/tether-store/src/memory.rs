@@ -359,39 +359,9 @@ impl Store for MemoryStore {
         events: Vec<Bytes>,
         last: bool,
     ) -> StoreFuture<'_, u64> {
-        let retention = self.retention;
         let mut dropped = Vec::new();
-        let appended = (|| {
-            let mut inner = self.lock();
-            let Inner { sessions, total_bytes, .. } = &mut *inner;
-            let live = match sessions.get_mut(session) {
-                Some(Slot::Live(live)) if live.record.epoch == *epoch => live,
-                _ => return Err(StoreError::SessionGone),
-            };
-            let slot = live.streams.get_mut(stream).ok_or(StoreError::UnknownStream)?;
-            if slot.state != StreamState::Live {
-                return Err(StoreError::StreamEnded);
-            }
-            let mut len = 0;
-            for data in events {
-                len += data.len();
-                slot.head += 1;
-                slot.events.push_back(StoredEvent { seq: slot.head, data });
-            }
-            slot.bytes += len;
-            let seq = slot.head;
-            if last {
-                slot.state = StreamState::Complete;
-                live.ended.push(stream.clone());
-            }
-            live.bytes += len;
-            *total_bytes += len;
-            *total_bytes -= evict(live, stream, &retention, *total_bytes, &mut dropped);
-            if let Some(tx) = live.streams.get(stream).and_then(|slot| slot.head_tx.as_ref()) {
-                tx.send_replace(seq);
-            }
-            Ok(seq)
-        })();
+        let appended = self.append_locked(session, epoch, stream, events, last, &mut dropped);
+        // Freed with the lock released.
         drop(dropped);
         ready(appended)
     }
@@ -548,6 +518,48 @@ impl Store for MemoryStore {
 const SWEEP_BATCH: usize = 1_024;
 
 impl MemoryStore {
+    /// [`Store::append_batch`] under the lock; the events of streams evicted to make room are
+    /// put in `dropped`.
+    fn append_locked(
+        &self,
+        session: &str,
+        epoch: &Epoch,
+        stream: &StreamName,
+        events: Vec<Bytes>,
+        last: bool,
+        dropped: &mut Vec<VecDeque<StoredEvent>>,
+    ) -> Result<u64, StoreError> {
+        let mut inner = self.lock();
+        let Inner { sessions, total_bytes, .. } = &mut *inner;
+        let live = match sessions.get_mut(session) {
+            Some(Slot::Live(live)) if live.record.epoch == *epoch => live,
+            _ => return Err(StoreError::SessionGone),
+        };
+        let slot = live.streams.get_mut(stream).ok_or(StoreError::UnknownStream)?;
+        if slot.state != StreamState::Live {
+            return Err(StoreError::StreamEnded);
+        }
+        let mut len = 0;
+        for data in events {
+            len += data.len();
+            slot.head += 1;
+            slot.events.push_back(StoredEvent { seq: slot.head, data });
+        }
+        slot.bytes += len;
+        let seq = slot.head;
+        if last {
+            slot.state = StreamState::Complete;
+            live.ended.push(stream.clone());
+        }
+        live.bytes += len;
+        *total_bytes += len;
+        *total_bytes -= evict(live, stream, &self.retention, *total_bytes, dropped);
+        if let Some(tx) = live.streams.get(stream).and_then(|slot| slot.head_tx.as_ref()) {
+            tx.send_replace(seq);
+        }
+        Ok(seq)
+    }
+
     /// Sweeps up to [`SWEEP_BATCH`] sessions after `after`: forgets ended ones past their
     /// tombstone time, ends live ones past their deadline (into `expired`), and stamps the
     /// others' newly ended streams, noting in `due` those with streams past their retention.
