@@ -41,6 +41,25 @@ pub async fn start_limited(builder: Builder, limits: tether_server::ConnectionLi
     TestServer { url, task }
 }
 
+/// A standalone GET stream of `session` opened on a raw socket with a 4 KiB receive buffer and
+/// not read yet: a client that falls behind. `version` is the request line's HTTP version
+/// (with `1.0` the body is the stream itself, not chunked).
+pub async fn unread_stream(server: &TestServer, session: &Session, version: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt as _;
+    let addr: std::net::SocketAddr =
+        server.url.trim_start_matches("http://").split('/').next().expect("authority").parse().expect("address");
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("small receive buffer");
+    let mut stream = socket.connect(addr).await.expect("connect");
+    let get = format!(
+        "GET /mcp HTTP/{version}\r\nHost: {addr}\r\nAccept: text/event-stream\r\nMcp-Session-Id: {}\r\n\
+         MCP-Protocol-Version: {}\r\n\r\n",
+        session.id, session.version
+    );
+    stream.write_all(get.as_bytes()).await.expect("send");
+    stream
+}
+
 /// A fast config for tests: short sweep interval, otherwise defaults.
 pub fn config() -> ServerConfig {
     ServerConfig { sweep_interval: Duration::from_millis(50), ..ServerConfig::default() }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use tether_server::{Builder, ConnectionLimits, builtin::BuiltinHandler};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::AsyncReadExt as _;
 
 use crate::common::*;
 
@@ -31,17 +31,7 @@ async fn a_stream_whose_client_stops_reading_is_closed_after_the_send_timeout() 
     let server = start_limited(Builder::new(BuiltinHandler::new()).config(config), limits()).await;
     let client = Client::new(&server);
     let session = client.initialize("2025-11-25").await;
-    let addr: std::net::SocketAddr =
-        server.url.trim_start_matches("http://").trim_end_matches("/mcp").parse().expect("addr");
-    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket.set_recv_buffer_size(4_096).expect("small receive buffer");
-    let mut stream = socket.connect(addr).await.expect("connect");
-    let get = format!(
-        "GET /mcp HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\nMcp-Session-Id: {}\r\n\
-         MCP-Protocol-Version: 2025-11-25\r\n\r\n",
-        session.id
-    );
-    stream.write_all(get.as_bytes()).await.expect("send");
+    let mut stream = unread_stream(&server, &session, "1.1").await;
     let mut head = [0u8; 12];
     stream.read_exact(&mut head).await.expect("a response");
     assert_eq!(&head, b"HTTP/1.1 200");

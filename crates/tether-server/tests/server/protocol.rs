@@ -477,24 +477,13 @@ fn largest_send_buffer() -> usize {
 
 #[tokio::test]
 async fn a_client_that_stops_reading_never_blocks_the_producer() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncReadExt;
     let retention = tether_store::Retention { max_events_per_stream: 2_000, ..Default::default() };
     let server = start(ServerConfig { retention, ..config() }).await;
     let client = Client::new(&server);
     let session = client.initialize("2025-11-25").await;
-    // A standalone stream on a socket with a 4 KiB receive buffer that nobody reads (HTTP/1.0:
-    // the body is the stream itself, not chunked).
-    let addr: std::net::SocketAddr =
-        server.url.trim_start_matches("http://").split('/').next().expect("authority").parse().expect("address");
-    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket.set_recv_buffer_size(4096).expect("receive buffer");
-    let mut stalled = socket.connect(addr).await.expect("connect");
-    let get = format!(
-        "GET /mcp HTTP/1.0\r\nHost: {addr}\r\nAccept: text/event-stream\r\nMcp-Session-Id: {}\r\n\
-         MCP-Protocol-Version: 2025-11-25\r\n\r\n",
-        session.id
-    );
-    stalled.write_all(get.as_bytes()).await.expect("send");
+    // A standalone stream that nobody reads (HTTP/1.0: the body is the stream itself).
+    let mut stalled = unread_stream(&server, &session, "1.0").await;
     // Far more (every event is over 100 bytes) than the kernel's largest send buffer, the 4 KiB
     // receive buffer and what the server buffers can hold: the reader must fall behind.
     let count = 2_000 + 2 * (largest_send_buffer() + (1 << 20)) / 100;
