@@ -1,11 +1,14 @@
 //! The embedded durable store: SQLite in WAL mode on one writer thread with group commit.
 //!
 //! Every write runs on the database thread inside a transaction shared with whatever else
-//! queued up meanwhile; callers are answered only after that transaction is on disk
-//! (`synchronous=FULL`). Reads run on their own connections and see only committed data. So an
-//! event is durable before any connection can read it, and a crash loses nothing that was
-//! acknowledged.
+//! queued up meanwhile; callers are answered only after that transaction is on disk (the flush
+//! thread, `flush.rs`, flushes the WAL while the writer goes on with the next batch).
+//! Reads run on their own connections and return only once what they could have seen is on
+//! disk. So an event is durable before any connection can read it, and a crash loses nothing
+//! that was acknowledged. Checkpoints run beside the writer (`checkpoint.rs`).
 
+mod checkpoint;
+mod flush;
 mod mirror;
 
 use std::collections::HashMap;
@@ -18,6 +21,8 @@ use tether_core::lineage::{Epoch, StreamName, StreamRange, StreamState};
 use tether_core::mcp::ProtocolVersion;
 use tokio::sync::oneshot;
 
+use self::checkpoint::Checkpoints;
+use self::flush::{Committed, Durability, Flusher};
 use self::mirror::Mirror;
 use crate::heads::Heads;
 use crate::record::{
@@ -50,6 +55,8 @@ pub struct SqliteStore {
     heads: Heads,
     /// Sessions and recent streams in memory: the hot reads never reach SQLite.
     mirror: Arc<Mirror>,
+    /// How far commits are durable: reads wait for it.
+    durability: Arc<Durability>,
     records_id: String,
 }
 
@@ -79,11 +86,9 @@ const SCHEMA: &str = "
 -- It only takes effect when the database is created.
 PRAGMA page_size = 1024;
 PRAGMA journal_mode = WAL;
-PRAGMA synchronous = FULL;
--- The writer checkpoints inline, and every commit rewrites the same hot B-tree pages: one
--- checkpoint per 10,000 WAL frames (about 10 MiB) copies each such page once where one per
--- 1,000 (the default) copied it ten times. 40,000 frames measured no better.
-PRAGMA wal_autocheckpoint = 10000;
+-- Commits do not wait for the disk: the flush thread flushes the WAL before anyone is answered
+-- (flush.rs). Checkpoints still flush the WAL before they copy it and the database after.
+PRAGMA synchronous = NORMAL;
 CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY,
     epoch TEXT NOT NULL,
@@ -313,6 +318,14 @@ impl SqliteStore {
                 .map_err(backend)?;
             queries.push(tx);
         }
+        let checkpoints = Checkpoints::start(&mut connection, &path, checkpoint::START_AT)?;
+        // The WAL exists once the schema is written, and stays the same file while a connection
+        // is open. Its directory entry is flushed once, here.
+        let wal = std::fs::File::open(dir.join("tether.sqlite3-wal")).map_err(backend)?;
+        locks[0].sync_all().map_err(backend)?;
+        let durability = Arc::new(Durability::default());
+        let flusher = Flusher::start(wal, Arc::clone(&durability))?;
+        let writer_durability = Arc::clone(&durability);
         let (jobs, queue) = mpsc::channel::<Job>();
         // The locks go with the writer: held while the store is open, so at open every request
         // another process left running is known to be abandoned, and until the database is
@@ -320,7 +333,9 @@ impl SqliteStore {
         let writer = std::thread::Builder::new()
             .name("tether-sqlite".into())
             .spawn(move || {
-                writer(&mut connection, &queue);
+                writer(&mut connection, &queue, &flusher, &writer_durability, &checkpoints);
+                drop(flusher);
+                drop(checkpoints);
                 drop(connection);
                 drop(locks);
             })
@@ -335,26 +350,33 @@ impl SqliteStore {
             owner: owner.to_owned(),
             heads: Heads::default(),
             mirror: Arc::default(),
+            durability,
             records_id,
         })
     }
 
-    /// Runs the read `f` on a reader connection, against the latest committed state.
+    /// Runs the read `f` on a reader connection, against the latest committed state; answers
+    /// once every commit it could have seen is durable.
     fn query<T, F>(&self, f: F) -> StoreFuture<'static, T>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
+        let durability = Arc::clone(&self.durability);
+        let seen = Arc::clone(&durability);
         let query: Query = Box::new(move |connection| {
-            let _ = tx.send(f(connection));
+            let result = f(connection);
+            let _ = tx.send((result, seen.seen()));
         });
         let reader = self.next_reader.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.queries.len().max(1);
         let sent = self.queries.get(reader).map(|queue| queue.send(query));
         Box::pin(async move {
             let stopped = || StoreError::Backend("the store's reader thread stopped".into());
             sent.ok_or_else(stopped)?.map_err(|_| stopped())?;
-            rx.await.unwrap_or_else(|_| Err(stopped()))
+            let (result, seen) = rx.await.map_err(|_| stopped())?;
+            durability.wait(seen).await?;
+            result
         })
     }
 
@@ -367,8 +389,8 @@ impl SqliteStore {
         self.run_with(f, |_, _| {})
     }
 
-    /// Runs `f` in the next batch; once the batch committed, and if `f` succeeded, hands its
-    /// result to `then` on the writer thread (so mirror updates happen in commit order), then
+    /// Runs `f` in the next batch; once the batch is durable, and if `f` succeeded, hands its
+    /// result to `then` on the flush thread (so mirror updates happen in commit order), then
     /// answers.
     fn run_with<T, F, A>(&self, f: F, then: A) -> StoreFuture<'static, T>
     where
@@ -437,10 +459,17 @@ impl SqliteStore {
     }
 }
 
-/// The database thread: batches jobs into transactions (group commit). It never waits for
-/// company: a batch is whatever queued up while the previous one was being flushed, so a lone
-/// writer pays one flush per operation and many writers share each flush.
-fn writer(connection: &mut Connection, queue: &mpsc::Receiver<Job>) {
+/// The database thread: batches jobs into transactions (group commit) and hands each commit to
+/// the flusher. It never waits for company: a batch is whatever queued up while the previous
+/// one was being executed, so a lone writer pays one flush per operation and many writers
+/// share each flush.
+fn writer(
+    connection: &mut Connection,
+    queue: &mpsc::Receiver<Job>,
+    flusher: &Flusher,
+    durability: &Durability,
+    checkpoints: &Checkpoints,
+) {
     while let Ok(first) = queue.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -457,10 +486,16 @@ fn writer(connection: &mut Connection, queue: &mpsc::Receiver<Job>) {
             }
         };
         let completions: Vec<Completion> = batch.into_iter().map(|job| job(&mut transaction)).collect();
-        let committed = transaction.commit().map_err(backend);
-        for completion in completions {
-            completion(committed.clone());
-        }
+        // After a failed flush nothing more is committed: dropping the transaction rolls it back.
+        let (generation, outcome) = match durability.begin_commit() {
+            Ok(generation) => (generation, transaction.commit().map_err(backend)),
+            Err(poisoned) => {
+                drop(transaction);
+                (0, Err(poisoned))
+            }
+        };
+        flusher.send(Committed { generation, outcome, completions });
+        checkpoints.after_commit(connection);
     }
 }
 
