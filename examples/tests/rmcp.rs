@@ -159,7 +159,7 @@ async fn an_rmcp_tool_call_is_resumed_exactly_through_cut_streams() {
     while let Ok(event) = events.try_recv() {
         match event {
             ClientEvent::Resumed { verdict: ResumeVerdict::Continuous, .. } => continuous += 1,
-            ClientEvent::Divergence { kind, detail } => panic!("divergence {kind}: {detail}"),
+            ClientEvent::Divergence { reason } => panic!("divergence {}: {reason}", reason.kind()),
             _ => {}
         }
     }

@@ -15,7 +15,7 @@ use crate::backoff::Attempts;
 use crate::checkpoint::{Checkpoint, StreamCursor};
 use crate::follow::{Follower, Origin};
 use crate::http::{Endpoint, Head, Reply, SessionHeaders, SseReader};
-use crate::{Ack, ClientConfig, ClientError, ClientEvent, RequestError};
+use crate::{Ack, ClientConfig, ClientError, ClientEvent, DivergenceReason, RequestError};
 
 /// Handshakes tried before a session that keeps vanishing after `initialize` is an error.
 const HANDSHAKE_ATTEMPTS: u32 = 3;
@@ -202,13 +202,14 @@ impl Inner {
     }
 
     /// Reports a divergence and replaces the session.
-    pub async fn diverge(self: &Arc<Self>, generation: u64, kind: &'static str, detail: String) {
+    pub async fn diverge(self: &Arc<Self>, generation: u64, reason: DivergenceReason) {
         if !self.is_current(generation) {
             return;
         }
-        tracing::info!(kind, %detail, "divergence");
+        let kind = reason.kind();
+        tracing::info!(kind, detail = %reason, "divergence");
         metrics::counter!("tether_client_divergences_total", "kind" => kind).increment(1);
-        self.emit(ClientEvent::Divergence { kind, detail: detail.clone() });
+        self.emit(ClientEvent::Divergence { reason });
         let why = format!("the session diverged ({kind})");
         if self.config.reinitialize {
             self.reinitialize(generation, &why).await;
@@ -729,8 +730,9 @@ impl Client {
             ),
             Reply::Refused(body) if head.status == 404 && era == Era::Legacy => {
                 inner.resolve(key, Err(RequestError::NotExecuted("the session is gone (404)".into())));
-                let detail = format!("request answered 404: {}", refused(&head, &body));
-                inner.diverge(generation, "session_invalid", detail).await;
+                let reason =
+                    DivergenceReason::Refused { status: head.status, detail: refused(&head, &body).to_string() };
+                inner.diverge(generation, reason).await;
             }
             Reply::Refused(body) => {
                 let error = match parse_response(&body) {

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use tether_core::jsonrpc::{self, Message, RequestId};
 use tether_core::lineage::{
-    Accepted, Checkpoint as LineageCheckpoint, Digest, Divergence, FirstEvent, Reconnect, ResyncNotice,
-    StreamValidator, Unverifiable, Verdict, client_verdict,
+    Accepted, Checkpoint as LineageCheckpoint, Digest, FirstEvent, Reconnect, ResyncNotice, StreamValidator, Verdict,
+    client_verdict,
 };
 use tether_core::sse::Event;
 
@@ -14,7 +14,7 @@ use crate::backoff::Attempts;
 use crate::checkpoint::StreamCursor;
 use crate::client::{Inner, STANDALONE, request_key};
 use crate::http::{Head, Reply, SseReader};
-use crate::{Ack, ClientError, ClientEvent, Policy, RequestError, ResumeVerdict};
+use crate::{Ack, ClientError, ClientEvent, DivergenceReason, Policy, RequestError, ResumeVerdict};
 
 /// A connection that lasted this long was no storm, even if it delivered nothing.
 const LONG_LIVED: std::time::Duration = std::time::Duration::from_secs(30);
@@ -57,7 +57,19 @@ enum Ended {
     /// The connection dropped; reconnect.
     Dropped,
     /// The stream is not the one being followed.
-    Diverged(&'static str, String),
+    Diverged(DivergenceReason),
+}
+
+/// What a reconnect came to.
+enum Reconnected {
+    /// A stream to read: its first event decides a resume, or there is nothing to prove.
+    Stream(Box<SseReader>),
+    /// The attempt failed: wait and try again.
+    Retry,
+    /// Following ends here (given up, the session replaced, or no stream to follow).
+    Stop,
+    /// The answer proves the stream is not the one being followed.
+    Diverged(DivergenceReason),
 }
 
 pub(crate) struct Follower {
@@ -113,8 +125,8 @@ impl Follower {
                 }
                 match ended {
                     Ended::Done => return,
-                    Ended::Diverged(kind, detail) => {
-                        self.inner.diverge(self.generation, kind, detail).await;
+                    Ended::Diverged(reason) => {
+                        self.inner.diverge(self.generation, reason).await;
                         return;
                     }
                     Ended::Dropped => {}
@@ -124,18 +136,19 @@ impl Follower {
                 return;
             }
             let attempt = self.reconnect(std::mem::take(&mut immediate)).await;
-            if !matches!(attempt, Ok(None))
+            if !matches!(attempt, Reconnected::Retry)
                 && let Some(ready) = self.ready.take()
             {
                 let _ = ready.send(());
             }
             reader = match attempt {
-                Ok(reader) => reader,
-                Err(Ended::Diverged(kind, detail)) => {
-                    self.inner.diverge(self.generation, kind, detail).await;
+                Reconnected::Stream(reader) => Some(reader),
+                Reconnected::Retry => None,
+                Reconnected::Stop => return,
+                Reconnected::Diverged(reason) => {
+                    self.inner.diverge(self.generation, reason).await;
                     return;
                 }
-                Err(_) => return,
             };
         }
     }
@@ -144,8 +157,8 @@ impl Follower {
         self.inner.state().checkpoint.streams.get(&self.key).map(|c| c.last_id.clone())
     }
 
-    /// Waits out the backoff and reconnects. `Ok(None)`: the attempt failed, try again.
-    async fn reconnect(&mut self, immediate: bool) -> Result<Option<Box<SseReader>>, Ended> {
+    /// Waits out the backoff and reconnects.
+    async fn reconnect(&mut self, immediate: bool) -> Reconnected {
         let cursor = self.cursor();
         let delay = if immediate {
             Some(std::time::Duration::ZERO)
@@ -154,23 +167,23 @@ impl Follower {
         };
         let Some(delay) = delay else {
             self.give_up("the stream kept closing without progress");
-            return Err(Ended::Done);
+            return Reconnected::Stop;
         };
         if cursor.is_none() && matches!(self.origin, Origin::Request(_)) {
             // Nothing to resume from: a GET without Last-Event-ID would open an unrelated stream.
             self.give_up("the stream dropped before any event id arrived");
-            return Err(Ended::Done);
+            return Reconnected::Stop;
         }
         tokio::time::sleep(delay).await;
         if !self.inner.is_current(self.generation) {
-            return Err(Ended::Done);
+            return Reconnected::Stop;
         }
         let session = self.inner.session();
         let (head, reply) = match self.inner.endpoint.get(&session, cursor.as_deref()).await {
             Ok(answer) => answer,
             Err(err) => {
                 tracing::debug!(%err, stream = %self.key, "reconnect failed");
-                return Ok(None);
+                return Reconnected::Retry;
             }
         };
         let Some(cursor) = cursor else {
@@ -178,34 +191,31 @@ impl Follower {
             return match reply {
                 Reply::Sse(reader) => {
                     self.continuity = Continuity::Checked(StreamValidator::fresh());
-                    Ok(Some(reader))
+                    Reconnected::Stream(reader)
                 }
                 Reply::Refused(_) if head.status == 405 => {
                     self.inner.emit(ClientEvent::Closed {
                         reason: "the server offers no standalone stream (405)".into(),
                         fatal: false,
                     });
-                    Err(Ended::Done)
+                    Reconnected::Stop
                 }
-                _ => Ok(None),
+                _ => Reconnected::Retry,
             };
         };
         let checkpoint = self.inner.state().checkpoint.lineage(&self.key);
         let Some(checkpoint) = checkpoint else {
-            return Err(Ended::Diverged("session_invalid", format!("no checkpoint for cursor {cursor}")));
+            return Reconnected::Diverged(DivergenceReason::NoCheckpoint { cursor });
         };
         let verdict = client_verdict(&checkpoint, &reconnect_of(&head, None));
         match (verdict, reply) {
-            (Verdict::Diverged(d), _) => Err(diverged(&d)),
+            (Verdict::Diverged(d), _) => Reconnected::Diverged(DivergenceReason::Lineage(d)),
             (Verdict::AwaitingFirstEvent, Reply::Sse(reader)) => {
                 self.continuity = Continuity::Resuming { checkpoint, head };
-                Ok(Some(reader))
+                Reconnected::Stream(reader)
             }
             // A 2xx that is not a stream: the server cannot resume this cursor.
-            (_, _) => Err(Ended::Diverged(
-                "session_invalid",
-                format!("resume of {cursor} answered {} without a stream", head.status),
-            )),
+            (_, _) => Reconnected::Diverged(DivergenceReason::NotAStream { cursor, status: head.status }),
         }
     }
 
@@ -227,7 +237,7 @@ impl Follower {
                     self.retry = reader.retry().or(self.retry);
                     return Ended::Dropped;
                 }
-                Err(err) => return Ended::Diverged("non_monotonic", format!("undecodable stream: {err}")),
+                Err(err) => return Ended::Diverged(DivergenceReason::Undecodable(err.to_string())),
             };
             self.retry = reader.retry().or(self.retry);
             if !self.inner.is_current(self.generation) {
@@ -254,11 +264,11 @@ impl Follower {
         let id = event.id.as_deref();
         let kind = event.event.as_deref();
         let accepted = match &mut self.continuity {
-            Continuity::Checked(validator) => {
-                validator.accept(id, kind, event.data.as_bytes()).map_err(|d| diverged(&d))?
-            }
+            Continuity::Checked(validator) => validator.accept(id, kind, event.data.as_bytes()).map_err(lineage)?,
             Continuity::Trusted => match kind {
-                Some(tether_core::lineage::RESYNC_EVENT) => return Err(Ended::Diverged("resync", event.data.clone())),
+                Some(tether_core::lineage::RESYNC_EVENT) => {
+                    return Err(Ended::Diverged(DivergenceReason::UnplacedResync(event.data.clone())));
+                }
                 _ => Accepted::Event,
             },
             Continuity::Resuming { checkpoint, head } => {
@@ -268,7 +278,7 @@ impl Follower {
                 match verdict {
                     Verdict::ProvisionallyContinuous | Verdict::Resynced(_) => {
                         let mut validator = StreamValidator::resume(checkpoint);
-                        let accepted = validator.accept(id, kind, event.data.as_bytes()).map_err(|d| diverged(&d))?;
+                        let accepted = validator.accept(id, kind, event.data.as_bytes()).map_err(lineage)?;
                         self.continuity = Continuity::Checked(validator);
                         if accepted == Accepted::Event {
                             self.inner.emit(resumed(ResumeVerdict::Continuous));
@@ -281,14 +291,14 @@ impl Follower {
                         return Ok(Admit::Skip);
                     }
                     Verdict::Unverifiable(why) => match self.inner.config.policy {
-                        Policy::Strict => return Err(Ended::Diverged("unverifiable", unverifiable_detail(why))),
+                        Policy::Strict => return Err(Ended::Diverged(DivergenceReason::Unverifiable(why))),
                         Policy::Trust => {
                             self.continuity = Continuity::Trusted;
                             self.inner.emit(resumed(ResumeVerdict::Unverified));
                             Accepted::Event
                         }
                     },
-                    Verdict::Diverged(d) => return Err(diverged(&d)),
+                    Verdict::Diverged(d) => return Err(lineage(d)),
                     Verdict::AwaitingFirstEvent => return Ok(Admit::Skip),
                 }
             }
@@ -371,18 +381,8 @@ fn reconnect_of<'a>(head: &'a Head, first_event: Option<FirstEvent<'a>>) -> Reco
     Reconnect { status: head.status, session_id: head.session_id.as_deref(), epoch: head.epoch.as_deref(), first_event }
 }
 
-fn diverged(divergence: &Divergence) -> Ended {
-    Ended::Diverged(divergence.kind(), format!("{divergence:?}"))
-}
-
-fn unverifiable_detail(why: Unverifiable) -> String {
-    match why {
-        Unverifiable::OpaqueIds => "event ids carry no order (neither lineage ids nor integers)".into(),
-        Unverifiable::NoEpoch => {
-            "integer event ids but no replay epoch: a restarted server would look continuous".into()
-        }
-        Unverifiable::EventWithoutId => "the first event after the reconnect has no id".into(),
-    }
+fn lineage(divergence: tether_core::lineage::Divergence) -> Ended {
+    Ended::Diverged(DivergenceReason::Lineage(divergence))
 }
 
 /// Reads a 2026-07-28 response stream. There is no resumption: a broken stream cancelled the

@@ -15,6 +15,7 @@
 mod backoff;
 mod checkpoint;
 mod client;
+mod divergence;
 mod follow;
 mod hooks;
 mod http;
@@ -24,6 +25,7 @@ pub mod rmcp;
 pub use backoff::Backoff;
 pub use checkpoint::{Checkpoint, CheckpointError, StreamCursor};
 pub use client::Client;
+pub use divergence::DivergenceReason;
 pub use hooks::{DefaultHooks, HookFuture, ServerRequests};
 
 use std::path::PathBuf;
@@ -182,11 +184,8 @@ pub enum ClientEvent {
     /// The stream is provably not the one the client was following; re-initialization follows
     /// (unless [`ClientConfig::reinitialize`] is off).
     Divergence {
-        /// `session_invalid`, `session_changed`, `epoch_changed`, `gap`, `replay_reset`,
-        /// `digest_mismatch`, `non_monotonic`, `unverifiable` or `resync`.
-        kind: &'static str,
-        /// What was seen.
-        detail: String,
+        /// Why: [`DivergenceReason::kind`] names it, its `Display` says what was seen.
+        reason: DivergenceReason,
     },
     /// A keyed request whose outcome was unknown was sent again under the same key.
     Reissued {

@@ -128,8 +128,8 @@ fn print_event(event: ClientEvent, args: &ClientArgs, messages: &mut u64) -> Opt
         ClientEvent::Resumed { id, verdict } => {
             print(json!({"event": "resumed", "id": id, "verdict": verdict.as_str()}))
         }
-        ClientEvent::Divergence { kind, detail } => {
-            print(json!({"event": "divergence", "kind": kind, "detail": detail}));
+        ClientEvent::Divergence { reason } => {
+            print(json!({"event": "divergence", "kind": reason.kind(), "detail": reason.to_string()}));
             if args.exit_on_divergence {
                 return Some(ExitCode::from(EXIT_DIVERGENCE));
             }

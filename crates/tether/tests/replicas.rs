@@ -56,7 +56,7 @@ impl Tally {
                 self.by_stream.entry(stream).or_default().push(n);
             }
             ClientEvent::Resumed { .. } => self.resumed += 1,
-            ClientEvent::Divergence { kind, detail } => self.divergences.push(format!("{kind}: {detail}")),
+            ClientEvent::Divergence { reason } => self.divergences.push(format!("{}: {reason}", reason.kind())),
             ClientEvent::Reinitialized { .. } => self.reinitialized += 1,
             _ => {}
         }

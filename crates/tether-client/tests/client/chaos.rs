@@ -76,7 +76,7 @@ async fn a_thousand_random_disconnects_lose_and_duplicate_nothing() {
             by_stream.entry(stream).or_default().push(n);
         }
         ClientEvent::Resumed { .. } => resumed += 1,
-        ClientEvent::Divergence { kind, detail } => divergences.push(format!("{kind}: {detail}")),
+        ClientEvent::Divergence { reason } => divergences.push(format!("{}: {reason}", reason.kind())),
         other => divergences.push(format!("unexpected {other:?}")),
     };
     let (calls, broadcasts) = loop {

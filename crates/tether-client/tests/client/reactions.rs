@@ -234,8 +234,10 @@ async fn run_with<F: std::future::Future<Output = Option<Result<Value, RequestEr
     let mut seen = Vec::new();
     let mut details = Vec::new();
     while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(300), events.recv()).await {
-        if let ClientEvent::Divergence { detail, .. } | ClientEvent::Closed { reason: detail, .. } = &event {
-            details.push(detail.clone());
+        match &event {
+            ClientEvent::Divergence { reason } => details.push(reason.to_string()),
+            ClientEvent::Closed { reason, .. } => details.push(reason.clone()),
+            _ => {}
         }
         seen.push(match event {
             ClientEvent::Message { message: Message::Notification(n), ack, .. } => {
@@ -251,7 +253,7 @@ async fn run_with<F: std::future::Future<Output = Option<Result<Value, RequestEr
                     None => format!("resynced {}", notice.reason.as_str()),
                 }
             }
-            ClientEvent::Divergence { kind, .. } => format!("divergence {kind}"),
+            ClientEvent::Divergence { reason } => format!("divergence {}", reason.kind()),
             ClientEvent::Reinitialized { .. } => "reinitialized".into(),
             ClientEvent::Closed { fatal, .. } => format!("closed{}", if fatal { " fatal" } else { "" }),
             ClientEvent::Unkeyed { .. } | ClientEvent::Reissued { .. } => continue,

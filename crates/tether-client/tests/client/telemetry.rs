@@ -36,7 +36,7 @@ async fn divergences_reinitializations_and_reissues_are_counted() {
     let mut seen = Vec::new();
     while let Ok(event) = events.try_recv() {
         seen.push(match event {
-            ClientEvent::Divergence { kind, .. } => format!("divergence {kind}"),
+            ClientEvent::Divergence { reason } => format!("divergence {}", reason.kind()),
             ClientEvent::Reinitialized { .. } => "reinitialized".into(),
             ClientEvent::Reissued { .. } => "reissued".into(),
             other => format!("{other:?}"),
