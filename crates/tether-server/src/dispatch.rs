@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use serde_json::{Value, json};
-use tether_core::jsonrpc::{ErrorObject, Message, Request, RequestId, Response, code};
+use tether_core::jsonrpc::{ErrorObject, Message, Request, Response, code};
 use tether_core::lineage::{Digest, StreamName};
 use tether_core::mcp;
 use tether_store::{BeginRequest, Claim, KeyClaim};
@@ -17,9 +17,10 @@ use tracing::Instrument as _;
 
 use crate::Shared;
 use crate::context::{Context, FirstOutput, Output, RequestMeta};
-use crate::http::reject::{Rejection, rpc_error};
+use crate::http::reject::{Refusal, Rejection, rpc_error};
 use crate::idempotency::{self, Answer, Keyed, Plan};
 use crate::ids;
+use crate::request_key::RequestKey;
 use crate::session::{LogLevel, SessionRuntime};
 
 /// How a legacy request started.
@@ -42,40 +43,11 @@ pub(crate) struct Running {
     pub task: tokio::task::JoinHandle<()>,
 }
 
-/// The key a request id is recorded under: the type matters (`1` and `"1"` differ).
-pub(crate) fn request_key(id: &RequestId) -> String {
-    match id {
-        RequestId::Number(n) => format!("n:{n}"),
-        RequestId::String(s) => format!("s:{s}"),
-    }
-}
-
-/// The key a batch's shared `stream` is recorded under: the stream (so each batch has its own)
-/// and its requests' ids, so that a stream whose requests died can end each of them. No request
-/// id makes this key.
-pub(crate) fn batch_key(stream: &StreamName, ids: &[RequestId]) -> String {
-    let ids: Vec<Value> = ids.iter().map(RequestId::to_value).collect();
-    format!("b:{stream}:{}", Value::Array(ids))
-}
-
-/// The request ids a key (a request's or a batch's) was made from.
-pub(crate) fn request_ids_of_key(key: &str) -> Vec<RequestId> {
-    match key.split_once(':') {
-        Some(("n", n)) => n.parse().ok().map(RequestId::Number).into_iter().collect(),
-        Some(("s", s)) => vec![RequestId::String(s.to_owned())],
-        // Stream names have no ':'.
-        Some(("b", batch)) => serde_json::from_str::<Vec<Value>>(batch.split_once(':').map_or("", |(_, ids)| ids))
-            .map(|ids| ids.iter().filter_map(|id| RequestId::from_value(id).ok()).collect())
-            .unwrap_or_default(),
-        _ => Vec::new(),
-    }
-}
-
 /// The responses that end the requests of a stream recorded under `key` with `error`: sent, as
 /// events without ids, when the stream will never carry their own (their producer died, or
 /// their responses are no longer retained).
-pub(crate) fn trailer(key: &str, error: &ErrorObject) -> Vec<Bytes> {
-    request_ids_of_key(key)
+pub(crate) fn trailer(key: &RequestKey, error: &ErrorObject) -> Vec<Bytes> {
+    key.request_ids()
         .into_iter()
         .map(|id| Bytes::from(Message::Response(Response::error(Some(id), error.clone())).to_vec()))
         .collect()
@@ -137,7 +109,7 @@ pub(crate) async fn start_in_batch(
         Recorded::New(work) => *work,
         Recorded::Again { original, request } => {
             // Its own key is the original's, which may be running: the relay is tracked apart.
-            let key = format!("{} in {stream}", request_key(&request.id));
+            let key = format!("{} in {stream}", RequestKey::of(&request.id));
             let follow =
                 Answer::Follow { session: runtime.id.clone(), stream: original, request: Some(request.id.clone()) };
             let relay = Job::Answer(follow, None);
@@ -190,40 +162,41 @@ async fn record(
     stream: &StreamName,
     own: bool,
 ) -> Result<Recorded, Rejection> {
-    let key = request_key(&request.id);
+    let key = RequestKey::of(&request.id);
     let params = request.params.unwrap_or_else(|| json!({}));
     let keyed = match Keyed::of(shared, principal, &request.method, &params) {
         Ok(keyed) => keyed,
         Err(error) => return Ok(Recorded::Conflict(error)),
     };
     // Straight to bytes, not through `Display`'s formatter; serializing a `Value` cannot fail.
-    let digest = Digest::of(&key, &serde_json::to_vec(&params).unwrap_or_default()).to_string();
+    let digest = Digest::of(key.as_str(), &serde_json::to_vec(&params).unwrap_or_default()).to_string();
     let store = &shared.store;
     let started = std::time::Instant::now();
     let followed = own.then(|| (runtime.id.clone(), stream.clone()));
     let claim = keyed.as_ref().map(|keyed| keyed.claim(followed));
     let (begun, claimed) = match &claim {
         Some(claim) => {
-            store.begin_keyed_request(&runtime.id, &runtime.epoch, &key, &digest, stream, claim.clone()).await
+            store.begin_keyed_request(&runtime.id, &runtime.epoch, key.as_str(), &digest, stream, claim.clone()).await
         }
-        None => store.begin_request(&runtime.id, &runtime.epoch, &key, &digest, stream).await.map(|b| (b, None)),
+        None => {
+            store.begin_request(&runtime.id, &runtime.epoch, key.as_str(), &digest, stream).await.map(|b| (b, None))
+        }
     }
-    .map_err(|e| crate::store_rejection(&e))?;
+    .map_err(Rejection::from)?;
     crate::telemetry::store_latency("begin_request", started.elapsed());
     let request = Request { params: Some(params), ..request };
     Ok(match begun {
         BeginRequest::Existing { stream: original, same_params: true } => Recorded::Again { original, request },
-        BeginRequest::Existing { same_params: false, .. } => Recorded::Conflict(rpc_error(
-            code::INVALID_REQUEST,
-            "request_id_reused",
-            format!("request id {} was already used in this session with other params", request.id),
-        )),
+        BeginRequest::Existing { same_params: false, .. } => Recorded::Conflict(
+            Refusal::RequestIdReused
+                .error(format!("request id {} was already used in this session with other params", request.id)),
+        ),
         BeginRequest::Started => {
             let job = match keyed.zip(claim) {
                 Some((keyed, claim)) => Prepared::Keyed { keyed, claim, claimed },
                 None => Prepared::Ready(Job::Run(None)),
             };
-            Recorded::New(Box::new(Work { key, request, job }))
+            Recorded::New(Box::new(Work { key: key.to_string(), request, job }))
         }
     })
 }
@@ -306,13 +279,13 @@ async fn keyed_job(
         Some(claimed) => claimed,
         None => {
             let started = std::time::Instant::now();
-            let claimed = store.claim_key(claim.clone()).await.map_err(|e| crate::store_rejection(&e))?;
+            let claimed = store.claim_key(claim.clone()).await.map_err(Rejection::from)?;
             crate::telemetry::store_latency("claim_key", started.elapsed());
             claimed
         }
     };
     let resumable = shared.handler.resumable(method, params);
-    let plan = idempotency::plan(store, claim, claimed, resumable).await.map_err(|e| crate::store_rejection(&e))?;
+    let plan = idempotency::plan(store, claim, claimed, resumable).await.map_err(Rejection::from)?;
     Ok(match plan {
         Plan::Run => Job::Run(Some(keyed)),
         Plan::Answer(answer) => Job::Answer(answer, Some(keyed)),
@@ -340,7 +313,7 @@ pub(crate) async fn start_direct(
 ) -> Result<Direct, Rejection> {
     let params = request.params.unwrap_or_else(|| json!({}));
     let keyed = Keyed::of(shared, principal, &request.method, &params)
-        .map_err(|e| Rejection::new(http::StatusCode::BAD_REQUEST, e.code, "invalid_idempotency_key", e.message))?;
+        .map_err(|e| Refusal::InvalidIdempotencyKey.with(e.message).with_status(http::StatusCode::BAD_REQUEST))?;
     let request_meta = params.get("_meta");
     let meta = RequestMeta {
         progress_token: progress_token(&params),
@@ -490,6 +463,8 @@ impl std::future::Future for CatchPanic {
 
 #[cfg(test)]
 mod tests {
+    use tether_core::jsonrpc::RequestId;
+
     use super::*;
 
     /// A hand-written handler that answers at once and keeps `T` until it is dropped (an
@@ -538,22 +513,10 @@ mod tests {
     }
 
     #[test]
-    fn request_keys_round_trip_and_keep_the_id_type() {
-        for id in [RequestId::Number(-3), RequestId::String("7".into()), RequestId::String("a:b".into())] {
-            assert_eq!(request_ids_of_key(&request_key(&id)), [id]);
-        }
-        assert_ne!(request_key(&RequestId::Number(7)), request_key(&RequestId::String("7".into())));
-        let batch = [RequestId::Number(1), RequestId::String("b:2".into())];
-        let stream = StreamName::parse("b1").expect("a stream name");
-        assert_eq!(request_ids_of_key(&batch_key(&stream, &batch)), batch);
-        assert!(request_ids_of_key("x:1").is_empty());
-    }
-
-    #[test]
     fn a_trailer_ends_every_request_of_the_stream() {
         let error = ErrorObject::with_reason(-32000, "gone", "request_aborted");
         let stream = StreamName::parse("b1").expect("a stream name");
-        let responses = trailer(&batch_key(&stream, &[RequestId::Number(1), RequestId::Number(2)]), &error);
+        let responses = trailer(&RequestKey::of_batch(&stream, &[RequestId::Number(1), RequestId::Number(2)]), &error);
         let ids: Vec<_> = responses
             .iter()
             .map(|bytes| match tether_core::jsonrpc::parse_message(bytes) {

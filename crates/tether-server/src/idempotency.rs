@@ -17,6 +17,7 @@ use tether_core::mcp::{IdempotencyKey, meta, method};
 use tether_store::{Claim, KeyClaim, KeyState, Store, StoreError};
 
 use crate::context::Context;
+use crate::http::reject::Refusal;
 use crate::reader::{Ending, Item, StreamReader};
 use crate::{Shared, now_ms};
 /// The longest pause between two looks at a running original's record.
@@ -56,11 +57,8 @@ impl Keyed {
         }
         let Some(raw) = params.get("_meta").and_then(|m| m.get(meta::IDEMPOTENCY_KEY)) else { return Ok(None) };
         let key = raw.as_str().and_then(|k| IdempotencyKey::parse(k).ok()).ok_or_else(|| {
-            ErrorObject::with_reason(
-                code::INVALID_PARAMS,
-                format!("_meta[{:?}] must be 1 to 128 printable ASCII characters", meta::IDEMPOTENCY_KEY),
-                "invalid_idempotency_key",
-            )
+            Refusal::InvalidIdempotencyKey
+                .error(format!("_meta[{:?}] must be 1 to 128 printable ASCII characters", meta::IDEMPOTENCY_KEY))
         })?;
         let principal = principal.unwrap_or_default();
         let name = Digest::of(&format!("idempotency {} {principal}", principal.len()), key.as_str().as_bytes());
@@ -121,11 +119,9 @@ pub(crate) async fn plan(
         Claim::Existing { same_params, state } => (same_params, state),
     };
     if !same_params {
-        return Ok(Plan::Answer(Answer::Fail(ErrorObject::with_reason(
-            code::INVALID_PARAMS,
-            "this idempotency key was used for a request with other params",
-            "idempotency_key_reused",
-        ))));
+        return Ok(Plan::Answer(Answer::Fail(
+            Refusal::IdempotencyKeyReused.error("this idempotency key was used for a request with other params"),
+        )));
     }
     Ok(Plan::Answer(match state {
         KeyState::Finished(outcome) => Answer::Replay(decode(&outcome)),
@@ -252,30 +248,18 @@ fn next_pause(pause: Duration) -> Duration {
 
 /// The answer for a key whose request's process stopped before it finished.
 pub(crate) fn aborted() -> ErrorObject {
-    ErrorObject::with_reason(
-        -32000,
-        "the server running this request stopped before it finished; it may have partly run",
-        "request_aborted",
-    )
+    Refusal::RequestAborted.error("the server running this request stopped before it finished; it may have partly run")
 }
 
 /// The answer for a request whose stream no longer holds its response: it ran (or runs), but
 /// its outcome is no longer retained where this request looked.
 pub(crate) fn history_expired() -> ErrorObject {
-    ErrorObject::with_reason(
-        code::INVALID_REQUEST,
-        "this request's outcome is no longer retained; its stream's history expired",
-        "request_history_expired",
-    )
+    Refusal::RequestHistoryExpired.error("this request's outcome is no longer retained; its stream's history expired")
 }
 
 /// The outcome recorded for a keyed request that was cancelled.
 pub(crate) fn cancelled() -> ErrorObject {
-    ErrorObject::with_reason(
-        -32000,
-        "the request was cancelled before it finished; it may have partly run",
-        "request_cancelled",
-    )
+    Refusal::RequestCancelled.error("the request was cancelled before it finished; it may have partly run")
 }
 
 /// An outcome as the store records it: a JSON-RPC response with id 0, so the message codec

@@ -26,6 +26,7 @@ mod http;
 mod idempotency;
 mod ids;
 mod reader;
+mod request_key;
 #[cfg(feature = "rmcp")]
 pub mod rmcp;
 mod session;
@@ -45,7 +46,6 @@ pub use context::{Context, ContextError, SessionHandle};
 pub use handler::{Handler, HandlerFuture, ServerInfo};
 pub use session::LogLevel;
 
-use crate::http::reject::Rejection;
 use crate::session::Sessions;
 
 /// The protocol versions this server speaks.
@@ -70,30 +70,6 @@ pub(crate) struct Shared {
 /// Milliseconds since the Unix epoch: the clock every expiry is measured on.
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// How a store failure is answered.
-pub(crate) fn store_rejection(err: &StoreError) -> Rejection {
-    match err {
-        StoreError::SessionGone => Rejection::session_invalid(tether_core::lineage::InvalidReason::UnknownSession),
-        StoreError::TooManySessions => Rejection::new(
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            -32000,
-            "too_many_sessions",
-            "as many sessions as allowed are live; try again later",
-        )
-        .with_header(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1")),
-        StoreError::Backend(message) => {
-            tracing::error!(%message, "store backend failed");
-            Rejection::new(
-                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                -32000,
-                "store_unavailable",
-                "the store is unavailable",
-            )
-        }
-        other => Rejection::internal("store_error", other.to_string()),
-    }
 }
 
 /// Assembles a server from a handler, a store and a config.

@@ -14,11 +14,7 @@ pub(crate) async fn delete(
     principal: Option<String>,
 ) -> Result<Response, Rejection> {
     let (record, runtime) = live_session(shared, headers, principal.as_deref()).await?;
-    shared
-        .store
-        .end_session(&record.id, &record.epoch, SessionEnd::Terminated)
-        .await
-        .map_err(|e| crate::store_rejection(&e))?;
+    shared.store.end_session(&record.id, &record.epoch, SessionEnd::Terminated).await.map_err(Rejection::from)?;
     shared.sessions.remove(&record.id);
     crate::telemetry::session_terminated();
     tracing::debug!(session = %record.id, "session terminated by the client");

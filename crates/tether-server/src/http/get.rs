@@ -3,12 +3,12 @@
 use std::sync::Arc;
 
 use axum::response::Response;
-use http::{HeaderMap, StatusCode};
+use http::HeaderMap;
 use tether_core::lineage::{EventId, ServerDecision, decide_resume};
 use tether_core::mcp::header;
 use tether_store::SessionStatus;
 
-use super::reject::Rejection;
+use super::reject::{Refusal, Rejection};
 use super::sse::{Connection, Prelude};
 use super::{check_load, guard, live_session, renew, session_headers, session_id, session_status, sse};
 use crate::reader::StreamReader;
@@ -32,16 +32,12 @@ async fn standalone(shared: &Arc<Shared>, headers: &HeaderMap, principal: Option
     check_load(shared, &runtime)?;
     let stream = ids::stream_name('g').map_err(|e| Rejection::internal("random_failed", e.to_string()))?;
     let Some(attachment) = runtime.attach_new_get_stream(&stream) else {
-        return Err(Rejection::new(
-            StatusCode::CONFLICT,
-            -32000,
-            "get_stream_attached",
-            "the session's standalone stream is already open; resume it with Last-Event-ID instead",
-        ));
+        return Err(Refusal::GetStreamAttached
+            .with("the session's standalone stream is already open; resume it with Last-Event-ID instead"));
     };
     let store = &shared.store;
-    store.open_stream(&runtime.id, &runtime.epoch, &stream).await.map_err(|e| crate::store_rejection(&e))?;
-    store.set_standalone_stream(&runtime.id, &runtime.epoch, &stream).await.map_err(|e| crate::store_rejection(&e))?;
+    store.open_stream(&runtime.id, &runtime.epoch, &stream).await.map_err(Rejection::from)?;
+    store.set_standalone_stream(&runtime.id, &runtime.epoch, &stream).await.map_err(Rejection::from)?;
     let headers = session_headers(&runtime);
     let connection = Connection::fresh(shared, runtime, stream, attachment);
     Ok(sse::response(connection.into_body(), headers))
@@ -56,17 +52,12 @@ async fn resume(
 ) -> Result<Response, Rejection> {
     let id = session_id(headers)?;
     let cursor = EventId::parse(raw).map_err(|e| {
-        Rejection::bad_request(
-            "malformed_cursor",
-            format!("Last-Event-ID {raw:?} is not an event id of this server: {e}"),
-        )
+        Refusal::MalformedCursor.with(format!("Last-Event-ID {raw:?} is not an event id of this server: {e}"))
     })?;
     let now = now_ms();
     let status = session_status(shared, id, principal, now).await?;
     let range = match &status {
-        SessionStatus::Live(_) => {
-            shared.store.stream_range(id, &cursor.stream).await.map_err(|e| crate::store_rejection(&e))?
-        }
+        SessionStatus::Live(_) => shared.store.stream_range(id, &cursor.stream).await.map_err(Rejection::from)?,
         _ => None,
     };
     let decision = decide_resume(status.lookup(), &cursor, range, now);
@@ -93,16 +84,12 @@ async fn resume(
             return Ok(sse::response(sse::notice_body(record.epoch.as_str(), &notice), headers));
         }
     };
-    let request = shared.store.stream_request(id, &cursor.stream).await.map_err(|e| crate::store_rejection(&e))?;
+    let request = shared.store.stream_request(id, &cursor.stream).await.map_err(Rejection::from)?;
     if request.is_none() {
         // A resumed standalone stream is the session's standalone stream again (after a plain
         // GET elsewhere replaced it, server messages follow the client back).
         runtime.adopt_get_stream(&cursor.stream);
-        shared
-            .store
-            .set_standalone_stream(&record.id, &record.epoch, &cursor.stream)
-            .await
-            .map_err(|e| crate::store_rejection(&e))?;
+        shared.store.set_standalone_stream(&record.id, &record.epoch, &cursor.stream).await.map_err(Rejection::from)?;
     }
     let attachment = runtime.attach(&cursor.stream);
     let reader = StreamReader::new(Arc::clone(&shared.store), &record.id, cursor.stream, after);

@@ -2,11 +2,11 @@
 //! media types and protocol version.
 
 use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, ORIGIN, WWW_AUTHENTICATE};
-use http::{HeaderMap, HeaderValue, StatusCode, Uri};
+use http::{HeaderMap, HeaderValue, Uri};
 use serde_json::json;
-use tether_core::mcp::{ProtocolVersion, code, header};
+use tether_core::mcp::{ProtocolVersion, header};
 
-use super::reject::Rejection;
+use super::reject::{Refusal, Rejection};
 use crate::auth::Authenticator;
 use crate::config::ServerConfig;
 
@@ -47,23 +47,14 @@ pub(crate) fn origin_and_host(uri: &Uri, headers: &HeaderMap, config: &ServerCon
         let origin = origin.to_str().unwrap_or("");
         let allowed = is_loopback_origin(origin) || config.allowed_origins.iter().any(|o| o == origin);
         if !allowed {
-            return Err(Rejection::new(
-                StatusCode::FORBIDDEN,
-                -32000,
-                "origin_not_allowed",
-                format!("origin {origin:?} is not allowed"),
-            ));
+            return Err(Refusal::OriginNotAllowed.with(format!("origin {origin:?} is not allowed")));
         }
     }
     if config.require_loopback_host {
         let host = authority(uri, headers);
         if !is_loopback_host(host) {
-            return Err(Rejection::new(
-                StatusCode::FORBIDDEN,
-                -32000,
-                "host_not_allowed",
-                format!("host {host:?} is not a loopback name; this server is bound to loopback"),
-            ));
+            return Err(Refusal::HostNotAllowed
+                .with(format!("host {host:?} is not a loopback name; this server is bound to loopback")));
         }
     }
     Ok(())
@@ -74,7 +65,8 @@ pub(crate) fn authenticate(headers: &HeaderMap, auth: Option<&dyn Authenticator>
     let Some(auth) = auth else { return Ok(None) };
     let credentials = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
     auth.authenticate(credentials).map(Some).ok_or_else(|| {
-        Rejection::new(StatusCode::UNAUTHORIZED, -32000, "unauthorized", "missing or invalid bearer token")
+        Refusal::Unauthorized
+            .with("missing or invalid bearer token")
             .with_header(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))
     })
 }
@@ -103,7 +95,7 @@ fn accepted(headers: &HeaderMap) -> Accepted {
 }
 
 fn not_acceptable(needed: &str) -> Rejection {
-    Rejection::new(StatusCode::NOT_ACCEPTABLE, -32000, "not_acceptable", format!("Accept must include {needed}"))
+    Refusal::NotAcceptable.with(format!("Accept must include {needed}"))
 }
 
 /// A POST must accept both JSON and SSE (406 otherwise) and send JSON (415 otherwise).
@@ -114,12 +106,7 @@ pub(crate) fn post_media(headers: &HeaderMap) -> Result<(), Rejection> {
     let content_type = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     let essence = content_type.split(';').next().unwrap_or("").trim();
     if !essence.eq_ignore_ascii_case("application/json") {
-        return Err(Rejection::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            -32000,
-            "unsupported_media_type",
-            "Content-Type must be application/json",
-        ));
+        return Err(Refusal::UnsupportedMediaType.with("Content-Type must be application/json"));
     }
     Ok(())
 }
@@ -155,14 +142,10 @@ pub(crate) fn protocol_version(headers: &HeaderMap) -> HeaderVersion {
 
 /// 400 with -32022 and the supported versions.
 pub(crate) fn unsupported_version(requested: &str) -> Rejection {
-    Rejection::new(
-        StatusCode::BAD_REQUEST,
-        code::UNSUPPORTED_PROTOCOL_VERSION,
-        "unsupported_protocol_version",
-        format!("unsupported protocol version {requested:?}"),
-    )
-    .with_data("supported", json!(crate::SUPPORTED_VERSIONS.map(ProtocolVersion::as_str)))
-    .with_data("requested", json!(requested))
+    Refusal::UnsupportedProtocolVersion
+        .with(format!("unsupported protocol version {requested:?}"))
+        .with_data("supported", json!(crate::SUPPORTED_VERSIONS.map(ProtocolVersion::as_str)))
+        .with_data("requested", json!(requested))
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ use tracing::Instrument as _;
 use crate::Shared;
 use crate::session::SessionRuntime;
 use guard::HeaderVersion;
-use reject::Rejection;
+use reject::{Refusal, Rejection};
 
 pub(crate) fn router(path: &str, shared: Arc<Shared>) -> Router {
     Router::new().route(path, axum::routing::any(endpoint)).with_state(shared)
@@ -100,7 +100,7 @@ pub(crate) fn session_id(headers: &HeaderMap) -> Result<&str, Rejection> {
     headers
         .get(header::SESSION_ID)
         .map(|v| v.to_str().unwrap_or(""))
-        .ok_or_else(|| Rejection::bad_request("missing_session_id", "Mcp-Session-Id header is required"))
+        .ok_or_else(|| Refusal::MissingSessionId.with("Mcp-Session-Id header is required"))
 }
 
 /// The store's view of a session as `principal` may see it: another principal's session is
@@ -111,7 +111,7 @@ pub(crate) async fn session_status(
     principal: Option<&str>,
     now: u64,
 ) -> Result<SessionStatus, Rejection> {
-    let status = shared.store.session(id, now).await.map_err(|e| crate::store_rejection(&e))?;
+    let status = shared.store.session(id, now).await.map_err(Rejection::from)?;
     Ok(match status {
         SessionStatus::Live(record) if record.principal.as_deref() != principal => SessionStatus::Unknown,
         other => other,
@@ -151,7 +151,7 @@ pub(crate) async fn renew(shared: &Shared, record: &SessionRecord, now: u64) -> 
     match shared.store.touch_session(&record.id, &record.epoch, now).await {
         Ok(()) => Ok(()),
         Err(StoreError::SessionGone) => {
-            let status = shared.store.session(&record.id, now).await.map_err(|e| crate::store_rejection(&e))?;
+            let status = shared.store.session(&record.id, now).await.map_err(Rejection::from)?;
             let reason = match check_session(status.lookup(), now) {
                 // Live again under the same id: another incarnation replaced ours.
                 Ok(_) => InvalidReason::IncarnationMismatch,
@@ -159,7 +159,7 @@ pub(crate) async fn renew(shared: &Shared, record: &SessionRecord, now: u64) -> 
             };
             Err(Rejection::session_invalid(reason))
         }
-        Err(err) => Err(crate::store_rejection(&err)),
+        Err(err) => Err(Rejection::from(err)),
     }
 }
 
@@ -172,15 +172,10 @@ fn renewal_due(record: &SessionRecord, now: u64) -> bool {
 /// 429 when a session has too many open streams and running requests.
 pub(crate) fn check_load(shared: &Shared, runtime: &SessionRuntime) -> Result<(), Rejection> {
     if runtime.load() >= shared.config.max_streams_per_session {
-        return Err(Rejection::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            -32000,
-            "too_many_streams",
-            format!(
-                "a session may have at most {} open streams and running requests",
-                shared.config.max_streams_per_session
-            ),
-        ));
+        return Err(Refusal::TooManyStreams.with(format!(
+            "a session may have at most {} open streams and running requests",
+            shared.config.max_streams_per_session
+        )));
     }
     Ok(())
 }
@@ -190,17 +185,10 @@ pub(crate) fn check_load(shared: &Shared, runtime: &SessionRuntime) -> Result<()
 pub(crate) async fn read_body(body: Body, config: &crate::ServerConfig) -> Result<Bytes, Rejection> {
     use futures_util::StreamExt as _;
     let limit = config.max_body_bytes;
-    let too_large = || {
-        Rejection::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            -32000,
-            "body_too_large",
-            format!("request body over {limit} bytes"),
-        )
-    };
+    let too_large = || Refusal::BodyTooLarge.with(format!("request body over {limit} bytes"));
     let read = async {
         let mut chunks = body.into_data_stream();
-        let unreadable = |_| Rejection::bad_request("body_unreadable", "the request body could not be read");
+        let unreadable = |_| Refusal::BodyUnreadable.with("the request body could not be read");
         // Most bodies are one chunk: it is returned as it is, without a copy.
         let Some(first) = chunks.next().await.transpose().map_err(unreadable)? else { return Ok(Bytes::new()) };
         if first.len() > limit {
@@ -219,12 +207,7 @@ pub(crate) async fn read_body(body: Body, config: &crate::ServerConfig) -> Resul
         Ok(all.freeze())
     };
     tokio::time::timeout(config.body_timeout, read).await.unwrap_or_else(|_| {
-        Err(Rejection::new(
-            StatusCode::REQUEST_TIMEOUT,
-            -32000,
-            "body_timeout",
-            format!("the request body took longer than {:?} to arrive", config.body_timeout),
-        ))
+        Err(Refusal::BodyTimeout.with(format!("the request body took longer than {:?} to arrive", config.body_timeout)))
     })
 }
 

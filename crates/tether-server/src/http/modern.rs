@@ -12,7 +12,7 @@ use tether_core::mcp::{self, ProtocolVersion, header, meta, method};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::reject::Rejection;
+use super::reject::{self, Refusal, Rejection};
 use super::{accepted, guard, json_response, read_body, sse};
 use crate::context::{FirstOutput, Output};
 use crate::dispatch::{self, decorate_modern};
@@ -42,16 +42,13 @@ pub(crate) async fn post(
 ) -> Result<Response, Rejection> {
     guard::post_media(headers)?;
     let bytes = read_body(body, &shared.config).await?;
-    let message = jsonrpc::parse_message(&bytes).map_err(|e| {
-        let reason = if e.code() == code::PARSE_ERROR { "parse_error" } else { "invalid_message" };
-        Rejection::new(StatusCode::BAD_REQUEST, e.code(), reason, e.to_string())
-    })?;
+    let message = jsonrpc::parse_message(&bytes).map_err(|e| reject::unparsable(&e))?;
     let request = match message {
         Message::Request(request) => request,
         _ if unsupported.is_some() => return Err(guard::unsupported_version(unsupported.unwrap_or_default())),
         Message::Notification(_) => return Ok(accepted([])),
         Message::Response(_) => {
-            return Err(Rejection::bad_request("response_not_allowed", "clients send no responses in 2026-07-28"));
+            return Err(Refusal::ResponseNotAllowed.with("clients send no responses in 2026-07-28"));
         }
     };
     let id = request.id.clone();

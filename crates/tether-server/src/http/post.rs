@@ -12,12 +12,13 @@ use tether_core::jsonrpc::{self, Message, Notification, Request, RequestId, code
 use tether_core::mcp::{ProtocolVersion, meta, method};
 use tether_store::{RelayedAnswer, SessionRecord};
 
-use super::reject::{Rejection, rpc_error};
+use super::reject::{self, Refusal, Rejection, rpc_error};
 use super::sse::Connection;
 use super::{accepted, check_load, guard, json_response, live_session, read_body, session_headers, sse};
 use crate::context::FirstOutput;
 use crate::context::SessionHandle;
 use crate::dispatch::{self, Running, Started};
+use crate::request_key::RequestKey;
 use crate::session::{LogLevel, SessionRuntime};
 use crate::{Shared, ids, now_ms};
 
@@ -29,8 +30,7 @@ pub(crate) async fn post(
 ) -> Result<Response, Rejection> {
     guard::post_media(headers)?;
     let bytes = read_body(body, &shared.config).await?;
-    let parsed = jsonrpc::parse_body(&bytes)
-        .map_err(|e| Rejection::new(StatusCode::BAD_REQUEST, e.code(), reason_of(&e), e.to_string()))?;
+    let parsed = jsonrpc::parse_body(&bytes).map_err(|e| reject::unparsable(&e))?;
     let (messages, batch) = match parsed {
         jsonrpc::Body::Single(Message::Request(request)) if request.method == method::INITIALIZE => {
             return initialize(shared, request, principal).await;
@@ -38,17 +38,17 @@ pub(crate) async fn post(
         jsonrpc::Body::Single(message) => (vec![message], false),
         jsonrpc::Body::Batch(messages) => {
             if messages.iter().any(|m| m.method() == Some(method::INITIALIZE)) {
-                return Err(Rejection::bad_request("initialize_in_batch", "initialize must not be part of a batch"));
+                return Err(Refusal::InitializeInBatch.with("initialize must not be part of a batch"));
             }
             (messages, true)
         }
     };
     let (_, runtime) = live_session(shared, headers, principal.as_deref()).await?;
     if batch && !runtime.version.allows_batches() {
-        return Err(Rejection::bad_request(
-            "batch_not_allowed",
-            format!("JSON-RPC batches are only accepted in 2025-03-26 sessions; this one is {}", runtime.version),
-        ));
+        return Err(Refusal::BatchNotAllowed.with(format!(
+            "JSON-RPC batches are only accepted in 2025-03-26 sessions; this one is {}",
+            runtime.version
+        )));
     }
     let mut requests = Vec::new();
     for message in messages {
@@ -66,13 +66,6 @@ pub(crate) async fn post(
             respond(shared, &runtime, principal.as_deref(), request).await
         }
         (true, _) => respond_batch(shared, &runtime, principal.as_deref(), requests).await,
-    }
-}
-
-fn reason_of(err: &jsonrpc::ParseError) -> &'static str {
-    match err {
-        jsonrpc::ParseError::NotJson(_) => "parse_error",
-        jsonrpc::ParseError::Invalid(_) => "invalid_message",
     }
 }
 
@@ -99,7 +92,7 @@ async fn initialize(shared: &Arc<Shared>, request: Request, principal: Option<St
     };
     // The store admits it against every live session it holds, of every replica sharing it.
     let max = shared.config.max_sessions;
-    shared.store.create_session(record.clone(), max).await.map_err(|e| crate::store_rejection(&e))?;
+    shared.store.create_session(record.clone(), max).await.map_err(Rejection::from)?;
     let runtime = shared.sessions.runtime(&record, &shared.process_token);
     crate::telemetry::session_created();
     let info = shared.handler.info();
@@ -128,12 +121,10 @@ async fn initialize(shared: &Arc<Shared>, request: Request, principal: Option<St
 fn notify(shared: &Arc<Shared>, runtime: &Arc<SessionRuntime>, notification: Notification) {
     match notification.method.as_str() {
         method::CANCELLED => {
-            let id = notification.params.as_ref().and_then(|p| p.get("requestId"));
-            match id {
-                Some(Value::Number(n)) if n.is_i64() => runtime.cancel_request(&format!("n:{n}")),
-                Some(Value::String(s)) => runtime.cancel_request(&format!("s:{s}")),
-                // Invalid cancellations are ignored, as the spec asks.
-                _ => {}
+            // Invalid cancellations are ignored, as the spec asks.
+            let key = notification.params.as_ref().and_then(|p| p.get("requestId")).and_then(RequestKey::cancelled);
+            if let Some(key) = key {
+                runtime.cancel_request(key.as_str());
             }
         }
         method::INITIALIZED => {}
@@ -247,12 +238,12 @@ async fn respond_batch(
     check_load(shared, runtime)?;
     let stream = ids::stream_name('b').map_err(|e| Rejection::internal("random_failed", e.to_string()))?;
     let ids: Vec<RequestId> = requests.iter().map(|r| r.id.clone()).collect();
-    let key = dispatch::batch_key(&stream, &ids);
+    let key = RequestKey::of_batch(&stream, &ids);
     let store = &shared.store;
     store
-        .begin_request(&runtime.id, &runtime.epoch, &key, &key, &stream)
+        .begin_request(&runtime.id, &runtime.epoch, key.as_str(), key.as_str(), &stream)
         .await
-        .map_err(|e| crate::store_rejection(&e))?;
+        .map_err(Rejection::from)?;
     // Each request's response, once known; its place in the batch for the ones still running.
     let mut answers: Vec<Option<Bytes>> = vec![None; requests.len()];
     let mut firsts = tokio::task::JoinSet::new();
@@ -278,7 +269,7 @@ async fn respond_batch(
         };
         let response = Bytes::from(Message::Response(jsonrpc::Response { id: Some(id), outcome }).to_vec());
         if let Err(err) = store.append(&runtime.id, &runtime.epoch, &stream, response.clone(), false).await {
-            started = Err(crate::store_rejection(&err));
+            started = Err(Rejection::from(err));
             break;
         }
         answers[place] = Some(response);

@@ -6,6 +6,202 @@ use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{ErrorObject, Message, RequestId, code};
 use tether_core::lineage::InvalidReason;
+use tether_store::StoreError;
+
+/// Every refusal of the transport and every error it answers a request with on its own, named
+/// once: its HTTP status, JSON-RPC code and `data.reason` are fixed here, and the table of
+/// errors in docs/PROTOCOL.md is tested against this list. (What a handler answers is the
+/// handler's.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    ParseError,
+    InvalidMessage,
+    BatchNotAllowed,
+    InitializeInBatch,
+    MissingSessionId,
+    SessionInvalid(InvalidReason),
+    MalformedCursor,
+    UnsupportedProtocolVersion,
+    NotAcceptable,
+    UnsupportedMediaType,
+    BodyTooLarge,
+    BodyTimeout,
+    BodyUnreadable,
+    OriginNotAllowed,
+    HostNotAllowed,
+    Unauthorized,
+    TooManySessions,
+    TooManyConnections,
+    TooManyStreams,
+    GetStreamAttached,
+    StoreUnavailable,
+    ResponseNotAllowed,
+    /// Answered in the response (status 200), not by refusing it.
+    RequestIdReused,
+    /// Answered in the response.
+    RequestHistoryExpired,
+    /// Answered in the response in legacy sessions; 400 in 2026-07-28.
+    InvalidIdempotencyKey,
+    /// Answered in the response.
+    IdempotencyKeyReused,
+    /// Answered in the response.
+    RequestAborted,
+    /// Answered in the response.
+    RequestCancelled,
+}
+
+impl Refusal {
+    /// Every refusal, for the test against docs/PROTOCOL.md.
+    #[cfg(test)]
+    pub const ALL: [Refusal; 31] = [
+        Refusal::ParseError,
+        Refusal::InvalidMessage,
+        Refusal::BatchNotAllowed,
+        Refusal::InitializeInBatch,
+        Refusal::MissingSessionId,
+        Refusal::SessionInvalid(InvalidReason::UnknownSession),
+        Refusal::SessionInvalid(InvalidReason::Terminated),
+        Refusal::SessionInvalid(InvalidReason::Expired),
+        Refusal::SessionInvalid(InvalidReason::IncarnationMismatch),
+        Refusal::MalformedCursor,
+        Refusal::UnsupportedProtocolVersion,
+        Refusal::NotAcceptable,
+        Refusal::UnsupportedMediaType,
+        Refusal::BodyTooLarge,
+        Refusal::BodyTimeout,
+        Refusal::BodyUnreadable,
+        Refusal::OriginNotAllowed,
+        Refusal::HostNotAllowed,
+        Refusal::Unauthorized,
+        Refusal::TooManySessions,
+        Refusal::TooManyConnections,
+        Refusal::TooManyStreams,
+        Refusal::GetStreamAttached,
+        Refusal::StoreUnavailable,
+        Refusal::ResponseNotAllowed,
+        Refusal::RequestIdReused,
+        Refusal::RequestHistoryExpired,
+        Refusal::InvalidIdempotencyKey,
+        Refusal::IdempotencyKeyReused,
+        Refusal::RequestAborted,
+        Refusal::RequestCancelled,
+    ];
+
+    /// The HTTP status it is answered with (200 for the errors answered in the response).
+    pub fn status(self) -> StatusCode {
+        match self {
+            Refusal::ParseError
+            | Refusal::InvalidMessage
+            | Refusal::BatchNotAllowed
+            | Refusal::InitializeInBatch
+            | Refusal::MissingSessionId
+            | Refusal::MalformedCursor
+            | Refusal::UnsupportedProtocolVersion
+            | Refusal::BodyUnreadable
+            | Refusal::ResponseNotAllowed => StatusCode::BAD_REQUEST,
+            Refusal::SessionInvalid(_) => StatusCode::NOT_FOUND,
+            Refusal::NotAcceptable => StatusCode::NOT_ACCEPTABLE,
+            Refusal::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Refusal::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Refusal::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            Refusal::OriginNotAllowed | Refusal::HostNotAllowed => StatusCode::FORBIDDEN,
+            Refusal::Unauthorized => StatusCode::UNAUTHORIZED,
+            Refusal::TooManySessions | Refusal::TooManyConnections | Refusal::StoreUnavailable => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Refusal::TooManyStreams => StatusCode::TOO_MANY_REQUESTS,
+            Refusal::GetStreamAttached => StatusCode::CONFLICT,
+            Refusal::RequestIdReused
+            | Refusal::RequestHistoryExpired
+            | Refusal::InvalidIdempotencyKey
+            | Refusal::IdempotencyKeyReused
+            | Refusal::RequestAborted
+            | Refusal::RequestCancelled => StatusCode::OK,
+        }
+    }
+
+    /// The JSON-RPC error code.
+    pub fn code(self) -> i64 {
+        match self {
+            Refusal::ParseError => code::PARSE_ERROR,
+            Refusal::InvalidMessage
+            | Refusal::BatchNotAllowed
+            | Refusal::InitializeInBatch
+            | Refusal::MissingSessionId
+            | Refusal::MalformedCursor
+            | Refusal::BodyUnreadable
+            | Refusal::ResponseNotAllowed
+            | Refusal::RequestIdReused
+            | Refusal::RequestHistoryExpired => code::INVALID_REQUEST,
+            Refusal::SessionInvalid(_) => SESSION_INVALID,
+            Refusal::UnsupportedProtocolVersion => tether_core::mcp::code::UNSUPPORTED_PROTOCOL_VERSION,
+            Refusal::InvalidIdempotencyKey | Refusal::IdempotencyKeyReused => code::INVALID_PARAMS,
+            Refusal::NotAcceptable
+            | Refusal::UnsupportedMediaType
+            | Refusal::BodyTooLarge
+            | Refusal::BodyTimeout
+            | Refusal::OriginNotAllowed
+            | Refusal::HostNotAllowed
+            | Refusal::Unauthorized
+            | Refusal::TooManySessions
+            | Refusal::TooManyConnections
+            | Refusal::TooManyStreams
+            | Refusal::GetStreamAttached
+            | Refusal::StoreUnavailable
+            | Refusal::RequestAborted
+            | Refusal::RequestCancelled => SERVER_ERROR,
+        }
+    }
+
+    /// The `data.reason`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refusal::ParseError => "parse_error",
+            Refusal::InvalidMessage => "invalid_message",
+            Refusal::BatchNotAllowed => "batch_not_allowed",
+            Refusal::InitializeInBatch => "initialize_in_batch",
+            Refusal::MissingSessionId => "missing_session_id",
+            Refusal::SessionInvalid(reason) => reason.as_str(),
+            Refusal::MalformedCursor => "malformed_cursor",
+            Refusal::UnsupportedProtocolVersion => "unsupported_protocol_version",
+            Refusal::NotAcceptable => "not_acceptable",
+            Refusal::UnsupportedMediaType => "unsupported_media_type",
+            Refusal::BodyTooLarge => "body_too_large",
+            Refusal::BodyTimeout => "body_timeout",
+            Refusal::BodyUnreadable => "body_unreadable",
+            Refusal::OriginNotAllowed => "origin_not_allowed",
+            Refusal::HostNotAllowed => "host_not_allowed",
+            Refusal::Unauthorized => "unauthorized",
+            Refusal::TooManySessions => "too_many_sessions",
+            Refusal::TooManyConnections => "too_many_connections",
+            Refusal::TooManyStreams => "too_many_streams",
+            Refusal::GetStreamAttached => "get_stream_attached",
+            Refusal::StoreUnavailable => "store_unavailable",
+            Refusal::ResponseNotAllowed => "response_not_allowed",
+            Refusal::RequestIdReused => "request_id_reused",
+            Refusal::RequestHistoryExpired => "request_history_expired",
+            Refusal::InvalidIdempotencyKey => "invalid_idempotency_key",
+            Refusal::IdempotencyKeyReused => "idempotency_key_reused",
+            Refusal::RequestAborted => "request_aborted",
+            Refusal::RequestCancelled => "request_cancelled",
+        }
+    }
+
+    /// The refusal, saying `message`.
+    pub fn with(self, message: impl Into<String>) -> Rejection {
+        Rejection::new(self.status(), self.code(), self.reason(), message)
+    }
+
+    /// The JSON-RPC error it answers a request with, saying `message`.
+    pub fn error(self, message: impl Into<String>) -> ErrorObject {
+        rpc_error(self.code(), self.reason(), message)
+    }
+}
+
+/// The code of a server error (`-32000`): a refusal of the transport's own.
+const SERVER_ERROR: i64 = -32000;
+/// The code of an unusable session (`-32001`).
+const SESSION_INVALID: i64 = -32001;
 
 /// A request the server will not serve, and how to say so.
 #[derive(Debug)]
@@ -17,13 +213,9 @@ pub(crate) struct Rejection {
 }
 
 impl Rejection {
+    /// A refusal outside the catalogue: a handler's, or a failure on the server's side.
     pub fn new(status: StatusCode, code: i64, reason: &str, message: impl Into<String>) -> Rejection {
         Rejection { status, error: ErrorObject::with_reason(code, message, reason), id: None, headers: Vec::new() }
-    }
-
-    /// 400 with -32600 (invalid request).
-    pub fn bad_request(reason: &str, message: impl Into<String>) -> Rejection {
-        Rejection::new(StatusCode::BAD_REQUEST, code::INVALID_REQUEST, reason, message)
     }
 
     /// 404: the session cannot be used, with the reason.
@@ -34,7 +226,7 @@ impl Rejection {
             InvalidReason::Expired => "session expired",
             InvalidReason::IncarnationMismatch => "the cursor belongs to another incarnation of this session",
         };
-        Rejection::new(StatusCode::NOT_FOUND, -32001, reason.as_str(), message)
+        Refusal::SessionInvalid(reason).with(message)
     }
 
     /// 500: something on the server's side failed; nothing the client sent was wrong.
@@ -51,6 +243,13 @@ impl Rejection {
             "method not allowed",
         )
         .with_header(http::header::ALLOW, HeaderValue::from_static(allow))
+    }
+
+    /// The same refusal with another status (an error answered in the response in one era, by
+    /// refusing the request in the other).
+    pub fn with_status(mut self, status: StatusCode) -> Rejection {
+        self.status = status;
+        self
     }
 
     pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Rejection {
@@ -84,4 +283,77 @@ impl IntoResponse for Rejection {
 /// A JSON-RPC error for a request that was well formed but cannot be served.
 pub(crate) fn rpc_error(code: i64, reason: &str, message: impl Into<String>) -> ErrorObject {
     ErrorObject { code, message: message.into(), data: Some(json!({ "reason": reason })) }
+}
+
+impl From<StoreError> for Rejection {
+    /// How a store failure is answered: a session the store says is gone is a 404, a full
+    /// store a 503 to retry, a failing backend a 503 (logged), anything else a 500.
+    fn from(err: StoreError) -> Rejection {
+        match err {
+            StoreError::SessionGone => Rejection::session_invalid(InvalidReason::UnknownSession),
+            StoreError::TooManySessions => Refusal::TooManySessions
+                .with("as many sessions as allowed are live; try again later")
+                .with_header(http::header::RETRY_AFTER, HeaderValue::from_static("1")),
+            StoreError::Backend(message) => {
+                tracing::error!(%message, "store backend failed");
+                Refusal::StoreUnavailable.with("the store is unavailable")
+            }
+            other => Rejection::internal("store_error", other.to_string()),
+        }
+    }
+}
+
+/// The refusal of a body that is not a JSON-RPC message.
+pub(crate) fn unparsable(err: &tether_core::jsonrpc::ParseError) -> Rejection {
+    let refusal = match err {
+        tether_core::jsonrpc::ParseError::NotJson(_) => Refusal::ParseError,
+        tether_core::jsonrpc::ParseError::Invalid(_) => Refusal::InvalidMessage,
+    };
+    refusal.with(err.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rows of docs/PROTOCOL.md's table of errors: status, code and reasons of each.
+    fn documented() -> Vec<(u16, i64, Vec<String>)> {
+        let doc = include_str!("../../../../docs/PROTOCOL.md");
+        let table = doc.split("## Errors").nth(1).and_then(|s| s.split("\n## ").next()).expect("an Errors section");
+        table
+            .lines()
+            .filter(|line| line.starts_with("| ") && !line.starts_with("| situation"))
+            .map(|line| {
+                let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+                let status = cells[2].split_whitespace().next().and_then(|s| s.parse().ok()).expect("a status");
+                let code = cells[3].parse().expect("a code");
+                let reasons = cells[4]
+                    .split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .filter(|r| r.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+                    .map(str::to_owned)
+                    .collect();
+                (status, code, reasons)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_documented_table_of_errors_is_the_catalogue() {
+        let rows = documented();
+        for refusal in Refusal::ALL {
+            let row = rows.iter().find(|(_, _, reasons)| reasons.iter().any(|r| r == refusal.reason()));
+            let Some((status, code, _)) = row else { panic!("{} is not in docs/PROTOCOL.md", refusal.reason()) };
+            assert_eq!((*status, *code), (refusal.status().as_u16(), refusal.code()), "{}", refusal.reason());
+        }
+        for (_, _, reasons) in &rows {
+            for reason in reasons {
+                assert!(
+                    Refusal::ALL.iter().any(|r| r.reason() == reason),
+                    "docs/PROTOCOL.md names {reason}, which the catalogue lacks"
+                );
+            }
+        }
+    }
 }

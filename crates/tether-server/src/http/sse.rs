@@ -20,6 +20,7 @@ use tokio_util::sync::DropGuard;
 
 use crate::Shared;
 use crate::reader::{Ending, Item, StreamReader};
+use crate::request_key::RequestKey;
 use crate::session::{Attachment, SessionRuntime};
 
 /// An SSE response with the headers every stream carries.
@@ -120,7 +121,8 @@ async fn write_trailer(out: &mut Vec<u8>, shared: &Shared, session: &str, stream
             return;
         }
     };
-    for response in request.as_deref().map(|key| crate::dispatch::trailer(key, &error)).unwrap_or_default() {
+    let key = request.as_deref().map(RequestKey::stored);
+    for response in key.map(|key| crate::dispatch::trailer(&key, &error)).unwrap_or_default() {
         encode(out, &OutgoingEvent { data: Some(&response), ..Default::default() });
     }
 }
