@@ -174,9 +174,8 @@ pub enum Message {
 impl Message {
     /// Serializes the message to compact JSON bytes.
     pub fn to_vec(&self) -> Vec<u8> {
-        // Serializing these types cannot fail: every map key is a string and every value
-        // is a serde_json::Value or a primitive.
-        serde_json::to_vec(self).unwrap_or_default()
+        serde_json::to_vec(self)
+            .expect("a message serializes: every map key is a string, every value a serde_json::Value or a primitive")
     }
 
     /// The method of a request or notification.

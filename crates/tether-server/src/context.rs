@@ -199,8 +199,10 @@ fn progress_notification(token: &Value, progress: f64, total: Option<f64>, messa
     }
     let params = Params { progress_token: token, progress: number(progress), total: total.map(number), message };
     let envelope = Envelope { jsonrpc: "2.0", method: method::PROGRESS, params };
-    // Serializing it cannot fail: every key is a string and every value a `Value` or a primitive.
-    Bytes::from(serde_json::to_vec(&envelope).unwrap_or_default())
+    Bytes::from(
+        serde_json::to_vec(&envelope)
+            .expect("a notification serializes: every key is a string, every value a `Value` or a primitive"),
+    )
 }
 
 /// Appends `message` to the session's standalone stream, wherever and whenever it was opened
@@ -272,7 +274,9 @@ impl SessionHandle {
     }
 }
 
-struct Shared {
+/// What every clone of one request's [`Context`] shares: where its output goes, its metadata, its
+/// cancellation and the server.
+struct RequestState {
     output: Output,
     /// The queue of the request's writer (legacy sessions).
     writes: Option<mpsc::Sender<Write>>,
@@ -281,7 +285,7 @@ struct Shared {
     first: FirstSender,
     meta: RequestMeta,
     cancel: CancellationToken,
-    server: Arc<crate::Shared>,
+    server: Arc<crate::ServerState>,
 }
 
 /// A JSON number, integral when the value is (progress counts are usually whole).
@@ -292,7 +296,7 @@ fn number(value: f64) -> Value {
 /// The handler's view of one request. Cheap to clone.
 #[derive(Clone)]
 pub struct Context {
-    shared: Arc<Shared>,
+    shared: Arc<RequestState>,
 }
 
 impl std::fmt::Debug for Context {
@@ -306,7 +310,7 @@ impl Context {
         output: Output,
         meta: RequestMeta,
         cancel: CancellationToken,
-        server: Arc<crate::Shared>,
+        server: Arc<crate::ServerState>,
     ) -> (Context, oneshot::Receiver<FirstOutput>) {
         let (tx, rx) = oneshot::channel();
         let first: FirstSender = Arc::new(Mutex::new(Some(tx)));
@@ -321,7 +325,7 @@ impl Context {
             }
             Output::Direct { .. } => None,
         };
-        let shared = Shared { output, writes, write_failure, first, meta, cancel, server };
+        let shared = RequestState { output, writes, write_failure, first, meta, cancel, server };
         (Context { shared: Arc::new(shared) }, rx)
     }
 

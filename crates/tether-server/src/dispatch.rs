@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::Shared;
+use crate::ServerState;
 use crate::context::{Context, FirstOutput, Output, RequestMeta};
 use crate::http::reject::{Refusal, Rejection, rpc_error};
 use crate::idempotency::{self, Answer, Keyed, Plan};
@@ -81,7 +81,7 @@ pub(crate) fn decorate_modern(method: &str, result: &mut Value, server_info: &Va
 /// executed once however often its id is sent, and its output survives the connection. With an
 /// idempotency key, once however often it is sent at all (see [`idempotency`]).
 pub(crate) async fn start_legacy(
-    shared: &Arc<Shared>,
+    shared: &Arc<ServerState>,
     runtime: &Arc<SessionRuntime>,
     principal: Option<&str>,
     request: Request,
@@ -99,7 +99,7 @@ pub(crate) async fn start_legacy(
 /// batch's stream, with the original's outcome. `Err` with the error that answers the request
 /// instead.
 pub(crate) async fn start_in_batch(
-    shared: &Arc<Shared>,
+    shared: &Arc<ServerState>,
     runtime: &Arc<SessionRuntime>,
     principal: Option<&str>,
     request: Request,
@@ -155,7 +155,7 @@ enum Prepared {
 /// request's `own` or a batch's. A key's claim names only a request's own stream: a re-send
 /// follows it; one sharing a batch's waits for the key's record instead.
 async fn record(
-    shared: &Arc<Shared>,
+    shared: &Arc<ServerState>,
     runtime: &Arc<SessionRuntime>,
     principal: Option<&str>,
     request: Request,
@@ -168,8 +168,9 @@ async fn record(
         Ok(keyed) => keyed,
         Err(error) => return Ok(Recorded::Conflict(error)),
     };
-    // Straight to bytes, not through `Display`'s formatter; serializing a `Value` cannot fail.
-    let digest = Digest::of(key.as_str(), &serde_json::to_vec(&params).unwrap_or_default()).to_string();
+    // Straight to bytes, not through `Display`'s formatter.
+    let params_bytes = serde_json::to_vec(&params).expect("a serde_json::Value serializes: its keys are strings");
+    let digest = Digest::of(key.as_str(), &params_bytes).to_string();
     let store = &shared.store;
     let started = std::time::Instant::now();
     let followed = own.then(|| (runtime.id.clone(), stream.clone()));
@@ -204,7 +205,7 @@ async fn record(
 /// Runs a recorded request in a task of its own, writing to `stream` (which ends with its
 /// response if `ends_stream`).
 async fn run_recorded(
-    shared: &Arc<Shared>,
+    shared: &Arc<ServerState>,
     runtime: &Arc<SessionRuntime>,
     work: Work,
     stream: StreamName,
@@ -267,7 +268,7 @@ enum Job {
 /// Turns the store's answer to a request's claim (claiming it now if `claimed` is `None`) into a
 /// job.
 async fn keyed_job(
-    shared: &Shared,
+    shared: &ServerState,
     keyed: Keyed,
     claim: KeyClaim,
     claimed: Option<Claim>,
@@ -305,7 +306,7 @@ pub(crate) struct Direct {
 /// `cancel` fires (the response stream was closed). With an idempotency key, it is recorded
 /// like a legacy one, and runs once however often it is sent.
 pub(crate) async fn start_direct(
-    shared: &Arc<Shared>,
+    shared: &Arc<ServerState>,
     principal: Option<&str>,
     request: Request,
     output: Output,
@@ -353,7 +354,7 @@ const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 /// Runs `job` for `request` (whose params are set) and sends its outcome, recording it under the
 /// request's key if it ran.
 async fn run(
-    shared: &Shared,
+    shared: &ServerState,
     ctx: Context,
     request: Request,
     job: Job,

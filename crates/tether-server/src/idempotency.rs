@@ -19,13 +19,13 @@ use tether_store::{Claim, KeyClaim, KeyState, Store, StoreError};
 use crate::context::Context;
 use crate::http::reject::Refusal;
 use crate::reader::{Ending, Item, StreamReader};
-use crate::{Shared, now_ms};
+use crate::{ServerState, now_ms};
 /// The longest pause between two looks at a running original's record.
 const MAX_POLL: Duration = Duration::from_millis(250);
 
 /// Adds the `io.tether/idempotency` capability to `capabilities` if the extension is on: the
 /// version, and the name of the records keys are claimed in (see [`Store::records_id`]).
-pub(crate) fn advertise(shared: &Shared, capabilities: &mut Value) {
+pub(crate) fn advertise(shared: &ServerState, capabilities: &mut Value) {
     if shared.config.idempotency && capabilities.is_object() {
         capabilities["experimental"][meta::IDEMPOTENCY_CAPABILITY] =
             json!({"version": 1, "records": shared.store.records_id()});
@@ -47,7 +47,7 @@ impl Keyed {
     /// The key `params` carry, if the extension is on and they carry one; a malformed key is an
     /// invalid-params error.
     pub fn of(
-        shared: &Shared,
+        shared: &ServerState,
         principal: Option<&str>,
         method: &str,
         params: &Value,
@@ -67,7 +67,7 @@ impl Keyed {
         let bare = match params {
             Value::Object(map) => {
                 let bare: std::collections::BTreeMap<_, _> = map.iter().filter(|(k, _)| *k != "_meta").collect();
-                serde_json::to_string(&bare).unwrap_or_default()
+                serde_json::to_string(&bare).expect("a map of strings to serde_json::Values serializes")
             }
             other => other.to_string(),
         };

@@ -17,6 +17,7 @@
 
 mod auth;
 pub mod builtin;
+mod clock;
 mod config;
 mod connection;
 mod context;
@@ -29,24 +30,23 @@ mod reader;
 mod request_key;
 #[cfg(feature = "rmcp")]
 pub mod rmcp;
+mod server;
 mod session;
 mod telemetry;
 pub mod tools;
 
-use std::sync::{Arc, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
 use tether_core::mcp::ProtocolVersion;
-use tether_store::{MemoryStore, Store, StoreError};
 
 pub use auth::{Authenticator, BearerToken};
 pub use config::{ServerConfig, parse_duration};
 pub use connection::{ConnectionLimits, serve, serve_connection};
 pub use context::{Context, ContextError, SessionHandle};
 pub use handler::{Handler, HandlerFuture, ServerInfo};
+pub use server::{Builder, Server};
 pub use session::LogLevel;
 
-use crate::session::Sessions;
+pub(crate) use clock::now_ms;
+pub(crate) use server::ServerState;
 
 /// The protocol versions this server speaks.
 pub(crate) const SUPPORTED_VERSIONS: [ProtocolVersion; 4] = [
@@ -55,158 +55,3 @@ pub(crate) const SUPPORTED_VERSIONS: [ProtocolVersion; 4] = [
     ProtocolVersion::V2025_11_25,
     ProtocolVersion::V2026_07_28,
 ];
-
-/// State shared by every request of one server.
-pub(crate) struct Shared {
-    pub config: ServerConfig,
-    pub handler: Arc<dyn Handler>,
-    pub store: Arc<dyn Store>,
-    pub sessions: Sessions,
-    pub auth: Option<Arc<dyn Authenticator>>,
-    /// Distinguishes this process's server-to-client request ids from other replicas'.
-    pub process_token: String,
-}
-
-/// Milliseconds since the Unix epoch: the clock every expiry is measured on.
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// Assembles a server from a handler, a store and a config.
-pub struct Builder {
-    handler: Arc<dyn Handler>,
-    store: Option<Arc<dyn Store>>,
-    config: ServerConfig,
-    auth: Option<Arc<dyn Authenticator>>,
-}
-
-impl Builder {
-    /// A server for `handler` with the default config and an in-memory store.
-    pub fn new(handler: impl Handler) -> Builder {
-        Builder { handler: Arc::new(handler), store: None, config: ServerConfig::default(), auth: None }
-    }
-
-    /// Uses `store` for sessions, events and request records.
-    pub fn store(mut self, store: Arc<dyn Store>) -> Builder {
-        self.store = Some(store);
-        self
-    }
-
-    /// Uses `config`.
-    pub fn config(mut self, config: ServerConfig) -> Builder {
-        self.config = config;
-        self
-    }
-
-    /// Requires every request to authenticate; a session belongs to the principal that created it.
-    pub fn authenticator(mut self, auth: impl Authenticator) -> Builder {
-        self.auth = Some(Arc::new(auth));
-        self
-    }
-
-    /// The server.
-    pub fn build(self) -> Server {
-        let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new(self.config.retention)));
-        // Uniqueness across replicas only needs to be probable; a time-based fallback is enough
-        // if the OS random source fails at start-up.
-        let process_token = ids::token().unwrap_or_else(|_| format!("p{}", now_ms()));
-        let shared = Shared {
-            config: self.config,
-            handler: self.handler,
-            store,
-            sessions: Sessions::default(),
-            auth: self.auth,
-            process_token,
-        };
-        Server { shared: Arc::new(shared) }
-    }
-}
-
-/// A built server: mount its router anywhere.
-pub struct Server {
-    shared: Arc<Shared>,
-}
-
-impl Server {
-    /// An axum router serving the MCP endpoint at `path`. Also starts the background sweep that
-    /// expires idle sessions and drops old history; it stops when the router is dropped.
-    pub fn router(&self, path: &str) -> axum::Router {
-        tokio::spawn(sweep(Arc::downgrade(&self.shared)));
-        if let Some(answers) = self.shared.store.relayed_answers() {
-            tokio::spawn(deliver_relayed(Arc::downgrade(&self.shared), answers));
-        }
-        http::router(path, Arc::clone(&self.shared))
-    }
-}
-
-/// Delivers answers other replicas received for this process's waiting handlers.
-async fn deliver_relayed(
-    shared: Weak<Shared>,
-    mut answers: tokio::sync::broadcast::Receiver<tether_store::RelayedAnswer>,
-) {
-    use tokio::sync::broadcast::error::RecvError;
-    loop {
-        let answer = match answers.recv().await {
-            Ok(answer) => answer,
-            Err(RecvError::Lagged(missed)) => {
-                tracing::warn!(missed, "relayed answers were dropped");
-                continue;
-            }
-            Err(RecvError::Closed) => return,
-        };
-        let Some(shared) = shared.upgrade() else { return };
-        let Some(runtime) = shared.sessions.get(&answer.session) else { continue };
-        if let Ok(tether_core::jsonrpc::Message::Response(response)) =
-            tether_core::jsonrpc::parse_message(&answer.response)
-        {
-            // Another replica's handler, or nobody's: either way not ours to report.
-            let _ = runtime.answer_client_request(&answer.request_id, response.outcome);
-        }
-    }
-}
-
-/// Keeps active sessions alive, expires idle ones and applies retention, until the server is gone.
-async fn sweep(shared: Weak<Shared>) {
-    let interval = match shared.upgrade() {
-        Some(shared) => shared.config.sweep_interval.max(Duration::from_millis(10)),
-        None => return,
-    };
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        let Some(shared) = shared.upgrade() else { return };
-        let now = now_ms();
-        // Open streams and running requests are activity: renew those sessions first. Only a
-        // session the store says is gone ends here; a store hiccup is retried next sweep.
-        for runtime in shared.sessions.active() {
-            match shared.store.touch_session(&runtime.id, &runtime.epoch, now).await {
-                Ok(()) => {}
-                Err(StoreError::SessionGone) => shared.sessions.remove(&runtime.id),
-                Err(err) => tracing::warn!(%err, session = %runtime.id, "could not renew an active session"),
-            }
-        }
-        // Idle runtimes of sessions that ended elsewhere (another replica expired or deleted
-        // them) are dropped, so they neither leak nor count against the session limit.
-        for runtime in shared.sessions.idle() {
-            let status = shared.store.session(&runtime.id, now).await;
-            let live = matches!(&status, Ok(tether_store::SessionStatus::Live(r)) if r.epoch == runtime.epoch);
-            if !live && status.is_ok() {
-                shared.sessions.remove(&runtime.id);
-            }
-        }
-        match shared.store.sweep(now).await {
-            Ok(expired) => {
-                for id in &expired {
-                    tracing::debug!(session = %id, "session expired");
-                    shared.sessions.remove(id);
-                }
-                telemetry::sessions_expired(expired.len());
-            }
-            Err(err) => tracing::warn!(%err, "store sweep failed"),
-        }
-        if let Ok(Some(bytes)) = shared.store.retained_bytes().await {
-            telemetry::bytes_retained(bytes);
-        }
-    }
-}

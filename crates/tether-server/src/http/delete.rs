@@ -6,10 +6,10 @@ use tether_store::SessionEnd;
 
 use super::reject::Rejection;
 use super::{live_session, session_headers};
-use crate::Shared;
+use crate::ServerState;
 
 pub(crate) async fn delete(
-    shared: &Shared,
+    shared: &ServerState,
     headers: &HeaderMap,
     principal: Option<String>,
 ) -> Result<Response, Rejection> {

@@ -12,10 +12,10 @@ use super::reject::{Refusal, Rejection};
 use super::sse::{Connection, Prelude};
 use super::{check_load, guard, live_session, renew, session_headers, session_id, session_status, sse};
 use crate::reader::StreamReader;
-use crate::{Shared, ids, now_ms};
+use crate::{ServerState, ids, now_ms};
 
 pub(crate) async fn get(
-    shared: &Arc<Shared>,
+    shared: &Arc<ServerState>,
     headers: &HeaderMap,
     principal: Option<String>,
 ) -> Result<Response, Rejection> {
@@ -27,7 +27,11 @@ pub(crate) async fn get(
 }
 
 /// A plain GET: a new standalone stream for server-initiated messages. One at a time.
-async fn standalone(shared: &Arc<Shared>, headers: &HeaderMap, principal: Option<&str>) -> Result<Response, Rejection> {
+async fn standalone(
+    shared: &Arc<ServerState>,
+    headers: &HeaderMap,
+    principal: Option<&str>,
+) -> Result<Response, Rejection> {
     let (_, runtime) = live_session(shared, headers, principal).await?;
     check_load(shared, &runtime)?;
     let stream = ids::stream_name('g').map_err(|e| Rejection::internal("random_failed", e.to_string()))?;
@@ -45,7 +49,7 @@ async fn standalone(shared: &Arc<Shared>, headers: &HeaderMap, principal: Option
 
 /// A resume: seed 004's three-way branch, decided by `decide_resume` alone.
 async fn resume(
-    shared: &Arc<Shared>,
+    shared: &Arc<ServerState>,
     headers: &HeaderMap,
     principal: Option<&str>,
     raw: &str,

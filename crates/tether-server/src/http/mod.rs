@@ -22,19 +22,21 @@ use tether_core::mcp::header;
 use tether_store::{SessionRecord, SessionStatus, StoreError};
 use tracing::Instrument as _;
 
-use crate::Shared;
+use crate::ServerState;
 use crate::session::SessionRuntime;
 use guard::HeaderVersion;
 use reject::{Refusal, Rejection};
 
-pub(crate) fn router(path: &str, shared: Arc<Shared>) -> Router {
+pub(crate) fn router(path: &str, shared: Arc<ServerState>) -> Router {
     Router::new().route(path, axum::routing::any(endpoint)).with_state(shared)
 }
 
-async fn endpoint(State(shared): State<Arc<Shared>>, request: axum::extract::Request) -> Response {
+async fn endpoint(State(shared): State<Arc<ServerState>>, request: axum::extract::Request) -> Response {
     let method = request.method().clone();
-    let session = request.headers().get(header::SESSION_ID).and_then(|v| v.to_str().ok()).unwrap_or_default();
-    let span = tracing::info_span!("http", %method, session);
+    let span = tracing::info_span!("http", %method, session = tracing::field::Empty);
+    if let Some(session) = request.headers().get(header::SESSION_ID).and_then(|v| v.to_str().ok()) {
+        span.record("session", session);
+    }
     let response = match handle(shared, request).instrument(span.clone()).await {
         Ok(response) => response,
         Err(rejection) => rejection.into_response(),
@@ -43,7 +45,7 @@ async fn endpoint(State(shared): State<Arc<Shared>>, request: axum::extract::Req
     response
 }
 
-async fn handle(shared: Arc<Shared>, request: axum::extract::Request) -> Result<Response, Rejection> {
+async fn handle(shared: Arc<ServerState>, request: axum::extract::Request) -> Result<Response, Rejection> {
     let (parts, body) = request.into_parts();
     guard::origin_and_host(&parts.uri, &parts.headers, &shared.config)?;
     let principal = guard::authenticate(&parts.headers, shared.auth.as_deref())?;
@@ -106,7 +108,7 @@ pub(crate) fn session_id(headers: &HeaderMap) -> Result<&str, Rejection> {
 /// The store's view of a session as `principal` may see it: another principal's session is
 /// unknown to them.
 pub(crate) async fn session_status(
-    shared: &Shared,
+    shared: &ServerState,
     id: &str,
     principal: Option<&str>,
     now: u64,
@@ -120,7 +122,7 @@ pub(crate) async fn session_status(
 
 /// The live session a request names, renewed, with its runtime; 400 or 404 otherwise.
 pub(crate) async fn live_session(
-    shared: &Shared,
+    shared: &ServerState,
     headers: &HeaderMap,
     principal: Option<&str>,
 ) -> Result<(SessionRecord, Arc<SessionRuntime>), Rejection> {
@@ -144,7 +146,7 @@ const RENEWAL_INTERVAL_MS: u64 = 1_000;
 /// interval (it then lives at least its idle timeout less that interval). If it ended in
 /// between, the reason is decided again from what the store now says; a store failure is a
 /// 503, not a lost session.
-pub(crate) async fn renew(shared: &Shared, record: &SessionRecord, now: u64) -> Result<(), Rejection> {
+pub(crate) async fn renew(shared: &ServerState, record: &SessionRecord, now: u64) -> Result<(), Rejection> {
     if !renewal_due(record, now) {
         return Ok(());
     }
@@ -170,7 +172,7 @@ fn renewal_due(record: &SessionRecord, now: u64) -> bool {
 }
 
 /// 429 when a session has too many open streams and running requests.
-pub(crate) fn check_load(shared: &Shared, runtime: &SessionRuntime) -> Result<(), Rejection> {
+pub(crate) fn check_load(shared: &ServerState, runtime: &SessionRuntime) -> Result<(), Rejection> {
     if runtime.load() >= shared.config.max_streams_per_session {
         return Err(Refusal::TooManyStreams.with(format!(
             "a session may have at most {} open streams and running requests",

@@ -16,7 +16,7 @@ use super::reject::{self, Refusal, Rejection};
 use super::{accepted, guard, json_response, read_body, sse};
 use crate::context::{FirstOutput, Output};
 use crate::dispatch::{self, decorate_modern};
-use crate::{SUPPORTED_VERSIONS, Shared};
+use crate::{SUPPORTED_VERSIONS, ServerState};
 
 /// Messages buffered between a 2026-07-28 handler and its connection.
 const DIRECT_BUFFER: usize = 64;
@@ -34,7 +34,7 @@ const REMOVED: [&str; 6] = [
 /// Serves a POST whose `MCP-Protocol-Version` is 2026-07-28, or a version this server does not
 /// support (`unsupported`): that one is refused the 2026-07-28 way, with the request's id.
 pub(crate) async fn post(
-    shared: &Arc<Shared>,
+    shared: &Arc<ServerState>,
     headers: &HeaderMap,
     body: Body,
     principal: Option<String>,
@@ -98,7 +98,7 @@ fn status_of(response: &[u8]) -> StatusCode {
 
 /// The capabilities this era can honour: no subscriptions or list-change notifications (the
 /// stateless server keeps no subscription state); exactly-once execution if it is on.
-fn modern_capabilities(shared: &Shared, mut capabilities: Value) -> Value {
+fn modern_capabilities(shared: &ServerState, mut capabilities: Value) -> Value {
     crate::idempotency::advertise(shared, &mut capabilities);
     if let Value::Object(map) = &mut capabilities {
         for capability in map.values_mut() {

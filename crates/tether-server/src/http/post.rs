@@ -20,10 +20,10 @@ use crate::context::SessionHandle;
 use crate::dispatch::{self, Running, Started};
 use crate::request_key::RequestKey;
 use crate::session::{LogLevel, SessionRuntime};
-use crate::{Shared, ids, now_ms};
+use crate::{ServerState, ids, now_ms};
 
 pub(crate) async fn post(
-    shared: &Arc<Shared>,
+    shared: &Arc<ServerState>,
     headers: &HeaderMap,
     body: Body,
     principal: Option<String>,
@@ -70,7 +70,11 @@ pub(crate) async fn post(
 }
 
 /// `initialize`: a new session with a fresh incarnation, whatever session header came with it.
-async fn initialize(shared: &Arc<Shared>, request: Request, principal: Option<String>) -> Result<Response, Rejection> {
+async fn initialize(
+    shared: &Arc<ServerState>,
+    request: Request,
+    principal: Option<String>,
+) -> Result<Response, Rejection> {
     let params = request.params.unwrap_or_else(|| json!({}));
     let requested =
         params.get("protocolVersion").and_then(Value::as_str).and_then(|v| v.parse::<ProtocolVersion>().ok());
@@ -118,7 +122,7 @@ async fn initialize(shared: &Arc<Shared>, request: Request, principal: Option<St
 
 /// A client notification: tether acts on cancellations and the end of the handshake; the
 /// handler hears the rest.
-fn notify(shared: &Arc<Shared>, runtime: &Arc<SessionRuntime>, notification: Notification) {
+fn notify(shared: &Arc<ServerState>, runtime: &Arc<SessionRuntime>, notification: Notification) {
     match notification.method.as_str() {
         method::CANCELLED => {
             // Invalid cancellations are ignored, as the spec asks.
@@ -136,7 +140,7 @@ fn notify(shared: &Arc<Shared>, runtime: &Arc<SessionRuntime>, notification: Not
 }
 
 /// Hands the client's answer to the handler waiting for it: here, or on another replica.
-async fn answer(shared: &Shared, runtime: &SessionRuntime, response: jsonrpc::Response) {
+async fn answer(shared: &ServerState, runtime: &SessionRuntime, response: jsonrpc::Response) {
     let Some(RequestId::String(id)) = response.id.clone() else { return };
     let Err(outcome) = runtime.answer_client_request(&id, response.outcome) else { return };
     let response = Message::Response(jsonrpc::Response { id: Some(RequestId::String(id.clone())), outcome }).to_vec();
@@ -151,7 +155,7 @@ async fn answer(shared: &Shared, runtime: &SessionRuntime, response: jsonrpc::Re
 /// Answers one request: inline for protocol methods, else JSON if its result came first, SSE
 /// if anything came before it.
 async fn respond(
-    shared: &Arc<Shared>,
+    shared: &Arc<ServerState>,
     runtime: &Arc<SessionRuntime>,
     principal: Option<&str>,
     request: Request,
@@ -230,7 +234,7 @@ fn protocol_method(runtime: &SessionRuntime, request: &Request) -> Option<Result
 /// all of it. The answer is the array of their responses if each request's first output was
 /// its response; else the batch's stream as SSE, with every notification and every response.
 async fn respond_batch(
-    shared: &Arc<Shared>,
+    shared: &Arc<ServerState>,
     runtime: &Arc<SessionRuntime>,
     principal: Option<&str>,
     requests: Vec<Request>,

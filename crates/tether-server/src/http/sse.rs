@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::DropGuard;
 
-use crate::Shared;
+use crate::ServerState;
 use crate::reader::{Ending, Item, StreamReader};
 use crate::request_key::RequestKey;
 use crate::session::{Attachment, SessionRuntime};
@@ -45,7 +45,7 @@ pub(crate) enum Prelude {
 
 /// One connection to a session stream.
 pub(crate) struct Connection {
-    pub shared: Arc<Shared>,
+    pub shared: Arc<ServerState>,
     pub runtime: Arc<SessionRuntime>,
     /// What the connection writes: the stream from its cursor.
     pub reader: StreamReader,
@@ -67,7 +67,7 @@ struct Pump {
 impl Connection {
     /// A connection to a stream from its start: primed where the version asks for it.
     pub fn fresh(
-        shared: &Arc<Shared>,
+        shared: &Arc<ServerState>,
         runtime: Arc<SessionRuntime>,
         stream: StreamName,
         attachment: Attachment,
@@ -113,7 +113,13 @@ fn write_notice(out: &mut Vec<u8>, id_prefix: &str, notice: &ResyncNotice) {
 /// Writes the JSON-RPC error that ends each request of `stream` whose response the stream will
 /// never carry, as an event without an id: it is not part of the stream's history, and
 /// resuming from the notice before it must not repeat it.
-async fn write_trailer(out: &mut Vec<u8>, shared: &Shared, session: &str, stream: &StreamName, error: ErrorObject) {
+async fn write_trailer(
+    out: &mut Vec<u8>,
+    shared: &ServerState,
+    session: &str,
+    stream: &StreamName,
+    error: ErrorObject,
+) {
     let request = match shared.store.stream_request(session, stream).await {
         Ok(request) => request,
         Err(err) => {
