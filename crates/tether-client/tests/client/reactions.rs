@@ -297,7 +297,7 @@ async fn every_divergence_is_reported_and_leaves_the_outcome_unknown() {
         (Resume::Stream(vec![not_from_the_cursor, event(6), result(7)]), "resync"),
         (Resume::OtherEpoch(vec![event(3), result(4)]), "epoch_changed"),
         (Resume::Status(404), "session_invalid"),
-        (Resume::Json, "session_invalid"),
+        (Resume::Json, "not_a_stream"),
     ] {
         let seen = run(cut_after_two(), vec![resume.clone()], |_| {}).await;
         let divergence = format!("divergence {kind}");
