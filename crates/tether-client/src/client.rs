@@ -1,7 +1,7 @@
 //! The client: session handshake, requests, delivery of messages, and re-initialization after
 //! a divergence.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
@@ -13,15 +13,13 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::backoff::Attempts;
 use crate::checkpoint::{Checkpoint, StreamCursor};
+use crate::cursors::{Cursors, stream_key};
 use crate::follow::{Follower, Origin};
 use crate::http::{Endpoint, Head, Reply, SessionHeaders, SseReader};
 use crate::{Ack, ClientConfig, ClientError, ClientEvent, DivergenceReason, RequestError};
 
 /// Handshakes tried before a session that keeps vanishing after `initialize` is an error.
 const HANDSHAKE_ATTEMPTS: u32 = 3;
-
-/// The key of the standalone stream in the checkpoint.
-pub(crate) const STANDALONE: &str = "get";
 
 pub(crate) type Answer = Result<Value, RequestError>;
 
@@ -42,11 +40,8 @@ pub(crate) struct State {
     pub session: SessionHeaders,
     /// Bumped at every (re-)initialization; followers of an older generation stop.
     pub generation: u64,
-    /// Cursors of what arrived: where a reconnect resumes from.
-    pub checkpoint: Checkpoint,
-    /// Cursors of what the application said it processed: what the file keeps, so a restarted
-    /// client gets again what arrived but was never processed.
-    committed: BTreeMap<String, StreamCursor>,
+    /// Where each stream resumes from and what the application processed of it.
+    pub cursors: Cursors,
     pending: HashMap<String, Pending>,
     /// Request ids are `{id_prefix}-{n}`: random per client instance, so a client restarted on
     /// a checkpointed session never reuses an id that session has seen.
@@ -96,11 +91,6 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// The checkpoint key of a request's stream.
-pub(crate) fn request_key(id: &RequestId) -> String {
-    format!("request:{id}")
-}
-
 impl Inner {
     pub fn state(&self) -> MutexGuard<'_, State> {
         // Plain data behind the lock: still consistent after a panic elsewhere.
@@ -125,10 +115,7 @@ impl Inner {
     /// Writes the checkpoint file, if one is configured: the session and the committed cursors.
     pub fn persist(&self) {
         let Some(path) = &self.config.checkpoint_file else { return };
-        let checkpoint = {
-            let state = self.state();
-            Checkpoint { streams: state.committed.clone(), ..state.checkpoint.clone() }
-        };
+        let checkpoint = self.state().cursors.file();
         if let Err(err) = checkpoint.save(path) {
             tracing::warn!(%err, "could not write the checkpoint");
         }
@@ -138,12 +125,10 @@ impl Inner {
     pub fn commit(&self, generation: u64, key: &str, cursor: StreamCursor) {
         {
             let mut state = self.state();
-            // A stream that already finished (its response arrived), or that belongs to a session
-            // replaced since, has nothing left to resume.
-            if state.generation != generation || !state.checkpoint.streams.contains_key(key) {
+            // A stream of a session replaced since has nothing left to resume.
+            if state.generation != generation || !state.cursors.commit(key, cursor) {
                 return;
             }
-            state.committed.insert(key.to_owned(), cursor);
         }
         self.persist();
     }
@@ -170,13 +155,10 @@ impl Inner {
     /// Ends request `request` with `answer`: its stream has nothing left to resume, and whoever
     /// waits for it gets the answer.
     pub fn finish(&self, request: &RequestId, answer: Answer) {
-        let key = request_key(request);
         let pending = {
             let mut state = self.state();
-            state.checkpoint.pending.remove(&request.to_string());
-            state.checkpoint.streams.remove(&key);
-            state.committed.remove(&key);
-            state.pending.remove(&key)
+            state.cursors.finished(request);
+            state.pending.remove(&stream_key(request))
         };
         self.persist();
         if let Some(pending) = pending {
@@ -243,8 +225,7 @@ impl Inner {
             state.generation += 1;
             state.session = SessionHeaders::default();
             state.server = Value::Null;
-            state.checkpoint = Checkpoint::default();
-            state.committed.clear();
+            state.cursors.clear();
             let keys: Vec<String> =
                 state.pending.iter().filter(|(_, p)| p.generation == generation).map(|(k, _)| k.clone()).collect();
             keys.into_iter().filter_map(|k| state.pending.remove(&k)).collect::<Vec<_>>()
@@ -349,9 +330,7 @@ impl Inner {
             state.era = Era::Legacy;
             state.server = result;
             state.session = session.clone();
-            state.checkpoint.session_id = session.session_id.clone();
-            state.checkpoint.epoch = epoch;
-            state.checkpoint.protocol_version = Some(version);
+            state.cursors.initialized(session.session_id.clone(), epoch, version);
         }
         self.persist();
         Ok(session.session_id.unwrap_or_default())
@@ -515,19 +494,16 @@ impl Client {
         getrandom::fill(&mut prefix)
             .map_err(|e| ClientError::Transport(format!("no randomness for request ids: {e}")))?;
         let id_prefix = tether_core::lineage::base64url(&prefix);
-        // Streams of requests a previous process sent cannot be waited for by anyone now.
-        let mut checkpoint = checkpoint;
-        checkpoint.streams.retain(|key, _| key == STANDALONE);
+        let cursors = Cursors::from_file(checkpoint);
         let session = SessionHeaders {
-            session_id: checkpoint.session_id.clone(),
-            protocol_version: checkpoint.protocol_version.clone(),
+            session_id: cursors.session_id().map(str::to_owned),
+            protocol_version: cursors.protocol_version().map(str::to_owned),
         };
         let state = State {
             era: Era::Legacy,
             session,
             generation: 0,
-            committed: checkpoint.streams.clone(),
-            checkpoint: Checkpoint { pending: Default::default(), ..checkpoint },
+            cursors,
             pending: HashMap::new(),
             id_prefix,
             next_id: 0,
@@ -675,7 +651,7 @@ impl Client {
             *in_flight.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(id.clone());
         }
         let request = Request { id: id.clone(), method: method.to_owned(), params: Some(params) };
-        let key = request_key(&id);
+        let key = stream_key(&id);
         let (tx, rx) = oneshot::channel();
         let (era, session, generation) = {
             let mut state = inner.state();
@@ -684,7 +660,7 @@ impl Client {
             }
             let generation = state.generation;
             state.pending.insert(key.clone(), Pending { tx, generation });
-            state.checkpoint.pending.insert(id.to_string(), method.to_owned());
+            state.cursors.sent(&id, method);
             (state.era, state.session.clone(), generation)
         };
         drop(serial);

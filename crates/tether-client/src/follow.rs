@@ -12,7 +12,8 @@ use tether_core::sse::Event;
 
 use crate::backoff::Attempts;
 use crate::checkpoint::StreamCursor;
-use crate::client::{Inner, STANDALONE, request_key};
+use crate::client::Inner;
+use crate::cursors::{STANDALONE, stream_key};
 use crate::http::{Head, Reply, SseReader};
 use crate::{Ack, ClientError, ClientEvent, DivergenceReason, Policy, RequestError, ResumeVerdict};
 
@@ -96,7 +97,7 @@ impl Follower {
     ) {
         let key = match &origin {
             Origin::Standalone => STANDALONE.to_owned(),
-            Origin::Request(id) => request_key(id),
+            Origin::Request(id) => stream_key(id),
         };
         let attempts = Attempts::new(inner.config.backoff);
         let follower = Follower {
@@ -154,7 +155,7 @@ impl Follower {
     }
 
     fn cursor(&self) -> Option<String> {
-        self.inner.state().checkpoint.streams.get(&self.key).map(|c| c.last_id.clone())
+        self.inner.state().cursors.last_id(&self.key)
     }
 
     /// Waits out the backoff and reconnects.
@@ -203,7 +204,7 @@ impl Follower {
                 _ => Reconnected::Retry,
             };
         };
-        let checkpoint = self.inner.state().checkpoint.lineage(&self.key);
+        let checkpoint = self.inner.state().cursors.lineage(&self.key);
         let Some(checkpoint) = checkpoint else {
             return Reconnected::Diverged(DivergenceReason::NoCheckpoint { cursor });
         };
@@ -317,7 +318,7 @@ impl Follower {
         metrics::counter!("tether_client_resyncs_total", "reason" => notice.reason.as_str()).increment(1);
         let id = event.id.clone().unwrap_or_default();
         let cursor = StreamCursor { digest: Digest::of(&id, event.data.as_bytes()).to_string(), last_id: id.clone() };
-        self.inner.state().checkpoint.streams.insert(self.key.clone(), cursor.clone());
+        self.inner.state().cursors.arrived(&self.key, cursor.clone());
         let ack = Ack::new(&self.inner, self.generation, self.key.clone(), cursor);
         self.inner.emit(ClientEvent::Resynced { id, notice, ack });
     }
@@ -352,7 +353,7 @@ impl Follower {
             .as_ref()
             .map(|id| StreamCursor { last_id: id.clone(), digest: Digest::of(id, event.data.as_bytes()).to_string() });
         if let Some(cursor) = &cursor {
-            self.inner.state().checkpoint.streams.insert(self.key.clone(), cursor.clone());
+            self.inner.state().cursors.arrived(&self.key, cursor.clone());
         }
         let ack = match cursor {
             Some(cursor) => Ack::new(&self.inner, self.generation, self.key.clone(), cursor),

@@ -15,6 +15,7 @@
 mod backoff;
 mod checkpoint;
 mod client;
+mod cursors;
 mod divergence;
 mod follow;
 mod hooks;
