@@ -437,7 +437,7 @@ struct Panicked;
 /// A handler's future, polled in the request's own task (no task of its own per request), with
 /// a panic turned into [`Panicked`] so that the request is still answered. A finished handler
 /// is dropped at once (what it holds goes before its response is stored), and a panic while it
-/// is dropped counts as the handler's, as it did when each handler had a task.
+/// is dropped counts as the handler's (it is the handler's code that panicked).
 struct CatchPanic(Option<crate::HandlerFuture>);
 
 impl std::future::Future for CatchPanic {
