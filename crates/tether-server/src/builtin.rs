@@ -106,7 +106,7 @@ fn add_stream_tools(tools: &mut ToolSet) {
                 .get("amount")
                 .and_then(Value::as_i64)
                 .ok_or_else(|| invalid_argument("amount must be an integer"))?;
-            let value = ctx.store().counter_add(key, amount, ctx.idempotency_key()).await.map_err(|e| internal(e.to_string()))?;
+            let value = ctx.counters().add(key, amount).await.map_err(|e| internal(e.to_string()))?;
             Ok(counter_result(value))
         },
     );
@@ -122,7 +122,7 @@ fn add_stream_tools(tools: &mut ToolSet) {
         },
         |ctx, args| async move {
             let key = str_arg(&args, "key")?;
-            let value = ctx.store().counter_get(key).await.map_err(|e| internal(e.to_string()))?;
+            let value = ctx.counters().get(key).await.map_err(|e| internal(e.to_string()))?;
             Ok(counter_result(value))
         },
     );

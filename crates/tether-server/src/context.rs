@@ -274,6 +274,35 @@ impl SessionHandle {
     }
 }
 
+/// Durable named counters, as a request's handler may use them: the narrow part of the store a
+/// handler is given ([`Context::counters`]).
+#[derive(Clone, Copy)]
+pub struct Counters<'a> {
+    store: &'a dyn Store,
+    /// The request's idempotency key: an addition under it is made once.
+    once: Option<&'a str>,
+}
+
+impl std::fmt::Debug for Counters<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Counters").field("once", &self.once).finish_non_exhaustive()
+    }
+}
+
+impl Counters<'_> {
+    /// Adds `amount` to counter `key` and returns its new value. Under the request's idempotency
+    /// key the addition is made once however often the request runs: a re-run returns the value
+    /// the first run made.
+    pub async fn add(&self, key: &str, amount: i64) -> Result<i64, ContextError> {
+        Ok(self.store.counter_add(key, amount, self.once).await?)
+    }
+
+    /// The value of counter `key` (0 if it was never added to).
+    pub async fn get(&self, key: &str) -> Result<i64, ContextError> {
+        Ok(self.store.counter_get(key).await?)
+    }
+}
+
 /// What every clone of one request's [`Context`] shares: where its output goes, its metadata, its
 /// cancellation and the server.
 struct RequestState {
@@ -345,9 +374,17 @@ impl Context {
         }
     }
 
-    /// The store, for handlers that keep state (the built-in counters do).
-    pub fn store(&self) -> &Arc<dyn Store> {
+    /// The store, for the server's own bookkeeping around a handler. Handlers get
+    /// [`Context::counters`]: the whole store would let a tool append to any stream or end any
+    /// session, around the single writer the guarantees rely on.
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
         &self.shared.server.store
+    }
+
+    /// Durable counters for handlers that keep state (the built-in `counter_add` does), kept by
+    /// the server's store.
+    pub fn counters(&self) -> Counters<'_> {
+        Counters { store: self.shared.server.store.as_ref(), once: self.idempotency_key() }
     }
 
     /// Whether the request has a progress token, so progress notifications will be sent.
@@ -361,8 +398,8 @@ impl Context {
 
     /// The request's idempotency key, made unique per principal, if the request carries one and
     /// the server offers the extension. A handler that records its effects under this key (as
-    /// [`Store::counter_add`]'s `once` does) applies them at most once however often the request
-    /// runs; register it with [`ToolSet::add_resumable`](crate::tools::ToolSet::add_resumable).
+    /// [`Counters::add`] does) applies them at most once however often the request runs;
+    /// register it with [`ToolSet::add_resumable`](crate::tools::ToolSet::add_resumable).
     pub fn idempotency_key(&self) -> Option<&str> {
         self.shared.meta.idempotency_key.as_deref()
     }

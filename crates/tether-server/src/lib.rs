@@ -40,7 +40,7 @@ use tether_core::mcp::ProtocolVersion;
 pub use auth::{Authenticator, BearerToken};
 pub use config::{ServerConfig, parse_duration};
 pub use connection::{ConnectionLimits, serve, serve_connection};
-pub use context::{Context, ContextError, SessionHandle};
+pub use context::{Context, ContextError, Counters, SessionHandle};
 pub use handler::{Handler, HandlerFuture, ServerInfo};
 pub use server::{Builder, Server};
 pub use session::LogLevel;
