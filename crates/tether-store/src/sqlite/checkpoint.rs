@@ -111,11 +111,7 @@ impl Drop for Checkpoints {
     /// Stops the checkpointer and waits for it to close its connection.
     fn drop(&mut self) {
         drop(self.nudge.take());
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("the store's checkpoint thread panicked");
-        }
+        super::join(self.thread.take(), "checkpoint");
     }
 }
 

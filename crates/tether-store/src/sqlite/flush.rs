@@ -110,7 +110,7 @@ impl Flusher {
     pub(super) fn send(&self, committed: Committed) {
         let Some(commits) = &self.commits else { return };
         if let Err(mpsc::SendError(committed)) = commits.send(committed) {
-            // The thread is gone (it panicked): nothing can be promised.
+            // The thread is gone (it panicked, and poisoned the store as it went).
             for completion in committed.completions {
                 completion(Err(poisoned()));
             }
@@ -122,15 +122,24 @@ impl Drop for Flusher {
     /// Flushes what was handed over and answers its callers before the store closes.
     fn drop(&mut self) {
         drop(self.commits.take());
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("the store's flush thread panicked");
+        super::join(self.thread.take(), "flush");
+    }
+}
+
+/// Poisons the store if the flush thread unwinds (a completion panicked): reads waiting for a
+/// flush are told at once instead of waiting for ever.
+struct PoisonOnPanic<'a>(&'a Durability);
+
+impl Drop for PoisonOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.flushed.send_replace(Flushed::Failed);
         }
     }
 }
 
 fn flush(wal: &File, queue: &mpsc::Receiver<Committed>, durability: &Durability) {
+    let _poison = PoisonOnPanic(durability);
     while let Ok(first) = queue.recv() {
         let mut commits = vec![first];
         commits.extend(queue.try_iter());
@@ -199,6 +208,24 @@ mod tests {
                 .expect("the read is released")
                 .expect("durable");
         });
+    }
+
+    #[test]
+    fn a_dead_flush_thread_releases_the_reads_waiting_for_it() {
+        let path = std::env::temp_dir().join(format!("tether-flush-dead-{}", std::process::id()));
+        let wal = File::create(&path).expect("a file");
+        std::fs::remove_file(&path).expect("removed: the open file stays");
+        let durability = Arc::new(Durability::default());
+        let flusher = Flusher::start(wal, Arc::clone(&durability)).expect("a flusher");
+        let generation = durability.begin_commit().expect("not poisoned");
+        let later = durability.begin_commit().expect("not poisoned");
+        let completion: Completion = Box::new(|_| panic!("a completion panicked"));
+        flusher.send(Committed { generation, outcome: Ok(()), completions: vec![completion] });
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
+        let read = runtime
+            .block_on(async { tokio::time::timeout(std::time::Duration::from_secs(10), durability.wait(later)).await });
+        assert!(matches!(read, Ok(Err(_))), "a read kept waiting for a flush thread that died: {read:?}");
+        assert!(durability.begin_commit().is_err(), "a commit began after the flush thread died");
     }
 
     #[test]

@@ -65,11 +65,16 @@ impl Drop for SqliteStore {
     /// the directory free for another store.
     fn drop(&mut self) {
         drop(self.jobs.take());
-        if let Some(writer) = self.writer.take()
-            && writer.join().is_err()
-        {
-            tracing::error!("the store's writer thread panicked");
-        }
+        join(self.writer.take(), "writer");
+    }
+}
+
+/// Waits for one of the store's threads, which ends once its queue's sender is dropped.
+fn join(thread: Option<std::thread::JoinHandle<()>>, name: &str) {
+    if let Some(thread) = thread
+        && thread.join().is_err()
+    {
+        tracing::error!(thread = name, "a thread of the store panicked");
     }
 }
 
