@@ -173,6 +173,16 @@ mod tests {
         (Box::new(move |outcome| drop(tx.send(outcome))), rx)
     }
 
+    /// A flusher of a real file (unlinked at once: the open file stays).
+    fn flushing_a_file(name: &str) -> (Arc<Durability>, Flusher) {
+        let path = std::env::temp_dir().join(format!("tether-flush-{name}-{}", std::process::id()));
+        let wal = File::create(&path).expect("a file");
+        std::fs::remove_file(&path).expect("removed");
+        let durability = Arc::new(Durability::default());
+        let flusher = Flusher::start(wal, Arc::clone(&durability)).expect("a flusher");
+        (durability, flusher)
+    }
+
     #[test]
     fn a_read_waits_for_the_flush_of_every_commit_it_could_have_seen() {
         use futures_util::FutureExt;
@@ -190,11 +200,7 @@ mod tests {
 
     #[test]
     fn callers_are_answered_once_their_commit_is_flushed() {
-        let path = std::env::temp_dir().join(format!("tether-flush-{}", std::process::id()));
-        let wal = File::create(&path).expect("a file");
-        std::fs::remove_file(&path).expect("removed: the open file stays");
-        let durability = Arc::new(Durability::default());
-        let flusher = Flusher::start(wal, Arc::clone(&durability)).expect("a flusher");
+        let (durability, flusher) = flushing_a_file("answered");
         let generation = durability.begin_commit().expect("not poisoned");
         assert_eq!(durability.seen(), generation);
         let (completion, answered) = recorder();
@@ -212,11 +218,7 @@ mod tests {
 
     #[test]
     fn a_dead_flush_thread_releases_the_reads_waiting_for_it() {
-        let path = std::env::temp_dir().join(format!("tether-flush-dead-{}", std::process::id()));
-        let wal = File::create(&path).expect("a file");
-        std::fs::remove_file(&path).expect("removed: the open file stays");
-        let durability = Arc::new(Durability::default());
-        let flusher = Flusher::start(wal, Arc::clone(&durability)).expect("a flusher");
+        let (durability, flusher) = flushing_a_file("dead");
         let generation = durability.begin_commit().expect("not poisoned");
         let later = durability.begin_commit().expect("not poisoned");
         let completion: Completion = Box::new(|_| panic!("a completion panicked"));
