@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use tether_core::jsonrpc::{self, Message, RequestId};
 use tether_core::lineage::{
-    Accepted, Checkpoint as LineageCheckpoint, Digest, FirstEvent, Reconnect, ResyncNotice, StreamValidator, Verdict,
-    client_verdict,
+    Accepted, Checkpoint as LineageCheckpoint, Digest, FirstEvent, ObservedId, Reconnect, ResyncNotice,
+    StreamValidator, Verdict, client_verdict,
 };
 use tether_core::sse::Event;
 
@@ -311,13 +311,25 @@ impl Follower {
         })
     }
 
+    /// The digest of the event just admitted with `id`: the validator's, which computed it to
+    /// accept the event, or (a stream followed without proof) computed here.
+    fn digest_of(&self, id: &str, data: &str) -> Digest {
+        match &self.continuity {
+            Continuity::Checked(validator) => match validator.last() {
+                Some((last, digest)) if *last == ObservedId::parse(id) => *digest,
+                _ => Digest::of(id, data.as_bytes()),
+            },
+            Continuity::Resuming { .. } | Continuity::Trusted => Digest::of(id, data.as_bytes()),
+        }
+    }
+
     /// A resync that continues the stream: the loss (or the end) it names is reported, and its
     /// id is the cursor from now on, committed when the application acknowledges the report
     /// (after what came before it).
     fn resynced(&mut self, event: &Event, notice: ResyncNotice) {
         metrics::counter!("tether_client_resyncs_total", "reason" => notice.reason.as_str()).increment(1);
         let id = event.id.clone().unwrap_or_default();
-        let cursor = StreamCursor { digest: Digest::of(&id, event.data.as_bytes()).to_string(), last_id: id.clone() };
+        let cursor = StreamCursor { digest: self.digest_of(&id, &event.data).to_string(), last_id: id.clone() };
         self.inner.state().cursors.arrived(&self.key, cursor.clone());
         let ack = Ack::new(&self.inner, self.generation, self.key.clone(), cursor);
         self.inner.emit(ClientEvent::Resynced { id, notice, ack });
@@ -351,7 +363,7 @@ impl Follower {
         let cursor = event
             .id
             .as_ref()
-            .map(|id| StreamCursor { last_id: id.clone(), digest: Digest::of(id, event.data.as_bytes()).to_string() });
+            .map(|id| StreamCursor { last_id: id.clone(), digest: self.digest_of(id, &event.data).to_string() });
         if let Some(cursor) = &cursor {
             self.inner.state().cursors.arrived(&self.key, cursor.clone());
         }
