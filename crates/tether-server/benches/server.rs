@@ -6,6 +6,7 @@
 
 use std::hint::black_box;
 use std::sync::Arc;
+use tether_store::{EventLog, SessionStore};
 
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};

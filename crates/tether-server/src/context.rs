@@ -108,7 +108,7 @@ fn signal_first(first: &FirstSender, kind: impl FnOnce() -> FirstOutput) {
 }
 
 /// Writes a request's output to the store in order. Whatever queued up while the previous
-/// batch was being written goes in one [`Store::append_batch`], so a handler never waits for
+/// batch was being written goes in one [`EventLog::append_batch`], so a handler never waits for
 /// a disk flush per notification; the client still sees nothing before it is durable,
 /// because delivery reads from the store. The POST learns how its response starts only once
 /// the first batch is durable, so the response goes out with its first events (and, for a

@@ -24,7 +24,7 @@ use crate::{ServerState, now_ms};
 const MAX_POLL: Duration = Duration::from_millis(250);
 
 /// Adds the `io.tether/idempotency` capability to `capabilities` if the extension is on: the
-/// version, and the name of the records keys are claimed in (see [`Store::records_id`]).
+/// version, and the name of the records keys are claimed in (see [`KeyRecords::records_id`]).
 pub(crate) fn advertise(shared: &ServerState, capabilities: &mut Value) {
     if shared.config.idempotency && capabilities.is_object() {
         capabilities["experimental"][meta::IDEMPOTENCY_CAPABILITY] =
@@ -278,6 +278,8 @@ fn decode(bytes: &[u8]) -> Result<Value, ErrorObject> {
 
 #[cfg(test)]
 mod tests {
+    use tether_store::KeyRecords;
+
     use super::*;
 
     #[test]

@@ -4,7 +4,7 @@
 //! Every write that belongs to a session names the incarnation (its [`Epoch`]) it expects and
 //! fails if the session has moved on, so a stale writer can never extend a new incarnation's
 //! history. Reads never renew anything: the server decides on what it read, and renews a session
-//! only through [`Store::touch_session`].
+//! only through [`SessionStore::touch_session`].
 
 mod heads;
 mod memory;
@@ -76,12 +76,19 @@ pub struct RelayedAnswer {
     pub response: Bytes,
 }
 
-/// Where sessions, events and request records live.
+/// Where sessions, events and request records live: every concern of the store, which the
+/// server holds as one `Arc<dyn Store>`. Implemented for whatever implements the five.
 ///
-/// Implementations must make each method atomic: in particular [`Store::append`] checks the
+/// Implementations must make each method atomic: in particular [`EventLog::append`] checks the
 /// incarnation and assigns the next sequence number in one step, and
-/// [`Store::begin_request`] records the request and opens its stream in one step.
-pub trait Store: Send + Sync + 'static {
+/// [`EventLog::begin_request`] records the request and opens its stream in one step.
+pub trait Store: SessionStore + EventLog + KeyRecords + Relay + CounterStore + 'static {}
+
+impl<T: SessionStore + EventLog + KeyRecords + Relay + CounterStore + 'static> Store for T {}
+
+/// Sessions: created under a limit, renewed, ended, expired by the sweep, each with its
+/// incarnation (epoch) and its standalone stream.
+pub trait SessionStore: Send + Sync {
     /// Records a new session, unless `max_live` sessions are live already: then it fails with
     /// [`StoreError::TooManySessions`]. Live sessions are counted in the same step, over every
     /// process sharing the store and across restarts of a durable one. Fails with
@@ -98,15 +105,28 @@ pub trait Store: Send + Sync + 'static {
     /// Ends a session of incarnation `epoch`; later lookups report how it ended.
     fn end_session(&self, id: &str, epoch: &Epoch, end: SessionEnd) -> StoreFuture<'_, ()>;
 
-    /// Opens a stream whose event 0 is the priming event (empty data).
-    fn open_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;
-
     /// Makes `stream` the session's standalone stream: where server-initiated messages go, on
     /// whichever replica they are produced.
     fn set_standalone_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;
 
     /// The session's standalone stream, if the client opened one.
     fn standalone_stream(&self, session: &str) -> StoreFuture<'_, Option<StreamName>>;
+
+    /// Applies retention at `now_ms`: drops ended streams past their retention, forgets ended
+    /// sessions past their tombstone time, and marks sessions past their deadline expired. It is
+    /// also this process's heartbeat where processes share a store (Redis): requests owned by a
+    /// process whose heartbeat is older than the lease are marked aborted. Idempotency records
+    /// past their time, and the oldest finished ones past the count bound, are forgotten.
+    /// Returns the ids of sessions it expired.
+    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>>;
+}
+
+/// The event log: streams, their events, and the request records that open them. A keyed
+/// request begins and ends with its key's record in one step where the backend can, hence
+/// [`KeyRecords`] beneath it.
+pub trait EventLog: KeyRecords {
+    /// Opens a stream whose event 0 is the priming event (empty data).
+    fn open_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;
 
     /// Records request `request_key` with the digest of its params and opens its stream,
     /// unless the key is already recorded in this incarnation: then it reports the existing one.
@@ -119,7 +139,7 @@ pub trait Store: Send + Sync + 'static {
         stream: &StreamName,
     ) -> StoreFuture<'_, BeginRequest>;
 
-    /// [`Store::begin_request`] and, if the request started, [`Store::claim_key`] for its
+    /// [`EventLog::begin_request`] and, if the request started, [`KeyRecords::claim_key`] for its
     /// idempotency key (`Some` exactly then): in one step where the backend can (the embedded
     /// store: one transaction, one disk flush).
     fn begin_keyed_request(
@@ -212,7 +232,7 @@ pub trait Store: Send + Sync + 'static {
     /// Up to `max` retained events with `seq > after`, in order.
     fn read(&self, session: &str, stream: &StreamName, after: u64, max: usize) -> StoreFuture<'_, Vec<StoredEvent>>;
 
-    /// [`Store::stream_range`] and [`Store::read`] together, for whoever follows a stream: if the
+    /// [`EventLog::stream_range`] and [`EventLog::read`] together, for whoever follows a stream: if the
     /// range says the stream ended, every event it ended with is among those read, so an empty
     /// page of an ended stream means "nothing more". `None` if the session has no such stream.
     /// The range is read first (Redis: both in one transaction, one round trip).
@@ -234,14 +254,13 @@ pub trait Store: Send + Sync + 'static {
     /// A watch on the stream's head, for following live events.
     fn watch(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, HeadWatch>;
 
-    /// Relays a client's answer to the replica whose handler waits for it. Stores that serve a
-    /// single process have nobody to relay to and answer `Ok(false)`.
-    fn relay_answer(&self, answer: RelayedAnswer) -> StoreFuture<'_, bool>;
+    /// Event bytes retained for live sessions, if the backend keeps the sum (Redis spreads it
+    /// over every session's hash and answers `None`).
+    fn retained_bytes(&self) -> StoreFuture<'_, Option<u64>>;
+}
 
-    /// Answers relayed by other replicas, for this process's waiting handlers; `None` for stores
-    /// that serve a single process.
-    fn relayed_answers(&self) -> Option<tokio::sync::broadcast::Receiver<RelayedAnswer>>;
-
+/// Idempotency records: which request a key ran, where it stands, how it ended.
+pub trait KeyRecords: Send + Sync {
     /// Names the place idempotency records live: the same for every process sharing this store,
     /// and across restarts of a durable one; new for every memory store. Clients re-issue a keyed
     /// request only to a server reporting the name it was first sent under, so a re-issue never
@@ -264,11 +283,21 @@ pub trait Store: Send + Sync + 'static {
     /// Records the outcome of this process's running request for `key` (`{"result": …}` or
     /// `{"error": …}`). A key another process took over meanwhile is left alone.
     fn finish_key(&self, key: &str, outcome: Bytes) -> StoreFuture<'_, ()>;
+}
 
-    /// Event bytes retained for live sessions, if the backend keeps the sum (Redis spreads it
-    /// over every session's hash and answers `None`).
-    fn retained_bytes(&self) -> StoreFuture<'_, Option<u64>>;
+/// The relay of clients' answers between replicas sharing the store.
+pub trait Relay: Send + Sync {
+    /// Relays a client's answer to the replica whose handler waits for it. Stores that serve a
+    /// single process have nobody to relay to and answer `Ok(false)`.
+    fn relay_answer(&self, answer: RelayedAnswer) -> StoreFuture<'_, bool>;
 
+    /// Answers relayed by other replicas, for this process's waiting handlers; `None` for stores
+    /// that serve a single process.
+    fn relayed_answers(&self) -> Option<tokio::sync::broadcast::Receiver<RelayedAnswer>>;
+}
+
+/// Durable counters, for handlers that keep state (through the server's narrow handle).
+pub trait CounterStore: Send + Sync {
     /// Adds `amount` to counter `key` and returns the new value. With `once` (the idempotency key
     /// of the request adding), an addition already made under that key is not made again: its
     /// resulting value is returned. It is remembered at least as long as the key's record.
@@ -276,12 +305,4 @@ pub trait Store: Send + Sync + 'static {
 
     /// The value of counter `key` (0 if never set).
     fn counter_get(&self, key: &str) -> StoreFuture<'_, i64>;
-
-    /// Applies retention at `now_ms`: drops ended streams past their retention, forgets ended
-    /// sessions past their tombstone time, and marks sessions past their deadline expired. It is
-    /// also this process's heartbeat where processes share a store (Redis): requests owned by a
-    /// process whose heartbeat is older than the lease are marked aborted. Idempotency records
-    /// past their time, and the oldest finished ones past the count bound, are forgotten.
-    /// Returns the ids of sessions it expired.
-    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>>;
 }

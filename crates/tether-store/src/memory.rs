@@ -23,7 +23,9 @@ use crate::queue::ChunkedQueue;
 use crate::record::{
     BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent,
 };
-use crate::{HeadWatch, RelayedAnswer, Store, StoreError, StoreFuture};
+use crate::{
+    CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, SessionStore, StoreError, StoreFuture,
+};
 
 /// A [`Store`] held in process memory, bounded by its [`Retention`].
 #[derive(Debug)]
@@ -243,7 +245,7 @@ fn ready<T: Send + 'static>(value: Result<T, StoreError>) -> StoreFuture<'static
     Box::pin(std::future::ready(value))
 }
 
-impl Store for MemoryStore {
+impl SessionStore for MemoryStore {
     fn create_session(&self, record: SessionRecord, max_live: usize) -> StoreFuture<'_, ()> {
         let mut inner = self.lock();
         if inner.sessions.contains_key(&record.id) {
@@ -305,14 +307,6 @@ impl Store for MemoryStore {
         ready(Ok(()))
     }
 
-    fn open_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
-        let mut inner = self.lock();
-        let result = inner.live(session, epoch).map(|live| {
-            live.streams.entry(stream.clone()).or_insert_with(|| StreamSlot::new(None));
-        });
-        ready(result)
-    }
-
     fn set_standalone_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
         let mut inner = self.lock();
         let result = inner.live(session, epoch).map(|live| live.standalone = Some(stream.clone()));
@@ -322,6 +316,42 @@ impl Store for MemoryStore {
     fn standalone_stream(&self, session: &str) -> StoreFuture<'_, Option<StreamName>> {
         let mut inner = self.lock();
         ready(Ok(inner.live_any(session).and_then(|live| live.standalone.clone())))
+    }
+
+    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>> {
+        Box::pin(async move {
+            let mut expired = Vec::new();
+            let mut due = Vec::new();
+            let mut after = None;
+            while let Some(last) = self.sweep_sessions(now_ms, after.as_deref(), &mut expired, &mut due) {
+                after = Some(last);
+                tokio::task::yield_now().await;
+            }
+            for session in due {
+                while self.drop_due_streams(&session, now_ms) {
+                    tokio::task::yield_now().await;
+                }
+            }
+            loop {
+                let (forgotten, more) = forget_keys(&mut self.lock(), now_ms, &self.retention);
+                drop(forgotten);
+                if !more {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            Ok(expired)
+        })
+    }
+}
+
+impl EventLog for MemoryStore {
+    fn open_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let mut inner = self.lock();
+        let result = inner.live(session, epoch).map(|live| {
+            live.streams.entry(stream.clone()).or_insert_with(|| StreamSlot::new(None));
+        });
+        ready(result)
     }
 
     fn begin_request(
@@ -419,15 +449,12 @@ impl Store for MemoryStore {
         ready(result)
     }
 
-    fn relay_answer(&self, _answer: RelayedAnswer) -> StoreFuture<'_, bool> {
-        // One process: the handler is here or nowhere.
-        ready(Ok(false))
+    fn retained_bytes(&self) -> StoreFuture<'_, Option<u64>> {
+        ready(Ok(Some(self.lock().total_bytes as u64)))
     }
+}
 
-    fn relayed_answers(&self) -> Option<tokio::sync::broadcast::Receiver<RelayedAnswer>> {
-        None
-    }
-
+impl KeyRecords for MemoryStore {
     fn records_id(&self) -> &str {
         &self.records_id
     }
@@ -462,11 +489,20 @@ impl Store for MemoryStore {
         }
         ready(Ok(()))
     }
+}
 
-    fn retained_bytes(&self) -> StoreFuture<'_, Option<u64>> {
-        ready(Ok(Some(self.lock().total_bytes as u64)))
+impl Relay for MemoryStore {
+    fn relay_answer(&self, _answer: RelayedAnswer) -> StoreFuture<'_, bool> {
+        // One process: the handler is here or nowhere.
+        ready(Ok(false))
     }
 
+    fn relayed_answers(&self) -> Option<tokio::sync::broadcast::Receiver<RelayedAnswer>> {
+        None
+    }
+}
+
+impl CounterStore for MemoryStore {
     fn counter_add(&self, key: &str, amount: i64, once: Option<&str>) -> StoreFuture<'_, i64> {
         let mut inner = self.lock();
         if let Some(value) = once.and_then(|op| inner.counter_ops.get(op)) {
@@ -484,32 +520,6 @@ impl Store for MemoryStore {
     fn counter_get(&self, key: &str) -> StoreFuture<'_, i64> {
         ready(Ok(self.lock().counters.get(key).copied().unwrap_or(0)))
     }
-
-    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>> {
-        Box::pin(async move {
-            let mut expired = Vec::new();
-            let mut due = Vec::new();
-            let mut after = None;
-            while let Some(last) = self.sweep_sessions(now_ms, after.as_deref(), &mut expired, &mut due) {
-                after = Some(last);
-                tokio::task::yield_now().await;
-            }
-            for session in due {
-                while self.drop_due_streams(&session, now_ms) {
-                    tokio::task::yield_now().await;
-                }
-            }
-            loop {
-                let (forgotten, more) = forget_keys(&mut self.lock(), now_ms, &self.retention);
-                drop(forgotten);
-                if !more {
-                    break;
-                }
-                tokio::task::yield_now().await;
-            }
-            Ok(expired)
-        })
-    }
 }
 
 /// Most pieces of history (a session, an ended stream's events, an idempotency record) one
@@ -518,7 +528,7 @@ impl Store for MemoryStore {
 const SWEEP_BATCH: usize = 1_024;
 
 impl MemoryStore {
-    /// [`Store::append_batch`] under the lock; the events of streams evicted to make room are
+    /// [`EventLog::append_batch`] under the lock; the events of streams evicted to make room are
     /// put in `dropped`.
     fn append_locked(
         &self,

@@ -68,7 +68,7 @@ pub struct StoredEvent {
 }
 
 /// A stream's range and events after a cursor, read at one moment:
-/// [`Store::read_page`](crate::Store::read_page).
+/// [`EventLog::read_page`](crate::EventLog::read_page).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamPage {
     /// What is retained of the stream.
@@ -77,7 +77,7 @@ pub struct StreamPage {
     pub events: Vec<StoredEvent>,
 }
 
-/// The outcome of [`Store::begin_request`](crate::Store::begin_request).
+/// The outcome of [`EventLog::begin_request`](crate::EventLog::begin_request).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BeginRequest {
     /// New request: its stream is open and it should run.
@@ -91,7 +91,7 @@ pub enum BeginRequest {
     },
 }
 
-/// A request carrying an idempotency key, as [`Store::claim_key`](crate::Store::claim_key)
+/// A request carrying an idempotency key, as [`KeyRecords::claim_key`](crate::KeyRecords::claim_key)
 /// records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyClaim {
@@ -130,7 +130,7 @@ pub enum KeyState {
     Finished(Bytes),
 }
 
-/// The outcome of [`Store::claim_key`](crate::Store::claim_key).
+/// The outcome of [`KeyRecords::claim_key`](crate::KeyRecords::claim_key).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
     /// The key was new: it is now recorded as running in this process.

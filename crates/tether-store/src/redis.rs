@@ -20,7 +20,9 @@ use crate::record::{
     BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent,
     StreamPage,
 };
-use crate::{HeadWatch, RelayedAnswer, Store, StoreError, StoreFuture};
+use crate::{
+    CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, SessionStore, StoreError, StoreFuture,
+};
 
 /// The channel appends and stream ends are announced on.
 const NOTIFY: &str = "tether:notify";
@@ -542,7 +544,7 @@ impl RedisStore {
     }
 }
 
-impl Store for RedisStore {
+impl SessionStore for RedisStore {
     fn create_session(&self, record: SessionRecord, max_live: usize) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             let mut conn = self.conn();
@@ -652,28 +654,6 @@ impl Store for RedisStore {
         })
     }
 
-    fn open_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
-        let (session, epoch, stream) = (session.to_owned(), epoch.to_string(), stream.to_string());
-        Box::pin(async move {
-            let mut conn = self.conn();
-            let [m, s, e, set] = Self::stream_keys(&session, &stream);
-            scripts()
-                .open
-                .key(m)
-                .key(s)
-                .key(e)
-                .key(set)
-                .arg(epoch)
-                .arg(&stream)
-                .arg(&self.owner)
-                .arg("")
-                .invoke_async::<i64>(&mut conn)
-                .await
-                .map_err(script_error)?;
-            Ok(())
-        })
-    }
-
     fn set_standalone_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
         let (session, epoch, stream) = (session.to_owned(), epoch.to_string(), stream.to_string());
         Box::pin(async move {
@@ -704,6 +684,122 @@ impl Store for RedisStore {
                 (Some(name), Some("0")) => StreamName::parse(&name).map(Some).map_err(backend),
                 _ => Ok(None),
             }
+        })
+    }
+
+    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>> {
+        Box::pin(async move {
+            let mut conn = self.conn();
+            let _: i64 = conn.hset(OWNERS, &self.owner, now_ms).await.map_err(backend)?;
+            // Sessions past their deadline: each is re-checked atomically before it expires.
+            let due: Vec<String> = conn.zrangebyscore(SESSIONS, "-inf", now_ms).await.map_err(backend)?;
+            let mut expired = Vec::new();
+            for id in due {
+                let epoch: Option<String> = conn.hget(meta(&id), "epoch").await.map_err(backend)?;
+                let Some(epoch) = epoch else {
+                    let _: i64 = conn.zrem(SESSIONS, &id).await.map_err(backend)?;
+                    continue;
+                };
+                let ended = Self::end_script(&id, epoch, 2, now_ms).invoke_async::<i64>(&mut conn).await;
+                match ended {
+                    // Renewed in the meantime: its index entry already has the new deadline.
+                    Ok(0) => {}
+                    Ok(_) => {
+                        self.retire_session(&mut conn, &id).await?;
+                        expired.push(id);
+                    }
+                    Err(err) if matches!(script_error(err.clone()), StoreError::SessionGone) => {
+                        let _: i64 = conn.zrem(SESSIONS, &id).await.map_err(backend)?;
+                    }
+                    Err(err) => return Err(backend(err)),
+                }
+            }
+            // Requests of owners whose heartbeat lapsed will never finish: abort them.
+            let owners: HashMap<String, u64> = conn.hgetall(OWNERS).await.map_err(backend)?;
+            for (owner, heartbeat) in owners {
+                if heartbeat.saturating_add(self.retention.lease_ms) >= now_ms {
+                    continue;
+                }
+                let members: Vec<String> = conn.smembers(owned_key(&owner)).await.map_err(backend)?;
+                for member in members {
+                    let Some((session, stream)) = member.split_once(SEP) else { continue };
+                    let aborted: i64 = scripts()
+                        .abort
+                        .key(stream_key(session, stream))
+                        .arg(notification_prefix(session, stream))
+                        .arg(&owner)
+                        .invoke_async(&mut conn)
+                        .await
+                        .map_err(backend)?;
+                    if aborted == 1 {
+                        let _: i64 = conn.zadd(RETIRING, retiring_stream(session, stream), 0).await.map_err(backend)?;
+                    }
+                }
+                let _: i64 = conn.del(owned_key(&owner)).await.map_err(backend)?;
+                let _: i64 = conn.hdel(OWNERS, &owner).await.map_err(backend)?;
+            }
+            self.forget_keys(&mut conn, now_ms).await?;
+            // Retention: stamp what ended since the last sweep, drop what has waited long enough.
+            let fresh: Vec<String> = conn.zrangebyscore(RETIRING, 0, 0).await.map_err(backend)?;
+            for member in fresh {
+                let _: i64 = conn.zadd(RETIRING, member, now_ms.max(1)).await.map_err(backend)?;
+            }
+            let oldest = now_ms.saturating_sub(self.retention.ended_stream_ms.min(self.retention.tombstone_ms));
+            let due: Vec<(String, u64)> = conn.zrangebyscore_withscores(RETIRING, 1, oldest).await.map_err(backend)?;
+            for (member, since) in due {
+                let mut parts = member.split(SEP);
+                let waited = now_ms.saturating_sub(since);
+                match (parts.next(), parts.next(), parts.next()) {
+                    (Some("m"), Some(session), None) if waited >= self.retention.tombstone_ms => {
+                        let _: i64 = conn.del(meta(session)).await.map_err(backend)?;
+                    }
+                    (Some("s"), Some(session), Some(stream)) if waited >= self.retention.ended_stream_ms => {
+                        let _: i64 = scripts()
+                            .bury
+                            .key(meta(session))
+                            .arg(format!("tether:{{{session}}}:"))
+                            .arg(stream)
+                            .arg(self.retention.max_tombstones_per_session())
+                            .invoke_async(&mut conn)
+                            .await
+                            .map_err(backend)?;
+                    }
+                    _ => continue,
+                }
+                let _: i64 = conn.zrem(RETIRING, &member).await.map_err(backend)?;
+            }
+            // Watches of streams that retention dropped end with the stream.
+            for (session, stream) in self.heads.followed() {
+                let exists: bool = conn.exists(stream_key(&session, stream.as_str())).await.map_err(backend)?;
+                if !exists {
+                    self.heads.forget(&session, &stream);
+                }
+            }
+            Ok(expired)
+        })
+    }
+}
+
+impl EventLog for RedisStore {
+    fn open_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let (session, epoch, stream) = (session.to_owned(), epoch.to_string(), stream.to_string());
+        Box::pin(async move {
+            let mut conn = self.conn();
+            let [m, s, e, set] = Self::stream_keys(&session, &stream);
+            scripts()
+                .open
+                .key(m)
+                .key(s)
+                .key(e)
+                .key(set)
+                .arg(epoch)
+                .arg(&stream)
+                .arg(&self.owner)
+                .arg("")
+                .invoke_async::<i64>(&mut conn)
+                .await
+                .map_err(script_error)?;
+            Ok(())
         })
     }
 
@@ -884,19 +980,12 @@ impl Store for RedisStore {
         })
     }
 
-    fn relay_answer(&self, answer: RelayedAnswer) -> StoreFuture<'_, bool> {
-        Box::pin(async move {
-            let mut payload = format!("{}{SEP}{}{SEP}", answer.session, answer.request_id).into_bytes();
-            payload.extend_from_slice(&answer.response);
-            let receivers: i64 = self.conn().publish(ANSWERS, payload).await.map_err(backend)?;
-            Ok(receivers > 0)
-        })
+    fn retained_bytes(&self) -> StoreFuture<'_, Option<u64>> {
+        Box::pin(std::future::ready(Ok(None)))
     }
+}
 
-    fn relayed_answers(&self) -> Option<tokio::sync::broadcast::Receiver<RelayedAnswer>> {
-        Some(self.answers.subscribe())
-    }
-
+impl KeyRecords for RedisStore {
     fn records_id(&self) -> &str {
         &self.records_id
     }
@@ -986,11 +1075,24 @@ impl Store for RedisStore {
             Ok(())
         })
     }
+}
 
-    fn retained_bytes(&self) -> StoreFuture<'_, Option<u64>> {
-        Box::pin(std::future::ready(Ok(None)))
+impl Relay for RedisStore {
+    fn relay_answer(&self, answer: RelayedAnswer) -> StoreFuture<'_, bool> {
+        Box::pin(async move {
+            let mut payload = format!("{}{SEP}{}{SEP}", answer.session, answer.request_id).into_bytes();
+            payload.extend_from_slice(&answer.response);
+            let receivers: i64 = self.conn().publish(ANSWERS, payload).await.map_err(backend)?;
+            Ok(receivers > 0)
+        })
     }
 
+    fn relayed_answers(&self) -> Option<tokio::sync::broadcast::Receiver<RelayedAnswer>> {
+        Some(self.answers.subscribe())
+    }
+}
+
+impl CounterStore for RedisStore {
     fn counter_add(&self, key: &str, amount: i64, once: Option<&str>) -> StoreFuture<'_, i64> {
         let (key, once) = (key.to_owned(), once.map(str::to_owned));
         Box::pin(async move {
@@ -1014,98 +1116,6 @@ impl Store for RedisStore {
         Box::pin(async move {
             let value: Option<i64> = self.conn().hget(COUNTERS, key).await.map_err(backend)?;
             Ok(value.unwrap_or(0))
-        })
-    }
-
-    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>> {
-        Box::pin(async move {
-            let mut conn = self.conn();
-            let _: i64 = conn.hset(OWNERS, &self.owner, now_ms).await.map_err(backend)?;
-            // Sessions past their deadline: each is re-checked atomically before it expires.
-            let due: Vec<String> = conn.zrangebyscore(SESSIONS, "-inf", now_ms).await.map_err(backend)?;
-            let mut expired = Vec::new();
-            for id in due {
-                let epoch: Option<String> = conn.hget(meta(&id), "epoch").await.map_err(backend)?;
-                let Some(epoch) = epoch else {
-                    let _: i64 = conn.zrem(SESSIONS, &id).await.map_err(backend)?;
-                    continue;
-                };
-                let ended = Self::end_script(&id, epoch, 2, now_ms).invoke_async::<i64>(&mut conn).await;
-                match ended {
-                    // Renewed in the meantime: its index entry already has the new deadline.
-                    Ok(0) => {}
-                    Ok(_) => {
-                        self.retire_session(&mut conn, &id).await?;
-                        expired.push(id);
-                    }
-                    Err(err) if matches!(script_error(err.clone()), StoreError::SessionGone) => {
-                        let _: i64 = conn.zrem(SESSIONS, &id).await.map_err(backend)?;
-                    }
-                    Err(err) => return Err(backend(err)),
-                }
-            }
-            // Requests of owners whose heartbeat lapsed will never finish: abort them.
-            let owners: HashMap<String, u64> = conn.hgetall(OWNERS).await.map_err(backend)?;
-            for (owner, heartbeat) in owners {
-                if heartbeat.saturating_add(self.retention.lease_ms) >= now_ms {
-                    continue;
-                }
-                let members: Vec<String> = conn.smembers(owned_key(&owner)).await.map_err(backend)?;
-                for member in members {
-                    let Some((session, stream)) = member.split_once(SEP) else { continue };
-                    let aborted: i64 = scripts()
-                        .abort
-                        .key(stream_key(session, stream))
-                        .arg(notification_prefix(session, stream))
-                        .arg(&owner)
-                        .invoke_async(&mut conn)
-                        .await
-                        .map_err(backend)?;
-                    if aborted == 1 {
-                        let _: i64 = conn.zadd(RETIRING, retiring_stream(session, stream), 0).await.map_err(backend)?;
-                    }
-                }
-                let _: i64 = conn.del(owned_key(&owner)).await.map_err(backend)?;
-                let _: i64 = conn.hdel(OWNERS, &owner).await.map_err(backend)?;
-            }
-            self.forget_keys(&mut conn, now_ms).await?;
-            // Retention: stamp what ended since the last sweep, drop what has waited long enough.
-            let fresh: Vec<String> = conn.zrangebyscore(RETIRING, 0, 0).await.map_err(backend)?;
-            for member in fresh {
-                let _: i64 = conn.zadd(RETIRING, member, now_ms.max(1)).await.map_err(backend)?;
-            }
-            let oldest = now_ms.saturating_sub(self.retention.ended_stream_ms.min(self.retention.tombstone_ms));
-            let due: Vec<(String, u64)> = conn.zrangebyscore_withscores(RETIRING, 1, oldest).await.map_err(backend)?;
-            for (member, since) in due {
-                let mut parts = member.split(SEP);
-                let waited = now_ms.saturating_sub(since);
-                match (parts.next(), parts.next(), parts.next()) {
-                    (Some("m"), Some(session), None) if waited >= self.retention.tombstone_ms => {
-                        let _: i64 = conn.del(meta(session)).await.map_err(backend)?;
-                    }
-                    (Some("s"), Some(session), Some(stream)) if waited >= self.retention.ended_stream_ms => {
-                        let _: i64 = scripts()
-                            .bury
-                            .key(meta(session))
-                            .arg(format!("tether:{{{session}}}:"))
-                            .arg(stream)
-                            .arg(self.retention.max_tombstones_per_session())
-                            .invoke_async(&mut conn)
-                            .await
-                            .map_err(backend)?;
-                    }
-                    _ => continue,
-                }
-                let _: i64 = conn.zrem(RETIRING, &member).await.map_err(backend)?;
-            }
-            // Watches of streams that retention dropped end with the stream.
-            for (session, stream) in self.heads.followed() {
-                let exists: bool = conn.exists(stream_key(&session, stream.as_str())).await.map_err(backend)?;
-                if !exists {
-                    self.heads.forget(&session, &stream);
-                }
-            }
-            Ok(expired)
         })
     }
 }

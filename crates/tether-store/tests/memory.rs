@@ -3,12 +3,12 @@
 mod suite;
 
 use tether_store::MemoryStore;
+use tether_store::{EventLog, KeyRecords, SessionStore};
 
 store_suite!(MemoryStore::new(suite::retention()));
 
 #[test]
 fn every_memory_store_names_its_own_idempotency_records() {
-    use tether_store::Store;
     let (a, b) = (MemoryStore::new(suite::retention()), MemoryStore::new(suite::retention()));
     assert!(!a.records_id().is_empty());
     assert_ne!(a.records_id(), b.records_id(), "a restarted or other process never claims the same records");
@@ -18,7 +18,7 @@ fn every_memory_store_names_its_own_idempotency_records() {
 async fn the_byte_cap_evicts_the_earliest_ended_stream_and_sweeps_keep_the_count_exact() {
     use bytes::Bytes;
     use suite::{epoch, record, stream};
-    use tether_store::Store;
+
     let store = MemoryStore::new(suite::retention());
     let a = epoch('A');
     store.create_session(record("m1", a.clone(), 0), usize::MAX).await.expect("create");
@@ -61,7 +61,7 @@ async fn request_ids_past_the_bound_are_forgotten_oldest_first() {
 async fn tombstones_past_the_bound_are_forgotten_oldest_first() {
     use bytes::Bytes;
     use suite::{epoch, record, stream};
-    use tether_store::Store;
+
     let store = MemoryStore::new(suite::retention());
     let a = epoch('A');
     store.create_session(record("m2", a.clone(), 0), usize::MAX).await.expect("create");
@@ -91,7 +91,7 @@ async fn tombstones_past_the_bound_are_forgotten_oldest_first() {
 async fn a_sweep_forgets_everything_due_however_many_batches_it_takes() {
     use bytes::Bytes;
     use suite::{claim, epoch, record, stream};
-    use tether_store::Store;
+
     let retention = tether_store::Retention {
         max_bytes_per_session: 1 << 20,
         max_requests_per_session: 10_000,
@@ -127,7 +127,7 @@ async fn a_sweep_forgets_everything_due_however_many_batches_it_takes() {
 #[tokio::test]
 async fn a_sweep_visits_every_session_however_many_batches_it_takes() {
     use suite::{TTL, epoch, record};
-    use tether_store::{SessionStatus, Store};
+    use tether_store::SessionStatus;
     let store = MemoryStore::new(suite::retention());
     let n = 2_500;
     for i in 0..n {

@@ -4,10 +4,11 @@
 mod suite;
 
 use std::time::Duration;
+use tether_store::{EventLog, KeyRecords, SessionStore};
 
 use bytes::Bytes;
 use tether_core::lineage::StreamState;
-use tether_store::{BeginRequest, Claim, KeyState, RedisStore, SessionRecord, Store};
+use tether_store::{BeginRequest, Claim, KeyState, RedisStore, SessionRecord};
 use tether_testkit::RedisServer;
 
 async fn fresh() -> (RedisServer, RedisStore) {

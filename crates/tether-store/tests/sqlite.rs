@@ -6,11 +6,12 @@ mod suite;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
+use tether_store::{CounterStore, EventLog, KeyRecords, SessionStore};
 
 use bytes::Bytes;
 use tether_core::lineage::{Epoch, StreamName, StreamState};
 use tether_core::mcp::ProtocolVersion;
-use tether_store::{Claim, KeyState, SessionRecord, SessionStatus, SqliteStore, Store};
+use tether_store::{Claim, KeyState, SessionRecord, SessionStatus, SqliteStore};
 
 /// A directory of its own for every store a test opens.
 fn fresh_dir() -> PathBuf {

@@ -28,7 +28,9 @@ use crate::heads::Heads;
 use crate::record::{
     BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent,
 };
-use crate::{HeadWatch, RelayedAnswer, Store, StoreError, StoreFuture};
+use crate::{
+    CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, SessionStore, StoreError, StoreFuture,
+};
 
 /// Most operations committed in one transaction.
 const MAX_BATCH: usize = 512;
@@ -857,7 +859,7 @@ fn finish_in(txn: &Connection, owner: &str, key: &str, outcome: &[u8]) -> Result
     Ok(())
 }
 
-impl Store for SqliteStore {
+impl SessionStore for SqliteStore {
     fn create_session(&self, record: SessionRecord, max_live: usize) -> StoreFuture<'_, ()> {
         let created = record.clone();
         let then = move |mirror: &Mirror, (): &()| {
@@ -991,25 +993,6 @@ impl Store for SqliteStore {
         })
     }
 
-    fn open_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
-        let (session, epoch, stream, owner) =
-            (session.to_owned(), epoch.to_string(), stream.to_string(), self.owner.clone());
-        let (s, st) = (session.clone(), stream.clone());
-        let then = move |mirror: &Mirror, inserted: &bool| {
-            if *inserted {
-                mirror.stream_opened(&s, &st);
-            }
-        };
-        let opened = self.run_with(
-            move |txn| {
-                check_live(txn, &session, &epoch)?;
-                insert_stream(txn, &session, &stream, &owner, None)
-            },
-            then,
-        );
-        Box::pin(async move { opened.await.map(drop) })
-    }
-
     fn set_standalone_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
         let (session, epoch, stream) = (session.to_owned(), epoch.to_string(), stream.to_string());
         self.run(move |txn| {
@@ -1031,6 +1014,91 @@ impl Store for SqliteStore {
                 .map_err(backend)?;
             name.flatten().map(|n| StreamName::parse(&n).map_err(backend)).transpose()
         })
+    }
+
+    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>> {
+        let retention = self.retention;
+        let swept = self.run_with(move |txn| {
+            let now = as_i64(now_ms);
+            let mut expired = txn
+                .prepare("UPDATE sessions SET ended = 2, ended_at_ms = ?1 WHERE ended IS NULL AND expires_at_ms <= ?1 RETURNING id")
+                .map_err(backend)?;
+            let expired: Vec<String> =
+                expired.query_map([now], |r| r.get(0)).map_err(backend)?.collect::<Result<_, _>>().map_err(backend)?;
+            for id in &expired {
+                for table in ["events", "streams", "tombstones", "requests"] {
+                    execute(txn, &format!("DELETE FROM {table} WHERE session = ?1"), [id]).map_err(backend)?;
+                }
+            }
+            execute(txn, "UPDATE sessions SET ended_at_ms = ?1 WHERE ended IS NOT NULL AND ended_at_ms IS NULL", [now])
+                .map_err(backend)?;
+            let tombstones = execute(txn, "DELETE FROM sessions WHERE ended IS NOT NULL AND ended_at_ms <= ?1", [now - as_i64(retention.tombstone_ms)])
+                .map_err(backend)?;
+            execute(txn, "UPDATE streams SET ended_at_ms = ?1 WHERE state != 0 AND ended_at_ms IS NULL", [now]).map_err(backend)?;
+            execute(txn, "INSERT INTO meta (name, value) VALUES ('swept_at', ?1) ON CONFLICT (name) DO UPDATE SET value = excluded.value", [now.to_string()]).map_err(backend)?;
+            let cutoff = now - as_i64(retention.ended_stream_ms);
+            execute(txn,
+                "DELETE FROM events WHERE (session, stream) IN (SELECT session, stream FROM streams WHERE state != 0 AND ended_at_ms <= ?1)",
+                [cutoff],
+            )
+            .map_err(backend)?;
+            let dropped = bury(txn, "state != 0 AND ended_at_ms <= ?1", [cutoff])?;
+            let mut freed: HashMap<&str, i64> = HashMap::new();
+            for (session, _, bytes) in &dropped {
+                *freed.entry(session).or_default() += bytes;
+            }
+            for (session, bytes) in freed {
+                add_session_bytes(txn, session, -bytes)?;
+            }
+            let deleted: Vec<(String, String)> = dropped.into_iter().map(|(session, stream, _)| (session, stream)).collect();
+            forget_keys(txn, now, &retention)?;
+            Ok((expired, deleted, tombstones > 0))
+        }, |mirror: &Mirror, (expired, deleted, tombstones): &(Vec<String>, Vec<(String, String)>, bool)| {
+            for id in expired {
+                mirror.forget_session(id);
+            }
+            for (session, stream) in deleted {
+                mirror.forget_stream(session, stream);
+            }
+            if *tombstones {
+                // Tombstones past their time are gone from the table.
+                mirror.forget_ended_sessions();
+            }
+        });
+        Box::pin(async move {
+            let (expired, ..) = swept.await?;
+            for id in &expired {
+                self.heads.forget_session(id);
+            }
+            // Watches of streams that retention dropped end with the stream.
+            for (session, stream) in self.heads.followed() {
+                if matches!(self.stream_range(&session, &stream).await, Ok(None)) {
+                    self.heads.forget(&session, &stream);
+                }
+            }
+            Ok(expired)
+        })
+    }
+}
+
+impl EventLog for SqliteStore {
+    fn open_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let (session, epoch, stream, owner) =
+            (session.to_owned(), epoch.to_string(), stream.to_string(), self.owner.clone());
+        let (s, st) = (session.clone(), stream.clone());
+        let then = move |mirror: &Mirror, inserted: &bool| {
+            if *inserted {
+                mirror.stream_opened(&s, &st);
+            }
+        };
+        let opened = self.run_with(
+            move |txn| {
+                check_live(txn, &session, &epoch)?;
+                insert_stream(txn, &session, &stream, &owner, None)
+            },
+            then,
+        );
+        Box::pin(async move { opened.await.map(drop) })
     }
 
     fn begin_request(
@@ -1205,15 +1273,18 @@ impl Store for SqliteStore {
         })
     }
 
-    fn relay_answer(&self, _answer: RelayedAnswer) -> StoreFuture<'_, bool> {
-        // One process: the handler is here or nowhere.
-        Box::pin(std::future::ready(Ok(false)))
+    fn retained_bytes(&self) -> StoreFuture<'_, Option<u64>> {
+        self.query(|txn| {
+            query_row(txn, "SELECT COALESCE(SUM(bytes), 0) FROM sessions WHERE ended IS NULL", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map(|bytes| Some(as_u64(bytes)))
+            .map_err(backend)
+        })
     }
+}
 
-    fn relayed_answers(&self) -> Option<tokio::sync::broadcast::Receiver<RelayedAnswer>> {
-        None
-    }
-
+impl KeyRecords for SqliteStore {
     fn records_id(&self) -> &str {
         &self.records_id
     }
@@ -1253,17 +1324,20 @@ impl Store for SqliteStore {
         let (key, owner) = (key.to_owned(), self.owner.clone());
         self.run(move |txn| finish_in(txn, &owner, &key, &outcome))
     }
+}
 
-    fn retained_bytes(&self) -> StoreFuture<'_, Option<u64>> {
-        self.query(|txn| {
-            query_row(txn, "SELECT COALESCE(SUM(bytes), 0) FROM sessions WHERE ended IS NULL", [], |r| {
-                r.get::<_, i64>(0)
-            })
-            .map(|bytes| Some(as_u64(bytes)))
-            .map_err(backend)
-        })
+impl Relay for SqliteStore {
+    fn relay_answer(&self, _answer: RelayedAnswer) -> StoreFuture<'_, bool> {
+        // One process: the handler is here or nowhere.
+        Box::pin(std::future::ready(Ok(false)))
     }
 
+    fn relayed_answers(&self) -> Option<tokio::sync::broadcast::Receiver<RelayedAnswer>> {
+        None
+    }
+}
+
+impl CounterStore for SqliteStore {
     fn counter_add(&self, key: &str, amount: i64, once: Option<&str>) -> StoreFuture<'_, i64> {
         let (key, once) = (key.to_owned(), once.map(str::to_owned));
         self.run(move |txn| {
@@ -1299,70 +1373,6 @@ impl Store for SqliteStore {
                 .optional()
                 .map(Option::unwrap_or_default)
                 .map_err(backend)
-        })
-    }
-
-    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>> {
-        let retention = self.retention;
-        let swept = self.run_with(move |txn| {
-            let now = as_i64(now_ms);
-            let mut expired = txn
-                .prepare("UPDATE sessions SET ended = 2, ended_at_ms = ?1 WHERE ended IS NULL AND expires_at_ms <= ?1 RETURNING id")
-                .map_err(backend)?;
-            let expired: Vec<String> =
-                expired.query_map([now], |r| r.get(0)).map_err(backend)?.collect::<Result<_, _>>().map_err(backend)?;
-            for id in &expired {
-                for table in ["events", "streams", "tombstones", "requests"] {
-                    execute(txn, &format!("DELETE FROM {table} WHERE session = ?1"), [id]).map_err(backend)?;
-                }
-            }
-            execute(txn, "UPDATE sessions SET ended_at_ms = ?1 WHERE ended IS NOT NULL AND ended_at_ms IS NULL", [now])
-                .map_err(backend)?;
-            let tombstones = execute(txn, "DELETE FROM sessions WHERE ended IS NOT NULL AND ended_at_ms <= ?1", [now - as_i64(retention.tombstone_ms)])
-                .map_err(backend)?;
-            execute(txn, "UPDATE streams SET ended_at_ms = ?1 WHERE state != 0 AND ended_at_ms IS NULL", [now]).map_err(backend)?;
-            execute(txn, "INSERT INTO meta (name, value) VALUES ('swept_at', ?1) ON CONFLICT (name) DO UPDATE SET value = excluded.value", [now.to_string()]).map_err(backend)?;
-            let cutoff = now - as_i64(retention.ended_stream_ms);
-            execute(txn,
-                "DELETE FROM events WHERE (session, stream) IN (SELECT session, stream FROM streams WHERE state != 0 AND ended_at_ms <= ?1)",
-                [cutoff],
-            )
-            .map_err(backend)?;
-            let dropped = bury(txn, "state != 0 AND ended_at_ms <= ?1", [cutoff])?;
-            let mut freed: HashMap<&str, i64> = HashMap::new();
-            for (session, _, bytes) in &dropped {
-                *freed.entry(session).or_default() += bytes;
-            }
-            for (session, bytes) in freed {
-                add_session_bytes(txn, session, -bytes)?;
-            }
-            let deleted: Vec<(String, String)> = dropped.into_iter().map(|(session, stream, _)| (session, stream)).collect();
-            forget_keys(txn, now, &retention)?;
-            Ok((expired, deleted, tombstones > 0))
-        }, |mirror: &Mirror, (expired, deleted, tombstones): &(Vec<String>, Vec<(String, String)>, bool)| {
-            for id in expired {
-                mirror.forget_session(id);
-            }
-            for (session, stream) in deleted {
-                mirror.forget_stream(session, stream);
-            }
-            if *tombstones {
-                // Tombstones past their time are gone from the table.
-                mirror.forget_ended_sessions();
-            }
-        });
-        Box::pin(async move {
-            let (expired, ..) = swept.await?;
-            for id in &expired {
-                self.heads.forget_session(id);
-            }
-            // Watches of streams that retention dropped end with the stream.
-            for (session, stream) in self.heads.followed() {
-                if matches!(self.stream_range(&session, &stream).await, Ok(None)) {
-                    self.heads.forget(&session, &stream);
-                }
-            }
-            Ok(expired)
         })
     }
 }
