@@ -140,16 +140,11 @@ fn decode_sentinel(value: &str) -> String {
 }
 
 fn method_not_found(name: &str) -> Rejection {
-    Rejection::new(
-        StatusCode::NOT_FOUND,
-        code::METHOD_NOT_FOUND,
-        "method_not_found",
-        format!("method {name:?} not found"),
-    )
+    Refusal::MethodNotFound.with(format!("method {name:?} not found"))
 }
 
 fn header_mismatch(message: String) -> Rejection {
-    Rejection::new(StatusCode::BAD_REQUEST, mcp::code::HEADER_MISMATCH, "header_mismatch", message)
+    Refusal::HeaderMismatch.with(message)
 }
 
 /// The request-metadata rules, in the order clients can rely on: required `_meta` fields
@@ -157,14 +152,7 @@ fn header_mismatch(message: String) -> Rejection {
 /// supported (-32022), then `Mcp-Method` and `Mcp-Name` against the body (-32020).
 fn validate(headers: &HeaderMap, request: &Request, unsupported: Option<&str>) -> Result<(), Rejection> {
     let request_meta = request.params.as_ref().and_then(|p| p.get("_meta"));
-    let missing = |key: &str| {
-        Rejection::new(
-            StatusCode::BAD_REQUEST,
-            code::INVALID_PARAMS,
-            "missing_meta",
-            format!("params._meta[{key:?}] is required"),
-        )
-    };
+    let missing = |key: &str| Refusal::MissingMeta.with(format!("params._meta[{key:?}] is required"));
     let header_version = unsupported.unwrap_or(ProtocolVersion::V2026_07_28.as_str());
     let Some(version) = request_meta.and_then(|m| m.get(meta::PROTOCOL_VERSION)) else {
         // No per-request metadata at all: a legacy client with a version this server lacks.

@@ -36,6 +36,12 @@ pub(crate) enum Refusal {
     GetStreamAttached,
     StoreUnavailable,
     ResponseNotAllowed,
+    /// 2026-07-28: a request without a required `_meta` field.
+    MissingMeta,
+    /// 2026-07-28: a header that disagrees with the body.
+    HeaderMismatch,
+    /// 2026-07-28: a method the server does not serve.
+    MethodNotFound,
     /// Answered in the response (status 200), not by refusing it.
     RequestIdReused,
     /// Answered in the response.
@@ -53,7 +59,7 @@ pub(crate) enum Refusal {
 impl Refusal {
     /// Every refusal, for the test against docs/PROTOCOL.md.
     #[cfg(test)]
-    pub const ALL: [Refusal; 31] = [
+    pub const ALL: [Refusal; 34] = [
         Refusal::ParseError,
         Refusal::InvalidMessage,
         Refusal::BatchNotAllowed,
@@ -79,6 +85,9 @@ impl Refusal {
         Refusal::GetStreamAttached,
         Refusal::StoreUnavailable,
         Refusal::ResponseNotAllowed,
+        Refusal::MissingMeta,
+        Refusal::HeaderMismatch,
+        Refusal::MethodNotFound,
         Refusal::RequestIdReused,
         Refusal::RequestHistoryExpired,
         Refusal::InvalidIdempotencyKey,
@@ -98,7 +107,10 @@ impl Refusal {
             | Refusal::MalformedCursor
             | Refusal::UnsupportedProtocolVersion
             | Refusal::BodyUnreadable
-            | Refusal::ResponseNotAllowed => StatusCode::BAD_REQUEST,
+            | Refusal::ResponseNotAllowed
+            | Refusal::MissingMeta
+            | Refusal::HeaderMismatch => StatusCode::BAD_REQUEST,
+            Refusal::MethodNotFound => StatusCode::NOT_FOUND,
             Refusal::SessionInvalid(_) => StatusCode::NOT_FOUND,
             Refusal::NotAcceptable => StatusCode::NOT_ACCEPTABLE,
             Refusal::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -135,7 +147,11 @@ impl Refusal {
             | Refusal::RequestHistoryExpired => code::INVALID_REQUEST,
             Refusal::SessionInvalid(_) => SESSION_INVALID,
             Refusal::UnsupportedProtocolVersion => tether_core::mcp::code::UNSUPPORTED_PROTOCOL_VERSION,
-            Refusal::InvalidIdempotencyKey | Refusal::IdempotencyKeyReused => code::INVALID_PARAMS,
+            Refusal::InvalidIdempotencyKey | Refusal::IdempotencyKeyReused | Refusal::MissingMeta => {
+                code::INVALID_PARAMS
+            }
+            Refusal::HeaderMismatch => tether_core::mcp::code::HEADER_MISMATCH,
+            Refusal::MethodNotFound => code::METHOD_NOT_FOUND,
             Refusal::NotAcceptable
             | Refusal::UnsupportedMediaType
             | Refusal::BodyTooLarge
@@ -178,6 +194,9 @@ impl Refusal {
             Refusal::GetStreamAttached => "get_stream_attached",
             Refusal::StoreUnavailable => "store_unavailable",
             Refusal::ResponseNotAllowed => "response_not_allowed",
+            Refusal::MissingMeta => "missing_meta",
+            Refusal::HeaderMismatch => "header_mismatch",
+            Refusal::MethodNotFound => "method_not_found",
             Refusal::RequestIdReused => "request_id_reused",
             Refusal::RequestHistoryExpired => "request_history_expired",
             Refusal::InvalidIdempotencyKey => "invalid_idempotency_key",
