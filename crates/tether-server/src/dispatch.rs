@@ -10,14 +10,14 @@ use serde_json::{Value, json};
 use tether_core::jsonrpc::{ErrorObject, Message, Request, Response, code};
 use tether_core::lineage::{Digest, StreamName};
 use tether_core::mcp;
-use tether_store::{BeginRequest, Claim, KeyClaim};
+use tether_store::{BeginRequest, Claim, KeyClaim, StoreError};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::ServerState;
 use crate::context::{Context, FirstOutput, Output, RequestMeta};
-use crate::http::reject::{Refusal, Rejection, rpc_error};
+use crate::http::reject::{Refusal, rpc_error};
 use crate::idempotency::{self, Answer, Keyed, Plan};
 use crate::ids;
 use crate::request_key::RequestKey;
@@ -85,8 +85,8 @@ pub(crate) async fn start_legacy(
     runtime: &Arc<SessionRuntime>,
     principal: Option<&str>,
     request: Request,
-) -> Result<Started, Rejection> {
-    let stream = ids::stream_name('r').map_err(|e| Rejection::internal("random_failed", e.to_string()))?;
+) -> Result<Started, DispatchError> {
+    let stream = ids::stream_name('r')?;
     Ok(match record(shared, runtime, principal, request, &stream, true).await? {
         Recorded::New(work) => Started::Running(run_recorded(shared, runtime, *work, stream, true).await?),
         Recorded::Again { original, .. } => Started::Attach { stream: original },
@@ -104,7 +104,7 @@ pub(crate) async fn start_in_batch(
     principal: Option<&str>,
     request: Request,
     stream: &StreamName,
-) -> Result<Result<Running, ErrorObject>, Rejection> {
+) -> Result<Result<Running, ErrorObject>, DispatchError> {
     let work = match record(shared, runtime, principal, request, stream, false).await? {
         Recorded::New(work) => *work,
         Recorded::Again { original, request } => {
@@ -118,6 +118,38 @@ pub(crate) async fn start_in_batch(
         Recorded::Conflict(error) => return Ok(Err(error)),
     };
     Ok(Ok(run_recorded(shared, runtime, work, stream.clone(), false).await?))
+}
+
+/// Why a request could not be started, for the transport to answer as it answers refusals.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DispatchError {
+    /// The store failed, or says the session is gone.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// No stream name could be minted.
+    #[error(transparent)]
+    Random(#[from] ids::RandomError),
+    /// The session ended before the request could start.
+    #[error("the session ended")]
+    SessionEnded,
+    /// A 2026-07-28 request's idempotency key is malformed (legacy sessions answer it in the
+    /// response instead).
+    #[error("{0}")]
+    InvalidIdempotencyKey(String),
+}
+
+impl From<DispatchError> for crate::http::reject::Rejection {
+    fn from(err: DispatchError) -> crate::http::reject::Rejection {
+        use crate::http::reject::Rejection;
+        match err {
+            DispatchError::Store(err) => Rejection::from(err),
+            DispatchError::Random(err) => Rejection::internal("random_failed", err.to_string()),
+            DispatchError::SessionEnded => Rejection::session_invalid(tether_core::lineage::InvalidReason::Terminated),
+            DispatchError::InvalidIdempotencyKey(message) => {
+                Refusal::InvalidIdempotencyKey.with(message).with_status(http::StatusCode::BAD_REQUEST)
+            }
+        }
+    }
 }
 
 /// What the store said of a request before anything of it runs.
@@ -161,7 +193,7 @@ async fn record(
     request: Request,
     stream: &StreamName,
     own: bool,
-) -> Result<Recorded, Rejection> {
+) -> Result<Recorded, DispatchError> {
     let key = RequestKey::of(&request.id);
     let params = request.params.unwrap_or_else(|| json!({}));
     let keyed = match Keyed::of(shared, principal, &request.method, &params) {
@@ -182,8 +214,7 @@ async fn record(
         None => {
             store.begin_request(&runtime.id, &runtime.epoch, key.as_str(), &digest, stream).await.map(|b| (b, None))
         }
-    }
-    .map_err(Rejection::from)?;
+    }?;
     crate::telemetry::store_latency("begin_request", started.elapsed());
     let request = Request { params: Some(params), ..request };
     Ok(match begun {
@@ -210,11 +241,11 @@ async fn run_recorded(
     work: Work,
     stream: StreamName,
     ends_stream: bool,
-) -> Result<Running, Rejection> {
+) -> Result<Running, DispatchError> {
     let Work { key, request, job } = work;
     let cancel = CancellationToken::new();
     if !runtime.start_request(&key, cancel.clone()) {
-        return Err(Rejection::session_invalid(tether_core::lineage::InvalidReason::Terminated));
+        return Err(DispatchError::SessionEnded);
     }
     let output = Output::Stored {
         store: Arc::clone(&shared.store),
@@ -274,19 +305,19 @@ async fn keyed_job(
     claimed: Option<Claim>,
     method: &str,
     params: &Value,
-) -> Result<Job, Rejection> {
+) -> Result<Job, DispatchError> {
     let store = &shared.store;
     let claimed = match claimed {
         Some(claimed) => claimed,
         None => {
             let started = std::time::Instant::now();
-            let claimed = store.claim_key(claim.clone()).await.map_err(Rejection::from)?;
+            let claimed = store.claim_key(claim.clone()).await?;
             crate::telemetry::store_latency("claim_key", started.elapsed());
             claimed
         }
     };
     let resumable = shared.handler.resumable(method, params);
-    let plan = idempotency::plan(store, claim, claimed, resumable).await.map_err(Rejection::from)?;
+    let plan = idempotency::plan(store, claim, claimed, resumable).await?;
     Ok(match plan {
         Plan::Run => Job::Run(Some(keyed)),
         Plan::Answer(answer) => Job::Answer(answer, Some(keyed)),
@@ -311,10 +342,10 @@ pub(crate) async fn start_direct(
     request: Request,
     output: Output,
     cancel: CancellationToken,
-) -> Result<Direct, Rejection> {
+) -> Result<Direct, DispatchError> {
     let params = request.params.unwrap_or_else(|| json!({}));
     let keyed = Keyed::of(shared, principal, &request.method, &params)
-        .map_err(|e| Refusal::InvalidIdempotencyKey.with(e.message).with_status(http::StatusCode::BAD_REQUEST))?;
+        .map_err(|e| DispatchError::InvalidIdempotencyKey(e.message))?;
     let request_meta = params.get("_meta");
     let meta = RequestMeta {
         progress_token: progress_token(&params),

@@ -73,7 +73,7 @@ pub(crate) async fn post(
     let cancel = CancellationToken::new();
     let direct = dispatch::start_direct(shared, principal.as_deref(), request, Output::Direct { tx }, cancel.clone())
         .await
-        .map_err(|r| r.with_id(Some(id)))?;
+        .map_err(|err| Rejection::from(err).with_id(Some(id)))?;
     // Until the response is handed over, dropping this future (the client went away) cancels
     // the request; afterwards the response body holds the guard. A keyed request runs on.
     let guard = if direct.cancel_on_close { cancel.drop_guard() } else { CancellationToken::new().drop_guard() };

@@ -265,8 +265,8 @@ async fn respond_batch(
                     continue;
                 }
                 Ok(Err(error)) => Err(error),
-                Err(rejection) => {
-                    started = Err(rejection);
+                Err(err) => {
+                    started = Err(Rejection::from(err));
                     break;
                 }
             },
