@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use tether_core::jsonrpc::{self, Message, RequestId};
 use tether_core::lineage::{
-    Accepted, Checkpoint as LineageCheckpoint, Digest, FirstEvent, ObservedId, Reconnect, ResyncNotice,
-    StreamValidator, Verdict, client_verdict,
+    Accepted, Checkpoint as LineageCheckpoint, Digest, FirstEvent, Reconnect, ResyncNotice, StreamValidator, Verdict,
+    client_verdict,
 };
 use tether_core::sse::Event;
 
@@ -311,16 +311,16 @@ impl Follower {
         })
     }
 
-    /// The digest of the event just admitted with `id`: the validator's, which computed it to
-    /// accept the event, or (a stream followed without proof) computed here.
-    fn digest_of(&self, id: &str, data: &str) -> Digest {
-        match &self.continuity {
-            Continuity::Checked(validator) => match validator.last() {
-                Some((last, digest)) if *last == ObservedId::parse(id) => *digest,
-                _ => Digest::of(id, data.as_bytes()),
-            },
-            Continuity::Resuming { .. } | Continuity::Trusted => Digest::of(id, data.as_bytes()),
-        }
+    /// The digest of the event just admitted, if it has an id: the validator's (accepting an
+    /// event with an id makes it the validator's last), or, on a stream followed without proof,
+    /// computed here.
+    fn admitted_digest(&self, event: &Event) -> Option<Digest> {
+        let id = event.id.as_deref()?;
+        let computed = || Digest::of(id, event.data.as_bytes());
+        Some(match &self.continuity {
+            Continuity::Checked(validator) => validator.last().map_or_else(computed, |(_, digest)| *digest),
+            Continuity::Resuming { .. } | Continuity::Trusted => computed(),
+        })
     }
 
     /// A resync that continues the stream: the loss (or the end) it names is reported, and its
@@ -329,7 +329,8 @@ impl Follower {
     fn resynced(&mut self, event: &Event, notice: ResyncNotice) {
         metrics::counter!("tether_client_resyncs_total", "reason" => notice.reason.as_str()).increment(1);
         let id = event.id.clone().unwrap_or_default();
-        let cursor = StreamCursor { digest: self.digest_of(&id, &event.data).to_string(), last_id: id.clone() };
+        let digest = self.admitted_digest(event).unwrap_or_else(|| Digest::of(&id, event.data.as_bytes()));
+        let cursor = StreamCursor { digest: digest.to_string(), last_id: id.clone() };
         self.inner.state().cursors.arrived(&self.key, cursor.clone());
         let ack = Ack::new(&self.inner, self.generation, self.key.clone(), cursor);
         self.inner.emit(ClientEvent::Resynced { id, notice, ack });
@@ -360,10 +361,10 @@ impl Follower {
     /// The cursor is committed to the file when the application acknowledges the message (at
     /// once for events that carry none, like the priming event).
     fn record_and_deliver(&mut self, event: Event) -> bool {
-        let cursor = event
-            .id
-            .as_ref()
-            .map(|id| StreamCursor { last_id: id.clone(), digest: self.digest_of(id, &event.data).to_string() });
+        let cursor = self
+            .admitted_digest(&event)
+            .zip(event.id.clone())
+            .map(|(digest, last_id)| StreamCursor { last_id, digest: digest.to_string() });
         if let Some(cursor) = &cursor {
             self.inner.state().cursors.arrived(&self.key, cursor.clone());
         }

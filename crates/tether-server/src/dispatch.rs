@@ -17,7 +17,7 @@ use tracing::Instrument as _;
 
 use crate::ServerState;
 use crate::context::{Context, FirstOutput, Output, RequestMeta};
-use crate::http::reject::{Refusal, rpc_error};
+use crate::http::reject::Refusal;
 use crate::idempotency::{self, Answer, Keyed, Plan};
 use crate::ids;
 use crate::request_key::RequestKey;
@@ -136,20 +136,6 @@ pub(crate) enum DispatchError {
     /// response instead).
     #[error("{0}")]
     InvalidIdempotencyKey(String),
-}
-
-impl From<DispatchError> for crate::http::reject::Rejection {
-    fn from(err: DispatchError) -> crate::http::reject::Rejection {
-        use crate::http::reject::Rejection;
-        match err {
-            DispatchError::Store(err) => Rejection::from(err),
-            DispatchError::Random(err) => Rejection::internal("random_failed", err.to_string()),
-            DispatchError::SessionEnded => Rejection::session_invalid(tether_core::lineage::InvalidReason::Terminated),
-            DispatchError::InvalidIdempotencyKey(message) => {
-                Refusal::InvalidIdempotencyKey.with(message).with_status(http::StatusCode::BAD_REQUEST)
-            }
-        }
-    }
 }
 
 /// What the store said of a request before anything of it runs.
@@ -415,7 +401,7 @@ async fn run(
             Some(Ok(outcome)) => Some(outcome),
             Some(Err(Panicked)) => {
                 tracing::error!("handler panicked");
-                Some(Err(rpc_error(code::INTERNAL_ERROR, "handler_panicked", "the handler failed")))
+                Some(Err(ErrorObject::with_reason(code::INTERNAL_ERROR, "the handler failed", "handler_panicked")))
             }
             None => {
                 // Give the handler a moment to notice the cancellation and clean up (nothing it

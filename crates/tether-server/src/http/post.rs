@@ -12,7 +12,7 @@ use tether_core::jsonrpc::{self, Message, Notification, Request, RequestId, code
 use tether_core::mcp::{ProtocolVersion, meta, method};
 use tether_store::{RelayedAnswer, SessionRecord};
 
-use super::reject::{self, Refusal, Rejection, rpc_error};
+use super::reject::{self, Refusal, Rejection};
 use super::sse::Connection;
 use super::{accepted, check_load, guard, json_response, live_session, read_body, session_headers, sse};
 use crate::context::FirstOutput;
@@ -220,12 +220,18 @@ fn protocol_method(runtime: &SessionRuntime, request: &Request) -> Option<Result
                     runtime.set_log_level(level);
                     Ok(json!({}))
                 }
-                None => Err(rpc_error(code::INVALID_PARAMS, "invalid_log_level", "params.level must be a log level")),
+                None => Err(jsonrpc::ErrorObject::with_reason(
+                    code::INVALID_PARAMS,
+                    "params.level must be a log level",
+                    "invalid_log_level",
+                )),
             })
         }
-        method::INITIALIZE => {
-            Some(Err(rpc_error(code::INVALID_REQUEST, "already_initialized", "this session is already initialized")))
-        }
+        method::INITIALIZE => Some(Err(jsonrpc::ErrorObject::with_reason(
+            code::INVALID_REQUEST,
+            "this session is already initialized",
+            "already_initialized",
+        ))),
         _ => None,
     }
 }

@@ -3,7 +3,7 @@
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tether_core::jsonrpc::{ErrorObject, Message, RequestId, code};
 use tether_core::lineage::InvalidReason;
 use tether_store::StoreError;
@@ -213,7 +213,7 @@ impl Refusal {
 
     /// The JSON-RPC error it answers a request with, saying `message`.
     pub fn error(self, message: impl Into<String>) -> ErrorObject {
-        rpc_error(self.code(), self.reason(), message)
+        ErrorObject::with_reason(self.code(), message, self.reason())
     }
 }
 
@@ -299,11 +299,6 @@ impl IntoResponse for Rejection {
     }
 }
 
-/// A JSON-RPC error for a request that was well formed but cannot be served.
-pub(crate) fn rpc_error(code: i64, reason: &str, message: impl Into<String>) -> ErrorObject {
-    ErrorObject { code, message: message.into(), data: Some(json!({ "reason": reason })) }
-}
-
 impl From<StoreError> for Rejection {
     /// How a store failure is answered: a session the store says is gone is a 404, a full
     /// store a 503 to retry, a failing backend a 503 (logged), anything else a 500.
@@ -318,6 +313,21 @@ impl From<StoreError> for Rejection {
                 Refusal::StoreUnavailable.with("the store is unavailable")
             }
             other => Rejection::internal("store_error", other.to_string()),
+        }
+    }
+}
+
+impl From<crate::dispatch::DispatchError> for Rejection {
+    /// How a request that could not start is refused.
+    fn from(err: crate::dispatch::DispatchError) -> Rejection {
+        use crate::dispatch::DispatchError;
+        match err {
+            DispatchError::Store(err) => Rejection::from(err),
+            DispatchError::Random(err) => Rejection::internal("random_failed", err.to_string()),
+            DispatchError::SessionEnded => Rejection::session_invalid(InvalidReason::Terminated),
+            DispatchError::InvalidIdempotencyKey(message) => {
+                Refusal::InvalidIdempotencyKey.with(message).with_status(StatusCode::BAD_REQUEST)
+            }
         }
     }
 }

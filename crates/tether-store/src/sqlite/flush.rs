@@ -203,10 +203,14 @@ mod tests {
         let (durability, flusher) = flushing_a_file("answered");
         let generation = durability.begin_commit().expect("not poisoned");
         assert_eq!(durability.seen(), generation);
-        let (completion, answered) = recorder();
+        // The caller learns, with its answer, how far the flush mark stood when it was answered.
+        let (tx, answered) = mpsc::channel();
+        let mark = Arc::clone(&durability);
+        let completion: Completion = Box::new(move |outcome| drop(tx.send((outcome, *mark.flushed.borrow()))));
         flusher.send(Committed { generation, outcome: Ok(()), completions: vec![completion] });
-        let answer = answered.recv_timeout(std::time::Duration::from_secs(10)).expect("an answer");
+        let (answer, flushed) = answered.recv_timeout(std::time::Duration::from_secs(10)).expect("an answer");
         assert!(answer.is_ok(), "{answer:?}");
+        assert_eq!(flushed, Flushed::Through(generation), "a caller was answered before its commit was marked flushed");
         let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
         runtime.block_on(async {
             tokio::time::timeout(std::time::Duration::from_secs(10), durability.wait(generation))
