@@ -8,7 +8,7 @@ use tether_server::{Builder, ServerConfig};
 
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
-    let mcp = Builder::new(BuiltinHandler::new()).config(ServerConfig::default()).build();
+    let mcp = Builder::new(BuiltinHandler::in_memory()).config(ServerConfig::default()).build();
     let app = axum::Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/", get(|| async { "an application that also speaks MCP at /mcp" }))

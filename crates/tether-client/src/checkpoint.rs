@@ -7,20 +7,42 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use tether_core::lineage::{Checkpoint as LineageCheckpoint, Digest, ObservedId};
+use tether_core::lineage::{Checkpoint, Digest, ObservedId};
 
-/// The cursor of one stream.
+/// The cursor of one stream, parsed once (when the event arrived, or when the file was read).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamCursor {
     /// The last processed event's id: the `Last-Event-ID` of a resume.
-    pub last_id: String,
-    /// Its digest (lowercase hex SHA-256 of `"{id}:"` + data).
-    pub digest: String,
+    #[serde(with = "as_text")]
+    pub last_id: ObservedId,
+    /// Its digest (in the file: lowercase hex SHA-256 of `"{id}:"` + data).
+    #[serde(with = "as_text")]
+    pub digest: Digest,
 }
 
-/// The persisted state of a client.
+/// Ids and digests are text in the file, as on the wire.
+mod as_text {
+    use std::fmt::Display;
+    use std::str::FromStr;
+
+    use serde::{Deserialize, Deserializer, Serializer, de::Error as _};
+
+    pub fn serialize<T: Display, S: Serializer>(value: &T, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(value)
+    }
+
+    pub fn deserialize<'de, T, D>(deserializer: D) -> Result<T, D::Error>
+    where
+        T: FromStr<Err: Display>,
+        D: Deserializer<'de>,
+    {
+        String::deserialize(deserializer)?.parse().map_err(D::Error::custom)
+    }
+}
+
+/// The persisted state of a client: what its checkpoint file holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Checkpoint {
+pub struct CheckpointFile {
     /// The session id, once initialized.
     pub session_id: Option<String>,
     /// The replay epoch the server advertised, if any.
@@ -54,13 +76,13 @@ pub enum CheckpointError {
     },
 }
 
-impl Checkpoint {
+impl CheckpointFile {
     /// Loads a checkpoint file; a missing file is an empty checkpoint.
-    pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
+    pub fn load(path: &Path) -> Result<CheckpointFile, CheckpointError> {
         match std::fs::read(path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map_err(|source| CheckpointError::Invalid { path: path.to_owned(), source }),
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(Checkpoint::default()),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(CheckpointFile::default()),
             Err(source) => Err(CheckpointError::Io { path: path.to_owned(), source }),
         }
     }
@@ -82,13 +104,13 @@ impl Checkpoint {
     }
 
     /// The lineage checkpoint of a stream, for the continuity verdict.
-    pub fn lineage(&self, stream: &str) -> Option<LineageCheckpoint> {
+    pub fn lineage(&self, stream: &str) -> Option<Checkpoint> {
         let cursor = self.streams.get(stream)?;
-        Some(LineageCheckpoint {
+        Some(Checkpoint {
             session_id: self.session_id.clone()?,
             epoch: self.epoch.clone(),
-            last_id: ObservedId::parse(&cursor.last_id),
-            last_digest: cursor.digest.parse::<Digest>().ok()?,
+            last_id: cursor.last_id.clone(),
+            last_digest: cursor.digest,
         })
     }
 }
@@ -102,31 +124,42 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("tether-checkpoint-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let path = dir.join("cp.json");
-        assert_eq!(Checkpoint::load(&path).expect("missing is empty"), Checkpoint::default());
-        let mut cp = Checkpoint { session_id: Some("s".into()), epoch: Some("e".into()), ..Checkpoint::default() };
+        assert_eq!(CheckpointFile::load(&path).expect("missing is empty"), CheckpointFile::default());
+        let mut cp =
+            CheckpointFile { session_id: Some("s".into()), epoch: Some("e".into()), ..CheckpointFile::default() };
         cp.streams.insert(
             "get".into(),
-            StreamCursor { last_id: "e:g:3".into(), digest: Digest::of("e:g:3", b"x").to_string() },
+            StreamCursor { last_id: ObservedId::parse("e:g:3"), digest: Digest::of("e:g:3", b"x") },
         );
         cp.save(&path).expect("save");
-        assert_eq!(Checkpoint::load(&path).expect("load"), cp);
+        assert_eq!(CheckpointFile::load(&path).expect("load"), cp);
         assert!(!path.with_extension("tmp").exists());
         let lineage = cp.lineage("get").expect("cursor");
         assert_eq!(lineage.last_digest, Digest::of("e:g:3", b"x"));
+        let text: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("json");
+        assert_eq!(text["streams"]["get"]["last_id"], "e:g:3", "ids are text in the file");
+        assert_eq!(text["streams"]["get"]["digest"], Digest::of("e:g:3", b"x").to_string());
         std::fs::write(&path, b"{").expect("write");
-        assert!(matches!(Checkpoint::load(&path), Err(CheckpointError::Invalid { .. })));
+        assert!(matches!(CheckpointFile::load(&path), Err(CheckpointError::Invalid { .. })));
+        let bad_digest = r#"{"session_id":"s","epoch":null,"protocol_version":null,"pending":{},
+            "streams":{"get":{"last_id":"e:g:3","digest":"not hex"}}}"#;
+        std::fs::write(&path, bad_digest).expect("write");
+        assert!(
+            matches!(CheckpointFile::load(&path), Err(CheckpointError::Invalid { .. })),
+            "a digest is checked when read"
+        );
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 
     /// A checkpoint whose cursors all carry `tag`, large enough that writing it takes many
     /// system calls.
-    fn large(tag: &str) -> Checkpoint {
-        let mut cp = Checkpoint { session_id: Some(tag.into()), ..Checkpoint::default() };
+    fn large(tag: &str) -> CheckpointFile {
+        let mut cp = CheckpointFile { session_id: Some(tag.into()), ..CheckpointFile::default() };
         for n in 0..2_000 {
             let id = format!("{tag}:g{n}:{n}");
             cp.streams.insert(
                 format!("request:{n}"),
-                StreamCursor { digest: Digest::of(&id, b"x").to_string(), last_id: id },
+                StreamCursor { digest: Digest::of(&id, b"x"), last_id: ObservedId::parse(&id) },
             );
         }
         cp
@@ -144,7 +177,7 @@ mod tests {
             let reader = scope.spawn(|| {
                 let mut reads = 0u32;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let read = Checkpoint::load(&path).expect("never a torn file");
+                    let read = CheckpointFile::load(&path).expect("never a torn file");
                     assert!(read == a || read == b, "a checkpoint that was saved");
                     reads += 1;
                 }
@@ -160,7 +193,7 @@ mod tests {
         // A save that died before its rename left a partial sibling: the checkpoint is the last
         // one saved.
         std::fs::write(path.with_extension("tmp"), br#"{"session_id": "torn"#).expect("write");
-        assert_eq!(Checkpoint::load(&path).expect("load"), a);
+        assert_eq!(CheckpointFile::load(&path).expect("load"), a);
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 
 use tether_core::jsonrpc::RequestId;
-use tether_core::lineage::Checkpoint as LineageCheckpoint;
+use tether_core::lineage::Checkpoint;
 
-use crate::checkpoint::{Checkpoint, StreamCursor};
+use crate::checkpoint::{CheckpointFile, StreamCursor};
 
 /// The key of the standalone stream.
 pub(crate) const STANDALONE: &str = "get";
@@ -24,7 +24,7 @@ pub(crate) fn stream_key(id: &RequestId) -> String {
 pub(crate) struct Cursors {
     /// The session, its epoch and version, the cursor of what arrived on each stream, and the
     /// requests pending.
-    arrived: Checkpoint,
+    arrived: CheckpointFile,
     /// The cursor of what the application processed on each stream: what the file keeps, so a
     /// restarted client gets again what arrived but was never processed.
     committed: BTreeMap<String, StreamCursor>,
@@ -33,7 +33,7 @@ pub(crate) struct Cursors {
 impl Cursors {
     /// The cursors of a checkpoint file: its session and its standalone stream. Requests a
     /// previous process sent cannot be waited for by anyone now, so their streams are dropped.
-    pub fn from_file(mut file: Checkpoint) -> Cursors {
+    pub fn from_file(mut file: CheckpointFile) -> Cursors {
         file.streams.retain(|key, _| key == STANDALONE);
         file.pending.clear();
         Cursors { committed: file.streams.clone(), arrived: file }
@@ -89,30 +89,30 @@ impl Cursors {
         self.committed.remove(&key);
     }
 
-    /// The id stream `key` resumes after.
+    /// The id stream `key` resumes after: its `Last-Event-ID`.
     pub fn last_id(&self, key: &str) -> Option<String> {
-        self.arrived.streams.get(key).map(|cursor| cursor.last_id.clone())
+        self.arrived.streams.get(key).map(|cursor| cursor.last_id.to_string())
     }
 
     /// What a resume of stream `key` is judged against.
-    pub fn lineage(&self, key: &str) -> Option<LineageCheckpoint> {
+    pub fn lineage(&self, key: &str) -> Option<Checkpoint> {
         self.arrived.lineage(key)
     }
 
     /// What the file keeps: the session and the committed cursors.
-    pub fn file(&self) -> Checkpoint {
-        Checkpoint { streams: self.committed.clone(), ..self.arrived.clone() }
+    pub fn file(&self) -> CheckpointFile {
+        CheckpointFile { streams: self.committed.clone(), ..self.arrived.clone() }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use tether_core::lineage::Digest;
+    use tether_core::lineage::{Digest, ObservedId};
 
     use super::*;
 
     fn cursor(id: &str) -> StreamCursor {
-        StreamCursor { last_id: id.to_owned(), digest: Digest::of(id, b"x").to_string() }
+        StreamCursor { last_id: ObservedId::parse(id), digest: Digest::of(id, b"x") }
     }
 
     #[test]
@@ -142,7 +142,7 @@ mod tests {
 
     #[test]
     fn a_restarted_client_resumes_only_the_standalone_stream() {
-        let mut file = Checkpoint { session_id: Some("s".into()), ..Checkpoint::default() };
+        let mut file = CheckpointFile { session_id: Some("s".into()), ..CheckpointFile::default() };
         file.streams.insert(STANDALONE.into(), cursor("e:g:4"));
         file.streams.insert(stream_key(&RequestId::Number(2)), cursor("e:r:2"));
         file.pending.insert("2".into(), "tools/call".into());

@@ -5,16 +5,16 @@ use std::sync::Arc;
 
 use tether_core::jsonrpc::{self, Message, RequestId};
 use tether_core::lineage::{
-    Accepted, Checkpoint as LineageCheckpoint, Digest, FirstEvent, Reconnect, ResyncNotice, StreamValidator, Verdict,
+    Accepted, Checkpoint, Digest, FirstEvent, ObservedId, Reconnect, ResyncNotice, StreamValidator, Verdict,
     client_verdict,
 };
 use tether_core::sse::Event;
 
 use crate::backoff::Attempts;
 use crate::checkpoint::StreamCursor;
-use crate::client::Inner;
 use crate::cursors::{STANDALONE, stream_key};
 use crate::http::{Head, Reply, SseReader};
+use crate::session::Session;
 use crate::{Ack, ClientError, ClientEvent, DivergenceReason, Policy, RequestError, ResumeVerdict};
 
 /// A connection that lasted this long was no storm, even if it delivered nothing.
@@ -34,7 +34,7 @@ enum Continuity {
     /// Every event is checked against the previous one.
     Checked(StreamValidator),
     /// A reconnect's response head passed; its first event decides.
-    Resuming { checkpoint: LineageCheckpoint, head: Head },
+    Resuming { checkpoint: Checkpoint, head: Head },
     /// Policy `Trust` after an unverifiable resume: events are delivered without proof.
     Trusted,
 }
@@ -74,7 +74,7 @@ enum Reconnected {
 }
 
 pub(crate) struct Follower {
-    inner: Arc<Inner>,
+    inner: Arc<Session>,
     generation: u64,
     origin: Origin,
     key: String,
@@ -89,7 +89,7 @@ impl Follower {
     /// Follows a stream on its own task. `first` is the connection already open (a POST's SSE
     /// answer); without it the follower connects itself.
     pub fn spawn(
-        inner: Arc<Inner>,
+        inner: Arc<Session>,
         generation: u64,
         origin: Origin,
         first: Option<(Head, Box<SseReader>)>,
@@ -155,7 +155,7 @@ impl Follower {
     }
 
     fn cursor(&self) -> Option<String> {
-        self.inner.state().cursors.last_id(&self.key)
+        self.inner.last_id(&self.key)
     }
 
     /// Waits out the backoff and reconnects.
@@ -204,7 +204,7 @@ impl Follower {
                 _ => Reconnected::Retry,
             };
         };
-        let checkpoint = self.inner.state().cursors.lineage(&self.key);
+        let checkpoint = self.inner.lineage(&self.key);
         let Some(checkpoint) = checkpoint else {
             return Reconnected::Diverged(DivergenceReason::NoCheckpoint { cursor });
         };
@@ -311,15 +311,16 @@ impl Follower {
         })
     }
 
-    /// The digest of the event just admitted, if it has an id: the validator's (accepting an
-    /// event with an id makes it the validator's last), or, on a stream followed without proof,
-    /// computed here.
-    fn admitted_digest(&self, event: &Event) -> Option<Digest> {
+    /// The cursor of the event just admitted, if it has an id: the validator's last (accepting
+    /// an event with an id makes it that), or, on a stream followed without proof, made here.
+    fn admitted(&self, event: &Event) -> Option<StreamCursor> {
         let id = event.id.as_deref()?;
-        let computed = || Digest::of(id, event.data.as_bytes());
+        let made = || StreamCursor { last_id: ObservedId::parse(id), digest: Digest::of(id, event.data.as_bytes()) };
         Some(match &self.continuity {
-            Continuity::Checked(validator) => validator.last().map_or_else(computed, |(_, digest)| *digest),
-            Continuity::Resuming { .. } | Continuity::Trusted => computed(),
+            Continuity::Checked(validator) => validator
+                .last()
+                .map_or_else(made, |(last_id, digest)| StreamCursor { last_id: last_id.clone(), digest: *digest }),
+            Continuity::Resuming { .. } | Continuity::Trusted => made(),
         })
     }
 
@@ -329,9 +330,11 @@ impl Follower {
     fn resynced(&mut self, event: &Event, notice: ResyncNotice) {
         metrics::counter!("tether_client_resyncs_total", "reason" => notice.reason.as_str()).increment(1);
         let id = event.id.clone().unwrap_or_default();
-        let digest = self.admitted_digest(event).unwrap_or_else(|| Digest::of(&id, event.data.as_bytes()));
-        let cursor = StreamCursor { digest: digest.to_string(), last_id: id.clone() };
-        self.inner.state().cursors.arrived(&self.key, cursor.clone());
+        let cursor = self.admitted(event).unwrap_or_else(|| StreamCursor {
+            last_id: ObservedId::parse(&id),
+            digest: Digest::of(&id, event.data.as_bytes()),
+        });
+        self.inner.arrived(&self.key, cursor.clone());
         let ack = Ack::new(&self.inner, self.generation, self.key.clone(), cursor);
         self.inner.emit(ClientEvent::Resynced { id, notice, ack });
     }
@@ -361,12 +364,9 @@ impl Follower {
     /// The cursor is committed to the file when the application acknowledges the message (at
     /// once for events that carry none, like the priming event).
     fn record_and_deliver(&mut self, event: Event) -> bool {
-        let cursor = self
-            .admitted_digest(&event)
-            .zip(event.id.clone())
-            .map(|(digest, last_id)| StreamCursor { last_id, digest: digest.to_string() });
+        let cursor = self.admitted(&event);
         if let Some(cursor) = &cursor {
-            self.inner.state().cursors.arrived(&self.key, cursor.clone());
+            self.inner.arrived(&self.key, cursor.clone());
         }
         let ack = match cursor {
             Some(cursor) => Ack::new(&self.inner, self.generation, self.key.clone(), cursor),
@@ -401,7 +401,7 @@ fn lineage(divergence: tether_core::lineage::Divergence) -> Ended {
 
 /// Reads a 2026-07-28 response stream. There is no resumption: a broken stream cancelled the
 /// request.
-pub(crate) async fn read_modern(inner: Arc<Inner>, key: String, mut reader: Box<SseReader>) {
+pub(crate) async fn read_modern(inner: Arc<Session>, key: String, mut reader: Box<SseReader>) {
     loop {
         match reader.next().await {
             Ok(Some(event)) if !event.data.is_empty() => {

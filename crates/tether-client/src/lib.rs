@@ -22,9 +22,10 @@ mod hooks;
 mod http;
 #[cfg(feature = "rmcp")]
 pub mod rmcp;
+mod session;
 
 pub use backoff::Backoff;
-pub use checkpoint::{Checkpoint, CheckpointError, StreamCursor};
+pub use checkpoint::{CheckpointError, CheckpointFile, StreamCursor};
 pub use client::Client;
 pub use divergence::DivergenceReason;
 pub use hooks::{DefaultHooks, HookFuture, ServerRequests};
@@ -122,11 +123,11 @@ impl ResumeVerdict {
 /// losing it. Dropping it without [`Ack::done`] commits nothing.
 #[derive(Clone)]
 pub struct Ack {
-    target: Option<(std::sync::Weak<client::Inner>, u64, String, StreamCursor)>,
+    target: Option<(std::sync::Weak<session::Session>, u64, String, StreamCursor)>,
 }
 
 impl Ack {
-    pub(crate) fn new(inner: &Arc<client::Inner>, generation: u64, key: String, cursor: StreamCursor) -> Ack {
+    pub(crate) fn new(inner: &Arc<session::Session>, generation: u64, key: String, cursor: StreamCursor) -> Ack {
         Ack { target: Some((Arc::downgrade(inner), generation, key, cursor)) }
     }
 

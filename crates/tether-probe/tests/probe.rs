@@ -51,7 +51,7 @@ fn verdict(report: &Report, id: &str) -> Verdict {
 async fn tether_passes_every_check() {
     let mut config = tether_server::ServerConfig::default();
     config.retention.max_events_per_stream = 10;
-    let server = serve(Builder::new(BuiltinHandler::new()).config(config).build().router("/mcp")).await;
+    let server = serve(Builder::new(BuiltinHandler::in_memory()).config(config).build().router("/mcp")).await;
     let report = probe_evicting(&server.url, evicting()).await;
     let not_passed: Vec<_> = report.checks.iter().filter(|c| c.verdict != Verdict::Pass).map(|c| c.id).collect();
     assert!(not_passed.is_empty(), "{not_passed:?}\n{}", report.to_table());

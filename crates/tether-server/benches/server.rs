@@ -11,7 +11,7 @@ use tether_store::{EventLog, SessionStore};
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
-use tether_core::lineage::{Epoch, StreamName};
+use tether_core::lineage::{Epoch, SessionId, StreamName};
 use tether_core::mcp::ProtocolVersion;
 use tether_core::sse::{Encoder, OutgoingEvent};
 use tether_server::{Builder, builtin::BuiltinHandler};
@@ -22,8 +22,9 @@ fn event_path(c: &mut Criterion) {
     let store = MemoryStore::new(Retention::default());
     let epoch = Epoch::from_entropy([3; 16]);
     let stream = StreamName::parse("rbench").expect("stream");
+    let session = SessionId::parse("bench").expect("session id");
     let record = SessionRecord {
-        id: "bench".into(),
+        id: session.clone(),
         epoch: epoch.clone(),
         principal: None,
         protocol_version: ProtocolVersion::V2025_11_25,
@@ -33,7 +34,7 @@ fn event_path(c: &mut Criterion) {
     };
     rt.block_on(async {
         store.create_session(record, usize::MAX).await.expect("session");
-        store.open_stream("bench", &epoch, &stream).await.expect("stream");
+        store.open_stream(&session, &epoch, &stream).await.expect("stream");
     });
     let data = Bytes::from_static(
         br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"t","progress":1,"total":100}}"#,
@@ -45,8 +46,8 @@ fn event_path(c: &mut Criterion) {
         let mut out = Vec::with_capacity(256);
         b.iter(|| {
             rt.block_on(async {
-                let seq = store.append("bench", &epoch, &stream, data.clone(), false).await.expect("append");
-                let events = store.read("bench", &stream, seq - 1, 1).await.expect("read");
+                let seq = store.append(&session, &epoch, &stream, data.clone(), false).await.expect("append");
+                let events = store.read(&session, &stream, seq - 1, 1).await.expect("read");
                 out.clear();
                 let id = format!("{prefix}{seq}");
                 Encoder::event(
@@ -66,7 +67,7 @@ fn server_with(rt: &tokio::runtime::Runtime, store: Arc<dyn Store>) -> (String, 
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
-        let app = Builder::new(BuiltinHandler::new()).store(store).build().router("/mcp");
+        let app = Builder::new(BuiltinHandler::in_memory()).store(store).build().router("/mcp");
         tokio::spawn(async move { tether_server::serve(listener, app, tether_server::ConnectionLimits::default()).await });
         let client = reqwest::Client::new();
         let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}});

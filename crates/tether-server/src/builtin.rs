@@ -1,10 +1,12 @@
 //! The tools, resources and prompts `tether serve` offers: the conformance fixture set and
 //! tools that exercise streaming, resumption and side effects.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{ErrorObject, code};
+use tether_store::{CounterStore, MemoryStore, Retention};
 
 use crate::context::{Context, ContextError};
 use crate::handler::{Handler, HandlerFuture, ServerInfo};
@@ -20,12 +22,6 @@ const WAV: &str = "UklGRiQAAABXQVZFZm10IBAAAAABAAEAQB8AAEAfAAABAAgAZGF0YQAAAAA="
 #[derive(Debug)]
 pub struct BuiltinHandler {
     tools: ToolSet,
-}
-
-impl Default for BuiltinHandler {
-    fn default() -> Self {
-        BuiltinHandler::new()
-    }
 }
 
 fn context_error(err: ContextError) -> ErrorObject {
@@ -59,18 +55,25 @@ async fn sleep_ms(ms: u64) {
 }
 
 impl BuiltinHandler {
-    /// The built-in tool set.
-    pub fn new() -> BuiltinHandler {
+    /// The built-in tool set, its counters kept in `counters`: the server's own store, so they
+    /// are as durable and as shared between replicas as the sessions.
+    pub fn new(counters: Arc<dyn CounterStore>) -> BuiltinHandler {
         let mut tools = ToolSet::new();
-        add_stream_tools(&mut tools);
+        add_stream_tools(&mut tools, &counters);
         add_fixture_tools(&mut tools);
         add_modern_fixture_tools(&mut tools);
         BuiltinHandler { tools }
     }
+
+    /// The built-in tool set with counters in a memory store of their own: for a server whose
+    /// sessions are in memory too (tests, examples), where nothing outlives the process anyway.
+    pub fn in_memory() -> BuiltinHandler {
+        BuiltinHandler::new(Arc::new(MemoryStore::new(Retention::default())))
+    }
 }
 
 /// Tools for streaming, resumption and side effects.
-fn add_stream_tools(tools: &mut ToolSet) {
+fn add_stream_tools(tools: &mut ToolSet, counters: &Arc<dyn CounterStore>) {
     tools.add(
         tool(
             "count",
@@ -100,14 +103,25 @@ fn add_stream_tools(tools: &mut ToolSet) {
             "Adds `amount` to the store-backed counter `key` and returns the new value. Not idempotent; with an idempotency key, the addition is made once.",
             schema(json!({"key": {"type": "string"}, "amount": {"type": "integer"}}), &["key", "amount"]),
         ),
-        |ctx, args| async move {
-            let key = str_arg(&args, "key")?;
-            let amount = args
-                .get("amount")
-                .and_then(Value::as_i64)
-                .ok_or_else(|| invalid_argument("amount must be an integer"))?;
-            let value = ctx.counters().add(key, amount).await.map_err(|e| internal(e.to_string()))?;
-            Ok(counter_result(value))
+        {
+            let counters = Arc::clone(counters);
+            move |ctx, args| {
+                let counters = Arc::clone(&counters);
+                async move {
+                    let key = str_arg(&args, "key")?;
+                    let amount = args
+                        .get("amount")
+                        .and_then(Value::as_i64)
+                        .ok_or_else(|| invalid_argument("amount must be an integer"))?;
+                    // Under the request's idempotency key the addition is made once however often
+                    // the request runs: a re-run returns the value the first run made.
+                    let value = counters
+                        .counter_add(key, amount, ctx.idempotency_key())
+                        .await
+                        .map_err(|e| internal(e.to_string()))?;
+                    Ok(counter_result(value))
+                }
+            }
         },
     );
     tools.add(
@@ -120,10 +134,16 @@ fn add_stream_tools(tools: &mut ToolSet) {
             definition["annotations"] = json!({"readOnlyHint": true, "idempotentHint": true});
             definition
         },
-        |ctx, args| async move {
-            let key = str_arg(&args, "key")?;
-            let value = ctx.counters().get(key).await.map_err(|e| internal(e.to_string()))?;
-            Ok(counter_result(value))
+        {
+            let counters = Arc::clone(counters);
+            move |_, args| {
+                let counters = Arc::clone(&counters);
+                async move {
+                    let key = str_arg(&args, "key")?;
+                    let value = counters.counter_get(key).await.map_err(|e| internal(e.to_string()))?;
+                    Ok(counter_result(value))
+                }
+            }
         },
     );
     tools.add(

@@ -242,7 +242,7 @@ impl SessionHandle {
 
     /// The session id.
     pub fn id(&self) -> &str {
-        &self.runtime.id
+        self.runtime.id.as_str()
     }
 
     /// The negotiated protocol version.
@@ -271,35 +271,6 @@ impl SessionHandle {
     /// another incarnation replaced it. Per-session state should be dropped then.
     pub async fn ended(&self) {
         self.runtime.ended().await;
-    }
-}
-
-/// Durable named counters, as a request's handler may use them: the narrow part of the store a
-/// handler is given ([`Context::counters`]).
-#[derive(Clone, Copy)]
-pub struct Counters<'a> {
-    store: &'a dyn Store,
-    /// The request's idempotency key: an addition under it is made once.
-    once: Option<&'a str>,
-}
-
-impl std::fmt::Debug for Counters<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Counters").field("once", &self.once).finish_non_exhaustive()
-    }
-}
-
-impl Counters<'_> {
-    /// Adds `amount` to counter `key` and returns its new value. Under the request's idempotency
-    /// key the addition is made once however often the request runs: a re-run returns the value
-    /// the first run made.
-    pub async fn add(&self, key: &str, amount: i64) -> Result<i64, ContextError> {
-        Ok(self.store.counter_add(key, amount, self.once).await?)
-    }
-
-    /// The value of counter `key` (0 if it was never added to).
-    pub async fn get(&self, key: &str) -> Result<i64, ContextError> {
-        Ok(self.store.counter_get(key).await?)
     }
 }
 
@@ -361,7 +332,7 @@ impl Context {
     /// The session id, in a legacy session.
     pub fn session_id(&self) -> Option<&str> {
         match &self.shared.output {
-            Output::Stored { runtime, .. } => Some(&runtime.id),
+            Output::Stored { runtime, .. } => Some(runtime.id.as_str()),
             Output::Direct { .. } => None,
         }
     }
@@ -374,17 +345,11 @@ impl Context {
         }
     }
 
-    /// The store, for the server's own bookkeeping around a handler. Handlers get
-    /// [`Context::counters`]: the whole store would let a tool append to any stream or end any
-    /// session, around the single writer the guarantees rely on.
+    /// The store, for the server's own bookkeeping around a handler; never handed to one: the
+    /// whole store would let a tool append to any stream or end any session, around the single
+    /// writer the guarantees rely on.
     pub(crate) fn store(&self) -> &Arc<dyn Store> {
         &self.shared.server.store
-    }
-
-    /// Durable counters for handlers that keep state (the built-in `counter_add` does), kept by
-    /// the server's store.
-    pub fn counters(&self) -> Counters<'_> {
-        Counters { store: self.shared.server.store.as_ref(), once: self.idempotency_key() }
     }
 
     /// Whether the request has a progress token, so progress notifications will be sent.

@@ -20,8 +20,8 @@ use crate::context::{Context, FirstOutput, Output, RequestMeta};
 use crate::http::reject::Refusal;
 use crate::idempotency::{self, Answer, Keyed, Plan};
 use crate::ids;
-use crate::request_key::RequestKey;
 use crate::session::{LogLevel, SessionRuntime};
+use tether_store::RequestKey;
 
 /// How a legacy request started.
 pub(crate) enum Started {
@@ -109,7 +109,7 @@ pub(crate) async fn start_in_batch(
         Recorded::New(work) => *work,
         Recorded::Again { original, request } => {
             // Its own key is the original's, which may be running: the relay is tracked apart.
-            let key = format!("{} in {stream}", RequestKey::of(&request.id));
+            let key = RequestKey::of(&request.id).relayed_in(stream);
             let follow =
                 Answer::Follow { session: runtime.id.clone(), stream: original, request: Some(request.id.clone()) };
             let relay = Job::Answer(follow, None);
@@ -151,7 +151,7 @@ enum Recorded {
 /// A request about to run.
 struct Work {
     /// The key it runs under in this process (its cancellation).
-    key: String,
+    key: RequestKey,
     /// The request, its params set.
     request: Request,
     job: Prepared,
@@ -195,11 +195,9 @@ async fn record(
     let claim = keyed.as_ref().map(|keyed| keyed.claim(followed));
     let (begun, claimed) = match &claim {
         Some(claim) => {
-            store.begin_keyed_request(&runtime.id, &runtime.epoch, key.as_str(), &digest, stream, claim.clone()).await
+            store.begin_keyed_request(&runtime.id, &runtime.epoch, &key, &digest, stream, claim.clone()).await
         }
-        None => {
-            store.begin_request(&runtime.id, &runtime.epoch, key.as_str(), &digest, stream).await.map(|b| (b, None))
-        }
+        None => store.begin_request(&runtime.id, &runtime.epoch, &key, &digest, stream).await.map(|b| (b, None)),
     }?;
     crate::telemetry::store_latency("begin_request", started.elapsed());
     let request = Request { params: Some(params), ..request };
@@ -214,7 +212,7 @@ async fn record(
                 Some((keyed, claim)) => Prepared::Keyed { keyed, claim, claimed },
                 None => Prepared::Ready(Job::Run(None)),
             };
-            Recorded::New(Box::new(Work { key: key.to_string(), request, job }))
+            Recorded::New(Box::new(Work { key, request, job }))
         }
     })
 }

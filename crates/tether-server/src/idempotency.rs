@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, ErrorObject, Message, RequestId, code};
-use tether_core::lineage::{Digest, StreamName, StreamState};
+use tether_core::lineage::{Digest, SessionId, StreamName, StreamState};
 use tether_core::mcp::{IdempotencyKey, meta, method};
 use tether_store::{Claim, KeyClaim, KeyState, Store, StoreError};
 
@@ -76,7 +76,7 @@ impl Keyed {
     }
 
     /// The claim of this key by a request whose events go to `stream`.
-    pub fn claim(&self, stream: Option<(String, StreamName)>) -> KeyClaim {
+    pub fn claim(&self, stream: Option<(SessionId, StreamName)>) -> KeyClaim {
         KeyClaim { key: self.name.clone(), params_digest: self.params_digest.clone(), stream, now_ms: now_ms() }
     }
 }
@@ -98,7 +98,7 @@ pub(crate) enum Answer {
     /// The original is running, or stopped: what remains of its stream, then its outcome. With
     /// `request`, the stream is shared (a batch's): only that request's response is the outcome,
     /// and nothing else of the stream is relayed.
-    Follow { session: String, stream: StreamName, request: Option<RequestId> },
+    Follow { session: SessionId, stream: StreamName, request: Option<RequestId> },
     /// The original is running without a stream (2026-07-28): its outcome, once recorded.
     Await,
     /// This error.
@@ -169,7 +169,7 @@ enum Relayed {
 /// Relays the notifications the original sends from now on, and returns its response if its
 /// stream carries it. A shared stream (`request` names the original's id) is read from its
 /// start, for that response only.
-async fn relay(ctx: &Context, session: &str, stream: StreamName, request: Option<RequestId>) -> Relayed {
+async fn relay(ctx: &Context, session: &SessionId, stream: StreamName, request: Option<RequestId>) -> Relayed {
     let store = Arc::clone(ctx.store());
     let Ok(Some(range)) = store.stream_range(session, &stream).await else { return Relayed::Lost };
     // A running original's notifications from now on; of an ended one, only its last event,
@@ -321,7 +321,7 @@ mod tests {
         (store, claimed, dir)
     }
 
-    fn claim(stream: Option<(String, StreamName)>) -> KeyClaim {
+    fn claim(stream: Option<(SessionId, StreamName)>) -> KeyClaim {
         KeyClaim { key: "k".into(), params_digest: "d".into(), stream, now_ms: now_ms() }
     }
 
@@ -347,7 +347,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_abandoned_request_with_a_stream_is_followed_unless_resumed() {
-        let stream = Some(("s".to_owned(), StreamName::parse("r1").expect("stream")));
+        let stream = Some((SessionId::parse("s").expect("session id"), StreamName::parse("r1").expect("stream")));
         let (store, claimed, dir) = abandoned(&claim(stream.clone())).await;
         let followed = plan(&store, claim(stream.clone()), claimed.clone(), false).await.expect("plan");
         assert!(matches!(followed, Plan::Answer(Answer::Follow { request: None, .. })), "{followed:?}");

@@ -1,6 +1,6 @@
 //! Identifiers the server mints: session ids, epochs and stream names, all from the OS CSPRNG.
 
-use tether_core::lineage::{Epoch, StreamName, base64url, push_base64url};
+use tether_core::lineage::{Epoch, SessionId, StreamName, base64url, push_base64url};
 
 /// The OS random source failed; nothing safe can be minted.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -14,8 +14,9 @@ fn random<const N: usize>() -> Result<[u8; N], RandomError> {
 }
 
 /// A session id: 192 random bits as 32 base64url characters (visible ASCII, never reused).
-pub fn session_id() -> Result<String, RandomError> {
-    Ok(base64url(&random::<24>()?))
+pub fn session_id() -> Result<SessionId, RandomError> {
+    // base64url is visible ASCII, and 32 characters are within the length bound.
+    SessionId::parse(&base64url(&random::<24>()?)).map_err(|e| RandomError(e.to_string()))
 }
 
 /// A fresh replay epoch (128 random bits).
@@ -61,8 +62,8 @@ mod tests {
         let a = session_id().expect("random");
         let b = session_id().expect("random");
         assert_ne!(a, b);
-        assert_eq!(a.len(), 32);
-        assert!(a.bytes().all(|c| (0x21..=0x7e).contains(&c)));
+        assert_eq!(a.as_str().len(), 32);
+        assert!(a.as_str().bytes().all(|c| (0x21..=0x7e).contains(&c)));
     }
 
     #[test]

@@ -27,7 +27,6 @@ mod http;
 mod idempotency;
 mod ids;
 mod reader;
-mod request_key;
 #[cfg(feature = "rmcp")]
 pub mod rmcp;
 mod server;
@@ -40,7 +39,7 @@ use tether_core::mcp::ProtocolVersion;
 pub use auth::{Authenticator, BearerToken};
 pub use config::{ServerConfig, parse_duration};
 pub use connection::{ConnectionLimits, serve, serve_connection};
-pub use context::{Context, ContextError, Counters, SessionHandle};
+pub use context::{Context, ContextError, SessionHandle};
 pub use handler::{Handler, HandlerFuture, ServerInfo};
 pub use server::{Builder, Server};
 pub use session::LogLevel;

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use tether_core::lineage::{Next, ResyncNotice, StreamName, next_after};
+use tether_core::lineage::{Next, ResyncNotice, SessionId, StreamName, next_after};
 use tether_store::{HeadWatch, Store, StoreError, StoredEvent, StreamPage};
 
 /// Events read from the store per round trip.
@@ -39,7 +39,7 @@ pub(crate) enum Ending {
 /// A reader of one stored stream.
 pub(crate) struct StreamReader {
     store: Arc<dyn Store>,
-    session: String,
+    session: SessionId,
     stream: StreamName,
     /// The last position read (or accounted for by a gap).
     cursor: u64,
@@ -56,10 +56,10 @@ pub(crate) struct StreamReader {
 
 impl StreamReader {
     /// A reader of `stream` of `session` that yields what follows `cursor`.
-    pub fn new(store: Arc<dyn Store>, session: &str, stream: StreamName, cursor: u64) -> StreamReader {
+    pub fn new(store: Arc<dyn Store>, session: &SessionId, stream: StreamName, cursor: u64) -> StreamReader {
         StreamReader {
             store,
-            session: session.to_owned(),
+            session: session.clone(),
             stream,
             cursor,
             head: None,

@@ -171,7 +171,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn the_background_tasks_start_once_however_many_routers_are_made() {
-        let server = Builder::new(crate::builtin::BuiltinHandler::default()).build();
+        let server = Builder::new(crate::builtin::BuiltinHandler::in_memory()).build();
         let metrics = tokio::runtime::Handle::current().metrics();
         let before = metrics.num_alive_tasks();
         let _first = server.router("/mcp");

@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::Value;
 use tether_core::jsonrpc::ErrorObject;
-use tether_core::lineage::{Epoch, IdMap, StreamName};
+use tether_core::lineage::{Epoch, IdMap, SessionId, StreamName};
 use tether_core::mcp::ProtocolVersion;
-use tether_store::SessionRecord;
+use tether_store::{RequestKey, SessionRecord};
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -75,7 +75,7 @@ pub(crate) type ClientAnswer = Result<Value, ErrorObject>;
 /// In-process state of one live session.
 #[derive(Debug)]
 pub(crate) struct SessionRuntime {
-    pub id: String,
+    pub id: SessionId,
     pub epoch: Epoch,
     pub version: ProtocolVersion,
     /// The capabilities the client declared in `initialize`.
@@ -91,7 +91,7 @@ pub(crate) struct SessionRuntime {
 #[derive(Debug)]
 struct RuntimeState {
     /// Running requests by request key, with the token that cancels them.
-    inflight: HashMap<String, CancellationToken>,
+    inflight: HashMap<RequestKey, CancellationToken>,
     /// Server-to-client requests awaiting the client's answer, by their id.
     pending: HashMap<String, oneshot::Sender<ClientAnswer>>,
     /// The generation of the connection attached to each stream; bumping it closes that one.
@@ -159,21 +159,21 @@ impl SessionRuntime {
     }
 
     /// Registers a running request; `false` if the session already ended.
-    pub fn start_request(&self, key: &str, token: CancellationToken) -> bool {
+    pub fn start_request(&self, key: &RequestKey, token: CancellationToken) -> bool {
         let mut state = self.lock();
         if state.ended {
             return false;
         }
-        state.inflight.insert(key.to_owned(), token);
+        state.inflight.insert(key.clone(), token);
         true
     }
 
-    pub fn finish_request(&self, key: &str) {
+    pub fn finish_request(&self, key: &RequestKey) {
         self.lock().inflight.remove(key);
     }
 
     /// Cancels a running request (`notifications/cancelled`); unknown keys are ignored.
-    pub fn cancel_request(&self, key: &str) {
+    pub fn cancel_request(&self, key: &RequestKey) {
         if let Some(token) = self.lock().inflight.get(key) {
             token.cancel();
         }
@@ -318,11 +318,11 @@ impl Drop for Attachment {
 /// The runtimes of the sessions this process has served.
 #[derive(Debug, Default)]
 pub(crate) struct Sessions {
-    map: Mutex<IdMap<String, Arc<SessionRuntime>>>,
+    map: Mutex<IdMap<SessionId, Arc<SessionRuntime>>>,
 }
 
 impl Sessions {
-    fn lock(&self) -> MutexGuard<'_, IdMap<String, Arc<SessionRuntime>>> {
+    fn lock(&self) -> MutexGuard<'_, IdMap<SessionId, Arc<SessionRuntime>>> {
         self.map.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
@@ -344,12 +344,12 @@ impl Sessions {
     }
 
     /// The runtime of a session this process serves, if any.
-    pub fn get(&self, id: &str) -> Option<Arc<SessionRuntime>> {
+    pub fn get(&self, id: &SessionId) -> Option<Arc<SessionRuntime>> {
         self.lock().get(id).cloned()
     }
 
     /// Forgets a session and ends its in-process state.
-    pub fn remove(&self, id: &str) {
+    pub fn remove(&self, id: &SessionId) {
         let mut map = self.lock();
         if let Some(runtime) = map.remove(id) {
             runtime.end();
@@ -379,7 +379,7 @@ mod tests {
 
     fn runtime() -> Arc<SessionRuntime> {
         let record = SessionRecord {
-            id: "s".into(),
+            id: SessionId::parse("s").expect("session id"),
             epoch: Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch"),
             principal: None,
             protocol_version: ProtocolVersion::V2025_11_25,

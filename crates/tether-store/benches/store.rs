@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use tether_core::lineage::{Epoch, StreamName};
+use tether_core::lineage::{Epoch, SessionId, StreamName};
 use tether_core::mcp::ProtocolVersion;
 use tether_store::{MemoryStore, RedisStore, Retention, SessionRecord, SqliteStore, Store};
 use tether_testkit::RedisServer;
@@ -20,9 +20,13 @@ fn epoch() -> Epoch {
     Epoch::from_entropy([5; 16])
 }
 
+fn sid(id: &str) -> SessionId {
+    SessionId::parse(id).expect("session id")
+}
+
 fn record(id: &str) -> SessionRecord {
     SessionRecord {
-        id: id.into(),
+        id: sid(id),
         epoch: epoch(),
         principal: None,
         protocol_version: ProtocolVersion::V2025_11_25,
@@ -70,7 +74,7 @@ fn append(c: &mut Criterion) {
         let streams: Vec<StreamName> =
             (0..WRITERS).map(|i| StreamName::parse(&format!("s{i}")).expect("stream")).collect();
         for stream in &streams {
-            rt.block_on(store.open_stream("append", &e, stream)).expect("stream");
+            rt.block_on(store.open_stream(&sid("append"), &e, stream)).expect("stream");
         }
         group.bench_function(format!("{name}_{WRITERS}_concurrent_streams"), |b| {
             b.iter(|| {
@@ -81,7 +85,7 @@ fn append(c: &mut Criterion) {
                             let (store, stream, e) = (Arc::clone(&store), stream.clone(), e.clone());
                             tokio::spawn(async move {
                                 for _ in 0..PER_WRITER {
-                                    store.append("append", &e, &stream, payload(), false).await.expect("append");
+                                    store.append(&sid("append"), &e, &stream, payload(), false).await.expect("append");
                                 }
                             })
                         })
@@ -105,13 +109,13 @@ fn replay(c: &mut Criterion) {
         let (e, stream) = (epoch(), StreamName::parse("replay").expect("stream"));
         rt.block_on(async {
             store.create_session(record("replay"), usize::MAX).await.expect("session");
-            store.open_stream("replay", &e, &stream).await.expect("stream");
+            store.open_stream(&sid("replay"), &e, &stream).await.expect("stream");
             let writers: Vec<_> = (0..100)
                 .map(|_| {
                     let (store, stream, e) = (Arc::clone(&store), stream.clone(), e.clone());
                     tokio::spawn(async move {
                         for _ in 0..(REPLAY / 100) {
-                            store.append("replay", &e, &stream, payload(), false).await.expect("append");
+                            store.append(&sid("replay"), &e, &stream, payload(), false).await.expect("append");
                         }
                     })
                 })
@@ -121,7 +125,7 @@ fn replay(c: &mut Criterion) {
             }
         });
         group.bench_function(format!("{name}_10000_events"), |b| {
-            b.iter(|| rt.block_on(store.read("replay", &stream, 0, usize::MAX)).expect("read").len())
+            b.iter(|| rt.block_on(store.read(&sid("replay"), &stream, 0, usize::MAX)).expect("read").len())
         });
     }
     group.finish();

@@ -1,5 +1,5 @@
-//! Storage for tether: sessions with their incarnations, streams of events, request records
-//! and counters, behind one [`Store`] trait.
+//! Storage for tether: sessions with their incarnations, streams of events and request records
+//! behind one [`Store`] trait cut by concern, and the built-in tools' counters beside it.
 //!
 //! Every write that belongs to a session names the incarnation (its [`Epoch`]) it expects and
 //! fails if the session has moved on, so a stale writer can never extend a new incarnation's
@@ -11,13 +11,14 @@ mod memory;
 mod queue;
 mod record;
 mod redis;
+mod request_key;
 mod sqlite;
 
 use std::future::Future;
 use std::pin::Pin;
 
 use bytes::Bytes;
-use tether_core::lineage::{Epoch, StreamName, StreamRange};
+use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange};
 
 pub use memory::MemoryStore;
 pub use record::{
@@ -25,6 +26,7 @@ pub use record::{
     StreamPage,
 };
 pub use redis::RedisStore;
+pub use request_key::RequestKey;
 pub use sqlite::SqliteStore;
 
 /// A boxed future returned by [`Store`] methods, so the trait works as `dyn Store`.
@@ -69,22 +71,24 @@ pub type HeadWatch = tokio::sync::watch::Receiver<u64>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RelayedAnswer {
     /// The session the request belongs to.
-    pub session: String,
+    pub session: SessionId,
     /// The id of the server-to-client request.
     pub request_id: String,
     /// The client's JSON-RPC response.
     pub response: Bytes,
 }
 
-/// Where sessions, events and request records live: every concern of the store, which the
-/// server holds as one `Arc<dyn Store>`. Implemented for whatever implements the five.
+/// Where sessions, events and request records live: every concern of the store the server's
+/// guarantees rest on, held as one `Arc<dyn Store>`. Implemented for whatever implements the
+/// four. Counters are not among them: they are state of the built-in tools
+/// ([`CounterStore`]), which each backend also keeps.
 ///
 /// Implementations must make each method atomic: in particular [`EventLog::append`] checks the
 /// incarnation and assigns the next sequence number in one step, and
 /// [`EventLog::begin_request`] records the request and opens its stream in one step.
-pub trait Store: SessionStore + EventLog + KeyRecords + Relay + CounterStore + 'static {}
+pub trait Store: SessionStore + EventLog + KeyRecords + Relay + 'static {}
 
-impl<T: SessionStore + EventLog + KeyRecords + Relay + CounterStore + 'static> Store for T {}
+impl<T: SessionStore + EventLog + KeyRecords + Relay + 'static> Store for T {}
 
 /// Sessions: created under a limit, renewed, ended, expired by the sweep, each with its
 /// incarnation (epoch) and its standalone stream.
@@ -96,21 +100,21 @@ pub trait SessionStore: Send + Sync {
     fn create_session(&self, record: SessionRecord, max_live: usize) -> StoreFuture<'_, ()>;
 
     /// Reads a session's status at `now_ms` without renewing it.
-    fn session(&self, id: &str, now_ms: u64) -> StoreFuture<'_, SessionStatus>;
+    fn session(&self, id: &SessionId, now_ms: u64) -> StoreFuture<'_, SessionStatus>;
 
     /// Renews a live session of incarnation `epoch` until `now_ms + idle_ttl`. Fails with
     /// [`StoreError::SessionGone`] if it is unknown, ended, expired at `now_ms`, or rotated.
-    fn touch_session(&self, id: &str, epoch: &Epoch, now_ms: u64) -> StoreFuture<'_, ()>;
+    fn touch_session(&self, id: &SessionId, epoch: &Epoch, now_ms: u64) -> StoreFuture<'_, ()>;
 
     /// Ends a session of incarnation `epoch`; later lookups report how it ended.
-    fn end_session(&self, id: &str, epoch: &Epoch, end: SessionEnd) -> StoreFuture<'_, ()>;
+    fn end_session(&self, id: &SessionId, epoch: &Epoch, end: SessionEnd) -> StoreFuture<'_, ()>;
 
     /// Makes `stream` the session's standalone stream: where server-initiated messages go, on
     /// whichever replica they are produced.
-    fn set_standalone_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;
+    fn set_standalone_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;
 
     /// The session's standalone stream, if the client opened one.
-    fn standalone_stream(&self, session: &str) -> StoreFuture<'_, Option<StreamName>>;
+    fn standalone_stream(&self, session: &SessionId) -> StoreFuture<'_, Option<StreamName>>;
 
     /// Applies retention at `now_ms`: drops ended streams past their retention, forgets ended
     /// sessions past their tombstone time, and marks sessions past their deadline expired. It is
@@ -118,7 +122,7 @@ pub trait SessionStore: Send + Sync {
     /// process whose heartbeat is older than the lease are marked aborted. Idempotency records
     /// past their time, and the oldest finished ones past the count bound, are forgotten.
     /// Returns the ids of sessions it expired.
-    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>>;
+    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<SessionId>>;
 }
 
 /// The event log: streams, their events, and the request records that open them. A keyed
@@ -126,15 +130,15 @@ pub trait SessionStore: Send + Sync {
 /// [`KeyRecords`] beneath it.
 pub trait EventLog: KeyRecords {
     /// Opens a stream whose event 0 is the priming event (empty data).
-    fn open_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;
+    fn open_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;
 
     /// Records request `request_key` with the digest of its params and opens its stream,
     /// unless the key is already recorded in this incarnation: then it reports the existing one.
     fn begin_request(
         &self,
-        session: &str,
+        session: &SessionId,
         epoch: &Epoch,
-        request_key: &str,
+        request_key: &RequestKey,
         params_digest: &str,
         stream: &StreamName,
     ) -> StoreFuture<'_, BeginRequest>;
@@ -144,15 +148,15 @@ pub trait EventLog: KeyRecords {
     /// store: one transaction, one disk flush).
     fn begin_keyed_request(
         &self,
-        session: &str,
+        session: &SessionId,
         epoch: &Epoch,
-        request_key: &str,
+        request_key: &RequestKey,
         params_digest: &str,
         stream: &StreamName,
         claim: KeyClaim,
     ) -> StoreFuture<'_, (BeginRequest, Option<Claim>)> {
         let (session, epoch, request_key, params_digest, stream) =
-            (session.to_owned(), epoch.clone(), request_key.to_owned(), params_digest.to_owned(), stream.clone());
+            (session.clone(), epoch.clone(), request_key.clone(), params_digest.to_owned(), stream.clone());
         Box::pin(async move {
             let begun = self.begin_request(&session, &epoch, &request_key, &params_digest, &stream).await?;
             let claimed = match begun {
@@ -167,7 +171,7 @@ pub trait EventLog: KeyRecords {
     /// (a request's final response). Fails if the session is not in incarnation `epoch`.
     fn append(
         &self,
-        session: &str,
+        session: &SessionId,
         epoch: &Epoch,
         stream: &StreamName,
         data: Bytes,
@@ -183,7 +187,7 @@ pub trait EventLog: KeyRecords {
     /// would pay a flush or a round trip per event.
     fn append_batch(
         &self,
-        session: &str,
+        session: &SessionId,
         epoch: &Epoch,
         stream: &StreamName,
         events: Vec<Bytes>,
@@ -198,14 +202,14 @@ pub trait EventLog: KeyRecords {
     /// the request ran, and a re-send must learn how.
     fn append_final(
         &self,
-        session: &str,
+        session: &SessionId,
         epoch: &Epoch,
         stream: &StreamName,
         events: Vec<Bytes>,
         last: bool,
         key: &str,
     ) -> StoreFuture<'_, u64> {
-        let (session, epoch, stream, key) = (session.to_owned(), epoch.clone(), stream.clone(), key.to_owned());
+        let (session, epoch, stream, key) = (session.clone(), epoch.clone(), stream.clone(), key.to_owned());
         Box::pin(async move {
             let outcome = events.last().cloned().unwrap_or_default();
             let appended = self.append_batch(&session, &epoch, &stream, events, last).await;
@@ -215,7 +219,7 @@ pub trait EventLog: KeyRecords {
     }
 
     /// Ends a stream without a final event (a cancelled request). Idempotent.
-    fn end_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;
+    fn end_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;
 
     /// What is retained of a stream, or `None` if the session never had such a stream. A
     /// request's stream whose owning process is gone is reported `Aborted`. A stream whose
@@ -223,14 +227,20 @@ pub trait EventLog: KeyRecords {
     /// how it ended), for as long as its session lives (the memory and Redis stores: for the
     /// session's last [`Retention::max_requests_per_session`] dropped streams), so a resume is
     /// told exactly what is gone instead of being told the stream never existed.
-    fn stream_range(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>>;
+    fn stream_range(&self, session: &SessionId, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>>;
 
     /// The key of the request a stream belongs to, if it is a request's stream (tombstones
     /// included).
-    fn stream_request(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<String>>;
+    fn stream_request(&self, session: &SessionId, stream: &StreamName) -> StoreFuture<'_, Option<RequestKey>>;
 
     /// Up to `max` retained events with `seq > after`, in order.
-    fn read(&self, session: &str, stream: &StreamName, after: u64, max: usize) -> StoreFuture<'_, Vec<StoredEvent>>;
+    fn read(
+        &self,
+        session: &SessionId,
+        stream: &StreamName,
+        after: u64,
+        max: usize,
+    ) -> StoreFuture<'_, Vec<StoredEvent>>;
 
     /// [`EventLog::stream_range`] and [`EventLog::read`] together, for whoever follows a stream: if the
     /// range says the stream ended, every event it ended with is among those read, so an empty
@@ -238,12 +248,12 @@ pub trait EventLog: KeyRecords {
     /// The range is read first (Redis: both in one transaction, one round trip).
     fn read_page(
         &self,
-        session: &str,
+        session: &SessionId,
         stream: &StreamName,
         after: u64,
         max: usize,
     ) -> StoreFuture<'_, Option<StreamPage>> {
-        let (session, stream) = (session.to_owned(), stream.clone());
+        let (session, stream) = (session.clone(), stream.clone());
         Box::pin(async move {
             let Some(range) = self.stream_range(&session, &stream).await? else { return Ok(None) };
             let events = self.read(&session, &stream, after, max).await?;
@@ -252,7 +262,7 @@ pub trait EventLog: KeyRecords {
     }
 
     /// A watch on the stream's head, for following live events.
-    fn watch(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, HeadWatch>;
+    fn watch(&self, session: &SessionId, stream: &StreamName) -> StoreFuture<'_, HeadWatch>;
 
     /// Event bytes retained for live sessions, if the backend keeps the sum (Redis spreads it
     /// over every session's hash and answers `None`).
@@ -296,7 +306,8 @@ pub trait Relay: Send + Sync {
     fn relayed_answers(&self) -> Option<tokio::sync::broadcast::Receiver<RelayedAnswer>>;
 }
 
-/// Durable counters, for handlers that keep state (through the server's narrow handle).
+/// Durable counters, for tools that keep state (the built-in `counter_add`), kept by the same
+/// backend as the sessions so they are as durable and as shared between replicas.
 pub trait CounterStore: Send + Sync {
     /// Adds `amount` to counter `key` and returns the new value. With `once` (the idempotency key
     /// of the request adding), an addition already made under that key is not made again: its

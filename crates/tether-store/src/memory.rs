@@ -16,7 +16,7 @@ use std::ops::Bound;
 use std::sync::{Mutex, MutexGuard};
 
 use bytes::Bytes;
-use tether_core::lineage::{Epoch, StreamName, StreamRange, StreamState};
+use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange, StreamState};
 use tokio::sync::watch;
 
 use crate::queue::ChunkedQueue;
@@ -24,7 +24,8 @@ use crate::record::{
     BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent,
 };
 use crate::{
-    CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, SessionStore, StoreError, StoreFuture,
+    CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, RequestKey, SessionStore, StoreError,
+    StoreFuture,
 };
 
 /// A [`Store`] held in process memory, bounded by its [`Retention`].
@@ -39,7 +40,7 @@ pub struct MemoryStore {
 struct Inner {
     /// Live sessions and the tombstones of ended ones, in a B-tree: it never rehashes them all
     /// at once to grow, and a sweep can visit it a batch at a time.
-    sessions: BTreeMap<String, Slot>,
+    sessions: BTreeMap<SessionId, Slot>,
     counters: HashMap<String, i64>,
     /// Counter additions made under an idempotency key → the value they produced.
     counter_ops: BTreeMap<String, i64>,
@@ -57,7 +58,7 @@ struct Inner {
 #[derive(Debug)]
 struct KeyRecord {
     digest: String,
-    stream: Option<(String, StreamName)>,
+    stream: Option<(SessionId, StreamName)>,
     outcome: Option<Bytes>,
 }
 
@@ -81,9 +82,9 @@ struct LiveSession {
     record: SessionRecord,
     streams: BTreeMap<StreamName, StreamSlot>,
     /// Request key → (params digest, stream).
-    requests: HashMap<String, (String, StreamName)>,
+    requests: HashMap<RequestKey, (String, StreamName)>,
     /// The keys of `requests`, oldest first, for its bound.
-    request_order: VecDeque<String>,
+    request_order: VecDeque<RequestKey>,
     standalone: Option<StreamName>,
     bytes: usize,
     ended: Ended,
@@ -154,13 +155,13 @@ struct StreamSlot {
     head: u64,
     state: StreamState,
     /// The request this stream belongs to.
-    request_key: Option<String>,
+    request_key: Option<RequestKey>,
     /// Made by the first watch: a response read whole when first read never needs one.
     head_tx: Option<watch::Sender<u64>>,
 }
 
 impl StreamSlot {
-    fn new(request_key: Option<String>) -> StreamSlot {
+    fn new(request_key: Option<RequestKey>) -> StreamSlot {
         StreamSlot {
             events: VecDeque::from([StoredEvent { seq: 0, data: Bytes::new() }]),
             bytes: 0,
@@ -226,14 +227,14 @@ impl MemoryStore {
 }
 
 impl Inner {
-    fn live(&mut self, session: &str, epoch: &Epoch) -> Result<&mut LiveSession, StoreError> {
+    fn live(&mut self, session: &SessionId, epoch: &Epoch) -> Result<&mut LiveSession, StoreError> {
         match self.sessions.get_mut(session) {
             Some(Slot::Live(live)) if live.record.epoch == *epoch => Ok(live),
             _ => Err(StoreError::SessionGone),
         }
     }
 
-    fn live_any(&mut self, session: &str) -> Option<&mut LiveSession> {
+    fn live_any(&mut self, session: &SessionId) -> Option<&mut LiveSession> {
         match self.sessions.get_mut(session) {
             Some(Slot::Live(live)) => Some(live),
             _ => None,
@@ -270,7 +271,7 @@ impl SessionStore for MemoryStore {
         ready(Ok(()))
     }
 
-    fn session(&self, id: &str, _now_ms: u64) -> StoreFuture<'_, SessionStatus> {
+    fn session(&self, id: &SessionId, _now_ms: u64) -> StoreFuture<'_, SessionStatus> {
         let status = match self.lock().sessions.get(id) {
             None => SessionStatus::Unknown,
             Some(Slot::Ended { end, .. }) => SessionStatus::Ended(*end),
@@ -279,7 +280,7 @@ impl SessionStore for MemoryStore {
         ready(Ok(status))
     }
 
-    fn touch_session(&self, id: &str, epoch: &Epoch, now_ms: u64) -> StoreFuture<'_, ()> {
+    fn touch_session(&self, id: &SessionId, epoch: &Epoch, now_ms: u64) -> StoreFuture<'_, ()> {
         let mut inner = self.lock();
         let result = inner.live(id, epoch).and_then(|live| {
             if now_ms >= live.record.expires_at_ms {
@@ -291,7 +292,7 @@ impl SessionStore for MemoryStore {
         ready(result)
     }
 
-    fn end_session(&self, id: &str, epoch: &Epoch, end: SessionEnd) -> StoreFuture<'_, ()> {
+    fn end_session(&self, id: &SessionId, epoch: &Epoch, end: SessionEnd) -> StoreFuture<'_, ()> {
         let mut inner = self.lock();
         let bytes = match inner.live(id, epoch) {
             Ok(live) => live.bytes,
@@ -307,23 +308,23 @@ impl SessionStore for MemoryStore {
         ready(Ok(()))
     }
 
-    fn set_standalone_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+    fn set_standalone_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
         let mut inner = self.lock();
         let result = inner.live(session, epoch).map(|live| live.standalone = Some(stream.clone()));
         ready(result)
     }
 
-    fn standalone_stream(&self, session: &str) -> StoreFuture<'_, Option<StreamName>> {
+    fn standalone_stream(&self, session: &SessionId) -> StoreFuture<'_, Option<StreamName>> {
         let mut inner = self.lock();
         ready(Ok(inner.live_any(session).and_then(|live| live.standalone.clone())))
     }
 
-    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>> {
+    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<SessionId>> {
         Box::pin(async move {
             let mut expired = Vec::new();
             let mut due = Vec::new();
             let mut after = None;
-            while let Some(last) = self.sweep_sessions(now_ms, after.as_deref(), &mut expired, &mut due) {
+            while let Some(last) = self.sweep_sessions(now_ms, after.as_ref(), &mut expired, &mut due) {
                 after = Some(last);
                 tokio::task::yield_now().await;
             }
@@ -346,7 +347,7 @@ impl SessionStore for MemoryStore {
 }
 
 impl EventLog for MemoryStore {
-    fn open_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+    fn open_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
         let mut inner = self.lock();
         let result = inner.live(session, epoch).map(|live| {
             live.streams.entry(stream.clone()).or_insert_with(|| StreamSlot::new(None));
@@ -356,9 +357,9 @@ impl EventLog for MemoryStore {
 
     fn begin_request(
         &self,
-        session: &str,
+        session: &SessionId,
         epoch: &Epoch,
-        request_key: &str,
+        request_key: &RequestKey,
         params_digest: &str,
         stream: &StreamName,
     ) -> StoreFuture<'_, BeginRequest> {
@@ -383,7 +384,7 @@ impl EventLog for MemoryStore {
 
     fn append_batch(
         &self,
-        session: &str,
+        session: &SessionId,
         epoch: &Epoch,
         stream: &StreamName,
         events: Vec<Bytes>,
@@ -396,7 +397,7 @@ impl EventLog for MemoryStore {
         ready(appended)
     }
 
-    fn end_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+    fn end_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
         let mut inner = self.lock();
         let result = inner.live(session, epoch).and_then(|live| {
             let slot = live.streams.get_mut(stream).ok_or(StoreError::UnknownStream)?;
@@ -412,19 +413,25 @@ impl EventLog for MemoryStore {
         ready(result)
     }
 
-    fn stream_range(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>> {
+    fn stream_range(&self, session: &SessionId, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>> {
         let mut inner = self.lock();
         let range = inner.live_any(session).and_then(|live| live.streams.get(stream)).map(StreamSlot::range);
         ready(Ok(range))
     }
 
-    fn stream_request(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<String>> {
+    fn stream_request(&self, session: &SessionId, stream: &StreamName) -> StoreFuture<'_, Option<RequestKey>> {
         let mut inner = self.lock();
         let key = inner.live_any(session).and_then(|live| live.streams.get(stream)).and_then(|s| s.request_key.clone());
         ready(Ok(key))
     }
 
-    fn read(&self, session: &str, stream: &StreamName, after: u64, max: usize) -> StoreFuture<'_, Vec<StoredEvent>> {
+    fn read(
+        &self,
+        session: &SessionId,
+        stream: &StreamName,
+        after: u64,
+        max: usize,
+    ) -> StoreFuture<'_, Vec<StoredEvent>> {
         let mut inner = self.lock();
         let events = inner
             .live_any(session)
@@ -439,7 +446,7 @@ impl EventLog for MemoryStore {
         ready(Ok(events))
     }
 
-    fn watch(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, HeadWatch> {
+    fn watch(&self, session: &SessionId, stream: &StreamName) -> StoreFuture<'_, HeadWatch> {
         let mut inner = self.lock();
         let result = inner
             .live_any(session)
@@ -532,7 +539,7 @@ impl MemoryStore {
     /// put in `dropped`.
     fn append_locked(
         &self,
-        session: &str,
+        session: &SessionId,
         epoch: &Epoch,
         stream: &StreamName,
         events: Vec<Bytes>,
@@ -578,10 +585,10 @@ impl MemoryStore {
     fn sweep_sessions(
         &self,
         now_ms: u64,
-        after: Option<&str>,
-        expired: &mut Vec<String>,
-        due: &mut Vec<String>,
-    ) -> Option<String> {
+        after: Option<&SessionId>,
+        expired: &mut Vec<SessionId>,
+        due: &mut Vec<SessionId>,
+    ) -> Option<SessionId> {
         let retention = self.retention;
         let mut histories = Vec::new();
         let last = {
@@ -592,7 +599,7 @@ impl MemoryStore {
             let mut freed = 0;
             let mut visited = 0;
             let mut last = None;
-            for (id, slot) in inner.sessions.range_mut::<str, _>((from, Bound::Unbounded)).take(SWEEP_BATCH) {
+            for (id, slot) in inner.sessions.range_mut::<SessionId, _>((from, Bound::Unbounded)).take(SWEEP_BATCH) {
                 visited += 1;
                 last = Some(id);
                 match slot {
@@ -629,7 +636,7 @@ impl MemoryStore {
 
     /// Drops the events of up to [`SWEEP_BATCH`] of `session`'s streams past their retention
     /// and frees them with the lock released. Returns whether more are due.
-    fn drop_due_streams(&self, session: &str, now_ms: u64) -> bool {
+    fn drop_due_streams(&self, session: &SessionId, now_ms: u64) -> bool {
         let retention = self.retention;
         let mut dropped = Vec::new();
         let more = {

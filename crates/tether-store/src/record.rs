@@ -1,14 +1,14 @@
 //! The records a store keeps.
 
 use bytes::Bytes;
-use tether_core::lineage::{Epoch, SessionLookup, StreamName, StreamRange};
+use tether_core::lineage::{Epoch, SessionId, SessionLookup, StreamName, StreamRange};
 use tether_core::mcp::ProtocolVersion;
 
 /// A session as the server created it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionRecord {
     /// The session id handed to the client.
-    pub id: String,
+    pub id: SessionId,
     /// The incarnation's replay epoch.
     pub epoch: Epoch,
     /// Who created the session; only they may use it. `None` without authentication.
@@ -100,7 +100,7 @@ pub struct KeyClaim {
     /// The digest of the request's method and params, so a reuse with other params is told apart.
     pub params_digest: String,
     /// The session stream its events go to, if it runs in a session (2026-07-28 requests don't).
-    pub stream: Option<(String, StreamName)>,
+    pub stream: Option<(SessionId, StreamName)>,
     /// Now, in milliseconds since the Unix epoch.
     pub now_ms: u64,
 }
@@ -109,7 +109,7 @@ impl KeyClaim {
     /// The session and stream its events go to, as two columns.
     pub(crate) fn columns(&self) -> (Option<&str>, Option<&str>) {
         match &self.stream {
-            Some((session, stream)) => (Some(session), Some(stream.as_str())),
+            Some((session, stream)) => (Some(session.as_str()), Some(stream.as_str())),
             None => (None, None),
         }
     }
@@ -122,7 +122,7 @@ pub enum KeyState {
     /// effects may be partly applied).
     Running {
         /// The session stream carrying its events, if any.
-        stream: Option<(String, StreamName)>,
+        stream: Option<(SessionId, StreamName)>,
         /// Its process is gone.
         abandoned: bool,
     },

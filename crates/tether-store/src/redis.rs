@@ -12,7 +12,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script, Value};
-use tether_core::lineage::{Epoch, StreamName, StreamRange, StreamState};
+use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange, StreamState};
 use tether_core::mcp::ProtocolVersion;
 
 use crate::heads::Heads;
@@ -21,7 +21,8 @@ use crate::record::{
     StreamPage,
 };
 use crate::{
-    CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, SessionStore, StoreError, StoreFuture,
+    CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, RequestKey, SessionStore, StoreError,
+    StoreFuture,
 };
 
 /// The channel appends and stream ends are announced on.
@@ -426,9 +427,11 @@ async fn listen(
             if message.get_channel_name() == ANSWERS {
                 let payload = message.get_payload_bytes();
                 let mut parts = payload.splitn(3, |b| *b == SEP as u8);
-                if let (Some(session), Some(id), Some(response)) = (parts.next(), parts.next(), parts.next()) {
+                if let (Some(session), Some(id), Some(response)) = (parts.next(), parts.next(), parts.next())
+                    && let Ok(session) = SessionId::parse(&String::from_utf8_lossy(session))
+                {
                     let _ = answers.send(RelayedAnswer {
-                        session: String::from_utf8_lossy(session).into_owned(),
+                        session,
                         request_id: String::from_utf8_lossy(id).into_owned(),
                         response: Bytes::copy_from_slice(response),
                     });
@@ -492,7 +495,9 @@ impl RedisStore {
             return Ok(Some((digest, owner, KeyState::Finished(Bytes::from(outcome.clone())))));
         }
         let stream = match (text(2).filter(|s| !s.is_empty()), text(3)) {
-            (Some(session), Some(stream)) => Some((session, StreamName::parse(&stream).map_err(backend)?)),
+            (Some(session), Some(stream)) => {
+                Some((SessionId::parse(&session).map_err(backend)?, StreamName::parse(&stream).map_err(backend)?))
+            }
             _ => None,
         };
         let abandoned = !self.owner_alive(conn, &owner, now_ms).await?;
@@ -555,7 +560,7 @@ impl SessionStore for RedisStore {
                 .key(SESSIONS)
                 .arg(max_live)
                 .arg(record.expires_at_ms)
-                .arg(&record.id)
+                .arg(record.id.as_str())
                 .invoke_async(&mut conn)
                 .await
                 .map_err(backend)?;
@@ -566,7 +571,7 @@ impl SessionStore for RedisStore {
             }
             let created = scripts()
                 .create
-                .key(meta(&record.id))
+                .key(meta(record.id.as_str()))
                 .arg(record.epoch.as_str())
                 .arg(record.protocol_version.as_str())
                 .arg(record.client.to_string())
@@ -582,7 +587,7 @@ impl SessionStore for RedisStore {
                 // same (a lost reply); its index entry stays, and the sweep removes it if the
                 // session is not there.
                 Err(StoreError::DuplicateSession) => {
-                    let _: i64 = conn.zrem(SESSIONS, &record.id).await.map_err(backend)?;
+                    let _: i64 = conn.zrem(SESSIONS, record.id.as_str()).await.map_err(backend)?;
                     return Err(StoreError::DuplicateSession);
                 }
                 Err(err) => return Err(err),
@@ -591,8 +596,9 @@ impl SessionStore for RedisStore {
         })
     }
 
-    fn session(&self, id: &str, _now_ms: u64) -> StoreFuture<'_, SessionStatus> {
-        let id = id.to_owned();
+    fn session(&self, id: &SessionId, _now_ms: u64) -> StoreFuture<'_, SessionStatus> {
+        let session_id = id.clone();
+        let id = id.as_str().to_owned();
         Box::pin(async move {
             let mut conn = self.conn();
             let map: HashMap<String, String> = conn.hgetall(meta(&id)).await.map_err(backend)?;
@@ -609,14 +615,14 @@ impl SessionStore for RedisStore {
                     client: std::sync::Arc::new(serde_json::from_str(field(&map, "client")?).map_err(backend)?),
                     idle_ttl_ms: field(&map, "ttl")?.parse().map_err(backend)?,
                     expires_at_ms: field(&map, "exp")?.parse().map_err(backend)?,
-                    id,
+                    id: session_id,
                 }),
             })
         })
     }
 
-    fn touch_session(&self, id: &str, epoch: &Epoch, now_ms: u64) -> StoreFuture<'_, ()> {
-        let (id, epoch) = (id.to_owned(), epoch.to_string());
+    fn touch_session(&self, id: &SessionId, epoch: &Epoch, now_ms: u64) -> StoreFuture<'_, ()> {
+        let (id, epoch) = (id.as_str().to_owned(), epoch.to_string());
         Box::pin(async move {
             let mut conn = self.conn();
             let expires: u64 = scripts()
@@ -641,8 +647,8 @@ impl SessionStore for RedisStore {
         })
     }
 
-    fn end_session(&self, id: &str, epoch: &Epoch, end: SessionEnd) -> StoreFuture<'_, ()> {
-        let (id, epoch) = (id.to_owned(), epoch.to_string());
+    fn end_session(&self, id: &SessionId, epoch: &Epoch, end: SessionEnd) -> StoreFuture<'_, ()> {
+        let (id, epoch) = (id.as_str().to_owned(), epoch.to_string());
         let how = match end {
             SessionEnd::Terminated => 1,
             SessionEnd::Expired => 2,
@@ -654,8 +660,8 @@ impl SessionStore for RedisStore {
         })
     }
 
-    fn set_standalone_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
-        let (session, epoch, stream) = (session.to_owned(), epoch.to_string(), stream.to_string());
+    fn set_standalone_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let (session, epoch, stream) = (session.as_str().to_owned(), epoch.to_string(), stream.to_string());
         Box::pin(async move {
             let mut conn = self.conn();
             scripts()
@@ -670,8 +676,8 @@ impl SessionStore for RedisStore {
         })
     }
 
-    fn standalone_stream(&self, session: &str) -> StoreFuture<'_, Option<StreamName>> {
-        let key = meta(session);
+    fn standalone_stream(&self, session: &SessionId) -> StoreFuture<'_, Option<StreamName>> {
+        let key = meta(session.as_str());
         Box::pin(async move {
             let (name, ended): (Option<String>, Option<String>) = redis::cmd("HMGET")
                 .arg(key)
@@ -687,7 +693,7 @@ impl SessionStore for RedisStore {
         })
     }
 
-    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>> {
+    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<SessionId>> {
         Box::pin(async move {
             let mut conn = self.conn();
             let _: i64 = conn.hset(OWNERS, &self.owner, now_ms).await.map_err(backend)?;
@@ -706,7 +712,7 @@ impl SessionStore for RedisStore {
                     Ok(0) => {}
                     Ok(_) => {
                         self.retire_session(&mut conn, &id).await?;
-                        expired.push(id);
+                        expired.push(SessionId::parse(&id).map_err(backend)?);
                     }
                     Err(err) if matches!(script_error(err.clone()), StoreError::SessionGone) => {
                         let _: i64 = conn.zrem(SESSIONS, &id).await.map_err(backend)?;
@@ -781,8 +787,8 @@ impl SessionStore for RedisStore {
 }
 
 impl EventLog for RedisStore {
-    fn open_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
-        let (session, epoch, stream) = (session.to_owned(), epoch.to_string(), stream.to_string());
+    fn open_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let (session, epoch, stream) = (session.as_str().to_owned(), epoch.to_string(), stream.to_string());
         Box::pin(async move {
             let mut conn = self.conn();
             let [m, s, e, set] = Self::stream_keys(&session, &stream);
@@ -805,14 +811,14 @@ impl EventLog for RedisStore {
 
     fn begin_request(
         &self,
-        session: &str,
+        session: &SessionId,
         epoch: &Epoch,
-        request_key: &str,
+        request_key: &RequestKey,
         params_digest: &str,
         stream: &StreamName,
     ) -> StoreFuture<'_, BeginRequest> {
         let (session, epoch, key, digest) =
-            (session.to_owned(), epoch.to_string(), request_key.to_owned(), params_digest.to_owned());
+            (session.as_str().to_owned(), epoch.to_string(), request_key.as_str().to_owned(), params_digest.to_owned());
         let stream = stream.to_string();
         Box::pin(async move {
             let mut conn = self.conn();
@@ -868,13 +874,13 @@ impl EventLog for RedisStore {
 
     fn append_batch(
         &self,
-        session: &str,
+        session: &SessionId,
         epoch: &Epoch,
         stream: &StreamName,
         events: Vec<Bytes>,
         last: bool,
     ) -> StoreFuture<'_, u64> {
-        let (session, epoch, stream) = (session.to_owned(), epoch.to_string(), stream.to_string());
+        let (session, epoch, stream) = (session.as_str().to_owned(), epoch.to_string(), stream.to_string());
         Box::pin(async move {
             let mut conn = self.conn();
             let [m, s, e, set] = Self::stream_keys(&session, &stream);
@@ -907,8 +913,8 @@ impl EventLog for RedisStore {
         })
     }
 
-    fn end_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
-        let (session, epoch, stream) = (session.to_owned(), epoch.to_string(), stream.to_string());
+    fn end_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let (session, epoch, stream) = (session.as_str().to_owned(), epoch.to_string(), stream.to_string());
         Box::pin(async move {
             let mut conn = self.conn();
             let [m, s, _, _] = Self::stream_keys(&session, &stream);
@@ -926,26 +932,32 @@ impl EventLog for RedisStore {
         })
     }
 
-    fn stream_range(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>> {
+    fn stream_range(&self, session: &SessionId, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>> {
         let mut pipe = redis::pipe();
-        queue_range(pipe.atomic(), session, stream.as_str());
+        queue_range(pipe.atomic(), session.as_str(), stream.as_str());
         Box::pin(async move {
             let (meta, first): (RangeMeta, Value) = pipe.query_async(&mut self.conn()).await.map_err(backend)?;
             Ok(range_of(meta, &first))
         })
     }
 
-    fn stream_request(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<String>> {
-        let key = stream_key(session, stream.as_str());
+    fn stream_request(&self, session: &SessionId, stream: &StreamName) -> StoreFuture<'_, Option<RequestKey>> {
+        let key = stream_key(session.as_str(), stream.as_str());
         Box::pin(async move {
             let mut conn = self.conn();
             let rk: Option<String> = conn.hget(key, "rk").await.map_err(backend)?;
-            Ok(rk.filter(|k| !k.is_empty()))
+            Ok(rk.filter(|k| !k.is_empty()).map(|k| RequestKey::stored(&k)))
         })
     }
 
-    fn read(&self, session: &str, stream: &StreamName, after: u64, max: usize) -> StoreFuture<'_, Vec<StoredEvent>> {
-        let read = page_cmd(session, stream.as_str(), after, max);
+    fn read(
+        &self,
+        session: &SessionId,
+        stream: &StreamName,
+        after: u64,
+        max: usize,
+    ) -> StoreFuture<'_, Vec<StoredEvent>> {
+        let read = page_cmd(session.as_str(), stream.as_str(), after, max);
         Box::pin(async move {
             let reply: Value = read.query_async(&mut self.conn()).await.map_err(backend)?;
             Ok(stream_entries(&reply))
@@ -956,14 +968,14 @@ impl EventLog for RedisStore {
     /// a replay or a relay, where there were two.
     fn read_page(
         &self,
-        session: &str,
+        session: &SessionId,
         stream: &StreamName,
         after: u64,
         max: usize,
     ) -> StoreFuture<'_, Option<StreamPage>> {
         let mut pipe = redis::pipe();
-        queue_range(pipe.atomic(), session, stream.as_str());
-        pipe.add_command(page_cmd(session, stream.as_str(), after, max));
+        queue_range(pipe.atomic(), session.as_str(), stream.as_str());
+        pipe.add_command(page_cmd(session.as_str(), stream.as_str(), after, max));
         Box::pin(async move {
             let (meta, first, page): (RangeMeta, Value, Value) =
                 pipe.query_async(&mut self.conn()).await.map_err(backend)?;
@@ -971,9 +983,9 @@ impl EventLog for RedisStore {
         })
     }
 
-    fn watch(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, HeadWatch> {
+    fn watch(&self, session: &SessionId, stream: &StreamName) -> StoreFuture<'_, HeadWatch> {
         let range = self.stream_range(session, stream);
-        let key = (session.to_owned(), stream.clone());
+        let key = (session.as_str().to_owned(), stream.clone());
         Box::pin(async move {
             let range = range.await?.ok_or(StoreError::UnknownStream)?;
             Ok(self.heads.subscribe(&key.0, &key.1, range.head))

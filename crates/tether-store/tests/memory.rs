@@ -17,31 +17,31 @@ fn every_memory_store_names_its_own_idempotency_records() {
 #[tokio::test]
 async fn the_byte_cap_evicts_the_earliest_ended_stream_and_sweeps_keep_the_count_exact() {
     use bytes::Bytes;
-    use suite::{epoch, record, stream};
+    use suite::{epoch, record, sid, stream};
 
     let store = MemoryStore::new(suite::retention());
     let a = epoch('A');
     store.create_session(record("m1", a.clone(), 0), usize::MAX).await.expect("create");
     // Ended in an order that is neither the names' nor the order they were opened in.
     for name in ["b", "a", "c", "d"] {
-        store.open_stream("m1", &a, &stream(name)).await.expect("open");
+        store.open_stream(&sid("m1"), &a, &stream(name)).await.expect("open");
     }
     for name in ["c", "a", "b"] {
-        store.append("m1", &a, &stream(name), Bytes::from(vec![b'x'; 300]), true).await.expect("append");
+        store.append(&sid("m1"), &a, &stream(name), Bytes::from(vec![b'x'; 300]), true).await.expect("append");
     }
-    store.append("m1", &a, &stream("d"), Bytes::from(vec![b'x'; 300]), false).await.expect("append");
+    store.append(&sid("m1"), &a, &stream("d"), Bytes::from(vec![b'x'; 300]), false).await.expect("append");
     // Kept: its events are retained (a dropped stream keeps only its tombstone).
     let kept = |name: &'static str| {
         let store = &store;
         async move {
-            let range = store.stream_range("m1", &stream(name)).await.expect("range").expect("known");
+            let range = store.stream_range(&sid("m1"), &stream(name)).await.expect("range").expect("known");
             range.retained_from <= range.head
         }
     };
     assert!(!kept("c").await, "over the 1,000-byte cap, the stream that ended first goes");
     assert!(kept("a").await && kept("b").await && kept("d").await);
     assert_eq!(store.retained_bytes().await, Ok(Some(900)));
-    store.append("m1", &a, &stream("d"), Bytes::from(vec![b'x'; 200]), false).await.expect("append");
+    store.append(&sid("m1"), &a, &stream("d"), Bytes::from(vec![b'x'; 200]), false).await.expect("append");
     assert!(!kept("a").await && kept("b").await, "then the one that ended next");
     assert_eq!(store.retained_bytes().await, Ok(Some(800)));
     store.sweep(0).await.expect("sweep");
@@ -60,7 +60,7 @@ async fn request_ids_past_the_bound_are_forgotten_oldest_first() {
 #[tokio::test]
 async fn tombstones_past_the_bound_are_forgotten_oldest_first() {
     use bytes::Bytes;
-    use suite::{epoch, record, stream};
+    use suite::{epoch, record, sid, stream};
 
     let store = MemoryStore::new(suite::retention());
     let a = epoch('A');
@@ -68,16 +68,16 @@ async fn tombstones_past_the_bound_are_forgotten_oldest_first() {
     // Five streams dropped one sweep apart; the bound (4) keeps the last four tombstones.
     for (n, now) in (1..=5).zip((0..).step_by(600)) {
         let name = stream(&format!("t{n}"));
-        store.open_stream("m2", &a, &name).await.expect("open");
-        store.append("m2", &a, &name, Bytes::from_static(b"x"), true).await.expect("append");
-        store.touch_session("m2", &a, now).await.expect("touch");
+        store.open_stream(&sid("m2"), &a, &name).await.expect("open");
+        store.append(&sid("m2"), &a, &name, Bytes::from_static(b"x"), true).await.expect("append");
+        store.touch_session(&sid("m2"), &a, now).await.expect("touch");
         store.sweep(now).await.expect("sweep");
     }
-    store.touch_session("m2", &a, 3_000).await.expect("touch");
+    store.touch_session(&sid("m2"), &a, 3_000).await.expect("touch");
     store.sweep(3_000).await.expect("sweep");
     let range = |n: u32| {
         let store = &store;
-        async move { store.stream_range("m2", &stream(&format!("t{n}"))).await.expect("range") }
+        async move { store.stream_range(&sid("m2"), &stream(&format!("t{n}"))).await.expect("range") }
     };
     assert_eq!(range(1).await, None, "the oldest tombstone went past the bound");
     for n in 2..=5 {
@@ -90,7 +90,7 @@ async fn tombstones_past_the_bound_are_forgotten_oldest_first() {
 #[tokio::test]
 async fn a_sweep_forgets_everything_due_however_many_batches_it_takes() {
     use bytes::Bytes;
-    use suite::{claim, epoch, record, stream};
+    use suite::{claim, epoch, record, sid, stream};
 
     let retention = tether_store::Retention {
         max_bytes_per_session: 1 << 20,
@@ -104,8 +104,8 @@ async fn a_sweep_forgets_everything_due_however_many_batches_it_takes() {
     let n = 2_500;
     for i in 0..n {
         let name = stream(&format!("s{i}"));
-        store.open_stream("m3", &a, &name).await.expect("open");
-        store.append("m3", &a, &name, Bytes::from_static(b"x"), true).await.expect("append");
+        store.open_stream(&sid("m3"), &a, &name).await.expect("open");
+        store.append(&sid("m3"), &a, &name, Bytes::from_static(b"x"), true).await.expect("append");
         let key = format!("k{i}");
         assert!(matches!(store.claim_key(claim(&key, "d", 0)).await, Ok(tether_store::Claim::Claimed)));
         store.finish_key(&key, Bytes::from_static(b"{}")).await.expect("finish");
@@ -114,7 +114,7 @@ async fn a_sweep_forgets_everything_due_however_many_batches_it_takes() {
     store.sweep(0).await.expect("sweep");
     store.sweep(retention.ended_stream_ms).await.expect("sweep");
     assert_eq!(store.retained_bytes().await, Ok(Some(0)), "every ended stream's events dropped");
-    let last = store.stream_range("m3", &stream(&format!("s{}", n - 1))).await.expect("range");
+    let last = store.stream_range(&sid("m3"), &stream(&format!("s{}", n - 1))).await.expect("range");
     assert_eq!(last, suite::tombstone(1, tether_core::lineage::StreamState::Complete));
     store.sweep(retention.idempotency_ms).await.expect("sweep");
     for i in [0, n / 2, n - 1] {
@@ -126,7 +126,7 @@ async fn a_sweep_forgets_everything_due_however_many_batches_it_takes() {
 /// uncounted, and every tombstone past its time forgotten, however many batches that takes.
 #[tokio::test]
 async fn a_sweep_visits_every_session_however_many_batches_it_takes() {
-    use suite::{TTL, epoch, record};
+    use suite::{TTL, epoch, record, sid};
     use tether_store::SessionStatus;
     let store = MemoryStore::new(suite::retention());
     let n = 2_500;
@@ -138,7 +138,7 @@ async fn a_sweep_visits_every_session_however_many_batches_it_takes() {
     store.create_session(record("one-more", epoch('B'), TTL), 1).await.expect("none counted as live any more");
     store.sweep(TTL + suite::retention().tombstone_ms).await.expect("sweep");
     for i in [0, n / 2, n - 1] {
-        let status = store.session(&format!("s{i:04}"), TTL).await.expect("status");
+        let status = store.session(&sid(&format!("s{i:04}")), TTL).await.expect("status");
         assert!(matches!(status, SessionStatus::Unknown), "s{i:04}: {status:?}");
     }
 }

@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use proptest::prelude::*;
-use tether_core::lineage::{Epoch, StreamName, StreamState};
+use tether_core::lineage::{Epoch, SessionId, StreamName, StreamState};
 use tether_core::mcp::ProtocolVersion;
 use tether_store::{
-    BeginRequest, MemoryStore, RedisStore, Retention, SessionEnd, SessionRecord, SessionStatus, SqliteStore, Store,
-    StoreError,
+    BeginRequest, CounterStore, MemoryStore, RedisStore, RequestKey, Retention, SessionEnd, SessionRecord,
+    SessionStatus, SqliteStore, Store, StoreError,
 };
 use tether_testkit::RedisServer;
 
@@ -166,9 +166,14 @@ fn show<T: std::fmt::Debug>(result: Result<T, StoreError>) -> String {
     format!("{result:?}")
 }
 
+/// A backend as the model drives it: the store and the counters it keeps.
+trait Backend: Store + CounterStore {}
+
+impl<T: Store + CounterStore> Backend for T {}
+
 /// Runs `op` on a backend; session ids and counter keys carry `run` so cases never collide.
-async fn apply(store: &dyn Store, run: u64, op: &Op, payload: &Bytes) -> String {
-    let sid = |s: u8| format!("r{run}s{s}");
+async fn apply(store: &dyn Backend, run: u64, op: &Op, payload: &Bytes) -> String {
+    let sid = |s: u8| SessionId::parse(&format!("r{run}s{s}")).expect("session id");
     match *op {
         Op::Create(s) => show(
             store
@@ -195,7 +200,7 @@ async fn apply(store: &dyn Store, run: u64, op: &Op, payload: &Bytes) -> String 
             .begin_request(
                 &sid(session),
                 &epoch(false),
-                &format!("n:{key}"),
+                &RequestKey::stored(&format!("n:{key}")),
                 &format!("d{digest}"),
                 &stream_name(stream),
             )
@@ -224,7 +229,7 @@ async fn apply(store: &dyn Store, run: u64, op: &Op, payload: &Bytes) -> String 
     }
 }
 
-fn check(store: &dyn Store, run: u64, ops: &[Op], rt: &tokio::runtime::Runtime) -> Result<usize, TestCaseError> {
+fn check(store: &dyn Backend, run: u64, ops: &[Op], rt: &tokio::runtime::Runtime) -> Result<usize, TestCaseError> {
     let mut model = Model::default();
     for (i, op) in ops.iter().enumerate() {
         let payload = Bytes::from(format!("p{i}"));

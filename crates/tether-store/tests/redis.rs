@@ -29,15 +29,19 @@ async fn two_replicas_share_sessions_history_and_live_events() {
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("shared", epoch.clone(), 0) };
     a.create_session(record.clone(), usize::MAX).await.expect("create on a");
     assert_eq!(b.create_session(record, usize::MAX).await, Err(tether_store::StoreError::DuplicateSession));
-    b.open_stream("shared", &epoch, &stream).await.expect("open on b");
-    let mut head = b.watch("shared", &stream).await.expect("watch on b");
+    b.open_stream(&suite::sid("shared"), &epoch, &stream).await.expect("open on b");
+    let mut head = b.watch(&suite::sid("shared"), &stream).await.expect("watch on b");
     head.borrow_and_update();
-    a.append("shared", &epoch, &stream, Bytes::from_static(b"from a"), false).await.expect("append on a");
+    a.append(&suite::sid("shared"), &epoch, &stream, Bytes::from_static(b"from a"), false).await.expect("append on a");
     tokio::time::timeout(Duration::from_secs(5), head.changed()).await.expect("b is woken").expect("open watch");
     assert_eq!(*head.borrow(), 1);
-    let events = b.read("shared", &stream, 0, 10).await.expect("read on b");
+    let events = b.read(&suite::sid("shared"), &stream, 0, 10).await.expect("read on b");
     assert_eq!(events.iter().map(|e| e.data.clone()).collect::<Vec<_>>(), [Bytes::from_static(b"from a")]);
-    assert_eq!(b.append("shared", &epoch, &stream, Bytes::from_static(b"from b"), false).await, Ok(2), "one sequence");
+    assert_eq!(
+        b.append(&suite::sid("shared"), &epoch, &stream, Bytes::from_static(b"from b"), false).await,
+        Ok(2),
+        "one sequence"
+    );
 }
 
 #[tokio::test]
@@ -53,7 +57,9 @@ async fn replicas_admit_sessions_against_one_count() {
     let results = futures_util::future::join_all(attempts).await;
     assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 6, "{results:?}");
     let ended = (0..20).find(|n| results[*n].is_ok()).expect("one admitted");
-    a.end_session(&format!("r{ended}"), &epoch, tether_store::SessionEnd::Terminated).await.expect("end on a");
+    a.end_session(&suite::sid(&format!("r{ended}")), &epoch, tether_store::SessionEnd::Terminated)
+        .await
+        .expect("end on a");
     b.create_session(suite::record("late", epoch.clone(), 0), 6).await.expect("the ended one's place, on b");
     assert_eq!(
         a.create_session(suite::record("later", epoch, 0), 6).await,
@@ -72,15 +78,18 @@ async fn requests_of_a_replica_whose_lease_lapsed_are_aborted() {
     dead.sweep(1_000).await.expect("heartbeat");
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("s", epoch.clone(), 0) };
     dead.create_session(record, usize::MAX).await.expect("create");
-    dead.begin_request("s", &epoch, "n:1", "d", &running).await.expect("begin");
-    dead.open_stream("s", &epoch, &other).await.expect("open");
+    dead.begin_request(&suite::sid("s"), &epoch, &suite::key("n:1"), "d", &running).await.expect("begin");
+    dead.open_stream(&suite::sid("s"), &epoch, &other).await.expect("open");
     drop(dead);
     survivor.sweep(1_000 + lease - 1).await.expect("sweep");
     let state = |range: Option<tether_core::lineage::StreamRange>| range.map(|r| r.state);
-    assert_eq!(state(survivor.stream_range("s", &running).await.expect("range")), Some(StreamState::Live));
+    assert_eq!(state(survivor.stream_range(&suite::sid("s"), &running).await.expect("range")), Some(StreamState::Live));
     survivor.sweep(1_000 + lease + 1).await.expect("sweep");
-    assert_eq!(state(survivor.stream_range("s", &running).await.expect("range")), Some(StreamState::Aborted));
-    assert_eq!(state(survivor.stream_range("s", &other).await.expect("range")), Some(StreamState::Live));
+    assert_eq!(
+        state(survivor.stream_range(&suite::sid("s"), &running).await.expect("range")),
+        Some(StreamState::Aborted)
+    );
+    assert_eq!(state(survivor.stream_range(&suite::sid("s"), &other).await.expect("range")), Some(StreamState::Live));
 }
 
 #[tokio::test]
@@ -95,10 +104,16 @@ async fn a_lapsed_owner_aborts_only_the_requests_it_began() {
     survivor.sweep(1_000).await.expect("heartbeat");
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("s", epoch.clone(), 0) };
     survivor.create_session(record, usize::MAX).await.expect("create");
-    assert_eq!(survivor.begin_request("s", &epoch, "n:1", "d", &mine).await, Ok(BeginRequest::Started));
-    assert_eq!(dead.begin_request("s", &epoch, "n:2", "d", &own).await, Ok(BeginRequest::Started));
+    assert_eq!(
+        survivor.begin_request(&suite::sid("s"), &epoch, &suite::key("n:1"), "d", &mine).await,
+        Ok(BeginRequest::Started)
+    );
+    assert_eq!(
+        dead.begin_request(&suite::sid("s"), &epoch, &suite::key("n:2"), "d", &own).await,
+        Ok(BeginRequest::Started)
+    );
     // The same request id re-sent to the other replica attaches to the running request.
-    let existing = dead.begin_request("s", &epoch, "n:1", "d", &theirs).await.expect("begin");
+    let existing = dead.begin_request(&suite::sid("s"), &epoch, &suite::key("n:1"), "d", &theirs).await.expect("begin");
     assert_eq!(existing, BeginRequest::Existing { stream: mine.clone(), same_params: true });
     // As if it died between adding the stream to its set and taking it out again.
     let client = redis::Client::open(server.url.as_str()).expect("client");
@@ -106,9 +121,9 @@ async fn a_lapsed_owner_aborts_only_the_requests_it_began() {
     let _: i64 = redis::AsyncCommands::sadd(&mut conn, "tether:owned:dead", "s\x1fr2").await.expect("sadd");
     drop(dead);
     survivor.sweep(1_000 + lease + 1).await.expect("sweep");
-    let range = survivor.stream_range("s", &mine).await.expect("range").expect("known stream");
+    let range = survivor.stream_range(&suite::sid("s"), &mine).await.expect("range").expect("known stream");
     assert_eq!(range.state, StreamState::Live, "the survivor's request runs on");
-    let range = survivor.stream_range("s", &own).await.expect("range").expect("known stream");
+    let range = survivor.stream_range(&suite::sid("s"), &own).await.expect("range").expect("known stream");
     assert_eq!(range.state, StreamState::Aborted, "the request the dead owner began is aborted");
 }
 
@@ -129,14 +144,17 @@ async fn an_owners_set_holds_exactly_its_running_requests() {
     let (first, second) = (suite::stream("r1"), suite::stream("r2"));
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("s", epoch.clone(), 0) };
     store.create_session(record, usize::MAX).await.expect("create");
-    assert_eq!(store.begin_request("s", &epoch, "n:1", "d", &first).await, Ok(BeginRequest::Started));
+    assert_eq!(
+        store.begin_request(&suite::sid("s"), &epoch, &suite::key("n:1"), "d", &first).await,
+        Ok(BeginRequest::Started)
+    );
     assert_eq!(owned().await, ["s\x1fr1"]);
-    let again = store.begin_request("s", &epoch, "n:1", "d", &second).await.expect("begin");
+    let again = store.begin_request(&suite::sid("s"), &epoch, &suite::key("n:1"), "d", &second).await.expect("begin");
     assert_eq!(again, BeginRequest::Existing { stream: first.clone(), same_params: true });
-    let stale = store.begin_request("s", &suite::epoch('F'), "n:2", "d", &second).await;
+    let stale = store.begin_request(&suite::sid("s"), &suite::epoch('F'), &suite::key("n:2"), "d", &second).await;
     assert_eq!(stale, Err(tether_store::StoreError::SessionGone));
     assert_eq!(owned().await, ["s\x1fr1"], "neither the re-sent id nor the refused begin stays");
-    store.append("s", &epoch, &first, Bytes::from_static(b"{}"), true).await.expect("final");
+    store.append(&suite::sid("s"), &epoch, &first, Bytes::from_static(b"{}"), true).await.expect("final");
     assert!(owned().await.is_empty(), "an ended request leaves the set");
 }
 
@@ -149,7 +167,7 @@ async fn a_key_abandoned_by_a_dead_replica_is_reported_and_taken_over_once() {
     let lease = suite::retention().lease_ms;
     assert_eq!(dead.claim_key(suite::claim("k", "d", 1_000)).await, Ok(Claim::Claimed));
     drop(dead);
-    let running = |abandoned| KeyState::Running { stream: Some(("s".into(), suite::stream("r1"))), abandoned };
+    let running = |abandoned| KeyState::Running { stream: Some((suite::sid("s"), suite::stream("r1"))), abandoned };
     assert_eq!(a.key_state("k", 1_000 + lease).await, Ok(Some(running(false))));
     assert_eq!(a.take_over_key(suite::claim("k", "d", 1_000 + lease)).await, Ok(false), "its lease still runs");
     let later = 1_001 + lease;
@@ -180,14 +198,14 @@ async fn tombstones_past_the_bound_are_forgotten_oldest_first() {
     // Five streams dropped one sweep apart; the bound (4) keeps the last four tombstones.
     for (n, now) in (1..=5).zip((1..).step_by(600)) {
         let name = suite::stream(&format!("t{n}"));
-        store.open_stream("rt", &a, &name).await.expect("open");
-        store.append("rt", &a, &name, Bytes::from_static(b"x"), true).await.expect("append");
+        store.open_stream(&suite::sid("rt"), &a, &name).await.expect("open");
+        store.append(&suite::sid("rt"), &a, &name, Bytes::from_static(b"x"), true).await.expect("append");
         store.sweep(now).await.expect("sweep");
     }
     store.sweep(4_000).await.expect("sweep");
     let range = |n: u32| {
         let store = &store;
-        async move { store.stream_range("rt", &suite::stream(&format!("t{n}"))).await.expect("range") }
+        async move { store.stream_range(&suite::sid("rt"), &suite::stream(&format!("t{n}"))).await.expect("range") }
     };
     assert_eq!(range(1).await, None, "the oldest tombstone went past the bound");
     for n in 2..=5 {
@@ -202,12 +220,12 @@ async fn a_stream_the_byte_cap_buried_is_not_buried_again_by_the_sweep() {
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("rb", a.clone(), 0) };
     store.create_session(record, usize::MAX).await.expect("create");
     let (old, live) = (suite::stream("old"), suite::stream("live"));
-    store.open_stream("rb", &a, &old).await.expect("open");
-    store.open_stream("rb", &a, &live).await.expect("open");
-    store.append("rb", &a, &old, Bytes::from(vec![b'o'; 600]), true).await.expect("append");
+    store.open_stream(&suite::sid("rb"), &a, &old).await.expect("open");
+    store.open_stream(&suite::sid("rb"), &a, &live).await.expect("open");
+    store.append(&suite::sid("rb"), &a, &old, Bytes::from(vec![b'o'; 600]), true).await.expect("append");
     // Over the 1,000-byte cap: the ended stream's events go, its tombstone stays.
-    store.append("rb", &a, &live, Bytes::from(vec![b'l'; 600]), false).await.expect("append");
-    assert_eq!(store.stream_range("rb", &old).await, Ok(suite::tombstone(1, StreamState::Complete)));
+    store.append(&suite::sid("rb"), &a, &live, Bytes::from(vec![b'l'; 600]), false).await.expect("append");
+    assert_eq!(store.stream_range(&suite::sid("rb"), &old).await, Ok(suite::tombstone(1, StreamState::Complete)));
     // Its retention runs out later: the sweep finds it buried already.
     store.sweep(1).await.expect("sweep");
     store.sweep(1_000).await.expect("sweep");
@@ -215,5 +233,5 @@ async fn a_stream_the_byte_cap_buried_is_not_buried_again_by_the_sweep() {
     let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
     let listed: Vec<String> = redis::AsyncCommands::lrange(&mut conn, "tether:{rb}:t", 0, -1).await.expect("lrange");
     assert_eq!(listed, ["old"], "one tombstone, listed once");
-    assert_eq!(store.stream_range("rb", &old).await, Ok(suite::tombstone(1, StreamState::Complete)));
+    assert_eq!(store.stream_range(&suite::sid("rb"), &old).await, Ok(suite::tombstone(1, StreamState::Complete)));
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use tether_store::{CounterStore, EventLog, KeyRecords, SessionStore};
 
 use bytes::Bytes;
-use tether_core::lineage::{Epoch, StreamName, StreamState};
+use tether_core::lineage::{Epoch, SessionId, StreamName, StreamState};
 use tether_core::mcp::ProtocolVersion;
 use tether_store::{Claim, KeyState, SessionRecord, SessionStatus, SqliteStore};
 
@@ -33,7 +33,7 @@ store_suite!(open(&fresh_dir(), "owner-a"));
 
 fn record(id: &str, epoch: &Epoch) -> SessionRecord {
     SessionRecord {
-        id: id.into(),
+        id: suite::sid(id),
         epoch: epoch.clone(),
         principal: Some("alice".into()),
         protocol_version: ProtocolVersion::V2025_06_18,
@@ -53,26 +53,32 @@ async fn everything_acknowledged_survives_a_reopen() {
         let store = open(&dir, "before");
         records_id = store.records_id().to_owned();
         store.create_session(record("durable", &epoch), usize::MAX).await.expect("create");
-        store.begin_request("durable", &epoch, "n:1", "digest", &stream).await.expect("begin");
+        store
+            .begin_request(&suite::sid("durable"), &epoch, &suite::key("n:1"), "digest", &stream)
+            .await
+            .expect("begin");
         for i in 0..5 {
-            store.append("durable", &epoch, &stream, Bytes::from(format!("event {i}")), i == 4).await.expect("append");
+            store
+                .append(&suite::sid("durable"), &epoch, &stream, Bytes::from(format!("event {i}")), i == 4)
+                .await
+                .expect("append");
         }
         store.counter_add("c", 7, None).await.expect("counter");
     }
     let store = open(&dir, "after");
     assert_eq!(store.records_id(), records_id, "idempotency records keep their name across restarts");
-    let SessionStatus::Live(loaded) = store.session("durable", 0).await.expect("lookup") else {
+    let SessionStatus::Live(loaded) = store.session(&suite::sid("durable"), 0).await.expect("lookup") else {
         panic!("session lost")
     };
     assert_eq!(loaded, record("durable", &epoch), "the whole record, incarnation included");
-    let range = store.stream_range("durable", &stream).await.expect("range").expect("stream kept");
+    let range = store.stream_range(&suite::sid("durable"), &stream).await.expect("range").expect("stream kept");
     assert_eq!((range.retained_from, range.head, range.state), (0, 5, StreamState::Complete));
     let data: Vec<Bytes> =
-        store.read("durable", &stream, 0, 10).await.expect("read").into_iter().map(|e| e.data).collect();
+        store.read(&suite::sid("durable"), &stream, 0, 10).await.expect("read").into_iter().map(|e| e.data).collect();
     assert_eq!(data.last(), Some(&Bytes::from("event 4")));
     assert_eq!(data.len(), 5);
     assert_eq!(store.counter_get("c").await, Ok(7));
-    assert_eq!(store.stream_request("durable", &stream).await, Ok(Some("n:1".into())));
+    assert_eq!(store.stream_request(&suite::sid("durable"), &stream).await, Ok(Some(suite::key("n:1"))));
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
 
@@ -90,7 +96,7 @@ async fn live_sessions_are_still_counted_after_a_reopen() {
     {
         let store = open(&dir, "after");
         assert_eq!(store.create_session(live("d"), 3).await, Err(tether_store::StoreError::TooManySessions));
-        store.end_session("a", &epoch, tether_store::SessionEnd::Terminated).await.expect("end");
+        store.end_session(&suite::sid("a"), &epoch, tether_store::SessionEnd::Terminated).await.expect("end");
     }
     let store = open(&dir, "again");
     store.create_session(live("d"), 3).await.expect("the ended one's place");
@@ -109,9 +115,9 @@ async fn a_reopened_store_aborts_what_the_previous_process_left_running() {
         dead.create_session(SessionRecord { expires_at_ms: u64::MAX / 2, ..record("s", &epoch) }, usize::MAX)
             .await
             .expect("create");
-        dead.begin_request("s", &epoch, "n:1", "d", &running).await.expect("begin");
-        dead.open_stream("s", &epoch, &other).await.expect("open");
-        dead.append("s", &epoch, &running, Bytes::from_static(b"progress"), false).await.expect("append");
+        dead.begin_request(&suite::sid("s"), &epoch, &suite::key("n:1"), "d", &running).await.expect("begin");
+        dead.open_stream(&suite::sid("s"), &epoch, &other).await.expect("open");
+        dead.append(&suite::sid("s"), &epoch, &running, Bytes::from_static(b"progress"), false).await.expect("append");
         assert_eq!(dead.claim_key(suite::claim("k", "d", 1_000)).await, Ok(Claim::Claimed));
         assert!(
             SqliteStore::open(&dir, suite::retention(), "intruder").is_err(),
@@ -120,11 +126,11 @@ async fn a_reopened_store_aborts_what_the_previous_process_left_running() {
     }
     // Only one process opens the directory, so whoever had it before is gone: no lease to wait out.
     let survivor = open(&dir, "survivor");
-    let range = survivor.stream_range("s", &running).await.expect("range").expect("kept");
+    let range = survivor.stream_range(&suite::sid("s"), &running).await.expect("range").expect("kept");
     assert_eq!((range.state, range.head), (StreamState::Aborted, 1), "the dead owner's request is aborted");
-    let standalone = survivor.stream_range("s", &other).await.expect("range").expect("kept");
+    let standalone = survivor.stream_range(&suite::sid("s"), &other).await.expect("range").expect("kept");
     assert_eq!(standalone.state, StreamState::Live, "only request streams have an owner that must finish them");
-    let abandoned = KeyState::Running { stream: Some(("s".into(), running.clone())), abandoned: true };
+    let abandoned = KeyState::Running { stream: Some((suite::sid("s"), running.clone())), abandoned: true };
     assert_eq!(survivor.key_state("k", 1_001).await, Ok(Some(abandoned)));
     assert_eq!(survivor.take_over_key(suite::claim("k", "other", 1_001)).await, Ok(false), "only with the same params");
     assert_eq!(survivor.take_over_key(suite::claim("k", "d", 1_001)).await, Ok(true));
@@ -136,7 +142,7 @@ async fn a_reopened_store_aborts_what_the_previous_process_left_running() {
 
 /// What the store answers about `streams`: each range, and every event read from the start in
 /// pages of 7.
-async fn snapshot(store: &SqliteStore, session: &str, streams: &[StreamName]) -> Vec<String> {
+async fn snapshot(store: &SqliteStore, session: &SessionId, streams: &[StreamName]) -> Vec<String> {
     let mut seen = Vec::new();
     for stream in streams {
         let range = store.stream_range(session, stream).await.expect("range");
@@ -167,25 +173,31 @@ async fn reads_from_memory_agree_with_the_file() {
         let store = SqliteStore::open(&dir, retention, "owner").expect("open");
         store.create_session(record("mirrored", &epoch), usize::MAX).await.expect("create");
         for (i, stream) in streams.iter().enumerate() {
-            store.begin_request("mirrored", &epoch, &format!("n:{i}"), "digest", stream).await.expect("begin");
+            store
+                .begin_request(&suite::sid("mirrored"), &epoch, &suite::key(&format!("n:{i}")), "digest", stream)
+                .await
+                .expect("begin");
         }
         let batch = |n: usize, size: usize| (0..n).map(|i| Bytes::from(format!("{i:0size$}"))).collect::<Vec<_>>();
-        store.append_batch("mirrored", &epoch, &streams[0], batch(3, 4), false).await.expect("short");
+        store.append_batch(&suite::sid("mirrored"), &epoch, &streams[0], batch(3, 4), false).await.expect("short");
         // Longer than memory keeps a stream: read back from the file.
         for _ in 0..12 {
-            store.append_batch("mirrored", &epoch, &streams[1], batch(100, 4), false).await.expect("long");
+            store.append_batch(&suite::sid("mirrored"), &epoch, &streams[1], batch(100, 4), false).await.expect("long");
         }
-        store.append_batch("mirrored", &epoch, &streams[2], batch(2, 4), false).await.expect("ended");
-        store.end_stream("mirrored", &epoch, &streams[2]).await.expect("end");
+        store.append_batch(&suite::sid("mirrored"), &epoch, &streams[2], batch(2, 4), false).await.expect("ended");
+        store.end_stream(&suite::sid("mirrored"), &epoch, &streams[2]).await.expect("end");
         // Past the session's byte cap: the ended stream goes first, then this one's oldest events.
         for _ in 0..40 {
-            store.append_batch("mirrored", &epoch, &streams[3], batch(2, 500), false).await.expect("trimmed");
+            store
+                .append_batch(&suite::sid("mirrored"), &epoch, &streams[3], batch(2, 500), false)
+                .await
+                .expect("trimmed");
         }
         // Kept in memory to the end: read in pages, ended by their last append or by end_stream.
-        store.append_batch("mirrored", &epoch, &streams[4], batch(20, 4), true).await.expect("complete");
-        store.append_batch("mirrored", &epoch, &streams[5], batch(20, 4), false).await.expect("closed");
-        store.end_stream("mirrored", &epoch, &streams[5]).await.expect("end");
-        snapshot(&store, "mirrored", &streams).await
+        store.append_batch(&suite::sid("mirrored"), &epoch, &streams[4], batch(20, 4), true).await.expect("complete");
+        store.append_batch(&suite::sid("mirrored"), &epoch, &streams[5], batch(20, 4), false).await.expect("closed");
+        store.end_stream(&suite::sid("mirrored"), &epoch, &streams[5]).await.expect("end");
+        snapshot(&store, &suite::sid("mirrored"), &streams).await
     };
     for ended in &before[4..] {
         assert!(ended.contains("head: 20, state: Complete") && ended.contains("(20, b\"0019\")"), "{ended}");
@@ -197,7 +209,11 @@ async fn reads_from_memory_agree_with_the_file() {
     );
     assert!(!before[3].contains("retained_from: 0,"), "the byte cap trimmed the stream: {}", before[3]);
     let store = SqliteStore::open(&dir, retention, "owner").expect("reopen");
-    assert_eq!(snapshot(&store, "mirrored", &streams).await, before, "memory answered what the file holds");
+    assert_eq!(
+        snapshot(&store, &suite::sid("mirrored"), &streams).await,
+        before,
+        "memory answered what the file holds"
+    );
     drop(store);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -210,20 +226,20 @@ async fn an_ended_stream_is_kept_for_its_retention_from_the_sweep_before_it_ende
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("r1", a.clone(), 10_000) };
     store.create_session(record, usize::MAX).await.expect("create");
     let s = suite::stream("done");
-    store.open_stream("r1", &a, &s).await.expect("open");
+    store.open_stream(&suite::sid("r1"), &a, &s).await.expect("open");
     store.sweep(10_000).await.expect("sweep");
-    store.append("r1", &a, &s, Bytes::from_static(b"result"), true).await.expect("append");
+    store.append(&suite::sid("r1"), &a, &s, Bytes::from_static(b"result"), true).await.expect("append");
     // The retention (500 ms) runs from the sweep at 10,000, before the stream ended: no later
     // sweep has to see the stream first.
     store.sweep(10_499).await.expect("sweep");
     assert_eq!(
-        store.stream_range("r1", &s).await.expect("range").map(|r| r.retained_from),
+        store.stream_range(&suite::sid("r1"), &s).await.expect("range").map(|r| r.retained_from),
         Some(0),
         "kept within its retention"
     );
     store.sweep(10_500).await.expect("sweep");
     assert_eq!(
-        store.stream_range("r1", &s).await,
+        store.stream_range(&suite::sid("r1"), &s).await,
         Ok(suite::tombstone(1, StreamState::Complete)),
         "its events dropped once it ran out"
     );
@@ -233,16 +249,16 @@ async fn an_ended_stream_is_kept_for_its_retention_from_the_sweep_before_it_ende
     drop(store);
     let store = open(&dir, "owner-b");
     let late = suite::stream("late");
-    store.open_stream("r1", &a, &late).await.expect("open");
-    store.append("r1", &a, &late, Bytes::from_static(b"result"), true).await.expect("append");
+    store.open_stream(&suite::sid("r1"), &a, &late).await.expect("open");
+    store.append(&suite::sid("r1"), &a, &late, Bytes::from_static(b"result"), true).await.expect("append");
     store.sweep(11_100).await.expect("sweep");
     assert_eq!(
-        store.stream_range("r1", &late).await.expect("range").map(|r| r.retained_from),
+        store.stream_range(&suite::sid("r1"), &late).await.expect("range").map(|r| r.retained_from),
         Some(0),
         "kept after a restart"
     );
     store.sweep(11_600).await.expect("sweep");
-    assert_eq!(store.stream_range("r1", &late).await, Ok(suite::tombstone(1, StreamState::Complete)));
+    assert_eq!(store.stream_range(&suite::sid("r1"), &late).await, Ok(suite::tombstone(1, StreamState::Complete)));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

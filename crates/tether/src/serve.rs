@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use tether_server::{BearerToken, Builder, ConnectionLimits, ServerConfig, builtin::BuiltinHandler, parse_duration};
-use tether_store::{MemoryStore, RedisStore, SqliteStore, Store};
+use tether_store::{CounterStore, MemoryStore, RedisStore, SqliteStore, Store};
 
 /// Where sessions and events are kept.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -200,19 +200,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Unique per process, so a restarted server never inherits its predecessor's lease.
     let started = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let owner = format!("{}-{started}", std::process::id());
-    let store: Arc<dyn Store> = match args.store {
-        StoreKind::Memory => Arc::new(MemoryStore::new(config.retention)),
-        StoreKind::Embedded => Arc::new(
+    let (store, counters) = match args.store {
+        StoreKind::Memory => both(MemoryStore::new(config.retention)),
+        StoreKind::Embedded => both(
             SqliteStore::open(&args.data_dir, config.retention, &owner)
                 .with_context(|| format!("opening the store in {}", args.data_dir.display()))?,
         ),
-        StoreKind::Redis => Arc::new(
+        StoreKind::Redis => both(
             RedisStore::open(&args.redis_url, config.retention, &owner)
                 .await
                 .with_context(|| format!("connecting to {}", args.redis_url))?,
         ),
     };
-    let mut builder = Builder::new(BuiltinHandler::new()).config(config).store(store);
+    let mut builder = Builder::new(BuiltinHandler::new(counters)).config(config).store(store);
     if let Some(token) = args.auth_token {
         builder = builder.authenticator(BearerToken::new(token));
     }
@@ -229,6 +229,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         served = tether_server::serve(listener, app, limits) => served.context("serving"),
         _ = tokio::signal::ctrl_c() => Ok(()),
     }
+}
+
+/// One backend as the server's store and as the built-in tools' counters.
+fn both<S: Store + CounterStore>(store: S) -> (Arc<dyn Store>, Arc<dyn CounterStore>) {
+    let store = Arc::new(store);
+    (Arc::clone(&store) as Arc<dyn Store>, store)
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ async fn a_thousand_random_disconnects_lose_and_duplicate_nothing() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let upstream = listener.local_addr().expect("addr");
     let config = ServerConfig { sse_retry: Duration::from_millis(2), ..ServerConfig::default() };
-    let app = Builder::new(BuiltinHandler::new()).config(config).build().router("/mcp");
+    let app = Builder::new(BuiltinHandler::in_memory()).config(config).build().router("/mcp");
     let server =
         tokio::spawn(
             async move { tether_server::serve(listener, app, tether_server::ConnectionLimits::default()).await },

@@ -11,8 +11,9 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::Response;
 use serde_json::{Value, json};
-use tether_client::{Backoff, Client, ClientConfig, ClientEvent, Policy, RequestError};
+use tether_client::{Backoff, Client, ClientConfig, ClientError, ClientEvent, DivergenceReason, Policy, RequestError};
 use tether_core::jsonrpc::Message;
+use tether_core::lineage::{Divergence, SeqRange};
 
 const EPOCH: &str = "EpochOfTheScriptedServer";
 
@@ -175,6 +176,8 @@ struct Seen {
     events: Vec<String>,
     /// The detail of each divergence.
     details: Vec<String>,
+    /// Each divergence as the application can match on it.
+    reasons: Vec<DivergenceReason>,
     outcome: Result<Value, RequestError>,
     cursors: Vec<String>,
     initializes: u32,
@@ -233,9 +236,13 @@ async fn run_with<F: std::future::Future<Output = Option<Result<Value, RequestEr
     // the requests it orphaned were resolved), until it falls quiet.
     let mut seen = Vec::new();
     let mut details = Vec::new();
+    let mut reasons = Vec::new();
     while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(300), events.recv()).await {
         match &event {
-            ClientEvent::Divergence { reason } => details.push(reason.to_string()),
+            ClientEvent::Divergence { reason } => {
+                details.push(reason.to_string());
+                reasons.push(reason.clone());
+            }
             ClientEvent::Closed { reason, .. } => details.push(reason.clone()),
             _ => {}
         }
@@ -261,7 +268,7 @@ async fn run_with<F: std::future::Future<Output = Option<Result<Value, RequestEr
     }
     server.abort();
     let state = state.lock().expect("state");
-    Seen { events: seen, details, outcome, cursors: state.cursors.clone(), initializes: state.initializes }
+    Seen { events: seen, details, reasons, outcome, cursors: state.cursors.clone(), initializes: state.initializes }
 }
 
 fn strings(items: &[&str]) -> Vec<String> {
@@ -305,6 +312,14 @@ async fn every_divergence_is_reported_and_leaves_the_outcome_unknown() {
         assert!(matches!(seen.outcome, Err(RequestError::OutcomeUnknown(_))), "{resume:?}: {:?}", seen.outcome);
         assert_eq!(seen.initializes, 2, "{resume:?}");
     }
+}
+
+/// The application is told what it lost as values it can match on, not only as a kind: a gap
+/// names exactly the events that never arrived.
+#[tokio::test]
+async fn a_gap_names_the_events_it_lost() {
+    let seen = run(cut_after_two(), vec![Resume::Stream(vec![event(5), result(6)])], |_| {}).await;
+    assert_eq!(seen.reasons, [DivergenceReason::Lineage(Divergence::Gap { lost: SeqRange { from: 3, to: 4 } })]);
 }
 
 #[tokio::test]
@@ -460,4 +475,26 @@ async fn a_2026_07_28_response_stream_delivers_its_notifications_and_result() {
     assert_eq!(seen.outcome.expect("the result")["done"], true);
     assert_eq!(seen.events, strings(&["message 1"]));
     assert_eq!(seen.initializes, 0, "no session: the legacy handshake was refused");
+}
+
+/// A server that answers `initialize` without saying which version it speaks has no session
+/// the client could check continuity against: connecting fails, it does not guess.
+#[tokio::test]
+async fn an_initialize_result_without_a_protocol_version_is_refused() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
+    let answer = |body: String| async move {
+        let message: Value = serde_json::from_str(&body).unwrap_or_default();
+        Response::builder()
+            .header("content-type", "application/json")
+            .body(Body::from(
+                json!({"jsonrpc": "2.0", "id": message["id"], "result": {"capabilities": {}}}).to_string(),
+            ))
+            .expect("response")
+    };
+    let app = axum::Router::new().route("/mcp", axum::routing::post(answer));
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let connected = Client::connect(ClientConfig::new(url)).await;
+    server.abort();
+    assert!(matches!(connected, Err(ClientError::Protocol(_))), "{:?}", connected.err());
 }

@@ -14,7 +14,7 @@ async fn divergences_reinitializations_and_reissues_are_counted() {
     let _local = metrics::set_default_local_recorder(&recorder);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
-    let app = Builder::new(BuiltinHandler::new()).build().router("/mcp");
+    let app = Builder::new(BuiltinHandler::in_memory()).build().router("/mcp");
     let server =
         tokio::spawn(
             async move { tether_server::serve(listener, app, tether_server::ConnectionLimits::default()).await },

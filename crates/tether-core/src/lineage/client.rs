@@ -181,28 +181,10 @@ pub fn client_verdict(checkpoint: &Checkpoint, reconnect: &Reconnect<'_>) -> Ver
         return Verdict::Unverifiable(Unverifiable::EventWithoutId);
     };
     let got = ObservedId::parse(raw_id);
-    let (last_seq, got_seq) = match (&checkpoint.last_id, &got) {
-        (ObservedId::Lineage(last), ObservedId::Lineage(id)) => {
-            if id.epoch != last.epoch {
-                return diverged(Divergence::EpochChanged {
-                    expected: Some(last.epoch.to_string()),
-                    got: Some(id.epoch.to_string()),
-                });
-            }
-            if id.stream != last.stream {
-                return diverged(non_monotonic(&checkpoint.last_id, Some(raw_id)));
-            }
-            (last.seq, id.seq)
-        }
-        (ObservedId::Integer(last), ObservedId::Integer(id)) => (*last, *id),
-        (ObservedId::Opaque(_), _) | (_, ObservedId::Opaque(_)) => {
-            return Verdict::Unverifiable(Unverifiable::OpaqueIds);
-        }
-        // The id scheme itself changed: this is not the stream the cursor came from.
-        (ObservedId::Lineage(_), ObservedId::Integer(_))
-        | (ObservedId::Integer(_), ObservedId::Lineage(_)) => {
-            return diverged(non_monotonic(&checkpoint.last_id, Some(raw_id)));
-        }
+    let (last_seq, got_seq) = match positions(&checkpoint.last_id, &got, Some(raw_id)) {
+        Ok(Some(seqs)) => seqs,
+        Ok(None) => return Verdict::Unverifiable(Unverifiable::OpaqueIds),
+        Err(divergence) => return diverged(divergence),
     };
     match got_seq.cmp(&last_seq) {
         Ordering::Equal if Digest::of(raw_id, first.data) == checkpoint.last_digest => {
@@ -234,6 +216,35 @@ pub fn client_verdict(checkpoint: &Checkpoint, reconnect: &Reconnect<'_>) -> Ver
         return Verdict::Unverifiable(Unverifiable::NoEpoch);
     }
     Verdict::ProvisionallyContinuous
+}
+
+/// Where `got` stands relative to `last` on one stream: both sequence numbers, or `None` if
+/// either id is opaque (nothing can be read from it). Ids of another epoch, another stream or
+/// another id scheme are not of the stream `last` came from. The one comparison of two ids,
+/// for the first event after a reconnect and for every event after it.
+fn positions(
+    last: &ObservedId,
+    got: &ObservedId,
+    raw: Option<&str>,
+) -> Result<Option<(u64, u64)>, Divergence> {
+    match (last, got) {
+        (ObservedId::Lineage(last_id), ObservedId::Lineage(id)) => {
+            if id.epoch != last_id.epoch {
+                return Err(Divergence::EpochChanged {
+                    expected: Some(last_id.epoch.to_string()),
+                    got: Some(id.epoch.to_string()),
+                });
+            }
+            if id.stream != last_id.stream {
+                return Err(non_monotonic(last, raw));
+            }
+            Ok(Some((last_id.seq, id.seq)))
+        }
+        (ObservedId::Integer(last_n), ObservedId::Integer(n)) => Ok(Some((*last_n, *n))),
+        (ObservedId::Opaque(_), _) | (_, ObservedId::Opaque(_)) => Ok(None),
+        (ObservedId::Lineage(_), ObservedId::Integer(_))
+        | (ObservedId::Integer(_), ObservedId::Lineage(_)) => Err(non_monotonic(last, raw)),
+    }
 }
 
 fn resync_notice(data: &[u8]) -> Option<ResyncNotice> {
@@ -373,23 +384,13 @@ fn check_next(
     got: Option<&ObservedId>,
     raw: Option<&str>,
 ) -> Result<(), Divergence> {
-    let (last_seq, got_seq) = match (last, got) {
-        (ObservedId::Opaque(_), _) => return Ok(()),
-        (ObservedId::Lineage(last_id), Some(ObservedId::Lineage(id))) => {
-            if id.epoch != last_id.epoch {
-                return Err(Divergence::EpochChanged {
-                    expected: Some(last_id.epoch.to_string()),
-                    got: Some(id.epoch.to_string()),
-                });
-            }
-            if id.stream != last_id.stream {
-                return Err(non_monotonic(last, raw));
-            }
-            (last_id.seq, id.seq)
-        }
-        (ObservedId::Integer(last_n), Some(ObservedId::Integer(n))) => (*last_n, *n),
-        // Another id scheme, or no id at all on an ordered stream.
-        _ => return Err(non_monotonic(last, raw)),
+    if let ObservedId::Opaque(_) = last {
+        return Ok(());
+    }
+    // An ordered stream's next event has an ordered id.
+    let (last_seq, got_seq) = match got.map(|got| positions(last, got, raw)).transpose()? {
+        Some(Some(seqs)) => seqs,
+        Some(None) | None => return Err(non_monotonic(last, raw)),
     };
     let Some(next) = last_seq.checked_add(1) else {
         return Err(non_monotonic(last, raw));

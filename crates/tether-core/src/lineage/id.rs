@@ -19,6 +19,9 @@ pub enum IdError {
     /// The sequence number is not a canonical decimal u64 (no sign, no leading zero).
     #[error("seq must be a decimal u64 without sign or leading zeros")]
     Seq,
+    /// The session id is empty, too long or has a character outside visible ASCII.
+    #[error("session id must be 1 to {max} visible ASCII characters", max = SessionId::MAX_LEN)]
+    Session,
 }
 
 /// A map keyed by session ids and stream names. The server mints them at random and a client
@@ -105,6 +108,51 @@ pub fn push_base64url(out: &mut String, bytes: &[u8]) {
         for i in 0..=chunk.len() {
             out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
         }
+    }
+}
+
+/// A session's id (`Mcp-Session-Id`): visible ASCII, as the spec requires of it, parsed once
+/// where it enters (a header, a store row) so the store's operations cannot be handed a request
+/// key or a digest in its place. Shared, not copied, when cloned.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(Arc<str>);
+
+impl SessionId {
+    /// Longest session id accepted (tether mints 32 characters).
+    pub const MAX_LEN: usize = 256;
+
+    /// Parses a session id.
+    pub fn parse(s: &str) -> Result<SessionId, IdError> {
+        if (1..=Self::MAX_LEN).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_graphic()) {
+            Ok(SessionId(Arc::from(s)))
+        } else {
+            Err(IdError::Session)
+        }
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for SessionId {
+    type Err = IdError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        SessionId::parse(s)
+    }
+}
+
+/// Maps keyed by session id are looked up by the text a store row or a relay message holds.
+impl std::borrow::Borrow<str> for SessionId {
+    fn borrow(&self) -> &str {
+        &self.0
     }
 }
 
@@ -221,6 +269,14 @@ impl ObservedId {
     }
 }
 
+/// [`ObservedId::parse`], for whoever reads ids back from text (a checkpoint file).
+impl FromStr for ObservedId {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(ObservedId::parse(s))
+    }
+}
+
 impl fmt::Display for ObservedId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -246,6 +302,19 @@ mod tests {
         assert_eq!(id.seq, 42);
         assert_eq!(id.to_string(), s);
         assert_eq!(id.with_seq(0).to_string(), format!("{EPOCH}:req-7_x:0"));
+    }
+
+    #[test]
+    fn session_ids_are_visible_ascii_of_bounded_length() {
+        assert_eq!(
+            SessionId::parse("a-Z_0~!").map(|id| id.to_string()),
+            Ok("a-Z_0~!".to_owned())
+        );
+        let longest = "x".repeat(SessionId::MAX_LEN);
+        assert!(SessionId::parse(&longest).is_ok());
+        for bad in ["", "a b", "a\tb", "é", &format!("{longest}x")] {
+            assert_eq!(SessionId::parse(bad), Err(IdError::Session), "{bad:?}");
+        }
     }
 
     #[test]

@@ -19,8 +19,8 @@ pub use client::{
 };
 pub use digest::{Digest, DigestParseError};
 pub use id::{
-    Epoch, EventId, IdError, IdMap, ObservedId, StreamName, base64url, parse_canonical_u64,
-    push_base64url,
+    Epoch, EventId, IdError, IdMap, ObservedId, SessionId, StreamName, base64url,
+    parse_canonical_u64, push_base64url,
 };
 pub use resync::{RESYNC_EVENT, ResyncNotice, ResyncReason, SeqRange};
 pub use server::{

@@ -59,9 +59,9 @@ async fn resume(
         Refusal::MalformedCursor.with(format!("Last-Event-ID {raw:?} is not an event id of this server: {e}"))
     })?;
     let now = now_ms();
-    let status = session_status(shared, id, principal, now).await?;
+    let status = session_status(shared, &id, principal, now).await?;
     let range = match &status {
-        SessionStatus::Live(_) => shared.store.stream_range(id, &cursor.stream).await.map_err(Rejection::from)?,
+        SessionStatus::Live(_) => shared.store.stream_range(&id, &cursor.stream).await.map_err(Rejection::from)?,
         _ => None,
     };
     let decision = decide_resume(status.lookup(), &cursor, range, now);
@@ -88,7 +88,7 @@ async fn resume(
             return Ok(sse::response(sse::notice_body(record.epoch.as_str(), &notice), headers));
         }
     };
-    let request = shared.store.stream_request(id, &cursor.stream).await.map_err(Rejection::from)?;
+    let request = shared.store.stream_request(&id, &cursor.stream).await.map_err(Rejection::from)?;
     if request.is_none() {
         // A resumed standalone stream is the session's standalone stream again (after a plain
         // GET elsewhere replaced it, server messages follow the client back).

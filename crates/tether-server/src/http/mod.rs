@@ -17,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};
-use tether_core::lineage::{InvalidReason, check_session};
+use tether_core::lineage::{InvalidReason, SessionId, check_session};
 use tether_core::mcp::header;
 use tether_store::{SessionRecord, SessionStatus, StoreError};
 use tracing::Instrument as _;
@@ -74,7 +74,7 @@ pub(crate) fn session_headers(runtime: &SessionRuntime) -> [(HeaderName, HeaderV
     const REPLAY_EPOCH: HeaderName = HeaderName::from_static(header::REPLAY_EPOCH);
     // Session ids and epochs are base64url tokens the server minted: always valid header values.
     let value = |s: &str| HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static(""));
-    [(SESSION_ID, value(&runtime.id)), (REPLAY_EPOCH, value(runtime.epoch.as_str()))]
+    [(SESSION_ID, value(runtime.id.as_str())), (REPLAY_EPOCH, value(runtime.epoch.as_str()))]
 }
 
 /// A JSON response body with extra headers.
@@ -97,19 +97,24 @@ pub(crate) fn accepted(headers: impl IntoIterator<Item = (HeaderName, HeaderValu
     response
 }
 
-/// The session id header's value; 400 if it is missing.
-pub(crate) fn session_id(headers: &HeaderMap) -> Result<&str, Rejection> {
-    headers
+/// The session id header's value; 400 if it is missing. A value that is no session id (not
+/// visible ASCII, or too long) names no session this server issued: 404, as for an unknown one.
+pub(crate) fn session_id(headers: &HeaderMap) -> Result<SessionId, Rejection> {
+    let value = headers
         .get(header::SESSION_ID)
-        .map(|v| v.to_str().unwrap_or(""))
-        .ok_or_else(|| Refusal::MissingSessionId.with("Mcp-Session-Id header is required"))
+        .ok_or_else(|| Refusal::MissingSessionId.with("Mcp-Session-Id header is required"))?;
+    value
+        .to_str()
+        .ok()
+        .and_then(|id| SessionId::parse(id).ok())
+        .ok_or_else(|| Rejection::session_invalid(InvalidReason::UnknownSession))
 }
 
 /// The store's view of a session as `principal` may see it: another principal's session is
 /// unknown to them.
 pub(crate) async fn session_status(
     shared: &ServerState,
-    id: &str,
+    id: &SessionId,
     principal: Option<&str>,
     now: u64,
 ) -> Result<SessionStatus, Rejection> {
@@ -128,7 +133,7 @@ pub(crate) async fn live_session(
 ) -> Result<(SessionRecord, Arc<SessionRuntime>), Rejection> {
     let now = crate::now_ms();
     let id = session_id(headers)?;
-    let status = session_status(shared, id, principal, now).await?;
+    let status = session_status(shared, &id, principal, now).await?;
     check_session(status.lookup(), now).map_err(Rejection::session_invalid)?;
     let SessionStatus::Live(record) = status else {
         return Err(Rejection::session_invalid(InvalidReason::UnknownSession));
@@ -219,7 +224,7 @@ mod tests {
 
     fn record(idle_ttl_ms: u64, expires_at_ms: u64) -> SessionRecord {
         SessionRecord {
-            id: "s".into(),
+            id: SessionId::parse("s").expect("session id"),
             epoch: tether_core::lineage::Epoch::parse("AAAAAAAAAAAAAAAAAAAAAA").expect("epoch"),
             principal: None,
             protocol_version: tether_core::mcp::ProtocolVersion::V2025_11_25,

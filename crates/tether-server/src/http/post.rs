@@ -18,9 +18,9 @@ use super::{accepted, check_load, guard, json_response, live_session, read_body,
 use crate::context::FirstOutput;
 use crate::context::SessionHandle;
 use crate::dispatch::{self, Running, Started};
-use crate::request_key::RequestKey;
 use crate::session::{LogLevel, SessionRuntime};
 use crate::{ServerState, ids, now_ms};
+use tether_store::RequestKey;
 
 pub(crate) async fn post(
     shared: &Arc<ServerState>,
@@ -128,7 +128,7 @@ fn notify(shared: &Arc<ServerState>, runtime: &Arc<SessionRuntime>, notification
             // Invalid cancellations are ignored, as the spec asks.
             let key = notification.params.as_ref().and_then(|p| p.get("requestId")).and_then(RequestKey::cancelled);
             if let Some(key) = key {
-                runtime.cancel_request(key.as_str());
+                runtime.cancel_request(&key);
             }
         }
         method::INITIALIZED => {}
@@ -250,10 +250,7 @@ async fn respond_batch(
     let ids: Vec<RequestId> = requests.iter().map(|r| r.id.clone()).collect();
     let key = RequestKey::of_batch(&stream, &ids);
     let store = &shared.store;
-    store
-        .begin_request(&runtime.id, &runtime.epoch, key.as_str(), key.as_str(), &stream)
-        .await
-        .map_err(Rejection::from)?;
+    store.begin_request(&runtime.id, &runtime.epoch, &key, key.as_str(), &stream).await.map_err(Rejection::from)?;
     // Each request's response, once known; its place in the batch for the ones still running.
     let mut answers: Vec<Option<Bytes>> = vec![None; requests.len()];
     let mut firsts = tokio::task::JoinSet::new();

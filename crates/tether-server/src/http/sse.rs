@@ -12,7 +12,7 @@ use bytes::Bytes;
 use futures_util::stream;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, HeaderValue};
 use tether_core::jsonrpc::ErrorObject;
-use tether_core::lineage::{RESYNC_EVENT, ResyncNotice, StreamName};
+use tether_core::lineage::{RESYNC_EVENT, ResyncNotice, SessionId, StreamName};
 use tether_core::sse::{Encoder, OutgoingEvent};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -20,7 +20,6 @@ use tokio_util::sync::DropGuard;
 
 use crate::ServerState;
 use crate::reader::{Ending, Item, StreamReader};
-use crate::request_key::RequestKey;
 use crate::session::{Attachment, SessionRuntime};
 
 /// An SSE response with the headers every stream carries.
@@ -116,7 +115,7 @@ fn write_notice(out: &mut Vec<u8>, id_prefix: &str, notice: &ResyncNotice) {
 async fn write_trailer(
     out: &mut Vec<u8>,
     shared: &ServerState,
-    session: &str,
+    session: &SessionId,
     stream: &StreamName,
     error: ErrorObject,
 ) {
@@ -127,8 +126,7 @@ async fn write_trailer(
             return;
         }
     };
-    let key = request.as_deref().map(RequestKey::stored);
-    for response in key.map(|key| crate::dispatch::trailer(&key, &error)).unwrap_or_default() {
+    for response in request.map(|key| crate::dispatch::trailer(&key, &error)).unwrap_or_default() {
         encode(out, &OutgoingEvent { data: Some(&response), ..Default::default() });
     }
 }

@@ -24,7 +24,7 @@ impl Drop for TestServer {
 }
 
 pub async fn start(config: ServerConfig) -> TestServer {
-    start_with(Builder::new(BuiltinHandler::new()).config(config)).await
+    start_with(Builder::new(BuiltinHandler::in_memory()).config(config)).await
 }
 
 pub async fn start_with(builder: Builder) -> TestServer {

@@ -28,7 +28,7 @@ async fn a_stream_whose_client_stops_reading_is_closed_after_the_send_timeout() 
     config.retention.max_events_per_stream = 1_000_000;
     config.retention.max_bytes_per_session = 1 << 30;
     config.retention.max_bytes_total = 1 << 30;
-    let server = start_limited(Builder::new(BuiltinHandler::new()).config(config), limits()).await;
+    let server = start_limited(Builder::new(BuiltinHandler::in_memory()).config(config), limits()).await;
     let client = Client::new(&server);
     let session = client.initialize("2025-11-25").await;
     let mut stream = unread_stream(&server, &session, "1.1").await;
@@ -53,7 +53,7 @@ async fn a_stream_whose_client_stops_reading_is_closed_after_the_send_timeout() 
 #[tokio::test]
 async fn an_http2_client_that_never_opens_its_window_loses_its_connection() {
     let limits = ConnectionLimits { max_connections: 1, ..limits() };
-    let server = start_limited(Builder::new(BuiltinHandler::new()).config(config()), limits).await;
+    let server = start_limited(Builder::new(BuiltinHandler::in_memory()).config(config()), limits).await;
     let http =
         reqwest::Client::builder().http2_prior_knowledge().http2_initial_stream_window_size(0).build().expect("client");
     let stalled = Client { http, url: server.url.clone() };

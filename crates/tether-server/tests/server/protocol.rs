@@ -543,9 +543,10 @@ async fn ping_and_log_level() {
 
 #[tokio::test]
 async fn bearer_token_is_required_when_configured() {
-    let server =
-        start_with(Builder::new(BuiltinHandler::new()).config(config()).authenticator(BearerToken::new("s3cret")))
-            .await;
+    let server = start_with(
+        Builder::new(BuiltinHandler::in_memory()).config(config()).authenticator(BearerToken::new("s3cret")),
+    )
+    .await;
     let client = Client::new(&server);
     let init = request(
         json!(1),
@@ -580,7 +581,7 @@ impl Authenticator for Names {
 #[tokio::test]
 async fn a_session_belongs_to_the_principal_that_created_it() {
     let auth = Names(AtomicUsize::new(0));
-    let server = start_with(Builder::new(BuiltinHandler::new()).config(config()).authenticator(auth)).await;
+    let server = start_with(Builder::new(BuiltinHandler::in_memory()).config(config()).authenticator(auth)).await;
     let client = Client::new(&server);
     let init = request(
         json!(1),

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tether_core::lineage::SessionId;
 use tether_core::sse::Event;
 use tether_server::{Builder, ServerConfig, builtin::BuiltinHandler};
 use tether_store::{MemoryStore, Retention, SqliteStore, Store};
@@ -41,7 +42,7 @@ async fn server(kind: Kind, max_events: usize, retention: Duration) -> (TestServ
         }
     };
     let config = ServerConfig { retention, ..config() };
-    let server = start_with(Builder::new(BuiltinHandler::new()).config(config).store(Arc::clone(&store))).await;
+    let server = start_with(Builder::new(BuiltinHandler::in_memory()).config(config).store(Arc::clone(&store))).await;
     (server, store)
 }
 
@@ -154,7 +155,12 @@ async fn a_stream_whose_retention_ran_out_is_resynced_with_its_exact_range() {
         let cursor = events[2].id.clone().expect("event 2's id");
         let name = tether_core::lineage::EventId::parse(&cursor).expect("lineage id").stream;
         let deadline = tokio::time::Instant::now() + WAIT;
-        while store.stream_range(&session.id, &name).await.expect("range").is_some_and(|r| r.retained_from <= r.head) {
+        while store
+            .stream_range(&SessionId::parse(&session.id).expect("session id"), &name)
+            .await
+            .expect("range")
+            .is_some_and(|r| r.retained_from <= r.head)
+        {
             assert!(tokio::time::Instant::now() < deadline, "{kind:?}: retention never dropped the stream");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -382,7 +388,7 @@ proptest::proptest! {
             let kept = if dropped { head + 1 } else { (head + 1).saturating_sub(max_events as u64) };
             let deadline = tokio::time::Instant::now() + WAIT;
             let range = loop {
-                let range = store.stream_range(&session.id, &name).await.expect("range").expect("the stream");
+                let range = store.stream_range(&SessionId::parse(&session.id).expect("session id"), &name).await.expect("range").expect("the stream");
                 if range.retained_from == kept || tokio::time::Instant::now() > deadline {
                     break range;
                 }

@@ -17,7 +17,7 @@ use std::sync::{Arc, mpsc};
 
 use bytes::Bytes;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
-use tether_core::lineage::{Epoch, StreamName, StreamRange, StreamState};
+use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange, StreamState};
 use tether_core::mcp::ProtocolVersion;
 use tokio::sync::oneshot;
 
@@ -29,7 +29,8 @@ use crate::record::{
     BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent,
 };
 use crate::{
-    CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, SessionStore, StoreError, StoreFuture,
+    CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, RequestKey, SessionStore, StoreError,
+    StoreFuture,
 };
 
 /// Most operations committed in one transaction.
@@ -730,7 +731,9 @@ fn key_record(txn: &Connection, key: &str, owner: &str) -> Result<Option<(String
         Some(outcome) => KeyState::Finished(Bytes::from(outcome)),
         None => {
             let stream = match (session, stream) {
-                (Some(session), Some(stream)) => Some((session, StreamName::parse(&stream).map_err(backend)?)),
+                (Some(session), Some(stream)) => {
+                    Some((SessionId::parse(&session).map_err(backend)?, StreamName::parse(&stream).map_err(backend)?))
+                }
                 _ => None,
             };
             KeyState::Running { stream, abandoned: key_owner != owner }
@@ -864,7 +867,7 @@ impl SessionStore for SqliteStore {
         let created = record.clone();
         let then = move |mirror: &Mirror, (): &()| {
             let id = created.id.clone();
-            mirror.set_session(&id, SessionStatus::Live(created));
+            mirror.set_session(id.as_str(), SessionStatus::Live(created));
         };
         self.run_with(move |txn| {
             let live: i64 =
@@ -878,7 +881,7 @@ impl SessionStore for SqliteStore {
                     "INSERT OR IGNORE INTO sessions (id, epoch, principal, protocol_version, client, idle_ttl_ms, expires_at_ms) \
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                     params![
-                        record.id,
+                        record.id.as_str(),
                         record.epoch.as_str(),
                         record.principal,
                         record.protocol_version.as_str(),
@@ -892,16 +895,16 @@ impl SessionStore for SqliteStore {
         }, then)
     }
 
-    fn session(&self, id: &str, _now_ms: u64) -> StoreFuture<'_, SessionStatus> {
-        if let Some(status) = self.mirror.session(id) {
+    fn session(&self, id: &SessionId, _now_ms: u64) -> StoreFuture<'_, SessionStatus> {
+        if let Some(status) = self.mirror.session(id.as_str()) {
             return Box::pin(std::future::ready(Ok(status)));
         }
         let generation = self.mirror.session_generation();
-        let (key, id) = (id.to_owned(), id.to_owned());
+        let (key, id) = (id.as_str().to_owned(), id.clone());
         let read = self.query(move |txn| {
             let row = query_row(txn,
                     "SELECT epoch, principal, protocol_version, client, idle_ttl_ms, expires_at_ms, ended FROM sessions WHERE id = ?1",
-                    [&id],
+                    [id.as_str()],
                     |r| {
                         Ok((
                             r.get::<_, String>(0)?,
@@ -943,8 +946,8 @@ impl SessionStore for SqliteStore {
         })
     }
 
-    fn touch_session(&self, id: &str, epoch: &Epoch, now_ms: u64) -> StoreFuture<'_, ()> {
-        let (id, epoch) = (id.to_owned(), epoch.to_string());
+    fn touch_session(&self, id: &SessionId, epoch: &Epoch, now_ms: u64) -> StoreFuture<'_, ()> {
+        let (id, epoch) = (id.as_str().to_owned(), epoch.to_string());
         let renewed_id = id.clone();
         let then = move |mirror: &Mirror, (): &()| mirror.touched(&renewed_id, now_ms);
         self.run_with(
@@ -962,13 +965,13 @@ impl SessionStore for SqliteStore {
         )
     }
 
-    fn end_session(&self, id: &str, epoch: &Epoch, end: SessionEnd) -> StoreFuture<'_, ()> {
-        let (session, epoch) = (id.to_owned(), epoch.to_string());
+    fn end_session(&self, id: &SessionId, epoch: &Epoch, end: SessionEnd) -> StoreFuture<'_, ()> {
+        let (session, epoch) = (id.as_str().to_owned(), epoch.to_string());
         let code = match end {
             SessionEnd::Terminated => TERMINATED,
             SessionEnd::Expired => EXPIRED,
         };
-        let id_ = id.to_owned();
+        let id_ = id.as_str().to_owned();
         let then = move |mirror: &Mirror, (): &()| {
             mirror.set_session(&id_, SessionStatus::Ended(end));
             mirror.forget_streams_of(&id_);
@@ -985,7 +988,7 @@ impl SessionStore for SqliteStore {
             },
             then,
         );
-        let session = id.to_owned();
+        let session = id.as_str().to_owned();
         Box::pin(async move {
             ended.await?;
             self.heads.forget_session(&session);
@@ -993,8 +996,8 @@ impl SessionStore for SqliteStore {
         })
     }
 
-    fn set_standalone_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
-        let (session, epoch, stream) = (session.to_owned(), epoch.to_string(), stream.to_string());
+    fn set_standalone_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let (session, epoch, stream) = (session.as_str().to_owned(), epoch.to_string(), stream.to_string());
         self.run(move |txn| {
             check_live(txn, &session, &epoch)?;
             execute(txn, "UPDATE sessions SET standalone = ?2 WHERE id = ?1", params![session, stream])
@@ -1003,8 +1006,8 @@ impl SessionStore for SqliteStore {
         })
     }
 
-    fn standalone_stream(&self, session: &str) -> StoreFuture<'_, Option<StreamName>> {
-        let session = session.to_owned();
+    fn standalone_stream(&self, session: &SessionId) -> StoreFuture<'_, Option<StreamName>> {
+        let session = session.as_str().to_owned();
         self.query(move |txn| {
             let name: Option<Option<String>> =
                 query_row(txn, "SELECT standalone FROM sessions WHERE id = ?1 AND ended IS NULL", [session], |r| {
@@ -1016,7 +1019,7 @@ impl SessionStore for SqliteStore {
         })
     }
 
-    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<String>> {
+    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<SessionId>> {
         let retention = self.retention;
         let swept = self.run_with(move |txn| {
             let now = as_i64(now_ms);
@@ -1072,19 +1075,20 @@ impl SessionStore for SqliteStore {
             }
             // Watches of streams that retention dropped end with the stream.
             for (session, stream) in self.heads.followed() {
-                if matches!(self.stream_range(&session, &stream).await, Ok(None)) {
+                let Ok(id) = SessionId::parse(&session) else { continue };
+                if matches!(self.stream_range(&id, &stream).await, Ok(None)) {
                     self.heads.forget(&session, &stream);
                 }
             }
-            Ok(expired)
+            expired.iter().map(|id| SessionId::parse(id).map_err(backend)).collect()
         })
     }
 }
 
 impl EventLog for SqliteStore {
-    fn open_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+    fn open_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
         let (session, epoch, stream, owner) =
-            (session.to_owned(), epoch.to_string(), stream.to_string(), self.owner.clone());
+            (session.as_str().to_owned(), epoch.to_string(), stream.to_string(), self.owner.clone());
         let (s, st) = (session.clone(), stream.clone());
         let then = move |mirror: &Mirror, inserted: &bool| {
             if *inserted {
@@ -1103,14 +1107,14 @@ impl EventLog for SqliteStore {
 
     fn begin_request(
         &self,
-        session: &str,
+        session: &SessionId,
         epoch: &Epoch,
-        request_key: &str,
+        request_key: &RequestKey,
         params_digest: &str,
         stream: &StreamName,
     ) -> StoreFuture<'_, BeginRequest> {
         let (session, epoch, key, digest) =
-            (session.to_owned(), epoch.to_string(), request_key.to_owned(), params_digest.to_owned());
+            (session.as_str().to_owned(), epoch.to_string(), request_key.as_str().to_owned(), params_digest.to_owned());
         let (stream, owner) = (stream.clone(), self.owner.clone());
         // Answered only once durable: a handler must never run for a request whose record a
         // crash could lose, or the same request id sent again would run it twice.
@@ -1121,15 +1125,15 @@ impl EventLog for SqliteStore {
 
     fn begin_keyed_request(
         &self,
-        session: &str,
+        session: &SessionId,
         epoch: &Epoch,
-        request_key: &str,
+        request_key: &RequestKey,
         params_digest: &str,
         stream: &StreamName,
         claim: KeyClaim,
     ) -> StoreFuture<'_, (BeginRequest, Option<Claim>)> {
         let (session, epoch, key, digest) =
-            (session.to_owned(), epoch.to_string(), request_key.to_owned(), params_digest.to_owned());
+            (session.as_str().to_owned(), epoch.to_string(), request_key.as_str().to_owned(), params_digest.to_owned());
         let (stream, owner) = (stream.clone(), self.owner.clone());
         let then = opened_by_begin(&session, &stream);
         let job = move |txn: &Connection| {
@@ -1146,29 +1150,29 @@ impl EventLog for SqliteStore {
 
     fn append_batch(
         &self,
-        session: &str,
+        session: &SessionId,
         epoch: &Epoch,
         stream: &StreamName,
         events: Vec<Bytes>,
         last: bool,
     ) -> StoreFuture<'_, u64> {
-        self.append_events(session, epoch, stream, events, last, None)
+        self.append_events(session.as_str(), epoch, stream, events, last, None)
     }
 
     fn append_final(
         &self,
-        session: &str,
+        session: &SessionId,
         epoch: &Epoch,
         stream: &StreamName,
         events: Vec<Bytes>,
         last: bool,
         key: &str,
     ) -> StoreFuture<'_, u64> {
-        self.append_events(session, epoch, stream, events, last, Some(key.to_owned()))
+        self.append_events(session.as_str(), epoch, stream, events, last, Some(key.to_owned()))
     }
 
-    fn end_stream(&self, session: &str, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
-        let (s, e, st) = (session.to_owned(), epoch.to_string(), stream.to_string());
+    fn end_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let (s, e, st) = (session.as_str().to_owned(), epoch.to_string(), stream.to_string());
         let (session_, stream_) = (s.clone(), st.clone());
         let then = move |mirror: &Mirror, _: &u64| mirror.stream_ended(&session_, &stream_);
         let ended = self.run_with(
@@ -1197,7 +1201,7 @@ impl EventLog for SqliteStore {
             },
             then,
         );
-        let (session, stream) = (session.to_owned(), stream.clone());
+        let (session, stream) = (session.as_str().to_owned(), stream.clone());
         Box::pin(async move {
             let head = ended.await?;
             self.heads.notify(&session, &stream, head);
@@ -1205,11 +1209,11 @@ impl EventLog for SqliteStore {
         })
     }
 
-    fn stream_range(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>> {
-        if let Some(range) = self.mirror.stream_range(session, stream.as_str()) {
+    fn stream_range(&self, session: &SessionId, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>> {
+        if let Some(range) = self.mirror.stream_range(session.as_str(), stream.as_str()) {
             return Box::pin(std::future::ready(Ok(Some(range))));
         }
-        let (s, st) = (session.to_owned(), stream.to_string());
+        let (s, st) = (session.as_str().to_owned(), stream.to_string());
         self.query(move |txn| {
             let row: Option<(i64, i64, Option<i64>)> = query_row(
                 txn,
@@ -1229,27 +1233,33 @@ impl EventLog for SqliteStore {
         })
     }
 
-    fn stream_request(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, Option<String>> {
-        let (s, st) = (session.to_owned(), stream.to_string());
+    fn stream_request(&self, session: &SessionId, stream: &StreamName) -> StoreFuture<'_, Option<RequestKey>> {
+        let (s, st) = (session.as_str().to_owned(), stream.to_string());
         self.query(move |txn| {
             query_row(
                 txn,
                 "SELECT request_key FROM streams WHERE session = ?1 AND stream = ?2 \
                  UNION ALL SELECT request_key FROM tombstones WHERE session = ?1 AND stream = ?2",
                 params![s, st],
-                |r| r.get(0),
+                |r| r.get::<_, Option<String>>(0),
             )
             .optional()
-            .map(Option::flatten)
+            .map(|key| key.flatten().map(|key| RequestKey::stored(&key)))
             .map_err(backend)
         })
     }
 
-    fn read(&self, session: &str, stream: &StreamName, after: u64, max: usize) -> StoreFuture<'_, Vec<StoredEvent>> {
-        if let Some(events) = self.mirror.read(session, stream.as_str(), after, max) {
+    fn read(
+        &self,
+        session: &SessionId,
+        stream: &StreamName,
+        after: u64,
+        max: usize,
+    ) -> StoreFuture<'_, Vec<StoredEvent>> {
+        if let Some(events) = self.mirror.read(session.as_str(), stream.as_str(), after, max) {
             return Box::pin(std::future::ready(Ok(events)));
         }
-        let (s, st) = (session.to_owned(), stream.to_string());
+        let (s, st) = (session.as_str().to_owned(), stream.to_string());
         let limit = i64::try_from(max).unwrap_or(i64::MAX);
         self.query(move |txn| {
             let mut statement = txn
@@ -1264,9 +1274,9 @@ impl EventLog for SqliteStore {
         })
     }
 
-    fn watch(&self, session: &str, stream: &StreamName) -> StoreFuture<'_, HeadWatch> {
+    fn watch(&self, session: &SessionId, stream: &StreamName) -> StoreFuture<'_, HeadWatch> {
         let range = self.stream_range(session, stream);
-        let key = (session.to_owned(), stream.clone());
+        let key = (session.as_str().to_owned(), stream.clone());
         Box::pin(async move {
             let range = range.await?.ok_or(StoreError::UnknownStream)?;
             Ok(self.heads.subscribe(&key.0, &key.1, range.head))

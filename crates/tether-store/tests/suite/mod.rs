@@ -2,10 +2,11 @@
 //! file. Time is passed in explicitly, so nothing here sleeps.
 
 use bytes::Bytes;
-use tether_core::lineage::{Epoch, StreamName, StreamRange, StreamState};
+use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange, StreamState};
 use tether_core::mcp::ProtocolVersion;
 use tether_store::{
-    BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, Store, StoreError,
+    BeginRequest, Claim, CounterStore, KeyClaim, KeyState, RequestKey, Retention, SessionEnd, SessionRecord,
+    SessionStatus, Store, StoreError,
 };
 
 pub const TTL: u64 = 1_000;
@@ -27,7 +28,16 @@ pub fn retention() -> Retention {
 
 /// A claim of `key` at `now`, running on stream `r1` of session `s`.
 pub fn claim(key: &str, digest: &str, now: u64) -> KeyClaim {
-    KeyClaim { key: key.into(), params_digest: digest.into(), stream: Some(("s".into(), stream("r1"))), now_ms: now }
+    KeyClaim { key: key.into(), params_digest: digest.into(), stream: Some((sid("s"), stream("r1"))), now_ms: now }
+}
+
+pub fn sid(id: &str) -> SessionId {
+    SessionId::parse(id).expect("valid session id")
+}
+
+/// The key of a request as the server records it (`n:1`, `s:x`).
+pub fn key(stored: &str) -> RequestKey {
+    RequestKey::stored(stored)
 }
 
 pub fn epoch(tag: char) -> Epoch {
@@ -40,7 +50,7 @@ pub fn stream(name: &str) -> StreamName {
 
 pub fn record(id: &str, epoch: Epoch, now: u64) -> SessionRecord {
     SessionRecord {
-        id: id.into(),
+        id: sid(id),
         epoch,
         principal: None,
         protocol_version: ProtocolVersion::V2025_11_25,
@@ -56,7 +66,7 @@ pub fn tombstone(head: u64, state: StreamState) -> Option<StreamRange> {
     Some(StreamRange { retained_from: head + 1, head, state })
 }
 
-async fn seqs(store: &dyn Store, session: &str, s: &StreamName, after: u64) -> Vec<u64> {
+async fn seqs(store: &dyn Store, session: &SessionId, s: &StreamName, after: u64) -> Vec<u64> {
     store.read(session, s, after, usize::MAX).await.expect("read").iter().map(|e| e.seq).collect()
 }
 
@@ -64,12 +74,12 @@ pub async fn sessions_are_created_once_and_read_without_renewal(store: &dyn Stor
     let a = epoch('A');
     store.create_session(record("s1", a.clone(), 0), usize::MAX).await.expect("create");
     assert_eq!(store.create_session(record("s1", epoch('B'), 0), usize::MAX).await, Err(StoreError::DuplicateSession));
-    let SessionStatus::Live(r) = store.session("s1", 900).await.expect("lookup") else { panic!("live") };
+    let SessionStatus::Live(r) = store.session(&sid("s1"), 900).await.expect("lookup") else { panic!("live") };
     assert_eq!((r.epoch, r.expires_at_ms), (a, TTL));
     // Reading at a later time did not renew it.
-    let SessionStatus::Live(r) = store.session("s1", 950).await.expect("lookup") else { panic!("live") };
+    let SessionStatus::Live(r) = store.session(&sid("s1"), 950).await.expect("lookup") else { panic!("live") };
     assert_eq!(r.expires_at_ms, TTL);
-    assert_eq!(store.session("nope", 0).await, Ok(SessionStatus::Unknown));
+    assert_eq!(store.session(&sid("nope"), 0).await, Ok(SessionStatus::Unknown));
 }
 
 pub async fn live_sessions_are_counted_when_one_is_admitted(store: &dyn Store) {
@@ -79,17 +89,17 @@ pub async fn live_sessions_are_counted_when_one_is_admitted(store: &dyn Store) {
     }
     assert_eq!(store.create_session(record("c4", a.clone(), 0), 3).await, Err(StoreError::TooManySessions));
     assert_eq!(store.create_session(record("c1", a.clone(), 0), 4).await, Err(StoreError::DuplicateSession));
-    store.end_session("c1", &a, SessionEnd::Terminated).await.expect("end");
+    store.end_session(&sid("c1"), &a, SessionEnd::Terminated).await.expect("end");
     store.create_session(record("c4", a.clone(), 0), 3).await.expect("an ended session is not counted");
     assert_eq!(store.create_session(record("c5", a.clone(), 0), 3).await, Err(StoreError::TooManySessions));
     // Renewed, c2 outlives the sweep; c3 and c4 expire and are no longer counted.
-    store.touch_session("c2", &a, 500).await.expect("touch");
+    store.touch_session(&sid("c2"), &a, 500).await.expect("touch");
     assert_eq!(
         store.sweep(TTL).await.map(|mut ids| {
             ids.sort();
             ids
         }),
-        Ok(vec!["c3".into(), "c4".into()])
+        Ok(vec![sid("c3"), sid("c4")])
     );
     store.create_session(record("c5", a.clone(), TTL), 3).await.expect("admitted");
     store.create_session(record("c6", a.clone(), TTL), 3).await.expect("admitted");
@@ -109,25 +119,25 @@ pub async fn concurrent_admissions_never_pass_the_limit(store: &dyn Store) {
 pub async fn touch_renews_only_a_live_session_of_the_same_incarnation(store: &dyn Store) {
     let a = epoch('A');
     store.create_session(record("s2", a.clone(), 0), usize::MAX).await.expect("create");
-    store.touch_session("s2", &a, 500).await.expect("touch");
-    let SessionStatus::Live(r) = store.session("s2", 500).await.expect("lookup") else { panic!("live") };
+    store.touch_session(&sid("s2"), &a, 500).await.expect("touch");
+    let SessionStatus::Live(r) = store.session(&sid("s2"), 500).await.expect("lookup") else { panic!("live") };
     assert_eq!(r.expires_at_ms, 500 + TTL);
-    assert_eq!(store.touch_session("s2", &epoch('B'), 600).await, Err(StoreError::SessionGone));
+    assert_eq!(store.touch_session(&sid("s2"), &epoch('B'), 600).await, Err(StoreError::SessionGone));
     // Past its deadline a session cannot be renewed, even before any sweep ran.
-    assert_eq!(store.touch_session("s2", &a, 500 + TTL).await, Err(StoreError::SessionGone));
-    assert_eq!(store.touch_session("unknown", &a, 0).await, Err(StoreError::SessionGone));
+    assert_eq!(store.touch_session(&sid("s2"), &a, 500 + TTL).await, Err(StoreError::SessionGone));
+    assert_eq!(store.touch_session(&sid("unknown"), &a, 0).await, Err(StoreError::SessionGone));
 }
 
 pub async fn ended_sessions_refuse_writes_and_are_remembered(store: &dyn Store) {
     let a = epoch('A');
     let s = stream("r1");
     store.create_session(record("s3", a.clone(), 0), usize::MAX).await.expect("create");
-    store.open_stream("s3", &a, &s).await.expect("open");
-    assert_eq!(store.end_session("s3", &epoch('B'), SessionEnd::Terminated).await, Err(StoreError::SessionGone));
-    store.end_session("s3", &a, SessionEnd::Terminated).await.expect("end");
-    assert_eq!(store.session("s3", 0).await, Ok(SessionStatus::Ended(SessionEnd::Terminated)));
-    assert_eq!(store.append("s3", &a, &s, Bytes::from_static(b"x"), false).await, Err(StoreError::SessionGone));
-    assert_eq!(store.stream_range("s3", &s).await, Ok(None));
+    store.open_stream(&sid("s3"), &a, &s).await.expect("open");
+    assert_eq!(store.end_session(&sid("s3"), &epoch('B'), SessionEnd::Terminated).await, Err(StoreError::SessionGone));
+    store.end_session(&sid("s3"), &a, SessionEnd::Terminated).await.expect("end");
+    assert_eq!(store.session(&sid("s3"), 0).await, Ok(SessionStatus::Ended(SessionEnd::Terminated)));
+    assert_eq!(store.append(&sid("s3"), &a, &s, Bytes::from_static(b"x"), false).await, Err(StoreError::SessionGone));
+    assert_eq!(store.stream_range(&sid("s3"), &s).await, Ok(None));
     assert_eq!(store.create_session(record("s3", epoch('C'), 0), usize::MAX).await, Err(StoreError::DuplicateSession));
 }
 
@@ -135,21 +145,27 @@ pub async fn appends_are_contiguous_and_checked_against_the_incarnation(store: &
     let a = epoch('A');
     let s = stream("r1");
     store.create_session(record("s4", a.clone(), 0), usize::MAX).await.expect("create");
-    store.open_stream("s4", &a, &s).await.expect("open");
+    store.open_stream(&sid("s4"), &a, &s).await.expect("open");
     for expected in 1..=3 {
-        assert_eq!(store.append("s4", &a, &s, Bytes::from(format!("e{expected}")), false).await, Ok(expected));
+        assert_eq!(store.append(&sid("s4"), &a, &s, Bytes::from(format!("e{expected}")), false).await, Ok(expected));
     }
     // A writer from another incarnation neither writes nor consumes a sequence number.
     assert_eq!(
-        store.append("s4", &epoch('B'), &s, Bytes::from_static(b"stale"), false).await,
+        store.append(&sid("s4"), &epoch('B'), &s, Bytes::from_static(b"stale"), false).await,
         Err(StoreError::SessionGone)
     );
-    assert_eq!(store.append("s4", &a, &stream("nope"), Bytes::new(), false).await, Err(StoreError::UnknownStream));
-    assert_eq!(store.append("s4", &a, &s, Bytes::from_static(b"final"), true).await, Ok(4));
-    assert_eq!(store.append("s4", &a, &s, Bytes::from_static(b"late"), false).await, Err(StoreError::StreamEnded));
-    let range = store.stream_range("s4", &s).await.expect("range").expect("known stream");
+    assert_eq!(
+        store.append(&sid("s4"), &a, &stream("nope"), Bytes::new(), false).await,
+        Err(StoreError::UnknownStream)
+    );
+    assert_eq!(store.append(&sid("s4"), &a, &s, Bytes::from_static(b"final"), true).await, Ok(4));
+    assert_eq!(
+        store.append(&sid("s4"), &a, &s, Bytes::from_static(b"late"), false).await,
+        Err(StoreError::StreamEnded)
+    );
+    let range = store.stream_range(&sid("s4"), &s).await.expect("range").expect("known stream");
     assert_eq!((range.retained_from, range.head, range.state), (0, 4, StreamState::Complete));
-    let events = store.read("s4", &s, 0, usize::MAX).await.expect("read");
+    let events = store.read(&sid("s4"), &s, 0, usize::MAX).await.expect("read");
     let data: Vec<&[u8]> = events.iter().map(|e| &e.data[..]).collect();
     assert_eq!(data, [&b"e1"[..], b"e2", b"e3", b"final"]);
 }
@@ -158,22 +174,22 @@ pub async fn batches_append_in_order_and_wake_watchers_once_committed(store: &dy
     let a = epoch('A');
     let s = stream("r1");
     store.create_session(record("s4b", a.clone(), 0), usize::MAX).await.expect("create");
-    store.open_stream("s4b", &a, &s).await.expect("open");
-    let mut watch = store.watch("s4b", &s).await.expect("watch");
+    store.open_stream(&sid("s4b"), &a, &s).await.expect("open");
+    let mut watch = store.watch(&sid("s4b"), &s).await.expect("watch");
     let batch = |items: &[&'static str]| items.iter().map(|i| Bytes::from_static(i.as_bytes())).collect::<Vec<_>>();
-    assert_eq!(store.append_batch("s4b", &a, &s, batch(&["e1", "e2"]), false).await, Ok(2));
+    assert_eq!(store.append_batch(&sid("s4b"), &a, &s, batch(&["e1", "e2"]), false).await, Ok(2));
     assert!(tokio::time::timeout(std::time::Duration::from_secs(5), watch.changed()).await.is_ok(), "watch woken");
     assert!(*watch.borrow() >= 2, "the watch sees the batch's head");
     assert_eq!(
-        store.append_batch("s4b", &epoch('B'), &s, batch(&["stale"]), false).await,
+        store.append_batch(&sid("s4b"), &epoch('B'), &s, batch(&["stale"]), false).await,
         Err(StoreError::SessionGone)
     );
-    assert_eq!(store.append_batch("s4b", &a, &s, batch(&["e3", "final"]), true).await, Ok(4));
-    assert_eq!(store.append_batch("s4b", &a, &s, batch(&["late"]), false).await, Err(StoreError::StreamEnded));
-    let events = store.read("s4b", &s, 0, usize::MAX).await.expect("read");
+    assert_eq!(store.append_batch(&sid("s4b"), &a, &s, batch(&["e3", "final"]), true).await, Ok(4));
+    assert_eq!(store.append_batch(&sid("s4b"), &a, &s, batch(&["late"]), false).await, Err(StoreError::StreamEnded));
+    let events = store.read(&sid("s4b"), &s, 0, usize::MAX).await.expect("read");
     let data: Vec<&[u8]> = events.iter().map(|e| &e.data[..]).collect();
     assert_eq!(data, [&b"e1"[..], b"e2", b"e3", b"final"]);
-    let range = store.stream_range("s4b", &s).await.expect("range").expect("known stream");
+    let range = store.stream_range(&sid("s4b"), &s).await.expect("range").expect("known stream");
     assert_eq!(range.state, StreamState::Complete);
 }
 
@@ -181,50 +197,53 @@ pub async fn reads_start_strictly_after_the_cursor(store: &dyn Store) {
     let a = epoch('A');
     let s = stream("r1");
     store.create_session(record("s5", a.clone(), 0), usize::MAX).await.expect("create");
-    store.open_stream("s5", &a, &s).await.expect("open");
+    store.open_stream(&sid("s5"), &a, &s).await.expect("open");
     for _ in 0..5 {
-        store.append("s5", &a, &s, Bytes::from_static(b"x"), false).await.expect("append");
+        store.append(&sid("s5"), &a, &s, Bytes::from_static(b"x"), false).await.expect("append");
     }
-    assert_eq!(seqs(store, "s5", &s, 2).await, [3, 4, 5]);
-    assert_eq!(seqs(store, "s5", &s, 5).await, Vec::<u64>::new());
-    assert_eq!(seqs(store, "s5", &s, 9).await, Vec::<u64>::new());
-    assert_eq!(store.read("s5", &s, 0, 2).await.expect("read").len(), 2);
+    assert_eq!(seqs(store, &sid("s5"), &s, 2).await, [3, 4, 5]);
+    assert_eq!(seqs(store, &sid("s5"), &s, 5).await, Vec::<u64>::new());
+    assert_eq!(seqs(store, &sid("s5"), &s, 9).await, Vec::<u64>::new());
+    assert_eq!(store.read(&sid("s5"), &s, 0, 2).await.expect("read").len(), 2);
     // The priming event is event 0 and is returned only to a reader from before it: never.
-    assert_eq!(seqs(store, "s5", &s, 0).await, [1, 2, 3, 4, 5]);
-    assert_eq!(seqs(store, "other", &s, 0).await, Vec::<u64>::new());
+    assert_eq!(seqs(store, &sid("s5"), &s, 0).await, [1, 2, 3, 4, 5]);
+    assert_eq!(seqs(store, &sid("other"), &s, 0).await, Vec::<u64>::new());
 }
 
 pub async fn a_page_holds_the_range_and_the_events_after_the_cursor(store: &dyn Store) {
     let a = epoch('A');
     let s = stream("r1");
     store.create_session(record("s5p", a.clone(), 0), usize::MAX).await.expect("create");
-    assert_eq!(store.read_page("s5p", &s, 0, 10).await, Ok(None), "no such stream");
-    store.open_stream("s5p", &a, &s).await.expect("open");
+    assert_eq!(store.read_page(&sid("s5p"), &s, 0, 10).await, Ok(None), "no such stream");
+    store.open_stream(&sid("s5p"), &a, &s).await.expect("open");
     let events = ["e1", "e2", "final"].map(|e| Bytes::from_static(e.as_bytes())).to_vec();
-    assert_eq!(store.append_batch("s5p", &a, &s, events, true).await, Ok(3));
+    assert_eq!(store.append_batch(&sid("s5p"), &a, &s, events, true).await, Ok(3));
     let ended = StreamRange { retained_from: 0, head: 3, state: StreamState::Complete };
-    let page = store.read_page("s5p", &s, 1, 10).await.expect("page").expect("known stream");
+    let page = store.read_page(&sid("s5p"), &s, 1, 10).await.expect("page").expect("known stream");
     assert_eq!(page.range, ended);
     assert_eq!(page.events.iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 3]);
     assert_eq!(&page.events[1].data[..], b"final");
-    let page = store.read_page("s5p", &s, 1, 1).await.expect("page").expect("known stream");
+    let page = store.read_page(&sid("s5p"), &s, 1, 1).await.expect("page").expect("known stream");
     assert_eq!(page.events.iter().map(|e| e.seq).collect::<Vec<_>>(), [2], "at most max");
-    let page = store.read_page("s5p", &s, 3, 10).await.expect("page").expect("known stream");
+    let page = store.read_page(&sid("s5p"), &s, 3, 10).await.expect("page").expect("known stream");
     assert_eq!((page.range, page.events.len()), (ended, 0), "nothing more after the end");
 }
 
 pub async fn request_ids_are_recorded_once_per_incarnation(store: &dyn Store) {
     let a = epoch('A');
     store.create_session(record("s6", a.clone(), 0), usize::MAX).await.expect("create");
-    let started = store.begin_request("s6", &a, "n:1", "d1", &stream("r1")).await;
+    let started = store.begin_request(&sid("s6"), &a, &key("n:1"), "d1", &stream("r1")).await;
     assert_eq!(started, Ok(BeginRequest::Started));
-    assert!(store.stream_range("s6", &stream("r1")).await.expect("range").is_some());
-    let again = store.begin_request("s6", &a, "n:1", "d1", &stream("r2")).await;
+    assert!(store.stream_range(&sid("s6"), &stream("r1")).await.expect("range").is_some());
+    let again = store.begin_request(&sid("s6"), &a, &key("n:1"), "d1", &stream("r2")).await;
     assert_eq!(again, Ok(BeginRequest::Existing { stream: stream("r1"), same_params: true }));
-    assert_eq!(store.stream_range("s6", &stream("r2")).await, Ok(None), "no second stream opened");
-    let other = store.begin_request("s6", &a, "n:1", "d2", &stream("r3")).await;
+    assert_eq!(store.stream_range(&sid("s6"), &stream("r2")).await, Ok(None), "no second stream opened");
+    let other = store.begin_request(&sid("s6"), &a, &key("n:1"), "d2", &stream("r3")).await;
     assert_eq!(other, Ok(BeginRequest::Existing { stream: stream("r1"), same_params: false }));
-    assert_eq!(store.begin_request("s6", &epoch('B'), "n:2", "d", &stream("r4")).await, Err(StoreError::SessionGone));
+    assert_eq!(
+        store.begin_request(&sid("s6"), &epoch('B'), &key("n:2"), "d", &stream("r4")).await,
+        Err(StoreError::SessionGone)
+    );
 }
 
 /// Run by the memory and Redis stores only: the embedded store keeps a live session's request
@@ -235,19 +254,19 @@ pub async fn request_ids_past_the_bound_are_forgotten_oldest_first(store: &dyn S
     let a = epoch('A');
     store.create_session(record("s6b", a.clone(), 0), usize::MAX).await.expect("create");
     for n in 1..=5 {
-        let begun = store.begin_request("s6b", &a, &format!("n:{n}"), "d", &stream(&format!("q{n}"))).await;
+        let begun = store.begin_request(&sid("s6b"), &a, &key(&format!("n:{n}")), "d", &stream(&format!("q{n}"))).await;
         assert_eq!(begun, Ok(BeginRequest::Started));
     }
     // Four are remembered: the first went when the fifth came.
     for n in 2..=5 {
-        let again = store.begin_request("s6b", &a, &format!("n:{n}"), "d", &stream("other")).await;
+        let again = store.begin_request(&sid("s6b"), &a, &key(&format!("n:{n}")), "d", &stream("other")).await;
         assert_eq!(again, Ok(BeginRequest::Existing { stream: stream(&format!("q{n}")), same_params: true }));
     }
-    let forgotten = store.begin_request("s6b", &a, "n:1", "d", &stream("q1-again")).await;
+    let forgotten = store.begin_request(&sid("s6b"), &a, &key("n:1"), "d", &stream("q1-again")).await;
     assert_eq!(forgotten, Ok(BeginRequest::Started), "the oldest id is forgotten past the bound");
-    let again = store.begin_request("s6b", &a, "n:2", "d", &stream("other")).await;
+    let again = store.begin_request(&sid("s6b"), &a, &key("n:2"), "d", &stream("other")).await;
     assert_eq!(again, Ok(BeginRequest::Started), "and then the next oldest");
-    let again = store.begin_request("s6b", &a, "n:5", "d", &stream("other")).await;
+    let again = store.begin_request(&sid("s6b"), &a, &key("n:5"), "d", &stream("other")).await;
     assert_eq!(again, Ok(BeginRequest::Existing { stream: stream("q5"), same_params: true }));
 }
 
@@ -255,13 +274,13 @@ pub async fn retention_evicts_oldest_events_and_reports_it_in_the_range(store: &
     let a = epoch('A');
     let s = stream("r1");
     store.create_session(record("s7", a.clone(), 0), usize::MAX).await.expect("create");
-    store.open_stream("s7", &a, &s).await.expect("open");
+    store.open_stream(&sid("s7"), &a, &s).await.expect("open");
     for _ in 0..20 {
-        store.append("s7", &a, &s, Bytes::from_static(b"x"), false).await.expect("append");
+        store.append(&sid("s7"), &a, &s, Bytes::from_static(b"x"), false).await.expect("append");
     }
-    let range = store.stream_range("s7", &s).await.expect("range").expect("known");
+    let range = store.stream_range(&sid("s7"), &s).await.expect("range").expect("known");
     assert_eq!((range.retained_from, range.head), (13, 20), "8 events retained");
-    assert_eq!(seqs(store, "s7", &s, 3).await, (13..=20).collect::<Vec<_>>());
+    assert_eq!(seqs(store, &sid("s7"), &s, 3).await, (13..=20).collect::<Vec<_>>());
 }
 
 /// A batch is held to retention as if its events came one by one: past the per-stream cap the
@@ -271,25 +290,25 @@ pub async fn a_batch_past_the_caps_keeps_the_newest_events(store: &dyn Store) {
     let a = epoch('A');
     let (old, s) = (stream("old"), stream("r1"));
     store.create_session(record("s7b", a.clone(), 0), usize::MAX).await.expect("create");
-    store.open_stream("s7b", &a, &old).await.expect("open");
-    store.open_stream("s7b", &a, &s).await.expect("open");
-    store.append("s7b", &a, &old, Bytes::from(vec![b'o'; 400]), true).await.expect("append");
+    store.open_stream(&sid("s7b"), &a, &old).await.expect("open");
+    store.open_stream(&sid("s7b"), &a, &s).await.expect("open");
+    store.append(&sid("s7b"), &a, &old, Bytes::from(vec![b'o'; 400]), true).await.expect("append");
     let batch: Vec<Bytes> = (1..=12u8).map(|i| Bytes::from(vec![i; 50])).collect();
-    assert_eq!(store.append_batch("s7b", &a, &s, batch, false).await, Ok(12));
-    let range = store.stream_range("s7b", &s).await.expect("range").expect("known");
+    assert_eq!(store.append_batch(&sid("s7b"), &a, &s, batch, false).await, Ok(12));
+    let range = store.stream_range(&sid("s7b"), &s).await.expect("range").expect("known");
     assert_eq!((range.retained_from, range.head), (5, 12), "8 events retained");
-    let events = store.read("s7b", &s, 0, usize::MAX).await.expect("read");
+    let events = store.read(&sid("s7b"), &s, 0, usize::MAX).await.expect("read");
     let firsts: Vec<u8> = events.iter().map(|e| e.data[0]).collect();
     assert_eq!(firsts, (5..=12).collect::<Vec<u8>>(), "the newest, in order");
-    assert!(store.stream_range("s7b", &old).await.expect("range").is_some(), "under the byte cap");
+    assert!(store.stream_range(&sid("s7b"), &old).await.expect("range").is_some(), "under the byte cap");
     let big: Vec<Bytes> = (0..3).map(|_| Bytes::from(vec![b'b'; 200])).collect();
-    assert_eq!(store.append_batch("s7b", &a, &s, big, false).await, Ok(15));
+    assert_eq!(store.append_batch(&sid("s7b"), &a, &s, big, false).await, Ok(15));
     assert_eq!(
-        store.stream_range("s7b", &old).await,
+        store.stream_range(&sid("s7b"), &old).await,
         Ok(tombstone(1, StreamState::Complete)),
         "the ended stream's events went first"
     );
-    let range = store.stream_range("s7b", &s).await.expect("range").expect("known");
+    let range = store.stream_range(&sid("s7b"), &s).await.expect("range").expect("known");
     assert_eq!((range.retained_from, range.head), (8, 15));
 }
 
@@ -297,22 +316,22 @@ pub async fn session_byte_cap_evicts_ended_streams_first(store: &dyn Store) {
     let a = epoch('A');
     store.create_session(record("s8", a.clone(), 0), usize::MAX).await.expect("create");
     let (old, live) = (stream("old"), stream("live"));
-    store.open_stream("s8", &a, &old).await.expect("open");
-    store.open_stream("s8", &a, &live).await.expect("open");
-    store.append("s8", &a, &old, Bytes::from(vec![b'o'; 600]), true).await.expect("append");
-    store.append("s8", &a, &live, Bytes::from(vec![b'l'; 300]), false).await.expect("append");
-    assert!(store.stream_range("s8", &old).await.expect("range").is_some());
-    store.append("s8", &a, &live, Bytes::from(vec![b'l'; 300]), false).await.expect("append");
+    store.open_stream(&sid("s8"), &a, &old).await.expect("open");
+    store.open_stream(&sid("s8"), &a, &live).await.expect("open");
+    store.append(&sid("s8"), &a, &old, Bytes::from(vec![b'o'; 600]), true).await.expect("append");
+    store.append(&sid("s8"), &a, &live, Bytes::from(vec![b'l'; 300]), false).await.expect("append");
+    assert!(store.stream_range(&sid("s8"), &old).await.expect("range").is_some());
+    store.append(&sid("s8"), &a, &live, Bytes::from(vec![b'l'; 300]), false).await.expect("append");
     assert_eq!(
-        store.stream_range("s8", &old).await,
+        store.stream_range(&sid("s8"), &old).await,
         Ok(tombstone(1, StreamState::Complete)),
         "ended stream evicted first, its tombstone kept"
     );
-    let range = store.stream_range("s8", &live).await.expect("range").expect("live stream kept");
+    let range = store.stream_range(&sid("s8"), &live).await.expect("range").expect("live stream kept");
     assert_eq!(range.retained_from, 0);
     // Over the cap with no ended stream left: the live stream loses its oldest events.
-    store.append("s8", &a, &live, Bytes::from(vec![b'l'; 600]), false).await.expect("append");
-    let range = store.stream_range("s8", &live).await.expect("range").expect("live stream kept");
+    store.append(&sid("s8"), &a, &live, Bytes::from(vec![b'l'; 600]), false).await.expect("append");
+    let range = store.stream_range(&sid("s8"), &live).await.expect("range").expect("live stream kept");
     assert!(range.retained_from >= 2, "oldest events evicted: {range:?}");
     assert_eq!(range.head, 3);
 }
@@ -322,38 +341,38 @@ pub async fn sweep_expires_idle_sessions_and_drops_old_history(store: &dyn Store
     store.create_session(record("s9", a.clone(), 0), usize::MAX).await.expect("create");
     store.create_session(record("s10", epoch('B'), 0), usize::MAX).await.expect("create");
     let done = stream("done");
-    store.open_stream("s9", &a, &done).await.expect("open");
-    store.append("s9", &a, &done, Bytes::from_static(b"result"), true).await.expect("append");
-    store.touch_session("s9", &a, 900).await.expect("touch");
+    store.open_stream(&sid("s9"), &a, &done).await.expect("open");
+    store.append(&sid("s9"), &a, &done, Bytes::from_static(b"result"), true).await.expect("append");
+    store.touch_session(&sid("s9"), &a, 900).await.expect("touch");
     // s10 was never renewed: it expires at its deadline.
     let expired = store.sweep(TTL).await.expect("sweep");
-    assert_eq!(expired, ["s10".to_owned()]);
-    assert_eq!(store.session("s10", TTL).await, Ok(SessionStatus::Ended(SessionEnd::Expired)));
-    assert!(store.stream_range("s9", &done).await.expect("range").is_some(), "ended stream retained");
-    store.touch_session("s9", &a, TTL + 400).await.expect("touch");
+    assert_eq!(expired, [sid("s10")]);
+    assert_eq!(store.session(&sid("s10"), TTL).await, Ok(SessionStatus::Ended(SessionEnd::Expired)));
+    assert!(store.stream_range(&sid("s9"), &done).await.expect("range").is_some(), "ended stream retained");
+    store.touch_session(&sid("s9"), &a, TTL + 400).await.expect("touch");
     store.sweep(TTL + 600).await.expect("sweep");
     assert_eq!(
-        store.stream_range("s9", &done).await,
+        store.stream_range(&sid("s9"), &done).await,
         Ok(tombstone(1, StreamState::Complete)),
         "its events dropped after their retention"
     );
-    assert!(seqs(store, "s9", &done, 0).await.is_empty());
+    assert!(seqs(store, &sid("s9"), &done, 0).await.is_empty());
     // Tombstones are forgotten after their time.
     store.sweep(TTL + 2_000).await.expect("sweep");
-    assert_eq!(store.session("s10", TTL + 2_000).await, Ok(SessionStatus::Unknown));
+    assert_eq!(store.session(&sid("s10"), TTL + 2_000).await, Ok(SessionStatus::Unknown));
 }
 
 pub async fn watch_follows_the_head_and_closes_with_the_session(store: &dyn Store) {
     let a = epoch('A');
     let s = stream("g");
     store.create_session(record("s11", a.clone(), 0), usize::MAX).await.expect("create");
-    store.open_stream("s11", &a, &s).await.expect("open");
-    let mut head = store.watch("s11", &s).await.expect("watch");
+    store.open_stream(&sid("s11"), &a, &s).await.expect("open");
+    let mut head = store.watch(&sid("s11"), &s).await.expect("watch");
     assert_eq!(*head.borrow_and_update(), 0);
-    store.append("s11", &a, &s, Bytes::from_static(b"x"), false).await.expect("append");
+    store.append(&sid("s11"), &a, &s, Bytes::from_static(b"x"), false).await.expect("append");
     head.changed().await.expect("changed");
     assert_eq!(*head.borrow_and_update(), 1);
-    store.end_session("s11", &a, SessionEnd::Terminated).await.expect("end");
+    store.end_session(&sid("s11"), &a, SessionEnd::Terminated).await.expect("end");
     // A wake-up may still be in flight (Redis echoes every append through pub/sub), and a spurious
     // wake only makes a follower re-read; but the watch must close soon after.
     let closed = tokio::time::timeout(std::time::Duration::from_secs(5), async {
@@ -365,20 +384,20 @@ pub async fn watch_follows_the_head_and_closes_with_the_session(store: &dyn Stor
         false
     });
     assert_eq!(closed.await, Ok(true), "the watch closes when the session ends");
-    assert!(store.watch("s11", &s).await.is_err());
+    assert!(store.watch(&sid("s11"), &s).await.is_err());
 }
 
 pub async fn a_watch_made_after_appends_starts_at_the_head(store: &dyn Store) {
     let a = epoch('A');
     let s = stream("late");
     store.create_session(record("s11b", a.clone(), 0), usize::MAX).await.expect("create");
-    store.open_stream("s11b", &a, &s).await.expect("open");
+    store.open_stream(&sid("s11b"), &a, &s).await.expect("open");
     for data in ["x", "y"] {
-        store.append("s11b", &a, &s, Bytes::from_static(data.as_bytes()), false).await.expect("append");
+        store.append(&sid("s11b"), &a, &s, Bytes::from_static(data.as_bytes()), false).await.expect("append");
     }
-    let mut head = store.watch("s11b", &s).await.expect("watch");
+    let mut head = store.watch(&sid("s11b"), &s).await.expect("watch");
     assert_eq!(*head.borrow_and_update(), 2, "a new watch knows the appends before it");
-    store.append("s11b", &a, &s, Bytes::from_static(b"z"), true).await.expect("append");
+    store.append(&sid("s11b"), &a, &s, Bytes::from_static(b"z"), true).await.expect("append");
     // Redis may echo the earlier appends late: a spurious wake-up only makes a follower re-read.
     let woken = tokio::time::timeout(std::time::Duration::from_secs(5), async {
         for _ in 0..8 {
@@ -395,16 +414,19 @@ pub async fn a_watch_made_after_appends_starts_at_the_head(store: &dyn Store) {
 pub async fn standalone_stream_is_recorded_for_every_replica(store: &dyn Store) {
     let a = epoch('A');
     store.create_session(record("s12", a.clone(), 0), usize::MAX).await.expect("create");
-    assert_eq!(store.standalone_stream("s12").await, Ok(None));
-    store.open_stream("s12", &a, &stream("g1")).await.expect("open");
-    store.set_standalone_stream("s12", &a, &stream("g1")).await.expect("set");
-    assert_eq!(store.standalone_stream("s12").await, Ok(Some(stream("g1"))));
-    assert_eq!(store.set_standalone_stream("s12", &epoch('B'), &stream("g2")).await, Err(StoreError::SessionGone));
-    store.end_session("s12", &a, SessionEnd::Terminated).await.expect("end");
-    assert_eq!(store.standalone_stream("s12").await, Ok(None));
+    assert_eq!(store.standalone_stream(&sid("s12")).await, Ok(None));
+    store.open_stream(&sid("s12"), &a, &stream("g1")).await.expect("open");
+    store.set_standalone_stream(&sid("s12"), &a, &stream("g1")).await.expect("set");
+    assert_eq!(store.standalone_stream(&sid("s12")).await, Ok(Some(stream("g1"))));
+    assert_eq!(
+        store.set_standalone_stream(&sid("s12"), &epoch('B'), &stream("g2")).await,
+        Err(StoreError::SessionGone)
+    );
+    store.end_session(&sid("s12"), &a, SessionEnd::Terminated).await.expect("end");
+    assert_eq!(store.standalone_stream(&sid("s12")).await, Ok(None));
 }
 
-pub async fn counters_add_and_read(store: &dyn Store) {
+pub async fn counters_add_and_read(store: &dyn CounterStore) {
     assert_eq!(store.counter_get("k").await, Ok(0));
     assert_eq!(store.counter_add("k", 2, None).await, Ok(2));
     assert_eq!(store.counter_add("k", -5, None).await, Ok(-3));
@@ -414,7 +436,7 @@ pub async fn counters_add_and_read(store: &dyn Store) {
 pub async fn idempotency_keys_run_once_and_keep_their_outcome(store: &dyn Store) {
     assert_eq!(store.key_state("k1", 100).await, Ok(None));
     assert_eq!(store.claim_key(claim("k1", "d1", 100)).await, Ok(Claim::Claimed));
-    let running = KeyState::Running { stream: Some(("s".into(), stream("r1"))), abandoned: false };
+    let running = KeyState::Running { stream: Some((sid("s"), stream("r1"))), abandoned: false };
     assert_eq!(
         store.claim_key(claim("k1", "d1", 101)).await,
         Ok(Claim::Existing { same_params: true, state: running.clone() }),
@@ -442,18 +464,21 @@ pub async fn idempotency_keys_run_once_and_keep_their_outcome(store: &dyn Store)
 pub async fn keyed_requests_begin_and_claim_together(store: &dyn Store) {
     let a = epoch('A');
     store.create_session(record("s", a.clone(), 0), usize::MAX).await.expect("create");
-    let begun = store.begin_keyed_request("s", &a, "n:1", "d", &stream("r1"), claim("k", "d", 100)).await;
+    let begun = store.begin_keyed_request(&sid("s"), &a, &key("n:1"), "d", &stream("r1"), claim("k", "d", 100)).await;
     assert_eq!(begun, Ok((BeginRequest::Started, Some(Claim::Claimed))));
     // The same request id again: it attaches in its session, and claims nothing.
-    let again = store.begin_keyed_request("s", &a, "n:1", "d", &stream("r2"), claim("k", "d", 101)).await;
+    let again = store.begin_keyed_request(&sid("s"), &a, &key("n:1"), "d", &stream("r2"), claim("k", "d", 101)).await;
     assert_eq!(again, Ok((BeginRequest::Existing { stream: stream("r1"), same_params: true }, None)));
     // Another id with the same key: a new request, whose key is the first one's.
-    let (begun, claimed) =
-        store.begin_keyed_request("s", &a, "n:2", "d", &stream("r3"), claim("k", "d", 102)).await.expect("begin");
+    let (begun, claimed) = store
+        .begin_keyed_request(&sid("s"), &a, &key("n:2"), "d", &stream("r3"), claim("k", "d", 102))
+        .await
+        .expect("begin");
     assert_eq!(begun, BeginRequest::Started);
     assert!(matches!(claimed, Some(Claim::Existing { same_params: true, state: KeyState::Running { .. } })));
     // A session that is gone claims nothing.
-    let gone = store.begin_keyed_request("s", &epoch('B'), "n:3", "d", &stream("r4"), claim("k2", "d", 103)).await;
+    let gone =
+        store.begin_keyed_request(&sid("s"), &epoch('B'), &key("n:3"), "d", &stream("r4"), claim("k2", "d", 103)).await;
     assert_eq!(gone, Err(StoreError::SessionGone));
     assert_eq!(store.key_state("k2", 103).await, Ok(None));
 }
@@ -461,26 +486,29 @@ pub async fn keyed_requests_begin_and_claim_together(store: &dyn Store) {
 pub async fn a_final_append_records_the_keys_outcome_even_if_the_session_is_gone(store: &dyn Store) {
     let a = epoch('A');
     store.create_session(record("s", a.clone(), 0), usize::MAX).await.expect("create");
-    let begun = store.begin_keyed_request("s", &a, "n:1", "d", &stream("r1"), claim("k", "d", 100)).await;
+    let begun = store.begin_keyed_request(&sid("s"), &a, &key("n:1"), "d", &stream("r1"), claim("k", "d", 100)).await;
     assert_eq!(begun, Ok((BeginRequest::Started, Some(Claim::Claimed))));
     let response = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
     let events = vec![Bytes::from_static(b"progress"), response.clone()];
-    assert_eq!(store.append_final("s", &a, &stream("r1"), events, true, "k").await, Ok(2));
-    let range = store.stream_range("s", &stream("r1")).await.expect("range").expect("stream");
+    assert_eq!(store.append_final(&sid("s"), &a, &stream("r1"), events, true, "k").await, Ok(2));
+    let range = store.stream_range(&sid("s"), &stream("r1")).await.expect("range").expect("stream");
     assert_eq!((range.head, range.state), (2, StreamState::Complete));
     assert_eq!(store.key_state("k", 101).await, Ok(Some(KeyState::Finished(response))));
     // The session ended while the request ran: the append fails, the outcome is still recorded.
-    store.begin_keyed_request("s", &a, "n:2", "e", &stream("r2"), claim("k2", "e", 102)).await.expect("begin");
-    store.end_session("s", &a, SessionEnd::Terminated).await.expect("end");
+    store
+        .begin_keyed_request(&sid("s"), &a, &key("n:2"), "e", &stream("r2"), claim("k2", "e", 102))
+        .await
+        .expect("begin");
+    store.end_session(&sid("s"), &a, SessionEnd::Terminated).await.expect("end");
     let late = Bytes::from_static(br#"{"jsonrpc":"2.0","id":2,"result":{}}"#);
     assert_eq!(
-        store.append_final("s", &a, &stream("r2"), vec![late.clone()], true, "k2").await,
+        store.append_final(&sid("s"), &a, &stream("r2"), vec![late.clone()], true, "k2").await,
         Err(StoreError::SessionGone)
     );
     assert_eq!(store.key_state("k2", 103).await, Ok(Some(KeyState::Finished(late))));
 }
 
-pub async fn counter_additions_under_a_key_apply_once(store: &dyn Store) {
+pub async fn counter_additions_under_a_key_apply_once<S: Store + CounterStore>(store: &S) {
     assert_eq!(store.claim_key(claim("op", "d", 100)).await, Ok(Claim::Claimed));
     assert_eq!(store.counter_add("c", 5, Some("op")).await, Ok(5));
     assert_eq!(store.counter_add("c", 5, Some("op")).await, Ok(5), "the same addition again is not made");
@@ -512,22 +540,25 @@ pub async fn a_dropped_stream_keeps_its_tombstone_while_its_session_lives(store:
     let a = epoch('A');
     let (request, standalone) = (stream("r1"), stream("g1"));
     store.create_session(record("st", a.clone(), 0), usize::MAX).await.expect("create");
-    store.begin_request("st", &a, "n:7", "d", &request).await.expect("begin");
-    store.open_stream("st", &a, &standalone).await.expect("open");
+    store.begin_request(&sid("st"), &a, &key("n:7"), "d", &request).await.expect("begin");
+    store.open_stream(&sid("st"), &a, &standalone).await.expect("open");
     let events = vec![Bytes::from_static(b"progress"), Bytes::from_static(b"result")];
-    store.append_batch("st", &a, &request, events, true).await.expect("append");
-    store.touch_session("st", &a, 100).await.expect("touch");
+    store.append_batch(&sid("st"), &a, &request, events, true).await.expect("append");
+    store.touch_session(&sid("st"), &a, 100).await.expect("touch");
     store.sweep(100).await.expect("sweep");
-    store.touch_session("st", &a, 700).await.expect("touch");
+    store.touch_session(&sid("st"), &a, 700).await.expect("touch");
     store.sweep(700).await.expect("sweep");
-    assert_eq!(store.stream_range("st", &request).await, Ok(tombstone(2, StreamState::Complete)));
-    assert_eq!(store.stream_request("st", &request).await, Ok(Some("n:7".to_owned())), "the request it carried");
-    let page = store.read_page("st", &request, 0, 10).await.expect("page").expect("known");
+    assert_eq!(store.stream_range(&sid("st"), &request).await, Ok(tombstone(2, StreamState::Complete)));
+    assert_eq!(store.stream_request(&sid("st"), &request).await, Ok(Some(key("n:7"))), "the request it carried");
+    let page = store.read_page(&sid("st"), &request, 0, 10).await.expect("page").expect("known");
     assert!(page.events.is_empty());
     // A live stream is never buried.
-    assert_eq!(store.stream_range("st", &standalone).await.expect("range").map(|r| r.state), Some(StreamState::Live));
-    store.end_session("st", &a, SessionEnd::Terminated).await.expect("end");
-    assert_eq!(store.stream_range("st", &request).await, Ok(None), "forgotten with its session");
+    assert_eq!(
+        store.stream_range(&sid("st"), &standalone).await.expect("range").map(|r| r.state),
+        Some(StreamState::Live)
+    );
+    store.end_session(&sid("st"), &a, SessionEnd::Terminated).await.expect("end");
+    assert_eq!(store.stream_range(&sid("st"), &request).await, Ok(None), "forgotten with its session");
 }
 
 /// A request that joins a stream already open (a batch's) leaves it as it is: its head, and
@@ -536,28 +567,28 @@ pub async fn a_request_joining_an_open_stream_leaves_it_as_it_is(store: &dyn Sto
     let a = epoch('A');
     let shared = stream("b1");
     store.create_session(record("sj", a.clone(), 0), usize::MAX).await.expect("create");
-    assert_eq!(store.begin_request("sj", &a, "n:1", "d", &shared).await, Ok(BeginRequest::Started));
+    assert_eq!(store.begin_request(&sid("sj"), &a, &key("n:1"), "d", &shared).await, Ok(BeginRequest::Started));
     let events: Vec<Bytes> = (0..20).map(|_| Bytes::from_static(b"e")).collect();
-    store.append_batch("sj", &a, &shared, events, false).await.expect("append");
-    let before = store.stream_range("sj", &shared).await.expect("range").expect("known");
+    store.append_batch(&sid("sj"), &a, &shared, events, false).await.expect("append");
+    let before = store.stream_range(&sid("sj"), &shared).await.expect("range").expect("known");
     assert_eq!((before.retained_from, before.head), (13, 20), "8 events retained");
-    assert_eq!(store.begin_request("sj", &a, "n:2", "d", &shared).await, Ok(BeginRequest::Started));
+    assert_eq!(store.begin_request(&sid("sj"), &a, &key("n:2"), "d", &shared).await, Ok(BeginRequest::Started));
     // Its head, and its oldest retained event (not an event 0 written again).
-    assert_eq!(store.stream_range("sj", &shared).await, Ok(Some(before)), "the same stream, as it was");
+    assert_eq!(store.stream_range(&sid("sj"), &shared).await, Ok(Some(before)), "the same stream, as it was");
 }
 
 /// A request that shares its stream (a batch's) records its outcome without ending it.
 pub async fn a_final_append_may_leave_the_stream_open(store: &dyn Store) {
     let a = epoch('A');
     store.create_session(record("s", a.clone(), 0), usize::MAX).await.expect("create");
-    let begun = store.begin_keyed_request("s", &a, "n:1", "d", &stream("b1"), claim("k", "d", 100)).await;
+    let begun = store.begin_keyed_request(&sid("s"), &a, &key("n:1"), "d", &stream("b1"), claim("k", "d", 100)).await;
     assert_eq!(begun, Ok((BeginRequest::Started, Some(Claim::Claimed))));
     let response = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
-    assert_eq!(store.append_final("s", &a, &stream("b1"), vec![response.clone()], false, "k").await, Ok(1));
-    let range = store.stream_range("s", &stream("b1")).await.expect("range").expect("stream");
+    assert_eq!(store.append_final(&sid("s"), &a, &stream("b1"), vec![response.clone()], false, "k").await, Ok(1));
+    let range = store.stream_range(&sid("s"), &stream("b1")).await.expect("range").expect("stream");
     assert_eq!((range.head, range.state), (1, StreamState::Live));
     assert_eq!(store.key_state("k", 101).await, Ok(Some(KeyState::Finished(response))));
-    assert_eq!(store.append("s", &a, &stream("b1"), Bytes::from_static(b"next"), false).await, Ok(2));
+    assert_eq!(store.append(&sid("s"), &a, &stream("b1"), Bytes::from_static(b"next"), false).await, Ok(2));
 }
 
 /// Declares one `#[tokio::test]` per suite case, each with a fresh store from `$make`; with

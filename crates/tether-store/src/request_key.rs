@@ -1,5 +1,5 @@
 //! What a request's stream is recorded under in its session, and the request ids that key
-//! stands for: written by the dispatcher, read back to end or cancel those requests.
+//! stands for: made by the server's dispatcher, read back to end or cancel those requests.
 
 use serde_json::Value;
 use tether_core::jsonrpc::RequestId;
@@ -8,8 +8,8 @@ use tether_core::lineage::StreamName;
 /// The key a request (or a 2025-03-26 batch's shared stream) is recorded under: `n:` or `s:`
 /// and the id, so that `1` and `"1"` are two requests; `b:`, the batch's stream and its
 /// requests' ids as a JSON array, so each batch has its own. No request id makes a batch's key.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct RequestKey(String);
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestKey(String);
 
 impl RequestKey {
     /// The key of the request with `id`.
@@ -30,6 +30,12 @@ impl RequestKey {
     /// an id no request can have (the spec asks to ignore such cancellations).
     pub fn cancelled(request_id: &Value) -> Option<RequestKey> {
         RequestId::from_value(request_id).ok().map(|id| RequestKey::of(&id))
+    }
+
+    /// The key a re-sent request of a batch is tracked under while it relays its original, which
+    /// may still run under this key: no request's key has a space, so the two never meet.
+    pub fn relayed_in(&self, stream: &StreamName) -> RequestKey {
+        RequestKey(format!("{} in {stream}", self.0))
     }
 
     /// A key as the store kept it.
