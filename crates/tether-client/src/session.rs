@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, Message, Notification, Request, RequestId, Response};
 use tether_core::lineage::Checkpoint;
 use tether_core::mcp::{IdempotencyKey, ProtocolVersion, header, meta, method};
+use tether_core::param_headers::{self, ParamHeader};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::backoff::Attempts;
@@ -57,6 +58,8 @@ struct State {
     /// Tools the server annotated `idempotentHint: true` (learnt from `tools/list`): their calls
     /// need no key.
     idempotent_tools: HashSet<String>,
+    /// Each tool's parameters mirrored in headers (SEP-2243), learnt from `tools/list`.
+    param_headers: HashMap<String, Vec<ParamHeader>>,
 }
 
 /// Whether a request carries an idempotency key.
@@ -122,6 +125,7 @@ impl Session {
             closed: false,
             server: Value::Null,
             idempotent_tools: HashSet::new(),
+            param_headers: HashMap::new(),
         };
         Ok(Session {
             endpoint: Endpoint { http, url: config.url.clone() },
@@ -510,7 +514,9 @@ impl Session {
         }
     }
 
-    /// Remembers which tools a `tools/list` result annotates as idempotent.
+    /// Remembers what a `tools/list` result says of each tool: whether it is annotated
+    /// idempotent, and which parameters its calls mirror in headers (a tool declaring them
+    /// wrongly gets none: a server would refuse its calls whatever the client sent).
     pub fn learn_tools(&self, result: &Value) {
         let Some(tools) = result.get("tools").and_then(Value::as_array) else { return };
         let mut state = self.state();
@@ -521,6 +527,10 @@ impl Session {
             } else {
                 state.idempotent_tools.remove(name);
             }
+            match param_headers::declared(tool.get("inputSchema").unwrap_or(&Value::Null)) {
+                Ok(headers) if !headers.is_empty() => state.param_headers.insert(name.to_owned(), headers),
+                _ => state.param_headers.remove(name),
+            };
         }
     }
 
@@ -540,9 +550,10 @@ impl Session {
         params["_meta"][meta::CLIENT_CAPABILITIES] = self.config.hooks.capabilities();
         params["_meta"][meta::CLIENT_INFO] = json!({"name": self.config.name, "version": env!("CARGO_PKG_VERSION")});
         let mut headers = HeaderMap::new();
-        let mut put = |name: &'static str, value: &str| {
-            if let Ok(value) = HeaderValue::from_str(value) {
-                headers.insert(HeaderName::from_static(name), value);
+        let mut put = |name: &str, value: &str| {
+            // Encoded values are visible ASCII, and names come from validated declarations.
+            if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::from_str(value)) {
+                headers.insert(name, value);
             }
         };
         put(header::METHOD, &request.method);
@@ -552,7 +563,21 @@ impl Session {
             _ => None,
         };
         if let Some(name) = name_field.and_then(|f| params.get(f)).and_then(Value::as_str) {
-            put(header::NAME, name);
+            put(header::NAME, &param_headers::encode_value(name));
+        }
+        if request.method == method::TOOLS_CALL
+            && let Some(tool) = params.get("name").and_then(Value::as_str)
+        {
+            let arguments = params.get("arguments");
+            for param in self.state().param_headers.get(tool).into_iter().flatten() {
+                let value = match arguments.and_then(|a| a.get(&param.property)) {
+                    Some(Value::String(text)) => param_headers::encode_value(text),
+                    Some(Value::Number(n)) => n.to_string(),
+                    Some(Value::Bool(b)) => b.to_string(),
+                    _ => continue,
+                };
+                put(&param.header_name(), &value);
+            }
         }
         request.params = Some(params);
         (Message::Request(request).to_vec(), headers)
@@ -642,6 +667,33 @@ mod tests {
         session.register(&id, &key, method::TOOLS_CALL, tx).expect("registered");
         drop(session.waiting(&key));
         assert!(matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Closed)), "the sender is dropped");
+    }
+
+    #[test]
+    fn a_2026_07_28_call_mirrors_the_parameters_its_tool_declares() {
+        let session = session(CheckpointFile::default(), None);
+        session.learn_tools(&json!({"tools": [{"name": "t", "inputSchema": {"properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "n": {"type": "integer", "x-mcp-header": "N"},
+            "dry": {"type": "boolean", "x-mcp-header": "Dry"}}}}]}));
+        let call = |name: &str, arguments: Value| {
+            let params = json!({"name": name, "arguments": arguments});
+            let (_, headers) = session.modern_request(Request {
+                id: RequestId::Number(1),
+                method: method::TOOLS_CALL.into(),
+                params: Some(params),
+            });
+            let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+            (text("mcp-name"), text("mcp-param-region"), text("mcp-param-n"), text("mcp-param-dry"))
+        };
+        let (name, region, n, dry) = call("t", json!({"region": " élan", "n": 7}));
+        assert_eq!(name.as_deref(), Some("t"));
+        assert_eq!(region, Some(param_headers::encode_value(" élan")));
+        assert_eq!(param_headers::decode_value(&region.expect("region")).as_deref(), Ok(" élan"));
+        assert_eq!((n.as_deref(), dry), (Some("7"), None), "an absent argument has no header");
+        let (name, region, ..) = call("été", json!({"region": "x"}));
+        assert_eq!(name.as_deref(), Some("=?base64?w6l0w6k=?="), "a name that is not ASCII is encoded");
+        assert_eq!(region, None, "an unknown tool mirrors nothing");
     }
 
     #[test]

@@ -2,10 +2,14 @@
 //!
 //! - [`sse`]: the `text/event-stream` codec.
 //! - [`jsonrpc`] and [`mcp`]: the messages and the protocol's names and versions.
+//! - [`param_headers`]: tool parameters mirrored in HTTP headers (SEP-2243).
+//! - [`input_required`]: multi round-trip requests and their sealed state (SEP-2322).
 //! - [`lineage`]: event ids, digests, and the two resumption decisions every other crate
 //!   calls instead of deciding for itself.
 
+pub mod input_required;
 pub mod jsonrpc;
 pub mod lineage;
 pub mod mcp;
+pub mod param_headers;
 pub mod sse;

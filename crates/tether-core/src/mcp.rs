@@ -141,6 +141,9 @@ pub mod method {
 pub mod code {
     /// A request-metadata header disagrees with the body (2026-07-28).
     pub const HEADER_MISMATCH: i64 = -32020;
+    /// A resource that does not exist, before 2026-07-28 (SEP-2164 made it invalid params
+    /// with `data.uri`).
+    pub const RESOURCE_NOT_FOUND: i64 = -32002;
     /// The request needs a client capability it did not declare (2026-07-28).
     pub const MISSING_REQUIRED_CLIENT_CAPABILITY: i64 = -32021;
     /// The protocol version is not supported (2026-07-28).

@@ -6,10 +6,13 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{ErrorObject, code};
+use tether_core::mcp::{Era, code as mcp_code};
+use tether_core::param_headers::ParamHeader;
 use tether_store::{CounterStore, MemoryStore, Retention};
 
 use crate::context::{Context, ContextError};
 use crate::handler::{Handler, HandlerFuture, ServerInfo};
+use crate::input::InputRequired;
 use crate::session::LogLevel;
 use crate::tools::{ToolSet, invalid_argument, text_result};
 
@@ -62,6 +65,7 @@ impl BuiltinHandler {
         add_stream_tools(&mut tools, &counters);
         add_fixture_tools(&mut tools);
         add_modern_fixture_tools(&mut tools);
+        add_input_required_tools(&mut tools);
         BuiltinHandler { tools }
     }
 
@@ -309,8 +313,14 @@ fn add_fixture_tools(tools: &mut ToolSet) {
     tools.add(
         json!({"name": "json_schema_2020_12_tool", "description": "Tool with JSON Schema 2020-12 features", "inputSchema": {
             "$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
-            "$defs": {"address": {"type": "object", "properties": {"street": {"type": "string"}, "city": {"type": "string"}}}},
-            "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/address"}},
+            "$defs": {"address": {"$anchor": "addressDef", "type": "object",
+                "properties": {"street": {"type": "string"}, "city": {"type": "string"}}}},
+            "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/address"},
+                "contactMethod": {"type": "string", "enum": ["phone", "email"]},
+                "phone": {"type": "string"}, "email": {"type": "string"}},
+            "allOf": [{"anyOf": [{"required": ["phone"]}, {"required": ["email"]}]}],
+            "if": {"properties": {"contactMethod": {"const": "phone"}}, "required": ["contactMethod"]},
+            "then": {"required": ["phone"]}, "else": {"required": ["email"]},
             "additionalProperties": false}}),
         |_, args| async move { Ok(text_result(format!("received {args}"))) },
     );
@@ -362,6 +372,19 @@ fn add_modern_fixture_tools(tools: &mut ToolSet) {
             Err(err) => Err(context_error(err)),
         }
     });
+    tools.add(
+        tool(
+            "test_custom_headers",
+            "Echoes its arguments; `region`, `priority` and `dryRun` travel in Mcp-Param-* headers too (SEP-2243).",
+            schema(
+                json!({"region": {"type": "string", "x-mcp-header": "Region"},
+                    "priority": {"type": "integer", "x-mcp-header": "Priority"},
+                    "dryRun": {"type": "boolean", "x-mcp-header": "DryRun"}}),
+                &["region"],
+            ),
+        ),
+        |_, args| async move { Ok(text_result(format!("received {args}"))) },
+    );
 }
 
 fn elicitation_result(answer: &Value) -> Value {
@@ -378,7 +401,190 @@ fn resources_list() -> Value {
     ]})
 }
 
-fn resource_read(params: &Value) -> Result<Value, ErrorObject> {
+/// The params of an `elicitation/create` asking `message` for one string field, `field`.
+fn elicitation(message: &str, field: &str) -> Value {
+    json!({"message": message, "requestedSchema": {"type": "object",
+        "properties": {field: {"type": "string"}}, "required": [field]}})
+}
+
+/// The params of a `sampling/createMessage` asking `prompt`.
+fn sampling(prompt: &str, max_tokens: u64) -> Value {
+    json!({"messages": [{"role": "user", "content": {"type": "text", "text": prompt}}], "maxTokens": max_tokens})
+}
+
+/// The content the user gave for input `key` (an `ElicitResult`): `None` if the request does
+/// not carry the answer yet, an empty object if the user declined or cancelled, an error if the
+/// answer is not an `ElicitResult`.
+fn elicited(ctx: &Context, key: &str) -> Result<Option<Value>, ErrorObject> {
+    let Some(answer) = ctx.input_response(key) else { return Ok(None) };
+    match answer.get("action").and_then(Value::as_str) {
+        Some("accept") => Ok(Some(answer.get("content").cloned().unwrap_or_else(|| json!({})))),
+        Some("decline" | "cancel") => Ok(Some(json!({}))),
+        _ => Err(invalid_argument(format!("inputResponses[{key:?}] is not an elicitation result"))),
+    }
+}
+
+/// The text a model answered input `key` with (a `CreateMessageResult`).
+fn sampled(ctx: &Context, key: &str) -> Option<String> {
+    let answer = ctx.input_response(key)?;
+    Some(answer.pointer("/content/text").and_then(Value::as_str).unwrap_or_default().to_owned())
+}
+
+/// The root uris the client listed for input `key` (a `ListRootsResult`).
+fn listed_roots(ctx: &Context, key: &str) -> Option<Vec<String>> {
+    let roots = ctx.input_response(key)?.get("roots")?.as_array()?;
+    Some(roots.iter().filter_map(|r| r.get("uri").and_then(Value::as_str)).map(str::to_owned).collect())
+}
+
+/// The tools the conformance suite's multi round-trip scenarios (SEP-2322) call: each asks the
+/// client for input through the result, never through a server-to-client request.
+fn add_input_required_tools(tools: &mut ToolSet) {
+    let none = || schema(json!({}), &[]);
+    tools.add(
+        tool("test_input_required_result_elicitation", "Asks the user's name, then greets them.", none()),
+        |ctx, _| async move {
+            Ok(match elicited(&ctx, "user_name")? {
+                Some(content) => text_result(format!(
+                    "Hello, {}!",
+                    content.get("name").and_then(Value::as_str).unwrap_or("stranger")
+                )),
+                None => InputRequired::new()
+                    .ask("user_name", "elicitation/create", elicitation("What is your name?", "name"))
+                    .into_result(),
+            })
+        },
+    );
+    tools.add(
+        tool(
+            "test_input_required_result_sampling",
+            "Asks the client's model a question, then reports its answer.",
+            none(),
+        ),
+        |ctx, _| async move {
+            Ok(match sampled(&ctx, "capital_question") {
+                Some(text) => text_result(format!("The model said: {text}")),
+                None => InputRequired::new()
+                    .ask("capital_question", "sampling/createMessage", sampling("What is the capital of France?", 100))
+                    .into_result(),
+            })
+        },
+    );
+    tools.add(
+        tool("test_input_required_result_list_roots", "Asks the client's roots, then lists them.", none()),
+        |ctx, _| async move {
+            Ok(match listed_roots(&ctx, "client_roots") {
+                Some(roots) => text_result(format!("roots: {}", roots.join(", "))),
+                None => InputRequired::new().ask("client_roots", "roots/list", json!({})).into_result(),
+            })
+        },
+    );
+    for (name, description) in [
+        (
+            "test_input_required_result_request_state",
+            "Asks for a confirmation with a state, and finishes only with that state back.",
+        ),
+        (
+            "test_input_required_result_tampered_state",
+            "Asks for a confirmation with a state; a changed state is refused.",
+        ),
+    ] {
+        tools.add(tool(name, description, none()), move |ctx, _| async move {
+            let confirmed = elicited(&ctx, "confirm")?.is_some();
+            if confirmed && ctx.request_state() == Some(&json!({"tool": name, "asked": "confirm"})) {
+                return Ok(text_result("state-ok: confirmed"));
+            }
+            let params = json!({"message": "Please confirm", "requestedSchema": {"type": "object",
+                "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}});
+            Ok(InputRequired::new()
+                .ask("confirm", "elicitation/create", params)
+                .state(json!({"tool": name, "asked": "confirm"}))
+                .into_result())
+        });
+    }
+    tools.add(
+        tool(
+            "test_input_required_result_multiple_inputs",
+            "Asks for a name, a greeting and the roots at once.",
+            none(),
+        ),
+        |ctx, _| async move {
+            let name = elicited(&ctx, "user_name")?;
+            let greeting = sampled(&ctx, "greeting");
+            let roots = listed_roots(&ctx, "client_roots");
+            if let (Some(name), Some(greeting), Some(roots), Some(_)) = (&name, &greeting, &roots, ctx.request_state())
+            {
+                let name = name.get("name").and_then(Value::as_str).unwrap_or("stranger");
+                return Ok(text_result(format!("{greeting} {name} ({} roots)", roots.len())));
+            }
+            Ok(InputRequired::new()
+                .ask("user_name", "elicitation/create", elicitation("What is your name?", "name"))
+                .ask("greeting", "sampling/createMessage", sampling("Generate a greeting", 50))
+                .ask("client_roots", "roots/list", json!({}))
+                .state(json!({"asked": ["user_name", "greeting", "client_roots"]}))
+                .into_result())
+        },
+    );
+    tools.add(
+        tool("test_input_required_result_multi_round", "Asks a name, then a colour, in two rounds.", none()),
+        |ctx, _| async move {
+            let step = ctx.request_state().and_then(|s| s.get("step")).and_then(Value::as_u64);
+            Ok(match step {
+                Some(1) if let Some(answer) = elicited(&ctx, "step1")? => {
+                    let name = answer.get("name").cloned().unwrap_or(Value::Null);
+                    InputRequired::new()
+                        .ask("step2", "elicitation/create", elicitation("What is your favourite colour?", "color"))
+                        .state(json!({"step": 2, "name": name}))
+                        .into_result()
+                }
+                Some(2) if let Some(answer) = elicited(&ctx, "step2")? => {
+                    let state = ctx.request_state().cloned().unwrap_or(Value::Null);
+                    let name = state.get("name").and_then(Value::as_str).unwrap_or("stranger");
+                    let color = answer.get("color").and_then(Value::as_str).unwrap_or("no colour");
+                    text_result(format!("{name} likes {color}"))
+                }
+                _ => InputRequired::new()
+                    .ask("step1", "elicitation/create", elicitation("What is your name?", "name"))
+                    .state(json!({"step": 1}))
+                    .into_result(),
+            })
+        },
+    );
+    tools.add(
+        tool("test_input_required_result_capabilities", "Asks only for what the client can answer.", none()),
+        |ctx, _| async move {
+            if let Some(text) = sampled(&ctx, "question") {
+                return Ok(text_result(format!("The model said: {text}")));
+            }
+            if let Some(content) = elicited(&ctx, "user_name")? {
+                return Ok(text_result(format!(
+                    "Hello, {}!",
+                    content.get("name").and_then(Value::as_str).unwrap_or("stranger")
+                )));
+            }
+            let can = |capability: &str| ctx.client_capabilities().get(capability).is_some();
+            let mut ask = InputRequired::new();
+            if can("sampling") {
+                ask = ask.ask("question", "sampling/createMessage", sampling("What is the capital of France?", 100));
+            }
+            if can("elicitation") {
+                ask = ask.ask("user_name", "elicitation/create", elicitation("What is your name?", "name"));
+            }
+            if ask.is_empty() {
+                let mut error = ErrorObject::with_reason(
+                    mcp_code::MISSING_REQUIRED_CLIENT_CAPABILITY,
+                    "this tool needs the client's sampling or elicitation capability",
+                    "missing_client_capability",
+                );
+                error.data =
+                    Some(json!({"reason": "missing_client_capability", "requiredCapabilities": {"sampling": {}}}));
+                return Err(error);
+            }
+            Ok(ask.into_result())
+        },
+    );
+}
+
+fn resource_read(params: &Value, modern: bool) -> Result<Value, ErrorObject> {
     let uri = str_arg(params, "uri")?;
     let content = match uri {
         "test://static-text" => {
@@ -392,11 +598,15 @@ fn resource_read(params: &Value) -> Result<Value, ErrorObject> {
                 json!({"uri": uri, "mimeType": "application/json", "text": text})
             }
             _ => {
-                return Err(ErrorObject::with_reason(
-                    -32002,
-                    format!("resource {uri:?} not found"),
-                    "resource_not_found",
-                ));
+                // SEP-2164 (2026-07-28): invalid params naming the uri; earlier revisions had
+                // a code of their own.
+                let code = if modern { code::INVALID_PARAMS } else { mcp_code::RESOURCE_NOT_FOUND };
+                let mut error =
+                    ErrorObject::with_reason(code, format!("resource {uri:?} not found"), "resource_not_found");
+                if let Some(Value::Object(data)) = &mut error.data {
+                    data.insert("uri".into(), json!(uri));
+                }
+                return Err(error);
             }
         },
     };
@@ -412,11 +622,25 @@ fn prompts_list() -> Value {
         {"name": "test_prompt_with_embedded_resource", "description": "A prompt with an embedded resource", "arguments": [
             {"name": "resourceUri", "description": "URI of the resource to embed", "required": true}]},
         {"name": "test_prompt_with_image", "description": "A prompt with an image"},
+        {"name": "test_input_required_result_prompt", "description": "Asks the client for context first (2026-07-28)"},
     ]})
 }
 
-fn prompt_get(params: &Value) -> Result<Value, ErrorObject> {
+fn prompt_get(ctx: &Context, params: &Value) -> Result<Value, ErrorObject> {
     let name = str_arg(params, "name")?;
+    if name == "test_input_required_result_prompt" {
+        let Some(context) = elicited(ctx, "user_context")? else {
+            return Ok(InputRequired::new()
+                .ask(
+                    "user_context",
+                    "elicitation/create",
+                    elicitation("What context should the prompt use?", "context"),
+                )
+                .into_result());
+        };
+        let text = format!("Use this context: {}", context.get("context").and_then(Value::as_str).unwrap_or("none"));
+        return Ok(json!({"messages": [{"role": "user", "content": {"type": "text", "text": text}}]}));
+    }
     let args = params.get("arguments").cloned().unwrap_or_else(|| json!({}));
     let arg = |key: &str| args.get(key).and_then(Value::as_str).unwrap_or_default().to_owned();
     let user = |content: Value| json!({"role": "user", "content": content});
@@ -462,10 +686,13 @@ impl Handler for BuiltinHandler {
             "resources/templates/list" => ready(Ok(json!({"resourceTemplates": [{
                 "uriTemplate": "test://template/{id}/data", "name": "template", "description": "A templated resource",
                 "mimeType": "application/json"}]}))),
-            "resources/read" => ready(resource_read(&params)),
+            "resources/read" => {
+                let modern = ctx.session().is_none_or(|s| s.protocol_version().era() == Era::Modern);
+                ready(resource_read(&params, modern))
+            }
             "resources/subscribe" | "resources/unsubscribe" => ready(Ok(json!({}))),
             "prompts/list" => ready(Ok(prompts_list())),
-            "prompts/get" => ready(prompt_get(&params)),
+            "prompts/get" => ready(prompt_get(&ctx, &params)),
             "completion/complete" => ready(Ok(json!({"completion": {"values": [], "total": 0, "hasMore": false}}))),
             _ => ready(Err(ErrorObject::with_reason(
                 code::METHOD_NOT_FOUND,
@@ -477,5 +704,9 @@ impl Handler for BuiltinHandler {
 
     fn resumable(&self, method: &str, params: &Value) -> bool {
         method == "tools/call" && self.tools.is_resumable(params)
+    }
+
+    fn param_headers(&self, tool: &str) -> &[ParamHeader] {
+        self.tools.param_headers(tool)
     }
 }

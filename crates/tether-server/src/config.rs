@@ -1,6 +1,7 @@
 //! What an operator can set, with the defaults a production server should start from.
 
 use std::time::Duration;
+use tether_core::input_required::StateKey;
 
 use tether_store::Retention;
 
@@ -40,6 +41,9 @@ pub struct ServerConfig {
     /// Whether requests carrying an idempotency key run exactly once (the `io.tether/idempotency`
     /// extension, advertised in the capabilities). Off, keys are ignored.
     pub idempotency: bool,
+    /// The key a 2026-07-28 request's `requestState` is sealed with (SEP-2322): replicas that
+    /// serve the same clients must share it. `None`: one drawn at random when the server is built.
+    pub request_state_key: Option<StateKey>,
 }
 
 impl Default for ServerConfig {
@@ -59,6 +63,7 @@ impl Default for ServerConfig {
             sweep_interval: Duration::from_secs(1),
             client_request_timeout: Duration::from_secs(5 * 60),
             idempotency: true,
+            request_state_key: None,
         }
     }
 }

@@ -77,6 +77,16 @@ pub(crate) struct RequestMeta {
     pub client_request_timeout: std::time::Duration,
     /// The store's name of the request's idempotency key, if it carries one.
     pub idempotency_key: Option<String>,
+    /// 2026-07-28: what the request brings back from its earlier rounds (SEP-2322).
+    pub input: Input,
+}
+
+/// What a 2026-07-28 request brings back from its earlier rounds (SEP-2322): the client's
+/// answers to the input the handler asked for, and the handler's state, opened and checked.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Input {
+    pub responses: serde_json::Map<String, Value>,
+    pub state: Option<Value>,
 }
 
 /// One entry of a request's output, written to the store in order by the request's writer.
@@ -372,6 +382,20 @@ impl Context {
     /// The capabilities the client declared (`sampling`, `elicitation`, `roots`, ...).
     pub fn client_capabilities(&self) -> &Value {
         &self.shared.meta.client_capabilities
+    }
+
+    /// The client's answer to input request `key`, if this round of the request carries it
+    /// (2026-07-28, SEP-2322): the handler asked for it by returning an
+    /// [`InputRequired`](crate::InputRequired) in an earlier round. Always an object.
+    pub fn input_response(&self, key: &str) -> Option<&Value> {
+        self.shared.meta.input.responses.get(key)
+    }
+
+    /// The state the handler returned with its last [`InputRequired`](crate::InputRequired), as
+    /// it returned it: the server sealed it, and checked that it came back unchanged and for this
+    /// request. `None` in a request's first round.
+    pub fn request_state(&self) -> Option<&Value> {
+        self.shared.meta.input.state.as_ref()
     }
 
     /// Sends `notifications/progress` if the request asked for progress; otherwise does nothing.

@@ -7,21 +7,21 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use serde_json::{Value, json};
+use tether_core::input_required::{self, InputError};
 use tether_core::jsonrpc::{ErrorObject, Message, Request, Response, code};
 use tether_core::lineage::{Digest, StreamName};
 use tether_core::mcp;
-use tether_store::{BeginRequest, Claim, KeyClaim, StoreError};
+use tether_store::{BeginRequest, Claim, KeyClaim, RequestKey, StoreError};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::ServerState;
-use crate::context::{Context, FirstOutput, Output, RequestMeta};
+use crate::context::{Context, FirstOutput, Input, Output, RequestMeta};
 use crate::http::reject::Refusal;
 use crate::idempotency::{self, Answer, Keyed, Plan};
 use crate::ids;
 use crate::session::{LogLevel, SessionRuntime};
-use tether_store::RequestKey;
 
 /// How a legacy request started.
 pub(crate) enum Started {
@@ -136,6 +136,9 @@ pub(crate) enum DispatchError {
     /// response instead).
     #[error("{0}")]
     InvalidIdempotencyKey(String),
+    /// A 2026-07-28 request's `inputResponses` or `requestState` is refused (SEP-2322).
+    #[error(transparent)]
+    InvalidInput(#[from] InputError),
 }
 
 /// What the store said of a request before anything of it runs.
@@ -247,6 +250,7 @@ async fn run_recorded(
             Prepared::Keyed { keyed, .. } => Some(keyed.name.clone()),
             Prepared::Ready(_) => None,
         },
+        input: Input::default(),
     };
     let (ctx, first) = Context::new(output, meta, cancel.clone(), Arc::clone(shared));
     let job = match job {
@@ -330,6 +334,7 @@ pub(crate) async fn start_direct(
     let params = request.params.unwrap_or_else(|| json!({}));
     let keyed = Keyed::of(shared, principal, &request.method, &params)
         .map_err(|e| DispatchError::InvalidIdempotencyKey(e.message))?;
+    let input = input_of(shared, &request.method, &params)?;
     let request_meta = params.get("_meta");
     let meta = RequestMeta {
         progress_token: progress_token(&params),
@@ -343,6 +348,7 @@ pub(crate) async fn start_direct(
             .and_then(LogLevel::parse),
         client_request_timeout: shared.config.client_request_timeout,
         idempotency_key: keyed.as_ref().map(|k| k.name.clone()),
+        input,
     };
     let cancel_on_close = keyed.is_none();
     let job = match keyed {
@@ -363,6 +369,52 @@ pub(crate) async fn start_direct(
     Ok(Direct { first, cancel_on_close })
 }
 
+/// What a 2026-07-28 request brings back from its earlier rounds (SEP-2322), checked before its
+/// handler runs: answers that are not an object of objects, or a state this server did not seal
+/// for this request, are refused. Methods whose results never ask for input bring nothing.
+fn input_of(shared: &ServerState, method: &str, params: &Value) -> Result<Input, InputError> {
+    if !input_required::METHODS.contains(&method) {
+        return Ok(Input::default());
+    }
+    let responses = input_required::responses(params)?.cloned().unwrap_or_default();
+    let state = match params.get(input_required::STATE) {
+        None => None,
+        Some(Value::String(sealed)) => {
+            let key = shared.state_key.as_ref().ok_or(InputError::State)?;
+            Some(key.open(&input_required::binding(method, params), sealed)?)
+        }
+        Some(_) => return Err(InputError::State),
+    };
+    Ok(Input { responses, state })
+}
+
+/// Seals the state of a handler's `InputRequiredResult` for the request it answers (the client
+/// brings it back opaque); a result that asks for input where none may be asked, asks for
+/// nothing, or cannot be sealed is the handler's error.
+fn seal_input_required(shared: &ServerState, method: &str, binding: &str, outcome: &mut Result<Value, ErrorObject>) {
+    let Ok(Value::Object(result)) = outcome else { return };
+    if result.get("resultType").and_then(Value::as_str) != Some(input_required::RESULT_TYPE) {
+        return;
+    }
+    let failure =
+        |message: String| Err(ErrorObject::with_reason(code::INTERNAL_ERROR, message, "input_required_invalid"));
+    if !input_required::METHODS.contains(&method) {
+        *outcome = failure(format!("a {method} result cannot ask for input"));
+        return;
+    }
+    if !result.contains_key("inputRequests") && !result.contains_key(input_required::STATE) {
+        *outcome = failure("an input-required result must ask for input or carry a state".into());
+        return;
+    }
+    if let Some(state) = result.get_mut(input_required::STATE) {
+        let Some(key) = &shared.state_key else {
+            *outcome = failure("no key to seal the request state with".into());
+            return;
+        };
+        *state = Value::String(key.seal(binding, state));
+    }
+}
+
 /// How long a cancelled handler may run on before it is aborted.
 const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -378,6 +430,7 @@ async fn run(
 ) {
     let Request { id, method, params } = request;
     let params = params.unwrap_or_default();
+    let binding = modern_server_info.is_some().then(|| input_required::binding(&method, &params));
     let span = tracing::info_span!(
         "mcp",
         %method,
@@ -415,6 +468,9 @@ async fn run(
         let stored = ctx.stream().is_some();
         let recorded = match outcome {
             Some(mut outcome) => {
+                if let Some(binding) = &binding {
+                    seal_input_required(shared, &method, binding, &mut outcome);
+                }
                 if let (Some(info), Ok(result)) = (&modern_server_info, &mut outcome) {
                     decorate_modern(&method, result, info);
                 }

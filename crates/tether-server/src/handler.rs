@@ -5,6 +5,7 @@ use std::pin::Pin;
 
 use serde_json::Value;
 use tether_core::jsonrpc::ErrorObject;
+use tether_core::param_headers::ParamHeader;
 
 use crate::context::{Context, SessionHandle};
 
@@ -43,6 +44,13 @@ pub trait Handler: Send + Sync + 'static {
     /// `request_aborted`. By default nothing is.
     fn resumable(&self, _method: &str, _params: &Value) -> bool {
         false
+    }
+
+    /// The parameters of tool `tool` its input schema mirrors in `Mcp-Param-*` headers (SEP-2243,
+    /// `x-mcp-header`): a 2026-07-28 call whose headers do not say what its arguments say is
+    /// refused (400, -32020) before it reaches [`Handler::call`]. By default none.
+    fn param_headers(&self, _tool: &str) -> &[ParamHeader] {
+        &[]
     }
 
     /// A notification from the client of a legacy session, other than those tether acts on

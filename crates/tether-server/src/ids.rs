@@ -1,5 +1,6 @@
 //! Identifiers the server mints: session ids, epochs and stream names, all from the OS CSPRNG.
 
+use tether_core::input_required::StateKey;
 use tether_core::lineage::{Epoch, SessionId, StreamName, base64url, push_base64url};
 
 /// The OS random source failed; nothing safe can be minted.
@@ -46,6 +47,11 @@ pub fn stream_name(prefix: char) -> Result<StreamName, RandomError> {
     push_base64url(&mut name, &n.to_be_bytes());
     // The prefix is one of the server's own ASCII letters and base64url stays in the token alphabet.
     StreamName::parse(&name).map_err(|e| RandomError(e.to_string()))
+}
+
+/// A fresh key for sealing request states (256 random bits).
+pub fn state_key() -> Result<StateKey, RandomError> {
+    Ok(StateKey::new(random::<32>()?))
 }
 
 /// A process-unique token for ids of server-to-client requests.

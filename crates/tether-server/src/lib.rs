@@ -26,6 +26,7 @@ mod handler;
 mod http;
 mod idempotency;
 mod ids;
+mod input;
 mod reader;
 #[cfg(feature = "rmcp")]
 pub mod rmcp;
@@ -41,6 +42,7 @@ pub use config::{ServerConfig, parse_duration};
 pub use connection::{ConnectionLimits, serve, serve_connection};
 pub use context::{Context, ContextError, SessionHandle};
 pub use handler::{Handler, HandlerFuture, ServerInfo};
+pub use input::InputRequired;
 pub use server::{Builder, Server};
 pub use session::LogLevel;
 

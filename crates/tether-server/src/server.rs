@@ -4,6 +4,7 @@
 use std::sync::{Arc, Once, Weak};
 use std::time::Duration;
 
+use tether_core::input_required::StateKey;
 use tether_store::{MemoryStore, Store, StoreError};
 
 use crate::session::Sessions;
@@ -18,6 +19,9 @@ pub(crate) struct ServerState {
     pub auth: Option<Arc<dyn Authenticator>>,
     /// Distinguishes this process's server-to-client request ids from other replicas'.
     pub process_token: String,
+    /// Seals 2026-07-28 request states; `None` only if none was configured and the OS random
+    /// source failed (then no handler can ask for input with a state).
+    pub state_key: Option<StateKey>,
 }
 
 /// Assembles a server from a handler, a store and a config.
@@ -58,7 +62,9 @@ impl Builder {
         // Uniqueness across replicas only needs to be probable; a time-based fallback is enough
         // if the OS random source fails at start-up.
         let process_token = ids::token().unwrap_or_else(|_| format!("p{}", now_ms()));
+        let state_key = self.config.request_state_key.clone().or_else(|| ids::state_key().ok());
         let shared = ServerState {
+            state_key,
             config: self.config,
             handler: self.handler,
             store,

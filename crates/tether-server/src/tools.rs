@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{ErrorObject, code};
+use tether_core::param_headers::{self, ParamHeader};
 
 use crate::context::Context;
 use crate::handler::HandlerFuture;
@@ -19,6 +20,8 @@ pub struct ToolSet {
     listed: Vec<Value>,
     by_name: HashMap<String, ToolFn>,
     resumable: HashSet<String>,
+    /// Each tool's parameters mirrored in headers (SEP-2243), read from its schema once.
+    headers: HashMap<String, Vec<ParamHeader>>,
 }
 
 impl std::fmt::Debug for ToolSet {
@@ -34,17 +37,34 @@ impl ToolSet {
     }
 
     /// Adds a tool. `definition` is the tool as `tools/list` shows it (`name`, `description`,
-    /// `inputSchema`, optional `annotations`); `run` gets the call's `arguments` and returns the
-    /// `CallToolResult`.
+    /// `inputSchema` kept verbatim, optional `annotations`); `run` gets the call's `arguments`
+    /// and returns the `CallToolResult`. A tool whose schema declares its header-mirrored
+    /// parameters (`x-mcp-header`) wrongly is not offered (clients would drop it): the error is
+    /// logged.
     pub fn add<F, Fut>(&mut self, definition: Value, run: F) -> &mut ToolSet
     where
         F: Fn(Context, Value) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Value, ErrorObject>> + Send + 'static,
     {
         let name = definition.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let headers = match param_headers::declared(definition.get("inputSchema").unwrap_or(&Value::Null)) {
+            Ok(headers) => headers,
+            Err(err) => {
+                tracing::error!(tool = %name, %err, "tool not offered: its x-mcp-header declaration is invalid");
+                return self;
+            }
+        };
+        if !headers.is_empty() {
+            self.headers.insert(name.clone(), headers);
+        }
         self.listed.push(definition);
         self.by_name.insert(name, Arc::new(move |ctx, args| Box::pin(run(ctx, args))));
         self
+    }
+
+    /// The parameters of tool `name` mirrored in headers.
+    pub fn param_headers(&self, name: &str) -> &[ParamHeader] {
+        self.headers.get(name).map_or(&[], Vec::as_slice)
     }
 
     /// Adds a tool whose effects are recorded under [`Context::idempotency_key`], so running it
@@ -94,4 +114,27 @@ pub fn text_result(text: impl Into<String>) -> Value {
 /// An invalid-params error for a tool argument.
 pub fn invalid_argument(message: impl Into<String>) -> ErrorObject {
     ErrorObject::with_reason(code::INVALID_PARAMS, message, "invalid_arguments")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemas_are_listed_verbatim_and_bad_header_declarations_are_not_offered() {
+        let schema = json!({"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+            "$defs": {"a": {"$anchor": "x", "type": "object"}}, "allOf": [{"anyOf": [{"required": ["p"]}]}],
+            "if": {"required": ["p"]}, "then": {}, "else": {}, "additionalProperties": false,
+            "properties": {"p": {"type": "string", "x-mcp-header": "P"}}});
+        let mut tools = ToolSet::new();
+        let noop = |_, _| async { Ok(json!({})) };
+        tools.add(json!({"name": "kept", "inputSchema": schema}), noop);
+        tools.add(
+            json!({"name": "dropped", "inputSchema": {"properties": {"o": {"type": "object", "x-mcp-header": "O"}}}}),
+            noop,
+        );
+        assert_eq!(tools.list(), json!({"tools": [{"name": "kept", "inputSchema": schema}]}));
+        assert_eq!(tools.param_headers("kept").iter().map(|h| h.label.as_str()).collect::<Vec<_>>(), ["P"]);
+        assert!(tools.param_headers("dropped").is_empty());
+    }
 }

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
+use tether_core::input_required::StateKey;
 use tether_server::{BearerToken, Builder, ConnectionLimits, ServerConfig, builtin::BuiltinHandler, parse_duration};
 use tether_store::{CounterStore, MemoryStore, RedisStore, SqliteStore, Store};
 
@@ -69,6 +70,10 @@ pub struct ServeArgs {
     /// Do not offer exactly-once execution (`io.tether/idempotency`): keys are ignored.
     #[arg(long)]
     no_idempotency: bool,
+    /// The key 2026-07-28 request states are sealed with, as 64 hex digits; replicas serving the
+    /// same clients must share it. Default: a random key per process.
+    #[arg(long, env = "TETHER_REQUEST_STATE_KEY", value_parser = parse_state_key, hide_env_values = true)]
+    request_state_key: Option<StateKey>,
     /// Most connections open at once; one more is answered 503 and closed. Default: the
     /// descriptor limit (raised to its hard limit at start) less an eighth, at least 64, kept for
     /// the store and for those refusals.
@@ -170,6 +175,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         require_loopback_host: args.listen.ip().is_loopback(),
         idempotency: !args.no_idempotency,
         body_timeout: args.body_timeout,
+        request_state_key: args.request_state_key,
         ..ServerConfig::default()
     };
     let room = max_connections_for(raise_descriptor_limit());
@@ -231,6 +237,20 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
 }
 
+/// A state key from 64 hex digits.
+fn parse_state_key(text: &str) -> Result<StateKey, String> {
+    let digits = text.as_bytes();
+    if digits.len() != 64 {
+        return Err("a request state key is 64 hex digits (256 bits)".into());
+    }
+    let mut key = [0u8; 32];
+    for (byte, pair) in key.iter_mut().zip(digits.chunks(2)) {
+        let pair = std::str::from_utf8(pair).map_err(|_| "not hex".to_owned())?;
+        *byte = u8::from_str_radix(pair, 16).map_err(|_| format!("{pair:?} is not hex"))?;
+    }
+    Ok(StateKey::new(key))
+}
+
 /// One backend as the server's store and as the built-in tools' counters.
 fn both<S: Store + CounterStore>(store: S) -> (Arc<dyn Store>, Arc<dyn CounterStore>) {
     let store = Arc::new(store);
@@ -239,7 +259,15 @@ fn both<S: Store + CounterStore>(store: S) -> (Arc<dyn Store>, Arc<dyn CounterSt
 
 #[cfg(test)]
 mod tests {
-    use super::max_connections_for;
+    use super::{max_connections_for, parse_state_key};
+
+    #[test]
+    fn a_state_key_is_64_hex_digits() {
+        assert!(parse_state_key(&"0f".repeat(32)).is_ok());
+        assert!(parse_state_key(&"0f".repeat(31)).is_err());
+        assert!(parse_state_key(&"zz".repeat(32)).is_err());
+        assert!(parse_state_key(&"é".repeat(32)).is_err());
+    }
 
     #[test]
     fn connections_leave_room_for_the_store_and_refusals() {

@@ -9,6 +9,7 @@ use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, Message, Request, code};
 use tether_core::mcp::{self, ProtocolVersion, header, meta, method};
+use tether_core::param_headers;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -16,7 +17,7 @@ use super::reject::{self, Refusal, Rejection};
 use super::{accepted, guard, json_response, read_body, sse};
 use crate::context::{FirstOutput, Output};
 use crate::dispatch::{self, decorate_modern};
-use crate::{SUPPORTED_VERSIONS, ServerState};
+use crate::{Handler, SUPPORTED_VERSIONS, ServerState};
 
 /// Messages buffered between a 2026-07-28 handler and its connection.
 const DIRECT_BUFFER: usize = 64;
@@ -52,7 +53,7 @@ pub(crate) async fn post(
         }
     };
     let id = request.id.clone();
-    validate(headers, &request, unsupported).map_err(|r| r.with_id(Some(id.clone())))?;
+    validate(headers, &request, unsupported, shared.handler.as_ref()).map_err(|r| r.with_id(Some(id.clone())))?;
     if REMOVED.contains(&request.method.as_str()) {
         return Err(method_not_found(&request.method).with_id(Some(id)));
     }
@@ -111,34 +112,6 @@ fn modern_capabilities(shared: &ServerState, mut capabilities: Value) -> Value {
     capabilities
 }
 
-/// Decodes a header value written as `=?base64?<standard base64>?=` (how clients send names that
-/// are not plain ASCII); other values are taken as they are.
-fn decode_sentinel(value: &str) -> String {
-    let Some(encoded) = value.strip_prefix("=?base64?").and_then(|v| v.strip_suffix("?=")) else {
-        return value.to_owned();
-    };
-    let digit = |c: u8| match c {
-        b'A'..=b'Z' => Some(c - b'A'),
-        b'a'..=b'z' => Some(c - b'a' + 26),
-        b'0'..=b'9' => Some(c - b'0' + 52),
-        b'+' => Some(62),
-        b'/' => Some(63),
-        _ => None,
-    };
-    let mut bytes = Vec::with_capacity(encoded.len() * 3 / 4);
-    let (mut acc, mut bits) = (0u32, 0);
-    for c in encoded.bytes().filter(|&c| c != b'=') {
-        let Some(d) = digit(c) else { return value.to_owned() };
-        acc = (acc << 6) | u32::from(d);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            bytes.push((acc >> bits) as u8);
-        }
-    }
-    String::from_utf8(bytes).unwrap_or_else(|_| value.to_owned())
-}
-
 fn method_not_found(name: &str) -> Rejection {
     Refusal::MethodNotFound.with(format!("method {name:?} not found"))
 }
@@ -149,8 +122,14 @@ fn header_mismatch(message: String) -> Rejection {
 
 /// The request-metadata rules, in the order clients can rely on: required `_meta` fields
 /// (-32602), then the version header against `_meta` (-32020), then whether the version is
-/// supported (-32022), then `Mcp-Method` and `Mcp-Name` against the body (-32020).
-fn validate(headers: &HeaderMap, request: &Request, unsupported: Option<&str>) -> Result<(), Rejection> {
+/// supported (-32022), then `Mcp-Method`, `Mcp-Name` and a tool's `Mcp-Param-*` against the
+/// body (-32020).
+fn validate(
+    headers: &HeaderMap,
+    request: &Request,
+    unsupported: Option<&str>,
+    handler: &dyn Handler,
+) -> Result<(), Rejection> {
     let request_meta = request.params.as_ref().and_then(|p| p.get("_meta"));
     let missing = |key: &str| Refusal::MissingMeta.with(format!("params._meta[{key:?}] is required"));
     let header_version = unsupported.unwrap_or(ProtocolVersion::V2026_07_28.as_str());
@@ -190,22 +169,19 @@ fn validate(headers: &HeaderMap, request: &Request, unsupported: Option<&str>) -
     };
     if let Some(field) = named {
         let body_name = request.params.as_ref().and_then(|p| p.get(field)).and_then(Value::as_str);
-        if header_value(header::NAME).map(decode_sentinel).as_deref() != body_name {
+        let named = header_value(header::NAME).and_then(|v| param_headers::decode_value(v).ok());
+        if named.as_deref() != body_name {
             return Err(header_mismatch(format!("Mcp-Name must equal params.{field}")));
         }
     }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::decode_sentinel;
-
-    #[test]
-    fn base64_sentinel_values_are_decoded() {
-        assert_eq!(decode_sentinel("=?base64?w6lsw6h2ZQ==?="), "\u{e9}l\u{e8}ve");
-        assert_eq!(decode_sentinel("=?base64?dG9vbA?="), "tool");
-        assert_eq!(decode_sentinel("plain_name"), "plain_name");
-        assert_eq!(decode_sentinel("=?base64?!!?="), "=?base64?!!?=");
+    if request.method == method::TOOLS_CALL {
+        let params = request.params.as_ref();
+        let tool = params.and_then(|p| p.get("name")).and_then(Value::as_str).unwrap_or_default();
+        let arguments = params.and_then(|p| p.get("arguments")).unwrap_or(&Value::Null);
+        param_headers::check(handler.param_headers(tool), arguments, |name| {
+            headers.get(name).and_then(|v| v.to_str().ok())
+        })
+        .map_err(|mismatch| header_mismatch(mismatch.to_string()))?;
     }
+    Ok(())
 }

@@ -4,6 +4,7 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use serde_json::Value;
+use tether_core::input_required::InputError;
 use tether_core::jsonrpc::{ErrorObject, Message, RequestId, code};
 use tether_core::lineage::InvalidReason;
 use tether_store::StoreError;
@@ -42,6 +43,10 @@ pub(crate) enum Refusal {
     HeaderMismatch,
     /// 2026-07-28: a method the server does not serve.
     MethodNotFound,
+    /// 2026-07-28: `inputResponses` that are not an object of objects (SEP-2322).
+    InvalidInputResponses,
+    /// 2026-07-28: a `requestState` this server did not issue for this request (SEP-2322).
+    InvalidRequestState,
     /// Answered in the response (status 200), not by refusing it.
     RequestIdReused,
     /// Answered in the response.
@@ -59,7 +64,7 @@ pub(crate) enum Refusal {
 impl Refusal {
     /// Every refusal, for the test against docs/PROTOCOL.md.
     #[cfg(test)]
-    pub const ALL: [Refusal; 34] = [
+    pub const ALL: [Refusal; 36] = [
         Refusal::ParseError,
         Refusal::InvalidMessage,
         Refusal::BatchNotAllowed,
@@ -88,6 +93,8 @@ impl Refusal {
         Refusal::MissingMeta,
         Refusal::HeaderMismatch,
         Refusal::MethodNotFound,
+        Refusal::InvalidInputResponses,
+        Refusal::InvalidRequestState,
         Refusal::RequestIdReused,
         Refusal::RequestHistoryExpired,
         Refusal::InvalidIdempotencyKey,
@@ -109,6 +116,8 @@ impl Refusal {
             | Refusal::BodyUnreadable
             | Refusal::ResponseNotAllowed
             | Refusal::MissingMeta
+            | Refusal::InvalidInputResponses
+            | Refusal::InvalidRequestState
             | Refusal::HeaderMismatch => StatusCode::BAD_REQUEST,
             Refusal::MethodNotFound => StatusCode::NOT_FOUND,
             Refusal::SessionInvalid(_) => StatusCode::NOT_FOUND,
@@ -147,9 +156,11 @@ impl Refusal {
             | Refusal::RequestHistoryExpired => code::INVALID_REQUEST,
             Refusal::SessionInvalid(_) => SESSION_INVALID,
             Refusal::UnsupportedProtocolVersion => tether_core::mcp::code::UNSUPPORTED_PROTOCOL_VERSION,
-            Refusal::InvalidIdempotencyKey | Refusal::IdempotencyKeyReused | Refusal::MissingMeta => {
-                code::INVALID_PARAMS
-            }
+            Refusal::InvalidIdempotencyKey
+            | Refusal::IdempotencyKeyReused
+            | Refusal::MissingMeta
+            | Refusal::InvalidInputResponses
+            | Refusal::InvalidRequestState => code::INVALID_PARAMS,
             Refusal::HeaderMismatch => tether_core::mcp::code::HEADER_MISMATCH,
             Refusal::MethodNotFound => code::METHOD_NOT_FOUND,
             Refusal::NotAcceptable
@@ -197,6 +208,8 @@ impl Refusal {
             Refusal::MissingMeta => "missing_meta",
             Refusal::HeaderMismatch => "header_mismatch",
             Refusal::MethodNotFound => "method_not_found",
+            Refusal::InvalidInputResponses => "invalid_input_responses",
+            Refusal::InvalidRequestState => "invalid_request_state",
             Refusal::RequestIdReused => "request_id_reused",
             Refusal::RequestHistoryExpired => "request_history_expired",
             Refusal::InvalidIdempotencyKey => "invalid_idempotency_key",
@@ -328,6 +341,10 @@ impl From<crate::dispatch::DispatchError> for Rejection {
             DispatchError::InvalidIdempotencyKey(message) => {
                 Refusal::InvalidIdempotencyKey.with(message).with_status(StatusCode::BAD_REQUEST)
             }
+            DispatchError::InvalidInput(err) => match err {
+                InputError::Responses(_) => Refusal::InvalidInputResponses.with(err.to_string()),
+                InputError::State => Refusal::InvalidRequestState.with(err.to_string()),
+            },
         }
     }
 }

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tether_server::{Builder, Context, Handler, HandlerFuture, ServerInfo};
+use tether_core::input_required::StateKey;
+use tether_server::{Builder, Context, Handler, HandlerFuture, ServerConfig, ServerInfo};
 
 use crate::common::*;
 
@@ -112,6 +113,124 @@ async fn header_rules_are_enforced_with_minus_32020() {
     assert_eq!(json_body(no_method.send().await.expect("send")).await["error"]["code"], -32020);
     let padded = set(modern(&client, 4, "tools/call", call), "mcp-name", "  test_simple_text  ");
     assert_eq!(padded.send().await.expect("send").status(), 200, "surrounding whitespace is not a mismatch");
+}
+
+/// SEP-2243: a tool's header-mirrored parameters must say in `Mcp-Param-*` what the body says;
+/// base64 values are decoded strictly, anything else compared as it is.
+#[tokio::test]
+async fn tool_parameters_mirrored_in_headers_must_match_the_body() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let call = |id, region: &str, headers: &[(&str, &str)]| {
+        let params = json!({"name": "test_custom_headers", "arguments": {"region": region, "priority": 3}});
+        headers.iter().fold(modern(&client, id, "tools/call", params), |b, (name, value)| b.header(*name, *value))
+    };
+    let accepted = [
+        call(1, "Hello", &[("mcp-param-region", "=?base64?SGVsbG8=?="), ("mcp-param-priority", "3")]),
+        call(2, "SGVsbG8=", &[("Mcp-Param-Region", "SGVsbG8="), ("mcp-param-priority", " 3 ")]),
+        call(3, "=?base64?SGVsbG8=", &[("mcp-param-region", "=?base64?SGVsbG8="), ("mcp-param-priority", "3")]),
+    ];
+    for (i, case) in accepted.into_iter().enumerate() {
+        let response = case.send().await.expect("send");
+        assert_eq!(response.status(), 200, "case {i}");
+        assert!(json_body(response).await.get("result").is_some(), "case {i}");
+    }
+    let refused = [
+        call(4, "Hello", &[("mcp-param-region", "=?base64?SGVsbG8?="), ("mcp-param-priority", "3")]),
+        call(5, "Hello", &[("mcp-param-region", "=?base64?SGVs!!!bG8=?="), ("mcp-param-priority", "3")]),
+        call(6, "Hello", &[("mcp-param-priority", "3")]),
+        call(7, "Hello", &[("mcp-param-region", "Hello"), ("mcp-param-priority", "4")]),
+        call(8, "Hello", &[("mcp-param-region", "Hello"), ("mcp-param-priority", "3"), ("mcp-param-dryrun", "true")]),
+    ];
+    for (i, case) in refused.into_iter().enumerate() {
+        let response = case.send().await.expect("send");
+        assert_eq!(response.status(), 400, "case {i}");
+        let body = json_body(response).await;
+        assert_eq!(body["error"]["code"], -32020, "case {i}: {body}");
+        assert_eq!(body["error"]["data"]["reason"], "header_mismatch", "case {i}");
+    }
+}
+
+/// SEP-2164: an unknown resource is invalid params naming its uri.
+#[tokio::test]
+async fn an_unknown_resource_is_invalid_params_with_its_uri() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let uri = "test://nonexistent";
+    let response = modern(&client, 1, "resources/read", json!({"uri": uri})).header("mcp-name", uri).send().await;
+    let body = json_body(response.expect("send")).await;
+    assert_eq!(body["error"]["code"], -32602, "{body}");
+    assert_eq!(body["error"]["data"]["uri"], uri);
+}
+
+/// SEP-2322: a tool that needs input answers with what it needs and a sealed state; the state
+/// comes back unchanged or the request is refused before the tool runs again.
+#[tokio::test]
+async fn a_multi_round_request_carries_its_state_sealed() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let call = |id, extra: Value| {
+        let mut params = json!({"name": "test_input_required_result_multi_round", "arguments": {}});
+        if let (Value::Object(params), Value::Object(extra)) = (&mut params, extra) {
+            params.extend(extra);
+        }
+        modern(&client, id, "tools/call", params)
+    };
+    let first = json_body(call(1, json!({})).send().await.expect("send")).await;
+    assert_eq!(first["result"]["resultType"], "input_required", "{first}");
+    assert_eq!(first["result"]["inputRequests"]["step1"]["method"], "elicitation/create");
+    let state = first["result"]["requestState"].as_str().expect("a sealed state").to_owned();
+    let answer = |key: &str, content: Value| json!({key: {"action": "accept", "content": content}});
+    let second = call(2, json!({"inputResponses": answer("step1", json!({"name": "Alice"})), "requestState": state}));
+    let second = json_body(second.send().await.expect("send")).await;
+    let state2 = second["result"]["requestState"].as_str().expect("a new state").to_owned();
+    assert_ne!(state2, state);
+    let third = call(3, json!({"inputResponses": answer("step2", json!({"color": "blue"})), "requestState": state2}));
+    let third = json_body(third.send().await.expect("send")).await;
+    assert_eq!(third["result"]["resultType"], "complete", "{third}");
+    assert_eq!(third["result"]["content"][0]["text"], "Alice likes blue");
+    for (id, params) in [
+        (4, json!({"inputResponses": answer("step1", json!({})), "requestState": format!("{state}-TAMPERED")})),
+        (5, json!({"inputResponses": answer("step1", json!({})), "requestState": 7})),
+    ] {
+        let response = call(id, params).send().await.expect("send");
+        assert_eq!(response.status(), 400);
+        let body = json_body(response).await;
+        assert_eq!(
+            (body["error"]["code"].clone(), body["error"]["data"]["reason"].clone()),
+            (json!(-32602), json!("invalid_request_state"))
+        );
+    }
+    let elsewhere = modern(
+        &client,
+        6,
+        "tools/call",
+        json!({"name": "test_input_required_result_request_state", "arguments": {}, "requestState": state}),
+    );
+    let body = json_body(elsewhere.send().await.expect("send")).await;
+    assert_eq!(body["error"]["data"]["reason"], "invalid_request_state", "a state is bound to its tool");
+    for (id, responses) in [(7, json!(null)), (8, json!({"step1": 12345}))] {
+        let body = json_body(call(id, json!({"inputResponses": responses})).send().await.expect("send")).await;
+        assert_eq!(body["error"]["data"]["reason"], "invalid_input_responses", "{body}");
+    }
+}
+
+/// Replicas configured with one key accept each other's request states; a server with another
+/// key refuses them.
+#[tokio::test]
+async fn request_states_are_shared_by_replicas_with_one_key() {
+    let keyed = |byte| ServerConfig { request_state_key: Some(StateKey::new([byte; 32])), ..config() };
+    let (a, b, other) = (start(keyed(9)).await, start(keyed(9)).await, start(keyed(10)).await);
+    let params = json!({"name": "test_input_required_result_request_state", "arguments": {}});
+    let first = json_body(modern(&Client::new(&a), 1, "tools/call", params.clone()).send().await.expect("send")).await;
+    let state = first["result"]["requestState"].clone();
+    let mut again = params;
+    again["requestState"] = state;
+    again["inputResponses"] = json!({"confirm": {"action": "accept", "content": {"ok": true}}});
+    let on_b = json_body(modern(&Client::new(&b), 2, "tools/call", again.clone()).send().await.expect("send")).await;
+    assert_eq!(on_b["result"]["content"][0]["text"], "state-ok: confirmed", "{on_b}");
+    let on_other = json_body(modern(&Client::new(&other), 3, "tools/call", again).send().await.expect("send")).await;
+    assert_eq!(on_other["error"]["data"]["reason"], "invalid_request_state");
 }
 
 #[tokio::test]

@@ -1,0 +1,226 @@
+//! Multi round-trip requests (SEP-2322, 2026-07-28): a request the server cannot finish without
+//! the client's input is answered with an `InputRequiredResult` (`resultType: "input_required"`,
+//! the `inputRequests` it needs, and an opaque `requestState`); the client answers each and sends
+//! the request again with `inputResponses` and the state.
+//!
+//! The state comes back from the client, so the server must not trust it as it is: here it is
+//! sealed with a server key (HMAC-SHA256) and bound to the request's method and name, so a state
+//! changed, forged, or moved to another tool is refused. Replicas that share the key accept each
+//! other's states.
+
+use serde_json::{Map, Value};
+use sha2::{Digest as _, Sha256};
+
+use crate::lineage::base64url;
+
+/// The `resultType` of a result that asks for input.
+pub const RESULT_TYPE: &str = "input_required";
+
+/// The methods whose result may ask for input.
+pub const METHODS: [&str; 4] = [
+    "tools/call",
+    "prompts/get",
+    "resources/read",
+    "tasks/result",
+];
+
+/// The params field carrying the client's answers.
+pub const RESPONSES: &str = "inputResponses";
+
+/// The params and result field carrying the sealed state.
+pub const STATE: &str = "requestState";
+
+/// What a state is bound to: the method and the name (tool, prompt) or uri it was issued for.
+pub fn binding(method: &str, params: &Value) -> String {
+    let name = params
+        .get("name")
+        .or_else(|| params.get("uri"))
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    format!("{method}\n{name}")
+}
+
+/// Why a request's input is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InputError {
+    /// `inputResponses` is not an object of objects.
+    #[error("inputResponses must be an object whose values are objects ({0})")]
+    Responses(String),
+    /// `requestState` is not a state this server issued for this request.
+    #[error("requestState was not issued by this server for this request")]
+    State,
+}
+
+/// The client's answers a request carries: `None` without `inputResponses`.
+pub fn responses(params: &Value) -> Result<Option<&Map<String, Value>>, InputError> {
+    let Some(responses) = params.get(RESPONSES) else {
+        return Ok(None);
+    };
+    let responses = responses
+        .as_object()
+        .ok_or_else(|| InputError::Responses("not an object".into()))?;
+    if let Some((key, _)) = responses.iter().find(|(_, answer)| !answer.is_object()) {
+        return Err(InputError::Responses(format!("{key:?} is not an object")));
+    }
+    Ok(Some(responses))
+}
+
+/// The key states are sealed with.
+#[derive(Clone)]
+pub struct StateKey([u8; 32]);
+
+impl std::fmt::Debug for StateKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StateKey(..)")
+    }
+}
+
+impl StateKey {
+    /// A key of 256 bits (the caller supplies them from a CSPRNG, or from configuration shared by
+    /// replicas).
+    pub fn new(bytes: [u8; 32]) -> StateKey {
+        StateKey(bytes)
+    }
+
+    /// `state` sealed for the request `binding` names: `<payload>.<mac>`, both base64url.
+    pub fn seal(&self, binding: &str, state: &Value) -> String {
+        let payload = base64url(state.to_string().as_bytes());
+        let mac = base64url(&self.mac(binding, &payload));
+        format!("{payload}.{mac}")
+    }
+
+    /// The state `sealed` holds, if this key sealed it for `binding`.
+    pub fn open(&self, binding: &str, sealed: &str) -> Result<Value, InputError> {
+        let (payload, mac) = sealed.split_once('.').ok_or(InputError::State)?;
+        let expected = base64url(&self.mac(binding, payload));
+        // Compared in constant time: the MAC is the secret's only witness.
+        let same = expected.len() == mac.len()
+            && expected
+                .bytes()
+                .zip(mac.bytes())
+                .fold(0u8, |diff, (a, b)| diff | (a ^ b))
+                == 0;
+        if !same {
+            return Err(InputError::State);
+        }
+        let json = decode_base64url(payload).ok_or(InputError::State)?;
+        serde_json::from_slice(&json).map_err(|_| InputError::State)
+    }
+
+    /// The MAC of a state: over the binding and the payload, a 0 byte between them.
+    fn mac(&self, binding: &str, payload: &str) -> [u8; 32] {
+        self.hmac(&[binding.as_bytes(), &[0], payload.as_bytes()])
+    }
+
+    /// HMAC-SHA256 (RFC 2104) of the concatenated `parts` under this key.
+    fn hmac(&self, parts: &[&[u8]]) -> [u8; 32] {
+        const BLOCK: usize = 64;
+        let mut key = [0u8; BLOCK];
+        key[..32].copy_from_slice(&self.0);
+        let pad = |byte: u8| key.map(|k| k ^ byte);
+        let inner = parts
+            .iter()
+            .fold(Sha256::new().chain_update(pad(0x36)), |h, part| {
+                h.chain_update(part)
+            })
+            .finalize();
+        Sha256::new()
+            .chain_update(pad(0x5c))
+            .chain_update(inner)
+            .finalize()
+            .into()
+    }
+}
+
+fn decode_base64url(text: &str) -> Option<Vec<u8>> {
+    let digit = |c: u8| match c {
+        b'A'..=b'Z' => Some(c - b'A'),
+        b'a'..=b'z' => Some(c - b'a' + 26),
+        b'0'..=b'9' => Some(c - b'0' + 52),
+        b'-' => Some(62),
+        b'_' => Some(63),
+        _ => None,
+    };
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in text.bytes() {
+        acc = (acc << 6) | u32::from(digit(c)?);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn hmac_matches_rfc_4231() {
+        // Test case 2: key "Jefe". HMAC pads a short key with zeros, as a 32-byte key ending in
+        // zeros is padded, so the vector applies.
+        let mut bytes = [0u8; 32];
+        bytes[..4].copy_from_slice(b"Jefe");
+        let mac = StateKey::new(bytes).hmac(&[b"what do ya want ", b"for nothing?"]);
+        let hex: String = mac.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            hex,
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[test]
+    fn a_sealed_state_opens_only_with_its_key_and_binding_and_unchanged() {
+        let key = StateKey::new([7; 32]);
+        let state = json!({"step": 2, "name": "Alice"});
+        let sealed = key.seal("tools/call\nt", &state);
+        assert_eq!(key.open("tools/call\nt", &sealed), Ok(state));
+        assert_eq!(
+            key.open("tools/call\nother", &sealed),
+            Err(InputError::State),
+            "another tool"
+        );
+        assert_eq!(
+            StateKey::new([8; 32]).open("tools/call\nt", &sealed),
+            Err(InputError::State),
+            "another key"
+        );
+        assert_eq!(
+            key.open("tools/call\nt", &format!("{sealed}-TAMPERED")),
+            Err(InputError::State)
+        );
+        let (payload, mac) = sealed.split_once('.').expect("two parts");
+        let forged = base64url(json!({"step": 3}).to_string().as_bytes());
+        assert_eq!(
+            key.open("tools/call\nt", &format!("{forged}.{mac}")),
+            Err(InputError::State)
+        );
+        assert_eq!(key.open("tools/call\nt", payload), Err(InputError::State));
+    }
+
+    #[test]
+    fn responses_must_be_an_object_of_objects() {
+        assert_eq!(responses(&json!({})), Ok(None));
+        let answers = json!({"inputResponses": {"a": {"action": "accept"}}});
+        assert_eq!(responses(&answers).map(|r| r.map(|r| r.len())), Ok(Some(1)));
+        assert!(responses(&json!({"inputResponses": null})).is_err());
+        assert!(responses(&json!({"inputResponses": {"user_name": 12345}})).is_err());
+    }
+
+    #[test]
+    fn a_binding_names_the_method_and_what_it_acts_on() {
+        assert_eq!(
+            binding("tools/call", &json!({"name": "t"})),
+            "tools/call\nt"
+        );
+        assert_eq!(
+            binding("resources/read", &json!({"uri": "test://x"})),
+            "resources/read\ntest://x"
+        );
+    }
+}
