@@ -6,8 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
+use tether_core::input_required;
 use tether_core::jsonrpc::{Message, Notification, Request, RequestId, Response};
-use tether_core::mcp::{meta, method};
+use tether_core::mcp::{Era, meta, method};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::backoff::Attempts;
@@ -15,8 +16,11 @@ use crate::checkpoint::CheckpointFile;
 use crate::cursors::stream_key;
 use crate::follow::{Follower, Origin};
 use crate::http::{Head, Reply};
-use crate::session::{Era, Keying, Session, parse_response, refused};
+use crate::session::{Keying, Session, parse_response, refused};
 use crate::{Ack, ClientConfig, ClientError, ClientEvent, DivergenceReason, RequestError};
+
+/// Most rounds of one request a server may ask input for (SEP-2322) before the client gives up.
+const MAX_INPUT_ROUNDS: usize = 16;
 
 /// An MCP client connection. Cheap to clone; all clones share one session.
 #[derive(Clone)]
@@ -98,9 +102,50 @@ impl Client {
         Err(RequestError::CancelledByCaller)
     }
 
-    /// Sends a request with its key, if it gets one, and re-issues it while its outcome is
-    /// unknown; records in `in_flight` the id of each attempt as it goes out.
+    /// Sends a request until its result is complete: a 2026-07-28 server may answer that it
+    /// needs input first (SEP-2322); each input request is answered by the configured hooks (as
+    /// the server's own requests are in legacy sessions) and the request sent again with the
+    /// answers and the server's state, at most [`MAX_INPUT_ROUNDS`] times. Each round is a request
+    /// of its own, with its own idempotency key.
     async fn send(
+        &self,
+        method: &str,
+        mut params: Value,
+        keying: Keying,
+        in_flight: Option<&Mutex<Option<RequestId>>>,
+    ) -> Result<Value, RequestError> {
+        for _ in 0..MAX_INPUT_ROUNDS {
+            let result = self.send_round(method, params.clone(), keying, in_flight).await?;
+            let asks = result.get("resultType").and_then(Value::as_str) == Some(input_required::RESULT_TYPE);
+            if !asks || !self.inner.is_modern() {
+                return Ok(result);
+            }
+            let mut answers = serde_json::Map::new();
+            for (key, request) in result.get("inputRequests").and_then(Value::as_object).into_iter().flatten() {
+                let asked = request.get("method").and_then(Value::as_str).unwrap_or_default();
+                let asked_params = request.get("params").cloned().unwrap_or(Value::Null);
+                let answer = self.inner.config.hooks.answer(asked, asked_params).await.map_err(RequestError::Rpc)?;
+                answers.insert(key.clone(), answer);
+            }
+            let Value::Object(fields) = &mut params else {
+                return Err(RequestError::Client(ClientError::Protocol(
+                    "the server asked for input on a request without named params".into(),
+                )));
+            };
+            fields.insert(input_required::RESPONSES.into(), Value::Object(answers));
+            match result.get(input_required::STATE) {
+                Some(state) => fields.insert(input_required::STATE.into(), state.clone()),
+                None => fields.remove(input_required::STATE),
+            };
+        }
+        Err(RequestError::Client(ClientError::Protocol(format!(
+            "the server still asked for input after {MAX_INPUT_ROUNDS} rounds"
+        ))))
+    }
+
+    /// Sends one round of a request with its key, if it gets one, and re-issues it while its
+    /// outcome is unknown; records in `in_flight` the id of each attempt as it goes out.
+    async fn send_round(
         &self,
         method: &str,
         mut params: Value,

@@ -11,7 +11,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, Message, Notification, Request, RequestId, Response};
 use tether_core::lineage::Checkpoint;
-use tether_core::mcp::{IdempotencyKey, ProtocolVersion, header, meta, method};
+use tether_core::mcp::{Era, IdempotencyKey, ProtocolVersion, header, meta, method};
 use tether_core::param_headers::{self, ParamHeader};
 use tokio::sync::{mpsc, oneshot};
 
@@ -26,13 +26,6 @@ use crate::{Ack, ClientConfig, ClientError, ClientEvent, DivergenceReason, Reque
 const HANDSHAKE_ATTEMPTS: u32 = 3;
 
 pub(crate) type Answer = Result<Value, RequestError>;
-
-/// Which revision family the server speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Era {
-    Legacy,
-    Modern,
-}
 
 struct Pending {
     tx: oneshot::Sender<Answer>,
@@ -406,6 +399,13 @@ impl Session {
     }
 
     async fn handshake(self: &Arc<Self>) -> Result<String, ClientError> {
+        if self.config.protocol_version.era() == Era::Modern {
+            let server = self.modern_server().await.ok_or_else(|| {
+                ClientError::Protocol("the server does not answer server/discover the 2026-07-28 way".into())
+            })?;
+            self.become_modern(server);
+            return Ok(String::new());
+        }
         let id = self.next_id();
         let params = json!({
             "protocolVersion": self.config.protocol_version.as_str(),
@@ -420,17 +420,9 @@ impl Session {
             Reply::Json(bytes) => parse_response(&bytes)?,
             Reply::Sse(reader) => first_response(reader, &id).await?,
             Reply::Refused(body) if matches!(head.status, 400 | 404 | 405) => {
-                let Some(mut server) = self.modern_server().await else { return Err(refused(&head, &body)) };
+                let Some(server) = self.modern_server().await else { return Err(refused(&head, &body)) };
                 tracing::debug!(status = head.status, body = %String::from_utf8_lossy(&body), "legacy initialize refused");
-                server.insert("protocolVersion".into(), json!(ProtocolVersion::V2026_07_28.as_str()));
-                let server = Value::Object(server);
-                let mut state = self.state();
-                state.era = Era::Modern;
-                state.server = server;
-                state.session = SessionHeaders {
-                    session_id: None,
-                    protocol_version: Some(ProtocolVersion::V2026_07_28.as_str().into()),
-                };
+                self.become_modern(server);
                 return Ok(String::new());
             }
             Reply::Refused(body) => return Err(refused(&head, &body)),
@@ -465,6 +457,21 @@ impl Session {
         }
         self.persist();
         Ok(session.session_id.unwrap_or_default())
+    }
+
+    /// Speaks 2026-07-28 from now on, to the server `server/discover` described.
+    fn become_modern(&self, mut server: serde_json::Map<String, Value>) {
+        server.insert("protocolVersion".into(), json!(ProtocolVersion::V2026_07_28.as_str()));
+        let mut state = self.state();
+        state.era = Era::Modern;
+        state.server = Value::Object(server);
+        state.session =
+            SessionHeaders { session_id: None, protocol_version: Some(ProtocolVersion::V2026_07_28.as_str().into()) };
+    }
+
+    /// Whether the client speaks 2026-07-28 to its server.
+    pub fn is_modern(&self) -> bool {
+        self.state().era == Era::Modern
     }
 
     /// The server's `server/discover` result, if it answers the 2026-07-28 way.

@@ -432,7 +432,8 @@ fn sampled(ctx: &Context, key: &str) -> Option<String> {
 
 /// The root uris the client listed for input `key` (a `ListRootsResult`).
 fn listed_roots(ctx: &Context, key: &str) -> Option<Vec<String>> {
-    let roots = ctx.input_response(key)?.get("roots")?.as_array()?;
+    let answer = ctx.input_response(key)?;
+    let roots = answer.get("roots")?.as_array()?;
     Some(roots.iter().filter_map(|r| r.get("uri").and_then(Value::as_str)).map(str::to_owned).collect())
 }
 
@@ -490,7 +491,7 @@ fn add_input_required_tools(tools: &mut ToolSet) {
     ] {
         tools.add(tool(name, description, none()), move |ctx, _| async move {
             let confirmed = elicited(&ctx, "confirm")?.is_some();
-            if confirmed && ctx.request_state() == Some(&json!({"tool": name, "asked": "confirm"})) {
+            if confirmed && ctx.request_state() == Some(json!({"tool": name, "asked": "confirm"})) {
                 return Ok(text_result("state-ok: confirmed"));
             }
             let params = json!({"message": "Please confirm", "requestedSchema": {"type": "object",
@@ -527,7 +528,7 @@ fn add_input_required_tools(tools: &mut ToolSet) {
     tools.add(
         tool("test_input_required_result_multi_round", "Asks a name, then a colour, in two rounds.", none()),
         |ctx, _| async move {
-            let step = ctx.request_state().and_then(|s| s.get("step")).and_then(Value::as_u64);
+            let step = ctx.request_state().and_then(|s| s.get("step").and_then(Value::as_u64));
             Ok(match step {
                 Some(1) if let Some(answer) = elicited(&ctx, "step1")? => {
                     let name = answer.get("name").cloned().unwrap_or(Value::Null);
@@ -537,7 +538,7 @@ fn add_input_required_tools(tools: &mut ToolSet) {
                         .into_result()
                 }
                 Some(2) if let Some(answer) = elicited(&ctx, "step2")? => {
-                    let state = ctx.request_state().cloned().unwrap_or(Value::Null);
+                    let state = ctx.request_state().unwrap_or(Value::Null);
                     let name = state.get("name").and_then(Value::as_str).unwrap_or("stranger");
                     let color = answer.get("color").and_then(Value::as_str).unwrap_or("no colour");
                     text_result(format!("{name} likes {color}"))

@@ -77,7 +77,8 @@ pub(crate) struct RequestMeta {
     pub client_request_timeout: std::time::Duration,
     /// The store's name of the request's idempotency key, if it carries one.
     pub idempotency_key: Option<String>,
-    /// 2026-07-28: what the request brings back from its earlier rounds (SEP-2322).
+    /// What the request brings back from its earlier rounds (SEP-2322), moved into the context
+    /// it runs with.
     pub input: Input,
 }
 
@@ -294,6 +295,9 @@ struct RequestState {
     write_failure: Arc<Mutex<Option<ContextError>>>,
     first: FirstSender,
     meta: RequestMeta,
+    /// The current round's input: replaced between rounds when the server itself asks the
+    /// client (legacy sessions).
+    input: Mutex<Input>,
     cancel: CancellationToken,
     server: Arc<crate::ServerState>,
 }
@@ -318,7 +322,7 @@ impl std::fmt::Debug for Context {
 impl Context {
     pub(crate) fn new(
         output: Output,
-        meta: RequestMeta,
+        mut meta: RequestMeta,
         cancel: CancellationToken,
         server: Arc<crate::ServerState>,
     ) -> (Context, oneshot::Receiver<FirstOutput>) {
@@ -335,7 +339,8 @@ impl Context {
             }
             Output::Direct { .. } => None,
         };
-        let shared = RequestState { output, writes, write_failure, first, meta, cancel, server };
+        let input = Mutex::new(std::mem::take(&mut meta.input));
+        let shared = RequestState { output, writes, write_failure, first, meta, input, cancel, server };
         (Context { shared: Arc::new(shared) }, rx)
     }
 
@@ -387,15 +392,25 @@ impl Context {
     /// The client's answer to input request `key`, if this round of the request carries it
     /// (2026-07-28, SEP-2322): the handler asked for it by returning an
     /// [`InputRequired`](crate::InputRequired) in an earlier round. Always an object.
-    pub fn input_response(&self, key: &str) -> Option<&Value> {
-        self.shared.meta.input.responses.get(key)
+    pub fn input_response(&self, key: &str) -> Option<Value> {
+        self.input().responses.get(key).cloned()
     }
 
     /// The state the handler returned with its last [`InputRequired`](crate::InputRequired), as
     /// it returned it: the server sealed it, and checked that it came back unchanged and for this
     /// request. `None` in a request's first round.
-    pub fn request_state(&self) -> Option<&Value> {
-        self.shared.meta.input.state.as_ref()
+    pub fn request_state(&self) -> Option<Value> {
+        self.input().state.clone()
+    }
+
+    fn input(&self) -> std::sync::MutexGuard<'_, Input> {
+        // Plain data: still consistent after a panic elsewhere.
+        self.shared.input.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Starts the next round of a request whose input the server asked for itself.
+    pub(crate) fn next_round(&self, input: Input) {
+        *self.input() = input;
     }
 
     /// Sends `notifications/progress` if the request asked for progress; otherwise does nothing.

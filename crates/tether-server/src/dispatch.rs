@@ -415,6 +415,46 @@ fn seal_input_required(shared: &ServerState, method: &str, binding: &str, outcom
     }
 }
 
+/// Most rounds a handler may ask for input in a legacy session.
+const MAX_INPUT_ROUNDS: usize = 16;
+
+/// Runs a handler in a legacy session, where the client knows nothing of multi round-trip
+/// requests: what the handler asks for in an `InputRequiredResult` the server asks the client
+/// itself (server-to-client requests on the request's stream), then runs the handler again with
+/// the answers and its state, until its result is complete. So one handler serves both eras.
+async fn ask_for_input(
+    handler: Arc<dyn crate::Handler>,
+    ctx: Context,
+    method: String,
+    params: Value,
+) -> Result<Value, ErrorObject> {
+    for _ in 0..MAX_INPUT_ROUNDS {
+        let result = handler.call(ctx.clone(), method.clone(), params.clone()).await?;
+        if result.get("resultType").and_then(Value::as_str) != Some(input_required::RESULT_TYPE) {
+            return Ok(result);
+        }
+        let mut responses = serde_json::Map::new();
+        for (key, request) in result.get("inputRequests").and_then(Value::as_object).into_iter().flatten() {
+            let asked = request.get("method").and_then(Value::as_str).unwrap_or_default();
+            let asked_params = request.get("params").cloned().unwrap_or_else(|| json!({}));
+            let answer = ctx.request(asked, asked_params).await.map_err(|err| {
+                ErrorObject::with_reason(
+                    code::INTERNAL_ERROR,
+                    format!("asking the client failed: {err}"),
+                    "input_failed",
+                )
+            })?;
+            responses.insert(key.clone(), answer);
+        }
+        ctx.next_round(Input { responses, state: result.get(input_required::STATE).cloned() });
+    }
+    Err(ErrorObject::with_reason(
+        code::INTERNAL_ERROR,
+        format!("the handler still asked for input after {MAX_INPUT_ROUNDS} rounds"),
+        "input_required_invalid",
+    ))
+}
+
 /// How long a cancelled handler may run on before it is aborted.
 const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -440,6 +480,10 @@ async fn run(
     );
     async move {
         let (work, record): (crate::HandlerFuture, Option<Keyed>) = match job {
+            Job::Run(keyed) if binding.is_none() && input_required::METHODS.contains(&method.as_str()) => {
+                let handler = Arc::clone(&shared.handler);
+                (Box::pin(ask_for_input(handler, ctx.clone(), method.clone(), params)), keyed)
+            }
             Job::Run(keyed) => (shared.handler.call(ctx.clone(), method.clone(), params), keyed),
             Job::Answer(answer, keyed) => (Box::pin(idempotency::answer(ctx.clone(), keyed, answer)), None),
         };

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
 use tether_client::{Client, ClientConfig, ClientEvent, DefaultHooks, Policy, RequestError};
+use tether_core::mcp::ProtocolVersion;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// Exit status when a divergence ends the command (`--exit-on-divergence`).
@@ -49,6 +50,10 @@ pub struct ClientArgs {
     /// `watch` prints `gave_up` (exit 5).
     #[arg(long, value_parser = tether_server::parse_duration)]
     timeout: Option<std::time::Duration>,
+    /// The protocol revision to ask for: a 2025 one (the server may fall back to 2026-07-28) or
+    /// 2026-07-28 (stateless, no handshake).
+    #[arg(long, default_value = "2025-11-25")]
+    protocol_version: ProtocolVersion,
 }
 
 impl ClientArgs {
@@ -60,6 +65,7 @@ impl ClientArgs {
             PolicyArg::Trust => Policy::Trust,
         };
         config.reinitialize = !self.exit_on_divergence;
+        config.protocol_version = self.protocol_version;
         config
     }
 

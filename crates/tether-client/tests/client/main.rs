@@ -1,5 +1,6 @@
 //! The client against a real tether server, through a real fault proxy.
 
 mod chaos;
+mod input;
 mod reactions;
 mod telemetry;
