@@ -21,6 +21,7 @@ use crate::context::{Context, FirstOutput, Input, Output, RequestMeta};
 use crate::http::reject::Refusal;
 use crate::idempotency::{self, Answer, Keyed, Plan};
 use crate::ids;
+use crate::input;
 use crate::session::{LogLevel, SessionRuntime};
 
 /// How a legacy request started.
@@ -334,7 +335,7 @@ pub(crate) async fn start_direct(
     let params = request.params.unwrap_or_else(|| json!({}));
     let keyed = Keyed::of(shared, principal, &request.method, &params)
         .map_err(|e| DispatchError::InvalidIdempotencyKey(e.message))?;
-    let input = input_of(shared, &request.method, &params)?;
+    let input = input::of(shared, &request.method, &params)?;
     let request_meta = params.get("_meta");
     let meta = RequestMeta {
         progress_token: progress_token(&params),
@@ -369,92 +370,6 @@ pub(crate) async fn start_direct(
     Ok(Direct { first, cancel_on_close })
 }
 
-/// What a 2026-07-28 request brings back from its earlier rounds (SEP-2322), checked before its
-/// handler runs: answers that are not an object of objects, or a state this server did not seal
-/// for this request, are refused. Methods whose results never ask for input bring nothing.
-fn input_of(shared: &ServerState, method: &str, params: &Value) -> Result<Input, InputError> {
-    if !input_required::METHODS.contains(&method) {
-        return Ok(Input::default());
-    }
-    let responses = input_required::responses(params)?.cloned().unwrap_or_default();
-    let state = match params.get(input_required::STATE) {
-        None => None,
-        Some(Value::String(sealed)) => {
-            let key = shared.state_key.as_ref().ok_or(InputError::State)?;
-            Some(key.open(&input_required::binding(method, params), sealed)?)
-        }
-        Some(_) => return Err(InputError::State),
-    };
-    Ok(Input { responses, state })
-}
-
-/// Seals the state of a handler's `InputRequiredResult` for the request it answers (the client
-/// brings it back opaque); a result that asks for input where none may be asked, asks for
-/// nothing, or cannot be sealed is the handler's error.
-fn seal_input_required(shared: &ServerState, method: &str, binding: &str, outcome: &mut Result<Value, ErrorObject>) {
-    let Ok(Value::Object(result)) = outcome else { return };
-    if result.get("resultType").and_then(Value::as_str) != Some(input_required::RESULT_TYPE) {
-        return;
-    }
-    let failure =
-        |message: String| Err(ErrorObject::with_reason(code::INTERNAL_ERROR, message, "input_required_invalid"));
-    if !input_required::METHODS.contains(&method) {
-        *outcome = failure(format!("a {method} result cannot ask for input"));
-        return;
-    }
-    if !result.contains_key("inputRequests") && !result.contains_key(input_required::STATE) {
-        *outcome = failure("an input-required result must ask for input or carry a state".into());
-        return;
-    }
-    if let Some(state) = result.get_mut(input_required::STATE) {
-        let Some(key) = &shared.state_key else {
-            *outcome = failure("no key to seal the request state with".into());
-            return;
-        };
-        *state = Value::String(key.seal(binding, state));
-    }
-}
-
-/// Most rounds a handler may ask for input in a legacy session.
-const MAX_INPUT_ROUNDS: usize = 16;
-
-/// Runs a handler in a legacy session, where the client knows nothing of multi round-trip
-/// requests: what the handler asks for in an `InputRequiredResult` the server asks the client
-/// itself (server-to-client requests on the request's stream), then runs the handler again with
-/// the answers and its state, until its result is complete. So one handler serves both eras.
-async fn ask_for_input(
-    handler: Arc<dyn crate::Handler>,
-    ctx: Context,
-    method: String,
-    params: Value,
-) -> Result<Value, ErrorObject> {
-    for _ in 0..MAX_INPUT_ROUNDS {
-        let result = handler.call(ctx.clone(), method.clone(), params.clone()).await?;
-        if result.get("resultType").and_then(Value::as_str) != Some(input_required::RESULT_TYPE) {
-            return Ok(result);
-        }
-        let mut responses = serde_json::Map::new();
-        for (key, request) in result.get("inputRequests").and_then(Value::as_object).into_iter().flatten() {
-            let asked = request.get("method").and_then(Value::as_str).unwrap_or_default();
-            let asked_params = request.get("params").cloned().unwrap_or_else(|| json!({}));
-            let answer = ctx.request(asked, asked_params).await.map_err(|err| {
-                ErrorObject::with_reason(
-                    code::INTERNAL_ERROR,
-                    format!("asking the client failed: {err}"),
-                    "input_failed",
-                )
-            })?;
-            responses.insert(key.clone(), answer);
-        }
-        ctx.next_round(Input { responses, state: result.get(input_required::STATE).cloned() });
-    }
-    Err(ErrorObject::with_reason(
-        code::INTERNAL_ERROR,
-        format!("the handler still asked for input after {MAX_INPUT_ROUNDS} rounds"),
-        "input_required_invalid",
-    ))
-}
-
 /// How long a cancelled handler may run on before it is aborted.
 const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -482,7 +397,7 @@ async fn run(
         let (work, record): (crate::HandlerFuture, Option<Keyed>) = match job {
             Job::Run(keyed) if binding.is_none() && input_required::METHODS.contains(&method.as_str()) => {
                 let handler = Arc::clone(&shared.handler);
-                (Box::pin(ask_for_input(handler, ctx.clone(), method.clone(), params)), keyed)
+                (Box::pin(input::ask_in_session(handler, ctx.clone(), method.clone(), params)), keyed)
             }
             Job::Run(keyed) => (shared.handler.call(ctx.clone(), method.clone(), params), keyed),
             Job::Answer(answer, keyed) => (Box::pin(idempotency::answer(ctx.clone(), keyed, answer)), None),
@@ -513,7 +428,7 @@ async fn run(
         let recorded = match outcome {
             Some(mut outcome) => {
                 if let Some(binding) = &binding {
-                    seal_input_required(shared, &method, binding, &mut outcome);
+                    input::seal(shared, &method, binding, &mut outcome);
                 }
                 if let (Some(info), Ok(result)) = (&modern_server_info, &mut outcome) {
                     decorate_modern(&method, result, info);

@@ -1,11 +1,19 @@
-//! What a handler returns to ask the client for input before it can finish (SEP-2322, 2026-07-28
-//! multi round-trip requests): the requests it needs answered and the state it wants back. The
-//! server seals the state; the next round's handler reads the answers with
+//! Multi round-trip requests (SEP-2322, 2026-07-28): what a handler returns to ask the client
+//! for input before it can finish ([`InputRequired`]: the requests it needs answered and the state
+//! it wants back), how the server opens a request's answers and state before the handler runs and
+//! seals the state after, and how a legacy session serves the same handler by asking the client
+//! itself. The next round's handler reads the answers with
 //! [`Context::input_response`](crate::Context::input_response) and the state with
 //! [`Context::request_state`](crate::Context::request_state).
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value, json};
-use tether_core::input_required::{RESULT_TYPE, STATE};
+use tether_core::input_required::{self, InputError, RESULT_TYPE, STATE};
+use tether_core::jsonrpc::{ErrorObject, code};
+
+use crate::context::{Context, Input};
+use crate::{Handler, ServerState};
 
 /// An `InputRequiredResult` under construction.
 #[derive(Debug, Clone, Default)]
@@ -51,4 +59,90 @@ impl InputRequired {
         }
         result
     }
+}
+
+/// What a 2026-07-28 request brings back from its earlier rounds (SEP-2322), checked before its
+/// handler runs: answers that are not an object of objects, or a state this server did not seal
+/// for this request, are refused. Methods whose results never ask for input bring nothing.
+pub(crate) fn of(shared: &ServerState, method: &str, params: &Value) -> Result<Input, InputError> {
+    if !input_required::METHODS.contains(&method) {
+        return Ok(Input::default());
+    }
+    let responses = input_required::responses(params)?.cloned().unwrap_or_default();
+    let state = match params.get(input_required::STATE) {
+        None => None,
+        Some(Value::String(sealed)) => {
+            let key = shared.state_key.as_ref().ok_or(InputError::State)?;
+            Some(key.open(&input_required::binding(method, params), sealed)?)
+        }
+        Some(_) => return Err(InputError::State),
+    };
+    Ok(Input { responses, state })
+}
+
+/// Seals the state of a handler's `InputRequiredResult` for the request it answers (the client
+/// brings it back opaque); a result that asks for input where none may be asked, asks for
+/// nothing, or cannot be sealed is the handler's error.
+pub(crate) fn seal(shared: &ServerState, method: &str, binding: &str, outcome: &mut Result<Value, ErrorObject>) {
+    let Ok(Value::Object(result)) = outcome else { return };
+    if result.get("resultType").and_then(Value::as_str) != Some(input_required::RESULT_TYPE) {
+        return;
+    }
+    let failure =
+        |message: String| Err(ErrorObject::with_reason(code::INTERNAL_ERROR, message, "input_required_invalid"));
+    if !input_required::METHODS.contains(&method) {
+        *outcome = failure(format!("a {method} result cannot ask for input"));
+        return;
+    }
+    if !result.contains_key("inputRequests") && !result.contains_key(input_required::STATE) {
+        *outcome = failure("an input-required result must ask for input or carry a state".into());
+        return;
+    }
+    if let Some(state) = result.get_mut(input_required::STATE) {
+        let Some(key) = &shared.state_key else {
+            *outcome = failure("no key to seal the request state with".into());
+            return;
+        };
+        *state = Value::String(key.seal(binding, state));
+    }
+}
+
+/// Most rounds a handler may ask for input in a legacy session.
+const MAX_INPUT_ROUNDS: usize = 16;
+
+/// Runs a handler in a legacy session, where the client knows nothing of multi round-trip
+/// requests: what the handler asks for in an `InputRequiredResult` the server asks the client
+/// itself (server-to-client requests on the request's stream), then runs the handler again with
+/// the answers and its state, until its result is complete. So one handler serves both eras.
+pub(crate) async fn ask_in_session(
+    handler: Arc<dyn Handler>,
+    ctx: Context,
+    method: String,
+    params: Value,
+) -> Result<Value, ErrorObject> {
+    for _ in 0..MAX_INPUT_ROUNDS {
+        let result = handler.call(ctx.clone(), method.clone(), params.clone()).await?;
+        if result.get("resultType").and_then(Value::as_str) != Some(input_required::RESULT_TYPE) {
+            return Ok(result);
+        }
+        let mut responses = serde_json::Map::new();
+        for (key, request) in result.get("inputRequests").and_then(Value::as_object).into_iter().flatten() {
+            let asked = request.get("method").and_then(Value::as_str).unwrap_or_default();
+            let asked_params = request.get("params").cloned().unwrap_or_else(|| json!({}));
+            let answer = ctx.request(asked, asked_params).await.map_err(|err| {
+                ErrorObject::with_reason(
+                    code::INTERNAL_ERROR,
+                    format!("asking the client failed: {err}"),
+                    "input_failed",
+                )
+            })?;
+            responses.insert(key.clone(), answer);
+        }
+        ctx.next_round(Input { responses, state: result.get(input_required::STATE).cloned() });
+    }
+    Err(ErrorObject::with_reason(
+        code::INTERNAL_ERROR,
+        format!("the handler still asked for input after {MAX_INPUT_ROUNDS} rounds"),
+        "input_required_invalid",
+    ))
 }
