@@ -4,6 +4,7 @@
 //! - [`jsonrpc`] and [`mcp`]: the messages and the protocol's names and versions.
 //! - [`param_headers`]: tool parameters mirrored in HTTP headers (SEP-2243).
 //! - [`input_required`]: multi round-trip requests and their sealed state (SEP-2322).
+//! - [`tasks`]: when a call becomes a task, task statuses and their wire shape (SEP-2663).
 //! - [`lineage`]: event ids, digests, and the two resumption decisions every other crate
 //!   calls instead of deciding for itself.
 
@@ -13,3 +14,4 @@ pub mod lineage;
 pub mod mcp;
 pub mod param_headers;
 pub mod sse;
+pub mod tasks;
