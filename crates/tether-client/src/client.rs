@@ -114,6 +114,12 @@ impl Client {
         keying: Keying,
         in_flight: Option<&Mutex<Option<RequestId>>>,
     ) -> Result<Value, RequestError> {
+        if method == method::TOOLS_CALL
+            && let Some(why) =
+                params.get("name").and_then(Value::as_str).and_then(|tool| self.inner.excluded_tool(tool))
+        {
+            return Err(RequestError::Client(ClientError::Protocol(format!("the tool is excluded: {why}"))));
+        }
         for _ in 0..MAX_INPUT_ROUNDS {
             let result = self.send_round(method, params.clone(), keying, in_flight).await?;
             let asks = result.get("resultType").and_then(Value::as_str) == Some(input_required::RESULT_TYPE);

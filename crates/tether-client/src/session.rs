@@ -11,7 +11,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, Message, Notification, Request, RequestId, Response};
 use tether_core::lineage::Checkpoint;
-use tether_core::mcp::{Era, IdempotencyKey, ProtocolVersion, header, meta, method};
+use tether_core::mcp::{Era, IdempotencyKey, ProtocolVersion, code, header, meta, method};
 use tether_core::param_headers::{self, ParamHeader};
 use tokio::sync::{mpsc, oneshot};
 
@@ -53,6 +53,8 @@ struct State {
     idempotent_tools: HashSet<String>,
     /// Each tool's parameters mirrored in headers (SEP-2243), learnt from `tools/list`.
     param_headers: HashMap<String, Vec<ParamHeader>>,
+    /// Tools whose header declarations are invalid (SEP-2243): not called.
+    invalid_tools: HashMap<String, String>,
 }
 
 /// Whether a request carries an idempotency key.
@@ -119,6 +121,7 @@ impl Session {
             server: Value::Null,
             idempotent_tools: HashSet::new(),
             param_headers: HashMap::new(),
+            invalid_tools: HashMap::new(),
         };
         Ok(Session {
             endpoint: Endpoint { http, url: config.url.clone() },
@@ -469,25 +472,38 @@ impl Session {
             SessionHeaders { session_id: None, protocol_version: Some(ProtocolVersion::V2026_07_28.as_str().into()) };
     }
 
+    /// Why tool `name` is not called, if its `tools/list` entry declared its headers wrongly.
+    pub fn excluded_tool(&self, name: &str) -> Option<String> {
+        self.state().invalid_tools.get(name).cloned()
+    }
+
     /// Whether the client speaks 2026-07-28 to its server.
     pub fn is_modern(&self) -> bool {
         self.state().era == Era::Modern
     }
 
     /// The server's `server/discover` result, if it answers the 2026-07-28 way.
+    /// A refusal naming 2026-07-28 among the versions the server supports (-32022, as SEP-2575
+    /// has servers answer a version they do not take) is tried once more: the server said it
+    /// speaks it.
     async fn modern_server(&self) -> Option<serde_json::Map<String, Value>> {
-        let id = self.next_id();
-        let request = Request { id, method: method::SERVER_DISCOVER.into(), params: Some(json!({})) };
-        let (body, headers) = self.modern_request(request);
         let session =
             SessionHeaders { session_id: None, protocol_version: Some(ProtocolVersion::V2026_07_28.as_str().into()) };
-        match self.endpoint.post(&session, body, headers).await {
-            Ok((_, Reply::Json(bytes))) => match parse_response(&bytes).ok()?.outcome.ok()? {
-                Value::Object(result) => Some(result),
-                _ => None,
-            },
-            _ => None,
+        for _ in 0..2 {
+            let id = self.next_id();
+            let request = Request { id, method: method::SERVER_DISCOVER.into(), params: Some(json!({})) };
+            let (body, headers) = self.modern_request(request);
+            let bytes = match self.endpoint.post(&session, body, headers).await {
+                Ok((_, Reply::Json(bytes) | Reply::Refused(bytes))) => bytes,
+                _ => return None,
+            };
+            match parse_response(&bytes).ok()?.outcome {
+                Ok(Value::Object(result)) => return Some(result),
+                Err(error) if error.code == code::UNSUPPORTED_PROTOCOL_VERSION && offers_modern(&error) => continue,
+                _ => return None,
+            }
         }
+        None
     }
 
     /// The idempotency key a request gets, if any, with the records it is claimed in; says so
@@ -522,8 +538,8 @@ impl Session {
     }
 
     /// Remembers what a `tools/list` result says of each tool: whether it is annotated
-    /// idempotent, and which parameters its calls mirror in headers (a tool declaring them
-    /// wrongly gets none: a server would refuse its calls whatever the client sent).
+    /// idempotent, and which parameters its calls mirror in headers. A tool declaring them
+    /// wrongly is excluded, as SEP-2243 requires: it is not called.
     pub fn learn_tools(&self, result: &Value) {
         let Some(tools) = result.get("tools").and_then(Value::as_array) else { return };
         let mut state = self.state();
@@ -534,9 +550,14 @@ impl Session {
             } else {
                 state.idempotent_tools.remove(name);
             }
+            state.invalid_tools.remove(name);
             match param_headers::declared(tool.get("inputSchema").unwrap_or(&Value::Null)) {
                 Ok(headers) if !headers.is_empty() => state.param_headers.insert(name.to_owned(), headers),
-                _ => state.param_headers.remove(name),
+                Ok(_) => state.param_headers.remove(name),
+                Err(err) => {
+                    state.invalid_tools.insert(name.to_owned(), err.to_string());
+                    state.param_headers.remove(name)
+                }
             };
         }
     }
@@ -589,6 +610,12 @@ impl Session {
         request.params = Some(params);
         (Message::Request(request).to_vec(), headers)
     }
+}
+
+/// Whether a version refusal lists 2026-07-28 among the versions the server supports.
+fn offers_modern(error: &jsonrpc::ErrorObject) -> bool {
+    let supported = error.data.as_ref().and_then(|d| d.get("supported")).and_then(Value::as_array);
+    supported.is_some_and(|versions| versions.iter().any(|v| v.as_str() == Some(ProtocolVersion::V2026_07_28.as_str())))
 }
 
 pub(crate) fn parse_response(bytes: &[u8]) -> Result<Response, ClientError> {
@@ -701,6 +728,19 @@ mod tests {
         let (name, region, ..) = call("été", json!({"region": "x"}));
         assert_eq!(name.as_deref(), Some("=?base64?w6l0w6k=?="), "a name that is not ASCII is encoded");
         assert_eq!(region, None, "an unknown tool mirrors nothing");
+    }
+
+    #[test]
+    fn a_tool_declaring_its_headers_wrongly_is_excluded() {
+        let session = session(CheckpointFile::default(), None);
+        let tools = |kind: &str| {
+            json!({"tools": [{"name": "t", "inputSchema": {"properties": {
+            "p": {"type": kind, "x-mcp-header": "P"}}}}]})
+        };
+        session.learn_tools(&tools("number"));
+        assert!(session.excluded_tool("t").is_some_and(|why| why.contains("only string, integer and boolean")));
+        session.learn_tools(&tools("string"));
+        assert_eq!(session.excluded_tool("t"), None, "a corrected listing takes it back");
     }
 
     #[test]

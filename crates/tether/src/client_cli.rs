@@ -263,6 +263,10 @@ pub async fn conformance(args: ConformanceArgs) -> ExitCode {
     let scenario = std::env::var("MCP_CONFORMANCE_SCENARIO").unwrap_or_default();
     let mut config = ClientConfig::new(&args.url);
     config.hooks = Arc::new(DefaultHooks);
+    // The revision the suite plays (0.2's runner says which; 0.1's says nothing).
+    if let Some(version) = std::env::var("MCP_CONFORMANCE_PROTOCOL_VERSION").ok().and_then(|v| v.parse().ok()) {
+        config.protocol_version = version;
+    }
     // The suite's mock servers use opaque ids and no epoch: continuity cannot be proven there.
     config.policy = Policy::Trust;
     let (client, _events) = match connect(config).await {
@@ -274,8 +278,27 @@ pub async fn conformance(args: ConformanceArgs) -> ExitCode {
     if scenario != "sse-retry" {
         client.follow_standalone().await;
     }
+    // 0.2's scenarios say what to call: list the tools (so their header declarations are known),
+    // then call each; a call the client refuses (an excluded tool) is the expected outcome there.
+    let context: Value =
+        std::env::var("MCP_CONFORMANCE_CONTEXT").ok().and_then(|c| serde_json::from_str(&c).ok()).unwrap_or_default();
+    if let Some(calls) = context.get("toolCalls").and_then(Value::as_array) {
+        if let Err(err) = client.request("tools/list", json!({})).await {
+            eprintln!("{scenario}: tools/list: {err}");
+        }
+        for call in calls {
+            let name = call.get("name").and_then(Value::as_str).unwrap_or_default();
+            let arguments = call.get("arguments").cloned().unwrap_or_else(|| json!({}));
+            if let Err(err) = client.call_tool(name, arguments).await {
+                eprintln!("{scenario}: {name}: {err}");
+            }
+        }
+        client.close().await;
+        return ExitCode::SUCCESS;
+    }
     let outcome = match scenario.as_str() {
         "initialize" => Ok(Value::Null),
+        "request-metadata" => client.request("tools/list", json!({})).await,
         "tools_call" => client.call_tool("add_numbers", json!({"a": 2, "b": 3})).await,
         "sse-retry" => client.call_tool("test_reconnection", json!({})).await,
         "elicitation-sep1034-client-defaults" => client.call_tool("test_client_elicitation_defaults", json!({})).await,

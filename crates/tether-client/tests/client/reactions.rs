@@ -82,6 +82,8 @@ struct Scripted {
     /// Whether the server speaks only 2026-07-28: it refuses the legacy `initialize` and
     /// answers `server/discover`.
     modern: bool,
+    /// How many `server/discover`s to refuse first with -32022, naming 2026-07-28 as supported.
+    refuse_discover: u32,
 }
 
 fn sse(frames: &[Frame], call_id: &Value) -> String {
@@ -130,6 +132,18 @@ async fn endpoint(
                             .to_string(),
                     ))
                     .expect("response"),
+                Some("server/discover") if state.modern && state.refuse_discover > 0 => {
+                    state.refuse_discover -= 1;
+                    Response::builder()
+                        .status(StatusCode::BAD_REQUEST)
+                        .header("content-type", "application/json")
+                        .body(Body::from(
+                            json!({"jsonrpc": "2.0", "id": message["id"], "error": {"code": -32022,
+                                "message": "unsupported", "data": {"supported": ["2026-07-28"], "requested": "x"}}})
+                            .to_string(),
+                        ))
+                        .expect("response")
+                }
                 Some("server/discover") if state.modern => json(json!({"jsonrpc": "2.0", "id": message["id"],
                     "result": {"capabilities": {}, "serverInfo": {"name": "scripted", "version": "1"}}})),
                 Some("initialize") => {
@@ -210,6 +224,7 @@ impl Scripted {
             call_id: Value::Null,
             standalone: VecDeque::new(),
             modern: false,
+            refuse_discover: 0,
         }
     }
 }
@@ -497,4 +512,25 @@ async fn an_initialize_result_without_a_protocol_version_is_refused() {
     let connected = Client::connect(ClientConfig::new(url)).await;
     server.abort();
     assert!(matches!(connected, Err(ClientError::Protocol(_))), "{:?}", connected.err());
+}
+
+/// SEP-2575: a server that refuses the version it then names as supported is asked once more;
+/// twice refused, the client gives up instead of asking forever.
+#[tokio::test]
+async fn a_version_refusal_naming_2026_07_28_is_retried_once() {
+    for (refusals, connects) in [(1, true), (2, false)] {
+        let mut scripted = Scripted::new(Vec::new(), Vec::new());
+        scripted.modern = true;
+        scripted.refuse_discover = refusals;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
+        let app =
+            axum::Router::new().route("/mcp", axum::routing::any(endpoint)).with_state(Arc::new(Mutex::new(scripted)));
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let mut config = ClientConfig::new(url);
+        config.protocol_version = tether_core::mcp::ProtocolVersion::V2026_07_28;
+        let connected = Client::connect(config).await;
+        server.abort();
+        assert_eq!(connected.is_ok(), connects, "{refusals} refusals");
+    }
 }
