@@ -19,9 +19,6 @@ use crate::http::{Head, Reply};
 use crate::session::{Keying, Session, parse_response, refused};
 use crate::{Ack, ClientConfig, ClientError, ClientEvent, DivergenceReason, RequestError};
 
-/// Most rounds of one request a server may ask input for (SEP-2322) before the client gives up.
-const MAX_INPUT_ROUNDS: usize = 16;
-
 /// An MCP client connection. Cheap to clone; all clones share one session.
 #[derive(Clone)]
 pub struct Client {
@@ -105,7 +102,7 @@ impl Client {
     /// Sends a request until its result is complete: a 2026-07-28 server may answer that it
     /// needs input first (SEP-2322); each input request is answered by the configured hooks (as
     /// the server's own requests are in legacy sessions) and the request sent again with the
-    /// answers and the server's state, at most [`MAX_INPUT_ROUNDS`] times. Each round is a request
+    /// answers and the server's state, at most [`input_required::MAX_ROUNDS`] times. Each round is a request
     /// of its own, with its own idempotency key.
     async fn send(
         &self,
@@ -120,18 +117,15 @@ impl Client {
         {
             return Err(RequestError::Client(ClientError::Protocol(format!("the tool is excluded: {why}"))));
         }
-        for _ in 0..MAX_INPUT_ROUNDS {
+        for _ in 0..input_required::MAX_ROUNDS {
             let result = self.send_round(method, params.clone(), keying, in_flight).await?;
-            let asks = result.get("resultType").and_then(Value::as_str) == Some(input_required::RESULT_TYPE);
-            if !asks || !self.inner.is_modern() {
+            if !input_required::asks(&result) || !self.inner.is_modern() {
                 return Ok(result);
             }
             let mut answers = serde_json::Map::new();
-            for (key, request) in result.get("inputRequests").and_then(Value::as_object).into_iter().flatten() {
-                let asked = request.get("method").and_then(Value::as_str).unwrap_or_default();
-                let asked_params = request.get("params").cloned().unwrap_or(Value::Null);
+            for (key, asked, asked_params) in input_required::requests(&result) {
                 let answer = self.inner.config.hooks.answer(asked, asked_params).await.map_err(RequestError::Rpc)?;
-                answers.insert(key.clone(), answer);
+                answers.insert(key.to_owned(), answer);
             }
             let Value::Object(fields) = &mut params else {
                 return Err(RequestError::Client(ClientError::Protocol(
@@ -145,7 +139,8 @@ impl Client {
             };
         }
         Err(RequestError::Client(ClientError::Protocol(format!(
-            "the server still asked for input after {MAX_INPUT_ROUNDS} rounds"
+            "the server still asked for input after {} rounds",
+            input_required::MAX_ROUNDS
         ))))
     }
 

@@ -30,6 +30,39 @@ pub const RESPONSES: &str = "inputResponses";
 /// The params and result field carrying the sealed state.
 pub const STATE: &str = "requestState";
 
+/// Most rounds tether carries one request through (its client, and its server for legacy
+/// sessions) before giving up: a handler that keeps asking is a bug, not a dialogue.
+pub const MAX_ROUNDS: usize = 16;
+
+/// Whether a result asks for input.
+pub fn asks(result: &Value) -> bool {
+    result.get("resultType").and_then(Value::as_str) == Some(RESULT_TYPE)
+}
+
+/// The input requests of an `InputRequiredResult`: each key with the method and params to
+/// answer (`{}` when a request has none).
+pub fn requests(result: &Value) -> impl Iterator<Item = (&str, &str, Value)> {
+    result
+        .get("inputRequests")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .map(|(key, request)| {
+            let method = request
+                .get("method")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            (
+                key.as_str(),
+                method,
+                request
+                    .get("params")
+                    .cloned()
+                    .unwrap_or_else(|| serde_json::json!({})),
+            )
+        })
+}
+
 /// What a state is bound to: the method and the name (tool, prompt) or uri it was issued for.
 pub fn binding(method: &str, params: &Value) -> String {
     let name = params
@@ -210,6 +243,21 @@ mod tests {
         assert_eq!(responses(&answers).map(|r| r.map(|r| r.len())), Ok(Some(1)));
         assert!(responses(&json!({"inputResponses": null})).is_err());
         assert!(responses(&json!({"inputResponses": {"user_name": 12345}})).is_err());
+    }
+
+    #[test]
+    fn input_requests_are_read_with_their_keys() {
+        let result = json!({"resultType": "input_required", "inputRequests": {
+            "a": {"method": "roots/list"}, "b": {"method": "elicitation/create", "params": {"message": "m"}}}});
+        assert!(asks(&result) && !asks(&json!({"resultType": "complete"})) && !asks(&json!({})));
+        let read: Vec<_> = requests(&result).collect();
+        assert_eq!(
+            read,
+            [
+                ("a", "roots/list", json!({})),
+                ("b", "elicitation/create", json!({"message": "m"}))
+            ]
+        );
     }
 
     #[test]

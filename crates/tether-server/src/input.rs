@@ -84,10 +84,11 @@ pub(crate) fn of(shared: &ServerState, method: &str, params: &Value) -> Result<I
 /// brings it back opaque); a result that asks for input where none may be asked, asks for
 /// nothing, or cannot be sealed is the handler's error.
 pub(crate) fn seal(shared: &ServerState, method: &str, binding: &str, outcome: &mut Result<Value, ErrorObject>) {
-    let Ok(Value::Object(result)) = outcome else { return };
-    if result.get("resultType").and_then(Value::as_str) != Some(input_required::RESULT_TYPE) {
+    let Ok(result) = outcome else { return };
+    if !input_required::asks(result) {
         return;
     }
+    let Value::Object(result) = result else { return };
     let failure =
         |message: String| Err(ErrorObject::with_reason(code::INTERNAL_ERROR, message, "input_required_invalid"));
     if !input_required::METHODS.contains(&method) {
@@ -107,9 +108,6 @@ pub(crate) fn seal(shared: &ServerState, method: &str, binding: &str, outcome: &
     }
 }
 
-/// Most rounds a handler may ask for input in a legacy session.
-const MAX_INPUT_ROUNDS: usize = 16;
-
 /// Runs a handler in a legacy session, where the client knows nothing of multi round-trip
 /// requests: what the handler asks for in an `InputRequiredResult` the server asks the client
 /// itself (server-to-client requests on the request's stream), then runs the handler again with
@@ -120,15 +118,13 @@ pub(crate) async fn ask_in_session(
     method: String,
     params: Value,
 ) -> Result<Value, ErrorObject> {
-    for _ in 0..MAX_INPUT_ROUNDS {
+    for _ in 0..input_required::MAX_ROUNDS {
         let result = handler.call(ctx.clone(), method.clone(), params.clone()).await?;
-        if result.get("resultType").and_then(Value::as_str) != Some(input_required::RESULT_TYPE) {
+        if !input_required::asks(&result) {
             return Ok(result);
         }
         let mut responses = serde_json::Map::new();
-        for (key, request) in result.get("inputRequests").and_then(Value::as_object).into_iter().flatten() {
-            let asked = request.get("method").and_then(Value::as_str).unwrap_or_default();
-            let asked_params = request.get("params").cloned().unwrap_or_else(|| json!({}));
+        for (key, asked, asked_params) in input_required::requests(&result) {
             let answer = ctx.request(asked, asked_params).await.map_err(|err| {
                 ErrorObject::with_reason(
                     code::INTERNAL_ERROR,
@@ -136,13 +132,13 @@ pub(crate) async fn ask_in_session(
                     "input_failed",
                 )
             })?;
-            responses.insert(key.clone(), answer);
+            responses.insert(key.to_owned(), answer);
         }
         ctx.next_round(Input { responses, state: result.get(input_required::STATE).cloned() });
     }
     Err(ErrorObject::with_reason(
         code::INTERNAL_ERROR,
-        format!("the handler still asked for input after {MAX_INPUT_ROUNDS} rounds"),
+        format!("the handler still asked for input after {} rounds", input_required::MAX_ROUNDS),
         "input_required_invalid",
     ))
 }
