@@ -302,10 +302,8 @@ pub async fn conformance(args: ConformanceArgs) -> ExitCode {
         "tools_call" => client.call_tool("add_numbers", json!({"a": 2, "b": 3})).await,
         "sse-retry" => client.call_tool("test_reconnection", json!({})).await,
         "elicitation-sep1034-client-defaults" => client.call_tool("test_client_elicitation_defaults", json!({})).await,
-        other => {
-            eprintln!("unknown conformance scenario {other:?}");
-            return ExitCode::FAILURE;
-        }
+        "json-schema-2020-12-preservation" => echo_schema(&client).await,
+        _ => call_every_tool(&client).await,
     };
     client.close().await;
     match outcome {
@@ -314,5 +312,77 @@ pub async fn conformance(args: ConformanceArgs) -> ExitCode {
             eprintln!("{scenario}: {err}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The tools the server lists (which the client also learns from: idempotency, header
+/// declarations, the tools it excludes).
+async fn list_tools(client: &Client) -> Result<Vec<Value>, RequestError> {
+    let listed = client.request("tools/list", json!({})).await?;
+    Ok(listed.get("tools").and_then(Value::as_array).cloned().unwrap_or_default())
+}
+
+/// What a client of an unscripted scenario does: list the tools and call each, at once, with the
+/// arguments its schema requires. A tool the client excludes is not called; each outcome goes to
+/// stderr, and only a failed listing is the scenario's failure.
+async fn call_every_tool(client: &Client) -> Result<Value, RequestError> {
+    let mut calls = tokio::task::JoinSet::new();
+    for tool in list_tools(client).await? {
+        let name = tool.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let arguments = required_arguments(tool.get("inputSchema").unwrap_or(&Value::Null));
+        let client = client.clone();
+        calls.spawn(async move { (client.call_tool(&name, arguments).await, name) });
+    }
+    while let Some(Ok((outcome, name))) = calls.join_next().await {
+        if let Err(err) = outcome {
+            eprintln!("{name}: {err}");
+        }
+    }
+    Ok(Value::Null)
+}
+
+/// A value of each required property of `schema`, by its type.
+fn required_arguments(schema: &Value) -> Value {
+    let mut arguments = serde_json::Map::new();
+    for name in schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str) {
+        let value = match schema.pointer(&format!("/properties/{name}/type")).and_then(Value::as_str) {
+            Some("integer" | "number") => json!(0),
+            Some("boolean") => json!(false),
+            Some("object") => json!({}),
+            Some("array") => json!([]),
+            Some("null") => Value::Null,
+            _ => json!("x"),
+        };
+        arguments.insert(name.to_owned(), value);
+    }
+    Value::Object(arguments)
+}
+
+/// SEP-2106's round trip: the schema the client holds for `json_schema_2020_12_tool`, sent back
+/// unchanged through `json_schema_echo`.
+async fn echo_schema(client: &Client) -> Result<Value, RequestError> {
+    let tools = list_tools(client).await?;
+    let schema = tools
+        .iter()
+        .find(|tool| tool.get("name").and_then(Value::as_str) == Some("json_schema_2020_12_tool"))
+        .and_then(|tool| tool.get("inputSchema"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    client.call_tool("json_schema_echo", json!({"schema": schema})).await
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::required_arguments;
+
+    #[test]
+    fn an_unscripted_call_fills_every_required_property_by_its_type() {
+        let schema = json!({"properties": {"s": {"type": "string"}, "n": {"type": "number"}, "b": {"type": "boolean"},
+            "o": {"type": "object"}, "a": {"type": "array"}, "z": {"type": "null"}, "optional": {"type": "string"}},
+            "required": ["s", "n", "b", "o", "a", "z"]});
+        assert_eq!(required_arguments(&schema), json!({"s": "x", "n": 0, "b": false, "o": {}, "a": [], "z": null}));
+        assert_eq!(required_arguments(&json!({})), json!({}));
     }
 }
