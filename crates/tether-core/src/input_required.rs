@@ -11,6 +11,7 @@
 use serde_json::{Map, Value};
 use sha2::{Digest as _, Sha256};
 
+use crate::base64::{self, Encoding};
 use crate::lineage::base64url;
 
 /// The `resultType` of a result that asks for input.
@@ -136,7 +137,7 @@ impl StateKey {
         if !same {
             return Err(InputError::State);
         }
-        let json = decode_base64url(payload).ok_or(InputError::State)?;
+        let json = base64::decode(payload, Encoding::UrlUnpadded).ok_or(InputError::State)?;
         serde_json::from_slice(&json).map_err(|_| InputError::State)
     }
 
@@ -163,28 +164,6 @@ impl StateKey {
             .finalize()
             .into()
     }
-}
-
-fn decode_base64url(text: &str) -> Option<Vec<u8>> {
-    let digit = |c: u8| match c {
-        b'A'..=b'Z' => Some(c - b'A'),
-        b'a'..=b'z' => Some(c - b'a' + 26),
-        b'0'..=b'9' => Some(c - b'0' + 52),
-        b'-' => Some(62),
-        b'_' => Some(63),
-        _ => None,
-    };
-    let mut out = Vec::with_capacity(text.len() * 3 / 4);
-    let (mut acc, mut bits) = (0u32, 0);
-    for c in text.bytes() {
-        acc = (acc << 6) | u32::from(digit(c)?);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-        }
-    }
-    Some(out)
 }
 
 #[cfg(test)]

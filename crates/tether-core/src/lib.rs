@@ -5,10 +5,11 @@
 //! - [`param_headers`]: tool parameters mirrored in HTTP headers (SEP-2243).
 //! - [`input_required`]: multi round-trip requests and their sealed state (SEP-2322).
 //! - [`tasks`]: when a call becomes a task, task statuses and their wire shape (SEP-2663).
-//! - [`date`]: UTC calendar dates and RFC 3339 timestamps.
+//! - [`date`]: UTC calendar dates and RFC 3339 timestamps; [`base64`]: both RFC 4648 encodings.
 //! - [`lineage`]: event ids, digests, and the two resumption decisions every other crate
 //!   calls instead of deciding for itself.
 
+pub mod base64;
 pub mod date;
 pub mod input_required;
 pub mod jsonrpc;

@@ -8,6 +8,8 @@
 
 use serde_json::Value;
 
+use crate::base64::{self, Encoding};
+
 /// The prefix of every parameter header.
 pub const PREFIX: &str = "mcp-param-";
 
@@ -169,7 +171,7 @@ pub fn decode_value(raw: &str) -> Result<String, ValueError> {
     else {
         return Ok(raw.to_owned());
     };
-    String::from_utf8(decode_base64(encoded).ok_or(ValueError::Base64)?)
+    String::from_utf8(base64::decode(encoded, Encoding::StandardPadded).ok_or(ValueError::Base64)?)
         .map_err(|_| ValueError::Utf8)
 }
 
@@ -180,53 +182,11 @@ pub fn encode_value(value: &str) -> String {
     if plain {
         value.to_owned()
     } else {
-        format!("=?base64?{}?=", encode_base64(value.as_bytes()))
+        format!(
+            "=?base64?{}?=",
+            base64::encode(value.as_bytes(), Encoding::StandardPadded)
+        )
     }
-}
-
-const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-fn encode_base64(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, &b)| n | (u32::from(b) << (16 - 8 * i)));
-        for i in 0..4 {
-            out.push(if i <= chunk.len() {
-                char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize])
-            } else {
-                '='
-            });
-        }
-    }
-    out
-}
-
-/// Standard base64, its padding required: 4-character groups, `=` only at the end.
-fn decode_base64(text: &str) -> Option<Vec<u8>> {
-    let bytes = text.as_bytes();
-    if !bytes.len().is_multiple_of(4) {
-        return None;
-    }
-    let digit = |c: u8| ALPHABET.iter().position(|&a| a == c).map(|d| d as u32);
-    let mut out = Vec::with_capacity(bytes.len() / 4 * 3);
-    let groups = bytes.chunks(4).count();
-    for (i, group) in bytes.chunks(4).enumerate() {
-        let pad = group.iter().rev().take_while(|&&c| c == b'=').count();
-        if pad > 2 || (pad > 0 && i + 1 != groups) {
-            return None;
-        }
-        let mut n = 0u32;
-        for &c in &group[..4 - pad] {
-            n = (n << 6) | digit(c)?;
-        }
-        n <<= 6 * pad as u32;
-        let decoded = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
-        out.extend_from_slice(&decoded[..3 - pad]);
-    }
-    Some(out)
 }
 
 #[cfg(test)]

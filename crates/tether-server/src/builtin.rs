@@ -437,6 +437,11 @@ fn listed_roots(ctx: &Context, key: &str) -> Option<Vec<String>> {
     Some(roots.iter().filter_map(|r| r.get("uri").and_then(Value::as_str)).map(str::to_owned).collect())
 }
 
+/// The `name` the user gave in an elicitation's content (or a state that kept it).
+fn name_in(content: &Value) -> &str {
+    content.get("name").and_then(Value::as_str).unwrap_or("stranger")
+}
+
 /// The tools the conformance suite's multi round-trip scenarios (SEP-2322) call: each asks the
 /// client for input through the result, never through a server-to-client request.
 fn add_input_required_tools(tools: &mut ToolSet) {
@@ -445,10 +450,7 @@ fn add_input_required_tools(tools: &mut ToolSet) {
         tool("test_input_required_result_elicitation", "Asks the user's name, then greets them.", none()),
         |ctx, _| async move {
             Ok(match elicited(&ctx, "user_name")? {
-                Some(content) => text_result(format!(
-                    "Hello, {}!",
-                    content.get("name").and_then(Value::as_str).unwrap_or("stranger")
-                )),
+                Some(content) => text_result(format!("Hello, {}!", name_in(&content))),
                 None => InputRequired::new()
                     .ask("user_name", "elicitation/create", elicitation("What is your name?", "name"))
                     .into_result(),
@@ -514,7 +516,7 @@ fn add_input_required_tools(tools: &mut ToolSet) {
             let roots = listed_roots(&ctx, "client_roots");
             if let (Some(name), Some(greeting), Some(roots), Some(_)) = (&name, &greeting, &roots, ctx.request_state())
             {
-                let name = name.get("name").and_then(Value::as_str).unwrap_or("stranger");
+                let name = name_in(name);
                 return Ok(text_result(format!("{greeting} {name} ({} roots)", roots.len())));
             }
             Ok(InputRequired::new()
@@ -539,7 +541,7 @@ fn add_input_required_tools(tools: &mut ToolSet) {
                 }
                 Some(2) if let Some(answer) = elicited(&ctx, "step2")? => {
                     let state = ctx.request_state().unwrap_or(Value::Null);
-                    let name = state.get("name").and_then(Value::as_str).unwrap_or("stranger");
+                    let name = name_in(&state);
                     let color = answer.get("color").and_then(Value::as_str).unwrap_or("no colour");
                     text_result(format!("{name} likes {color}"))
                 }
@@ -557,10 +559,7 @@ fn add_input_required_tools(tools: &mut ToolSet) {
                 return Ok(text_result(format!("The model said: {text}")));
             }
             if let Some(content) = elicited(&ctx, "user_name")? {
-                return Ok(text_result(format!(
-                    "Hello, {}!",
-                    content.get("name").and_then(Value::as_str).unwrap_or("stranger")
-                )));
+                return Ok(text_result(format!("Hello, {}!", name_in(&content))));
             }
             let can = |capability: &str| ctx.client_capabilities().get(capability).is_some();
             let mut ask = InputRequired::new();

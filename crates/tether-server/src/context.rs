@@ -77,9 +77,6 @@ pub(crate) struct RequestMeta {
     pub client_request_timeout: std::time::Duration,
     /// The store's name of the request's idempotency key, if it carries one.
     pub idempotency_key: Option<String>,
-    /// What the request brings back from its earlier rounds (SEP-2322), moved into the context
-    /// it runs with.
-    pub input: Input,
 }
 
 /// What a 2026-07-28 request brings back from its earlier rounds (SEP-2322): the client's
@@ -322,7 +319,8 @@ impl std::fmt::Debug for Context {
 impl Context {
     pub(crate) fn new(
         output: Output,
-        mut meta: RequestMeta,
+        meta: RequestMeta,
+        input: Input,
         cancel: CancellationToken,
         server: Arc<crate::ServerState>,
     ) -> (Context, oneshot::Receiver<FirstOutput>) {
@@ -339,7 +337,7 @@ impl Context {
             }
             Output::Direct { .. } => None,
         };
-        let input = Mutex::new(std::mem::take(&mut meta.input));
+        let input = Mutex::new(input);
         let shared = RequestState { output, writes, write_failure, first, meta, input, cancel, server };
         (Context { shared: Arc::new(shared) }, rx)
     }

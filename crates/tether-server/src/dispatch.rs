@@ -251,9 +251,8 @@ async fn run_recorded(
             Prepared::Keyed { keyed, .. } => Some(keyed.name.clone()),
             Prepared::Ready(_) => None,
         },
-        input: Input::default(),
     };
-    let (ctx, first) = Context::new(output, meta, cancel.clone(), Arc::clone(shared));
+    let (ctx, first) = Context::new(output, meta, Input::default(), cancel.clone(), Arc::clone(shared));
     let job = match job {
         Prepared::Ready(job) => Ok(job),
         Prepared::Keyed { keyed, claim, claimed } => {
@@ -349,7 +348,6 @@ pub(crate) async fn start_direct(
             .and_then(LogLevel::parse),
         client_request_timeout: shared.config.client_request_timeout,
         idempotency_key: keyed.as_ref().map(|k| k.name.clone()),
-        input,
     };
     let cancel_on_close = keyed.is_none();
     let job = match keyed {
@@ -359,7 +357,7 @@ pub(crate) async fn start_direct(
         }
         None => Job::Run(None),
     };
-    let (ctx, first) = Context::new(output, meta, cancel.clone(), Arc::clone(shared));
+    let (ctx, first) = Context::new(output, meta, input, cancel.clone(), Arc::clone(shared));
     let info = shared.handler.info();
     let server_info = json!({"name": info.name, "version": info.version});
     let shared = Arc::clone(shared);

@@ -92,23 +92,12 @@ impl FromStr for Epoch {
 
 /// Unpadded base64url: the alphabet of epochs and session ids.
 pub fn base64url(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    push_base64url(&mut out, bytes);
-    out
+    crate::base64::encode(bytes, crate::base64::Encoding::UrlUnpadded)
 }
 
 /// Appends `bytes` to `out` as unpadded base64url.
 pub fn push_base64url(out: &mut String, bytes: &[u8]) {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, &b)| n | (u32::from(b) << (16 - 8 * i)));
-        for i in 0..=chunk.len() {
-            out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
-        }
-    }
+    crate::base64::push(out, bytes, crate::base64::Encoding::UrlUnpadded);
 }
 
 /// A session's id (`Mcp-Session-Id`): visible ASCII, as the spec requires of it, parsed once
