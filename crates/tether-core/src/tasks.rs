@@ -175,6 +175,305 @@ impl Task {
     }
 }
 
+/// The methods of the extension that tether serves itself.
+pub mod method {
+    /// Reads a task: its status and, once it has them, its result, error or input requests.
+    pub const GET: &str = "tasks/get";
+    /// Answers a task's input requests.
+    pub const UPDATE: &str = "tasks/update";
+    /// Cancels a task.
+    pub const CANCEL: &str = "tasks/cancel";
+    /// Methods of the first tasks design that SEP-2663 removed: unknown (-32601) before any other
+    /// check, so a client learns at once that they are gone.
+    pub const REMOVED: [&str; 2] = ["tasks/result", "tasks/list"];
+}
+
+/// How a tool's definition says it runs as a task (`execution.taskSupport`: `"optional"`,
+/// `"required"`; anything else, or nothing, is [`TaskSupport::Never`]).
+pub fn support_of(definition: &Value) -> TaskSupport {
+    match definition
+        .get("execution")
+        .and_then(|e| e.get("taskSupport"))
+        .and_then(Value::as_str)
+    {
+        Some("optional") => TaskSupport::Optional,
+        Some("required") => TaskSupport::Required,
+        _ => TaskSupport::Never,
+    }
+}
+
+impl TaskStatus {
+    /// The status with wire name `name`.
+    pub fn parse(name: &str) -> Option<TaskStatus> {
+        [
+            TaskStatus::Working,
+            TaskStatus::InputRequired,
+            TaskStatus::Completed,
+            TaskStatus::Failed,
+            TaskStatus::Cancelled,
+        ]
+        .into_iter()
+        .find(|status| status.as_str() == name)
+    }
+}
+
+/// Everything a server keeps of a task: what the client sees, who may see it, and what the run
+/// needs between its rounds. Stores keep it as [`TaskRecord::to_json`] and change it only through
+/// [`TaskRecord::apply`], inside one atomic step, so two replicas changing one task (a cancel
+/// here, a result there) never both win.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskRecord {
+    /// The task as the client sees it.
+    pub task: Task,
+    /// Who created it; only they may read, answer or cancel it. `None` without authentication.
+    pub principal: Option<String>,
+    /// How it ended, once it has: a result (completed) or a JSON-RPC error (failed).
+    pub outcome: Option<Result<Value, ErrorObject>>,
+    /// The input requests still unanswered, by key (status `input_required`).
+    pub input_requests: Map<String, Value>,
+    /// The answers received in this round, by key: handed to the next round of the tool.
+    pub input_responses: Map<String, Value>,
+    /// The tool's state between rounds, as it returned it (kept by the server, never sent).
+    pub request_state: Option<Value>,
+}
+
+/// A change to a task, applied by [`TaskRecord::apply`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum TaskChange {
+    /// The running tool asks for input: the task waits for `requests`, keeping `state`.
+    Ask {
+        /// The input requests, by key.
+        requests: Map<String, Value>,
+        /// The tool's state for its next round.
+        state: Option<Value>,
+    },
+    /// The client answers some input requests (`tasks/update`): answered keys leave the pending
+    /// ones, unknown keys are ignored, and once none is pending the task works again.
+    Answer(Map<String, Value>),
+    /// The run ended with this outcome.
+    Finish(Result<Value, ErrorObject>),
+    /// The client cancels the task.
+    Cancel,
+}
+
+/// Why a stored task could not be read back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unreadable task record: {0}")]
+pub struct TaskRecordError(String);
+
+impl TaskRecord {
+    /// A task created at `now_ms`, working.
+    pub fn new(
+        id: String,
+        principal: Option<String>,
+        now_ms: u64,
+        ttl_ms: Option<u64>,
+        poll_interval_ms: Option<u64>,
+    ) -> TaskRecord {
+        TaskRecord {
+            task: Task {
+                id,
+                status: TaskStatus::Working,
+                status_message: None,
+                created_at_ms: now_ms,
+                last_updated_at_ms: now_ms,
+                ttl_ms,
+                poll_interval_ms,
+            },
+            principal,
+            outcome: None,
+            input_requests: Map::new(),
+            input_responses: Map::new(),
+            request_state: None,
+        }
+    }
+
+    /// Applies `change` at `now_ms`; `false` if it changes nothing (a final task never changes,
+    /// input is asked and answered only while the task runs).
+    pub fn apply(&mut self, change: TaskChange, now_ms: u64) -> bool {
+        let status = self.task.status;
+        let next = match change {
+            TaskChange::Ask { requests, state } => {
+                if !status.may_become(TaskStatus::InputRequired) || requests.is_empty() {
+                    return false;
+                }
+                self.input_requests = requests;
+                self.input_responses = Map::new();
+                self.request_state = state;
+                TaskStatus::InputRequired
+            }
+            TaskChange::Answer(responses) => {
+                if status != TaskStatus::InputRequired {
+                    return false;
+                }
+                let mut answered = false;
+                for (key, response) in responses {
+                    if self.input_requests.remove(&key).is_some() {
+                        self.input_responses.insert(key, response);
+                        answered = true;
+                    }
+                }
+                if !self.input_requests.is_empty() {
+                    if answered {
+                        self.task.last_updated_at_ms = now_ms;
+                    }
+                    return answered;
+                }
+                TaskStatus::Working
+            }
+            TaskChange::Finish(outcome) => {
+                let next = TaskStatus::of_outcome(&outcome);
+                if !status.may_become(next) {
+                    return false;
+                }
+                self.outcome = Some(outcome);
+                next
+            }
+            TaskChange::Cancel => {
+                if !status.may_become(TaskStatus::Cancelled) {
+                    return false;
+                }
+                TaskStatus::Cancelled
+            }
+        };
+        if next.is_final() {
+            self.input_requests = Map::new();
+            self.input_responses = Map::new();
+            self.request_state = None;
+        }
+        self.task.status = next;
+        self.task.last_updated_at_ms = now_ms;
+        true
+    }
+
+    /// When a store may forget the task: `ttl_ms` after it was created, once it has finished
+    /// (a running task is kept until it ends, whatever its ttl). `None`: never.
+    pub fn forget_at_ms(&self) -> Option<u64> {
+        let ttl = self.task.ttl_ms?;
+        self.task
+            .status
+            .is_final()
+            .then(|| self.task.created_at_ms.saturating_add(ttl))
+    }
+
+    /// The `tasks/get` result: the task, `resultType: "complete"`, and what its status carries
+    /// (the result, the error or the pending input requests). Never the state.
+    pub fn detailed(&self) -> Value {
+        let mut fields = self.task.to_wire();
+        fields.insert("resultType".into(), json!("complete"));
+        match (&self.outcome, self.task.status) {
+            (Some(Ok(result)), TaskStatus::Completed) => {
+                fields.insert("result".into(), result.clone());
+            }
+            (Some(Err(error)), TaskStatus::Failed) => {
+                fields.insert("error".into(), error_value(error));
+            }
+            (_, TaskStatus::InputRequired) => {
+                fields.insert(
+                    "inputRequests".into(),
+                    Value::Object(self.input_requests.clone()),
+                );
+            }
+            _ => {}
+        }
+        Value::Object(fields)
+    }
+
+    /// The record as stores keep it.
+    pub fn to_json(&self) -> Value {
+        let task = &self.task;
+        let mut fields = Map::new();
+        fields.insert("id".into(), json!(task.id));
+        fields.insert("status".into(), json!(task.status.as_str()));
+        fields.insert("statusMessage".into(), json!(task.status_message));
+        fields.insert("createdAtMs".into(), json!(task.created_at_ms));
+        fields.insert("lastUpdatedAtMs".into(), json!(task.last_updated_at_ms));
+        fields.insert("ttlMs".into(), json!(task.ttl_ms));
+        fields.insert("pollIntervalMs".into(), json!(task.poll_interval_ms));
+        fields.insert("principal".into(), json!(self.principal));
+        match &self.outcome {
+            Some(Ok(result)) => {
+                fields.insert("result".into(), result.clone());
+            }
+            Some(Err(error)) => {
+                fields.insert("error".into(), error_value(error));
+            }
+            None => {}
+        }
+        fields.insert(
+            "inputRequests".into(),
+            Value::Object(self.input_requests.clone()),
+        );
+        fields.insert(
+            "inputResponses".into(),
+            Value::Object(self.input_responses.clone()),
+        );
+        if let Some(state) = &self.request_state {
+            fields.insert("requestState".into(), state.clone());
+        }
+        Value::Object(fields)
+    }
+
+    /// Reads back what [`TaskRecord::to_json`] wrote.
+    pub fn from_json(value: &Value) -> Result<TaskRecord, TaskRecordError> {
+        let bad = |what: &str| TaskRecordError(what.to_owned());
+        let text = |name: &str| value.get(name).and_then(Value::as_str);
+        let number = |name: &str| value.get(name).and_then(Value::as_u64);
+        let object = |name: &str| {
+            value
+                .get(name)
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default()
+        };
+        let status = text("status")
+            .and_then(TaskStatus::parse)
+            .ok_or_else(|| bad("status"))?;
+        let outcome = match (value.get("result"), value.get("error")) {
+            (Some(result), _) => Some(Ok(result.clone())),
+            (None, Some(error)) => Some(Err(error_object(error).ok_or_else(|| bad("error"))?)),
+            (None, None) => None,
+        };
+        Ok(TaskRecord {
+            task: Task {
+                id: text("id").ok_or_else(|| bad("id"))?.to_owned(),
+                status,
+                status_message: text("statusMessage").map(str::to_owned),
+                created_at_ms: number("createdAtMs").ok_or_else(|| bad("createdAtMs"))?,
+                last_updated_at_ms: number("lastUpdatedAtMs")
+                    .ok_or_else(|| bad("lastUpdatedAtMs"))?,
+                ttl_ms: number("ttlMs"),
+                poll_interval_ms: number("pollIntervalMs"),
+            },
+            principal: text("principal").map(str::to_owned),
+            outcome,
+            input_requests: object("inputRequests"),
+            input_responses: object("inputResponses"),
+            request_state: value.get("requestState").cloned(),
+        })
+    }
+}
+
+/// A JSON-RPC error object as JSON.
+fn error_value(error: &ErrorObject) -> Value {
+    let mut fields = Map::new();
+    fields.insert("code".into(), json!(error.code));
+    fields.insert("message".into(), json!(error.message));
+    if let Some(data) = &error.data {
+        fields.insert("data".into(), data.clone());
+    }
+    Value::Object(fields)
+}
+
+/// A JSON-RPC error object read from JSON.
+fn error_object(value: &Value) -> Option<ErrorObject> {
+    Some(ErrorObject {
+        code: value.get("code")?.as_i64()?,
+        message: value.get("message")?.as_str()?.to_owned(),
+        data: value.get("data").cloned(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,5 +571,151 @@ mod tests {
             .created_result()["ttlMs"],
             Value::Null
         );
+    }
+
+    fn record() -> TaskRecord {
+        TaskRecord::new(
+            "t1".into(),
+            Some("alice".into()),
+            1_000,
+            Some(60_000),
+            Some(250),
+        )
+    }
+
+    fn map(value: Value) -> Map<String, Value> {
+        match value {
+            Value::Object(map) => map,
+            other => panic!("not an object: {other}"),
+        }
+    }
+
+    #[test]
+    fn input_is_answered_key_by_key_and_the_task_works_again_once_all_are() {
+        let mut task = record();
+        let asked = map(
+            json!({"a": {"method": "elicitation/create"}, "b": {"method": "elicitation/create"}}),
+        );
+        assert!(task.apply(
+            TaskChange::Ask {
+                requests: asked,
+                state: Some(json!({"round": 1}))
+            },
+            2_000
+        ));
+        assert_eq!(task.task.status, TaskStatus::InputRequired);
+        assert!(task.apply(
+            TaskChange::Answer(map(json!({"a": {"action": "accept"}, "zz": {}}))),
+            3_000
+        ));
+        assert_eq!(
+            task.task.status,
+            TaskStatus::InputRequired,
+            "b is still pending"
+        );
+        let shown = task.detailed();
+        assert_eq!(shown["inputRequests"].as_object().map(|m| m.len()), Some(1));
+        assert!(shown["inputRequests"].get("b").is_some());
+        assert!(
+            shown.get("requestState").is_none(),
+            "the state is never shown"
+        );
+        assert!(
+            !task.apply(TaskChange::Answer(map(json!({"zz": {}}))), 3_500),
+            "unknown keys change nothing"
+        );
+        assert!(task.apply(
+            TaskChange::Answer(map(json!({"b": {"action": "decline"}}))),
+            4_000
+        ));
+        assert_eq!(task.task.status, TaskStatus::Working);
+        assert_eq!(task.input_responses.len(), 2);
+        assert_eq!(task.request_state, Some(json!({"round": 1})));
+        assert_eq!(task.task.last_updated_at_ms, 4_000);
+    }
+
+    #[test]
+    fn the_first_final_change_wins_and_clears_the_input() {
+        let mut task = record();
+        assert!(task.apply(
+            TaskChange::Ask {
+                requests: map(json!({"a": {}})),
+                state: None
+            },
+            2_000
+        ));
+        assert!(task.apply(TaskChange::Cancel, 3_000));
+        assert_eq!(task.task.status, TaskStatus::Cancelled);
+        assert!(task.input_requests.is_empty());
+        assert!(
+            !task.apply(TaskChange::Finish(Ok(json!({"content": []}))), 4_000),
+            "a late result loses"
+        );
+        assert!(!task.apply(TaskChange::Cancel, 4_000));
+        assert_eq!(
+            (task.task.status, task.outcome.clone()),
+            (TaskStatus::Cancelled, None)
+        );
+        assert_eq!(task.task.last_updated_at_ms, 3_000);
+        let mut failed = record();
+        assert!(
+            !failed.apply(TaskChange::Answer(map(json!({"a": {}}))), 2_000),
+            "nothing was asked"
+        );
+        assert!(failed.apply(
+            TaskChange::Finish(Err(ErrorObject::with_reason(-32603, "boom", "x"))),
+            2_000
+        ));
+        let shown = failed.detailed();
+        assert_eq!(
+            (shown["status"].clone(), shown["error"]["code"].clone()),
+            (json!("failed"), json!(-32603))
+        );
+        assert!(shown.get("result").is_none());
+        assert_eq!(failed.forget_at_ms(), Some(61_000));
+        assert_eq!(record().forget_at_ms(), None, "a running task is kept");
+    }
+
+    #[test]
+    fn a_record_reads_back_as_it_was_written() {
+        let mut task = record();
+        task.apply(
+            TaskChange::Ask {
+                requests: map(json!({"a": {"method": "m"}})),
+                state: Some(json!([1])),
+            },
+            2_000,
+        );
+        task.apply(TaskChange::Answer(map(json!({"a": {"x": 1}}))), 2_500);
+        assert_eq!(TaskRecord::from_json(&task.to_json()), Ok(task.clone()));
+        task.apply(
+            TaskChange::Finish(Err(ErrorObject {
+                code: -1,
+                message: "m".into(),
+                data: None,
+            })),
+            3_000,
+        );
+        assert_eq!(TaskRecord::from_json(&task.to_json()), Ok(task));
+        let done = {
+            let mut done = TaskRecord::new("t2".into(), None, 5, None, None);
+            done.apply(
+                TaskChange::Finish(Ok(json!({"content": [{"type": "text", "text": "hi"}]}))),
+                6,
+            );
+            done
+        };
+        assert_eq!(TaskRecord::from_json(&done.to_json()), Ok(done.clone()));
+        assert_eq!(done.detailed()["result"]["content"][0]["text"], "hi");
+        assert!(TaskRecord::from_json(&json!({"id": "t"})).is_err());
+        assert_eq!(
+            support_of(&json!({"execution": {"taskSupport": "required"}})),
+            TaskSupport::Required
+        );
+        assert_eq!(
+            support_of(&json!({"execution": {"taskSupport": "forbidden"}})),
+            TaskSupport::Never
+        );
+        assert_eq!(support_of(&json!({})), TaskSupport::Never);
     }
 }

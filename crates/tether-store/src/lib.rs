@@ -19,6 +19,7 @@ use std::pin::Pin;
 
 use bytes::Bytes;
 use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange};
+use tether_core::tasks::{TaskChange, TaskRecord};
 
 pub use memory::MemoryStore;
 pub use record::{
@@ -80,15 +81,15 @@ pub struct RelayedAnswer {
 
 /// Where sessions, events and request records live: every concern of the store the server's
 /// guarantees rest on, held as one `Arc<dyn Store>`. Implemented for whatever implements the
-/// four. Counters are not among them: they are state of the built-in tools
+/// five. Counters are not among them: they are state of the built-in tools
 /// ([`CounterStore`]), which each backend also keeps.
 ///
 /// Implementations must make each method atomic: in particular [`EventLog::append`] checks the
 /// incarnation and assigns the next sequence number in one step, and
 /// [`EventLog::begin_request`] records the request and opens its stream in one step.
-pub trait Store: SessionStore + EventLog + KeyRecords + Relay + 'static {}
+pub trait Store: SessionStore + EventLog + KeyRecords + Relay + TaskStore + 'static {}
 
-impl<T: SessionStore + EventLog + KeyRecords + Relay + 'static> Store for T {}
+impl<T: SessionStore + EventLog + KeyRecords + Relay + TaskStore + 'static> Store for T {}
 
 /// Sessions: created under a limit, renewed, ended, expired by the sweep, each with its
 /// incarnation (epoch) and its standalone stream.
@@ -117,7 +118,7 @@ pub trait SessionStore: Send + Sync {
     fn standalone_stream(&self, session: &SessionId) -> StoreFuture<'_, Option<StreamName>>;
 
     /// Applies retention at `now_ms`: drops ended streams past their retention, forgets ended
-    /// sessions past their tombstone time, and marks sessions past their deadline expired. It is
+    /// sessions past their tombstone time and finished tasks past their ttl, and marks sessions past their deadline expired. It is
     /// also this process's heartbeat where processes share a store (Redis): requests owned by a
     /// process whose heartbeat is older than the lease are marked aborted. Idempotency records
     /// past their time, and the oldest finished ones past the count bound, are forgotten.
@@ -293,6 +294,34 @@ pub trait KeyRecords: Send + Sync {
     /// Records the outcome of this process's running request for `key` (`{"result": …}` or
     /// `{"error": …}`). A key another process took over meanwhile is left alone.
     fn finish_key(&self, key: &str, outcome: Bytes) -> StoreFuture<'_, ()>;
+}
+
+/// A task as the store holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredTask {
+    /// The task.
+    pub record: TaskRecord,
+    /// The process running it is gone (the embedded store: another process wrote it; Redis: its
+    /// owner's heartbeat lapsed), so an unfinished task will never finish by itself.
+    pub abandoned: bool,
+}
+
+/// Tasks (SEP-2663): created durably before the client learns their id, read and changed by any
+/// process sharing the store, and owned by the process that runs them, so that a task whose
+/// process died is known to be abandoned instead of reading "working" forever.
+pub trait TaskStore: Send + Sync {
+    /// Records a new task, run by this process. With `key` (an idempotency key's store name and
+    /// the outcome to record for it: the response that created the task), the key's request
+    /// finishes with it, so a re-sent creation is answered with the same task: in one step
+    /// where the backend can (the embedded store: one transaction), else the task first.
+    fn create_task(&self, record: TaskRecord, key: Option<(String, Bytes)>) -> StoreFuture<'_, ()>;
+
+    /// The task with id `id`, if it exists and has not been forgotten.
+    fn task(&self, id: &str, now_ms: u64) -> StoreFuture<'_, Option<StoredTask>>;
+
+    /// Applies `change` to task `id` at `now_ms` ([`TaskRecord::apply`]) in one atomic step: the
+    /// task as it is afterwards, and whether it changed; `None` if there is no such task.
+    fn update_task(&self, id: &str, change: TaskChange, now_ms: u64) -> StoreFuture<'_, Option<(StoredTask, bool)>>;
 }
 
 /// The relay of clients' answers between replicas sharing the store.

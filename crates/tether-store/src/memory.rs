@@ -25,8 +25,9 @@ use crate::record::{
 };
 use crate::{
     CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, RequestKey, SessionStore, StoreError,
-    StoreFuture,
+    StoreFuture, StoredTask, TaskStore,
 };
+use tether_core::tasks::{TaskChange, TaskRecord};
 
 /// A [`Store`] held in process memory, bounded by its [`Retention`].
 #[derive(Debug)]
@@ -34,6 +35,8 @@ pub struct MemoryStore {
     retention: Retention,
     records_id: String,
     inner: Mutex<Inner>,
+    /// Tasks, by id: under a lock of their own, which requests that are not tasks never take.
+    tasks: Mutex<HashMap<String, TaskRecord>>,
 }
 
 #[derive(Debug, Default)]
@@ -216,7 +219,7 @@ impl MemoryStore {
             let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
             format!("m{}-{nanos}", std::process::id())
         });
-        MemoryStore { retention, records_id, inner: Mutex::new(Inner::default()) }
+        MemoryStore { retention, records_id, inner: Mutex::new(Inner::default()), tasks: Mutex::default() }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -333,6 +336,7 @@ impl SessionStore for MemoryStore {
                     tokio::task::yield_now().await;
                 }
             }
+            self.tasks().retain(|_, task| task.forget_at_ms().is_none_or(|at| at > now_ms));
             loop {
                 let (forgotten, more) = forget_keys(&mut self.lock(), now_ms, &self.retention);
                 drop(forgotten);
@@ -495,6 +499,37 @@ impl KeyRecords for MemoryStore {
             record.outcome = Some(outcome);
         }
         ready(Ok(()))
+    }
+}
+
+impl MemoryStore {
+    fn tasks(&self) -> MutexGuard<'_, HashMap<String, TaskRecord>> {
+        // Plain data, changed in single statements: consistent after a panic elsewhere.
+        self.tasks.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl TaskStore for MemoryStore {
+    fn create_task(&self, record: TaskRecord, key: Option<(String, Bytes)>) -> StoreFuture<'_, ()> {
+        self.tasks().insert(record.task.id.clone(), record);
+        match key {
+            Some((key, outcome)) => self.finish_key(&key, outcome),
+            None => ready(Ok(())),
+        }
+    }
+
+    fn task(&self, id: &str, _now_ms: u64) -> StoreFuture<'_, Option<StoredTask>> {
+        // One process: every task here is this process's.
+        ready(Ok(self.tasks().get(id).map(|record| StoredTask { record: record.clone(), abandoned: false })))
+    }
+
+    fn update_task(&self, id: &str, change: TaskChange, now_ms: u64) -> StoreFuture<'_, Option<(StoredTask, bool)>> {
+        let mut tasks = self.tasks();
+        let updated = tasks.get_mut(id).map(|record| {
+            let changed = record.apply(change, now_ms);
+            (StoredTask { record: record.clone(), abandoned: false }, changed)
+        });
+        ready(Ok(updated))
     }
 }
 

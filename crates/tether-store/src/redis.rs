@@ -22,8 +22,9 @@ use crate::record::{
 };
 use crate::{
     CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, RequestKey, SessionStore, StoreError,
-    StoreFuture,
+    StoreFuture, StoredTask, TaskStore,
 };
+use tether_core::tasks::{TaskChange, TaskRecord};
 
 /// The channel appends and stream ends are announced on.
 const NOTIFY: &str = "tether:notify";
@@ -37,6 +38,8 @@ const KEYS: &str = "tether:keys";
 /// The name of this Redis's idempotency records, set by the first replica.
 const RECORDS_ID: &str = "tether:records-id";
 const OWNERS: &str = "tether:owners";
+/// Finished tasks by when they may be forgotten (by the sweep, on the servers' clock).
+const TASKS_DUE: &str = "tether:tasks-due";
 /// Ended sessions (`m<SEP>session`) and ended streams (`s<SEP>session<SEP>stream`) waiting out
 /// their retention; the score is when a sweep first saw them (0 until then).
 const RETIRING: &str = "tether:retiring";
@@ -115,6 +118,14 @@ fn owned_member(session: &str, stream: &str) -> String {
 fn key_record(key: &str) -> String {
     format!("tether:k:{{{key}}}")
 }
+fn task_key(id: &str) -> String {
+    format!("tether:task:{id}")
+}
+
+/// How often a task's change is retried when another replica changed it between the read and the
+/// swap: each retry means another change won, so this bounds contention, not progress.
+const TASK_SWAPS: usize = 64;
+
 fn counter_op_key(op: &str) -> String {
     format!("{COUNTERS}:once:{op}")
 }
@@ -176,11 +187,22 @@ struct Scripts {
     take_over: Script,
     finish: Script,
     counter_once: Script,
+    task_swap: Script,
 }
 
 fn scripts() -> &'static Scripts {
     static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
     SCRIPTS.get_or_init(|| Scripts {
+        // KEYS[1] a task, KEYS[2] the tasks to forget; ARGV[1] its record as read, ARGV[2] the new
+        // one, ARGV[3] when it may be forgotten (0: not yet), ARGV[4] its id. 1: swapped; 0: it
+        // changed meanwhile.
+        task_swap: script(
+            r"
+if redis.call('HGET', KEYS[1], 'record') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'record', ARGV[2])
+if ARGV[3] ~= '0' then redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4]) end
+return 1",
+        ),
         // KEYS[1] the live sessions by deadline; ARGV[1] most live, ARGV[2] deadline, ARGV[3] id.
         // 1: admitted; 0: too many; -1: the id is live already.
         admit: script(
@@ -745,6 +767,18 @@ impl SessionStore for RedisStore {
                 let _: i64 = conn.hdel(OWNERS, &owner).await.map_err(backend)?;
             }
             self.forget_keys(&mut conn, now_ms).await?;
+            let tasks: Vec<String> = conn.zrangebyscore(TASKS_DUE, 0, now_ms).await.map_err(backend)?;
+            for id in tasks {
+                redis::pipe()
+                    .atomic()
+                    .del(task_key(&id))
+                    .ignore()
+                    .zrem(TASKS_DUE, &id)
+                    .ignore()
+                    .query_async::<()>(&mut conn)
+                    .await
+                    .map_err(backend)?;
+            }
             // Retention: stamp what ended since the last sweep, drop what has waited long enough.
             let fresh: Vec<String> = conn.zrangebyscore(RETIRING, 0, 0).await.map_err(backend)?;
             for member in fresh {
@@ -1085,6 +1119,88 @@ impl KeyRecords for RedisStore {
                 .await
                 .map_err(backend)?;
             Ok(())
+        })
+    }
+}
+
+impl RedisStore {
+    /// Reads a task: its record as stored (for the swap) and as read, and whether its owner's
+    /// heartbeat lapsed.
+    async fn read_task(
+        &self,
+        conn: &mut ConnectionManager,
+        id: &str,
+        now_ms: u64,
+    ) -> Result<Option<(String, StoredTask)>, StoreError> {
+        let (text, owner): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(task_key(id))
+            .arg("record")
+            .arg("owner")
+            .query_async(conn)
+            .await
+            .map_err(backend)?;
+        let Some(text) = text else { return Ok(None) };
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(backend)?;
+        let record = TaskRecord::from_json(&value).map_err(backend)?;
+        let abandoned = !self.owner_alive(conn, owner.as_deref().unwrap_or_default(), now_ms).await?;
+        Ok(Some((text, StoredTask { record, abandoned })))
+    }
+}
+
+impl TaskStore for RedisStore {
+    fn create_task(&self, record: TaskRecord, key: Option<(String, Bytes)>) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let mut conn = self.conn();
+            // The heartbeat first, in the same round trip: the task is never without a live owner.
+            redis::pipe()
+                .atomic()
+                .hset(OWNERS, &self.owner, record.task.created_at_ms)
+                .ignore()
+                .hset_multiple(
+                    task_key(&record.task.id),
+                    &[("record", record.to_json().to_string()), ("owner", self.owner.clone())],
+                )
+                .ignore()
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(backend)?;
+            if let Some((key, outcome)) = key {
+                self.finish_key(&key, outcome).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn task(&self, id: &str, now_ms: u64) -> StoreFuture<'_, Option<StoredTask>> {
+        let id = id.to_owned();
+        Box::pin(async move { Ok(self.read_task(&mut self.conn(), &id, now_ms).await?.map(|(_, task)| task)) })
+    }
+
+    fn update_task(&self, id: &str, change: TaskChange, now_ms: u64) -> StoreFuture<'_, Option<(StoredTask, bool)>> {
+        let id = id.to_owned();
+        Box::pin(async move {
+            let mut conn = self.conn();
+            for _ in 0..TASK_SWAPS {
+                let Some((read, mut stored)) = self.read_task(&mut conn, &id, now_ms).await? else { return Ok(None) };
+                if !stored.record.apply(change.clone(), now_ms) {
+                    return Ok(Some((stored, false)));
+                }
+                let swapped: i64 = scripts()
+                    .task_swap
+                    .key(task_key(&id))
+                    .key(TASKS_DUE)
+                    .arg(read)
+                    .arg(stored.record.to_json().to_string())
+                    .arg(stored.record.forget_at_ms().unwrap_or(0))
+                    .arg(&id)
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(backend)?;
+                if swapped == 1 {
+                    return Ok(Some((stored, true)));
+                }
+            }
+            Err(StoreError::Backend(format!("task {id} kept changing under {TASK_SWAPS} attempts to change it")))
         })
     }
 }

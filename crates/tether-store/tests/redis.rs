@@ -184,6 +184,30 @@ async fn a_key_abandoned_by_a_dead_replica_is_reported_and_taken_over_once() {
 }
 
 #[tokio::test]
+async fn a_task_is_read_and_changed_from_any_replica_and_abandoned_with_its_owner() {
+    use tether_core::tasks::{TaskChange, TaskRecord, TaskStatus};
+    use tether_store::TaskStore;
+    let server = RedisServer::start().await;
+    let dead = RedisStore::open(&server.url, suite::retention(), "dead").await.expect("connect");
+    let a = RedisStore::open(&server.url, suite::retention(), "replica-a").await.expect("connect");
+    let b = RedisStore::open(&server.url, suite::retention(), "replica-b").await.expect("connect");
+    let lease = suite::retention().lease_ms;
+    a.create_task(TaskRecord::new("live".into(), None, 1_000, None, None), None).await.expect("create");
+    dead.create_task(TaskRecord::new("orphan".into(), None, 1_000, None, None), None).await.expect("create");
+    drop(dead);
+    let seen = b.task("live", 1_000 + lease).await.expect("read").expect("visible on b");
+    assert!(!seen.abandoned);
+    let (cancelled, changed) = b.update_task("live", TaskChange::Cancel, 1_100).await.expect("cancel").expect("exists");
+    assert!(changed);
+    assert_eq!(cancelled.record.task.status, TaskStatus::Cancelled);
+    let finish = TaskChange::Finish(Ok(serde_json::json!({"content": []})));
+    let (after, changed) = a.update_task("live", finish, 1_200).await.expect("finish").expect("exists");
+    assert_eq!((after.record.task.status, changed), (TaskStatus::Cancelled, false), "b's cancel won on a");
+    assert!(!a.task("orphan", 1_000 + lease).await.expect("read").expect("exists").abandoned, "its lease still runs");
+    assert!(b.task("orphan", 1_001 + lease).await.expect("read").expect("exists").abandoned);
+}
+
+#[tokio::test]
 async fn request_ids_past_the_bound_are_forgotten_oldest_first() {
     let (_server, store) = fresh().await;
     suite::request_ids_past_the_bound_are_forgotten_oldest_first(&store).await;

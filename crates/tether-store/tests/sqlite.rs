@@ -140,6 +140,33 @@ async fn a_reopened_store_aborts_what_the_previous_process_left_running() {
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
 
+#[tokio::test]
+async fn a_task_the_previous_process_left_running_is_abandoned_and_a_finished_one_is_not() {
+    use tether_core::tasks::{TaskChange, TaskRecord, TaskStatus};
+    use tether_store::TaskStore;
+    let dir = fresh_dir();
+    {
+        let dead = open(&dir, "dead");
+        for id in ["running", "done"] {
+            dead.create_task(TaskRecord::new(id.into(), None, 1_000, None, None), None).await.expect("create");
+        }
+        let finish = TaskChange::Finish(Ok(serde_json::json!({"content": []})));
+        dead.update_task("done", finish, 1_100).await.expect("finish").expect("exists");
+        let running = dead.task("running", 1_200).await.expect("read").expect("exists");
+        assert!(!running.abandoned, "its own process runs it");
+    }
+    let survivor = open(&dir, "survivor");
+    let running = survivor.task("running", 2_000).await.expect("read").expect("kept across the restart");
+    assert!(running.abandoned, "its process is gone");
+    let done = survivor.task("done", 2_000).await.expect("read").expect("kept across the restart");
+    assert_eq!((done.record.task.status, done.abandoned), (TaskStatus::Completed, true));
+    let (after, changed) =
+        survivor.update_task("running", TaskChange::Cancel, 2_100).await.expect("cancel").expect("exists");
+    assert!(changed && after.abandoned, "a change keeps the owner: it is still not this process's to run");
+    drop(survivor);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
 /// What the store answers about `streams`: each range, and every event read from the start in
 /// pages of 7.
 async fn snapshot(store: &SqliteStore, session: &SessionId, streams: &[StreamName]) -> Vec<String> {

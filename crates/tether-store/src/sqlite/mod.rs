@@ -30,8 +30,9 @@ use crate::record::{
 };
 use crate::{
     CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, RequestKey, SessionStore, StoreError,
-    StoreFuture,
+    StoreFuture, StoredTask, TaskStore,
 };
+use tether_core::tasks::{TaskChange, TaskRecord};
 
 /// Most operations committed in one transaction.
 const MAX_BATCH: usize = 512;
@@ -167,6 +168,15 @@ CREATE TABLE IF NOT EXISTS keys (
 CREATE INDEX IF NOT EXISTS keys_by_age ON keys (created_ms);
 CREATE TABLE IF NOT EXISTS counter_ops (op TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+-- Tasks: the record as JSON (tether_core::tasks::TaskRecord), the process running it, and when a
+-- finished one may be forgotten.
+CREATE TABLE IF NOT EXISTS tasks (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    record TEXT NOT NULL,
+    forget_at_ms INTEGER
+);
+CREATE INDEX IF NOT EXISTS tasks_forgotten ON tasks (forget_at_ms) WHERE forget_at_ms IS NOT NULL;
 -- How many idempotency records there are, kept by the database itself (so a rolled-back write
 -- takes its count with it): counting them for the sweep's bound read all of them once a second.
 CREATE TRIGGER IF NOT EXISTS keys_counted AFTER INSERT ON keys
@@ -862,6 +872,67 @@ fn finish_in(txn: &Connection, owner: &str, key: &str, outcome: &[u8]) -> Result
     Ok(())
 }
 
+/// Reads task `id`: abandoned if another process runs it (one process has the directory: the
+/// other is gone).
+fn task_in(txn: &Connection, id: &str, owner: &str) -> Result<Option<StoredTask>, StoreError> {
+    let row: Option<(String, String)> =
+        query_row(txn, "SELECT record, owner FROM tasks WHERE id = ?1", [id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()
+            .map_err(backend)?;
+    let Some((record, task_owner)) = row else { return Ok(None) };
+    let value: serde_json::Value = serde_json::from_str(&record).map_err(backend)?;
+    let record = TaskRecord::from_json(&value).map_err(backend)?;
+    Ok(Some(StoredTask { record, abandoned: task_owner != owner }))
+}
+
+/// Writes a task's record, owned by `owner`.
+fn put_task(txn: &Connection, record: &TaskRecord, owner: &str) -> Result<(), StoreError> {
+    execute(
+        txn,
+        "INSERT INTO tasks (id, owner, record, forget_at_ms) VALUES (?1, ?2, ?3, ?4) \
+         ON CONFLICT (id) DO UPDATE SET record = excluded.record, forget_at_ms = excluded.forget_at_ms",
+        params![record.task.id, owner, record.to_json().to_string(), record.forget_at_ms().map(as_i64)],
+    )
+    .map_err(backend)?;
+    Ok(())
+}
+
+impl TaskStore for SqliteStore {
+    fn create_task(&self, record: TaskRecord, key: Option<(String, Bytes)>) -> StoreFuture<'_, ()> {
+        let owner = self.owner.clone();
+        self.run(move |txn| {
+            put_task(txn, &record, &owner)?;
+            match key {
+                Some((key, outcome)) => finish_in(txn, &owner, &key, &outcome),
+                None => Ok(()),
+            }
+        })
+    }
+
+    fn task(&self, id: &str, _now_ms: u64) -> StoreFuture<'_, Option<StoredTask>> {
+        let (id, owner) = (id.to_owned(), self.owner.clone());
+        self.query(move |txn| task_in(txn, &id, &owner))
+    }
+
+    fn update_task(&self, id: &str, change: TaskChange, now_ms: u64) -> StoreFuture<'_, Option<(StoredTask, bool)>> {
+        let (id, owner) = (id.to_owned(), self.owner.clone());
+        self.run(move |txn| {
+            let Some(mut stored) = task_in(txn, &id, &owner)? else { return Ok(None) };
+            let changed = stored.record.apply(change, now_ms);
+            if changed {
+                // The owner stays: a task another process left is still abandoned.
+                execute(
+                    txn,
+                    "UPDATE tasks SET record = ?2, forget_at_ms = ?3 WHERE id = ?1",
+                    params![id, stored.record.to_json().to_string(), stored.record.forget_at_ms().map(as_i64)],
+                )
+                .map_err(backend)?;
+            }
+            Ok(Some((stored, changed)))
+        })
+    }
+}
+
 impl SessionStore for SqliteStore {
     fn create_session(&self, record: SessionRecord, max_live: usize) -> StoreFuture<'_, ()> {
         let created = record.clone();
@@ -1055,6 +1126,7 @@ impl SessionStore for SqliteStore {
             }
             let deleted: Vec<(String, String)> = dropped.into_iter().map(|(session, stream, _)| (session, stream)).collect();
             forget_keys(txn, now, &retention)?;
+            execute(txn, "DELETE FROM tasks WHERE forget_at_ms <= ?1", [now]).map_err(backend)?;
             Ok((expired, deleted, tombstones > 0))
         }, |mirror: &Mirror, (expired, deleted, tombstones): &(Vec<String>, Vec<(String, String)>, bool)| {
             for id in expired {

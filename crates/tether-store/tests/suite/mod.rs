@@ -591,6 +591,52 @@ pub async fn a_final_append_may_leave_the_stream_open(store: &dyn Store) {
     assert_eq!(store.append(&sid("s"), &a, &stream("b1"), Bytes::from_static(b"next"), false).await, Ok(2));
 }
 
+/// A task, created with its idempotency key's outcome, is read back as created; a change applies
+/// once (the first final change wins) and a change that changes nothing is reported as such.
+pub async fn a_task_is_created_with_its_keys_outcome_and_changed_in_one_step(store: &dyn Store) {
+    use tether_core::tasks::{TaskChange, TaskRecord, TaskStatus};
+    let key = KeyClaim { stream: None, ..claim("k", "d", 1_000) };
+    assert_eq!(store.claim_key(key).await, Ok(Claim::Claimed));
+    let created = TaskRecord::new("t1".into(), Some("alice".into()), 1_000, Some(60_000), Some(250));
+    let outcome = Bytes::from_static(b"{\"result\":{\"taskId\":\"t1\"}}");
+    store.create_task(created.clone(), Some(("k".into(), outcome.clone()))).await.expect("create");
+    assert_eq!(store.key_state("k", 1_000).await, Ok(Some(KeyState::Finished(outcome))));
+    let read = store.task("t1", 1_000).await.expect("read").expect("the task exists");
+    assert_eq!((read.record, read.abandoned), (created, false));
+    assert_eq!(store.task("t2", 1_000).await, Ok(None));
+    assert_eq!(store.update_task("t2", TaskChange::Cancel, 1_000).await, Ok(None));
+    let asked = serde_json::json!({"a": {"method": "elicitation/create"}});
+    let ask = TaskChange::Ask { requests: asked.as_object().cloned().unwrap_or_default(), state: None };
+    let (after, changed) = store.update_task("t1", ask, 1_100).await.expect("ask").expect("exists");
+    assert!(changed);
+    assert_eq!(after.record.task.status, TaskStatus::InputRequired);
+    let (after, changed) = store.update_task("t1", TaskChange::Cancel, 1_200).await.expect("cancel").expect("exists");
+    assert!(changed);
+    assert_eq!(after.record.task.status, TaskStatus::Cancelled);
+    let late = TaskChange::Finish(Ok(serde_json::json!({"content": []})));
+    let (after, changed) = store.update_task("t1", late, 1_300).await.expect("finish").expect("exists");
+    assert!(!changed, "a cancelled task does not complete");
+    let read = store.task("t1", 1_300).await.expect("read").expect("the task exists");
+    assert_eq!(read.record, after.record);
+    assert_eq!((read.record.task.status, read.record.task.last_updated_at_ms), (TaskStatus::Cancelled, 1_200));
+}
+
+/// A finished task is kept for its ttl from its creation, then forgotten by the sweep; a running
+/// one is kept whatever its ttl.
+pub async fn a_finished_task_is_forgotten_after_its_ttl(store: &dyn Store) {
+    use tether_core::tasks::{TaskChange, TaskRecord};
+    for id in ["done", "running"] {
+        store.create_task(TaskRecord::new(id.into(), None, 1_000, Some(1_000), None), None).await.expect("create");
+    }
+    let finish = TaskChange::Finish(Ok(serde_json::json!({"content": []})));
+    store.update_task("done", finish, 1_500).await.expect("finish").expect("exists");
+    store.sweep(1_999).await.expect("sweep");
+    assert!(store.task("done", 1_999).await.expect("read").is_some(), "within its ttl");
+    store.sweep(2_000).await.expect("sweep");
+    assert_eq!(store.task("done", 2_000).await, Ok(None));
+    assert!(store.task("running", 2_000).await.expect("read").is_some(), "a running task is kept");
+}
+
 /// Declares one `#[tokio::test]` per suite case, each with a fresh store from `$make`; with
 /// `guarded:` the expression gives `(guard, store)` and the guard (a server process) lives as
 /// long as the test.
@@ -624,6 +670,8 @@ macro_rules! store_suite {
             a_dropped_stream_keeps_its_tombstone_while_its_session_lives,
             a_final_append_may_leave_the_stream_open,
             a_request_joining_an_open_stream_leaves_it_as_it_is,
+            a_task_is_created_with_its_keys_outcome_and_changed_in_one_step,
+            a_finished_task_is_forgotten_after_its_ttl,
         );
     };
     ($make:expr) => {
