@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use tether_core::jsonrpc::{ErrorObject, code};
 use tether_core::mcp::{Era, code as mcp_code};
 use tether_core::param_headers::ParamHeader;
+use tether_core::tasks::TaskSupport;
 use tether_store::{CounterStore, MemoryStore, Retention};
 
 use crate::context::{Context, ContextError};
@@ -66,6 +67,7 @@ impl BuiltinHandler {
         add_fixture_tools(&mut tools);
         add_modern_fixture_tools(&mut tools);
         add_input_required_tools(&mut tools);
+        add_task_tools(&mut tools);
         BuiltinHandler { tools }
     }
 
@@ -442,6 +444,119 @@ fn name_in(content: &Value) -> &str {
     content.get("name").and_then(Value::as_str).unwrap_or("stranger")
 }
 
+/// A tool definition that runs as a task `support` (`"optional"`, `"required"`).
+fn task_tool(name: &str, description: &str, input_schema: Value, support: &str) -> Value {
+    json!({"name": name, "description": description, "inputSchema": input_schema,
+        "execution": {"taskSupport": support}})
+}
+
+/// Turns the call into a task (SEP-2663) where it may become one; the work goes on either way.
+async fn escalate(ctx: &Context) -> Result<bool, ErrorObject> {
+    ctx.escalate().await.map_err(context_error)
+}
+
+/// The tools the conformance suite's tasks scenarios (SEP-2663) call: `greet` answers at once;
+/// the others become tasks when the client declares them, and ask for input through the task.
+fn add_task_tools(tools: &mut ToolSet) {
+    let none = || schema(json!({}), &[]);
+    tools.add(
+        tool("greet", "Greets someone, at once.", schema(json!({"name": {"type": "string"}}), &[])),
+        |_, args| async move {
+            Ok(text_result(format!("Hello, {}!", args.get("name").and_then(Value::as_str).unwrap_or("World"))))
+        },
+    );
+    tools.add(
+        task_tool(
+            "slow_compute",
+            "Works for `seconds` seconds (as a task, cancellable), then reports its label; 0 answers at once.",
+            schema(json!({"seconds": {"type": "integer", "minimum": 0}, "label": {"type": "string"}}), &[]),
+            "optional",
+        ),
+        |ctx, args| async move {
+            let seconds = u64_arg(&args, "seconds", 1, 3_600)?;
+            let label = args.get("label").and_then(Value::as_str).unwrap_or("compute").to_owned();
+            if seconds > 0 {
+                escalate(&ctx).await?;
+                tokio::select! {
+                    () = sleep_ms(seconds * 1_000) => {}
+                    () = ctx.cancelled() => return Err(internal("cancelled".into())),
+                }
+            }
+            Ok(text_result(format!("{label}: computed in {seconds}s")))
+        },
+    );
+    tools.add(
+        task_tool("failing_job", "A task whose tool fails after a second.", none(), "required"),
+        |ctx, _| async move {
+            escalate(&ctx).await?;
+            sleep_ms(1_000).await;
+            Ok(json!({"content": [{"type": "text", "text": "the job failed"}], "isError": true}))
+        },
+    );
+    tools.add(
+        task_tool("protocol_error_job", "A task that ends in a JSON-RPC error.", none(), "optional"),
+        |ctx, _| async move {
+            escalate(&ctx).await?;
+            Err(internal("the job broke down".into()))
+        },
+    );
+    tools.add(
+        task_tool(
+            "confirm_delete",
+            "A task that asks the user to confirm before it deletes `filename`.",
+            schema(json!({"filename": {"type": "string"}}), &[]),
+            "optional",
+        ),
+        |ctx, args| async move {
+            escalate(&ctx).await?;
+            let filename = args.get("filename").and_then(Value::as_str).unwrap_or("file").to_owned();
+            Ok(match elicited(&ctx, "confirm")? {
+                Some(content) if content.get("confirm") == Some(&json!(true)) => {
+                    text_result(format!("Deleted {filename}"))
+                }
+                Some(_) => text_result(format!("Kept {filename}")),
+                None => InputRequired::new()
+                    .ask(
+                        "confirm",
+                        "elicitation/create",
+                        json!({"message": format!("Delete {filename}?"),
+                        "requestedSchema": {"type": "object", "properties": {"confirm": {"type": "boolean"}},
+                            "required": ["confirm"]}}),
+                    )
+                    .into_result(),
+            })
+        },
+    );
+    tools.add(
+        task_tool("multi_input", "A task that asks two questions at once.", none(), "optional"),
+        |ctx, _| async move {
+            escalate(&ctx).await?;
+            Ok(match (elicited(&ctx, "first")?, elicited(&ctx, "second")?) {
+                (Some(first), Some(second)) => {
+                    text_result(format!("Answers: {} and {}", name_in(&first), name_in(&second)))
+                }
+                _ => InputRequired::new()
+                    .ask("first", "elicitation/create", elicitation("First name?", "name"))
+                    .ask("second", "elicitation/create", elicitation("Second name?", "name"))
+                    .into_result(),
+            })
+        },
+    );
+    tools.add(
+        task_tool("test_tool_with_task", "Asks the user's name first, then greets them as a task.", none(), "required"),
+        |ctx, _| async move {
+            let Some(content) = elicited(&ctx, "user_name")? else {
+                return Ok(InputRequired::new()
+                    .ask("user_name", "elicitation/create", elicitation("What is your name?", "name"))
+                    .into_result());
+            };
+            escalate(&ctx).await?;
+            sleep_ms(100).await;
+            Ok(text_result(format!("Hello, {}!", name_in(&content))))
+        },
+    );
+}
+
 /// The tools the conformance suite's multi round-trip scenarios (SEP-2322) call: each asks the
 /// client for input through the result, never through a server-to-client request.
 fn add_input_required_tools(tools: &mut ToolSet) {
@@ -708,5 +823,9 @@ impl Handler for BuiltinHandler {
 
     fn param_headers(&self, tool: &str) -> &[ParamHeader] {
         self.tools.param_headers(tool)
+    }
+
+    fn task_support(&self, tool: &str) -> TaskSupport {
+        self.tools.task_support(tool)
     }
 }

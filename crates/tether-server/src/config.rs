@@ -44,6 +44,11 @@ pub struct ServerConfig {
     /// The key a 2026-07-28 request's `requestState` is sealed with (SEP-2322): replicas that
     /// serve the same clients must share it. `None`: one drawn at random when the server is built.
     pub request_state_key: Option<StateKey>,
+    /// How long a task is kept after it was created, once it has finished (its `ttlMs`).
+    pub task_ttl: Duration,
+    /// How often clients are asked to poll a task (its `pollIntervalMs`), and how often the
+    /// process running a task looks for a cancel or an answer another replica recorded.
+    pub task_poll_interval: Duration,
 }
 
 impl Default for ServerConfig {
@@ -64,6 +69,8 @@ impl Default for ServerConfig {
             client_request_timeout: Duration::from_secs(5 * 60),
             idempotency: true,
             request_state_key: None,
+            task_ttl: Duration::from_secs(60 * 60),
+            task_poll_interval: Duration::from_millis(500),
         }
     }
 }

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use serde_json::{Value, json};
-use tether_core::jsonrpc::{Message, Notification, Request, RequestId};
+use tether_core::jsonrpc::{Message, Notification, Request, RequestId, Response};
 use tether_core::lineage::StreamName;
 use tether_core::mcp::method;
 use tether_store::{Store, StoreError};
@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::session::{LogLevel, SessionRuntime};
+use crate::tasks::TaskSlot;
 
 /// Why a context operation did not happen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -297,6 +298,8 @@ struct RequestState {
     input: Mutex<Input>,
     cancel: CancellationToken,
     server: Arc<crate::ServerState>,
+    /// A 2026-07-28 `tools/call` that may become a task ([`Context::escalate`]).
+    task: Option<Arc<TaskSlot>>,
 }
 
 /// A JSON number, integral when the value is (progress counts are usually whole).
@@ -323,6 +326,7 @@ impl Context {
         input: Input,
         cancel: CancellationToken,
         server: Arc<crate::ServerState>,
+        task: Option<Arc<TaskSlot>>,
     ) -> (Context, oneshot::Receiver<FirstOutput>) {
         let (tx, rx) = oneshot::channel();
         let first: FirstSender = Arc::new(Mutex::new(Some(tx)));
@@ -338,7 +342,7 @@ impl Context {
             Output::Direct { .. } => None,
         };
         let input = Mutex::new(input);
-        let shared = RequestState { output, writes, write_failure, first, meta, input, cancel, server };
+        let shared = RequestState { output, writes, write_failure, first, meta, input, cancel, server, task };
         (Context { shared: Arc::new(shared) }, rx)
     }
 
@@ -409,6 +413,64 @@ impl Context {
     /// Starts the next round of a request whose input the server asked for itself.
     pub(crate) fn next_round(&self, input: Input) {
         *self.input() = input;
+    }
+
+    /// Turns this request into a task (SEP-2663), if it may become one: a 2026-07-28 `tools/call`
+    /// of a tool that supports tasks ([`Handler::task_support`](crate::Handler::task_support)),
+    /// from a client that declares the extension. The task is recorded durably, the request is
+    /// answered with its `CreateTaskResult`, and the handler runs on: what it returns becomes the
+    /// task's outcome, and an input-required result asks for input through the task
+    /// (`tasks/update`). Until then it may ask for input the ordinary way (an input-required
+    /// result answers the request). Notifications sent after it are not delivered (the
+    /// client polls `tasks/get`).
+    ///
+    /// `Ok(true)`: the request is a task (also when it already was); `Ok(false)`: it cannot be one,
+    /// so the handler should finish the work and return its result.
+    pub async fn escalate(&self) -> Result<bool, ContextError> {
+        let Some(slot) = &self.shared.task else { return Ok(false) };
+        if slot.id().is_some() {
+            return Ok(true);
+        }
+        let server = &self.shared.server;
+        let key = self.shared.meta.idempotency_key.as_deref();
+        let Some(mut created) = crate::tasks::create(server, slot, key).await? else { return Ok(true) };
+        let info = server.handler.info();
+        crate::dispatch::decorate_modern(
+            method::TOOLS_CALL,
+            &mut created,
+            &json!({"name": info.name, "version": info.version}),
+        );
+        let response = Message::Response(Response::result(slot.request_id.clone(), created)).to_vec();
+        if let Output::Direct { tx } = &self.shared.output {
+            match self.first_sender() {
+                Some(first) => {
+                    let _ = first.send(FirstOutput::Final(Bytes::from(response)));
+                }
+                // The connection went first (SSE): the response ends it. A client gone meanwhile
+                // re-sends its keyed request, or polls nothing: the task runs either way.
+                None => {
+                    let _ = tx.send((Bytes::from(response), true)).await;
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Whether this request may become a task.
+    pub(crate) fn may_become_task(&self) -> bool {
+        self.shared.task.is_some()
+    }
+
+    /// The task this request became, if it did.
+    pub(crate) fn task_id(&self) -> Option<String> {
+        self.shared.task.as_ref().and_then(|slot| slot.id()).map(str::to_owned)
+    }
+
+    /// What wakes a task's run: told of changes made in this process, and how often to look for
+    /// changes made elsewhere.
+    pub(crate) fn task_wakeup(&self) -> Option<(Arc<tokio::sync::Notify>, std::time::Duration)> {
+        let slot = self.shared.task.as_ref()?;
+        Some((Arc::clone(&slot.changed), self.shared.server.config.task_poll_interval))
     }
 
     /// Sends `notifications/progress` if the request asked for progress; otherwise does nothing.
@@ -541,6 +603,10 @@ impl Context {
     async fn emit(&self, bytes: Bytes, last: bool, record: Option<&str>) -> Result<(), ContextError> {
         if self.shared.cancel.is_cancelled() {
             return Err(ContextError::Cancelled);
+        }
+        if self.shared.task.as_ref().is_some_and(|slot| slot.id().is_some()) {
+            // A task's request was answered: nobody listens on its connection any more.
+            return Ok(());
         }
         match &self.shared.output {
             // The writer tells the POST how the response starts.

@@ -11,6 +11,7 @@ use tether_core::input_required::{self, InputError};
 use tether_core::jsonrpc::{ErrorObject, Message, Request, Response, code};
 use tether_core::lineage::{Digest, StreamName};
 use tether_core::mcp;
+use tether_core::tasks::Creation;
 use tether_store::{BeginRequest, Claim, KeyClaim, RequestKey, StoreError};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -23,6 +24,7 @@ use crate::idempotency::{self, Answer, Keyed, Plan};
 use crate::ids;
 use crate::input;
 use crate::session::{LogLevel, SessionRuntime};
+use crate::tasks::{self, TaskSlot};
 
 /// How a legacy request started.
 pub(crate) enum Started {
@@ -140,6 +142,9 @@ pub(crate) enum DispatchError {
     /// A 2026-07-28 request's `inputResponses` or `requestState` is refused (SEP-2322).
     #[error(transparent)]
     InvalidInput(#[from] InputError),
+    /// A tool that runs only as a task, called by a client that does not declare tasks.
+    #[error("tool {0:?} runs only as a task, and the request does not declare the tasks extension")]
+    TasksRequired(String),
 }
 
 /// What the store said of a request before anything of it runs.
@@ -252,7 +257,7 @@ async fn run_recorded(
             Prepared::Ready(_) => None,
         },
     };
-    let (ctx, first) = Context::new(output, meta, Input::default(), cancel.clone(), Arc::clone(shared));
+    let (ctx, first) = Context::new(output, meta, Input::default(), cancel.clone(), Arc::clone(shared), None);
     let job = match job {
         Prepared::Ready(job) => Ok(job),
         Prepared::Keyed { keyed, claim, claimed } => {
@@ -350,6 +355,33 @@ pub(crate) async fn start_direct(
         idempotency_key: keyed.as_ref().map(|k| k.name.clone()),
     };
     let cancel_on_close = keyed.is_none();
+    let task = match request.method.as_str() {
+        mcp::method::TOOLS_CALL => {
+            let tool = params.get("name").and_then(Value::as_str).unwrap_or_default();
+            match tether_core::tasks::creation(
+                shared.handler.task_support(tool),
+                tether_core::tasks::declares_tasks(&meta.client_capabilities),
+            ) {
+                Creation::MissingCapability => return Err(DispatchError::TasksRequired(tool.to_owned())),
+                Creation::Task => Some(Arc::new(TaskSlot::new(
+                    request.id.clone(),
+                    principal.map(str::to_owned),
+                    CancellationToken::new(),
+                ))),
+                Creation::Immediate => None,
+            }
+        }
+        _ => None,
+    };
+    // A request that may become a task runs under a token of its own: the connection's end
+    // cancels it only until it has become one.
+    let run_cancel = match &task {
+        Some(slot) => {
+            tokio::spawn(cancel_until_escalated(cancel.clone(), Arc::clone(slot)));
+            slot.cancel.clone()
+        }
+        None => cancel.clone(),
+    };
     let job = match keyed {
         Some(keyed) => {
             let claim = keyed.claim(None);
@@ -357,15 +389,30 @@ pub(crate) async fn start_direct(
         }
         None => Job::Run(None),
     };
-    let (ctx, first) = Context::new(output, meta, input, cancel.clone(), Arc::clone(shared));
+    let (ctx, first) = Context::new(output, meta, input, run_cancel.clone(), Arc::clone(shared), task);
     let info = shared.handler.info();
     let server_info = json!({"name": info.name, "version": info.version});
     let shared = Arc::clone(shared);
     let request = Request { params: Some(params), ..request };
     tokio::spawn(async move {
-        run(&shared, ctx, request, job, cancel, Some(server_info)).await;
+        // Once the run is over, nothing is left to cancel (and the linking task ends).
+        let _over = run_cancel.clone().drop_guard();
+        run(&shared, ctx, request, job, run_cancel, Some(server_info)).await;
     });
     Ok(Direct { first, cancel_on_close })
+}
+
+/// Cancels the run of a request that may become a task when its connection's `cancel` fires,
+/// unless it has become a task by then.
+async fn cancel_until_escalated(connection: CancellationToken, slot: Arc<TaskSlot>) {
+    tokio::select! {
+        () = connection.cancelled() => {
+            if slot.id().is_none() {
+                slot.cancel.cancel();
+            }
+        }
+        () = slot.cancel.cancelled() => {}
+    }
 }
 
 /// How long a cancelled handler may run on before it is aborted.
@@ -397,6 +444,10 @@ async fn run(
                 let handler = Arc::clone(&shared.handler);
                 (Box::pin(input::ask_in_session(handler, ctx.clone(), method.clone(), params)), keyed)
             }
+            Job::Run(keyed) if ctx.may_become_task() => {
+                let handler = Arc::clone(&shared.handler);
+                (Box::pin(tasks::rounds(handler, ctx.clone(), method.clone(), params)), keyed)
+            }
             Job::Run(keyed) => (shared.handler.call(ctx.clone(), method.clone(), params), keyed),
             Job::Answer(answer, keyed) => (Box::pin(idempotency::answer(ctx.clone(), keyed, answer)), None),
         };
@@ -418,6 +469,11 @@ async fn run(
                 None
             }
         };
+        if let Some(task) = ctx.task_id() {
+            // The request was answered with its task: the outcome is the task's.
+            tasks::finish(shared, &task, outcome).await;
+            return;
+        }
         // A keyed request's outcome is recorded with its response on a session stream (the
         // writer does it in the same store step); otherwise, or if that write failed, here: the
         // request ran, and a re-send must learn how. The record is the response itself.

@@ -6,6 +6,7 @@ use std::pin::Pin;
 use serde_json::Value;
 use tether_core::jsonrpc::ErrorObject;
 use tether_core::param_headers::ParamHeader;
+use tether_core::tasks::TaskSupport;
 
 use crate::context::{Context, SessionHandle};
 
@@ -51,6 +52,14 @@ pub trait Handler: Send + Sync + 'static {
     /// refused (400, -32020) before it reaches [`Handler::call`]. By default none.
     fn param_headers(&self, _tool: &str) -> &[ParamHeader] {
         &[]
+    }
+
+    /// How tool `tool` runs as a task (SEP-2663). A 2026-07-28 call of a tool that supports
+    /// tasks, from a client that declares them, may become one: its handler decides when, with
+    /// [`Context::escalate`]. A tool that requires tasks is refused (-32021) to other clients
+    /// before its handler runs. By default no tool runs as a task.
+    fn task_support(&self, _tool: &str) -> TaskSupport {
+        TaskSupport::Never
     }
 
     /// A notification from the client of a legacy session, other than those tether acts on

@@ -32,6 +32,7 @@ mod reader;
 pub mod rmcp;
 mod server;
 mod session;
+mod tasks;
 mod telemetry;
 pub mod tools;
 

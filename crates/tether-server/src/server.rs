@@ -22,6 +22,8 @@ pub(crate) struct ServerState {
     /// Seals 2026-07-28 request states; `None` only if none was configured and the OS random
     /// source failed (then no handler can ask for input with a state).
     pub state_key: Option<StateKey>,
+    /// The tasks this process runs.
+    pub task_runners: crate::tasks::Runners,
 }
 
 /// Assembles a server from a handler, a store and a config.
@@ -71,6 +73,7 @@ impl Builder {
             sessions: Sessions::default(),
             auth: self.auth,
             process_token,
+            task_runners: crate::tasks::Runners::default(),
         };
         Server { shared: Arc::new(shared), background: Once::new() }
     }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{ErrorObject, code};
 use tether_core::param_headers::{self, ParamHeader};
+use tether_core::tasks::TaskSupport;
 
 use crate::context::Context;
 use crate::handler::HandlerFuture;
@@ -22,6 +23,8 @@ pub struct ToolSet {
     resumable: HashSet<String>,
     /// Each tool's parameters mirrored in headers (SEP-2243), read from its schema once.
     headers: HashMap<String, Vec<ParamHeader>>,
+    /// How each tool that supports tasks runs as one (`execution.taskSupport`), read once.
+    task_support: HashMap<String, TaskSupport>,
 }
 
 impl std::fmt::Debug for ToolSet {
@@ -57,6 +60,12 @@ impl ToolSet {
         if !headers.is_empty() {
             self.headers.insert(name.clone(), headers);
         }
+        match tether_core::tasks::support_of(&definition) {
+            TaskSupport::Never => {}
+            support => {
+                self.task_support.insert(name.clone(), support);
+            }
+        }
         self.listed.push(definition);
         self.by_name.insert(name, Arc::new(move |ctx, args| Box::pin(run(ctx, args))));
         self
@@ -65,6 +74,12 @@ impl ToolSet {
     /// The parameters of tool `name` mirrored in headers.
     pub fn param_headers(&self, name: &str) -> &[ParamHeader] {
         self.headers.get(name).map_or(&[], Vec::as_slice)
+    }
+
+    /// How tool `name` runs as a task, as its definition's `execution.taskSupport` says; its
+    /// function decides when the call becomes one ([`Context::escalate`]).
+    pub fn task_support(&self, name: &str) -> TaskSupport {
+        self.task_support.get(name).copied().unwrap_or(TaskSupport::Never)
     }
 
     /// Adds a tool whose effects are recorded under [`Context::idempotency_key`], so running it

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, Message, Request, code};
 use tether_core::mcp::{self, ProtocolVersion, header, meta, method};
 use tether_core::param_headers;
+use tether_core::tasks;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -53,6 +54,10 @@ pub(crate) async fn post(
         }
     };
     let id = request.id.clone();
+    if unsupported.is_none() && tasks::method::REMOVED.contains(&request.method.as_str()) {
+        // Before any other check: whatever else the request says, the method is gone.
+        return Err(method_not_found(&request.method).with_id(Some(id)));
+    }
     validate(headers, &request, unsupported, shared.handler.as_ref()).map_err(|r| r.with_id(Some(id.clone())))?;
     if REMOVED.contains(&request.method.as_str()) {
         return Err(method_not_found(&request.method).with_id(Some(id)));
@@ -69,6 +74,15 @@ pub(crate) async fn post(
         decorate_modern(method::SERVER_DISCOVER, &mut result, &json!({"name": info.name, "version": info.version}));
         let body = Message::Response(jsonrpc::Response::result(id, result)).to_vec();
         return Ok(json_response(StatusCode::OK, body, []));
+    }
+    if crate::tasks::serves(&request.method) {
+        let mut outcome = crate::tasks::serve(shared, principal.as_deref(), &request).await;
+        if let Ok(result) = &mut outcome {
+            let info = shared.handler.info();
+            decorate_modern(&request.method, result, &json!({"name": info.name, "version": info.version}));
+        }
+        let body = Message::Response(jsonrpc::Response { id: Some(id), outcome }).to_vec();
+        return Ok(json_response(status_of(&body), body, []));
     }
     let (tx, rx) = mpsc::channel(DIRECT_BUFFER);
     let cancel = CancellationToken::new();
@@ -101,6 +115,11 @@ fn status_of(response: &[u8]) -> StatusCode {
 /// stateless server keeps no subscription state); exactly-once execution if it is on.
 fn modern_capabilities(shared: &ServerState, mut capabilities: Value) -> Value {
     crate::idempotency::advertise(shared, &mut capabilities);
+    if let Value::Object(map) = &mut capabilities
+        && let Value::Object(extensions) = map.entry("extensions").or_insert_with(|| json!({}))
+    {
+        extensions.insert(tasks::EXTENSION.into(), json!({}));
+    }
     if let Value::Object(map) = &mut capabilities {
         for capability in map.values_mut() {
             if let Value::Object(options) = capability {
@@ -165,6 +184,7 @@ fn validate(
     let named = match request.method.as_str() {
         method::TOOLS_CALL | "prompts/get" => Some("name"),
         "resources/read" => Some("uri"),
+        tasks::method::GET | tasks::method::UPDATE | tasks::method::CANCEL => Some("taskId"),
         _ => None,
     };
     if let Some(field) = named {

@@ -341,6 +341,12 @@ impl From<crate::dispatch::DispatchError> for Rejection {
             DispatchError::InvalidIdempotencyKey(message) => {
                 Refusal::InvalidIdempotencyKey.with(message).with_status(StatusCode::BAD_REQUEST)
             }
+            DispatchError::TasksRequired(_) => Rejection {
+                status: StatusCode::BAD_REQUEST,
+                error: tether_core::tasks::missing_capability(&err.to_string()),
+                id: None,
+                headers: Vec::new(),
+            },
             DispatchError::InvalidInput(err) => match err {
                 InputError::Responses(_) => Refusal::InvalidInputResponses.with(err.to_string()),
                 InputError::State => Refusal::InvalidRequestState.with(err.to_string()),

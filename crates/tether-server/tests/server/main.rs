@@ -7,3 +7,4 @@ mod modern;
 mod protocol;
 mod resume;
 mod resync;
+mod tasks;

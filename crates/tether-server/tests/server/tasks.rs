@@ -1,0 +1,136 @@
+//! Tasks (SEP-2663) over real HTTP: a call becomes a task only where its handler escalates it, a
+//! re-sent creation returns the same task without running its tool again, and the connection's
+//! end no longer cancels a request once it has become a task.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tether_core::tasks::TaskSupport;
+use tether_server::{Builder, Context, Handler, HandlerFuture, ServerInfo};
+
+use crate::common::*;
+
+/// One tool, `work`, that supports tasks: it counts its runs, escalates, waits `ms`, then answers.
+struct Work(Arc<AtomicUsize>);
+
+impl Handler for Work {
+    fn info(&self) -> ServerInfo {
+        ServerInfo { name: "work".into(), version: "1".into(), instructions: None, capabilities: json!({"tools": {}}) }
+    }
+
+    fn call(&self, ctx: Context, _method: String, params: Value) -> HandlerFuture {
+        let runs = Arc::clone(&self.0);
+        Box::pin(async move {
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            let escalated = ctx.escalate().await.map_err(|e| {
+                tether_core::jsonrpc::ErrorObject::with_reason(-32603, e.to_string(), "escalate_failed")
+            })?;
+            let ms = params["arguments"]["ms"].as_u64().unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok(json!({"content": [{"type": "text", "text": format!("run {run}, task {escalated}")}]}))
+        })
+    }
+
+    fn task_support(&self, _tool: &str) -> TaskSupport {
+        TaskSupport::Optional
+    }
+}
+
+/// A 2026-07-28 request, declaring tasks if `tasks`, with an idempotency key if `key`.
+fn modern(client: &Client, method: &str, mut params: Value, tasks: bool, key: Option<&str>) -> reqwest::RequestBuilder {
+    let capabilities = if tasks { json!({"extensions": {"io.modelcontextprotocol/tasks": {}}}) } else { json!({}) };
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": capabilities,
+    });
+    if let Some(key) = key {
+        params["_meta"]["io.tether/idempotencyKey"] = json!(key);
+    }
+    let name = params.get("name").or_else(|| params.get("taskId")).and_then(Value::as_str).unwrap_or_default();
+    client
+        .http
+        .post(&client.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method)
+        .header("mcp-name", name)
+        .body(request(json!(1), method, params).to_string())
+}
+
+/// Sends a request and reads its JSON response, within `WAIT`.
+async fn send(client: &Client, method: &str, params: Value, tasks: bool, key: Option<&str>) -> Value {
+    let exchange = async {
+        let response = modern(client, method, params, tasks, key).send().await.expect(method);
+        json_body(response).await
+    };
+    tokio::time::timeout(WAIT, exchange).await.unwrap_or_else(|_| panic!("{method} was not answered in time"))
+}
+
+/// Polls task `id` until it has finished, for at most `WAIT`.
+async fn finished(client: &Client, id: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let task = send(client, "tasks/get", json!({"taskId": id}), true, None).await["result"].clone();
+        if matches!(task["status"].as_str(), Some("completed" | "failed" | "cancelled")) {
+            return task;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "task {id} never finished: {task}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_re_sent_creation_returns_the_same_task_and_runs_its_tool_once() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let server = start_with(Builder::new(Work(Arc::clone(&runs))).config(config())).await;
+    let client = Client::new(&server);
+    let call = json!({"name": "work", "arguments": {"ms": 300}});
+    let key = Some("create-once");
+    let (first, second) = tokio::join!(
+        send(&client, "tools/call", call.clone(), true, key),
+        send(&client, "tools/call", call.clone(), true, key)
+    );
+    let id = first["result"]["taskId"].as_str().expect("a task").to_owned();
+    assert_eq!(first["result"]["resultType"], "task");
+    assert_eq!(second["result"]["taskId"], json!(id), "the concurrent re-send got the same task");
+    let task = finished(&client, &id).await;
+    assert_eq!(task["result"]["content"][0]["text"], "run 1, task true");
+    let third = send(&client, "tools/call", call, true, key).await;
+    assert_eq!(third["result"]["taskId"], json!(id), "a re-send after it finished too");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the tool ran once");
+}
+
+#[tokio::test]
+async fn a_call_becomes_a_task_only_for_a_client_that_declares_tasks() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let server = start_with(Builder::new(Work(Arc::clone(&runs))).config(config())).await;
+    let client = Client::new(&server);
+    let plain = send(&client, "tools/call", json!({"name": "work", "arguments": {}}), false, None).await;
+    assert_eq!(plain["result"]["resultType"], "complete");
+    assert_eq!(plain["result"]["content"][0]["text"], "run 1, task false");
+    let refused = send(&client, "tasks/get", json!({"taskId": "nope"}), false, None).await;
+    assert_eq!(refused["error"]["code"], -32021, "{refused}");
+    let unknown = send(&client, "tasks/get", json!({"taskId": "nope"}), true, None).await;
+    assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
+}
+
+#[tokio::test]
+async fn a_task_runs_on_after_its_connection_closed_and_is_cancelled_only_by_tasks_cancel() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let server = start_with(Builder::new(Work(Arc::clone(&runs))).config(config())).await;
+    let client = Client::new(&server);
+    let quick = send(&client, "tools/call", json!({"name": "work", "arguments": {"ms": 200}}), true, None).await;
+    let quick = quick["result"]["taskId"].as_str().expect("a task").to_owned();
+    assert_eq!(finished(&client, &quick).await["status"], "completed", "the closed response did not cancel it");
+    let slow = send(&client, "tools/call", json!({"name": "work", "arguments": {"ms": 60_000}}), true, None).await;
+    let slow = slow["result"]["taskId"].as_str().expect("a task").to_owned();
+    let ack = send(&client, "tasks/cancel", json!({"taskId": slow}), true, None).await;
+    assert_eq!(ack["result"]["resultType"], "complete");
+    assert!(ack["result"].get("status").is_none(), "an ack, not the task");
+    let task = finished(&client, &slow).await;
+    assert_eq!(task["status"], "cancelled");
+    assert!(task.get("result").is_none() && task.get("error").is_none());
+}

@@ -1,0 +1,114 @@
+//! Tasks (SEP-2663) across processes: a task outlives a `kill -9` of the embedded server with an
+//! honest status, and Redis replicas read, answer and cancel each other's tasks.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use common::*;
+
+/// One 2026-07-28 request declaring the tasks extension, with the routing headers; its JSON
+/// response.
+fn modern(url: &str, method: &str, mut params: Value) -> Value {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+    });
+    let name =
+        params.get("name").or_else(|| params.get("taskId")).and_then(Value::as_str).unwrap_or_default().to_owned();
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", method),
+        ("Mcp-Name", name.as_str()),
+    ];
+    let response = exchange(
+        url,
+        "POST",
+        &headers,
+        &body,
+        |body| serde_json::from_str::<Value>(body).is_ok(),
+        Duration::from_secs(10),
+    );
+    assert_eq!(response.status, 200, "{method}: {}", response.body);
+    serde_json::from_str(&response.body).expect("a JSON response")
+}
+
+/// Calls `tool` with `arguments` and returns the id of the task it became.
+fn create(url: &str, tool: &str, arguments: Value) -> String {
+    let created = modern(url, "tools/call", json!({"name": tool, "arguments": arguments}));
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    created["result"]["taskId"].as_str().expect("a task id").to_owned()
+}
+
+/// `tasks/get` of task `id`: its result.
+fn get(url: &str, id: &str) -> Value {
+    modern(url, "tasks/get", json!({"taskId": id}))["result"].clone()
+}
+
+/// Polls task `id` until its status is `status`, for at most ten seconds.
+fn until(url: &str, id: &str, status: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let task = get(url, id);
+        if task["status"] == status {
+            return task;
+        }
+        assert!(Instant::now() < deadline, "task {id} never became {status}: {task}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_task_survives_kill_9_of_the_embedded_server_with_an_honest_status() {
+    let dir = temp_dir("tasks-kill9");
+    let (mut server, url) = serve(free_port(), &dir, &[]);
+    let finished = create(&url, "slow_compute", json!({"seconds": 1, "label": "quick"}));
+    let running = create(&url, "slow_compute", json!({"seconds": 600, "label": "slow"}));
+    until(&url, &finished, "completed");
+    assert_eq!(get(&url, &running)["status"], "working");
+    server.kill9();
+    let (restarted, url) = serve(free_port(), &dir, &[]);
+    let done = get(&url, &finished);
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["content"][0]["text"], "quick: computed in 1s");
+    let aborted = get(&url, &running);
+    assert_eq!(aborted["status"], "failed", "a task whose process died is not working: {aborted}");
+    assert_eq!(aborted["error"]["data"]["reason"], "request_aborted");
+    assert!(aborted.get("result").is_none());
+    let cancel = modern(&url, "tasks/cancel", json!({"taskId": running}));
+    assert_eq!(cancel["result"]["resultType"], "complete");
+    assert_eq!(get(&url, &running)["status"], "failed", "a final status never changes");
+    drop(restarted);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_task_created_on_one_redis_replica_is_answered_and_cancelled_on_another() {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let redis = runtime.block_on(tether_testkit::RedisServer::start());
+    let dir = temp_dir("tasks-replicas");
+    let args = ["--store", "redis", "--redis-url", redis.url.as_str()];
+    let (replica_a, a) = serve(free_port(), &dir.join("a"), &args);
+    let (replica_b, b) = serve(free_port(), &dir.join("b"), &args);
+
+    let slow = create(&a, "slow_compute", json!({"seconds": 600, "label": "replicated"}));
+    assert_eq!(get(&b, &slow)["status"], "working", "visible on the other replica");
+    let ack = modern(&b, "tasks/cancel", json!({"taskId": slow}));
+    assert_eq!(ack["result"], json!({"resultType": "complete", "_meta": ack["result"]["_meta"]}));
+    assert_eq!(get(&a, &slow)["status"], "cancelled", "cancelled on b, seen on a");
+
+    let asking = create(&a, "confirm_delete", json!({"filename": "report.txt"}));
+    let waiting = until(&b, &asking, "input_required");
+    let key = waiting["inputRequests"].as_object().and_then(|m| m.keys().next().cloned()).expect("an input request");
+    let answer = json!({key: {"action": "accept", "content": {"confirm": true}}});
+    modern(&b, "tasks/update", json!({"taskId": asking, "inputResponses": answer}));
+    let done = until(&a, &asking, "completed");
+    assert_eq!(done["result"]["content"][0]["text"], "Deleted report.txt", "a's run got b's answer");
+    drop((replica_a, replica_b));
+    let _ = std::fs::remove_dir_all(&dir);
+}
