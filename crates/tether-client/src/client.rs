@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use tether_core::input_required;
 use tether_core::jsonrpc::{Message, Notification, Request, RequestId, Response};
 use tether_core::mcp::{Era, meta, method};
+use tether_core::tasks;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::backoff::Attempts;
@@ -18,6 +19,29 @@ use crate::follow::{Follower, Origin};
 use crate::http::{Head, Reply};
 use crate::session::{Keying, Session, parse_response, refused};
 use crate::{Ack, ClientConfig, ClientError, ClientEvent, DivergenceReason, RequestError};
+
+/// What a cancellable request has in flight: the id of its current attempt, and the task it
+/// became, if the server answered it with one.
+#[derive(Default)]
+pub(crate) struct InFlight {
+    request: Mutex<Option<RequestId>>,
+    task: Mutex<Option<String>>,
+}
+
+impl InFlight {
+    fn set_request(&self, id: &RequestId) {
+        *self.request.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(id.clone());
+    }
+
+    pub(crate) fn set_task(&self, id: &str) {
+        *self.task.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(id.to_owned());
+    }
+
+    fn take(&self) -> (Option<RequestId>, Option<String>) {
+        let request = self.request.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+        (request, self.task.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take())
+    }
+}
 
 /// An MCP client connection. Cheap to clone; all clones share one session.
 #[derive(Clone)]
@@ -72,15 +96,15 @@ impl Client {
     }
 
     /// Sends a request like [`Client::request`], until `cancelled` resolves: then the server is
-    /// told (`notifications/cancelled` for the attempt in flight) and the request ends with
-    /// [`RequestError::CancelledByCaller`].
+    /// told (`tasks/cancel` if the request became a task, else `notifications/cancelled` for the
+    /// attempt in flight) and the request ends with [`RequestError::CancelledByCaller`].
     pub async fn request_cancellable(
         &self,
         method: &str,
         params: Value,
         cancelled: impl Future<Output = ()>,
     ) -> Result<Value, RequestError> {
-        let in_flight = Mutex::new(None);
+        let in_flight = InFlight::default();
         {
             let sent = self.send(method, params, Keying::Auto, Some(&in_flight));
             tokio::pin!(sent);
@@ -90,11 +114,18 @@ impl Client {
             }
         }
         // The attempt's wait was dropped with it; what is left is to tell the server.
-        let id = in_flight.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
-        if let Some(id) = id
-            && let Err(err) = self.cancel(&id, "cancelled by the client").await
-        {
-            tracing::debug!(%err, "could not tell the server of a cancellation");
+        match in_flight.take() {
+            (_, Some(task)) => {
+                if let Err(err) = self.send_once(tasks::method::CANCEL, json!({"taskId": task}), None).await {
+                    tracing::debug!(%err, "could not cancel a task");
+                }
+            }
+            (Some(id), None) => {
+                if let Err(err) = self.cancel(&id, "cancelled by the client").await {
+                    tracing::debug!(%err, "could not tell the server of a cancellation");
+                }
+            }
+            (None, None) => {}
         }
         Err(RequestError::CancelledByCaller)
     }
@@ -103,13 +134,14 @@ impl Client {
     /// needs input first (SEP-2322); each input request is answered by the configured hooks (as
     /// the server's own requests are in legacy sessions) and the request sent again with the
     /// answers and the server's state, at most [`input_required::MAX_ROUNDS`] times. Each round is a request
-    /// of its own, with its own idempotency key.
+    /// of its own, with its own idempotency key. A result that is a task (SEP-2663) is followed
+    /// until the task finishes: the task's result is the request's.
     async fn send(
         &self,
         method: &str,
         mut params: Value,
         keying: Keying,
-        in_flight: Option<&Mutex<Option<RequestId>>>,
+        in_flight: Option<&InFlight>,
     ) -> Result<Value, RequestError> {
         if method == method::TOOLS_CALL
             && let Some(why) =
@@ -119,7 +151,13 @@ impl Client {
         }
         for _ in 0..input_required::MAX_ROUNDS {
             let result = self.send_round(method, params.clone(), keying, in_flight).await?;
-            if !input_required::asks(&result) || !self.inner.is_modern() {
+            if !self.inner.is_modern() {
+                return Ok(result);
+            }
+            if result.get("resultType").and_then(Value::as_str) == Some(tasks::RESULT_TYPE) {
+                return crate::task::follow(self, &result, in_flight).await;
+            }
+            if !input_required::asks(&result) {
                 return Ok(result);
             }
             let mut answers = serde_json::Map::new();
@@ -151,7 +189,7 @@ impl Client {
         method: &str,
         mut params: Value,
         keying: Keying,
-        in_flight: Option<&Mutex<Option<RequestId>>>,
+        in_flight: Option<&InFlight>,
     ) -> Result<Value, RequestError> {
         let mut key = self.inner.key_for(method, &params, keying);
         match (&key, &mut params) {
@@ -190,11 +228,11 @@ impl Client {
     }
 
     /// Sends a request once and waits for its outcome.
-    async fn send_once(
+    pub(crate) async fn send_once(
         &self,
         method: &str,
         params: Value,
-        in_flight: Option<&Mutex<Option<RequestId>>>,
+        in_flight: Option<&InFlight>,
     ) -> Result<Value, RequestError> {
         let inner = &self.inner;
         // A re-initialization in progress has no session yet: wait for it, and hold it off until
@@ -202,7 +240,7 @@ impl Client {
         let serial = inner.settled().await;
         let id = inner.next_id();
         if let Some(in_flight) = in_flight {
-            *in_flight.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(id.clone());
+            in_flight.set_request(&id);
         }
         let request = Request { id: id.clone(), method: method.to_owned(), params: Some(params) };
         let key = stream_key(&id);
@@ -288,6 +326,16 @@ impl Client {
     /// result.
     pub fn server(&self) -> Value {
         self.inner.server()
+    }
+
+    /// The client's configuration.
+    pub(crate) fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    /// Tells the application `event`.
+    pub(crate) fn emit(&self, event: ClientEvent) {
+        self.inner.emit(event);
     }
 
     /// Ends the session (DELETE) and stops every stream.

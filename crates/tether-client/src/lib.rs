@@ -23,6 +23,7 @@ mod http;
 #[cfg(feature = "rmcp")]
 pub mod rmcp;
 mod session;
+mod task;
 
 pub use backoff::Backoff;
 pub use checkpoint::{CheckpointError, CheckpointFile, StreamCursor};
@@ -66,6 +67,10 @@ pub struct ClientConfig {
     /// Whether `tools/call` requests carry an idempotency key when the server offers the
     /// extension (requests sent with [`Client::request_keyed`] always do).
     pub idempotency_keys: bool,
+    /// Whether 2026-07-28 requests declare the tasks extension (SEP-2663), so that the server
+    /// may answer a tool call with a task. The client follows such a task to its result either
+    /// way ([`ClientEvent::Task`] reports its statuses).
+    pub tasks: bool,
     /// Whether a divergence re-initializes the session. Without, the client reports it
     /// ([`ClientEvent::Divergence`]), resolves what was pending as
     /// [`RequestError::OutcomeUnknown`] and closes, sending nothing more.
@@ -91,6 +96,7 @@ impl ClientConfig {
             name: "tether".into(),
             hooks: Arc::new(DefaultHooks),
             idempotency_keys: true,
+            tasks: false,
             reinitialize: true,
         }
     }
@@ -203,6 +209,16 @@ pub enum ClientEvent {
     Unkeyed {
         /// Why.
         reason: String,
+    },
+    /// A request the server answered with a task (SEP-2663) reached a new status; the request
+    /// resolves with the task's outcome once it finishes.
+    Task {
+        /// The task's id.
+        task_id: String,
+        /// Its status.
+        status: tether_core::tasks::TaskStatus,
+        /// The server's word on the status, if any.
+        message: Option<String>,
     },
     /// A new session replaced the diverged one.
     Reinitialized {

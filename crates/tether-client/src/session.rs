@@ -13,6 +13,7 @@ use tether_core::jsonrpc::{self, Message, Notification, Request, RequestId, Resp
 use tether_core::lineage::Checkpoint;
 use tether_core::mcp::{Era, IdempotencyKey, ProtocolVersion, code, header, meta, method};
 use tether_core::param_headers::{self, ParamHeader};
+use tether_core::tasks;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::backoff::Attempts;
@@ -575,7 +576,11 @@ impl Session {
             params = json!({});
         }
         params["_meta"][meta::PROTOCOL_VERSION] = json!(ProtocolVersion::V2026_07_28.as_str());
-        params["_meta"][meta::CLIENT_CAPABILITIES] = self.config.hooks.capabilities();
+        let mut capabilities = self.config.hooks.capabilities();
+        if self.config.tasks && capabilities.is_object() {
+            capabilities["extensions"][tasks::EXTENSION] = json!({});
+        }
+        params["_meta"][meta::CLIENT_CAPABILITIES] = capabilities;
         params["_meta"][meta::CLIENT_INFO] = json!({"name": self.config.name, "version": env!("CARGO_PKG_VERSION")});
         let mut headers = HeaderMap::new();
         let mut put = |name: &str, value: &str| {
@@ -588,6 +593,7 @@ impl Session {
         let name_field = match request.method.as_str() {
             method::TOOLS_CALL | "prompts/get" => Some("name"),
             "resources/read" => Some("uri"),
+            tasks::method::GET | tasks::method::UPDATE | tasks::method::CANCEL => Some("taskId"),
             _ => None,
         };
         if let Some(name) = name_field.and_then(|f| params.get(f)).and_then(Value::as_str) {

@@ -127,6 +127,22 @@ impl ErrorObject {
         }
     }
 
+    /// Reads an error object from its JSON (`code`, `message`, optional `data`).
+    pub fn from_value(value: Value) -> Result<ErrorObject, ParseError> {
+        error_from_value(value)
+    }
+
+    /// The error object as JSON.
+    pub fn to_value(&self) -> Value {
+        let mut fields = serde_json::Map::new();
+        fields.insert("code".into(), Value::from(self.code));
+        fields.insert("message".into(), Value::from(self.message.clone()));
+        if let Some(data) = &self.data {
+            fields.insert("data".into(), data.clone());
+        }
+        Value::Object(fields)
+    }
+
     /// The `data.reason` string, if the error carries one.
     pub fn reason(&self) -> Option<&str> {
         self.data.as_ref()?.get("reason")?.as_str()

@@ -366,7 +366,7 @@ impl TaskRecord {
                 fields.insert("result".into(), result.clone());
             }
             (Some(Err(error)), TaskStatus::Failed) => {
-                fields.insert("error".into(), error_value(error));
+                fields.insert("error".into(), error.to_value());
             }
             (_, TaskStatus::InputRequired) => {
                 fields.insert(
@@ -396,7 +396,7 @@ impl TaskRecord {
                 fields.insert("result".into(), result.clone());
             }
             Some(Err(error)) => {
-                fields.insert("error".into(), error_value(error));
+                fields.insert("error".into(), error.to_value());
             }
             None => {}
         }
@@ -431,7 +431,9 @@ impl TaskRecord {
             .ok_or_else(|| bad("status"))?;
         let outcome = match (value.get("result"), value.get("error")) {
             (Some(result), _) => Some(Ok(result.clone())),
-            (None, Some(error)) => Some(Err(error_object(error).ok_or_else(|| bad("error"))?)),
+            (None, Some(error)) => Some(Err(
+                ErrorObject::from_value(error.clone()).map_err(|_| bad("error"))?
+            )),
             (None, None) => None,
         };
         Ok(TaskRecord {
@@ -452,26 +454,6 @@ impl TaskRecord {
             request_state: value.get("requestState").cloned(),
         })
     }
-}
-
-/// A JSON-RPC error object as JSON.
-fn error_value(error: &ErrorObject) -> Value {
-    let mut fields = Map::new();
-    fields.insert("code".into(), json!(error.code));
-    fields.insert("message".into(), json!(error.message));
-    if let Some(data) = &error.data {
-        fields.insert("data".into(), data.clone());
-    }
-    Value::Object(fields)
-}
-
-/// A JSON-RPC error object read from JSON.
-fn error_object(value: &Value) -> Option<ErrorObject> {
-    Some(ErrorObject {
-        code: value.get("code")?.as_i64()?,
-        message: value.get("message")?.as_str()?.to_owned(),
-        data: value.get("data").cloned(),
-    })
 }
 
 #[cfg(test)]

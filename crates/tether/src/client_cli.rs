@@ -108,6 +108,11 @@ pub struct CallArgs {
     /// unknown instead of being re-issued.
     #[arg(long)]
     no_idempotency_key: bool,
+    /// Declare the tasks extension (SEP-2663; implies --protocol-version 2026-07-28), so the
+    /// server may run the call as a task: the call is followed to its result, with a
+    /// `{"event":"task",...}` line per status.
+    #[arg(long)]
+    task: bool,
 }
 
 #[derive(Debug, Args)]
@@ -154,6 +159,9 @@ fn print_event(event: ClientEvent, args: &ClientArgs, messages: &mut u64) -> Opt
             }
         }
         ClientEvent::Reinitialized { session } => print(json!({"event": "reinitialized", "session": session})),
+        ClientEvent::Task { task_id, status, message } => {
+            print(json!({"event": "task", "taskId": task_id, "status": status.as_str(), "message": message}))
+        }
         ClientEvent::Reissued { key, attempt, reason } => {
             print(json!({"event": "reissued", "key": key, "attempt": attempt, "reason": reason}))
         }
@@ -209,6 +217,10 @@ pub async fn call(args: CallArgs) -> ExitCode {
     };
     let mut config = args.client.config();
     config.idempotency_keys = !args.no_idempotency_key;
+    if args.task {
+        config.tasks = true;
+        config.protocol_version = ProtocolVersion::V2026_07_28;
+    }
     let (client, mut events) = match connect(config).await {
         Ok(connected) => connected,
         Err(code) => return code,

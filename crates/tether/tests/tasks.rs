@@ -112,3 +112,47 @@ fn a_task_created_on_one_redis_replica_is_answered_and_cancelled_on_another() {
     drop((replica_a, replica_b));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn tether_call_task_follows_a_task_to_its_result_through_a_proxy_that_cuts_every_stream() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let redis = runtime.block_on(tether_testkit::RedisServer::start());
+    let dir = temp_dir("tasks-proxy");
+    let args = ["--store", "redis", "--redis-url", redis.url.as_str()];
+    let (a, b) = (free_port(), free_port());
+    let (replica_a, _) = serve(a, &dir.join("a"), &args);
+    let (replica_b, _) = serve(b, &dir.join("b"), &args);
+    let upstreams = [a, b].map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], port))).to_vec();
+    let proxy = runtime.block_on(tether_testkit::proxy::start(upstreams, 0x7a5c, 50, 700));
+    proxy.cutting.store(true, std::sync::atomic::Ordering::Relaxed);
+    proxy.cut_responses.store(true, std::sync::atomic::Ordering::Relaxed);
+    let url = format!("http://{}/mcp", proxy.addr);
+    let call = tether(&[
+        "call",
+        &url,
+        "confirm_delete",
+        "--task",
+        "--args",
+        r#"{"filename":"budget.xlsx"}"#,
+        "--timeout",
+        "60s",
+    ]);
+    let lines = parse(&call.rest(Duration::from_secs(90)));
+    let count = |event: &str| lines.iter().filter(|line| line["event"] == event).count();
+    let statuses: Vec<&str> =
+        lines.iter().filter(|l| l["event"] == "task").filter_map(|l| l["status"].as_str()).collect();
+    let cuts = proxy.cuts.load(std::sync::atomic::Ordering::Relaxed);
+    println!(
+        "tether call --task through two replicas and a cutting proxy: {cuts} cuts, {} re-issues, statuses {statuses:?}",
+        count("reissued")
+    );
+    let result = lines.iter().find(|line| line["event"] == "result").unwrap_or_else(|| panic!("no result: {lines:?}"));
+    // The default hooks accept with the schema's defaults: no confirmation.
+    assert_eq!(result["result"]["content"][0]["text"], "Kept budget.xlsx");
+    assert_eq!(statuses.first(), Some(&"working"));
+    assert!(statuses.contains(&"input_required"), "the input was asked through the task: {statuses:?}");
+    assert_eq!(statuses.last(), Some(&"completed"));
+    assert!(cuts > 0, "the proxy cut responses");
+    drop((replica_a, replica_b, proxy));
+    let _ = std::fs::remove_dir_all(&dir);
+}

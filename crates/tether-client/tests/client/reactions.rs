@@ -278,7 +278,7 @@ async fn run_with<F: std::future::Future<Output = Option<Result<Value, RequestEr
             ClientEvent::Divergence { reason } => format!("divergence {}", reason.kind()),
             ClientEvent::Reinitialized { .. } => "reinitialized".into(),
             ClientEvent::Closed { fatal, .. } => format!("closed{}", if fatal { " fatal" } else { "" }),
-            ClientEvent::Unkeyed { .. } | ClientEvent::Reissued { .. } => continue,
+            ClientEvent::Unkeyed { .. } | ClientEvent::Reissued { .. } | ClientEvent::Task { .. } => continue,
         });
     }
     server.abort();
