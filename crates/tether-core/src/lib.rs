@@ -17,4 +17,5 @@ pub mod lineage;
 pub mod mcp;
 pub mod param_headers;
 pub mod sse;
+pub mod subscriptions;
 pub mod tasks;

@@ -6,14 +6,21 @@
 //! Wire names follow the conformance suite (0.2.0-alpha.12): `ttlMs`, `pollIntervalMs`, flat
 //! `CreateTaskResult` (`resultType: "task"` and the task's own fields), no `requestState`.
 
+use std::collections::VecDeque;
+
 use serde_json::{Map, Value, json};
 
 use crate::date::rfc3339;
 use crate::jsonrpc::ErrorObject;
+use crate::lineage::Digest;
 use crate::mcp::code::MISSING_REQUIRED_CLIENT_CAPABILITY;
 
 /// The extension's name, in the server's and the client's `capabilities.extensions`.
 pub const EXTENSION: &str = "io.modelcontextprotocol/tasks";
+
+/// tether's extension for resumable task event streams (`tasks/stream`, in the shape of
+/// SEP-2694, an open proposal): its wire names are the SEP's, so it can become the SEP's.
+pub const STREAMS_EXTENSION: &str = "io.tether/task-streams";
 
 /// The `resultType` of a call answered with a task.
 pub const RESULT_TYPE: &str = "task";
@@ -183,6 +190,10 @@ pub mod method {
     pub const UPDATE: &str = "tasks/update";
     /// Cancels a task.
     pub const CANCEL: &str = "tasks/cancel";
+    /// Streams a task's events from a cursor (SEP-2694).
+    pub const STREAM: &str = "tasks/stream";
+    /// One event of a task stream (SEP-2694).
+    pub const EVENT: &str = "notifications/tasks/event";
     /// Methods of the first tasks design that SEP-2663 removed: unknown (-32601) before any other
     /// check, so a client learns at once that they are gone.
     pub const REMOVED: [&str; 2] = ["tasks/result", "tasks/list"];
@@ -235,7 +246,127 @@ pub struct TaskRecord {
     pub input_responses: Map<String, Value>,
     /// The tool's state between rounds, as it returned it (kept by the server, never sent).
     pub request_state: Option<Value>,
+    /// The task's newest events, oldest first: at most [`MAX_EVENTS`].
+    pub events: VecDeque<TaskEvent>,
+    /// The sequence number its next event gets: how many it ever had.
+    pub next_seq: u64,
 }
+
+/// Most events a task keeps; a cursor before the oldest kept is told they are gone.
+pub const MAX_EVENTS: usize = 256;
+
+/// The type of the event a status change records (vendor-prefixed, as SEP-2694 asks): its payload
+/// is the status, its message, when it changed, and the input requests of `input_required`.
+pub const STATUS_EVENT: &str = "io.tether.task.status";
+
+/// The type of the event a notification the tool sent records (progress, a log): its payload is
+/// the notification's `method` and `params`.
+pub const NOTIFICATION_EVENT: &str = "io.tether.task.notification";
+
+/// The `_meta` key under which a task event carries its digest.
+pub const DIGEST_META: &str = "io.tether/digest";
+
+/// One event of a task's stream (SEP-2694), with the digest that chains it to the one before.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskEvent {
+    /// Its position: 0 for the task's first event, then one more for each.
+    pub seq: u64,
+    /// What happened ([`STATUS_EVENT`], [`NOTIFICATION_EVENT`]).
+    pub kind: String,
+    /// What it carries: a JSON object.
+    pub payload: Value,
+    /// SHA-256 over the previous event's digest (the task id for the first) and this event: a
+    /// client that checks it knows that what it was sent follows what it had, exactly.
+    pub digest: Digest,
+}
+
+impl TaskEvent {
+    /// The event of task `task` after the one whose digest is `previous` (`None`: the first).
+    pub fn chained(
+        task: &str,
+        previous: Option<&Digest>,
+        seq: u64,
+        kind: &str,
+        payload: Value,
+    ) -> TaskEvent {
+        let digest = TaskEvent::digest_of(task, previous, seq, kind, &payload);
+        TaskEvent {
+            seq,
+            kind: kind.to_owned(),
+            payload,
+            digest,
+        }
+    }
+
+    /// The digest event `seq` of task `task` must carry after `previous`.
+    pub fn digest_of(
+        task: &str,
+        previous: Option<&Digest>,
+        seq: u64,
+        kind: &str,
+        payload: &Value,
+    ) -> Digest {
+        let before = previous.map_or_else(|| task.to_owned(), Digest::to_string);
+        let event = json!({"seq": seq, "type": kind, "payload": payload});
+        Digest::of(&before, event.to_string().as_bytes())
+    }
+
+    /// The params of the `notifications/tasks/event` that delivers it.
+    pub fn params(&self, task: &str) -> Value {
+        json!({
+            "taskId": task,
+            "seq": self.seq,
+            "type": self.kind,
+            "payload": self.payload,
+            "_meta": {
+                "io.modelcontextprotocol/related-task": {"taskId": task},
+                DIGEST_META: self.digest.to_string(),
+            },
+        })
+    }
+
+    /// Reads an event from the params of a `notifications/tasks/event` (its digest as sent).
+    pub fn from_params(params: &Value) -> Option<TaskEvent> {
+        Some(TaskEvent {
+            seq: params.get("seq")?.as_u64()?,
+            kind: params.get("type")?.as_str()?.to_owned(),
+            payload: params.get("payload").filter(|p| p.is_object())?.clone(),
+            digest: params
+                .get("_meta")?
+                .get(DIGEST_META)?
+                .as_str()?
+                .parse()
+                .ok()?,
+        })
+    }
+}
+
+/// Why a task stream cannot start at a cursor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamRefusal {
+    /// Events after the cursor are no longer kept: the oldest kept is `earliest`.
+    Gone {
+        /// The oldest event kept.
+        earliest: u64,
+    },
+    /// The cursor names an event the task never had: it has had `next` events.
+    Ahead {
+        /// How many events the task has had.
+        next: u64,
+    },
+}
+
+/// The `events_gone` error (SEP-2694: -32010, `data: {reason, taskId, earliestSeq}`).
+pub fn events_gone(task: &str, earliest: u64) -> ErrorObject {
+    ErrorObject {
+        code: EVENTS_GONE,
+        message: "Task events are no longer available".into(),
+        data: Some(json!({"reason": "events_gone", "taskId": task, "earliestSeq": earliest})),
+    }
+}
+
+/// The code of [`events_gone`].
+pub const EVENTS_GONE: i64 = -32010;
 
 /// A change to a task, applied by [`TaskRecord::apply`].
 #[derive(Debug, Clone, PartialEq)]
@@ -254,6 +385,13 @@ pub enum TaskChange {
     Finish(Result<Value, ErrorObject>),
     /// The client cancels the task.
     Cancel,
+    /// The running tool sent a notification: recorded as an event of the task.
+    Notify {
+        /// The notification's method.
+        method: String,
+        /// Its params.
+        params: Value,
+    },
 }
 
 /// Why a stored task could not be read back.
@@ -270,7 +408,7 @@ impl TaskRecord {
         ttl_ms: Option<u64>,
         poll_interval_ms: Option<u64>,
     ) -> TaskRecord {
-        TaskRecord {
+        let mut record = TaskRecord {
             task: Task {
                 id,
                 status: TaskStatus::Working,
@@ -285,7 +423,71 @@ impl TaskRecord {
             input_requests: Map::new(),
             input_responses: Map::new(),
             request_state: None,
+            events: VecDeque::new(),
+            next_seq: 0,
+        };
+        record.record_status();
+        record
+    }
+
+    /// Appends the event of the task's current status.
+    fn record_status(&mut self) {
+        let mut payload = Map::new();
+        payload.insert("status".into(), json!(self.task.status.as_str()));
+        if let Some(message) = &self.task.status_message {
+            payload.insert("statusMessage".into(), json!(message));
         }
+        payload.insert(
+            "lastUpdatedAt".into(),
+            json!(rfc3339(self.task.last_updated_at_ms)),
+        );
+        if self.task.status == TaskStatus::InputRequired {
+            payload.insert(
+                "inputRequests".into(),
+                Value::Object(self.input_requests.clone()),
+            );
+        }
+        self.record_event(STATUS_EVENT, Value::Object(payload));
+    }
+
+    /// Appends an event, dropping the oldest past [`MAX_EVENTS`].
+    fn record_event(&mut self, kind: &str, payload: Value) {
+        let previous = self.events.back().map(|event| event.digest);
+        let event = TaskEvent::chained(
+            &self.task.id,
+            previous.as_ref(),
+            self.next_seq,
+            kind,
+            payload,
+        );
+        self.events.push_back(event);
+        self.next_seq += 1;
+        while self.events.len() > MAX_EVENTS {
+            self.events.pop_front();
+        }
+    }
+
+    /// The kept events after `after` (all kept without a cursor), or why the stream cannot
+    /// start there: never a silent skip.
+    pub fn events_after(
+        &self,
+        after: Option<u64>,
+    ) -> Result<impl Iterator<Item = &TaskEvent>, StreamRefusal> {
+        let earliest = self.events.front().map_or(self.next_seq, |event| event.seq);
+        if let Some(after) = after {
+            if after >= self.next_seq {
+                return Err(StreamRefusal::Ahead {
+                    next: self.next_seq,
+                });
+            }
+            if after + 1 < earliest {
+                return Err(StreamRefusal::Gone { earliest });
+            }
+        }
+        Ok(self
+            .events
+            .iter()
+            .filter(move |event| after.is_none_or(|after| event.seq > after)))
     }
 
     /// Applies `change` at `now_ms`; `false` if it changes nothing (a final task never changes,
@@ -335,6 +537,16 @@ impl TaskRecord {
                 }
                 TaskStatus::Cancelled
             }
+            TaskChange::Notify { method, params } => {
+                if status.is_final() {
+                    return false;
+                }
+                self.record_event(
+                    NOTIFICATION_EVENT,
+                    json!({"method": method, "params": params}),
+                );
+                return true;
+            }
         };
         if next.is_final() {
             self.input_requests = Map::new();
@@ -343,6 +555,7 @@ impl TaskRecord {
         }
         self.task.status = next;
         self.task.last_updated_at_ms = now_ms;
+        self.record_status();
         true
     }
 
@@ -411,6 +624,16 @@ impl TaskRecord {
         if let Some(state) = &self.request_state {
             fields.insert("requestState".into(), state.clone());
         }
+        let events: Vec<Value> = self
+            .events
+            .iter()
+            .map(|event| {
+                json!({"seq": event.seq, "type": event.kind, "payload": event.payload,
+                    "digest": event.digest.to_string()})
+            })
+            .collect();
+        fields.insert("events".into(), Value::Array(events));
+        fields.insert("nextSeq".into(), json!(self.next_seq));
         Value::Object(fields)
     }
 
@@ -452,6 +675,22 @@ impl TaskRecord {
             input_requests: object("inputRequests"),
             input_responses: object("inputResponses"),
             request_state: value.get("requestState").cloned(),
+            events: value
+                .get("events")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|event| {
+                    Some(TaskEvent {
+                        seq: event.get("seq")?.as_u64()?,
+                        kind: event.get("type")?.as_str()?.to_owned(),
+                        payload: event.get("payload")?.clone(),
+                        digest: event.get("digest")?.as_str()?.parse().ok()?,
+                    })
+                })
+                .collect::<Option<_>>()
+                .ok_or_else(|| bad("events"))?,
+            next_seq: number("nextSeq").ok_or_else(|| bad("nextSeq"))?,
         })
     }
 }
@@ -699,5 +938,129 @@ mod tests {
             TaskSupport::Never
         );
         assert_eq!(support_of(&json!({})), TaskSupport::Never);
+    }
+
+    #[test]
+    fn every_status_change_and_notification_is_an_event_chained_to_the_one_before() {
+        let mut task = record();
+        task.apply(
+            TaskChange::Notify {
+                method: "notifications/progress".into(),
+                params: json!({"progress": 1}),
+            },
+            1_500,
+        );
+        task.apply(
+            TaskChange::Ask {
+                requests: map(json!({"a": {"method": "m"}})),
+                state: None,
+            },
+            2_000,
+        );
+        task.apply(TaskChange::Answer(map(json!({"a": {}}))), 2_500);
+        task.apply(TaskChange::Finish(Ok(json!({"content": []}))), 3_000);
+        assert!(
+            !task.apply(
+                TaskChange::Notify {
+                    method: "x".into(),
+                    params: json!({})
+                },
+                3_100
+            ),
+            "nothing after the end"
+        );
+        let kinds: Vec<(u64, &str, Value)> = task
+            .events
+            .iter()
+            .map(|e| {
+                (
+                    e.seq,
+                    e.kind.as_str(),
+                    e.payload.get("status").cloned().unwrap_or(Value::Null),
+                )
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (0, STATUS_EVENT, json!("working")),
+                (1, NOTIFICATION_EVENT, Value::Null),
+                (2, STATUS_EVENT, json!("input_required")),
+                (3, STATUS_EVENT, json!("working")),
+                (4, STATUS_EVENT, json!("completed")),
+            ]
+        );
+        assert_eq!(task.events[2].payload["inputRequests"]["a"]["method"], "m");
+        let mut previous = None;
+        for event in &task.events {
+            assert_eq!(
+                event.digest,
+                TaskEvent::digest_of(
+                    "t1",
+                    previous.as_ref(),
+                    event.seq,
+                    &event.kind,
+                    &event.payload
+                )
+            );
+            assert_eq!(
+                TaskEvent::from_params(&event.params("t1")).as_ref(),
+                Some(event)
+            );
+            previous = Some(event.digest);
+        }
+        let after: Vec<u64> = task
+            .events_after(Some(2))
+            .map(|e| e.map(|e| e.seq).collect())
+            .unwrap_or_default();
+        assert_eq!(after, [3, 4]);
+        assert_eq!(task.events_after(None).map(|e| e.count()).ok(), Some(5));
+        assert_eq!(
+            task.events_after(Some(4)).map(|e| e.count()).ok(),
+            Some(0),
+            "caught up"
+        );
+        assert_eq!(
+            task.events_after(Some(5)).err(),
+            Some(StreamRefusal::Ahead { next: 5 })
+        );
+        assert_eq!(TaskRecord::from_json(&task.to_json()), Ok(task));
+    }
+
+    #[test]
+    fn a_cursor_before_the_oldest_kept_event_is_told_they_are_gone() {
+        let mut task = record();
+        for n in 0..MAX_EVENTS as u64 + 9 {
+            task.apply(
+                TaskChange::Notify {
+                    method: "m".into(),
+                    params: json!({"n": n}),
+                },
+                2_000,
+            );
+        }
+        let earliest = task.events[0].seq;
+        assert_eq!((earliest, task.events.len()), (10, MAX_EVENTS));
+        assert_eq!(
+            task.events_after(Some(8)).err(),
+            Some(StreamRefusal::Gone { earliest: 10 })
+        );
+        assert_eq!(
+            task.events_after(Some(9)).map(|e| e.count()).ok(),
+            Some(MAX_EVENTS),
+            "exactly what follows 9"
+        );
+        assert_eq!(
+            task.events_after(None)
+                .map(|e| e.map(|e| e.seq).next())
+                .ok()
+                .flatten(),
+            Some(10)
+        );
+        let gone = events_gone("t1", earliest);
+        assert_eq!(
+            (gone.code, gone.data.map(|d| d["earliestSeq"].clone())),
+            (-32010, Some(json!(10)))
+        );
     }
 }

@@ -68,6 +68,7 @@ impl BuiltinHandler {
         add_modern_fixture_tools(&mut tools);
         add_input_required_tools(&mut tools);
         add_task_tools(&mut tools);
+        add_announcing_tools(&mut tools);
         BuiltinHandler { tools }
     }
 
@@ -444,6 +445,22 @@ fn name_in(content: &Value) -> &str {
     content.get("name").and_then(Value::as_str).unwrap_or("stranger")
 }
 
+/// The tools that announce a change of the tool or prompt list, as a server whose lists change
+/// does: to every session's standalone stream and every `subscriptions/listen` stream that
+/// carries it (the conformance suite's SEP-2575 checks call them).
+fn add_announcing_tools(tools: &mut ToolSet) {
+    for (name, what, method) in [
+        ("test_trigger_tool_change", "tool", "notifications/tools/list_changed"),
+        ("test_trigger_prompt_change", "prompt", "notifications/prompts/list_changed"),
+    ] {
+        let description = format!("Announces that the {what} list changed.");
+        tools.add(tool(name, &description, schema(json!({}), &[])), move |ctx, _| async move {
+            let reached = ctx.notify_all(method, json!({})).await.map_err(context_error)?;
+            Ok(text_result(format!("announced to {reached} listeners")))
+        });
+    }
+}
+
 /// A tool definition that runs as a task `support` (`"optional"`, `"required"`).
 fn task_tool(name: &str, description: &str, input_schema: Value, support: &str) -> Value {
     json!({"name": name, "description": description, "inputSchema": input_schema,
@@ -784,9 +801,9 @@ impl Handler for BuiltinHandler {
             version: env!("CARGO_PKG_VERSION").into(),
             instructions: None,
             capabilities: json!({
-                "tools": {"listChanged": false},
+                "tools": {"listChanged": true},
                 "resources": {"subscribe": true, "listChanged": false},
-                "prompts": {"listChanged": false},
+                "prompts": {"listChanged": true},
                 "completions": {},
             }),
         }

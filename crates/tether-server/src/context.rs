@@ -421,8 +421,8 @@ impl Context {
     /// answered with its `CreateTaskResult`, and the handler runs on: what it returns becomes the
     /// task's outcome, and an input-required result asks for input through the task
     /// (`tasks/update`). Until then it may ask for input the ordinary way (an input-required
-    /// result answers the request). Notifications sent after it are not delivered (the
-    /// client polls `tasks/get`).
+    /// result answers the request). Notifications sent after it are not delivered directly (the
+    /// client polls `tasks/get` or follows `tasks/stream`), except as events of the task's stream.
     ///
     /// `Ok(true)`: the request is a task (also when it already was); `Ok(false)`: it cannot be one,
     /// so the handler should finish the work and return its result.
@@ -454,6 +454,26 @@ impl Context {
             }
         }
         Ok(true)
+    }
+
+    /// Records a notification the tool sent after its request became task `task` as an event of
+    /// the task (its stream carries it).
+    async fn record_in_task(&self, task: &str, bytes: &[u8]) -> Result<(), ContextError> {
+        let Ok(Message::Notification(notification)) = tether_core::jsonrpc::parse_message(bytes) else {
+            return Ok(());
+        };
+        let change = tether_core::tasks::TaskChange::Notify {
+            method: notification.method,
+            params: notification.params.unwrap_or(Value::Null),
+        };
+        let server = &self.shared.server;
+        server.task_runners.update(server.store.as_ref(), task, change).await?;
+        Ok(())
+    }
+
+    /// This server's tasks run here.
+    pub(crate) fn task_runners(&self) -> &crate::tasks::Runners {
+        &self.shared.server.task_runners
     }
 
     /// Whether this request may become a task.
@@ -542,11 +562,13 @@ impl Context {
         }
     }
 
-    /// Appends a notification to the standalone (GET) stream of every live session this
-    /// process serves (server-wide announcements such as `list_changed`). Returns how many
-    /// sessions had a standalone stream to receive it. Sessions served only by other replicas
-    /// are not reached.
+    /// Announces a server-wide notification (`list_changed`, `resources/updated`): appended to
+    /// the standalone (GET) stream of every live session this process serves, and sent on every
+    /// 2026-07-28 subscription (`subscriptions/listen`) open here that carries it. Returns how
+    /// many sessions had a standalone stream, plus how many subscriptions were open. Sessions and
+    /// subscriptions served only by other replicas are not reached.
     pub async fn notify_all(&self, method: &str, params: Value) -> Result<usize, ContextError> {
+        let listening = self.shared.server.listeners.announce(method, params.clone());
         let store = self.shared.server.store.as_ref();
         let message = notification(method, params);
         let sends = self.shared.server.sessions.all().into_iter().map(|runtime| {
@@ -555,7 +577,7 @@ impl Context {
             async move { append_standalone(store, &runtime, message).await.unwrap_or(false) }
         });
         // Concurrently, so a durable store commits them together.
-        Ok(futures_util::future::join_all(sends).await.into_iter().filter(|sent| *sent).count())
+        Ok(futures_util::future::join_all(sends).await.into_iter().filter(|sent| *sent).count() + listening)
     }
 
     /// Closes the client's connection to this request's stream without ending the stream
@@ -604,9 +626,9 @@ impl Context {
         if self.shared.cancel.is_cancelled() {
             return Err(ContextError::Cancelled);
         }
-        if self.shared.task.as_ref().is_some_and(|slot| slot.id().is_some()) {
-            // A task's request was answered: nobody listens on its connection any more.
-            return Ok(());
+        if let Some(task) = self.task_id() {
+            // The request was answered with its task: what the tool sends now is the task's.
+            return self.record_in_task(&task, &bytes).await;
         }
         match &self.shared.output {
             // The writer tells the POST how the response starts.

@@ -27,6 +27,7 @@ mod http;
 mod idempotency;
 mod ids;
 mod input;
+mod listen;
 mod reader;
 #[cfg(feature = "rmcp")]
 pub mod rmcp;

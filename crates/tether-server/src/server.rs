@@ -24,6 +24,8 @@ pub(crate) struct ServerState {
     pub state_key: Option<StateKey>,
     /// The tasks this process runs.
     pub task_runners: crate::tasks::Runners,
+    /// The open `subscriptions/listen` streams of 2026-07-28 clients.
+    pub listeners: crate::listen::Listeners,
 }
 
 /// Assembles a server from a handler, a store and a config.
@@ -74,6 +76,7 @@ impl Builder {
             auth: self.auth,
             process_token,
             task_runners: crate::tasks::Runners::default(),
+            listeners: crate::listen::Listeners::default(),
         };
         Server { shared: Arc::new(shared), background: Once::new() }
     }

@@ -11,13 +11,14 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use bytes::Bytes;
 use serde_json::{Map, Value, json};
 use tether_core::input_required;
-use tether_core::jsonrpc::{ErrorObject, Request, RequestId, code};
+use tether_core::jsonrpc::{ErrorObject, Message, Notification, Request, RequestId, Response, code};
 use tether_core::mcp::meta;
-use tether_core::tasks::{self, TaskChange, TaskRecord, TaskStatus, method};
+use tether_core::tasks::{self, StreamRefusal, TaskChange, TaskRecord, TaskStatus, method};
 use tether_store::{Store, StoreError, StoredTask};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Context, Input};
@@ -56,13 +57,34 @@ impl TaskSlot {
     }
 }
 
-/// The tasks this process runs, by id: how to reach each one when a request about it arrives here.
-#[derive(Default)]
+/// The tasks this process runs, by id: how to reach each one when a request about it arrives
+/// here; and a counter of the task changes made here, which the task streams open here watch.
 pub(crate) struct Runners {
     running: Mutex<HashMap<String, (CancellationToken, Arc<Notify>)>>,
+    changes: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for Runners {
+    fn default() -> Self {
+        Runners { running: Mutex::default(), changes: tokio::sync::watch::Sender::new(0) }
+    }
 }
 
 impl Runners {
+    /// Applies `change` to task `id` and tells this process's task streams.
+    pub async fn update(
+        &self,
+        store: &dyn Store,
+        id: &str,
+        change: TaskChange,
+    ) -> Result<Option<(StoredTask, bool)>, StoreError> {
+        let updated = store.update_task(id, change, now_ms()).await;
+        if let Ok(Some((_, true))) = &updated {
+            self.changes.send_modify(|n| *n = n.wrapping_add(1));
+        }
+        updated
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (CancellationToken, Arc<Notify>)>> {
         // Plain data, changed in single statements: consistent after a panic elsewhere.
         self.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -151,7 +173,7 @@ pub(crate) async fn rounds(
             ));
         }
         let state = result.get(input_required::STATE).cloned();
-        let asked = ctx.store().update_task(&id, TaskChange::Ask { requests, state }, now_ms()).await;
+        let asked = ctx.task_runners().update(ctx.store().as_ref(), &id, TaskChange::Ask { requests, state }).await;
         if !matches!(asked.map_err(store_failed)?, Some((_, true))) {
             // Finished meanwhile (cancelled): nothing will answer.
             return Err(idempotency::cancelled());
@@ -193,7 +215,7 @@ async fn answers(ctx: &Context, id: &str) -> Result<Input, ErrorObject> {
 /// cancelled.
 pub(crate) async fn finish(shared: &ServerState, id: &str, outcome: Option<Result<Value, ErrorObject>>) {
     let change = outcome.map_or(TaskChange::Cancel, TaskChange::Finish);
-    if let Err(err) = shared.store.update_task(id, change, now_ms()).await {
+    if let Err(err) = shared.task_runners.update(shared.store.as_ref(), id, change).await {
         tracing::error!(%err, task = id, "could not record how a task ended");
     }
     shared.task_runners.lock().remove(id);
@@ -204,34 +226,48 @@ pub(crate) fn serves(name: &str) -> bool {
     matches!(name, method::GET | method::UPDATE | method::CANCEL)
 }
 
-/// Serves `tasks/get`, `tasks/update` or `tasks/cancel` for `principal`: refused (-32021) to a
-/// request that does not declare the extension, and (-32602) for a task that does not exist or
-/// is someone else's. A task whose process is gone is failed (`request_aborted`) when read.
-pub(crate) async fn serve(
+/// Task `taskId` of a `tasks/*` request, for `principal`: refused (-32021) to a request that
+/// does not declare the extension, and (-32602) for a task that does not exist or is someone
+/// else's. A task whose process is gone is failed (`request_aborted`) when read.
+async fn find(
     shared: &ServerState,
     principal: Option<&str>,
     request: &Request,
-) -> Result<Value, ErrorObject> {
+) -> Result<(String, TaskRecord), ErrorObject> {
     let params = request.params.as_ref().unwrap_or(&Value::Null);
     let capabilities = params.get("_meta").and_then(|m| m.get(meta::CLIENT_CAPABILITIES)).unwrap_or(&Value::Null);
     if !tasks::declares_tasks(capabilities) {
         return Err(tasks::missing_capability(&format!("{} needs the tasks extension", request.method)));
     }
-    let invalid = |message: String, reason: &str| ErrorObject::with_reason(code::INVALID_PARAMS, message, reason);
     let Some(id) = params.get("taskId").and_then(Value::as_str) else {
         return Err(invalid("params.taskId must be a string".into(), "invalid_params"));
     };
     let unknown = || invalid(format!("no task {id:?}"), "unknown_task");
-    let store = &shared.store;
-    let now = now_ms();
-    let task = store.task(id, now).await.map_err(store_failed)?;
+    let task = shared.store.task(id, now_ms()).await.map_err(store_failed)?;
     let task = task.filter(|t| t.record.principal.as_deref() == principal).ok_or_else(unknown)?;
     let record = if task.abandoned && !task.record.task.status.is_final() {
         let aborted = TaskChange::Finish(Err(idempotency::aborted()));
-        store.update_task(id, aborted, now).await.map_err(store_failed)?.ok_or_else(unknown)?.0.record
+        let updated = shared.task_runners.update(shared.store.as_ref(), id, aborted).await.map_err(store_failed)?;
+        updated.ok_or_else(unknown)?.0.record
     } else {
         task.record
     };
+    Ok((id.to_owned(), record))
+}
+
+fn invalid(message: String, reason: &str) -> ErrorObject {
+    ErrorObject::with_reason(code::INVALID_PARAMS, message, reason)
+}
+
+/// Serves `tasks/get`, `tasks/update` or `tasks/cancel` for `principal` (see [`find`]).
+pub(crate) async fn serve(
+    shared: &ServerState,
+    principal: Option<&str>,
+    request: &Request,
+) -> Result<Value, ErrorObject> {
+    let (id, record) = find(shared, principal, request).await?;
+    let params = request.params.as_ref().unwrap_or(&Value::Null);
+    let store = shared.store.as_ref();
     let ack = || json!({"resultType": "complete"});
     match request.method.as_str() {
         method::UPDATE => {
@@ -239,15 +275,110 @@ pub(crate) async fn serve(
                 .map_err(|err| invalid(err.to_string(), "invalid_input_responses"))?
                 .cloned()
                 .unwrap_or_default();
-            store.update_task(id, TaskChange::Answer(responses), now).await.map_err(store_failed)?;
-            shared.task_runners.wake(id, false);
+            shared.task_runners.update(store, &id, TaskChange::Answer(responses)).await.map_err(store_failed)?;
+            shared.task_runners.wake(&id, false);
             Ok(ack())
         }
         method::CANCEL => {
-            store.update_task(id, TaskChange::Cancel, now).await.map_err(store_failed)?;
-            shared.task_runners.wake(id, true);
+            shared.task_runners.update(store, &id, TaskChange::Cancel).await.map_err(store_failed)?;
+            shared.task_runners.wake(&id, true);
             Ok(ack())
         }
         _ => Ok(record.detailed()),
     }
+}
+
+/// Opens `tasks/stream` (SEP-2694) for `principal`: the task's kept events after the exclusive
+/// `after` cursor (all kept without one), then its live events, each with its digest chained to
+/// the one before; the response (`{resultType: "complete"}`) ends the stream once the task has
+/// finished and its last event went out. A cursor whose next events are no longer kept is refused
+/// with `events_gone` (-32010, `earliestSeq`), at the start or when the stream falls that far
+/// behind: never a silent skip. Events made at another replica arrive within the poll interval.
+pub(crate) async fn stream(
+    shared: &Arc<ServerState>,
+    principal: Option<&str>,
+    request: &Request,
+    closed: CancellationToken,
+) -> Result<mpsc::Receiver<(Bytes, bool)>, ErrorObject> {
+    let (id, record) = find(shared, principal, request).await?;
+    let after = match request.params.as_ref().and_then(|p| p.get("after")) {
+        None | Some(Value::Null) => None,
+        Some(after) => Some(
+            after
+                .as_u64()
+                .ok_or_else(|| invalid("params.after must be a non-negative integer".into(), "invalid_params"))?,
+        ),
+    };
+    if let Err(refusal) = record.events_after(after) {
+        return Err(refused(&id, refusal));
+    }
+    let (tx, rx) = mpsc::channel(64);
+    let shared = Arc::clone(shared);
+    let request_id = request.id.clone();
+    tokio::spawn(async move {
+        let mut changes = shared.task_runners.changes.subscribe();
+        let mut cursor = after;
+        let mut record = Some(record);
+        loop {
+            let current = match record.take() {
+                Some(current) => current,
+                None => match shared.store.task(&id, now_ms()).await {
+                    Ok(Some(task)) => task.record,
+                    // Forgotten (its ttl passed) or unreadable: nothing more to send.
+                    Ok(None) | Err(_) => return,
+                },
+            };
+            let events: Vec<Bytes> = match current.events_after(cursor) {
+                Ok(events) => events
+                    .map(|event| {
+                        cursor = Some(event.seq);
+                        notification(tasks::method::EVENT, event.params(&id))
+                    })
+                    .collect(),
+                Err(refusal) => {
+                    let error = refused(&id, refusal);
+                    let _ = tx.send((response(&shared, &request_id, Err(error)), true)).await;
+                    return;
+                }
+            };
+            for event in events {
+                if tx.send((event, false)).await.is_err() {
+                    return;
+                }
+            }
+            if current.task.status.is_final() {
+                let _ = tx.send((response(&shared, &request_id, Ok(json!({"resultType": "complete"}))), true)).await;
+                return;
+            }
+            tokio::select! {
+                _ = changes.changed() => {}
+                () = tokio::time::sleep(shared.config.task_poll_interval) => {}
+                () = closed.cancelled() => return,
+            }
+        }
+    });
+    Ok(rx)
+}
+
+/// The error a stream that cannot start (or go on) at its cursor ends with.
+fn refused(id: &str, refusal: StreamRefusal) -> ErrorObject {
+    match refusal {
+        StreamRefusal::Gone { earliest } => tasks::events_gone(id, earliest),
+        StreamRefusal::Ahead { next } => {
+            invalid(format!("task {id:?} has had {next} events: the cursor names none of them"), "cursor_ahead")
+        }
+    }
+}
+
+fn notification(method: &str, params: Value) -> Bytes {
+    Bytes::from(Message::Notification(Notification { method: method.to_owned(), params: Some(params) }).to_vec())
+}
+
+/// The final response of a stream, decorated as every 2026-07-28 result is.
+fn response(shared: &ServerState, id: &RequestId, mut outcome: Result<Value, ErrorObject>) -> Bytes {
+    if let Ok(result) = &mut outcome {
+        let info = shared.handler.info();
+        crate::dispatch::decorate_modern(method::STREAM, result, &json!({"name": info.name, "version": info.version}));
+    }
+    Bytes::from(Message::Response(Response { id: Some(id.clone()), outcome }).to_vec())
 }

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, Message, Request, code};
 use tether_core::mcp::{self, ProtocolVersion, header, meta, method};
 use tether_core::param_headers;
+use tether_core::subscriptions;
 use tether_core::tasks;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -75,6 +76,24 @@ pub(crate) async fn post(
         let body = Message::Response(jsonrpc::Response::result(id, result)).to_vec();
         return Ok(json_response(StatusCode::OK, body, []));
     }
+    if request.method == subscriptions::LISTEN {
+        let params = request.params.as_ref().unwrap_or(&Value::Null);
+        let capabilities = modern_capabilities(shared, shared.handler.info().capabilities);
+        let filter = subscriptions::Filter::requested(params).honoured(&capabilities);
+        let closed = CancellationToken::new();
+        let rx = shared.listeners.open(&id, filter, closed.clone());
+        return Ok(sse::response(sse::direct_body(rx, closed.drop_guard(), shared.config.keep_alive), []));
+    }
+    if request.method == tasks::method::STREAM {
+        let closed = CancellationToken::new();
+        return Ok(match crate::tasks::stream(shared, principal.as_deref(), &request, closed.clone()).await {
+            Ok(rx) => sse::response(sse::direct_body(rx, closed.drop_guard(), shared.config.keep_alive), []),
+            Err(error) => {
+                let body = Message::Response(jsonrpc::Response::error(Some(id), error)).to_vec();
+                json_response(status_of(&body), body, [])
+            }
+        });
+    }
     if crate::tasks::serves(&request.method) {
         let mut outcome = crate::tasks::serve(shared, principal.as_deref(), &request).await;
         if let Ok(result) = &mut outcome {
@@ -111,22 +130,15 @@ fn status_of(response: &[u8]) -> StatusCode {
     }
 }
 
-/// The capabilities this era can honour: no subscriptions or list-change notifications (the
-/// stateless server keeps no subscription state); exactly-once execution if it is on.
+/// The capabilities this era honours: the handler's (list changes and resource updates are
+/// delivered on `subscriptions/listen`), exactly-once execution if it is on, and tasks.
 fn modern_capabilities(shared: &ServerState, mut capabilities: Value) -> Value {
     crate::idempotency::advertise(shared, &mut capabilities);
     if let Value::Object(map) = &mut capabilities
         && let Value::Object(extensions) = map.entry("extensions").or_insert_with(|| json!({}))
     {
         extensions.insert(tasks::EXTENSION.into(), json!({}));
-    }
-    if let Value::Object(map) = &mut capabilities {
-        for capability in map.values_mut() {
-            if let Value::Object(options) = capability {
-                options.remove("subscribe");
-                options.remove("listChanged");
-            }
-        }
+        extensions.insert(tasks::STREAMS_EXTENSION.into(), json!({"maxEventsPerTask": tasks::MAX_EVENTS}));
     }
     capabilities
 }
@@ -184,7 +196,7 @@ fn validate(
     let named = match request.method.as_str() {
         method::TOOLS_CALL | "prompts/get" => Some("name"),
         "resources/read" => Some("uri"),
-        tasks::method::GET | tasks::method::UPDATE | tasks::method::CANCEL => Some("taskId"),
+        tasks::method::GET | tasks::method::UPDATE | tasks::method::CANCEL | tasks::method::STREAM => Some("taskId"),
         _ => None,
     };
     if let Some(field) = named {

@@ -27,6 +27,9 @@ impl Handler for Work {
             let escalated = ctx.escalate().await.map_err(|e| {
                 tether_core::jsonrpc::ErrorObject::with_reason(-32603, e.to_string(), "escalate_failed")
             })?;
+            for note in 0..params["arguments"]["notes"].as_u64().unwrap_or(0) {
+                let _ = ctx.notify("notifications/progress", json!({"progressToken": "t", "progress": note})).await;
+            }
             let ms = params["arguments"]["ms"].as_u64().unwrap_or(0);
             tokio::time::sleep(Duration::from_millis(ms)).await;
             Ok(json!({"content": [{"type": "text", "text": format!("run {run}, task {escalated}")}]}))
@@ -133,4 +136,75 @@ async fn a_task_runs_on_after_its_connection_closed_and_is_cancelled_only_by_tas
     let task = finished(&client, &slow).await;
     assert_eq!(task["status"], "cancelled");
     assert!(task.get("result").is_none() && task.get("error").is_none());
+}
+
+/// Opens `tasks/stream` on task `id` after `after`: the notifications' params and the final
+/// response, read to the end (bounded by `WAIT`).
+async fn stream(client: &Client, id: &str, after: Option<u64>) -> (Vec<Value>, Value) {
+    let mut params = json!({"taskId": id});
+    if let Some(after) = after {
+        params["after"] = json!(after);
+    }
+    let mut response = modern(client, "tasks/stream", params, true, None).send().await.expect("tasks/stream");
+    if response.headers().get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"application/json")) {
+        return (Vec::new(), json_body(response).await);
+    }
+    let (events, ended) = drain(&mut response).await;
+    assert!(ended, "the stream ends once the task has finished");
+    let mut messages = messages(&events);
+    let last = messages.pop().expect("a final response");
+    assert!(messages.iter().all(|m| m["method"] == "notifications/tasks/event"));
+    (messages.into_iter().map(|m| m["params"].clone()).collect(), last)
+}
+
+#[tokio::test]
+async fn a_task_stream_replays_exactly_after_its_cursor_with_each_event_chained_to_the_last() {
+    use tether_core::lineage::Digest;
+    use tether_core::tasks::TaskEvent;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let server = start_with(Builder::new(Work(Arc::clone(&runs))).config(config())).await;
+    let client = Client::new(&server);
+    let created =
+        send(&client, "tools/call", json!({"name": "work", "arguments": {"notes": 3, "ms": 100}}), true, None);
+    let id = created.await["result"]["taskId"].as_str().expect("a task").to_owned();
+    let (live, end) = stream(&client, &id, None).await;
+    assert_eq!(end["result"]["resultType"], "complete", "{end}");
+    let seqs: Vec<u64> = live.iter().filter_map(|e| e["seq"].as_u64()).collect();
+    assert_eq!(seqs, [0, 1, 2, 3, 4], "working, three notes, completed");
+    assert_eq!(live.last().map(|e| e["payload"]["status"].clone()), Some(json!("completed")));
+    let mut previous: Option<Digest> = None;
+    for params in &live {
+        let event = TaskEvent::from_params(params).expect("an event with its digest");
+        let expected = TaskEvent::digest_of(&id, previous.as_ref(), event.seq, &event.kind, &event.payload);
+        assert_eq!(event.digest, expected, "event {} is chained to the one before", event.seq);
+        previous = Some(event.digest);
+    }
+    let (replayed, _) = stream(&client, &id, Some(2)).await;
+    assert_eq!(replayed, live[3..], "exactly what followed the cursor, the same events");
+    let (none, end) = stream(&client, &id, Some(4)).await;
+    assert!(none.is_empty() && end["result"]["resultType"] == "complete", "caught up with a finished task");
+    let (_, ahead) = stream(&client, &id, Some(5)).await;
+    assert_eq!(
+        (ahead["error"]["code"].clone(), ahead["error"]["data"]["reason"].clone()),
+        (json!(-32602), json!("cursor_ahead"))
+    );
+}
+
+#[tokio::test]
+async fn a_cursor_older_than_what_a_task_keeps_is_told_events_gone_never_skipped() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let server = start_with(Builder::new(Work(Arc::clone(&runs))).config(config())).await;
+    let client = Client::new(&server);
+    let notes = tether_core::tasks::MAX_EVENTS as u64 + 10;
+    let created = send(&client, "tools/call", json!({"name": "work", "arguments": {"notes": notes}}), true, None);
+    let id = created.await["result"]["taskId"].as_str().expect("a task").to_owned();
+    finished(&client, &id).await;
+    let (_, gone) = stream(&client, &id, Some(3)).await;
+    assert_eq!(gone["error"]["code"], -32010, "{gone}");
+    let earliest = gone["error"]["data"]["earliestSeq"].as_u64().expect("earliestSeq");
+    assert_eq!(gone["error"]["data"]["reason"], "events_gone");
+    assert_eq!(gone["error"]["data"]["taskId"], json!(id));
+    assert_eq!(earliest, notes + 2 - tether_core::tasks::MAX_EVENTS as u64, "the oldest kept");
+    let (resumed, _) = stream(&client, &id, Some(earliest - 1)).await;
+    assert_eq!(resumed.first().map(|e| e["seq"].clone()), Some(json!(earliest)), "from the oldest kept, as told");
 }
