@@ -328,6 +328,15 @@ impl Client {
         self.inner.server()
     }
 
+    /// Sends a 2026-07-28 request once and hands back the raw reply, for a stream read by its
+    /// own rules (a task's).
+    pub(crate) async fn post_modern(&self, method: &str, params: Value) -> Result<Reply, ClientError> {
+        let request = Request { id: self.inner.next_id(), method: method.to_owned(), params: Some(params) };
+        let (body, headers) = self.inner.modern_request(request);
+        let (_, reply) = self.inner.endpoint.post(&self.inner.session(), body, headers).await?;
+        Ok(reply)
+    }
+
     /// The client's configuration.
     pub(crate) fn config(&self) -> &ClientConfig {
         &self.inner.config

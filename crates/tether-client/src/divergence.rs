@@ -40,6 +40,39 @@ pub enum DivergenceReason {
         /// The status.
         status: u16,
     },
+    /// A task's event stream (`tasks/stream`) could not be followed exactly; the client follows
+    /// the task's canonical state (`tasks/get`) instead. No re-initialization: a task outlives
+    /// any stream.
+    TaskStream {
+        /// The task.
+        task_id: String,
+        /// What broke.
+        broke: TaskStreamBreak,
+    },
+}
+
+/// How a task's event stream broke.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskStreamBreak {
+    /// The server no longer keeps the events after the cursor (`events_gone`).
+    EventsGone {
+        /// The cursor (`None`: from the start).
+        after: Option<u64>,
+        /// The oldest event it keeps, if it said.
+        earliest: Option<u64>,
+    },
+    /// An event came out of order.
+    Gap {
+        /// The seq that had to come next.
+        expected: u64,
+        /// The seq that came.
+        got: u64,
+    },
+    /// An event's digest does not chain to the previous event's: another history.
+    Digest {
+        /// The event's seq.
+        seq: u64,
+    },
 }
 
 impl DivergenceReason {
@@ -54,6 +87,9 @@ impl DivergenceReason {
             DivergenceReason::Undecodable(_) => "undecodable",
             DivergenceReason::NoCheckpoint { .. } => "no_checkpoint",
             DivergenceReason::NotAStream { .. } => "not_a_stream",
+            DivergenceReason::TaskStream { broke: TaskStreamBreak::EventsGone { .. }, .. } => "task_events_gone",
+            DivergenceReason::TaskStream { broke: TaskStreamBreak::Gap { .. }, .. } => "task_gap",
+            DivergenceReason::TaskStream { broke: TaskStreamBreak::Digest { .. }, .. } => "task_digest_mismatch",
         }
     }
 }
@@ -79,6 +115,17 @@ impl fmt::Display for DivergenceReason {
             DivergenceReason::NotAStream { cursor, status } => {
                 write!(f, "resume of {cursor} answered {status} without a stream")
             }
+            DivergenceReason::TaskStream { task_id, broke } => match broke {
+                TaskStreamBreak::EventsGone { after, earliest } => {
+                    write!(f, "task {task_id}: the events after {after:?} are gone (the oldest kept is {earliest:?})")
+                }
+                TaskStreamBreak::Gap { expected, got } => {
+                    write!(f, "task {task_id}: event {got} came where {expected} had to")
+                }
+                TaskStreamBreak::Digest { seq } => {
+                    write!(f, "task {task_id}: event {seq} does not chain to the event before it")
+                }
+            },
         }
     }
 }
@@ -97,6 +144,12 @@ mod tests {
             DivergenceReason::Undecodable("bad".into()),
             DivergenceReason::NoCheckpoint { cursor: "7".into() },
             DivergenceReason::NotAStream { cursor: "7".into(), status: 200 },
+            DivergenceReason::TaskStream {
+                task_id: "t".into(),
+                broke: TaskStreamBreak::EventsGone { after: Some(3), earliest: Some(9) },
+            },
+            DivergenceReason::TaskStream { task_id: "t".into(), broke: TaskStreamBreak::Gap { expected: 4, got: 6 } },
+            DivergenceReason::TaskStream { task_id: "t".into(), broke: TaskStreamBreak::Digest { seq: 4 } },
         ];
         let kinds: Vec<&str> = reasons.iter().map(DivergenceReason::kind).collect();
         assert_eq!(
@@ -108,7 +161,10 @@ mod tests {
                 "resync",
                 "undecodable",
                 "no_checkpoint",
-                "not_a_stream"
+                "not_a_stream",
+                "task_events_gone",
+                "task_gap",
+                "task_digest_mismatch"
             ]
         );
     }

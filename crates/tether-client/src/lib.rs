@@ -28,7 +28,7 @@ mod task;
 pub use backoff::Backoff;
 pub use checkpoint::{CheckpointError, CheckpointFile, StreamCursor};
 pub use client::Client;
-pub use divergence::DivergenceReason;
+pub use divergence::{DivergenceReason, TaskStreamBreak};
 pub use hooks::{DefaultHooks, HookFuture, ServerRequests};
 
 use std::path::PathBuf;
@@ -190,7 +190,8 @@ pub enum ClientEvent {
         ack: Ack,
     },
     /// The stream is provably not the one the client was following; re-initialization follows
-    /// (unless [`ClientConfig::reinitialize`] is off).
+    /// (unless [`ClientConfig::reinitialize`] is off), except for a task's stream
+    /// ([`DivergenceReason::TaskStream`]), after which the task's canonical state is followed.
     Divergence {
         /// Why: [`DivergenceReason::kind`] names it, its `Display` says what was seen.
         reason: DivergenceReason,

@@ -404,7 +404,7 @@ impl Session {
 
     async fn handshake(self: &Arc<Self>) -> Result<String, ClientError> {
         if self.config.protocol_version.era() == Era::Modern {
-            let server = self.modern_server().await.ok_or_else(|| {
+            let server = self.modern_server().await?.ok_or_else(|| {
                 ClientError::Protocol("the server does not answer server/discover the 2026-07-28 way".into())
             })?;
             self.become_modern(server);
@@ -424,7 +424,7 @@ impl Session {
             Reply::Json(bytes) => parse_response(&bytes)?,
             Reply::Sse(reader) => first_response(reader, &id).await?,
             Reply::Refused(body) if matches!(head.status, 400 | 404 | 405) => {
-                let Some(server) = self.modern_server().await else { return Err(refused(&head, &body)) };
+                let Some(server) = self.modern_server().await? else { return Err(refused(&head, &body)) };
                 tracing::debug!(status = head.status, body = %String::from_utf8_lossy(&body), "legacy initialize refused");
                 self.become_modern(server);
                 return Ok(String::new());
@@ -487,24 +487,32 @@ impl Session {
     /// A refusal naming 2026-07-28 among the versions the server supports (-32022, as SEP-2575
     /// has servers answer a version they do not take) is tried once more: the server said it
     /// speaks it.
-    async fn modern_server(&self) -> Option<serde_json::Map<String, Value>> {
+    async fn modern_server(&self) -> Result<Option<serde_json::Map<String, Value>>, ClientError> {
         let session =
             SessionHeaders { session_id: None, protocol_version: Some(ProtocolVersion::V2026_07_28.as_str().into()) };
         for _ in 0..2 {
             let id = self.next_id();
             let request = Request { id, method: method::SERVER_DISCOVER.into(), params: Some(json!({})) };
             let (body, headers) = self.modern_request(request);
-            let bytes = match self.endpoint.post(&session, body, headers).await {
-                Ok((_, Reply::Json(bytes) | Reply::Refused(bytes))) => bytes,
-                _ => return None,
+            let response = match self.endpoint.post(&session, body, headers).await {
+                // A success whose JSON does not parse was cut on its way: the network's fault.
+                Ok((_, Reply::Json(bytes))) => parse_response(&bytes).map_err(|err| {
+                    ClientError::Transport(format!("the server/discover answer was cut or unreadable: {err}"))
+                })?,
+                Ok((_, Reply::Refused(bytes))) => match parse_response(&bytes) {
+                    Ok(response) => response,
+                    Err(_) => return Ok(None),
+                },
+                Err(err @ ClientError::Transport(_)) => return Err(err),
+                _ => return Ok(None),
             };
-            match parse_response(&bytes).ok()?.outcome {
-                Ok(Value::Object(result)) => return Some(result),
+            match response.outcome {
+                Ok(Value::Object(result)) => return Ok(Some(result)),
                 Err(error) if error.code == code::UNSUPPORTED_PROTOCOL_VERSION && offers_modern(&error) => continue,
-                _ => return None,
+                _ => return Ok(None),
             }
         }
-        None
+        Ok(None)
     }
 
     /// The idempotency key a request gets, if any, with the records it is claimed in; says so
@@ -593,7 +601,9 @@ impl Session {
         let name_field = match request.method.as_str() {
             method::TOOLS_CALL | "prompts/get" => Some("name"),
             "resources/read" => Some("uri"),
-            tasks::method::GET | tasks::method::UPDATE | tasks::method::CANCEL => Some("taskId"),
+            tasks::method::GET | tasks::method::UPDATE | tasks::method::CANCEL | tasks::method::STREAM => {
+                Some("taskId")
+            }
             _ => None,
         };
         if let Some(name) = name_field.and_then(|f| params.get(f)).and_then(Value::as_str) {

@@ -1,26 +1,174 @@
-//! Following a task (SEP-2663) to its outcome: a 2026-07-28 call the server answered with a
-//! `CreateTaskResult` is polled with `tasks/get` until it finishes, its input requests answered
-//! through the hooks with `tasks/update`, and its statuses checked in order (a finished task never
-//! changes again; a task the server forgets was lost, not finished). A poll that fails in transit
-//! is sent again: reads and answers are safe to repeat.
+//! Following a task (SEP-2663) to its outcome. A 2026-07-28 call the server answered with a
+//! `CreateTaskResult` is followed on the task's event stream (`tasks/stream`, tether's
+//! `io.tether/task-streams`) where the server offers one, else by polling `tasks/get`. On the
+//! stream every event is checked as a lineage event is: its `seq` must be the next one and its
+//! digest must chain to the previous event's; a gap, a digest that does not chain, or
+//! `events_gone` is a divergence, reported, after which the task's canonical state (`tasks/get`)
+//! is followed instead. A cut stream is resumed after the last event checked. Either way input
+//! requests are answered through the hooks with `tasks/update`, statuses are checked in order (a
+//! finished task never changes again), and a task the server forgets was lost, not finished.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use tether_core::input_required;
-use tether_core::jsonrpc::{ErrorObject, code};
-use tether_core::tasks::{TaskStatus, method};
+use tether_core::jsonrpc::{self, ErrorObject, Message, Notification, Response, code};
+use tether_core::lineage::Digest;
+use tether_core::tasks::{self, NOTIFICATION_EVENT, STATUS_EVENT, TaskEvent, TaskStatus, method};
 
 use crate::backoff::Attempts;
 use crate::client::{Client, InFlight};
-use crate::{ClientError, ClientEvent, RequestError};
+use crate::divergence::TaskStreamBreak;
+use crate::http::Reply;
+use crate::session::parse_response;
+use crate::{Ack, ClientError, ClientEvent, DivergenceReason, RequestError};
 
 /// The shortest and longest pause between two polls, whatever the server asks.
 const POLL_BOUNDS: (u64, u64) = (20, 5_000);
 
 fn protocol(message: String) -> RequestError {
     RequestError::Client(ClientError::Protocol(message))
+}
+
+/// One task being followed: its statuses in order, the input already answered, the retry budget.
+struct Followed<'a> {
+    client: &'a Client,
+    id: String,
+    last: Option<TaskStatus>,
+    answered: HashSet<String>,
+    retries: Attempts,
+}
+
+impl Followed<'_> {
+    /// Takes `status` in: refused if it follows a final one, reported if it is new.
+    fn status(&mut self, status: TaskStatus, message: Option<&str>) -> Result<(), RequestError> {
+        if let Some(previous) = self.last
+            && previous != status
+            && !previous.may_become(status)
+        {
+            return Err(protocol(format!(
+                "task {} went from {} to {}: a finished task never changes",
+                self.id,
+                previous.as_str(),
+                status.as_str()
+            )));
+        }
+        if self.last != Some(status) {
+            self.last = Some(status);
+            let event = ClientEvent::Task { task_id: self.id.clone(), status, message: message.map(str::to_owned) };
+            self.client.emit(event);
+        }
+        Ok(())
+    }
+
+    /// Answers, through the hooks, the input requests of `asked` not answered yet; `true` if it
+    /// sent any.
+    async fn answer(&mut self, asked: &Value) -> Result<bool, RequestError> {
+        let mut answers = Map::new();
+        for (key, request, params) in input_required::requests(asked) {
+            if self.answered.insert(key.to_owned()) {
+                let answer = self.client.config().hooks.answer(request, params).await.map_err(RequestError::Rpc)?;
+                answers.insert(key.to_owned(), answer);
+            }
+        }
+        if answers.is_empty() {
+            return Ok(false);
+        }
+        self.repeat(method::UPDATE, json!({"taskId": self.id, "inputResponses": answers}), None).await?;
+        Ok(true)
+    }
+
+    /// Sends a `tasks/*` request until it is answered: one that failed in transit is sent again
+    /// after the backoff (the budget refills whenever the task moved, `progress`). An unknown
+    /// task (-32602) was lost by the server: its outcome is unknown.
+    async fn repeat(&mut self, name: &str, params: Value, progress: Option<&str>) -> Result<Value, RequestError> {
+        loop {
+            let error = match self.client.send_once(name, params.clone(), None).await {
+                Ok(result) => return Ok(result),
+                Err(RequestError::Rpc(error)) if error.code == code::INVALID_PARAMS => return Err(self.lost(&error)),
+                Err(
+                    error @ (RequestError::Cancelled | RequestError::OutcomeUnknown(_) | RequestError::NotExecuted(_)),
+                ) => error,
+                Err(other) => return Err(other),
+            };
+            self.pause(progress, error).await?;
+        }
+    }
+
+    /// Waits out the backoff before another attempt, or gives up with `error`.
+    async fn pause(&mut self, progress: Option<&str>, error: RequestError) -> Result<(), RequestError> {
+        let Some(delay) = self.retries.next_delay(progress, None) else { return Err(error) };
+        tokio::time::sleep(delay).await;
+        Ok(())
+    }
+
+    fn lost(&self, error: &ErrorObject) -> RequestError {
+        RequestError::OutcomeUnknown(format!("the server no longer knows task {}: {}", self.id, error.message))
+    }
+
+    /// The outcome of the finished task `detailed` (a `tasks/get` result) shows.
+    fn outcome(&self, detailed: &Value, status: TaskStatus) -> Result<Value, RequestError> {
+        let id = &self.id;
+        match status {
+            TaskStatus::Completed => {
+                detailed.get("result").cloned().ok_or_else(|| protocol(format!("task {id} completed without a result")))
+            }
+            TaskStatus::Failed => Err(RequestError::Rpc(
+                detailed.get("error").and_then(|e| ErrorObject::from_value(e.clone()).ok()).unwrap_or_else(|| {
+                    ErrorObject::with_reason(code::INTERNAL_ERROR, "the task failed without saying why", "task_failed")
+                }),
+            )),
+            _ => Err(RequestError::Rpc(ErrorObject::with_reason(
+                code::INTERNAL_ERROR,
+                format!("task {id} was cancelled"),
+                "task_cancelled",
+            ))),
+        }
+    }
+
+    /// Follows the task by polling `tasks/get`, from `seen` (its last known state), until it
+    /// finishes.
+    async fn poll(&mut self, mut seen: Value, pause: Duration) -> Result<Value, RequestError> {
+        loop {
+            let status = seen.get("status").and_then(Value::as_str).and_then(TaskStatus::parse);
+            let Some(status) = status else {
+                return Err(protocol(format!("task {} has no valid status: {seen}", self.id)));
+            };
+            self.status(status, seen.get("statusMessage").and_then(Value::as_str))?;
+            if status.is_final() {
+                return self.outcome(&seen, status);
+            }
+            let asked = status == TaskStatus::InputRequired && self.answer(&seen).await?;
+            if !asked {
+                tokio::time::sleep(pause).await;
+            }
+            let progress = seen.get("lastUpdatedAt").and_then(Value::as_str).map(str::to_owned);
+            seen = self.repeat(method::GET, json!({"taskId": self.id}), progress.as_deref()).await?;
+        }
+    }
+
+    /// The task's canonical state, read once.
+    async fn get(&mut self) -> Result<Value, RequestError> {
+        self.repeat(method::GET, json!({"taskId": self.id}), None).await
+    }
+}
+
+/// What reading one connection of a task stream came to.
+enum Read {
+    /// The task finished with this status (its event was checked).
+    Finished(TaskStatus),
+    /// The stream broke or ended early: resume after the cursor.
+    Cut,
+    /// The stream cannot be followed exactly: this is why.
+    Broke(TaskStreamBreak),
+}
+
+/// Where a task stream stands: the last event checked, and its digest.
+#[derive(Default)]
+struct Cursor {
+    seq: Option<u64>,
+    digest: Option<Digest>,
 }
 
 /// Follows the task `created` announced until it finishes: its result, or why it has none.
@@ -38,105 +186,108 @@ pub(crate) async fn follow(
     let pause =
         created.get("pollIntervalMs").and_then(Value::as_u64).unwrap_or(500).clamp(POLL_BOUNDS.0, POLL_BOUNDS.1);
     let pause = Duration::from_millis(pause);
-    let mut last: Option<TaskStatus> = None;
-    let mut answered: HashSet<String> = HashSet::new();
-    let mut retries = Attempts::new(client.config().backoff);
-    let mut seen = created.clone();
+    let mut followed =
+        Followed { client, id, last: None, answered: HashSet::new(), retries: Attempts::new(client.config().backoff) };
+    let streams =
+        client.server().pointer("/capabilities/extensions").and_then(|e| e.get(tasks::STREAMS_EXTENSION)).is_some();
+    if !streams {
+        return followed.poll(created.clone(), pause).await;
+    }
+    let mut cursor = Cursor::default();
     loop {
-        let status = seen.get("status").and_then(Value::as_str).and_then(TaskStatus::parse);
-        let Some(status) = status else { return Err(protocol(format!("task {id} has no valid status: {seen}"))) };
-        if let Some(previous) = last
-            && previous != status
-            && !previous.may_become(status)
-        {
-            return Err(protocol(format!(
-                "task {id} went from {} to {}: a finished task never changes",
-                previous.as_str(),
-                status.as_str()
-            )));
+        match read_stream(&mut followed, &mut cursor).await? {
+            Read::Finished(status) => {
+                let detailed = followed.get().await?;
+                return followed.outcome(&detailed, status);
+            }
+            Read::Cut => {
+                let progress = cursor.seq.map(|seq| seq.to_string());
+                followed.pause(progress.as_deref(), RequestError::Cancelled).await?;
+            }
+            Read::Broke(broke) => {
+                let reason = DivergenceReason::TaskStream { task_id: followed.id.clone(), broke };
+                client.emit(ClientEvent::Divergence { reason });
+                let seen = followed.get().await?;
+                return followed.poll(seen, pause).await;
+            }
         }
-        if last != Some(status) {
-            last = Some(status);
-            client.emit(ClientEvent::Task {
-                task_id: id.clone(),
-                status,
-                message: seen.get("statusMessage").and_then(Value::as_str).map(str::to_owned),
-            });
-        }
-        match status {
-            TaskStatus::Completed => {
-                return seen
-                    .get("result")
-                    .cloned()
-                    .ok_or_else(|| protocol(format!("task {id} completed without a result")));
-            }
-            TaskStatus::Failed => {
-                let error =
-                    seen.get("error").and_then(|e| ErrorObject::from_value(e.clone()).ok()).unwrap_or_else(|| {
-                        ErrorObject::with_reason(
-                            code::INTERNAL_ERROR,
-                            "the task failed without saying why",
-                            "task_failed",
-                        )
-                    });
-                return Err(RequestError::Rpc(error));
-            }
-            TaskStatus::Cancelled => {
-                return Err(RequestError::Rpc(ErrorObject::with_reason(
-                    code::INTERNAL_ERROR,
-                    format!("task {id} was cancelled"),
-                    "task_cancelled",
-                )));
-            }
-            TaskStatus::InputRequired => {
-                let mut answers = Map::new();
-                for (key, asked, params) in input_required::requests(&seen) {
-                    if answered.insert(key.to_owned()) {
-                        let answer = client.config().hooks.answer(asked, params).await.map_err(RequestError::Rpc)?;
-                        answers.insert(key.to_owned(), answer);
-                    }
-                }
-                if !answers.is_empty() {
-                    let update = json!({"taskId": id, "inputResponses": answers});
-                    repeat(client, method::UPDATE, update, &mut retries, None).await?;
-                    seen = repeat(client, method::GET, json!({"taskId": id}), &mut retries, None).await?;
-                    continue;
-                }
-            }
-            TaskStatus::Working => {}
-        }
-        tokio::time::sleep(pause).await;
-        let progress = seen.get("lastUpdatedAt").and_then(Value::as_str).map(str::to_owned);
-        seen = repeat(client, method::GET, json!({"taskId": id}), &mut retries, progress.as_deref()).await?;
     }
 }
 
-/// Sends a `tasks/*` request until it is answered: one that failed in transit is sent again
-/// after the backoff (the budget refills whenever the task moved, `progress`). An unknown task
-/// (-32602) was lost by the server: its outcome is unknown.
-async fn repeat(
-    client: &Client,
-    name: &str,
-    params: Value,
-    retries: &mut Attempts,
-    progress: Option<&str>,
-) -> Result<Value, RequestError> {
+/// Opens the task's stream after `cursor` and checks and handles its events until it ends.
+async fn read_stream(followed: &mut Followed<'_>, cursor: &mut Cursor) -> Result<Read, RequestError> {
+    let mut params = json!({"taskId": followed.id});
+    if let Some(seq) = cursor.seq {
+        params["after"] = json!(seq);
+    }
+    let mut reader = match followed.client.post_modern(method::STREAM, params).await {
+        Ok(Reply::Sse(reader)) => reader,
+        Ok(Reply::Json(body) | Reply::Refused(body)) => {
+            return match parse_response(&body) {
+                Ok(Response { outcome: Err(error), .. }) if error.code == tasks::EVENTS_GONE => {
+                    let earliest = error.data.as_ref().and_then(|d| d.get("earliestSeq")).and_then(Value::as_u64);
+                    Ok(Read::Broke(TaskStreamBreak::EventsGone { after: cursor.seq, earliest }))
+                }
+                Ok(Response { outcome: Err(error), .. }) if error.code == code::INVALID_PARAMS => {
+                    Err(followed.lost(&error))
+                }
+                Ok(Response { outcome: Err(error), .. }) => Err(RequestError::Rpc(error)),
+                _ => Ok(Read::Cut),
+            };
+        }
+        Ok(Reply::Accepted) => return Err(protocol("tasks/stream was answered with 202".into())),
+        Err(_) => return Ok(Read::Cut),
+    };
     loop {
-        let error = match client.send_once(name, params.clone(), None).await {
-            Ok(result) => return Ok(result),
-            Err(RequestError::Rpc(error)) if error.code == code::INVALID_PARAMS => {
-                let id = params.get("taskId").and_then(Value::as_str).unwrap_or_default();
-                return Err(RequestError::OutcomeUnknown(format!(
-                    "the server no longer knows task {id}: {}",
-                    error.message
-                )));
-            }
-            Err(error @ (RequestError::Cancelled | RequestError::OutcomeUnknown(_) | RequestError::NotExecuted(_))) => {
-                error
-            }
-            Err(other) => return Err(other),
+        let event = match reader.next().await {
+            Ok(Some(event)) => event,
+            Ok(None) | Err(_) => return Ok(Read::Cut),
         };
-        let Some(delay) = retries.next_delay(progress, None) else { return Err(error) };
-        tokio::time::sleep(delay).await;
+        let message = match jsonrpc::parse_message(event.data.as_bytes()) {
+            Ok(message) => message,
+            Err(_) => continue,
+        };
+        let params = match message {
+            Message::Notification(Notification { method, params: Some(params) }) if method == method::EVENT => params,
+            // The response ends the stream; a finished task's last event came before it.
+            Message::Response(_) => return Ok(Read::Cut),
+            _ => continue,
+        };
+        let Some(event) = TaskEvent::from_params(&params) else {
+            return Err(protocol(format!("an unreadable task event: {params}")));
+        };
+        let expected = cursor.seq.map_or(0, |seq| seq + 1);
+        if event.seq != expected {
+            return Ok(Read::Broke(TaskStreamBreak::Gap { expected, got: event.seq }));
+        }
+        let chained =
+            TaskEvent::digest_of(&followed.id, cursor.digest.as_ref(), event.seq, &event.kind, &event.payload);
+        if event.digest != chained {
+            return Ok(Read::Broke(TaskStreamBreak::Digest { seq: event.seq }));
+        }
+        *cursor = Cursor { seq: Some(event.seq), digest: Some(event.digest) };
+        match event.kind.as_str() {
+            STATUS_EVENT => {
+                let payload = &event.payload;
+                let status = payload.get("status").and_then(Value::as_str).and_then(TaskStatus::parse);
+                let Some(status) = status else {
+                    return Err(protocol(format!("a status event without a status: {payload}")));
+                };
+                followed.status(status, payload.get("statusMessage").and_then(Value::as_str))?;
+                if status.is_final() {
+                    return Ok(Read::Finished(status));
+                }
+                if status == TaskStatus::InputRequired {
+                    followed.answer(payload).await?;
+                }
+            }
+            NOTIFICATION_EVENT => {
+                let method = event.payload.get("method").and_then(Value::as_str).unwrap_or_default().to_owned();
+                let params = event.payload.get("params").cloned().filter(|p| !p.is_null());
+                let message = Message::Notification(Notification { method, params });
+                followed.client.emit(ClientEvent::Message { id: None, message, ack: Ack::none() });
+            }
+            _ => {}
+        }
     }
 }

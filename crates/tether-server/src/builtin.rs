@@ -82,13 +82,15 @@ impl BuiltinHandler {
 /// Tools for streaming, resumption and side effects.
 fn add_stream_tools(tools: &mut ToolSet, counters: &Arc<dyn CounterStore>) {
     tools.add(
-        tool(
+        task_tool(
             "count",
-            "Sends `to` notifications on the request's stream, `interval_ms` apart: progress if the request has a progress token, else notifications/message with data {\"count\": i}. Then a text result.",
+            "Sends `to` notifications on the request's stream, `interval_ms` apart: progress if the request has a progress token, else notifications/message with data {\"count\": i}. Then a text result. Runs as a task for a client that declares tasks (the notifications are then the task's events).",
             schema(json!({"to": {"type": "integer", "minimum": 0}, "interval_ms": {"type": "integer", "minimum": 0}}), &["to"]),
+            "optional",
         ),
         |ctx, args| async move {
             let to = u64_arg(&args, "to", 0, 1_000_000)?;
+            escalate(&ctx).await?;
             let interval = u64_arg(&args, "interval_ms", 0, 60_000)?;
             for i in 1..=to {
                 if i > 1 && interval > 0 {

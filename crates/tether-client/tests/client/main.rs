@@ -3,4 +3,5 @@
 mod chaos;
 mod input;
 mod reactions;
+mod tasks;
 mod telemetry;

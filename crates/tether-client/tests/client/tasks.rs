@@ -1,0 +1,163 @@
+//! How the client follows a task's event stream against a scripted 2026-07-28 server: each event
+//! must be the next one and chain to the one before; a gap, a digest that does not chain, or
+//! `events_gone` is reported as a divergence, and the task's canonical state (`tasks/get`) gives
+//! the call its outcome.
+
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde_json::{Value, json};
+use tether_client::{Client, ClientConfig, ClientEvent, DivergenceReason, TaskStreamBreak};
+use tether_core::lineage::Digest;
+use tether_core::mcp::ProtocolVersion;
+use tether_core::tasks::{self, STATUS_EVENT, TaskEvent};
+
+const TASK: &str = "task-1";
+
+/// How the scripted server's stream goes wrong.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// Event 1 is skipped: event 2 comes after event 0.
+    Gap,
+    /// Event 1 carries the digest of another history.
+    Digest,
+    /// The stream is refused with `events_gone`.
+    Gone,
+}
+
+/// The task's events: working, a notification, working again, completed; each chained.
+fn events() -> Vec<TaskEvent> {
+    let payloads = [
+        (STATUS_EVENT, json!({"status": "working"})),
+        (tasks::NOTIFICATION_EVENT, json!({"method": "notifications/message", "params": {"data": {"n": 1}}})),
+        (tasks::NOTIFICATION_EVENT, json!({"method": "notifications/message", "params": {"data": {"n": 2}}})),
+        (STATUS_EVENT, json!({"status": "completed"})),
+    ];
+    let mut previous: Option<Digest> = None;
+    payloads
+        .into_iter()
+        .enumerate()
+        .map(|(seq, (kind, payload))| {
+            let event = TaskEvent::chained(TASK, previous.as_ref(), seq as u64, kind, payload);
+            previous = Some(event.digest);
+            event
+        })
+        .collect()
+}
+
+struct Script {
+    fault: Fault,
+    /// The methods the server was sent, in order.
+    seen: Mutex<Vec<String>>,
+}
+
+async fn serve(State(script): State<Arc<Script>>, body: String) -> Response {
+    let request: Value = serde_json::from_str(&body).unwrap_or_default();
+    let method = request["method"].as_str().unwrap_or_default().to_owned();
+    script.seen.lock().expect("seen").push(method.clone());
+    let id = request["id"].clone();
+    let json = |result: Value| {
+        let body = json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string();
+        Response::builder().header("content-type", "application/json").body(Body::from(body)).expect("response")
+    };
+    match method.as_str() {
+        "server/discover" => json(json!({"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {},
+            "extensions": {tasks::EXTENSION: {}, tasks::STREAMS_EXTENSION: {}}}, "serverInfo": {"name": "s", "version": "1"}})),
+        "tools/call" => json(json!({"resultType": "task", "taskId": TASK, "status": "working",
+            "createdAt": "2026-12-02T00:00:00Z", "lastUpdatedAt": "2026-12-02T00:00:00Z", "ttlMs": null, "pollIntervalMs": 20})),
+        "tasks/get" => json(json!({"resultType": "complete", "taskId": TASK, "status": "completed",
+            "createdAt": "2026-12-02T00:00:00Z", "lastUpdatedAt": "2026-12-02T00:00:01Z", "ttlMs": null,
+            "result": {"content": [{"type": "text", "text": "done"}]}})),
+        "tasks/stream" if matches!(script.fault, Fault::Gone) => {
+            let error = tasks::events_gone(TASK, 7);
+            let body = json!({"jsonrpc": "2.0", "id": id, "error": {"code": error.code, "message": error.message, "data": error.data}});
+            Response::builder()
+                .header("content-type", "application/json")
+                .body(Body::from(body.to_string()))
+                .expect("response")
+        }
+        "tasks/stream" => {
+            let mut events = events();
+            match script.fault {
+                Fault::Gap => {
+                    events.remove(1);
+                }
+                Fault::Digest => events[1].digest = Digest::of("another", b"history"),
+                Fault::Gone => {}
+            }
+            let mut body = String::new();
+            for event in &events {
+                let message = json!({"jsonrpc": "2.0", "method": tasks::method::EVENT, "params": event.params(TASK)});
+                body.push_str(&format!("data: {message}\n\n"));
+            }
+            body.push_str(&format!(
+                "data: {}\n\n",
+                json!({"jsonrpc": "2.0", "id": id, "result": {"resultType": "complete"}})
+            ));
+            Response::builder().header("content-type", "text/event-stream").body(Body::from(body)).expect("response")
+        }
+        _ => Response::builder().status(StatusCode::NOT_FOUND).body(Body::empty()).expect("response"),
+    }
+}
+
+/// Calls a tool against a server with `fault`: the divergences the client reported, the methods
+/// it sent, and the call's result.
+async fn follow(fault: Fault) -> (Vec<DivergenceReason>, Vec<String>, Value) {
+    let script = Arc::new(Script { fault, seen: Mutex::default() });
+    let app = axum::Router::new().route("/mcp", axum::routing::post(serve)).with_state(Arc::clone(&script));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let mut config = ClientConfig::new(url);
+    config.protocol_version = ProtocolVersion::V2026_07_28;
+    config.tasks = true;
+    let (client, mut events) = Client::connect(config).await.expect("connect");
+    let result = tokio::time::timeout(std::time::Duration::from_secs(10), client.call_tool("job", json!({})))
+        .await
+        .expect("the call ends")
+        .expect("the task's result");
+    server.abort();
+    let mut divergences = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        if let ClientEvent::Divergence { reason } = event {
+            divergences.push(reason);
+        }
+    }
+    let seen = script.seen.lock().expect("seen").clone();
+    (divergences, seen, result)
+}
+
+fn broke(divergences: &[DivergenceReason]) -> Vec<TaskStreamBreak> {
+    divergences
+        .iter()
+        .map(|reason| match reason {
+            DivergenceReason::TaskStream { task_id, broke } if task_id == TASK => broke.clone(),
+            other => panic!("not a task stream divergence: {other}"),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_gap_in_a_task_stream_is_a_divergence_and_the_task_state_decides() {
+    let (divergences, seen, result) = follow(Fault::Gap).await;
+    assert_eq!(broke(&divergences), [TaskStreamBreak::Gap { expected: 1, got: 2 }]);
+    assert_eq!(result["content"][0]["text"], "done");
+    assert_eq!(seen.last().map(String::as_str), Some("tasks/get"), "{seen:?}");
+}
+
+#[tokio::test]
+async fn an_event_that_does_not_chain_is_a_divergence() {
+    let (divergences, _, result) = follow(Fault::Digest).await;
+    assert_eq!(broke(&divergences), [TaskStreamBreak::Digest { seq: 1 }]);
+    assert_eq!(result["content"][0]["text"], "done");
+}
+
+#[tokio::test]
+async fn events_gone_is_a_divergence_never_a_silent_skip() {
+    let (divergences, _, result) = follow(Fault::Gone).await;
+    assert_eq!(broke(&divergences), [TaskStreamBreak::EventsGone { after: None, earliest: Some(7) }]);
+    assert_eq!(result["content"][0]["text"], "done");
+}
