@@ -20,6 +20,17 @@ pub struct StreamCursor {
     pub digest: Digest,
 }
 
+/// Where the client is in a task's event stream (SEP-2694's shape): the last event it checked
+/// and handed on, and its digest, which the next event must chain to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskCursor {
+    /// The event's `seq`: the stream resumes `after` it.
+    pub seq: u64,
+    /// The event's digest (in the file: lowercase hex).
+    #[serde(with = "as_text")]
+    pub digest: Digest,
+}
+
 /// Ids and digests are text in the file, as on the wire.
 mod as_text {
     use std::fmt::Display;
@@ -53,6 +64,10 @@ pub struct CheckpointFile {
     pub streams: BTreeMap<String, StreamCursor>,
     /// Requests sent but not answered, by id, with their method.
     pub pending: BTreeMap<String, String>,
+    /// Tasks being followed, by id: where each one's event stream resumes. Tasks outlive
+    /// sessions, so a new session keeps them.
+    #[serde(default)]
+    pub tasks: BTreeMap<String, TaskCursor>,
 }
 
 /// Why a checkpoint file could not be read or written.

@@ -308,6 +308,23 @@ impl Client {
         self.request(method::TOOLS_CALL, json!({"name": name, "arguments": arguments})).await
     }
 
+    /// Follows task `task_id` (SEP-2663) to its outcome: the task a call of an earlier process
+    /// became, say. Its event stream resumes after the cursor the checkpoint file kept for it, so
+    /// what this process is handed continues exactly what the earlier one was.
+    pub async fn follow_task(&self, task_id: &str) -> Result<Value, RequestError> {
+        crate::task::follow(self, &json!({"taskId": task_id}), None).await
+    }
+
+    /// Where task `id`'s event stream resumes, if it is being followed.
+    pub(crate) fn task_cursor(&self, id: &str) -> Option<crate::TaskCursor> {
+        self.inner.task_cursor(id)
+    }
+
+    /// Records where task `id`'s stream resumes (`None`: it finished), in the checkpoint file too.
+    pub(crate) fn task_moved(&self, id: &str, cursor: Option<crate::TaskCursor>) {
+        self.inner.task_moved(id, cursor);
+    }
+
     /// Cancels a request the client sent (`notifications/cancelled`).
     pub async fn cancel(&self, id: &RequestId, reason: &str) -> Result<(), ClientError> {
         self.notify(method::CANCELLED, json!({"requestId": id.to_value(), "reason": reason})).await

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use tether_core::jsonrpc::RequestId;
 use tether_core::lineage::Checkpoint;
 
-use crate::checkpoint::{CheckpointFile, StreamCursor};
+use crate::checkpoint::{CheckpointFile, StreamCursor, TaskCursor};
 
 /// The key of the standalone stream.
 pub(crate) const STANDALONE: &str = "get";
@@ -56,9 +56,27 @@ impl Cursors {
         self.arrived.protocol_version = Some(protocol_version);
     }
 
-    /// The session was replaced: nothing of it is resumed.
+    /// The session was replaced: nothing of it is resumed. Tasks are no session's: their cursors
+    /// stay.
     pub fn clear(&mut self) {
+        let tasks = std::mem::take(&mut self.arrived.tasks);
         *self = Cursors::default();
+        self.arrived.tasks = tasks;
+    }
+
+    /// Where task `id`'s event stream resumes, if it is being followed.
+    pub fn task(&self, id: &str) -> Option<TaskCursor> {
+        self.arrived.tasks.get(id).copied()
+    }
+
+    /// An event of task `id` was checked and handed on: the stream resumes after it.
+    pub fn task_arrived(&mut self, id: &str, cursor: TaskCursor) {
+        self.arrived.tasks.insert(id.to_owned(), cursor);
+    }
+
+    /// Task `id` finished: nothing of it is followed any more.
+    pub fn task_finished(&mut self, id: &str) {
+        self.arrived.tasks.remove(id);
     }
 
     /// Request `id` was sent.

@@ -26,7 +26,7 @@ mod session;
 mod task;
 
 pub use backoff::Backoff;
-pub use checkpoint::{CheckpointError, CheckpointFile, StreamCursor};
+pub use checkpoint::{CheckpointError, CheckpointFile, StreamCursor, TaskCursor};
 pub use client::Client;
 pub use divergence::{DivergenceReason, TaskStreamBreak};
 pub use hooks::{DefaultHooks, HookFuture, ServerRequests};

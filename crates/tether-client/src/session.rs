@@ -17,7 +17,7 @@ use tether_core::tasks;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::backoff::Attempts;
-use crate::checkpoint::{CheckpointFile, StreamCursor};
+use crate::checkpoint::{CheckpointFile, StreamCursor, TaskCursor};
 use crate::cursors::{Cursors, stream_key};
 use crate::follow::{Follower, Origin};
 use crate::http::{Endpoint, Head, Reply, SessionHeaders, SseReader};
@@ -243,6 +243,23 @@ impl Session {
         if let Err(err) = checkpoint.save(path) {
             tracing::warn!(%err, "could not write the checkpoint");
         }
+    }
+
+    /// Where task `id`'s event stream resumes, if it is being followed.
+    pub fn task_cursor(&self, id: &str) -> Option<TaskCursor> {
+        self.state().cursors.task(id)
+    }
+
+    /// Records where task `id`'s stream resumes (`None`: the task finished) and writes the file.
+    pub fn task_moved(&self, id: &str, cursor: Option<TaskCursor>) {
+        {
+            let mut state = self.state();
+            match cursor {
+                Some(cursor) => state.cursors.task_arrived(id, cursor),
+                None => state.cursors.task_finished(id),
+            }
+        }
+        self.persist();
     }
 
     /// Marks `cursor` of stream `key` as processed by the application and writes the file.

@@ -22,7 +22,7 @@ use crate::client::{Client, InFlight};
 use crate::divergence::TaskStreamBreak;
 use crate::http::Reply;
 use crate::session::parse_response;
-use crate::{Ack, ClientError, ClientEvent, DivergenceReason, RequestError};
+use crate::{Ack, ClientError, ClientEvent, DivergenceReason, RequestError, TaskCursor};
 
 /// The shortest and longest pause between two polls, whatever the server asks.
 const POLL_BOUNDS: (u64, u64) = (20, 5_000);
@@ -188,14 +188,27 @@ pub(crate) async fn follow(
     let pause = Duration::from_millis(pause);
     let mut followed =
         Followed { client, id, last: None, answered: HashSet::new(), retries: Attempts::new(client.config().backoff) };
+    let outcome = follow_task(&mut followed, created, pause).await;
+    // Only a task that ended (or was lost) is forgotten: a follower that was dropped leaves its
+    // cursor for the next one.
+    client.task_moved(&followed.id, None);
+    outcome
+}
+
+/// Follows the task on its stream where the server offers one, else by polling.
+async fn follow_task(followed: &mut Followed<'_>, created: &Value, pause: Duration) -> Result<Value, RequestError> {
+    let client = followed.client;
     let streams =
         client.server().pointer("/capabilities/extensions").and_then(|e| e.get(tasks::STREAMS_EXTENSION)).is_some();
     if !streams {
-        return followed.poll(created.clone(), pause).await;
+        let seen = if created.get("status").is_some() { created.clone() } else { followed.get().await? };
+        return followed.poll(seen, pause).await;
     }
-    let mut cursor = Cursor::default();
+    let mut cursor = client
+        .task_cursor(&followed.id)
+        .map_or_else(Cursor::default, |at| Cursor { seq: Some(at.seq), digest: Some(at.digest) });
     loop {
-        match read_stream(&mut followed, &mut cursor).await? {
+        match read_stream(followed, &mut cursor).await? {
             Read::Finished(status) => {
                 let detailed = followed.get().await?;
                 return followed.outcome(&detailed, status);
@@ -266,6 +279,7 @@ async fn read_stream(followed: &mut Followed<'_>, cursor: &mut Cursor) -> Result
             return Ok(Read::Broke(TaskStreamBreak::Digest { seq: event.seq }));
         }
         *cursor = Cursor { seq: Some(event.seq), digest: Some(event.digest) };
+        followed.client.task_moved(&followed.id, Some(TaskCursor { seq: event.seq, digest: event.digest }));
         match event.kind.as_str() {
             STATUS_EVENT => {
                 let payload = &event.payload;

@@ -12,10 +12,9 @@ use common::*;
 /// One 2026-07-28 request declaring the tasks extension, with the routing headers; its JSON
 /// response.
 fn modern(url: &str, method: &str, mut params: Value) -> Value {
-    params["_meta"] = json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
-    });
+    params["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
+    params["_meta"]["io.modelcontextprotocol/clientCapabilities"] =
+        json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
     let name =
         params.get("name").or_else(|| params.get("taskId")).and_then(Value::as_str).unwrap_or_default().to_owned();
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
@@ -83,6 +82,25 @@ fn a_task_survives_kill_9_of_the_embedded_server_with_an_honest_status() {
     let cancel = modern(&url, "tasks/cancel", json!({"taskId": running}));
     assert_eq!(cancel["result"]["resultType"], "complete");
     assert_eq!(get(&url, &running)["status"], "failed", "a final status never changes");
+    drop(restarted);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_re_sent_creation_gets_the_same_task_before_and_after_a_kill_9() {
+    let dir = temp_dir("tasks-resent");
+    let (mut server, url) = serve(free_port(), &dir, &[]);
+    let call = json!({"name": "slow_compute", "arguments": {"seconds": 1, "label": "once"},
+        "_meta": {"io.tether/idempotencyKey": "create-once"}});
+    let first = modern(&url, "tools/call", call.clone())["result"]["taskId"].clone();
+    assert!(first.is_string(), "a task");
+    assert_eq!(modern(&url, "tools/call", call.clone())["result"]["taskId"], first, "re-sent: the same task");
+    let id = first.as_str().expect("an id").to_owned();
+    until(&url, &id, "completed");
+    server.kill9();
+    let (restarted, url) = serve(free_port(), &dir, &[]);
+    assert_eq!(modern(&url, "tools/call", call)["result"]["taskId"], first, "re-sent after the crash: the same task");
+    assert_eq!(get(&url, &id)["result"]["content"][0]["text"], "once: computed in 1s", "its one run's result");
     drop(restarted);
     let _ = std::fs::remove_dir_all(&dir);
 }

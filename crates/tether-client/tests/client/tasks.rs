@@ -161,3 +161,75 @@ async fn events_gone_is_a_divergence_never_a_silent_skip() {
     assert_eq!(broke(&divergences), [TaskStreamBreak::EventsGone { after: None, earliest: Some(7) }]);
     assert_eq!(result["content"][0]["text"], "done");
 }
+
+/// Messages' `count`s among `events`, and the task's id if one was reported.
+fn counts(
+    events: &mut tokio::sync::mpsc::UnboundedReceiver<ClientEvent>,
+    into: &mut Vec<u64>,
+    task: &mut Option<String>,
+) {
+    while let Ok(event) = events.try_recv() {
+        match event {
+            ClientEvent::Message { message: tether_core::jsonrpc::Message::Notification(n), .. } => {
+                into.extend(n.params.and_then(|p| p["data"]["count"].as_u64()));
+            }
+            ClientEvent::Task { task_id, .. } => *task = Some(task_id),
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_restarted_client_follows_a_task_on_from_its_checkpoint_exactly() {
+    use tether_server::{Builder, builtin::BuiltinHandler};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
+    let app = Builder::new(BuiltinHandler::in_memory()).build().router("/mcp");
+    let server = tokio::spawn(async move {
+        let _ = tether_server::serve(listener, app, tether_server::ConnectionLimits::default()).await;
+    });
+    let file = std::env::temp_dir().join(format!("tether-task-checkpoint-{}.json", std::process::id()));
+    let _ = std::fs::remove_file(&file);
+    let config = || {
+        let mut config = ClientConfig::new(url.clone());
+        config.protocol_version = ProtocolVersion::V2026_07_28;
+        config.tasks = true;
+        config.checkpoint_file = Some(file.clone());
+        config
+    };
+    let (first, mut first_events) = Client::connect(config()).await.expect("connect");
+    let call = tokio::spawn({
+        let first = first.clone();
+        async move { first.call_tool("count", json!({"to": 40, "interval_ms": 20})).await }
+    });
+    let (mut seen, mut task) = (Vec::new(), None);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while seen.len() < 5 {
+        assert!(tokio::time::Instant::now() < deadline, "the first client saw {seen:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        counts(&mut first_events, &mut seen, &mut task);
+    }
+    call.abort();
+    let _ = call.await;
+    drop(first);
+    // What was handed to the application before the first client stopped is its.
+    counts(&mut first_events, &mut seen, &mut task);
+    let task = task.expect("the call became a task");
+    let saved = tether_client::CheckpointFile::load(&file).expect("the checkpoint");
+    assert_eq!(saved.tasks.get(&task).map(|c| c.seq), Some(seen.len() as u64), "working, then one event per count");
+
+    let (second, mut second_events) = Client::connect(config()).await.expect("connect again");
+    let result = tokio::time::timeout(std::time::Duration::from_secs(10), second.follow_task(&task))
+        .await
+        .expect("the task ends")
+        .expect("its result");
+    assert_eq!(result["content"][0]["text"], "counted to 40");
+    let mut rest = Vec::new();
+    counts(&mut second_events, &mut rest, &mut None);
+    seen.extend(rest);
+    assert_eq!(seen, (1..=40).collect::<Vec<u64>>(), "every count once, in order, across the restart");
+    let saved = tether_client::CheckpointFile::load(&file).expect("the checkpoint");
+    assert!(saved.tasks.is_empty(), "a finished task is no longer followed");
+    server.abort();
+    let _ = std::fs::remove_file(&file);
+}

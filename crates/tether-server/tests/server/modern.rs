@@ -49,7 +49,42 @@ async fn server_discover_describes_the_server_without_a_session() {
     assert_eq!(result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "tether");
     assert!(result["ttlMs"].is_u64() && result["cacheScope"].is_string());
     assert!(result["capabilities"]["tools"].is_object());
-    assert!(result["capabilities"]["resources"].get("subscribe").is_none(), "no subscriptions without state");
+    assert_eq!(result["capabilities"]["tools"]["listChanged"], true, "announced on subscriptions/listen");
+    let extensions = &result["capabilities"]["extensions"];
+    assert!(
+        extensions["io.modelcontextprotocol/tasks"].is_object() && extensions["io.tether/task-streams"].is_object()
+    );
+}
+
+#[tokio::test]
+async fn a_subscription_is_acknowledged_then_hears_only_what_it_asked_for() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let listen = |id: i64, notifications: Value| {
+        modern(&client, id, "subscriptions/listen", json!({"_meta": meta(), "notifications": notifications})).send()
+    };
+    let mut tools = listen(1, json!({"toolsListChanged": true, "resourcesListChanged": true})).await.expect("listen");
+    let mut prompts = listen(2, json!({"promptsListChanged": true})).await.expect("listen");
+    let first = messages(&events(&mut tools, 1).await);
+    assert_eq!(first[0]["method"], "notifications/subscriptions/acknowledged");
+    assert_eq!(
+        first[0]["params"]["notifications"],
+        json!({"toolsListChanged": true}),
+        "resources announce no list changes"
+    );
+    assert_eq!(first[0]["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], 1);
+    assert_eq!(
+        messages(&events(&mut prompts, 1).await)[0]["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        2
+    );
+    let call = |name: &str| modern(&client, 9, "tools/call", json!({"name": name, "arguments": {}})).send();
+    call("test_trigger_tool_change").await.expect("trigger");
+    call("test_trigger_prompt_change").await.expect("trigger");
+    let heard = messages(&events(&mut tools, 1).await);
+    assert_eq!(heard[0]["method"], "notifications/tools/list_changed");
+    assert_eq!(heard[0]["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], 1);
+    let heard = messages(&events(&mut prompts, 1).await);
+    assert_eq!(heard[0]["method"], "notifications/prompts/list_changed", "not the tools' change before it");
 }
 
 #[tokio::test]
