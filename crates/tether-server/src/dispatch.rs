@@ -22,7 +22,7 @@ use crate::context::{Context, FirstOutput, Input, Output, RequestMeta};
 use crate::http::reject::Refusal;
 use crate::idempotency::{self, Answer, Keyed, Plan};
 use crate::ids;
-use crate::input;
+use crate::input::{self, Answerer};
 use crate::session::{LogLevel, SessionRuntime};
 use crate::tasks::{self, TaskSlot};
 
@@ -442,11 +442,11 @@ async fn run(
         let (work, record): (crate::HandlerFuture, Option<Keyed>) = match job {
             Job::Run(keyed) if binding.is_none() && input_required::METHODS.contains(&method.as_str()) => {
                 let handler = Arc::clone(&shared.handler);
-                (Box::pin(input::ask_in_session(handler, ctx.clone(), method.clone(), params)), keyed)
+                (Box::pin(input::rounds(handler, ctx.clone(), method.clone(), params, Answerer::Session)), keyed)
             }
             Job::Run(keyed) if ctx.may_become_task() => {
                 let handler = Arc::clone(&shared.handler);
-                (Box::pin(tasks::rounds(handler, ctx.clone(), method.clone(), params)), keyed)
+                (Box::pin(input::rounds(handler, ctx.clone(), method.clone(), params, Answerer::Task)), keyed)
             }
             Job::Run(keyed) => (shared.handler.call(ctx.clone(), method.clone(), params), keyed),
             Job::Answer(answer, keyed) => (Box::pin(idempotency::answer(ctx.clone(), keyed, answer)), None),

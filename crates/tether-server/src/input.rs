@@ -108,37 +108,58 @@ pub(crate) fn seal(shared: &ServerState, method: &str, binding: &str, outcome: &
     }
 }
 
-/// Runs a handler in a legacy session, where the client knows nothing of multi round-trip
-/// requests: what the handler asks for in an `InputRequiredResult` the server asks the client
-/// itself (server-to-client requests on the request's stream), then runs the handler again with
-/// the answers and its state, until its result is complete. So one handler serves both eras.
-pub(crate) async fn ask_in_session(
+/// Who answers a handler's input requests between its rounds, where the server itself carries
+/// the request through them (a 2026-07-28 request without a task answers its client instead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answerer {
+    /// A legacy session, whose client knows nothing of multi round-trip requests: the server
+    /// asks the client itself (server-to-client requests on the request's stream), and the
+    /// handler's state never leaves the server.
+    Session,
+    /// A task (SEP-2663), once the request became one: the task waits in `input_required` until
+    /// `tasks/update` answers every request. Before it became one, the result answers the request.
+    Task,
+}
+
+/// Runs a handler until its result is complete: what it asks for in an `InputRequiredResult`,
+/// `answerer` gets answered, then the handler runs again with the answers and its state, at most
+/// [`input_required::MAX_ROUNDS`] times. So one handler serves both eras, with or without tasks.
+pub(crate) async fn rounds(
     handler: Arc<dyn Handler>,
     ctx: Context,
     method: String,
     params: Value,
+    answerer: Answerer,
 ) -> Result<Value, ErrorObject> {
     for _ in 0..input_required::MAX_ROUNDS {
-        let result = handler.call(ctx.clone(), method.clone(), params.clone()).await?;
-        if !input_required::asks(&result) {
-            return Ok(result);
-        }
-        let mut responses = serde_json::Map::new();
-        for (key, asked, asked_params) in input_required::requests(&result) {
-            let answer = ctx.request(asked, asked_params).await.map_err(|err| {
-                ErrorObject::with_reason(
-                    code::INTERNAL_ERROR,
-                    format!("asking the client failed: {err}"),
-                    "input_failed",
-                )
-            })?;
-            responses.insert(key.to_owned(), answer);
-        }
-        ctx.next_round(Input { responses, state: result.get(input_required::STATE).cloned() });
+        let result = match handler.call(ctx.clone(), method.clone(), params.clone()).await {
+            Ok(result) if input_required::asks(&result) => result,
+            other => return other,
+        };
+        let input = match answerer {
+            Answerer::Session => ask_client(&ctx, &result).await?,
+            Answerer::Task => match ctx.task_id() {
+                Some(task) => crate::tasks::ask(&ctx, &task, &result).await?,
+                None => return Ok(result),
+            },
+        };
+        ctx.next_round(input);
     }
     Err(ErrorObject::with_reason(
         code::INTERNAL_ERROR,
         format!("the handler still asked for input after {} rounds", input_required::MAX_ROUNDS),
         "input_required_invalid",
     ))
+}
+
+/// Asks the client of a legacy session what `result` asks for: the answers, and the state.
+async fn ask_client(ctx: &Context, result: &Value) -> Result<Input, ErrorObject> {
+    let mut responses = serde_json::Map::new();
+    for (key, asked, asked_params) in input_required::requests(result) {
+        let answer = ctx.request(asked, asked_params).await.map_err(|err| {
+            ErrorObject::with_reason(code::INTERNAL_ERROR, format!("asking the client failed: {err}"), "input_failed")
+        })?;
+        responses.insert(key.to_owned(), answer);
+    }
+    Ok(Input { responses, state: result.get(input_required::STATE).cloned() })
 }

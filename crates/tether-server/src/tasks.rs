@@ -1,8 +1,9 @@
 //! Tasks (SEP-2663) on the server: a `tools/call` a handler escalates becomes a task, created
 //! durably before its `CreateTaskResult` is sent; its tool then runs on in this process, asking
 //! for input through the task (`tasks/update` answers it) instead of the connection, and its
-//! outcome is recorded with the task. `tasks/get`, `tasks/update` and `tasks/cancel` are served
-//! from the store, so any replica sharing it answers them.
+//! outcome is recorded with the task. `tasks/get`, `tasks/update`, `tasks/cancel` and
+//! `tasks/stream` (the task's events, SEP-2694's shape) are served from the store, so any replica
+//! sharing it answers them.
 //!
 //! The process running a task learns of a cancel or an answer at once when it arrived here, and
 //! within [`ServerConfig::task_poll_interval`](crate::ServerConfig::task_poll_interval) when it
@@ -22,7 +23,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Context, Input};
-use crate::{Handler, ServerState, idempotency, ids, now_ms};
+use crate::{ServerState, idempotency, ids, now_ms};
 
 /// What a request that may become a task carries until it does, and its task's id after.
 pub(crate) struct TaskSlot {
@@ -148,44 +149,25 @@ async fn watch(store: Arc<dyn Store>, id: String, cancel: CancellationToken, eve
     }
 }
 
-/// Runs a handler for a request that may become a task: once it has, an input-required result
-/// parks the task until `tasks/update` answers every request (here or at another replica), and
-/// the handler runs again with the answers and its state; before, its result is the request's.
-pub(crate) async fn rounds(
-    handler: Arc<dyn Handler>,
-    ctx: Context,
-    method: String,
-    params: Value,
-) -> Result<Value, ErrorObject> {
-    for _ in 0..input_required::MAX_ROUNDS {
-        let outcome = handler.call(ctx.clone(), method.clone(), params.clone()).await;
-        let Some(id) = ctx.task_id() else { return outcome };
-        let result = match outcome {
-            Ok(result) if input_required::asks(&result) => result,
-            other => return other,
-        };
-        let requests = result.get("inputRequests").and_then(Value::as_object).cloned().unwrap_or_default();
-        if requests.is_empty() {
-            return Err(ErrorObject::with_reason(
-                code::INTERNAL_ERROR,
-                "a task's input-required result must ask for input",
-                "input_required_invalid",
-            ));
-        }
-        let state = result.get(input_required::STATE).cloned();
-        let asked = ctx.task_runners().update(ctx.store().as_ref(), &id, TaskChange::Ask { requests, state }).await;
-        if !matches!(asked.map_err(store_failed)?, Some((_, true))) {
-            // Finished meanwhile (cancelled): nothing will answer.
-            return Err(idempotency::cancelled());
-        }
-        let input = answers(&ctx, &id).await?;
-        ctx.next_round(input);
+/// Parks task `id` on what `result` (a handler's input-required result) asks for, until
+/// `tasks/update` has answered every request (here or at another replica): the answers and the
+/// state for the handler's next round.
+pub(crate) async fn ask(ctx: &Context, id: &str, result: &Value) -> Result<Input, ErrorObject> {
+    let requests = result.get("inputRequests").and_then(Value::as_object).cloned().unwrap_or_default();
+    if requests.is_empty() {
+        return Err(ErrorObject::with_reason(
+            code::INTERNAL_ERROR,
+            "a task's input-required result must ask for input",
+            "input_required_invalid",
+        ));
     }
-    Err(ErrorObject::with_reason(
-        code::INTERNAL_ERROR,
-        format!("the handler still asked for input after {} rounds", input_required::MAX_ROUNDS),
-        "input_required_invalid",
-    ))
+    let state = result.get(input_required::STATE).cloned();
+    let asked = ctx.task_runners().update(ctx.store().as_ref(), id, TaskChange::Ask { requests, state }).await;
+    if !matches!(asked.map_err(store_failed)?, Some((_, true))) {
+        // Finished meanwhile (cancelled): nothing will answer.
+        return Err(idempotency::cancelled());
+    }
+    answers(ctx, id).await
 }
 
 /// Waits until every input request of task `id` is answered: the answers and the state.
