@@ -434,12 +434,7 @@ impl Context {
         let server = &self.shared.server;
         let key = self.shared.meta.idempotency_key.as_deref();
         let Some(mut created) = crate::tasks::create(server, slot, key).await? else { return Ok(true) };
-        let info = server.handler.info();
-        crate::dispatch::decorate_modern(
-            method::TOOLS_CALL,
-            &mut created,
-            &json!({"name": info.name, "version": info.version}),
-        );
+        crate::dispatch::decorate_modern(method::TOOLS_CALL, &mut created, &server.server_info());
         let response = Message::Response(Response::result(slot.request_id.clone(), created)).to_vec();
         if let Output::Direct { tx } = &self.shared.output {
             match self.first_sender() {

@@ -390,8 +390,7 @@ pub(crate) async fn start_direct(
         None => Job::Run(None),
     };
     let (ctx, first) = Context::new(output, meta, input, run_cancel.clone(), Arc::clone(shared), task);
-    let info = shared.handler.info();
-    let server_info = json!({"name": info.name, "version": info.version});
+    let server_info = shared.server_info();
     let shared = Arc::clone(shared);
     let request = Request { params: Some(params), ..request };
     tokio::spawn(async move {

@@ -28,6 +28,14 @@ pub(crate) struct ServerState {
     pub listeners: crate::listen::Listeners,
 }
 
+impl ServerState {
+    /// Who the server is, as `serverInfo` and 2026-07-28 results' `_meta` name it.
+    pub fn server_info(&self) -> serde_json::Value {
+        let info = self.handler.info();
+        serde_json::json!({"name": info.name, "version": info.version})
+    }
+}
+
 /// Assembles a server from a handler, a store and a config.
 pub struct Builder {
     handler: Arc<dyn Handler>,

@@ -359,8 +359,7 @@ fn notification(method: &str, params: Value) -> Bytes {
 /// The final response of a stream, decorated as every 2026-07-28 result is.
 fn response(shared: &ServerState, id: &RequestId, mut outcome: Result<Value, ErrorObject>) -> Bytes {
     if let Ok(result) = &mut outcome {
-        let info = shared.handler.info();
-        crate::dispatch::decorate_modern(method::STREAM, result, &json!({"name": info.name, "version": info.version}));
+        crate::dispatch::decorate_modern(method::STREAM, result, &shared.server_info());
     }
     Bytes::from(Message::Response(Response { id: Some(id.clone()), outcome }).to_vec())
 }

@@ -72,7 +72,7 @@ pub(crate) async fn post(
         if let Some(instructions) = info.instructions {
             result["instructions"] = json!(instructions);
         }
-        decorate_modern(method::SERVER_DISCOVER, &mut result, &json!({"name": info.name, "version": info.version}));
+        decorate_modern(method::SERVER_DISCOVER, &mut result, &shared.server_info());
         let body = Message::Response(jsonrpc::Response::result(id, result)).to_vec();
         return Ok(json_response(StatusCode::OK, body, []));
     }
@@ -97,8 +97,7 @@ pub(crate) async fn post(
     if crate::tasks::serves(&request.method) {
         let mut outcome = crate::tasks::serve(shared, principal.as_deref(), &request).await;
         if let Ok(result) = &mut outcome {
-            let info = shared.handler.info();
-            decorate_modern(&request.method, result, &json!({"name": info.name, "version": info.version}));
+            decorate_modern(&request.method, result, &shared.server_info());
         }
         let body = Message::Response(jsonrpc::Response { id: Some(id), outcome }).to_vec();
         return Ok(json_response(status_of(&body), body, []));

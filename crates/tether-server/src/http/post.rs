@@ -110,7 +110,7 @@ async fn initialize(
     let mut result = json!({
         "protocolVersion": version.as_str(),
         "capabilities": capabilities,
-        "serverInfo": {"name": info.name, "version": info.version},
+        "serverInfo": shared.server_info(),
     });
     if let Some(instructions) = info.instructions {
         result["instructions"] = json!(instructions);
