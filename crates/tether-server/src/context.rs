@@ -483,9 +483,9 @@ impl Context {
 
     /// What wakes a task's run: told of changes made in this process, and how often to look for
     /// changes made elsewhere.
-    pub(crate) fn task_wakeup(&self) -> Option<(Arc<tokio::sync::Notify>, std::time::Duration)> {
+    pub(crate) fn task_wakeup(&self) -> Option<(tokio::sync::watch::Receiver<u64>, std::time::Duration)> {
         let slot = self.shared.task.as_ref()?;
-        Some((Arc::clone(&slot.changed), self.shared.server.config.task_poll_interval))
+        Some((slot.changed.subscribe(), self.shared.server.config.task_poll_interval))
     }
 
     /// Sends `notifications/progress` if the request asked for progress; otherwise does nothing.

@@ -108,8 +108,26 @@ impl Server {
             if let Some(answers) = self.shared.store.relayed_answers() {
                 tokio::spawn(deliver_relayed(Arc::downgrade(&self.shared), answers));
             }
+            if let Some(changes) = self.shared.store.task_changes() {
+                tokio::spawn(deliver_task_changes(Arc::downgrade(&self.shared), changes));
+            }
         });
         http::router(path, Arc::clone(&self.shared))
+    }
+}
+
+/// Wakes what waits here on a task another replica changed: its run, and the task streams.
+async fn deliver_task_changes(shared: Weak<ServerState>, mut changes: tokio::sync::broadcast::Receiver<String>) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        let id = match changes.recv().await {
+            Ok(id) => id,
+            // Missed ones are found by the polls; wake the streams in case one was theirs.
+            Err(RecvError::Lagged(_)) => String::new(),
+            Err(RecvError::Closed) => return,
+        };
+        let Some(shared) = shared.upgrade() else { return };
+        shared.task_runners.changed_elsewhere(&id);
     }
 }
 

@@ -5,9 +5,10 @@
 //! `tasks/stream` (the task's events, SEP-2694's shape) are served from the store, so any replica
 //! sharing it answers them.
 //!
-//! The process running a task learns of a cancel or an answer at once when it arrived here, and
-//! within [`ServerConfig::task_poll_interval`](crate::ServerConfig::task_poll_interval) when it
-//! arrived at another replica (it reads the task back from the store).
+//! The process running a task learns of a cancel or an answer at once when it arrived here or the
+//! store announces changes between replicas (Redis), and otherwise within
+//! [`ServerConfig::task_poll_interval`](crate::ServerConfig::task_poll_interval) (it reads the
+//! task back from the store).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -19,7 +20,7 @@ use tether_core::jsonrpc::{ErrorObject, Message, Notification, Request, RequestI
 use tether_core::mcp::meta;
 use tether_core::tasks::{self, StreamRefusal, TaskChange, TaskRecord, TaskStatus, method};
 use tether_store::{Store, StoreError, StoredTask};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Context, Input};
@@ -33,8 +34,9 @@ pub(crate) struct TaskSlot {
     pub principal: Option<String>,
     /// The request's (then the task's) cancellation.
     pub cancel: CancellationToken,
-    /// Told when the task changed in this process (answered, cancelled).
-    pub changed: Arc<Notify>,
+    /// Bumped when the task changed (answered, cancelled) here or, as the store announced, at
+    /// another replica: the run's waits watch it.
+    pub changed: Arc<watch::Sender<u64>>,
     id: OnceLock<String>,
     /// Held while the task is being created, so two escalations create one task.
     creating: tokio::sync::Mutex<()>,
@@ -46,7 +48,7 @@ impl TaskSlot {
             request_id,
             principal,
             cancel,
-            changed: Arc::default(),
+            changed: Arc::new(watch::Sender::new(0)),
             id: OnceLock::new(),
             creating: tokio::sync::Mutex::new(()),
         }
@@ -58,10 +60,13 @@ impl TaskSlot {
     }
 }
 
+/// How to reach the run of a task: its cancellation, and the counter its waits watch.
+type Runner = (CancellationToken, Arc<watch::Sender<u64>>);
+
 /// The tasks this process runs, by id: how to reach each one when a request about it arrives
 /// here; and a counter of the task changes made here, which the task streams open here watch.
 pub(crate) struct Runners {
-    running: Mutex<HashMap<String, (CancellationToken, Arc<Notify>)>>,
+    running: Mutex<HashMap<String, Runner>>,
     changes: tokio::sync::watch::Sender<u64>,
 }
 
@@ -86,7 +91,7 @@ impl Runners {
         updated
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (CancellationToken, Arc<Notify>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Runner>> {
         // Plain data, changed in single statements: consistent after a panic elsewhere.
         self.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -97,8 +102,15 @@ impl Runners {
             if cancel {
                 token.cancel();
             }
-            changed.notify_one();
+            changed.send_modify(|n| *n = n.wrapping_add(1));
         }
+    }
+
+    /// Task `id` changed at another replica sharing the store: its run here (if any) and the
+    /// task streams open here look again.
+    pub fn changed_elsewhere(&self, id: &str) {
+        self.wake(id, false);
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 }
 
@@ -129,15 +141,23 @@ pub(crate) async fn create(
     shared.task_runners.lock().insert(id.clone(), (slot.cancel.clone(), Arc::clone(&slot.changed)));
     // Set before the response goes out: from then on the connection's end no longer cancels it.
     let _ = slot.id.set(id.clone());
-    tokio::spawn(watch(Arc::clone(&shared.store), id, slot.cancel.clone(), config.task_poll_interval));
+    let changed = slot.changed.subscribe();
+    tokio::spawn(watch_cancel(Arc::clone(&shared.store), id, slot.cancel.clone(), changed, config.task_poll_interval));
     Ok(Some(created))
 }
 
 /// Cancels a running task's run once the store says it is over (cancelled at another replica).
-async fn watch(store: Arc<dyn Store>, id: String, cancel: CancellationToken, every: std::time::Duration) {
+async fn watch_cancel(
+    store: Arc<dyn Store>,
+    id: String,
+    cancel: CancellationToken,
+    mut changed: watch::Receiver<u64>,
+    every: std::time::Duration,
+) {
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
+            _ = changed.changed() => {}
             () = tokio::time::sleep(every) => {}
         }
         if let Ok(Some(task)) = store.task(&id, now_ms()).await
@@ -172,9 +192,9 @@ pub(crate) async fn ask(ctx: &Context, id: &str, result: &Value) -> Result<Input
 
 /// Waits until every input request of task `id` is answered: the answers and the state.
 async fn answers(ctx: &Context, id: &str) -> Result<Input, ErrorObject> {
-    let (changed, every) = ctx.task_wakeup().ok_or_else(idempotency::cancelled)?;
+    let (mut changed, every) = ctx.task_wakeup().ok_or_else(idempotency::cancelled)?;
     loop {
-        let woken = changed.notified();
+        changed.mark_unchanged();
         let task = ctx.store().task(id, now_ms()).await.map_err(store_failed)?;
         let Some(StoredTask { record, .. }) = task else { return Err(idempotency::cancelled()) };
         match record.task.status {
@@ -185,7 +205,7 @@ async fn answers(ctx: &Context, id: &str) -> Result<Input, ErrorObject> {
             _ => return Err(idempotency::cancelled()),
         }
         tokio::select! {
-            () = woken => {}
+            _ = changed.changed() => {}
             () = tokio::time::sleep(every) => {}
             () = ctx.cancelled() => return Err(idempotency::cancelled()),
         }

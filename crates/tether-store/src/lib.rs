@@ -322,6 +322,12 @@ pub trait TaskStore: Send + Sync {
     /// Applies `change` to task `id` at `now_ms` ([`TaskRecord::apply`]) in one atomic step: the
     /// task as it is afterwards, and whether it changed; `None` if there is no such task.
     fn update_task(&self, id: &str, change: TaskChange, now_ms: u64) -> StoreFuture<'_, Option<(StoredTask, bool)>>;
+
+    /// The ids of tasks changed by other processes sharing the store, as they change (a hint:
+    /// whoever waits on a task reads it again); `None` for stores that serve a single process.
+    fn task_changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+        None
+    }
 }
 
 /// The relay of clients' answers between replicas sharing the store.

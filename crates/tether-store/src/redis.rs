@@ -28,6 +28,8 @@ use tether_core::tasks::{TaskChange, TaskRecord};
 
 /// The channel appends and stream ends are announced on.
 const NOTIFY: &str = "tether:notify";
+/// The channel the ids of changed tasks are announced on between replicas.
+const TASK_CHANGES: &str = "tether:task-changes";
 /// The channel clients' answers to server-to-client requests travel on between replicas.
 const ANSWERS: &str = "tether:answers";
 const SESSIONS: &str = "tether:sessions";
@@ -49,6 +51,7 @@ const SEP: char = '\u{1f}';
 pub struct RedisStore {
     redis: ConnectionManager,
     answers: tokio::sync::broadcast::Sender<RelayedAnswer>,
+    task_changes: tokio::sync::broadcast::Sender<String>,
     retention: Retention,
     owner: String,
     heads: Arc<Heads>,
@@ -431,6 +434,7 @@ async fn subscribe(client: &redis::Client) -> redis::RedisResult<redis::aio::Pub
     let mut pubsub = client.get_async_pubsub().await?;
     pubsub.subscribe(NOTIFY).await?;
     pubsub.subscribe(ANSWERS).await?;
+    pubsub.subscribe(TASK_CHANGES).await?;
     Ok(pubsub)
 }
 
@@ -442,10 +446,17 @@ async fn listen(
     mut pubsub: redis::aio::PubSub,
     heads: Arc<Heads>,
     answers: tokio::sync::broadcast::Sender<RelayedAnswer>,
+    task_changes: tokio::sync::broadcast::Sender<String>,
 ) {
     loop {
         let mut messages = pubsub.into_on_message();
         while let Some(message) = messages.next().await {
+            if message.get_channel_name() == TASK_CHANGES {
+                if let Ok(id) = message.get_payload::<String>() {
+                    let _ = task_changes.send(id);
+                }
+                continue;
+            }
             if message.get_channel_name() == ANSWERS {
                 let payload = message.get_payload_bytes();
                 let mut parts = payload.splitn(3, |b| *b == SEP as u8);
@@ -488,8 +499,9 @@ impl RedisStore {
         let pubsub = subscribe(&client).await.map_err(backend)?;
         let heads = Arc::new(Heads::default());
         let (answers, _) = tokio::sync::broadcast::channel(256);
-        let listener = tokio::spawn(listen(client, pubsub, Arc::clone(&heads), answers.clone()));
-        Ok(RedisStore { redis, answers, retention, owner: owner.to_owned(), heads, listener, records_id })
+        let (task_changes, _) = tokio::sync::broadcast::channel(256);
+        let listener = tokio::spawn(listen(client, pubsub, Arc::clone(&heads), answers.clone(), task_changes.clone()));
+        Ok(RedisStore { redis, answers, task_changes, retention, owner: owner.to_owned(), heads, listener, records_id })
     }
 
     fn conn(&self) -> ConnectionManager {
@@ -1176,6 +1188,10 @@ impl TaskStore for RedisStore {
         Box::pin(async move { Ok(self.read_task(&mut self.conn(), &id, now_ms).await?.map(|(_, task)| task)) })
     }
 
+    fn task_changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+        Some(self.task_changes.subscribe())
+    }
+
     fn update_task(&self, id: &str, change: TaskChange, now_ms: u64) -> StoreFuture<'_, Option<(StoredTask, bool)>> {
         let id = id.to_owned();
         Box::pin(async move {
@@ -1197,6 +1213,10 @@ impl TaskStore for RedisStore {
                     .await
                     .map_err(backend)?;
                 if swapped == 1 {
+                    // A hint for the replicas waiting on it; they poll anyway.
+                    if let Err(err) = conn.publish::<_, _, i64>(TASK_CHANGES, &id).await {
+                        tracing::debug!(%err, "could not announce a task change");
+                    }
                     return Ok(Some((stored, true)));
                 }
             }

@@ -43,6 +43,13 @@ pub struct ServeArgs {
     /// Redis store; the embedded store, one process per directory, knows at once after a restart).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     request_lease: Duration,
+    /// How long a finished task is kept after its creation (its `ttlMs`).
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    task_ttl: Duration,
+    /// How often clients are asked to poll a task, and how often a replica reads back a task it
+    /// runs or streams in case another replica changed it without the store announcing it.
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    task_poll_interval: Duration,
     /// The reconnection delay announced to 2025-11-25 clients.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     sse_retry: Duration,
@@ -176,6 +183,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         idempotency: !args.no_idempotency,
         body_timeout: args.body_timeout,
         request_state_key: args.request_state_key,
+        task_ttl: args.task_ttl,
+        task_poll_interval: args.task_poll_interval,
         ..ServerConfig::default()
     };
     let room = max_connections_for(raise_descriptor_limit());
