@@ -559,13 +559,17 @@ impl Context {
 
     /// Announces a server-wide notification (`list_changed`, `resources/updated`): appended to
     /// the standalone (GET) stream of every live session this process serves, and sent on every
-    /// 2026-07-28 subscription (`subscriptions/listen`) open here that carries it. Returns how
-    /// many sessions had a standalone stream, plus how many subscriptions were open. Sessions and
-    /// subscriptions served only by other replicas are not reached.
+    /// 2026-07-28 subscription (`subscriptions/listen`) that carries it: open here, or at another
+    /// replica where the store relays announcements (Redis). Returns how many sessions had a
+    /// standalone stream, plus how many subscriptions were open here. Sessions served only by
+    /// other replicas are not reached.
     pub async fn notify_all(&self, method: &str, params: Value) -> Result<usize, ContextError> {
         let listening = self.shared.server.listeners.announce(method, params.clone());
         let store = self.shared.server.store.as_ref();
         let message = notification(method, params);
+        if let Err(err) = store.announce(message.clone()).await {
+            tracing::debug!(%err, "could not announce to the other replicas");
+        }
         let sends = self.shared.server.sessions.all().into_iter().map(|runtime| {
             let message = message.clone();
             // A session that ended since it was listed has nothing left to deliver to.

@@ -1,8 +1,8 @@
 //! `subscriptions/listen` (SEP-2575): 2026-07-28 clients hear server-wide announcements
 //! (`list_changed`, resource updates) on a stream they open, since there is no session to carry
-//! them. Fire-and-forget, as the SEP says: a subscription delivers what this process announces
-//! while it is open, and nothing is replayed (work that must survive a dropped connection is a
-//! task's).
+//! them. Fire-and-forget, as the SEP says: a subscription delivers what is announced while it is
+//! open (here, or at another replica when the store relays it), and nothing is replayed (work
+//! that must survive a dropped connection is a task's).
 
 use std::sync::Arc;
 

@@ -108,11 +108,39 @@ impl Server {
             if let Some(answers) = self.shared.store.relayed_answers() {
                 tokio::spawn(deliver_relayed(Arc::downgrade(&self.shared), answers));
             }
+            if let Some(announcements) = self.shared.store.announcements() {
+                tokio::spawn(deliver_announcements(Arc::downgrade(&self.shared), announcements));
+            }
             if let Some(changes) = self.shared.store.task_changes() {
                 tokio::spawn(deliver_task_changes(Arc::downgrade(&self.shared), changes));
             }
         });
         http::router(path, Arc::clone(&self.shared))
+    }
+}
+
+/// Sends what other replicas announced on this process's `subscriptions/listen` streams (their
+/// sessions' standalone streams got it from the announcing replica).
+async fn deliver_announcements(
+    shared: Weak<ServerState>,
+    mut announcements: tokio::sync::broadcast::Receiver<bytes::Bytes>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        let announcement = match announcements.recv().await {
+            Ok(announcement) => announcement,
+            Err(RecvError::Lagged(missed)) => {
+                tracing::warn!(missed, "announcements from other replicas were dropped");
+                continue;
+            }
+            Err(RecvError::Closed) => return,
+        };
+        let Some(shared) = shared.upgrade() else { return };
+        if let Ok(tether_core::jsonrpc::Message::Notification(notification)) =
+            tether_core::jsonrpc::parse_message(&announcement)
+        {
+            shared.listeners.announce(&notification.method, notification.params.unwrap_or_default());
+        }
     }
 }
 

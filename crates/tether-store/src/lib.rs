@@ -330,7 +330,8 @@ pub trait TaskStore: Send + Sync {
     }
 }
 
-/// The relay of clients' answers between replicas sharing the store.
+/// The relay between replicas sharing the store: clients' answers, and server-wide
+/// announcements.
 pub trait Relay: Send + Sync {
     /// Relays a client's answer to the replica whose handler waits for it. Stores that serve a
     /// single process have nobody to relay to and answer `Ok(false)`.
@@ -339,6 +340,19 @@ pub trait Relay: Send + Sync {
     /// Answers relayed by other replicas, for this process's waiting handlers; `None` for stores
     /// that serve a single process.
     fn relayed_answers(&self) -> Option<tokio::sync::broadcast::Receiver<RelayedAnswer>>;
+
+    /// Announces a server-wide notification (a serialized JSON-RPC notification: `list_changed`,
+    /// `resources/updated`) to the other replicas, for their `subscriptions/listen` streams. Stores
+    /// that serve a single process have nobody to tell.
+    fn announce(&self, _announcement: Bytes) -> StoreFuture<'_, ()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// Announcements made by other replicas (never this process's own); `None` for stores that
+    /// serve a single process.
+    fn announcements(&self) -> Option<tokio::sync::broadcast::Receiver<Bytes>> {
+        None
+    }
 }
 
 /// Durable counters, for tools that keep state (the built-in `counter_add`), kept by the same

@@ -28,6 +28,9 @@ use tether_core::tasks::{TaskChange, TaskRecord};
 
 /// The channel appends and stream ends are announced on.
 const NOTIFY: &str = "tether:notify";
+/// The channel server-wide announcements travel on between replicas: the announcing replica's
+/// name, then the notification.
+const ANNOUNCEMENTS: &str = "tether:announcements";
 /// The channel the ids of changed tasks are announced on between replicas.
 const TASK_CHANGES: &str = "tether:task-changes";
 /// The channel clients' answers to server-to-client requests travel on between replicas.
@@ -52,6 +55,7 @@ pub struct RedisStore {
     redis: ConnectionManager,
     answers: tokio::sync::broadcast::Sender<RelayedAnswer>,
     task_changes: tokio::sync::broadcast::Sender<String>,
+    announcements: tokio::sync::broadcast::Sender<Bytes>,
     retention: Retention,
     owner: String,
     heads: Arc<Heads>,
@@ -435,6 +439,7 @@ async fn subscribe(client: &redis::Client) -> redis::RedisResult<redis::aio::Pub
     pubsub.subscribe(NOTIFY).await?;
     pubsub.subscribe(ANSWERS).await?;
     pubsub.subscribe(TASK_CHANGES).await?;
+    pubsub.subscribe(ANNOUNCEMENTS).await?;
     Ok(pubsub)
 }
 
@@ -447,10 +452,21 @@ async fn listen(
     heads: Arc<Heads>,
     answers: tokio::sync::broadcast::Sender<RelayedAnswer>,
     task_changes: tokio::sync::broadcast::Sender<String>,
+    (owner, announcements): (String, tokio::sync::broadcast::Sender<Bytes>),
 ) {
     loop {
         let mut messages = pubsub.into_on_message();
         while let Some(message) = messages.next().await {
+            if message.get_channel_name() == ANNOUNCEMENTS {
+                let payload = message.get_payload_bytes();
+                let mut parts = payload.splitn(2, |b| *b == SEP as u8);
+                if let (Some(from), Some(announcement)) = (parts.next(), parts.next())
+                    && from != owner.as_bytes()
+                {
+                    let _ = announcements.send(Bytes::copy_from_slice(announcement));
+                }
+                continue;
+            }
             if message.get_channel_name() == TASK_CHANGES {
                 if let Ok(id) = message.get_payload::<String>() {
                     let _ = task_changes.send(id);
@@ -500,8 +516,21 @@ impl RedisStore {
         let heads = Arc::new(Heads::default());
         let (answers, _) = tokio::sync::broadcast::channel(256);
         let (task_changes, _) = tokio::sync::broadcast::channel(256);
-        let listener = tokio::spawn(listen(client, pubsub, Arc::clone(&heads), answers.clone(), task_changes.clone()));
-        Ok(RedisStore { redis, answers, task_changes, retention, owner: owner.to_owned(), heads, listener, records_id })
+        let (announcements, _) = tokio::sync::broadcast::channel(256);
+        let announced = (owner.to_owned(), announcements.clone());
+        let listener =
+            tokio::spawn(listen(client, pubsub, Arc::clone(&heads), answers.clone(), task_changes.clone(), announced));
+        Ok(RedisStore {
+            redis,
+            answers,
+            task_changes,
+            announcements,
+            retention,
+            owner: owner.to_owned(),
+            heads,
+            listener,
+            records_id,
+        })
     }
 
     fn conn(&self) -> ConnectionManager {
@@ -1237,6 +1266,19 @@ impl Relay for RedisStore {
 
     fn relayed_answers(&self) -> Option<tokio::sync::broadcast::Receiver<RelayedAnswer>> {
         Some(self.answers.subscribe())
+    }
+
+    fn announce(&self, announcement: Bytes) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let mut payload = format!("{}{SEP}", self.owner).into_bytes();
+            payload.extend_from_slice(&announcement);
+            let _: i64 = self.conn().publish(ANNOUNCEMENTS, payload).await.map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn announcements(&self) -> Option<tokio::sync::broadcast::Receiver<Bytes>> {
+        Some(self.announcements.subscribe())
     }
 }
 
