@@ -116,6 +116,14 @@ pub struct CallArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct TaskArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// The task's id.
+    task_id: String,
+}
+
+#[derive(Debug, Args)]
 pub struct ConformanceArgs {
     /// The URL the conformance runner appends.
     url: String,
@@ -221,28 +229,51 @@ pub async fn call(args: CallArgs) -> ExitCode {
         config.tasks = true;
         config.protocol_version = ProtocolVersion::V2026_07_28;
     }
-    let (client, mut events) = match connect(config).await {
+    let (client, events) = match connect(config).await {
         Ok(connected) => connected,
         Err(code) => return code,
     };
-    let mut messages = 0;
-    let deadline = args.client.deadline();
     let call = client.call_tool(&args.tool, arguments);
-    tokio::pin!(call);
+    print_outcome(&client, events, call, &args.client).await
+}
+
+/// `tether task`: follow a task (one an earlier `tether call --task` left, say) to its result.
+pub async fn task(args: TaskArgs) -> ExitCode {
+    let mut config = args.client.config();
+    config.tasks = true;
+    config.protocol_version = ProtocolVersion::V2026_07_28;
+    let (client, events) = match connect(config).await {
+        Ok(connected) => connected,
+        Err(code) => return code,
+    };
+    let follow = client.follow_task(&args.task_id);
+    print_outcome(&client, events, follow, &args.client).await
+}
+
+/// Prints `events` while `outcome` runs, then the outcome; the command's exit code.
+async fn print_outcome(
+    client: &Client,
+    mut events: UnboundedReceiver<ClientEvent>,
+    outcome: impl std::future::Future<Output = Result<Value, RequestError>>,
+    args: &ClientArgs,
+) -> ExitCode {
+    let mut messages = 0;
+    let deadline = args.deadline();
+    tokio::pin!(outcome);
     let outcome = loop {
         tokio::select! {
             biased;
             Some(event) = events.recv() => {
-                if let Some(code) = print_event(event, &args.client, &mut messages) {
+                if let Some(code) = print_event(event, args, &mut messages) {
                     return code;
                 }
             }
-            outcome = &mut call => break outcome,
+            outcome = &mut outcome => break outcome,
             () = until(deadline) => break Err(RequestError::OutcomeUnknown("timed out".into())),
         }
     };
     while let Ok(event) = events.try_recv() {
-        if let Some(code) = print_event(event, &args.client, &mut messages) {
+        if let Some(code) = print_event(event, args, &mut messages) {
             return code;
         }
     }

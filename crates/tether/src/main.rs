@@ -42,6 +42,9 @@ enum Command {
     Watch(client_cli::WatchArgs),
     /// Call one tool and print its notifications and outcome (JSON lines).
     Call(client_cli::CallArgs),
+    /// Follow a task (SEP-2663) to its result: its events from the checkpointed cursor, then its
+    /// outcome (JSON lines).
+    Task(client_cli::TaskArgs),
     /// Audit any MCP server's session and resumption behaviour (exit status 2 if a check fails).
     Probe(probe_cli::ProbeArgs),
     /// Measure tether against rmcp, the TypeScript and Python SDKs and a raw hyper baseline.
@@ -64,6 +67,7 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Serve(args) => runtime.block_on(serve::run(args)).map(|()| ExitCode::SUCCESS),
         Command::Watch(args) => Ok(runtime.block_on(client_cli::watch(args))),
         Command::Call(args) => Ok(runtime.block_on(client_cli::call(args))),
+        Command::Task(args) => Ok(runtime.block_on(client_cli::task(args))),
         Command::Probe(args) => runtime.block_on(probe_cli::run(args)),
         Command::Bench(args) => runtime.block_on(bench_cli::run(args)),
         Command::ConformanceClient(args) => Ok(runtime.block_on(client_cli::conformance(args))),

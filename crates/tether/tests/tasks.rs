@@ -106,6 +106,28 @@ fn a_re_sent_creation_gets_the_same_task_before_and_after_a_kill_9() {
 }
 
 #[test]
+fn tether_task_follows_a_task_another_process_created_to_its_result() {
+    let dir = temp_dir("tasks-follow");
+    let (server, url) = serve(free_port(), &dir.join("data"), &[]);
+    let id = create(&url, "count", json!({"to": 12, "interval_ms": 30}));
+    let checkpoint = dir.join("checkpoint.json");
+    let follow = tether(&["task", &url, &id, "--checkpoint", checkpoint.to_str().expect("utf-8"), "--timeout", "30s"]);
+    let lines = parse(&follow.rest(Duration::from_secs(40)));
+    let counts: Vec<u64> = lines
+        .iter()
+        .filter(|l| l["event"] == "message")
+        .filter_map(|l| l["message"]["params"]["data"]["count"].as_u64())
+        .collect();
+    assert_eq!(counts, (1..=12).collect::<Vec<u64>>(), "the task's events from its first: {lines:?}");
+    let statuses: Vec<&str> =
+        lines.iter().filter(|l| l["event"] == "task").filter_map(|l| l["status"].as_str()).collect();
+    assert_eq!(statuses, ["working", "completed"]);
+    assert_eq!(lines.last().map(|l| l["result"]["content"][0]["text"].clone()), Some(json!("counted to 12")));
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_task_created_on_one_redis_replica_is_answered_and_cancelled_on_another() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let redis = runtime.block_on(tether_testkit::RedisServer::start());
