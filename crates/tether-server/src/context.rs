@@ -481,11 +481,9 @@ impl Context {
         self.shared.task.as_ref().and_then(|slot| slot.id()).map(str::to_owned)
     }
 
-    /// What wakes a task's run: told of changes made in this process, and how often to look for
-    /// changes made elsewhere.
-    pub(crate) fn task_wakeup(&self) -> Option<(tokio::sync::watch::Receiver<u64>, std::time::Duration)> {
-        let slot = self.shared.task.as_ref()?;
-        Some((slot.changed.subscribe(), self.shared.server.config.task_poll_interval))
+    /// How often a task's run looks for changes no announcement told it of.
+    pub(crate) fn task_poll_interval(&self) -> std::time::Duration {
+        self.shared.server.config.task_poll_interval
     }
 
     /// Sends `notifications/progress` if the request asked for progress; otherwise does nothing.

@@ -100,88 +100,80 @@ pub struct Server {
 impl Server {
     /// An axum router serving the MCP endpoint at `path`. The first call also starts the
     /// background sweep that expires idle sessions and drops old history (and, on a store
-    /// shared by replicas, the delivery of relayed answers); they stop once every router and
+    /// shared by replicas, the delivery of what other replicas relay: answers, announcements,
+    /// task changes); they stop once every router and
     /// the server are dropped.
     pub fn router(&self, path: &str) -> axum::Router {
         self.background.call_once(|| {
             tokio::spawn(sweep(Arc::downgrade(&self.shared)));
+            let shared = || Arc::downgrade(&self.shared);
             if let Some(answers) = self.shared.store.relayed_answers() {
-                tokio::spawn(deliver_relayed(Arc::downgrade(&self.shared), answers));
+                tokio::spawn(deliver(shared(), answers, relayed_answer));
             }
             if let Some(announcements) = self.shared.store.announcements() {
-                tokio::spawn(deliver_announcements(Arc::downgrade(&self.shared), announcements));
+                tokio::spawn(deliver(shared(), announcements, relayed_announcement));
             }
             if let Some(changes) = self.shared.store.task_changes() {
-                tokio::spawn(deliver_task_changes(Arc::downgrade(&self.shared), changes));
+                tokio::spawn(deliver(shared(), changes, relayed_task_change));
             }
         });
         http::router(path, Arc::clone(&self.shared))
     }
 }
 
-/// Sends what other replicas announced on this process's `subscriptions/listen` streams (their
+/// Hands what the store relays from other replicas to `handle` until the server or the relay is
+/// gone; `None` when some were dropped because this process fell behind.
+async fn deliver<T: Clone>(
+    shared: Weak<ServerState>,
+    mut relayed: tokio::sync::broadcast::Receiver<T>,
+    handle: fn(&ServerState, Option<T>),
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        let item = match relayed.recv().await {
+            Ok(item) => Some(item),
+            Err(RecvError::Lagged(_)) => None,
+            Err(RecvError::Closed) => return,
+        };
+        let Some(shared) = shared.upgrade() else { return };
+        handle(&shared, item);
+    }
+}
+
+/// A client's answer another replica received, for this process's waiting handler.
+fn relayed_answer(shared: &ServerState, answer: Option<tether_store::RelayedAnswer>) {
+    let Some(answer) = answer else {
+        tracing::warn!("relayed answers were dropped");
+        return;
+    };
+    let Some(runtime) = shared.sessions.get(&answer.session) else { return };
+    if let Ok(tether_core::jsonrpc::Message::Response(response)) = tether_core::jsonrpc::parse_message(&answer.response)
+    {
+        // Another replica's handler, or nobody's: either way not ours to report.
+        let _ = runtime.answer_client_request(&answer.request_id, response.outcome);
+    }
+}
+
+/// What another replica announced, for this process's `subscriptions/listen` streams (its
 /// sessions' standalone streams got it from the announcing replica).
-async fn deliver_announcements(
-    shared: Weak<ServerState>,
-    mut announcements: tokio::sync::broadcast::Receiver<bytes::Bytes>,
-) {
-    use tokio::sync::broadcast::error::RecvError;
-    loop {
-        let announcement = match announcements.recv().await {
-            Ok(announcement) => announcement,
-            Err(RecvError::Lagged(missed)) => {
-                tracing::warn!(missed, "announcements from other replicas were dropped");
-                continue;
-            }
-            Err(RecvError::Closed) => return,
-        };
-        let Some(shared) = shared.upgrade() else { return };
-        if let Ok(tether_core::jsonrpc::Message::Notification(notification)) =
-            tether_core::jsonrpc::parse_message(&announcement)
-        {
-            shared.listeners.announce(&notification.method, notification.params.unwrap_or_default());
-        }
+fn relayed_announcement(shared: &ServerState, announcement: Option<bytes::Bytes>) {
+    let Some(announcement) = announcement else {
+        tracing::warn!("announcements from other replicas were dropped");
+        return;
+    };
+    if let Ok(tether_core::jsonrpc::Message::Notification(notification)) =
+        tether_core::jsonrpc::parse_message(&announcement)
+    {
+        shared.listeners.announce(&notification.method, notification.params.unwrap_or_default());
     }
 }
 
-/// Wakes what waits here on a task another replica changed: its run, and the task streams.
-async fn deliver_task_changes(shared: Weak<ServerState>, mut changes: tokio::sync::broadcast::Receiver<String>) {
-    use tokio::sync::broadcast::error::RecvError;
-    loop {
-        let id = match changes.recv().await {
-            Ok(id) => id,
-            // Missed ones are found by the polls; wake the streams in case one was theirs.
-            Err(RecvError::Lagged(_)) => String::new(),
-            Err(RecvError::Closed) => return,
-        };
-        let Some(shared) = shared.upgrade() else { return };
-        shared.task_runners.changed_elsewhere(&id);
-    }
-}
-
-/// Delivers answers other replicas received for this process's waiting handlers.
-async fn deliver_relayed(
-    shared: Weak<ServerState>,
-    mut answers: tokio::sync::broadcast::Receiver<tether_store::RelayedAnswer>,
-) {
-    use tokio::sync::broadcast::error::RecvError;
-    loop {
-        let answer = match answers.recv().await {
-            Ok(answer) => answer,
-            Err(RecvError::Lagged(missed)) => {
-                tracing::warn!(missed, "relayed answers were dropped");
-                continue;
-            }
-            Err(RecvError::Closed) => return,
-        };
-        let Some(shared) = shared.upgrade() else { return };
-        let Some(runtime) = shared.sessions.get(&answer.session) else { continue };
-        if let Ok(tether_core::jsonrpc::Message::Response(response)) =
-            tether_core::jsonrpc::parse_message(&answer.response)
-        {
-            // Another replica's handler, or nobody's: either way not ours to report.
-            let _ = runtime.answer_client_request(&answer.request_id, response.outcome);
-        }
+/// A task another replica changed: what waits on it here looks again (on a gap, everything
+/// waiting on a task does; the polls would find it too, later).
+fn relayed_task_change(shared: &ServerState, id: Option<String>) {
+    match id {
+        Some(id) => shared.task_runners.changed(&id),
+        None => shared.task_runners.changed_all(),
     }
 }
 

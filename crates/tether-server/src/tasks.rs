@@ -34,9 +34,6 @@ pub(crate) struct TaskSlot {
     pub principal: Option<String>,
     /// The request's (then the task's) cancellation.
     pub cancel: CancellationToken,
-    /// Bumped when the task changed (answered, cancelled) here or, as the store announced, at
-    /// another replica: the run's waits watch it.
-    pub changed: Arc<watch::Sender<u64>>,
     id: OnceLock<String>,
     /// Held while the task is being created, so two escalations create one task.
     creating: tokio::sync::Mutex<()>,
@@ -44,14 +41,7 @@ pub(crate) struct TaskSlot {
 
 impl TaskSlot {
     pub fn new(request_id: RequestId, principal: Option<String>, cancel: CancellationToken) -> TaskSlot {
-        TaskSlot {
-            request_id,
-            principal,
-            cancel,
-            changed: Arc::new(watch::Sender::new(0)),
-            id: OnceLock::new(),
-            creating: tokio::sync::Mutex::new(()),
-        }
+        TaskSlot { request_id, principal, cancel, id: OnceLock::new(), creating: tokio::sync::Mutex::new(()) }
     }
 
     /// The task's id, once the request became one.
@@ -60,24 +50,22 @@ impl TaskSlot {
     }
 }
 
-/// How to reach the run of a task: its cancellation, and the counter its waits watch.
-type Runner = (CancellationToken, Arc<watch::Sender<u64>>);
-
-/// The tasks this process runs, by id: how to reach each one when a request about it arrives
-/// here; and a counter of the task changes made here, which the task streams open here watch.
+/// The tasks this process runs (how to cancel each), and a counter per task that whatever waits
+/// here on that task watches (its run, its streams): bumped when the task changes here or, as the
+/// store announces, at another replica. A change wakes only what waits on that task.
+#[derive(Default)]
 pub(crate) struct Runners {
-    running: Mutex<HashMap<String, Runner>>,
-    changes: tokio::sync::watch::Sender<u64>,
+    running: Mutex<HashMap<String, CancellationToken>>,
+    watched: Mutex<HashMap<String, watch::Sender<u64>>>,
 }
 
-impl Default for Runners {
-    fn default() -> Self {
-        Runners { running: Mutex::default(), changes: tokio::sync::watch::Sender::new(0) }
-    }
+/// Locks plain data, changed in single statements: consistent after a panic elsewhere.
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Runners {
-    /// Applies `change` to task `id` and tells this process's task streams.
+    /// Applies `change` to task `id` and wakes what waits on it here.
     pub async fn update(
         &self,
         store: &dyn Store,
@@ -86,31 +74,49 @@ impl Runners {
     ) -> Result<Option<(StoredTask, bool)>, StoreError> {
         let updated = store.update_task(id, change, now_ms()).await;
         if let Ok(Some((_, true))) = &updated {
-            self.changes.send_modify(|n| *n = n.wrapping_add(1));
+            self.changed(id);
         }
         updated
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Runner>> {
-        // Plain data, changed in single statements: consistent after a panic elsewhere.
-        self.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// A watch of task `id`'s changes, for a wait on it (run or stream).
+    pub fn watch(&self, id: &str) -> watch::Receiver<u64> {
+        locked(&self.watched).entry(id.to_owned()).or_insert_with(|| watch::Sender::new(0)).subscribe()
     }
 
-    /// Wakes the task's run to read the task again; with `cancel`, also cancels it.
-    fn wake(&self, id: &str, cancel: bool) {
-        if let Some((token, changed)) = self.lock().get(id) {
-            if cancel {
-                token.cancel();
+    /// Task `id` changed: what waits on it looks again. A counter nobody watches any more goes.
+    pub fn changed(&self, id: &str) {
+        let mut watched = locked(&self.watched);
+        match watched.get(id) {
+            Some(counter) if counter.receiver_count() > 0 => counter.send_modify(|n| *n = n.wrapping_add(1)),
+            Some(_) => {
+                watched.remove(id);
             }
-            changed.send_modify(|n| *n = n.wrapping_add(1));
+            None => {}
         }
     }
 
-    /// Task `id` changed at another replica sharing the store: its run here (if any) and the
-    /// task streams open here look again.
-    pub fn changed_elsewhere(&self, id: &str) {
-        self.wake(id, false);
-        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    /// Some changes made elsewhere were missed: everything waiting here looks again.
+    pub fn changed_all(&self) {
+        locked(&self.watched).retain(|_, counter| {
+            counter.send_modify(|n| *n = n.wrapping_add(1));
+            counter.receiver_count() > 0
+        });
+    }
+
+    /// Forgets task `id`'s counter if nothing watches it any more.
+    fn unwatched(&self, id: &str) {
+        let mut watched = locked(&self.watched);
+        if watched.get(id).is_some_and(|counter| counter.receiver_count() == 0) {
+            watched.remove(id);
+        }
+    }
+
+    /// Cancels the run of task `id`, if it runs here.
+    fn cancel(&self, id: &str) {
+        if let Some(token) = locked(&self.running).get(id) {
+            token.cancel();
+        }
     }
 }
 
@@ -138,10 +144,10 @@ pub(crate) async fn create(
     let created = record.task.created_result();
     let outcome = key.map(|key| (key.to_owned(), idempotency::encode(&Ok(created.clone()))));
     shared.store.create_task(record, outcome).await?;
-    shared.task_runners.lock().insert(id.clone(), (slot.cancel.clone(), Arc::clone(&slot.changed)));
+    locked(&shared.task_runners.running).insert(id.clone(), slot.cancel.clone());
     // Set before the response goes out: from then on the connection's end no longer cancels it.
     let _ = slot.id.set(id.clone());
-    let changed = slot.changed.subscribe();
+    let changed = shared.task_runners.watch(&id);
     tokio::spawn(watch_cancel(Arc::clone(&shared.store), id, slot.cancel.clone(), changed, config.task_poll_interval));
     Ok(Some(created))
 }
@@ -192,7 +198,7 @@ pub(crate) async fn ask(ctx: &Context, id: &str, result: &Value) -> Result<Input
 
 /// Waits until every input request of task `id` is answered: the answers and the state.
 async fn answers(ctx: &Context, id: &str) -> Result<Input, ErrorObject> {
-    let (mut changed, every) = ctx.task_wakeup().ok_or_else(idempotency::cancelled)?;
+    let (mut changed, every) = (ctx.task_runners().watch(id), ctx.task_poll_interval());
     loop {
         changed.mark_unchanged();
         let task = ctx.store().task(id, now_ms()).await.map_err(store_failed)?;
@@ -220,7 +226,8 @@ pub(crate) async fn finish(shared: &ServerState, id: &str, outcome: Option<Resul
     if let Err(err) = shared.task_runners.update(shared.store.as_ref(), id, change).await {
         tracing::error!(%err, task = id, "could not record how a task ended");
     }
-    shared.task_runners.lock().remove(id);
+    locked(&shared.task_runners.running).remove(id);
+    shared.task_runners.unwatched(id);
 }
 
 /// Whether `method` is one of the extension's that tether serves itself.
@@ -278,12 +285,11 @@ pub(crate) async fn serve(
                 .cloned()
                 .unwrap_or_default();
             shared.task_runners.update(store, &id, TaskChange::Answer(responses)).await.map_err(store_failed)?;
-            shared.task_runners.wake(&id, false);
             Ok(ack())
         }
         method::CANCEL => {
             shared.task_runners.update(store, &id, TaskChange::Cancel).await.map_err(store_failed)?;
-            shared.task_runners.wake(&id, true);
+            shared.task_runners.cancel(&id);
             Ok(ack())
         }
         _ => Ok(record.detailed()),
@@ -318,28 +324,41 @@ pub(crate) async fn stream(
     let shared = Arc::clone(shared);
     let request_id = request.id.clone();
     tokio::spawn(async move {
-        let mut changes = shared.task_runners.changes.subscribe();
-        let mut cursor = after;
-        let mut record = Some(record);
-        loop {
-            let current = match record.take() {
-                Some(current) => current,
-                None => match shared.store.task(&id, now_ms()).await {
-                    Ok(Some(task)) => task.record,
-                    // Forgotten (its ttl passed) or unreadable: nothing more to send.
-                    Ok(None) | Err(_) => return,
-                },
+        // Watched before the task is read again, so no change between the two is missed.
+        let changes = shared.task_runners.watch(&id);
+        send_events(&shared, &id, (after, &request_id), changes, &tx, &closed).await;
+        shared.task_runners.unwatched(&id);
+    });
+    Ok(rx)
+}
+
+/// Sends task `id`'s events after `cursor` to `tx`, as they come, then the stream's response
+/// (to request `request_id`) once the task has finished; stops when the stream is `closed`.
+async fn send_events(
+    shared: &ServerState,
+    id: &str,
+    (mut cursor, request_id): (Option<u64>, &RequestId),
+    mut changes: watch::Receiver<u64>,
+    tx: &mpsc::Sender<(Bytes, bool)>,
+    closed: &CancellationToken,
+) {
+    loop {
+        {
+            let current = match shared.store.task(id, now_ms()).await {
+                Ok(Some(task)) => task.record,
+                // Forgotten (its ttl passed) or unreadable: nothing more to send.
+                Ok(None) | Err(_) => return,
             };
             let events: Vec<Bytes> = match current.events_after(cursor) {
                 Ok(events) => events
                     .map(|event| {
                         cursor = Some(event.seq);
-                        notification(tasks::method::EVENT, event.params(&id))
+                        notification(tasks::method::EVENT, event.params(id))
                     })
                     .collect(),
                 Err(refusal) => {
-                    let error = refused(&id, refusal);
-                    let _ = tx.send((response(&shared, &request_id, Err(error)), true)).await;
+                    let error = refused(id, refusal);
+                    let _ = tx.send((response(shared, request_id, Err(error)), true)).await;
                     return;
                 }
             };
@@ -349,7 +368,7 @@ pub(crate) async fn stream(
                 }
             }
             if current.task.status.is_final() {
-                let _ = tx.send((response(&shared, &request_id, Ok(json!({"resultType": "complete"}))), true)).await;
+                let _ = tx.send((response(shared, request_id, Ok(json!({"resultType": "complete"}))), true)).await;
                 return;
             }
             tokio::select! {
@@ -358,8 +377,7 @@ pub(crate) async fn stream(
                 () = closed.cancelled() => return,
             }
         }
-    });
-    Ok(rx)
+    }
 }
 
 /// The error a stream that cannot start (or go on) at its cursor ends with.

@@ -114,6 +114,8 @@ async fn a_call_becomes_a_task_only_for_a_client_that_declares_tasks() {
     let plain = send(&client, "tools/call", json!({"name": "work", "arguments": {}}), false, None).await;
     assert_eq!(plain["result"]["resultType"], "complete");
     assert_eq!(plain["result"]["content"][0]["text"], "run 1, task false");
+    let declared = send(&client, "tools/call", json!({"name": "work", "arguments": {}}), true, None).await;
+    assert_eq!(declared["result"]["resultType"], "task", "the same tool, for a client that declares tasks");
     let refused = send(&client, "tasks/get", json!({"taskId": "nope"}), false, None).await;
     assert_eq!(refused["error"]["code"], -32021, "{refused}");
     let unknown = send(&client, "tasks/get", json!({"taskId": "nope"}), true, None).await;
