@@ -476,7 +476,7 @@ proptest! {
 
     #[test]
     fn server_replays_only_when_session_and_history_allow(
-        state in 0u8..4,
+        state in 0u8..5,
         same_epoch in any::<bool>(),
         expired in any::<bool>(),
         retained_from in 0u64..20,
@@ -492,6 +492,7 @@ proptest! {
             0 => SessionLookup::Unknown,
             1 => SessionLookup::Terminated,
             2 => SessionLookup::Expired,
+            3 => SessionLookup::UpstreamLost,
             _ => SessionLookup::Live { epoch: session_epoch, expires_at_ms },
         };
         let stream_state = [StreamState::Live, StreamState::Complete, StreamState::Aborted][stream_state as usize];
@@ -504,6 +505,7 @@ proptest! {
             0 => Some(InvalidReason::UnknownSession),
             1 => Some(InvalidReason::Terminated),
             2 => Some(InvalidReason::Expired),
+            3 => Some(InvalidReason::UpstreamLost),
             _ if expired => Some(InvalidReason::Expired),
             _ if !same_epoch => Some(InvalidReason::IncarnationMismatch),
             _ => None,

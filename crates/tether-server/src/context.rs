@@ -2,13 +2,15 @@
 //! server-to-client requests on the request's stream, and to notice cancellation.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{Message, Notification, Request, RequestId, Response};
 use tether_core::lineage::StreamName;
 use tether_core::mcp::method;
-use tether_store::{Store, StoreError};
+
+use tether_store::{SessionEnd, Store, StoreError};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -228,7 +230,7 @@ async fn append_standalone(store: &dyn Store, runtime: &SessionRuntime, message:
 /// stream outside any request, and the moment the process stops serving it.
 #[derive(Clone)]
 pub struct SessionHandle {
-    store: Arc<dyn Store>,
+    server: Arc<crate::ServerState>,
     runtime: Arc<SessionRuntime>,
 }
 
@@ -239,13 +241,12 @@ impl std::fmt::Debug for SessionHandle {
 }
 
 impl SessionHandle {
-    pub(crate) fn new(store: Arc<dyn Store>, runtime: Arc<SessionRuntime>) -> SessionHandle {
-        SessionHandle { store, runtime }
+    pub(crate) fn new(server: Arc<crate::ServerState>, runtime: Arc<SessionRuntime>) -> SessionHandle {
+        SessionHandle { server, runtime }
     }
 
     /// Whether both handles are of the same incarnation as this process serves it.
-    #[cfg(feature = "rmcp")]
-    pub(crate) fn same(&self, other: &SessionHandle) -> bool {
+    pub fn same(&self, other: &SessionHandle) -> bool {
         Arc::ptr_eq(&self.runtime, &other.runtime)
     }
 
@@ -262,7 +263,7 @@ impl SessionHandle {
     /// The client's `initialize` params (`protocolVersion`, `capabilities`, `clientInfo`), as
     /// the store keeps them (the process does not, to stay small per session).
     pub async fn client_params(&self) -> Result<Value, ContextError> {
-        match self.store.session(&self.runtime.id, crate::now_ms()).await? {
+        match self.server.store.session(&self.runtime.id, crate::now_ms()).await? {
             tether_store::SessionStatus::Live(record) if record.epoch == self.runtime.epoch => {
                 Ok(Arc::unwrap_or_clone(record.client))
             }
@@ -273,13 +274,42 @@ impl SessionHandle {
     /// Appends a notification to the session's standalone (GET) stream. Returns `false` if the
     /// client never opened one, so there is nowhere to deliver it.
     pub async fn broadcast(&self, method: &str, params: Value) -> Result<bool, ContextError> {
-        Ok(append_standalone(self.store.as_ref(), &self.runtime, notification(method, params)).await?)
+        Ok(append_standalone(self.server.store.as_ref(), &self.runtime, notification(method, params)).await?)
     }
 
     /// Resolves once this process stops serving the session: it was deleted, it expired, or
     /// another incarnation replaced it. Per-session state should be dropped then.
     pub async fn ended(&self) {
         self.runtime.ended().await;
+    }
+
+    /// Ends the session on the server's side, as `why`: later requests naming it (on any
+    /// replica) get 404 with `why`'s reason, so its client knows to start a new one. Requests
+    /// still running get up to `grace` to finish first, so the outcome each one returns (an
+    /// error saying why, typically) is recorded and delivered rather than cut off; whatever still
+    /// runs after it is cancelled with the session. Ending a session that already ended, or was
+    /// replaced by another incarnation, does nothing.
+    pub async fn end(&self, why: SessionEnd, grace: Duration) {
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.runtime.running() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        match self.server.store.end_session(&self.runtime.id, &self.runtime.epoch, why).await {
+            Ok(()) => {
+                if self
+                    .server
+                    .sessions
+                    .get(&self.runtime.id)
+                    .is_some_and(|serving| Arc::ptr_eq(&serving, &self.runtime))
+                {
+                    self.server.sessions.remove(&self.runtime.id);
+                }
+                tracing::info!(session = %self.runtime.id, ?why, "session ended by the server");
+            }
+            Err(err) => tracing::debug!(session = %self.runtime.id, %err, "the session had already ended"),
+        }
+        // Whatever happened in the store, this process stops serving this incarnation.
+        self.runtime.end();
     }
 }
 
@@ -550,7 +580,9 @@ impl Context {
     /// The legacy session the request belongs to, as a handle that outlives the request.
     pub fn session(&self) -> Option<SessionHandle> {
         match &self.shared.output {
-            Output::Stored { store, runtime, .. } => Some(SessionHandle::new(Arc::clone(store), Arc::clone(runtime))),
+            Output::Stored { runtime, .. } => {
+                Some(SessionHandle::new(Arc::clone(&self.shared.server), Arc::clone(runtime)))
+            }
             Output::Direct { .. } => None,
         }
     }

@@ -36,6 +36,7 @@ mod session;
 mod tasks;
 mod telemetry;
 pub mod tools;
+pub mod upstream;
 
 use tether_core::mcp::ProtocolVersion;
 

@@ -144,6 +144,11 @@ impl SessionRuntime {
         !state.inflight.is_empty() || state.connections > 0
     }
 
+    /// Requests running.
+    pub fn running(&self) -> usize {
+        self.lock().inflight.len()
+    }
+
     /// Open connections and running requests, for the per-session limit.
     pub fn load(&self) -> usize {
         let state = self.lock();

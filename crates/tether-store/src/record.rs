@@ -31,6 +31,8 @@ pub enum SessionEnd {
     Terminated,
     /// By idle expiry.
     Expired,
+    /// By the server, because the upstream server it fronts (a gateway's) stopped serving it.
+    UpstreamLost,
 }
 
 /// What a store knows about a session id.
@@ -51,6 +53,7 @@ impl SessionStatus {
             SessionStatus::Unknown => SessionLookup::Unknown,
             SessionStatus::Ended(SessionEnd::Terminated) => SessionLookup::Terminated,
             SessionStatus::Ended(SessionEnd::Expired) => SessionLookup::Expired,
+            SessionStatus::Ended(SessionEnd::UpstreamLost) => SessionLookup::UpstreamLost,
             SessionStatus::Live(record) => {
                 SessionLookup::Live { epoch: &record.epoch, expires_at_ms: record.expires_at_ms }
             }

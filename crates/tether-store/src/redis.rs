@@ -671,6 +671,7 @@ impl SessionStore for RedisStore {
             Ok(match field(&map, "ended")? {
                 "1" => SessionStatus::Ended(SessionEnd::Terminated),
                 "2" => SessionStatus::Ended(SessionEnd::Expired),
+                "3" => SessionStatus::Ended(SessionEnd::UpstreamLost),
                 _ => SessionStatus::Live(SessionRecord {
                     epoch: Epoch::parse(field(&map, "epoch")?).map_err(backend)?,
                     principal: map.get("principal").cloned(),
@@ -715,6 +716,7 @@ impl SessionStore for RedisStore {
         let how = match end {
             SessionEnd::Terminated => 1,
             SessionEnd::Expired => 2,
+            SessionEnd::UpstreamLost => 3,
         };
         Box::pin(async move {
             let mut conn = self.conn();

@@ -21,6 +21,8 @@ pub enum SessionLookup<'a> {
     Terminated,
     /// Already marked expired by the store.
     Expired,
+    /// Ended because the upstream server behind a gateway stopped serving it.
+    UpstreamLost,
     /// A session record exists.
     Live {
         /// Its current incarnation's replay epoch.
@@ -39,6 +41,9 @@ pub enum InvalidReason {
     Terminated,
     /// The session expired.
     Expired,
+    /// The upstream server behind a gateway stopped serving the session (its process exited, or
+    /// it lost the session).
+    UpstreamLost,
     /// The session id is known, but the cursor comes from another incarnation of it.
     IncarnationMismatch,
 }
@@ -50,6 +55,7 @@ impl InvalidReason {
             InvalidReason::UnknownSession => "unknown_session",
             InvalidReason::Terminated => "terminated",
             InvalidReason::Expired => "expired",
+            InvalidReason::UpstreamLost => "upstream_lost",
             InvalidReason::IncarnationMismatch => "incarnation_mismatch",
         }
     }
@@ -163,6 +169,7 @@ pub fn check_session(session: SessionLookup<'_>, now_ms: u64) -> Result<&Epoch, 
         SessionLookup::Unknown => Err(InvalidReason::UnknownSession),
         SessionLookup::Terminated => Err(InvalidReason::Terminated),
         SessionLookup::Expired => Err(InvalidReason::Expired),
+        SessionLookup::UpstreamLost => Err(InvalidReason::UpstreamLost),
         SessionLookup::Live { expires_at_ms, .. } if now_ms >= expires_at_ms => {
             Err(InvalidReason::Expired)
         }
@@ -519,6 +526,7 @@ mod tests {
             InvalidReason::UnknownSession,
             InvalidReason::Terminated,
             InvalidReason::Expired,
+            InvalidReason::UpstreamLost,
             InvalidReason::IncarnationMismatch,
         ];
         let wire: Vec<&str> = reasons.into_iter().map(InvalidReason::as_str).collect();
@@ -528,6 +536,7 @@ mod tests {
                 "unknown_session",
                 "terminated",
                 "expired",
+                "upstream_lost",
                 "incarnation_mismatch"
             ]
         );

@@ -133,7 +133,7 @@ fn notify(shared: &Arc<ServerState>, runtime: &Arc<SessionRuntime>, notification
         }
         method::INITIALIZED => {}
         other => {
-            let session = SessionHandle::new(Arc::clone(&shared.store), Arc::clone(runtime));
+            let session = SessionHandle::new(Arc::clone(shared), Arc::clone(runtime));
             shared.handler.notified(session, other, notification.params.unwrap_or(Value::Null));
         }
     }

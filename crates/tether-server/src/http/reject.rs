@@ -256,6 +256,7 @@ impl Rejection {
             InvalidReason::UnknownSession => "session not found",
             InvalidReason::Terminated => "session was terminated",
             InvalidReason::Expired => "session expired",
+            InvalidReason::UpstreamLost => "the upstream server behind this gateway stopped serving the session",
             InvalidReason::IncarnationMismatch => "the cursor belongs to another incarnation of this session",
         };
         Refusal::SessionInvalid(reason).with(message)

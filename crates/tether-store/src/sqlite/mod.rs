@@ -198,6 +198,7 @@ const COMPLETE: i64 = 1;
 const ABORTED: i64 = 2;
 const TERMINATED: i64 = 1;
 const EXPIRED: i64 = 2;
+const UPSTREAM_LOST: i64 = 3;
 
 /// The time a stream that ends now is stamped with, for its retention: the last sweep's
 /// (`NULL` before this process's first sweep, which then stamps it). A macro so that the
@@ -995,6 +996,7 @@ impl SessionStore for SqliteStore {
             };
             Ok(match ended {
                 Some(TERMINATED) => SessionStatus::Ended(SessionEnd::Terminated),
+                Some(UPSTREAM_LOST) => SessionStatus::Ended(SessionEnd::UpstreamLost),
                 Some(_) => SessionStatus::Ended(SessionEnd::Expired),
                 None => SessionStatus::Live(SessionRecord {
                     id,
@@ -1041,6 +1043,7 @@ impl SessionStore for SqliteStore {
         let code = match end {
             SessionEnd::Terminated => TERMINATED,
             SessionEnd::Expired => EXPIRED,
+            SessionEnd::UpstreamLost => UPSTREAM_LOST,
         };
         let id_ = id.as_str().to_owned();
         let then = move |mirror: &Mirror, (): &()| {

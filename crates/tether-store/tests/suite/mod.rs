@@ -139,6 +139,10 @@ pub async fn ended_sessions_refuse_writes_and_are_remembered(store: &dyn Store) 
     assert_eq!(store.append(&sid("s3"), &a, &s, Bytes::from_static(b"x"), false).await, Err(StoreError::SessionGone));
     assert_eq!(store.stream_range(&sid("s3"), &s).await, Ok(None));
     assert_eq!(store.create_session(record("s3", epoch('C'), 0), usize::MAX).await, Err(StoreError::DuplicateSession));
+    // Each way a session ends is remembered as itself: the 404 names it.
+    store.create_session(record("s3u", a.clone(), 0), usize::MAX).await.expect("create");
+    store.end_session(&sid("s3u"), &a, SessionEnd::UpstreamLost).await.expect("end");
+    assert_eq!(store.session(&sid("s3u"), 0).await, Ok(SessionStatus::Ended(SessionEnd::UpstreamLost)));
 }
 
 pub async fn appends_are_contiguous_and_checked_against_the_incarnation(store: &dyn Store) {
