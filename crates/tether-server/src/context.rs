@@ -185,8 +185,10 @@ async fn write_output(
 }
 
 /// A notification, serialized.
-fn notification(method: &str, params: Value) -> Bytes {
-    Bytes::from(Message::Notification(Notification { method: method.to_owned(), params: Some(params) }).to_vec())
+/// A notification's bytes; `Value::Null` params are left out (a notification without params).
+pub(crate) fn notification(method: &str, params: Value) -> Bytes {
+    let params = (!params.is_null()).then_some(params);
+    Bytes::from(Message::Notification(Notification { method: method.to_owned(), params }).to_vec())
 }
 
 /// `notifications/progress`, serialized straight from its fields: a streaming tool sends one
@@ -535,20 +537,20 @@ impl Context {
         self.notify(method::MESSAGE, json!({"level": level.as_str(), "data": data})).await
     }
 
-    /// Sends a notification related to this request, on its stream.
+    /// Sends a notification related to this request, on its stream (`Value::Null` params: none).
     pub async fn notify(&self, method: &str, params: Value) -> Result<(), ContextError> {
         self.emit(notification(method, params), false, None).await
     }
 
     /// Sends a request to the client on this request's stream (sampling, elicitation, roots)
-    /// and waits for the answer the client POSTs back.
+    /// and waits for the answer the client POSTs back (`Value::Null` params: none).
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, ContextError> {
         let Output::Stored { runtime, .. } = &self.shared.output else { return Err(ContextError::NoSession) };
         let (id, answer) = runtime.register_client_request();
         let message = Message::Request(Request {
             id: RequestId::String(id.clone()),
             method: method.to_owned(),
-            params: Some(params),
+            params: (!params.is_null()).then_some(params),
         });
         if let Err(err) = self.emit(Bytes::from(message.to_vec()), false, None).await {
             runtime.forget_client_request(&id);

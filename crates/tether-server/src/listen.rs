@@ -8,10 +8,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use serde_json::Value;
-use tether_core::jsonrpc::{Message, Notification, RequestId};
+use tether_core::jsonrpc::{Notification, RequestId};
 use tether_core::subscriptions::{self, Filter};
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
+
+use crate::context::notification;
 
 /// Announcements a slow subscriber may fall behind by before it misses some.
 const BACKLOG: usize = 256;
@@ -75,8 +77,4 @@ impl Listeners {
         });
         rx
     }
-}
-
-fn notification(method: &str, params: Value) -> Bytes {
-    Bytes::from(Message::Notification(Notification { method: method.to_owned(), params: Some(params) }).to_vec())
 }

@@ -16,13 +16,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 use tether_core::input_required;
-use tether_core::jsonrpc::{ErrorObject, Message, Notification, Request, RequestId, Response, code};
+use tether_core::jsonrpc::{ErrorObject, Message, Request, RequestId, Response, code};
 use tether_core::mcp::meta;
 use tether_core::tasks::{self, StreamRefusal, TaskChange, TaskRecord, TaskStatus, method};
 use tether_store::{Store, StoreError, StoredTask};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::context::notification;
 use crate::context::{Context, Input};
 use crate::{ServerState, idempotency, ids, now_ms};
 
@@ -388,10 +389,6 @@ fn refused(id: &str, refusal: StreamRefusal) -> ErrorObject {
             invalid(format!("task {id:?} has had {next} events: the cursor names none of them"), "cursor_ahead")
         }
     }
-}
-
-fn notification(method: &str, params: Value) -> Bytes {
-    Bytes::from(Message::Notification(Notification { method: method.to_owned(), params: Some(params) }).to_vec())
 }
 
 /// The final response of a stream, decorated as every 2026-07-28 result is.

@@ -16,8 +16,7 @@
 //! Requests go to the upstream under ids of the upstream's own; its answers, progress (routed by
 //! token), notifications and requests to the client (sampling, elicitation, roots) come back to
 //! the request they belong to. A notification that belongs to no request goes to the session's
-//! standalone stream, or to the latest running request's stream when the client opened none.
-//! A request to the client goes out on the stream of the request it originates from when the
+//! standalone stream (dropped if the client opened none). A request to the client goes out on the stream of the request it originates from when the
 //! upstream says which (rmcp does), else of the latest running one; with none running it is
 //! refused. The upstream's `ping` is answered here.
 
@@ -427,28 +426,25 @@ impl Router {
         origin.or_else(|| calls.iter().max_by_key(|(id, _)| **id).map(|(_, call)| call)).map(|call| call.ctx.clone())
     }
 
-    /// Progress goes to the stream of the request whose token it carries; a notification of a
-    /// request to its stream; everything else to the session's standalone stream, or to the
-    /// latest running request's when there is none.
+    /// Progress goes to the stream of the request whose token it carries, a notification that
+    /// says which request it belongs to to that request's stream, and any other to the
+    /// session's standalone stream; without one it is dropped, as the spec has it ("SHOULD
+    /// relate to the originating client request"): on stdio nothing ties a log line or a
+    /// `list_changed` to whichever request happens to be running.
     async fn notify(&self, notification: Notification, origin: Option<&RequestId>) {
+        let method = notification.method;
         let params = notification.params.unwrap_or(Value::Null);
-        let token = (notification.method == method::PROGRESS).then(|| params.get("progressToken")).flatten();
-        if let (None, None, Some(session)) = (token, origin, &self.session) {
-            match session.broadcast(&notification.method, params.clone()).await {
-                Ok(true) => return,
-                Ok(false) => {}
-                Err(err) => {
-                    tracing::debug!(%err, method = %notification.method, "an upstream notification had nowhere to go");
-                    return;
-                }
-            }
-        }
-        let sent = match self.request_of(token, origin) {
-            Some(ctx) => ctx.notify(&notification.method, params).await.is_ok(),
-            None => false,
+        let token = (method == method::PROGRESS).then(|| params.get("progressToken")).flatten();
+        let sent = match (token, origin, &self.session) {
+            (None, None, Some(session)) => session.broadcast(&method, params).await.unwrap_or(false),
+            // In 2026-07-28 the instance serves one request: the latest is the one.
+            _ => match self.request_of(token, origin) {
+                Some(ctx) => ctx.notify(&method, params).await.is_ok(),
+                None => false,
+            },
         };
         if !sent {
-            tracing::debug!(method = %notification.method, "an upstream notification had nowhere to go");
+            tracing::debug!(%method, "an upstream notification had nowhere to go");
         }
     }
 

@@ -2,6 +2,7 @@
 
 mod bench_cli;
 mod client_cli;
+mod gateway_cli;
 mod probe_cli;
 mod serve;
 
@@ -38,6 +39,9 @@ enum LogFormat {
 enum Command {
     /// Serve MCP over Streamable HTTP (all legacy revisions and 2026-07-28) with the built-in tools.
     Serve(serve::ServeArgs),
+    /// Serve a stdio MCP server (one child process per session) over Streamable HTTP with
+    /// tether's guarantees: `tether gateway [serve's flags] -- COMMAND [ARGS...]`.
+    Gateway(gateway_cli::GatewayArgs),
     /// Follow a server's standalone stream, proving continuity on every reconnect (JSON lines).
     Watch(client_cli::WatchArgs),
     /// Call one tool and print its notifications and outcome (JSON lines).
@@ -64,7 +68,10 @@ fn main() -> anyhow::Result<ExitCode> {
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
-        Command::Serve(args) => runtime.block_on(serve::run(args)).map(|()| ExitCode::SUCCESS),
+        Command::Serve(args) => {
+            runtime.block_on(serve::run(args, serve::Answering::Builtin)).map(|()| ExitCode::SUCCESS)
+        }
+        Command::Gateway(args) => runtime.block_on(gateway_cli::run(args)).map(|()| ExitCode::SUCCESS),
         Command::Watch(args) => Ok(runtime.block_on(client_cli::watch(args))),
         Command::Call(args) => Ok(runtime.block_on(client_cli::call(args))),
         Command::Task(args) => Ok(runtime.block_on(client_cli::task(args))),

@@ -173,7 +173,15 @@ fn max_connections_for(descriptors: u64) -> usize {
     usize::try_from(descriptors.saturating_sub(reserve)).unwrap_or(usize::MAX).max(1)
 }
 
-pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+/// What answers the requests `serve` takes.
+pub enum Answering {
+    /// The built-in tools.
+    Builtin,
+    /// An upstream server (`tether gateway`).
+    Upstream(tether_server::upstream::UpstreamHandler),
+}
+
+pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
     let mut config = ServerConfig {
         session_idle_ttl: args.session_idle_ttl,
         sse_retry: args.sse_retry,
@@ -227,7 +235,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("connecting to {}", args.redis_url))?,
         ),
     };
-    let mut builder = Builder::new(BuiltinHandler::new(counters)).config(config).store(store);
+    let builder = match answering {
+        Answering::Builtin => Builder::new(BuiltinHandler::new(counters)),
+        Answering::Upstream(upstream) => Builder::new(upstream),
+    };
+    let mut builder = builder.config(config).store(store);
     if let Some(token) = args.auth_token {
         builder = builder.authenticator(BearerToken::new(token));
     }

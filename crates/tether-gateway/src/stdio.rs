@@ -1,0 +1,137 @@
+//! A stdio MCP server as an upstream: a child process that reads JSON-RPC messages from its
+//! stdin and writes them to its stdout, one per line (the MCP stdio transport).
+
+use std::process::Stdio;
+
+use futures_util::future::BoxFuture;
+use tether_core::jsonrpc::{self, Message};
+use tether_server::upstream::{Connect, FromUpstream, Link};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::process::Child;
+use tokio::sync::mpsc;
+
+/// The longest line a child may write: a message larger than this ends the child's session
+/// rather than growing the gateway's memory without bound.
+pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+
+/// How to start the child: a program and its arguments.
+#[derive(Debug, Clone)]
+pub struct Command {
+    program: String,
+    args: Vec<String>,
+}
+
+impl Command {
+    /// `program` with `args`, found on `PATH` as a shell would.
+    pub fn new(program: impl Into<String>, args: impl IntoIterator<Item = impl Into<String>>) -> Command {
+        Command { program: program.into(), args: args.into_iter().map(Into::into).collect() }
+    }
+}
+
+/// A running child: killed when dropped (with its reader and writer).
+struct Running {
+    _child: Child,
+    _io: Vec<tokio::task::AbortHandle>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for task in &self._io {
+            task.abort();
+        }
+    }
+}
+
+impl Connect for Command {
+    fn connect(&self) -> BoxFuture<'static, Result<Link, String>> {
+        let spawned = tokio::process::Command::new(&self.program)
+            .args(&self.args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn();
+        let describe = self.describe();
+        Box::pin(async move {
+            let mut child = spawned.map_err(|err| format!("cannot start it: {err}"))?;
+            let pid = child.id().unwrap_or_default();
+            // Piped above, so present: taken once, here.
+            let (Some(stdin), Some(stdout), Some(stderr)) =
+                (child.stdin.take(), child.stdout.take(), child.stderr.take())
+            else {
+                return Err("its standard streams are not piped".to_owned());
+            };
+            let (to_upstream, from_tether) = mpsc::unbounded_channel();
+            let (to_tether, from_upstream) = mpsc::unbounded_channel();
+            let io = vec![
+                tokio::spawn(write_messages(from_tether, stdin)).abort_handle(),
+                tokio::spawn(read_messages(stdout, to_tether, pid)).abort_handle(),
+                tokio::spawn(log_stderr(stderr, pid)).abort_handle(),
+            ];
+            tracing::info!(pid, upstream = %describe, "started an upstream process");
+            Ok(Link { to_upstream, from_upstream, keep: Box::new(Running { _child: child, _io: io }) })
+        })
+    }
+
+    fn describe(&self) -> String {
+        std::iter::once(self.program.as_str()).chain(self.args.iter().map(String::as_str)).collect::<Vec<_>>().join(" ")
+    }
+}
+
+/// Writes each message as one line; stops when tether stops sending or the child stops reading.
+async fn write_messages(mut messages: mpsc::UnboundedReceiver<Message>, mut stdin: impl AsyncWrite + Unpin) {
+    while let Some(message) = messages.recv().await {
+        let mut line = message.to_vec();
+        line.push(b'\n');
+        if stdin.write_all(&line).await.is_err() || stdin.flush().await.is_err() {
+            break;
+        }
+    }
+}
+
+/// Reads one message per line until the child closes its stdout (it exited) or writes a line
+/// too long to hold. A line that is not a JSON-RPC message is logged and skipped: servers
+/// sometimes print a banner to stdout.
+async fn read_messages(stdout: impl AsyncRead + Unpin, to_tether: mpsc::UnboundedSender<FromUpstream>, pid: u32) {
+    let mut reader = BufReader::new(stdout);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let read = (&mut reader).take(MAX_LINE_BYTES as u64 + 1).read_until(b'\n', &mut line).await;
+        match read {
+            Ok(0) => break,
+            Ok(_) if line.len() > MAX_LINE_BYTES => {
+                tracing::warn!(pid, "the upstream wrote a line over {MAX_LINE_BYTES} bytes: dropping it");
+                break;
+            }
+            Ok(_) => {}
+            Err(err) => {
+                tracing::warn!(pid, %err, "reading the upstream's stdout failed");
+                break;
+            }
+        }
+        let text = line.trim_ascii();
+        if text.is_empty() {
+            continue;
+        }
+        match jsonrpc::parse_message(text) {
+            Ok(message) => {
+                if to_tether.send(message.into()).is_err() {
+                    break;
+                }
+            }
+            Err(err) => {
+                tracing::warn!(pid, %err, line = %String::from_utf8_lossy(text), "the upstream wrote a line that is not a JSON-RPC message")
+            }
+        }
+    }
+    tracing::info!(pid, "the upstream closed its stdout");
+}
+
+/// Logs what the child writes to stderr, a line at a time.
+async fn log_stderr(stderr: impl AsyncRead + Unpin, pid: u32) {
+    let mut lines = BufReader::new(stderr).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        tracing::info!(target: "tether::upstream", pid, "{line}");
+    }
+}
