@@ -62,6 +62,12 @@ pub trait Handler: Send + Sync + 'static {
         TaskSupport::Never
     }
 
+    /// A legacy session was just initialized by this process (its `initialize` is answered
+    /// next). State that lives where a session began starts here: a gateway starts the
+    /// session's upstream instance, and knows that a session it did not see start (begun before
+    /// a restart, or at another replica) has no instance it could talk to. By default nothing.
+    fn session_started(&self, _session: SessionHandle) {}
+
     /// A notification from the client of a legacy session, other than those tether acts on
     /// itself (`notifications/initialized`, `notifications/cancelled`): for example
     /// `notifications/roots/list_changed`. By default ignored.

@@ -3,8 +3,9 @@
 //! changing only its transport setup.
 //!
 //! The rmcp service is an upstream ([`crate::upstream`]) reached in this process: each legacy
-//! session drives one service of its own, started on the session's first request with the
-//! client's `initialize` params and stopped when the process stops serving the session;
+//! session drives one service of its own, started when the session is initialized, with the
+//! client's `initialize` params, and stopped when the process stops serving the session (a
+//! session begun in another process has no service here and ends as `upstream_lost`);
 //! 2026-07-28 requests share one. Messages cross an in-process transport as JSON values (no
 //! text is written or parsed), and a request the service sends to the client carries the
 //! request it originates from, so it goes out on that request's stream.
@@ -70,6 +71,10 @@ impl<S: ServerHandler> Handler for RmcpHandler<S> {
 
     fn call(&self, ctx: Context, method: String, params: Value) -> HandlerFuture {
         self.upstream.call(ctx, method, params)
+    }
+
+    fn session_started(&self, session: SessionHandle) {
+        self.upstream.session_started(session);
     }
 
     fn notified(&self, session: SessionHandle, method: &str, params: Value) {

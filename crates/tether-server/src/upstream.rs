@@ -3,9 +3,11 @@
 //! HTTP) becomes a tether server, with exact resumption, 404s that say why, durable stores and
 //! idempotency keys, whatever the upstream itself does.
 //!
-//! Each legacy session gets an upstream instance of its own ([`Connect::connect`]), started on
-//! the session's first request in this process and initialized with the client's own
-//! `initialize` params; it is stopped when the process stops serving the session. If the
+//! Each legacy session gets an upstream instance of its own ([`Connect::connect`]), started when
+//! the session is initialized and initialized with the client's own `initialize` params; it is
+//! stopped when the process stops serving the session. A session this process did not start
+//! (begun before a restart, or at another replica) has no instance here, and its instance's
+//! state is gone: it ends as `upstream_lost` rather than being served from reset state. If the
 //! upstream stops first, its running requests end with a `request_aborted` error and the
 //! session ends as [`SessionEnd::UpstreamLost`]: later requests naming it get 404
 //! `upstream_lost`, so the client starts a new session instead of talking to nothing.
@@ -137,29 +139,54 @@ impl Upstream {
         Ok(Peer::start(link, client, session, describe).await?.0)
     }
 
-    /// The instance of `session`, started on its first request here.
-    async fn session_peer(self: &Arc<Self>, session: SessionHandle) -> Result<Arc<Peer>, ErrorObject> {
-        let cell = {
-            let mut map = lock(&self.sessions);
-            match map.get(session.id()) {
-                Some((serving, cell)) if serving.same(&session) => Arc::clone(cell),
-                // None yet, or one of an incarnation this process no longer serves.
-                _ => {
-                    let cell = Arc::<OnceCell<Arc<Peer>>>::default();
-                    map.insert(session.id().to_owned(), (session.clone(), Arc::clone(&cell)));
-                    self.forget_when_ended(&session);
-                    cell
-                }
+    /// Starts the instance of a session this process just initialized; if it cannot start, the
+    /// session ends as `upstream_lost`.
+    fn start_session(self: &Arc<Self>, session: SessionHandle) {
+        let cell = Arc::<OnceCell<Arc<Peer>>>::default();
+        lock(&self.sessions).insert(session.id().to_owned(), (session.clone(), Arc::clone(&cell)));
+        self.forget_when_ended(&session);
+        let upstream = Arc::clone(self);
+        tokio::spawn(async move {
+            let started = cell
+                .get_or_try_init(|| async {
+                    let client =
+                        session.client_params().await.map_err(|err| unavailable(&upstream.connect.describe(), err))?;
+                    let peer = Arc::new(upstream.start(client, Some(session.clone())).await?);
+                    end_session_when_stopped(&peer, session.clone());
+                    Ok::<_, ErrorObject>(peer)
+                })
+                .await;
+            if let Err(error) = started {
+                tracing::warn!(session = session.id(), %error.message, "the session's upstream did not start");
+                session.end(SessionEnd::UpstreamLost, ABORT_GRACE).await;
             }
+        });
+    }
+
+    /// The instance of `session`, once started. A session this process did not start has none
+    /// here: it began before a restart, or at another replica, and its instance's state went with
+    /// that process. Starting a fresh instance for it would answer the client from reset state
+    /// under the old session id, so the session ends as `upstream_lost` instead.
+    async fn session_peer(&self, session: SessionHandle) -> Result<Arc<Peer>, ErrorObject> {
+        let cell = lock(&self.sessions)
+            .get(session.id())
+            .filter(|(serving, _)| serving.same(&session))
+            .map(|(_, cell)| Arc::clone(cell));
+        let Some(cell) = cell else {
+            tokio::spawn(async move { session.end(SessionEnd::UpstreamLost, ABORT_GRACE).await });
+            return Err(ErrorObject::with_reason(
+                SERVER_ERROR,
+                format!(
+                    "this session's upstream instance ({}) ran in another process of the gateway (restarted, or another \
+                     replica): start a new session",
+                    self.connect.describe()
+                ),
+                "upstream_lost",
+            ));
         };
-        let peer = cell
-            .get_or_try_init(|| async {
-                let client = session.client_params().await.map_err(|err| unavailable(&self.connect.describe(), err))?;
-                let peer = Arc::new(self.start(client, Some(session.clone())).await?);
-                end_session_when_stopped(&peer, session.clone());
-                Ok::<_, ErrorObject>(peer)
-            })
-            .await?;
+        // Started at `initialize`: wait for it to be up (or to have failed).
+        let peer =
+            cell.get_or_try_init(|| async { Err(unavailable(&self.connect.describe(), "it did not start")) }).await?;
         Ok(Arc::clone(peer))
     }
 
@@ -219,6 +246,10 @@ impl Handler for UpstreamHandler {
             };
             peer.call(ctx, method, params).await
         })
+    }
+
+    fn session_started(&self, session: SessionHandle) {
+        self.upstream.start_session(session);
     }
 
     fn notified(&self, session: SessionHandle, method: &str, params: Value) {

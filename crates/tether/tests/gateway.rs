@@ -15,8 +15,15 @@ const SERVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/gateway/s
 
 /// `tether gateway` on the memory store in front of the test server; returns it once it listens.
 fn gateway() -> (Process, String) {
-    let listen = format!("127.0.0.1:{}", free_port());
-    let process = tether(&["gateway", "--store", "memory", "--listen", &listen, "--", "python3", SERVER]);
+    start(&["--store", "memory", "--listen", &format!("127.0.0.1:{}", free_port())])
+}
+
+/// `tether gateway` with `flags` in front of the test server; returns it once it listens.
+fn start(flags: &[&str]) -> (Process, String) {
+    let mut args = vec!["gateway"];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&["--", "python3", SERVER]);
+    let process = tether(&args);
     let first = process.line(Duration::from_secs(30)).expect("tether gateway started");
     let url = first.strip_prefix("listening on ").expect("listening line").to_owned();
     (process, url)
@@ -55,7 +62,10 @@ fn messages(body: &str) -> Vec<Value> {
     if let Ok(value) = serde_json::from_str::<Value>(body) {
         return vec![value];
     }
-    body.lines().filter_map(|line| line.strip_prefix("data: ")).filter_map(|data| serde_json::from_str(data).ok()).collect()
+    body.lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter_map(|data| serde_json::from_str(data).ok())
+        .collect()
 }
 
 /// Calls `tool` on `session` with a progress token; every message of the answer.
@@ -99,7 +109,8 @@ fn each_session_gets_its_own_child_and_its_traffic_both_ways() {
 
     // Progress flows back on the request's stream, under the client's own token.
     let counted = call(&url, &a, "count", json!({"to": 4}));
-    let steps: Vec<&Value> = counted.iter().filter_map(|m| m["params"]["progress"].as_u64().map(|_| &m["params"])).collect();
+    let steps: Vec<&Value> =
+        counted.iter().filter_map(|m| m["params"]["progress"].as_u64().map(|_| &m["params"])).collect();
     assert_eq!(steps.len(), 4, "{counted:?}");
     assert!(steps.iter().all(|p| p["progressToken"] == "p"), "{counted:?}");
     assert_eq!(result_text(&counted), "counted to 4");
@@ -132,10 +143,12 @@ fn a_child_that_dies_ends_its_session_as_upstream_lost_and_its_calls_as_request_
         assert_eq!(last["error"]["data"]["reason"], "request_aborted", "{answer:?}");
     }
     eventually("the child is still there", || !alive(&pid));
-    // The session is gone, and says why: a client starts a new one.
-    let ping = send(&url, Some(&session), &json!({"jsonrpc": "2.0", "id": 3, "method": "ping"}));
-    assert_eq!(ping.status, 404, "{}", ping.body);
-    let error: Value = serde_json::from_str(&ping.body).expect("a JSON error");
+    // The session is gone (once its calls have recorded their answers), and says why: a client
+    // starts a new one.
+    let ping = json!({"jsonrpc": "2.0", "id": 3, "method": "ping"});
+    eventually("the session outlived its child", || send(&url, Some(&session), &ping).status == 404);
+    let refused = send(&url, Some(&session), &ping);
+    let error: Value = serde_json::from_str(&refused.body).expect("a JSON error");
     assert_eq!(error["error"]["data"]["reason"], "upstream_lost", "{error}");
     // A new session gets a new child.
     let again = initialize(&url);
@@ -179,4 +192,25 @@ fn a_2026_07_28_request_is_served_by_a_child_of_its_own() {
     let answer = messages(&response.body);
     assert_eq!(answer.iter().filter(|m| m["method"] == "notifications/progress").count(), 3, "{answer:?}");
     assert_eq!(result_text(&answer), "counted to 3");
+}
+
+#[test]
+fn a_session_begun_before_a_restart_ends_as_upstream_lost_instead_of_meeting_a_fresh_child() {
+    let dir = temp_dir("gateway-restart");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let flags = ["--data-dir", dir.to_str().expect("utf-8 path"), "--listen", listen.as_str()];
+    let (mut gateway, url) = start(&flags);
+    let session = initialize(&url);
+    let pid = result_text(&call(&url, &session, "pid", json!({})));
+    gateway.kill9();
+    let (_gateway, url) = start(&flags);
+    // The embedded store kept the session, but its child's state died with the old process: the
+    // call is refused, not run by a fresh child under the old session id.
+    let refused = call(&url, &session, "pid", json!({}));
+    assert_eq!(refused.last().expect("an answer")["error"]["data"]["reason"], "upstream_lost", "{refused:?}");
+    let ping = json!({"jsonrpc": "2.0", "id": 3, "method": "ping"});
+    eventually("the session outlived its child", || send(&url, Some(&session), &ping).status == 404);
+    let again = initialize(&url);
+    assert_ne!(result_text(&call(&url, &again, "pid", json!({}))), pid);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -99,6 +99,7 @@ async fn initialize(
     shared.store.create_session(record.clone(), max).await.map_err(Rejection::from)?;
     let runtime = shared.sessions.runtime(&record, &shared.process_token);
     crate::telemetry::session_created();
+    shared.handler.session_started(SessionHandle::new(Arc::clone(shared), Arc::clone(&runtime)));
     let info = shared.handler.info();
     let mut capabilities = info.capabilities;
     if !capabilities.is_object() {
