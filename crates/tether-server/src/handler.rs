@@ -68,6 +68,16 @@ pub trait Handler: Send + Sync + 'static {
     /// a restart, or at another replica) has no instance it could talk to. By default nothing.
     fn session_started(&self, _session: SessionHandle) {}
 
+    /// Whether this process can serve a live legacy session it did not start (one begun before
+    /// a restart, or at another replica), asked on the session's first request here. A handler
+    /// whose per-session state lives only in the process that began the session (a gateway's
+    /// upstream instance) says no: the session then ends as `upstream_lost` and the request
+    /// gets that 404, so the client starts a new session instead of being answered from reset
+    /// state under the old id. By default yes: the store holds everything a session is.
+    fn adopts(&self, _session: &SessionHandle) -> bool {
+        true
+    }
+
     /// A notification from the client of a legacy session, other than those tether acts on
     /// itself (`notifications/initialized`, `notifications/cancelled`): for example
     /// `notifications/roots/list_changed`. By default ignored.

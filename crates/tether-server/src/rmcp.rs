@@ -77,6 +77,10 @@ impl<S: ServerHandler> Handler for RmcpHandler<S> {
         self.upstream.session_started(session);
     }
 
+    fn adopts(&self, session: &SessionHandle) -> bool {
+        self.upstream.adopts(session)
+    }
+
     fn notified(&self, session: SessionHandle, method: &str, params: Value) {
         self.upstream.notified(session, method, params);
     }

@@ -7,7 +7,8 @@
 //! the session is initialized and initialized with the client's own `initialize` params; it is
 //! stopped when the process stops serving the session. A session this process did not start
 //! (begun before a restart, or at another replica) has no instance here, and its instance's
-//! state is gone: it ends as `upstream_lost` rather than being served from reset state. If the
+//! state is out of reach: it ends as `upstream_lost` ([`Handler::adopts`]) rather than being
+//! served from reset state. If the
 //! upstream stops first, its running requests end with a `request_aborted` error and the
 //! session ends as [`SessionEnd::UpstreamLost`]: later requests naming it get 404
 //! `upstream_lost`, so the client starts a new session instead of talking to nothing.
@@ -32,7 +33,7 @@ use serde_json::{Value, json};
 use tether_core::jsonrpc::{ErrorObject, Message, Notification, Request, RequestId, Response, code};
 use tether_core::mcp::{ProtocolVersion, method};
 use tether_store::SessionEnd;
-use tokio::sync::{OnceCell, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::context::{Context, SessionHandle};
@@ -92,12 +93,15 @@ pub struct UpstreamHandler {
     upstream: Arc<Upstream>,
 }
 
+/// A session's instance: none while it starts, then started or why not.
+type Starting = watch::Receiver<Option<Result<Arc<Peer>, ErrorObject>>>;
+
 /// The upstream as this process reaches it: how to start instances, and the running ones.
 struct Upstream {
     connect: Box<dyn Connect>,
     /// The instances of the sessions this process serves, each started once, with the session
     /// (incarnation) it serves.
-    sessions: Mutex<HashMap<String, (SessionHandle, Arc<OnceCell<Arc<Peer>>>)>>,
+    sessions: Mutex<HashMap<String, (SessionHandle, Starting)>>,
 }
 
 impl std::fmt::Debug for UpstreamHandler {
@@ -142,52 +146,50 @@ impl Upstream {
     /// Starts the instance of a session this process just initialized; if it cannot start, the
     /// session ends as `upstream_lost`.
     fn start_session(self: &Arc<Self>, session: SessionHandle) {
-        let cell = Arc::<OnceCell<Arc<Peer>>>::default();
-        lock(&self.sessions).insert(session.id().to_owned(), (session.clone(), Arc::clone(&cell)));
+        let (started, starting) = watch::channel(None);
+        lock(&self.sessions).insert(session.id().to_owned(), (session.clone(), starting));
         self.forget_when_ended(&session);
         let upstream = Arc::clone(self);
         tokio::spawn(async move {
-            let started = cell
-                .get_or_try_init(|| async {
-                    let client =
-                        session.client_params().await.map_err(|err| unavailable(&upstream.connect.describe(), err))?;
-                    let peer = Arc::new(upstream.start(client, Some(session.clone())).await?);
-                    end_session_when_stopped(&peer, session.clone());
-                    Ok::<_, ErrorObject>(peer)
-                })
-                .await;
-            if let Err(error) = started {
-                tracing::warn!(session = session.id(), %error.message, "the session's upstream did not start");
+            let peer = async {
+                let client =
+                    session.client_params().await.map_err(|err| unavailable(&upstream.connect.describe(), err))?;
+                let peer = Arc::new(upstream.start(client, Some(session.clone())).await?);
+                end_session_when_stopped(&peer, session.clone());
+                Ok::<_, ErrorObject>(peer)
+            }
+            .await;
+            let failed = peer.as_ref().err().map(|error| error.message.clone());
+            started.send_replace(Some(peer));
+            if let Some(error) = failed {
+                tracing::warn!(session = session.id(), %error, "the session's upstream did not start");
                 session.end(SessionEnd::UpstreamLost, ABORT_GRACE).await;
             }
         });
     }
 
     /// The instance of `session`, once started. A session this process did not start has none
-    /// here: it began before a restart, or at another replica, and its instance's state went with
-    /// that process. Starting a fresh instance for it would answer the client from reset state
-    /// under the old session id, so the session ends as `upstream_lost` instead.
+    /// (the server asked [`Handler::adopts`] first, so only a request racing that refusal gets
+    /// here).
     async fn session_peer(&self, session: SessionHandle) -> Result<Arc<Peer>, ErrorObject> {
-        let cell = lock(&self.sessions)
+        let starting = lock(&self.sessions)
             .get(session.id())
             .filter(|(serving, _)| serving.same(&session))
-            .map(|(_, cell)| Arc::clone(cell));
-        let Some(cell) = cell else {
-            tokio::spawn(async move { session.end(SessionEnd::UpstreamLost, ABORT_GRACE).await });
-            return Err(ErrorObject::with_reason(
+            .map(|(_, starting)| starting.clone());
+        let gone = || {
+            ErrorObject::with_reason(
                 SERVER_ERROR,
-                format!(
-                    "this session's upstream instance ({}) ran in another process of the gateway (restarted, or another \
-                     replica): start a new session",
-                    self.connect.describe()
-                ),
+                format!("this session's upstream instance ({}) is gone: start a new session", self.connect.describe()),
                 "upstream_lost",
-            ));
+            )
         };
+        let mut starting = starting.ok_or_else(gone)?;
         // Started at `initialize`: wait for it to be up (or to have failed).
-        let peer =
-            cell.get_or_try_init(|| async { Err(unavailable(&self.connect.describe(), "it did not start")) }).await?;
-        Ok(Arc::clone(peer))
+        let started = starting.wait_for(Option::is_some).await.map_err(|_| gone())?;
+        match started.as_ref() {
+            Some(started) => started.clone(),
+            None => Err(gone()),
+        }
     }
 
     /// Forgets the session's instance once the process stops serving the session (unless
@@ -252,11 +254,17 @@ impl Handler for UpstreamHandler {
         self.upstream.start_session(session);
     }
 
+    /// An instance's state lives in the process that started it: a session begun elsewhere has
+    /// none here to talk to.
+    fn adopts(&self, _session: &SessionHandle) -> bool {
+        false
+    }
+
     fn notified(&self, session: SessionHandle, method: &str, params: Value) {
         let peer = lock(&self.upstream.sessions)
             .get(session.id())
             .filter(|(serving, _)| serving.same(&session))
-            .and_then(|(_, cell)| cell.get().cloned());
+            .and_then(|(_, starting)| starting.borrow().as_ref().and_then(|started| started.as_ref().ok().cloned()));
         // A session whose instance has not started yet has nothing to tell: the instance starts
         // from the client's state as it then is.
         let Some(peer) = peer else { return };

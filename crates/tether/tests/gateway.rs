@@ -205,11 +205,14 @@ fn a_session_begun_before_a_restart_ends_as_upstream_lost_instead_of_meeting_a_f
     gateway.kill9();
     let (_gateway, url) = start(&flags);
     // The embedded store kept the session, but its child's state died with the old process: the
-    // call is refused, not run by a fresh child under the old session id.
-    let refused = call(&url, &session, "pid", json!({}));
-    assert_eq!(refused.last().expect("an answer")["error"]["data"]["reason"], "upstream_lost", "{refused:?}");
-    let ping = json!({"jsonrpc": "2.0", "id": 3, "method": "ping"});
-    eventually("the session outlived its child", || send(&url, Some(&session), &ping).status == 404);
+    // session ends, and says why, instead of a fresh child answering under the old session id.
+    let body = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "pid", "arguments": {}}});
+    let refused = send(&url, Some(&session), &body);
+    assert_eq!(refused.status, 404, "{}", refused.body);
+    let error: Value = serde_json::from_str(&refused.body).expect("a JSON error");
+    assert_eq!(error["error"]["data"]["reason"], "upstream_lost", "{error}");
+    let ping = json!({"jsonrpc": "2.0", "id": 4, "method": "ping"});
+    assert_eq!(send(&url, Some(&session), &ping).status, 404);
     let again = initialize(&url);
     assert_ne!(result_text(&call(&url, &again, "pid", json!({}))), pid);
     let _ = std::fs::remove_dir_all(&dir);

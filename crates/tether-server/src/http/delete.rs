@@ -1,5 +1,7 @@
 //! DELETE: the client ends its session; later requests with its id get 404 `terminated`.
 
+use std::sync::Arc;
+
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, StatusCode};
 use tether_store::SessionEnd;
@@ -9,7 +11,7 @@ use super::{live_session, session_headers};
 use crate::ServerState;
 
 pub(crate) async fn delete(
-    shared: &ServerState,
+    shared: &Arc<ServerState>,
     headers: &HeaderMap,
     principal: Option<String>,
 ) -> Result<Response, Rejection> {

@@ -9,6 +9,7 @@ pub(crate) mod reject;
 mod sse;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -19,10 +20,11 @@ use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};
 use tether_core::lineage::{InvalidReason, SessionId, check_session};
 use tether_core::mcp::header;
-use tether_store::{SessionRecord, SessionStatus, StoreError};
+use tether_store::{SessionEnd, SessionRecord, SessionStatus, StoreError};
 use tracing::Instrument as _;
 
 use crate::ServerState;
+use crate::context::SessionHandle;
 use crate::session::SessionRuntime;
 use guard::HeaderVersion;
 use reject::{Refusal, Rejection};
@@ -127,7 +129,7 @@ pub(crate) async fn session_status(
 
 /// The live session a request names, renewed, with its runtime; 400 or 404 otherwise.
 pub(crate) async fn live_session(
-    shared: &ServerState,
+    shared: &Arc<ServerState>,
     headers: &HeaderMap,
     principal: Option<&str>,
 ) -> Result<(SessionRecord, Arc<SessionRuntime>), Rejection> {
@@ -139,8 +141,24 @@ pub(crate) async fn live_session(
         return Err(Rejection::session_invalid(InvalidReason::UnknownSession));
     };
     renew(shared, &record, now).await?;
-    let runtime = shared.sessions.runtime(&record, &shared.process_token);
+    let runtime = match shared.sessions.get(&record.id).filter(|serving| serving.epoch == record.epoch) {
+        Some(runtime) => runtime,
+        None => adopt(shared, &record).await?,
+    };
     Ok((record, runtime))
+}
+
+/// Starts serving a live session this process did not start (it began before a restart, or at
+/// another replica), if the handler can; if not, the session ends as `upstream_lost` and the
+/// request gets that 404.
+async fn adopt(shared: &Arc<ServerState>, record: &SessionRecord) -> Result<Arc<SessionRuntime>, Rejection> {
+    let runtime = shared.sessions.runtime(record, &shared.process_token);
+    let session = SessionHandle::new(Arc::clone(shared), Arc::clone(&runtime));
+    if shared.handler.adopts(&session) {
+        return Ok(runtime);
+    }
+    session.end(SessionEnd::UpstreamLost, Duration::ZERO).await;
+    Err(Rejection::session_invalid(InvalidReason::UpstreamLost))
 }
 
 /// How recently a renewal makes another one needless: a busy session is written once a
