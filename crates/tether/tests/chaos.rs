@@ -8,81 +8,23 @@
 
 mod common;
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::calls::{RUN_DEADLINE, Run, Tally, addr, assert_each_value_once, faulty_proxy};
 use common::{free_port, parse, serve, temp_dir, tether};
 use serde_json::Value;
-use tether_testkit::{RedisServer, proxy};
+use tether_testkit::RedisServer;
 
 const CALLS: usize = 1_000;
-/// `tether call` processes running at once.
-const WORKERS: usize = 4;
 /// Kills of the embedded server during a run.
 const KILLS: usize = 3;
-/// How long one call may take, faults and re-issues included.
-const CALL_DEADLINE: Duration = Duration::from_secs(90);
-/// How long a whole run may take.
-const RUN_DEADLINE: Duration = Duration::from_secs(300);
 const ARGS: &str = r#"{"key": "chaos", "amount": 1}"#;
 
-/// How the calls of one run ended.
-#[derive(Debug, Default)]
-struct Tally {
-    /// The counter values the calls reported, one per call that got its result.
-    values: Vec<i64>,
-    /// Calls reported as outcome unknown.
-    unknown: usize,
-    /// Calls that ended otherwise (error, nothing), with their output.
-    failed: Vec<String>,
-    /// Re-issues of keyed calls.
-    reissued: usize,
-    /// When each call started and ended.
-    spans: Vec<(Instant, Instant)>,
-}
-
-impl Tally {
-    /// The calls that were running when one of `kills` happened: started before it and ended
-    /// after it (the server they were waiting for died under them).
-    fn spanning(&self, kills: &[Instant]) -> usize {
-        self.spans.iter().filter(|(start, end)| kills.iter().any(|kill| start < kill && kill < end)).count()
-    }
-}
-
-/// Makes `CALLS` calls through `url`, `WORKERS` at a time; `done` counts finished calls.
+/// `CALLS` calls of `counter_add` through `url`; `done` counts finished calls.
 fn run_calls(url: &str, done: &AtomicUsize) -> Tally {
-    let next = AtomicUsize::new(0);
-    let tally = Mutex::new(Tally::default());
-    let started = Instant::now();
-    std::thread::scope(|scope| {
-        for _ in 0..WORKERS {
-            scope.spawn(|| {
-                while next.fetch_add(1, Ordering::Relaxed) < CALLS && started.elapsed() < RUN_DEADLINE {
-                    let mut call = tether(&["call", url, "counter_add", "--args", ARGS]);
-                    let began = Instant::now();
-                    let lines = call.rest(CALL_DEADLINE);
-                    let status = call.child.try_wait().ok().flatten().and_then(|s| s.code());
-                    call.kill9();
-                    let lines = parse(&lines);
-                    let mut tally = tally.lock().expect("tally");
-                    tally.spans.push((began, Instant::now()));
-                    tally.reissued += lines.iter().filter(|l| l["event"] == "reissued").count();
-                    let last = lines.last().cloned().unwrap_or(Value::Null);
-                    match last["event"].as_str() {
-                        Some("result") => match last["result"]["structuredContent"]["value"].as_i64() {
-                            Some(value) => tally.values.push(value),
-                            None => tally.failed.push(last.to_string()),
-                        },
-                        Some("outcome_unknown") => tally.unknown += 1,
-                        _ => tally.failed.push(format!("exit {status:?} after {:?}: {lines:?}", began.elapsed())),
-                    }
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-            });
-        }
-    });
-    tally.into_inner().expect("tally")
+    let value = |result: &Value| result["structuredContent"]["value"].as_i64();
+    Run { url, tool: "counter_add", args: ARGS, calls: CALLS, value }.go(done)
 }
 
 /// The counter's value, read past the proxy.
@@ -91,18 +33,6 @@ fn counter(url: &str) -> i64 {
     let lines = parse(&read.rest(Duration::from_secs(30)));
     let last = lines.last().expect("counter_get answered");
     last["result"]["structuredContent"]["value"].as_i64().unwrap_or_else(|| panic!("counter_get: {last}"))
-}
-
-/// A proxy in front of `upstreams` that cuts any response after 200 to 6,000 body bytes.
-fn faulty_proxy(runtime: &tokio::runtime::Runtime, upstreams: Vec<std::net::SocketAddr>) -> proxy::Proxy {
-    let proxy = runtime.block_on(proxy::start(upstreams, 0x5eed_c4a0, 200, 6_000));
-    proxy.cutting.store(true, Ordering::Relaxed);
-    proxy.cut_responses.store(true, Ordering::Relaxed);
-    proxy
-}
-
-fn addr(port: u16) -> std::net::SocketAddr {
-    std::net::SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 /// How one run with kills went.
@@ -151,16 +81,7 @@ fn embedded_with_kills(name: &str, server_args: &[&str]) -> Killed {
 
 /// Every call got its real result: the values 1 to `CALLS`, each once, and the counter at `CALLS`.
 fn assert_exactly_once(run: &str, tally: &Tally, value: i64) {
-    assert!(tally.failed.is_empty(), "{run}: calls without their result: {:?}", tally.failed);
-    assert_eq!(tally.unknown, 0, "{run}: no outcome is unknown");
-    let mut values = tally.values.clone();
-    values.sort_unstable();
-    let expected: Vec<i64> = (1..=CALLS as i64).collect();
-    assert!(
-        values == expected,
-        "{run}: each call reported a distinct real result: {:?}",
-        &values[..values.len().min(50)]
-    );
+    assert_each_value_once(run, tally, CALLS);
     assert_eq!(value, CALLS as i64, "{run}: the counter was added to exactly once per call");
 }
 
@@ -215,17 +136,19 @@ fn without_the_extension_the_same_faults_leave_outcomes_unknown() {
     let unknown = tally.unknown as i64;
     println!(
         "without the extension, embedded, {KILLS} kills, {cuts} cuts: {results} results, {unknown} outcome unknown, \
-         {} failed; counter {value}: of the {unknown} calls the caller cannot tell ran, {} did ({} did not)",
+         {} aborted, {} failed; counter {value}: of the {unknown} calls the caller cannot tell ran, {} did ({} did not)",
+        tally.aborted,
         tally.failed.len(),
         value - results,
         results + unknown - value
     );
     assert_eq!(tally.reissued, 0, "nothing unkeyed is re-sent");
     assert!(unknown > 0, "cuts of JSON answers leave outcomes unknown");
-    // The client stays honest: every reported result counted, and only unknown calls can differ.
-    let failed = tally.failed.len() as i64;
+    // The client stays honest: every reported result counted, and only calls without one can
+    // differ.
+    let (failed, aborted) = (tally.failed.len() as i64, tally.aborted as i64);
     assert!(
-        results <= value && value <= results + unknown + failed,
-        "{results} results, {unknown} unknown, {failed} failed, counter {value}"
+        results <= value && value <= results + unknown + failed + aborted,
+        "{results} results, {unknown} unknown, {aborted} aborted, {failed} failed, counter {value}"
     );
 }

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod calls;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
