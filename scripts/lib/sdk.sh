@@ -4,11 +4,9 @@
 # optimized with PROFILE=release), and provides `start NAME COMMAND...` (runs a server until the script exits, waits
 # for its "listening on URL" line and its port, sets URL) and `free_port`.
 
-CACHE="${TETHER_CACHE:-$HOME/.cache/tether}"
-PY_MCP_VERSION=2.3.0
+source "$(dirname "${BASH_SOURCE[0]}")/py-sdk.sh"
 TS_SDK_VERSION=1.32.2
 RMCP_VERSION=3.11.0
-PY="$CACHE/py-mcp-$PY_MCP_VERSION"
 TS="$CACHE/ts-sdk-$TS_SDK_VERSION"
 LOGS="$(mktemp -d)"
 PIDS=()
@@ -18,11 +16,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-if [ ! -f "$PY/.installed" ]; then
-  python3 -m venv "$PY"
-  "$PY/bin/pip" install --quiet "mcp==$PY_MCP_VERSION" >"$LOGS/pip.log" 2>&1 || { cat "$LOGS/pip.log" >&2; exit 1; }
-  touch "$PY/.installed"
-fi
 if [ ! -f "$TS/.installed" ]; then
   mkdir -p "$TS"
   (cd "$TS" && { [ -f package.json ] || npm init -y >/dev/null; } \

@@ -20,6 +20,7 @@ mod divergence;
 mod follow;
 mod hooks;
 mod http;
+pub mod link;
 #[cfg(feature = "rmcp")]
 pub mod rmcp;
 mod session;

@@ -1,12 +1,12 @@
 //! tether's client as an rmcp client transport (feature `rmcp`): an rmcp client gains
 //! divergence detection, exact resumption and re-initialization without changing its code.
 //!
-//! rmcp's `initialize` connects a tether [`Client`] with the rmcp client's name, protocol
-//! version and capabilities, and is answered with the server's own answer. From then on rmcp's
-//! requests are tether requests (so a `tools/call` carries an idempotency key and is re-issued
-//! until its real outcome arrives, when the server offers it); notifications from every stream
-//! reach rmcp once each, in order, after validation; the server's requests are answered by the
-//! rmcp client handler. What tether itself observes (resumes, divergences, re-initializations,
+//! The transport is a [`MessageLink`] whose application is rmcp: rmcp's `initialize` connects a
+//! tether [`Client`](crate::Client) with the rmcp client's name, protocol version and
+//! capabilities; its requests are tether requests (a `tools/call` carries an idempotency key and
+//! is re-issued until its real outcome arrives, when the server offers it); notifications reach
+//! rmcp once each, in order, after validation; the server's requests are answered by the rmcp
+//! client handler. What tether itself observes (resumes, divergences, re-initializations,
 //! re-issues) arrives on the receiver [`TetherTransport::new`] returns. A request whose outcome
 //! is lost ends in an error with reason `outcome_unknown`, never in silence.
 //!
@@ -20,54 +20,20 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
-
 use ::rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use ::rmcp::service::RoleClient;
 use ::rmcp::transport::Transport;
-use serde_json::{Value, json};
-use tether_core::jsonrpc::{self, ErrorObject, Message, Notification, Request, RequestId, Response, code};
-use tether_core::mcp::{Era, ProtocolVersion, method};
-use tokio::sync::{OnceCell, mpsc, oneshot};
+use tether_core::jsonrpc::{self, Message};
+use tokio::sync::mpsc;
 
-use crate::{Client, ClientConfig, ClientEvent, HookFuture, RequestError, ServerRequests};
-
-/// The server's requests waiting for the rmcp client's answer, by the id rmcp saw.
-type Answers = Arc<Mutex<HashMap<i64, oneshot::Sender<Result<Value, ErrorObject>>>>>;
+use crate::link::{MessageLink, NotConnected};
+use crate::{Client, ClientConfig, ClientEvent};
 
 /// An rmcp client transport over a tether [`Client`].
+#[derive(Debug)]
 pub struct TetherTransport {
-    /// Until rmcp's `initialize` arrives.
-    config: Option<ClientConfig>,
-    client: Arc<OnceCell<Client>>,
-    to_rmcp: mpsc::UnboundedSender<ServerJsonRpcMessage>,
-    from_server: mpsc::UnboundedReceiver<ServerJsonRpcMessage>,
-    events: mpsc::UnboundedSender<ClientEvent>,
-    /// Responses to rmcp's requests and the server's requests, handed to rmcp by the pump
-    /// behind the notifications that preceded them on their streams.
-    to_pump: mpsc::UnboundedSender<Message>,
-    /// The pump's end of `to_pump`, until rmcp's `initialize` starts the pump.
-    pump_rx: Option<mpsc::UnboundedReceiver<Message>>,
-    answers: Answers,
-    /// rmcp's requests in flight, so rmcp can cancel them.
-    running: Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>,
-}
-
-impl std::fmt::Debug for TetherTransport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TetherTransport").finish_non_exhaustive()
-    }
-}
-
-/// The transport is closed, or was never connected.
-#[derive(Debug, thiserror::Error)]
-#[error("the tether client is not connected")]
-pub struct NotConnected;
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Maps of handles only: still consistent after a panic elsewhere.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    link: MessageLink,
+    from_server: mpsc::UnboundedReceiver<Message>,
 }
 
 impl TetherTransport {
@@ -75,26 +41,13 @@ impl TetherTransport {
     /// protocol version give way to the rmcp client's). The receiver gets what tether observes
     /// about the connection: every [`ClientEvent`] except messages, which go to rmcp.
     pub fn new(config: ClientConfig) -> (TetherTransport, mpsc::UnboundedReceiver<ClientEvent>) {
-        let (to_rmcp, from_server) = mpsc::unbounded_channel();
-        let (events, events_rx) = mpsc::unbounded_channel();
-        let (to_pump, pump_rx) = mpsc::unbounded_channel();
-        let transport = TetherTransport {
-            config: Some(config),
-            client: Arc::default(),
-            to_rmcp,
-            from_server,
-            events,
-            to_pump,
-            pump_rx: Some(pump_rx),
-            answers: Answers::default(),
-            running: Arc::default(),
-        };
-        (transport, events_rx)
+        let (link, from_server, events) = MessageLink::new(config);
+        (TetherTransport { link, from_server }, events)
     }
 
     /// The tether client, once rmcp has initialized.
     pub fn client(&self) -> Option<Client> {
-        self.client.get().cloned()
+        self.link.client()
     }
 }
 
@@ -109,237 +62,32 @@ fn to_rmcp(message: &Message) -> Option<ServerJsonRpcMessage> {
     serde_json::from_value(serde_json::to_value(message).ok()?).ok()
 }
 
-/// What a message rmcp sends still has to wait for.
-enum Waits<I> {
-    Nothing,
-    Initialize(I),
-    Notify(Option<Client>, Notification),
-}
-
-/// Hands `message` to rmcp; a dropped receiver means rmcp has stopped, and nothing is waiting.
-fn deliver(rmcp: &mpsc::UnboundedSender<ServerJsonRpcMessage>, message: &Message) {
-    match to_rmcp(message) {
-        Some(message) => drop(rmcp.send(message)),
-        None => tracing::warn!(method = ?message.method(), "a server message rmcp cannot read was dropped"),
-    }
-}
-
-/// How a tether request's failure reaches rmcp.
-fn request_error(error: RequestError) -> ErrorObject {
-    let (reason, message) = match error {
-        RequestError::Rpc(error) | RequestError::Aborted(error) => return error,
-        RequestError::OutcomeUnknown(why) => ("outcome_unknown", format!("outcome unknown: {why}")),
-        RequestError::NotExecuted(why) => ("not_executed", format!("not executed: {why}")),
-        RequestError::Cancelled => ("cancelled", "the response stream broke; the request was cancelled".into()),
-        RequestError::CancelledByCaller => ("cancelled", "cancelled by the client".into()),
-        RequestError::Client(error) => ("client_error", error.to_string()),
-    };
-    ErrorObject::with_reason(-32000, message, reason)
-}
-
-/// Answers the server's requests with the rmcp client handler.
-struct RmcpHooks {
-    capabilities: Value,
-    to_pump: mpsc::UnboundedSender<Message>,
-    answers: Answers,
-    next_id: std::sync::atomic::AtomicI64,
-}
-
-impl ServerRequests for RmcpHooks {
-    fn capabilities(&self) -> Value {
-        self.capabilities.clone()
-    }
-
-    fn answer(&self, method: &str, params: Value) -> HookFuture {
-        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        lock(&self.answers).insert(id, tx);
-        let request =
-            Message::Request(Request { id: RequestId::Number(id), method: method.to_owned(), params: Some(params) });
-        // The pump is gone only when the client is; the answer then never comes.
-        let _ = self.to_pump.send(request);
-        Box::pin(async move {
-            rx.await.unwrap_or_else(|_| {
-                Err(ErrorObject::with_reason(code::INTERNAL_ERROR, "the rmcp client stopped", "client_stopped"))
-            })
-        })
-    }
-}
-
-impl TetherTransport {
-    /// Connects for rmcp's `initialize` and answers it with the server's answer.
-    fn initialize(&mut self, id: RequestId, params: Value) -> impl Future<Output = ()> + Send + 'static {
-        let config = self.config.take().map(|mut config| {
-            if let Some(name) = params.pointer("/clientInfo/name").and_then(Value::as_str) {
-                config.name = name.to_owned();
-            }
-            if let Some(version) = params.get("protocolVersion").and_then(Value::as_str).and_then(|v| v.parse().ok())
-                && ProtocolVersion::era(version) == Era::Legacy
-            {
-                config.protocol_version = version;
-            }
-            config.hooks = Arc::new(RmcpHooks {
-                capabilities: params.get("capabilities").cloned().unwrap_or_else(|| json!({})),
-                to_pump: self.to_pump.clone(),
-                answers: Arc::clone(&self.answers),
-                next_id: std::sync::atomic::AtomicI64::new(1),
-            });
-            config
-        });
-        let (cell, to_rmcp, events) = (Arc::clone(&self.client), self.to_rmcp.clone(), self.events.clone());
-        let pump_rx = self.pump_rx.take();
-        async move {
-            let outcome = match config.zip(pump_rx) {
-                None => Err(ErrorObject::with_reason(code::INVALID_REQUEST, "already initialized", "initialized")),
-                Some((config, pump_rx)) => match Client::connect(config).await {
-                    Ok((client, client_events)) => {
-                        tokio::spawn(pump(client_events, pump_rx, to_rmcp.clone(), events));
-                        client.follow_standalone().await;
-                        let server = client.server();
-                        let _ = cell.set(client);
-                        Ok(server)
-                    }
-                    Err(err) => Err(ErrorObject::with_reason(code::INTERNAL_ERROR, err.to_string(), "connect_failed")),
-                },
-            };
-            deliver(&to_rmcp, &Message::Response(Response { id: Some(id), outcome }));
-        }
-    }
-}
-
-/// Hands rmcp the client's notifications (acknowledging them once handed over), the outcomes
-/// of its requests and the server's requests, in the order the server sent them; passes
-/// everything else tether observes to the application.
-async fn pump(
-    mut client_events: mpsc::UnboundedReceiver<ClientEvent>,
-    mut queued: mpsc::UnboundedReceiver<Message>,
-    to_rmcp: mpsc::UnboundedSender<ServerJsonRpcMessage>,
-    events: mpsc::UnboundedSender<ClientEvent>,
-) {
-    let handle = |event: ClientEvent| match event {
-        ClientEvent::Message { message: message @ Message::Notification(_), ack, .. } => {
-            deliver(&to_rmcp, &message);
-            ack.done();
-        }
-        // Server requests are answered through the hooks.
-        ClientEvent::Message { ack, .. } => ack.done(),
-        other => drop(events.send(other)),
-    };
-    loop {
-        tokio::select! {
-            biased;
-            event = client_events.recv() => match event {
-                Some(event) => handle(event),
-                None => return,
-            },
-            message = queued.recv() => {
-                let Some(message) = message else { return };
-                // The client emitted what preceded a response or a server request on its stream
-                // before it resolved the request or asked the hooks: all of it is queued by
-                // now, and goes first.
-                while let Ok(event) = client_events.try_recv() {
-                    handle(event);
-                }
-                deliver(&to_rmcp, &message);
-            }
-        }
-    }
-}
-
-impl TetherTransport {
-    /// Sends one of rmcp's requests; its outcome reaches rmcp through the pump. rmcp's
-    /// `notifications/cancelled` cancels it on the server, and rmcp gets no answer for it.
-    fn start(&mut self, request: Request) {
-        let key = request.id.to_value().to_string();
-        let (to_pump, running) = (self.to_pump.clone(), Arc::clone(&self.running));
-        let Some(client) = self.client.get().cloned() else {
-            let error = ErrorObject::with_reason(code::INTERNAL_ERROR, "not initialized", "not_initialized");
-            let _ = to_pump.send(Message::Response(Response { id: Some(request.id), outcome: Err(error) }));
-            return;
-        };
-        let (cancel, cancelled) = oneshot::channel::<()>();
-        lock(&self.running).insert(key.clone(), cancel);
-        tokio::spawn(async move {
-            let params = request.params.unwrap_or(Value::Null);
-            // A dropped sender (the transport closed) cancels too.
-            let cancelled = async move { drop(cancelled.await) };
-            let outcome = client.request_cancellable(&request.method, params, cancelled).await;
-            lock(&running).remove(&key);
-            if outcome != Err(RequestError::CancelledByCaller) {
-                // The pump is gone only when the client is.
-                let outcome = outcome.map_err(request_error);
-                let _ = to_pump.send(Message::Response(Response { id: Some(request.id), outcome }));
-            }
-        });
-    }
-
-    /// Stops waiting for the request rmcp cancels.
-    fn cancel(&mut self, params: Option<&Value>) {
-        let id = params.and_then(|p| p.get("requestId")).map(Value::to_string);
-        if let Some(cancel) = id.and_then(|id| lock(&self.running).remove(&id)) {
-            let _ = cancel.send(());
-        }
-    }
-}
-
 impl Transport<RoleClient> for TetherTransport {
     type Error = NotConnected;
 
     fn send(&mut self, item: ClientJsonRpcMessage) -> impl Future<Output = Result<(), NotConnected>> + Send + 'static {
-        // Everything but the exchanges that wait for the server takes effect here, in the order
-        // rmcp sends it, not when rmcp gets round to polling the futures (it polls several).
-        let waits = match from_rmcp(&item) {
-            Some(Message::Request(request)) if request.method == method::INITIALIZE => {
-                Waits::Initialize(self.initialize(request.id, request.params.unwrap_or(Value::Null)))
-            }
-            Some(Message::Request(request)) => {
-                self.start(request);
-                Waits::Nothing
-            }
-            // tether sent its own.
-            Some(Message::Notification(n)) if n.method == method::INITIALIZED => Waits::Nothing,
-            Some(Message::Notification(n)) if n.method == method::CANCELLED => {
-                self.cancel(n.params.as_ref());
-                Waits::Nothing
-            }
-            Some(Message::Notification(n)) => Waits::Notify(self.client.get().cloned(), n),
-            Some(Message::Response(Response { id: Some(RequestId::Number(id)), outcome })) => {
-                if let Some(waiting) = lock(&self.answers).remove(&id) {
-                    let _ = waiting.send(outcome);
-                }
-                Waits::Nothing
-            }
-            Some(Message::Response(_)) | None => {
-                tracing::warn!("rmcp sent a message tether cannot route");
-                Waits::Nothing
+        let sent: std::pin::Pin<Box<dyn Future<Output = Result<(), NotConnected>> + Send>> = match from_rmcp(&item) {
+            Some(message) => Box::pin(self.link.send(message)),
+            None => {
+                tracing::warn!("rmcp sent a message tether cannot read");
+                Box::pin(std::future::ready(Ok(())))
             }
         };
-        async move {
-            match waits {
-                Waits::Nothing => Ok(()),
-                Waits::Initialize(initialize) => {
-                    initialize.await;
-                    Ok(())
-                }
-                Waits::Notify(client, Notification { method, params }) => {
-                    let client = client.ok_or(NotConnected)?;
-                    client.notify(&method, params.unwrap_or(Value::Null)).await.map_err(|_| NotConnected)
-                }
-            }
-        }
+        sent
     }
 
-    fn receive(&mut self) -> impl Future<Output = Option<ServerJsonRpcMessage>> + Send {
-        self.from_server.recv()
+    async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
+        loop {
+            let message = self.from_server.recv().await?;
+            match to_rmcp(&message) {
+                Some(message) => return Some(message),
+                None => tracing::warn!(method = ?message.method(), "a server message rmcp cannot read was dropped"),
+            }
+        }
     }
 
     async fn close(&mut self) -> Result<(), NotConnected> {
-        for (_, cancel) in lock(&self.running).drain() {
-            let _ = cancel.send(());
-        }
-        if let Some(client) = self.client.get() {
-            client.close().await;
-        }
+        self.link.close().await;
         self.from_server.close();
         Ok(())
     }

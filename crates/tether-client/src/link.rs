@@ -1,0 +1,321 @@
+//! tether's client as a link that carries JSON-RPC messages, for whatever speaks MCP as a
+//! stream of messages to a server: an rmcp client (`tether_client::rmcp`), a stdio client
+//! bridged by `tether connect`, a gateway's upstream. It gains divergence detection, exact
+//! resumption and, where the server offers them, idempotency keys, without changing what it
+//! sends.
+//!
+//! The application's `initialize` connects a tether [`Client`] with the application's name,
+//! protocol version and capabilities, and is answered with the server's own answer. From then
+//! on its requests are tether requests (so a `tools/call` carries an idempotency key and is
+//! re-issued until its real outcome arrives, when the server offers it); notifications from
+//! every stream reach the application once each, in order, after validation; the server's
+//! requests go to the application under ids of the link's own, and its answers back to the
+//! server. What tether itself observes (resumes, divergences, re-initializations, re-issues)
+//! arrives on a receiver of its own. A request whose outcome is lost ends in an error with
+//! reason `outcome_unknown`, never in silence.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::{Value, json};
+use tether_core::jsonrpc::{ErrorObject, Message, Notification, Request, RequestId, Response, code};
+use tether_core::mcp::{Era, ProtocolVersion, method};
+use tokio::sync::{OnceCell, mpsc, oneshot};
+
+use crate::{Client, ClientConfig, ClientEvent, HookFuture, RequestError, ServerRequests};
+
+/// The server's requests waiting for the application's answer, by the id the application saw.
+type Answers = Arc<Mutex<HashMap<i64, oneshot::Sender<Result<Value, ErrorObject>>>>>;
+
+/// A message link over a tether [`Client`]: what the application sends goes in through
+/// [`MessageLink::send`]; what the server sends it comes out of the receiver
+/// [`MessageLink::new`] returns.
+pub struct MessageLink {
+    /// Until the application's `initialize` arrives.
+    config: Option<ClientConfig>,
+    client: Arc<OnceCell<Client>>,
+    to_app: mpsc::UnboundedSender<Message>,
+    events: mpsc::UnboundedSender<ClientEvent>,
+    /// Responses to the application's requests and the server's requests, handed over by the
+    /// pump behind the notifications that preceded them on their streams.
+    to_pump: mpsc::UnboundedSender<Message>,
+    /// The pump's end of `to_pump`, until `initialize` starts the pump.
+    pump_rx: Option<mpsc::UnboundedReceiver<Message>>,
+    answers: Answers,
+    /// The application's requests in flight, so it can cancel them.
+    running: Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>,
+}
+
+impl std::fmt::Debug for MessageLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MessageLink").finish_non_exhaustive()
+    }
+}
+
+/// The link is closed, or was never connected.
+#[derive(Debug, thiserror::Error)]
+#[error("the tether client is not connected")]
+pub struct NotConnected;
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Maps of handles only: still consistent after a panic elsewhere.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl MessageLink {
+    /// A link that connects with `config` when the application initializes (its hooks, name
+    /// and protocol version give way to the application's). Returns it with the receiver of
+    /// what the server sends the application and the receiver of what tether observes about the
+    /// connection: every [`ClientEvent`] except messages, which go to the application.
+    pub fn new(
+        config: ClientConfig,
+    ) -> (MessageLink, mpsc::UnboundedReceiver<Message>, mpsc::UnboundedReceiver<ClientEvent>) {
+        let (to_app, from_server) = mpsc::unbounded_channel();
+        let (events, events_rx) = mpsc::unbounded_channel();
+        let (to_pump, pump_rx) = mpsc::unbounded_channel();
+        let link = MessageLink {
+            config: Some(config),
+            client: Arc::default(),
+            to_app,
+            events,
+            to_pump,
+            pump_rx: Some(pump_rx),
+            answers: Answers::default(),
+            running: Arc::default(),
+        };
+        (link, from_server, events_rx)
+    }
+
+    /// The tether client, once the application has initialized.
+    pub fn client(&self) -> Option<Client> {
+        self.client.get().cloned()
+    }
+}
+
+/// What a message the application sends still has to wait for.
+enum Waits<I> {
+    Nothing,
+    Initialize(I),
+    Notify(Option<Client>, Notification),
+}
+
+/// Hands `message` to the application; a dropped receiver means it has stopped, and nothing is
+/// waiting.
+fn deliver(app: &mpsc::UnboundedSender<Message>, message: Message) {
+    let _ = app.send(message);
+}
+
+/// How a tether request's failure reaches the application.
+fn request_error(error: RequestError) -> ErrorObject {
+    let (reason, message) = match error {
+        RequestError::Rpc(error) | RequestError::Aborted(error) => return error,
+        RequestError::OutcomeUnknown(why) => ("outcome_unknown", format!("outcome unknown: {why}")),
+        RequestError::NotExecuted(why) => ("not_executed", format!("not executed: {why}")),
+        RequestError::Cancelled => ("cancelled", "the response stream broke; the request was cancelled".into()),
+        RequestError::CancelledByCaller => ("cancelled", "cancelled by the client".into()),
+        RequestError::Client(error) => ("client_error", error.to_string()),
+    };
+    ErrorObject::with_reason(-32000, message, reason)
+}
+
+/// Answers the server's requests through the application.
+struct AppHooks {
+    capabilities: Value,
+    to_pump: mpsc::UnboundedSender<Message>,
+    answers: Answers,
+    next_id: std::sync::atomic::AtomicI64,
+}
+
+impl ServerRequests for AppHooks {
+    fn capabilities(&self) -> Value {
+        self.capabilities.clone()
+    }
+
+    fn answer(&self, method: &str, params: Value) -> HookFuture {
+        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.answers).insert(id, tx);
+        let request =
+            Message::Request(Request { id: RequestId::Number(id), method: method.to_owned(), params: Some(params) });
+        // The pump is gone only when the client is; the answer then never comes.
+        let _ = self.to_pump.send(request);
+        Box::pin(async move {
+            rx.await.unwrap_or_else(|_| {
+                Err(ErrorObject::with_reason(code::INTERNAL_ERROR, "the application stopped", "client_stopped"))
+            })
+        })
+    }
+}
+
+impl MessageLink {
+    /// Connects for the application's `initialize` and answers it with the server's answer.
+    fn initialize(&mut self, id: RequestId, params: Value) -> impl Future<Output = ()> + Send + 'static {
+        let config = self.config.take().map(|mut config| {
+            if let Some(name) = params.pointer("/clientInfo/name").and_then(Value::as_str) {
+                config.name = name.to_owned();
+            }
+            if let Some(version) = params.get("protocolVersion").and_then(Value::as_str).and_then(|v| v.parse().ok())
+                && ProtocolVersion::era(version) == Era::Legacy
+            {
+                config.protocol_version = version;
+            }
+            config.hooks = Arc::new(AppHooks {
+                capabilities: params.get("capabilities").cloned().unwrap_or_else(|| json!({})),
+                to_pump: self.to_pump.clone(),
+                answers: Arc::clone(&self.answers),
+                next_id: std::sync::atomic::AtomicI64::new(1),
+            });
+            config
+        });
+        let (cell, to_app, events) = (Arc::clone(&self.client), self.to_app.clone(), self.events.clone());
+        let pump_rx = self.pump_rx.take();
+        async move {
+            let outcome = match config.zip(pump_rx) {
+                None => Err(ErrorObject::with_reason(code::INVALID_REQUEST, "already initialized", "initialized")),
+                Some((config, pump_rx)) => match Client::connect(config).await {
+                    Ok((client, client_events)) => {
+                        tokio::spawn(pump(client_events, pump_rx, to_app.clone(), events));
+                        client.follow_standalone().await;
+                        let server = client.server();
+                        let _ = cell.set(client);
+                        Ok(server)
+                    }
+                    Err(err) => Err(ErrorObject::with_reason(code::INTERNAL_ERROR, err.to_string(), "connect_failed")),
+                },
+            };
+            deliver(&to_app, Message::Response(Response { id: Some(id), outcome }));
+        }
+    }
+}
+
+/// Hands the application the client's notifications (acknowledging them once handed over),
+/// the outcomes of its requests and the server's requests, in the order the server sent them; passes
+/// everything else tether observes to the application.
+async fn pump(
+    mut client_events: mpsc::UnboundedReceiver<ClientEvent>,
+    mut queued: mpsc::UnboundedReceiver<Message>,
+    to_app: mpsc::UnboundedSender<Message>,
+    events: mpsc::UnboundedSender<ClientEvent>,
+) {
+    let handle = |event: ClientEvent| match event {
+        ClientEvent::Message { message: message @ Message::Notification(_), ack, .. } => {
+            deliver(&to_app, message);
+            ack.done();
+        }
+        // Server requests are answered through the hooks.
+        ClientEvent::Message { ack, .. } => ack.done(),
+        other => drop(events.send(other)),
+    };
+    loop {
+        tokio::select! {
+            biased;
+            event = client_events.recv() => match event {
+                Some(event) => handle(event),
+                None => return,
+            },
+            message = queued.recv() => {
+                let Some(message) = message else { return };
+                // The client emitted what preceded a response or a server request on its stream
+                // before it resolved the request or asked the hooks: all of it is queued by
+                // now, and goes first.
+                while let Ok(event) = client_events.try_recv() {
+                    handle(event);
+                }
+                deliver(&to_app, message);
+            }
+        }
+    }
+}
+
+impl MessageLink {
+    /// Sends one of the application's requests; its outcome reaches it through the pump. Its
+    /// `notifications/cancelled` cancels the request on the server, and it gets no answer.
+    fn start(&mut self, request: Request) {
+        let key = request.id.to_value().to_string();
+        let (to_pump, running) = (self.to_pump.clone(), Arc::clone(&self.running));
+        let Some(client) = self.client.get().cloned() else {
+            let error = ErrorObject::with_reason(code::INTERNAL_ERROR, "not initialized", "not_initialized");
+            let _ = to_pump.send(Message::Response(Response { id: Some(request.id), outcome: Err(error) }));
+            return;
+        };
+        let (cancel, cancelled) = oneshot::channel::<()>();
+        lock(&self.running).insert(key.clone(), cancel);
+        tokio::spawn(async move {
+            let params = request.params.unwrap_or(Value::Null);
+            // A dropped sender (the transport closed) cancels too.
+            let cancelled = async move { drop(cancelled.await) };
+            let outcome = client.request_cancellable(&request.method, params, cancelled).await;
+            lock(&running).remove(&key);
+            if outcome != Err(RequestError::CancelledByCaller) {
+                // The pump is gone only when the client is.
+                let outcome = outcome.map_err(request_error);
+                let _ = to_pump.send(Message::Response(Response { id: Some(request.id), outcome }));
+            }
+        });
+    }
+
+    /// Stops waiting for the request the application cancels.
+    fn cancel(&mut self, params: Option<&Value>) {
+        let id = params.and_then(|p| p.get("requestId")).map(Value::to_string);
+        if let Some(cancel) = id.and_then(|id| lock(&self.running).remove(&id)) {
+            let _ = cancel.send(());
+        }
+    }
+}
+
+impl MessageLink {
+    /// Takes one message from the application. Everything but the exchanges that wait for the
+    /// server (`initialize`, notifications) takes effect here, in the order the application
+    /// sends it, not when it gets round to polling the futures (rmcp polls several).
+    pub fn send(&mut self, message: Message) -> impl Future<Output = Result<(), NotConnected>> + Send + 'static {
+        let waits = match message {
+            Message::Request(request) if request.method == method::INITIALIZE => {
+                Waits::Initialize(self.initialize(request.id, request.params.unwrap_or(Value::Null)))
+            }
+            Message::Request(request) => {
+                self.start(request);
+                Waits::Nothing
+            }
+            // tether sent its own.
+            Message::Notification(n) if n.method == method::INITIALIZED => Waits::Nothing,
+            Message::Notification(n) if n.method == method::CANCELLED => {
+                self.cancel(n.params.as_ref());
+                Waits::Nothing
+            }
+            Message::Notification(n) => Waits::Notify(self.client.get().cloned(), n),
+            Message::Response(Response { id: Some(RequestId::Number(id)), outcome }) => {
+                if let Some(waiting) = lock(&self.answers).remove(&id) {
+                    let _ = waiting.send(outcome);
+                }
+                Waits::Nothing
+            }
+            Message::Response(_) => {
+                tracing::warn!("the application answered a request the server never sent");
+                Waits::Nothing
+            }
+        };
+        async move {
+            match waits {
+                Waits::Nothing => Ok(()),
+                Waits::Initialize(initialize) => {
+                    initialize.await;
+                    Ok(())
+                }
+                Waits::Notify(client, Notification { method, params }) => {
+                    let client = client.ok_or(NotConnected)?;
+                    client.notify(&method, params.unwrap_or(Value::Null)).await.map_err(|_| NotConnected)
+                }
+            }
+        }
+    }
+
+    /// Stops every request in flight and ends the session.
+    pub async fn close(&mut self) {
+        for (_, cancel) in lock(&self.running).drain() {
+            let _ = cancel.send(());
+        }
+        if let Some(client) = self.client.get() {
+            client.close().await;
+        }
+    }
+}
