@@ -2,27 +2,50 @@
 
 use anyhow::Context as _;
 use clap::Args;
-use tether_gateway::stdio;
-use tether_server::upstream::UpstreamHandler;
+use tether_client::{ClientConfig, Policy};
+use tether_gateway::{http, stdio};
+use tether_server::upstream::{Connect, UpstreamHandler};
 
+use crate::client_cli::PolicyArg;
 use crate::serve::{self, Answering, ServeArgs};
 
 #[derive(Debug, Args)]
 pub struct GatewayArgs {
     #[command(flatten)]
     serve: ServeArgs,
+    /// The Streamable HTTP MCP server to front (instead of a command).
+    #[arg(long, value_name = "URL", conflicts_with = "command")]
+    upstream: Option<String>,
+    /// What a resume from the upstream that cannot be proven continuous (opaque event ids)
+    /// leads to: `strict` ends the downstream session (`upstream_lost`), `trust` goes on.
+    #[arg(long, value_enum, default_value = "strict", requires = "upstream")]
+    upstream_policy: PolicyArg,
     /// The stdio MCP server to start for each session: a program and its arguments, after `--`.
-    #[arg(last = true, required = true, value_name = "COMMAND")]
+    #[arg(last = true, value_name = "COMMAND", required_unless_present = "upstream")]
     command: Vec<String>,
 }
 
 pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
-    let (program, rest) = args.command.split_first().context("no command to run")?;
-    let command = stdio::Command::new(program.clone(), rest.iter().cloned());
-    let describe = tether_server::upstream::Connect::describe(&command);
-    let upstream = UpstreamHandler::discover(command)
+    let upstream = match (&args.upstream, args.command.split_first()) {
+        (Some(url), _) => {
+            let mut config = ClientConfig::new(url);
+            config.policy = match args.upstream_policy {
+                PolicyArg::Strict => Policy::Strict,
+                PolicyArg::Trust => Policy::Trust,
+            };
+            discover(http::Remote::new(config)).await?
+        }
+        (None, Some((program, rest))) => discover(stdio::Command::new(program.clone(), rest.iter().cloned())).await?,
+        (None, None) => anyhow::bail!("give the upstream: --upstream URL, or -- COMMAND [ARGS...]"),
+    };
+    serve::run(args.serve, Answering::Upstream(upstream)).await
+}
+
+/// Starts one instance of the upstream to learn who it is.
+async fn discover(connect: impl Connect) -> anyhow::Result<UpstreamHandler> {
+    let describe = connect.describe();
+    UpstreamHandler::discover(connect)
         .await
         .map_err(|error| anyhow::anyhow!("{}", error.message))
-        .with_context(|| format!("starting the upstream `{describe}`"))?;
-    serve::run(args.serve, Answering::Upstream(upstream)).await
+        .with_context(|| format!("starting the upstream `{describe}`"))
 }

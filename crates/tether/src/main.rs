@@ -39,8 +39,9 @@ enum LogFormat {
 enum Command {
     /// Serve MCP over Streamable HTTP (all legacy revisions and 2026-07-28) with the built-in tools.
     Serve(serve::ServeArgs),
-    /// Serve a stdio MCP server (one child process per session) over Streamable HTTP with
-    /// tether's guarantees: `tether gateway [serve's flags] -- COMMAND [ARGS...]`.
+    /// Serve another MCP server with tether's guarantees: a stdio one, one child process per
+    /// session (`tether gateway [serve's flags] -- COMMAND [ARGS...]`), or a Streamable HTTP
+    /// one (`--upstream URL`).
     Gateway(gateway_cli::GatewayArgs),
     /// Follow a server's standalone stream, proving continuity on every reconnect (JSON lines).
     Watch(client_cli::WatchArgs),

@@ -1,0 +1,76 @@
+//! A Streamable HTTP MCP server as an upstream, reached through tether's client: each instance
+//! is a client session of its own (the downstream client's `initialize` params, its requests
+//! keyed when the upstream offers idempotency keys), and every reconnect to the upstream is
+//! proven continuous or the instance ends. The upstream's silent gaps, replays from zero and
+//! lost sessions are not passed on as a well-formed stream: the client diverges, the instance
+//! stops, the downstream session ends as `upstream_lost` and its running requests with
+//! `request_aborted`.
+
+use futures_util::future::BoxFuture;
+use tether_client::link::MessageLink;
+use tether_client::{ClientConfig, ClientEvent, DivergenceReason};
+use tether_server::upstream::{Connect, FromUpstream, Link};
+use tokio::sync::mpsc;
+
+/// An HTTP upstream: where it is and how tether's client talks to it.
+#[derive(Debug, Clone)]
+pub struct Remote {
+    config: ClientConfig,
+}
+
+impl Remote {
+    /// The server `config` names, reached with `config`'s policy and backoff. A divergence ends
+    /// the instance rather than re-initializing it: a new upstream session would answer the
+    /// downstream session from reset state.
+    pub fn new(mut config: ClientConfig) -> Remote {
+        config.reinitialize = false;
+        Remote { config }
+    }
+}
+
+impl Connect for Remote {
+    fn connect(&self) -> BoxFuture<'static, Result<Link, String>> {
+        let (mut link, mut from_server, mut events) = MessageLink::new(self.config.clone());
+        let url = self.config.url.clone();
+        Box::pin(async move {
+            let (to_upstream, mut from_tether) = mpsc::unbounded_channel();
+            let (to_tether, from_upstream) = mpsc::unbounded_channel::<FromUpstream>();
+            // What tether sends, in order; once tether lets go of the instance, its session ends.
+            tokio::spawn(async move {
+                while let Some(message) = from_tether.recv().await {
+                    if link.send(message).await.is_err() {
+                        break;
+                    }
+                }
+                link.close().await;
+            });
+            // What the upstream sends, until tether lets go or the client can no longer vouch for
+            // the session.
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        message = from_server.recv() => {
+                            let Some(message) = message else { break };
+                            if to_tether.send(message.into()).is_err() {
+                                break;
+                            }
+                        }
+                        event = events.recv() => match event {
+                            None | Some(ClientEvent::Closed { fatal: true, .. }) => break,
+                            Some(ClientEvent::Divergence { reason }) if !matches!(reason, DivergenceReason::TaskStream { .. }) => {
+                                tracing::warn!(upstream = %url, kind = reason.kind(), %reason, "the upstream session diverged: the instance ends");
+                                break;
+                            }
+                            Some(event) => tracing::debug!(upstream = %url, ?event, "upstream"),
+                        },
+                    }
+                }
+            });
+            Ok(Link { to_upstream, from_upstream, keep: Box::new(()) })
+        })
+    }
+
+    fn describe(&self) -> String {
+        self.config.url.clone()
+    }
+}
