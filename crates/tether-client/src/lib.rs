@@ -72,6 +72,8 @@ pub struct ClientConfig {
     /// may answer a tool call with a task. The client follows such a task to its result either
     /// way ([`ClientEvent::Task`] reports its statuses).
     pub tasks: bool,
+    /// Extra headers sent with every request (`Authorization`, a gateway's routing header).
+    pub headers: Vec<(String, String)>,
     /// Whether a divergence re-initializes the session. Without, the client reports it
     /// ([`ClientEvent::Divergence`]), resolves what was pending as
     /// [`RequestError::OutcomeUnknown`] and closes, sending nothing more.
@@ -98,6 +100,7 @@ impl ClientConfig {
             hooks: Arc::new(DefaultHooks),
             idempotency_keys: true,
             tasks: false,
+            headers: Vec::new(),
             reinitialize: true,
         }
     }

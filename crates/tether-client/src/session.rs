@@ -96,7 +96,16 @@ impl Session {
         file: CheckpointFile,
         events: mpsc::UnboundedSender<ClientEvent>,
     ) -> Result<Session, ClientError> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        for (name, value) in &config.headers {
+            let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|e| ClientError::Transport(format!("header name {name:?}: {e}")))?;
+            let value = reqwest::header::HeaderValue::from_str(value)
+                .map_err(|e| ClientError::Transport(format!("header {name} value: {e}")))?;
+            headers.append(name, value);
+        }
         let http = reqwest::Client::builder()
+            .default_headers(headers)
             .tcp_nodelay(true)
             .tcp_keepalive(std::time::Duration::from_secs(30))
             .build()

@@ -7,6 +7,13 @@
 //!   `request_aborted`.
 //! - [`http::Remote`] reaches a Streamable HTTP server through tether's client, one upstream
 //!   session per instance, every reconnect proven.
+//!
+//! And the other way round, [`connect::bridge`] gives a stdio MCP client (a desktop
+//! application) tether's client in front of a Streamable HTTP server.
 
+pub mod connect;
 pub mod http;
+mod lines;
 pub mod stdio;
+
+pub use lines::MAX_LINE_BYTES;

@@ -4,15 +4,13 @@
 use std::process::Stdio;
 
 use futures_util::future::BoxFuture;
-use tether_core::jsonrpc::{self, Message};
+use tether_core::jsonrpc;
 use tether_server::upstream::{Connect, FromUpstream, Link};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Child;
 use tokio::sync::mpsc;
 
-/// The longest line a child may write: a message larger than this ends the child's session
-/// rather than growing the gateway's memory without bound.
-pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+use crate::lines::{next_line, write_messages};
 
 /// How to start the child: a program and its arguments.
 #[derive(Debug, Clone)]
@@ -78,54 +76,28 @@ impl Connect for Command {
     }
 }
 
-/// Writes each message as one line; stops when tether stops sending or the child stops reading.
-async fn write_messages(mut messages: mpsc::UnboundedReceiver<Message>, mut stdin: impl AsyncWrite + Unpin) {
-    while let Some(message) = messages.recv().await {
-        let mut line = message.to_vec();
-        line.push(b'\n');
-        if stdin.write_all(&line).await.is_err() || stdin.flush().await.is_err() {
-            break;
-        }
-    }
-}
-
 /// Reads one message per line until the child closes its stdout (it exited) or writes a line
 /// too long to hold. A line that is not a JSON-RPC message is logged and skipped: servers
 /// sometimes print a banner to stdout.
 async fn read_messages(stdout: impl AsyncRead + Unpin, to_tether: mpsc::UnboundedSender<FromUpstream>, pid: u32) {
     let mut reader = BufReader::new(stdout);
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        let read = (&mut reader).take(MAX_LINE_BYTES as u64 + 1).read_until(b'\n', &mut line).await;
-        match read {
-            Ok(0) => break,
-            Ok(_) if line.len() > MAX_LINE_BYTES => {
-                tracing::warn!(pid, "the upstream wrote a line over {MAX_LINE_BYTES} bytes: dropping it");
-                break;
-            }
-            Ok(_) => {}
-            Err(err) => {
-                tracing::warn!(pid, %err, "reading the upstream's stdout failed");
-                break;
-            }
-        }
-        let text = line.trim_ascii();
-        if text.is_empty() {
-            continue;
-        }
-        match jsonrpc::parse_message(text) {
+    let ended = loop {
+        let line = match next_line(&mut reader).await {
+            Ok(line) => line,
+            Err(ended) => break ended,
+        };
+        match jsonrpc::parse_message(&line) {
             Ok(message) => {
                 if to_tether.send(message.into()).is_err() {
-                    break;
+                    return;
                 }
             }
-            Err(err) => {
-                tracing::warn!(pid, %err, line = %String::from_utf8_lossy(text), "the upstream wrote a line that is not a JSON-RPC message")
-            }
+            Err(err) => tracing::warn!(
+                pid, %err, line = %String::from_utf8_lossy(&line), "the upstream wrote a line that is not a JSON-RPC message"
+            ),
         }
-    }
-    tracing::info!(pid, "the upstream closed its stdout");
+    };
+    tracing::info!(pid, %ended, "the upstream's stdout ended");
 }
 
 /// Logs what the child writes to stderr, a line at a time.

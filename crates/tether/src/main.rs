@@ -2,6 +2,7 @@
 
 mod bench_cli;
 mod client_cli;
+mod connect_cli;
 mod gateway_cli;
 mod probe_cli;
 mod serve;
@@ -43,6 +44,9 @@ enum Command {
     /// session (`tether gateway [serve's flags] -- COMMAND [ARGS...]`), or a Streamable HTTP
     /// one (`--upstream URL`).
     Gateway(gateway_cli::GatewayArgs),
+    /// Bridge a stdio MCP client (a desktop application) to a Streamable HTTP server through
+    /// tether's client: every reconnect proven, no request left hanging.
+    Connect(connect_cli::ConnectArgs),
     /// Follow a server's standalone stream, proving continuity on every reconnect (JSON lines).
     Watch(client_cli::WatchArgs),
     /// Call one tool and print its notifications and outcome (JSON lines).
@@ -73,6 +77,7 @@ fn main() -> anyhow::Result<ExitCode> {
             runtime.block_on(serve::run(args, serve::Answering::Builtin)).map(|()| ExitCode::SUCCESS)
         }
         Command::Gateway(args) => runtime.block_on(gateway_cli::run(args)).map(|()| ExitCode::SUCCESS),
+        Command::Connect(args) => Ok(runtime.block_on(connect_cli::run(args))),
         Command::Watch(args) => Ok(runtime.block_on(client_cli::watch(args))),
         Command::Call(args) => Ok(runtime.block_on(client_cli::call(args))),
         Command::Task(args) => Ok(runtime.block_on(client_cli::task(args))),

@@ -1,0 +1,200 @@
+//! `tether connect`: a stdio MCP client (a desktop application) talks to a Streamable HTTP
+//! server through tether's client, a drop-in for bridges such as `mcp-remote`.
+//!
+//! What the stdio client writes (one JSON-RPC message per line) goes through a
+//! [`MessageLink`]; what the server sends comes back the same way. Every reconnect is proven
+//! continuous or the server's session is replaced by a new one, initialized with the stdio
+//! client's own `initialize` params, so the client keeps working; a `notifications/message`
+//! (level `warning`, logger `tether`) tells it that what the old session held was reset. A
+//! request never hangs: it ends with its real result (re-issued under its idempotency key when
+//! the server offers keys) or with an error whose `data.reason` says why: `not_executed` (it
+//! was refused with its session, so it never ran), `outcome_unknown` (it may have run),
+//! `request_aborted` (the server died under it).
+
+use std::time::Duration;
+
+use serde_json::json;
+use tether_client::link::MessageLink;
+use tether_client::{ClientConfig, ClientEvent};
+use tether_core::jsonrpc::{self, ErrorObject, Message, Notification, Response, code};
+use tether_core::mcp::method;
+use tokio::io::{AsyncRead, AsyncWrite, BufReader};
+use tokio::sync::mpsc;
+
+use crate::lines::{LinesEnded, next_line, write_messages};
+
+/// How long requests still running get to finish once the stdio client closed its input.
+const DRAIN: Duration = Duration::from_secs(60);
+
+/// What a bridge carried, counted when it ends.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Counts {
+    /// Requests from the stdio client.
+    pub requests: u64,
+    /// Of their answers: results.
+    pub results: u64,
+    /// Of their answers: errors whose reason is `outcome_unknown` (the request may have run).
+    pub outcome_unknown: u64,
+    /// Of their answers: errors whose reason is `not_executed` (refused with its session).
+    pub not_executed: u64,
+    /// Of their answers: errors whose reason is `request_aborted` (the server died under it).
+    pub aborted: u64,
+    /// Of their answers: any other error.
+    pub errors: u64,
+    /// Notifications and requests from the server.
+    pub from_server: u64,
+    /// Resumes proven continuous, or reported unverified under the trust policy.
+    pub resumed: u64,
+    /// Divergences found.
+    pub divergences: u64,
+    /// Sessions replaced by a new one.
+    pub reinitialized: u64,
+    /// Keyed requests re-sent.
+    pub reissued: u64,
+}
+
+impl Counts {
+    fn answered(&mut self, response: &Response) {
+        match &response.outcome {
+            Ok(_) => self.results += 1,
+            Err(error) => match error.reason() {
+                Some("outcome_unknown") => self.outcome_unknown += 1,
+                Some("not_executed") => self.not_executed += 1,
+                Some("request_aborted") => self.aborted += 1,
+                _ => self.errors += 1,
+            },
+        }
+    }
+
+    /// Requests not answered yet.
+    pub fn pending(&self) -> u64 {
+        let answered = self.results + self.outcome_unknown + self.not_executed + self.aborted + self.errors;
+        self.requests.saturating_sub(answered)
+    }
+}
+
+/// Carries messages between the stdio client on `input`/`output` and the server `config`
+/// names, until the client closes its input (and what it asked is answered, for at most a
+/// minute) or the client can no longer reach the server.
+pub async fn bridge(
+    config: ClientConfig,
+    input: impl AsyncRead + Unpin + Send + 'static,
+    output: impl AsyncWrite + Unpin + Send + 'static,
+) -> Counts {
+    let (mut link, mut from_server, mut events) = MessageLink::new(config);
+    let (to_client, to_client_rx) = mpsc::unbounded_channel::<Message>();
+    let writer = tokio::spawn(write_messages(to_client_rx, output));
+    let (lines_tx, mut lines) = mpsc::channel::<Vec<u8>>(64);
+    tokio::spawn(read_lines(input, lines_tx));
+    let mut counts = Counts::default();
+    let mut input_open = true;
+    let drained = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(drained);
+    loop {
+        if !input_open && counts.pending() == 0 {
+            break;
+        }
+        tokio::select! {
+            line = lines.recv(), if input_open => match line {
+                Some(line) => match jsonrpc::parse_message(&line) {
+                    Ok(message) => {
+                        if matches!(message, Message::Request(_)) {
+                            counts.requests += 1;
+                        }
+                        if link.send(message).await.is_err() {
+                            tracing::warn!("the server can no longer be reached");
+                        }
+                    }
+                    Err(err) => {
+                        let error = ErrorObject::with_reason(code::PARSE_ERROR, err.to_string(), "parse_error");
+                        let _ = to_client.send(Message::Response(Response { id: None, outcome: Err(error) }));
+                    }
+                },
+                None => {
+                    input_open = false;
+                    drained.as_mut().reset(tokio::time::Instant::now() + DRAIN);
+                }
+            },
+            message = from_server.recv() => match message {
+                Some(message) => {
+                    match &message {
+                        Message::Response(response) => counts.answered(response),
+                        _ => counts.from_server += 1,
+                    }
+                    let _ = to_client.send(message);
+                }
+                None => break,
+            },
+            event = events.recv() => match event {
+                Some(event) => {
+                    if note(&mut counts, &event, &to_client) {
+                        break;
+                    }
+                }
+                None => break,
+            },
+            () = &mut drained => {
+                tracing::warn!(pending = counts.pending(), "requests still running when the bridge stopped waiting");
+                break;
+            }
+        }
+    }
+    link.close().await;
+    drop(to_client);
+    let _ = writer.await;
+    counts
+}
+
+/// Counts what tether observed, and tells the stdio client when its session was replaced.
+/// Returns whether the bridge must stop.
+fn note(counts: &mut Counts, event: &ClientEvent, to_client: &mpsc::UnboundedSender<Message>) -> bool {
+    match event {
+        ClientEvent::Resumed { .. } => counts.resumed += 1,
+        ClientEvent::Divergence { reason } => {
+            counts.divergences += 1;
+            tracing::warn!(kind = reason.kind(), %reason, "divergence");
+        }
+        ClientEvent::Reissued { .. } => counts.reissued += 1,
+        ClientEvent::Reinitialized { session } => {
+            counts.reinitialized += 1;
+            let warning = Notification {
+                method: method::MESSAGE.into(),
+                params: Some(json!({
+                    "level": "warning",
+                    "logger": "tether",
+                    "data": format!(
+                        "the server's session could not be continued and was replaced by a new one ({session}): \
+                         whatever the old session held (subscriptions, state of earlier calls) was reset"
+                    ),
+                })),
+            };
+            let _ = to_client.send(Message::Notification(warning));
+        }
+        ClientEvent::Closed { reason, fatal: true } => {
+            tracing::error!(%reason, "the server can no longer be reached");
+            return true;
+        }
+        _ => {}
+    }
+    false
+}
+
+/// Hands on the stdio client's lines until it closes its input; a line too long to hold ends it.
+async fn read_lines(input: impl AsyncRead + Unpin, lines: mpsc::Sender<Vec<u8>>) {
+    let mut reader = BufReader::new(input);
+    loop {
+        match next_line(&mut reader).await {
+            Ok(line) => {
+                if lines.send(line).await.is_err() {
+                    return;
+                }
+            }
+            Err(ended) => {
+                if !matches!(ended, LinesEnded::Closed) {
+                    tracing::error!(%ended, "the client's input ended");
+                }
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! `tether connect`.
+
+use std::process::ExitCode;
+
+use clap::Args;
+use tether_client::{ClientConfig, Policy};
+use tether_gateway::connect;
+
+use crate::client_cli::PolicyArg;
+
+#[derive(Debug, Args)]
+pub struct ConnectArgs {
+    /// The Streamable HTTP MCP endpoint.
+    url: String,
+    /// A header sent with every request, as `Name: value` (repeatable), e.g. for authorization.
+    #[arg(long = "header", value_name = "NAME: VALUE", value_parser = parse_header)]
+    headers: Vec<(String, String)>,
+    /// What a resume that cannot be proven continuous (opaque event ids) leads to: `strict`
+    /// replaces the session, `trust` goes on.
+    #[arg(long, value_enum, default_value = "strict")]
+    policy: PolicyArg,
+}
+
+/// `Name: value`.
+fn parse_header(text: &str) -> Result<(String, String), String> {
+    let (name, value) = text.split_once(':').ok_or_else(|| format!("{text:?} is not `Name: value`"))?;
+    Ok((name.trim().to_owned(), value.trim().to_owned()))
+}
+
+/// Bridges stdin and stdout to the server; prints what it carried to stderr as one JSON line
+/// when the client closes stdin.
+pub async fn run(args: ConnectArgs) -> ExitCode {
+    let mut config = ClientConfig::new(&args.url);
+    config.headers = args.headers;
+    config.policy = match args.policy {
+        PolicyArg::Strict => Policy::Strict,
+        PolicyArg::Trust => Policy::Trust,
+    };
+    let counts = connect::bridge(config, tokio::io::stdin(), tokio::io::stdout()).await;
+    eprintln!("{}", serde_json::json!({"event": "counts", "counts": counts}));
+    if counts.pending() == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}

@@ -1,0 +1,191 @@
+//! `tether connect` between a stdio client (this test, writing and reading lines as a desktop
+//! application would) and `tether serve`, through connection cuts and server restarts: no
+//! request hangs, none runs twice, and a replaced session is announced to the client.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, channel};
+use std::time::{Duration, Instant};
+
+use common::calls::{addr, faulty_proxy};
+use common::{free_port, parse, serve, temp_dir, tether};
+use serde_json::{Value, json};
+
+/// `tether connect URL` with its stdin, its stdout lines and its stderr lines.
+struct Bridge {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<Value>,
+    errors: Receiver<String>,
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Bridge {
+    fn start(url: &str) -> Bridge {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
+            .args(["connect", url])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn tether connect");
+        let (stdout, stderr) = (child.stdout.take().expect("stdout"), child.stderr.take().expect("stderr"));
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(serde_json::from_str(&line).expect("a JSON-RPC message per line"));
+            }
+        });
+        let (tx, errors) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let stdin = child.stdin.take();
+        Bridge { child, stdin, lines, errors }
+    }
+
+    fn send(&mut self, message: &Value) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{message}").expect("write a line");
+    }
+
+    /// Initializes, as the desktop application would.
+    fn initialize(&mut self) {
+        self.send(&json!({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "desktop", "version": "1"}}}));
+        let answer = self.lines.recv_timeout(Duration::from_secs(20)).expect("initialize answered");
+        assert_eq!(answer["id"], "init", "{answer}");
+        assert!(answer["result"]["serverInfo"].is_object(), "{answer}");
+        self.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    }
+
+    /// Closes stdin; the counts the bridge prints on stderr as it exits.
+    fn finish(mut self) -> Value {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while let Ok(line) = self.errors.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            if let Ok(counts) = serde_json::from_str::<Value>(&line)
+                && counts["event"] == "counts"
+            {
+                return counts["counts"].clone();
+            }
+        }
+        panic!("tether connect printed no counts");
+    }
+}
+
+fn add(id: u64) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": "counter_add", "arguments": {"key": "connect", "amount": 1}}})
+}
+
+/// Reads lines until every id of `ids` is answered (at most `limit`); the answers by id, and the
+/// notifications seen meanwhile.
+fn answers(lines: &Receiver<Value>, ids: std::ops::Range<u64>, limit: Duration) -> (Vec<Value>, Vec<Value>) {
+    let deadline = Instant::now() + limit;
+    let mut answered: Vec<Option<Value>> = vec![None; (ids.end - ids.start) as usize];
+    let mut notifications = Vec::new();
+    while answered.iter().any(Option::is_none) {
+        let Ok(line) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) else {
+            let missing: Vec<u64> =
+                (ids.start..ids.end).filter(|id| answered[(id - ids.start) as usize].is_none()).collect();
+            panic!("requests {missing:?} never answered");
+        };
+        match line["id"].as_u64().filter(|id| ids.contains(id)) {
+            Some(id) => answered[(id - ids.start) as usize] = Some(line),
+            None => notifications.push(line),
+        }
+    }
+    (answered.into_iter().flatten().collect(), notifications)
+}
+
+fn value(answer: &Value) -> Option<i64> {
+    answer["result"]["structuredContent"]["value"].as_i64()
+}
+
+#[test]
+fn keyed_calls_through_connect_survive_cuts_and_a_kill_9_exactly_once() {
+    const CALLS: u64 = 100;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let dir = temp_dir("connect-kill");
+    let port = free_port();
+    let args = ["--sse-retry", "50ms"];
+    let (mut server, direct) = serve(port, &dir, &args);
+    let proxy = faulty_proxy(&runtime, vec![addr(port)]);
+    // The handshake goes through whole; the calls meet the cuts.
+    proxy.cutting.store(false, Ordering::Relaxed);
+    let mut bridge = Bridge::start(&format!("http://{}/mcp", proxy.addr));
+    bridge.initialize();
+    proxy.cutting.store(true, Ordering::Relaxed);
+    for id in 0..CALLS / 2 {
+        bridge.send(&add(id));
+    }
+    let (first, _) = answers(&bridge.lines, 0..CALLS / 2, Duration::from_secs(120));
+    server.kill9();
+    for id in CALLS / 2..CALLS {
+        bridge.send(&add(id));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    server = serve(port, &dir, &args).0;
+    let (second, _) = answers(&bridge.lines, CALLS / 2..CALLS, Duration::from_secs(120));
+    let counts = bridge.finish();
+    println!("connect, {} cuts, 1 kill: {counts}", proxy.cuts.load(Ordering::Relaxed));
+
+    let mut values: Vec<i64> = first.iter().chain(&second).map(|a| value(a).unwrap_or_else(|| panic!("{a}"))).collect();
+    values.sort_unstable();
+    assert_eq!(values, (1..=CALLS as i64).collect::<Vec<_>>(), "each call its own real result");
+    let read = tether(&["call", &direct, "counter_get", "--args", r#"{"key": "connect"}"#]);
+    let last = parse(&read.rest(Duration::from_secs(30))).pop().expect("counter_get answered");
+    assert_eq!(last["result"]["structuredContent"]["value"], CALLS, "the counter was added to once per call");
+    assert_eq!(counts["requests"], CALLS + 1, "{counts}");
+    assert_eq!(counts["results"], CALLS + 1, "{counts}");
+    assert!(counts["reissued"].as_u64() > Some(0), "the faults happened: {counts}");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_session_lost_with_its_server_is_replaced_and_the_client_told() {
+    let port = free_port();
+    let dir = temp_dir("connect-memory");
+    let args = ["--store", "memory", "--sse-retry", "50ms"];
+    let (mut server, url) = serve(port, &dir, &args);
+    let mut bridge = Bridge::start(&url);
+    bridge.initialize();
+    bridge.send(&add(1));
+    let (before, _) = answers(&bridge.lines, 1..2, Duration::from_secs(30));
+    assert_eq!(value(&before[0]), Some(1));
+    // The memory store forgets the session with the process: the next request meets a 404.
+    server.kill9();
+    let _server = serve(port, &dir, &args).0;
+    bridge.send(&add(2));
+    let (after, notifications) = answers(&bridge.lines, 2..3, Duration::from_secs(60));
+    let answer = &after[0];
+    // A new server knows nothing of the old session: the request either ran in the new one (its
+    // real result), or the bridge says it did not run (refused with the old session) or cannot
+    // know; it never hangs.
+    let reason = &answer["error"]["data"]["reason"];
+    assert!(value(answer) == Some(1) || reason == "not_executed" || reason == "outcome_unknown", "{answer}");
+    let warned =
+        notifications.iter().any(|n| n["method"] == "notifications/message" && n["params"]["logger"] == "tether");
+    assert!(warned, "the client was told its session was replaced: {notifications:?}");
+    // And the bridge goes on in the new session.
+    bridge.send(&add(3));
+    let (later, _) = answers(&bridge.lines, 3..4, Duration::from_secs(30));
+    assert!(value(&later[0]).is_some(), "{}", later[0]);
+    let counts = bridge.finish();
+    println!("connect across a memory-store restart: {counts}");
+    assert_eq!(counts["reinitialized"], 1, "{counts}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
