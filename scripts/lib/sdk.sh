@@ -5,9 +5,8 @@
 # for its "listening on URL" line and its port, sets URL) and `free_port`.
 
 source "$(dirname "${BASH_SOURCE[0]}")/py-sdk.sh"
-TS_SDK_VERSION=1.32.2
+source "$(dirname "${BASH_SOURCE[0]}")/ts-sdk.sh"
 RMCP_VERSION=3.11.0
-TS="$CACHE/ts-sdk-$TS_SDK_VERSION"
 LOGS="$(mktemp -d)"
 PIDS=()
 cleanup() {
@@ -16,13 +15,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-if [ ! -f "$TS/.installed" ]; then
-  mkdir -p "$TS"
-  (cd "$TS" && { [ -f package.json ] || npm init -y >/dev/null; } \
-    && npm install --no-audit --no-fund "@modelcontextprotocol/sdk@$TS_SDK_VERSION" >"$LOGS/npm.log" 2>&1) \
-    || { cat "$LOGS/npm.log" >&2; exit 1; }
-  touch "$TS/.installed"
-fi
 # PROFILE=release (set before sourcing) builds optimized binaries, for benchmarks.
 PROFILE="${PROFILE:-debug}"
 PROFILE_FLAG=()

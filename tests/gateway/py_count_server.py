@@ -1,7 +1,7 @@
 """A stdio MCP server written with the official Python SDK (`pip install mcp`): its one tool,
 `add(amount)`, adds to a counter kept in the file $COUNT_FILE (under an exclusive lock, since each
 gateway session runs a child of its own) and returns the new value. The gateway's chaos runs
-(crates/tether/tests/gateway_chaos.rs) count in that file how often the tool really ran.
+(crates/tether/tests/gateway_sdk.rs) count in that file how often the tool really ran.
 
 Usage: py_count_server.py   (stdio)
 """

@@ -1,11 +1,17 @@
-//! Exactly-once through `tether gateway`: 500 keyed calls of a stdio server written with the
-//! official Python SDK (tests/gateway/py_count_server.py), which counts its runs in a file,
-//! through a proxy that cuts connections at random; in a second run the gateway (embedded
-//! store) is also killed with SIGKILL once and restarted. The server knows nothing of keys,
-//! resumption or tether: the gateway claims each key before the call reaches the server.
+//! `tether gateway` with the official SDKs on either side.
 //!
-//! Needs `TETHER_PY_SDK`, a Python with the SDK installed (`pip install mcp`); scripts/test
-//! installs one and runs these tests with it.
+//! Exactly-once: 500 keyed calls of a stdio server written with the Python SDK
+//! (tests/gateway/py_count_server.py), which counts its runs in a file, through a proxy that
+//! cuts connections at random; in a second run the gateway (embedded store) is also killed with
+//! SIGKILL once and restarted. The server knows nothing of keys, resumption or tether: the
+//! gateway claims each key before the call reaches the server.
+//!
+//! Resumption: the Python and TypeScript SDK clients call a streaming tool of a stdio server
+//! through the gateway while a proxy cuts every stream, and get each notification once, in
+//! order, and the result.
+//!
+//! Needs `TETHER_PY_SDK` (a Python with `pip install mcp`) and `TETHER_TS_SDK` (a directory with
+//! `@modelcontextprotocol/sdk` installed); scripts/test installs both and runs these tests.
 
 mod common;
 
@@ -19,6 +25,10 @@ use serde_json::Value;
 
 const CALLS: usize = 500;
 const SERVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/gateway/py_count_server.py");
+
+const STDIO_SERVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/gateway/stdio_server.py");
+const PY_CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/gateway/sdk_resume.py");
+const TS_CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/gateway/sdk_resume.mjs");
 
 fn python() -> String {
     std::env::var("TETHER_PY_SDK").expect(
@@ -139,4 +149,50 @@ fn a_kill_9_of_a_gateway_leaves_each_call_with_its_result_or_request_aborted_and
         tally.aborted
     );
     assert!(hit > 0, "the kill hit calls in flight");
+}
+
+#[test]
+fn sdk_clients_resume_through_a_gateway_whose_streams_are_cut() {
+    let ts_sdk = std::env::var("TETHER_TS_SDK").expect(
+        "TETHER_TS_SDK must name a directory with @modelcontextprotocol/sdk installed; scripts/test installs one",
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let gateway = tether(&[
+        "gateway",
+        "--store",
+        "memory",
+        "--listen",
+        &listen,
+        "--sse-retry",
+        "50ms",
+        "--",
+        "python3",
+        STDIO_SERVER,
+    ]);
+    let first = gateway.line(Duration::from_secs(60)).expect("tether gateway started");
+    assert!(first.starts_with("listening on "), "{first}");
+    // Cuts after 600 to 1,800 bytes of each stream: the Python SDK gives up on a call after two
+    // resumes in a row end abruptly (MAX_RECONNECTION_ATTEMPTS in mcp 2.3.0), so the budget leaves
+    // its 12 notifications room to finish after a cut or two.
+    let proxy = runtime.block_on(tether_testkit::proxy::start(vec![addr(port)], 0x5eed_0d1c, 600, 1_800));
+    proxy.cutting.store(true, Ordering::Relaxed);
+    let url = format!("http://{}/mcp", proxy.addr);
+    for (name, mut command) in
+        [("python", std::process::Command::new(python())), ("typescript", std::process::Command::new("node"))]
+    {
+        let script = if name == "python" { PY_CLIENT } else { TS_CLIENT };
+        let before = proxy.cuts.load(Ordering::Relaxed);
+        let output = command
+            .args([script, url.as_str(), "12"])
+            .env("TETHER_TS_SDK", &ts_sdk)
+            .output()
+            .unwrap_or_else(|err| panic!("{name} sdk client: {err}"));
+        let cuts = proxy.cuts.load(Ordering::Relaxed) - before;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        println!("{name} sdk client through the gateway, {cuts} cuts: {}", stdout.trim());
+        assert!(output.status.success(), "{name}: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+        assert!(cuts > 0, "{name}: the proxy cut nothing");
+    }
 }
