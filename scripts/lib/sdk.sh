@@ -1,8 +1,9 @@
 # Shared by scripts/interop and scripts/audit (source it; it is not a command).
 # Installs the official Python and TypeScript SDKs into $TETHER_CACHE (default ~/.cache/tether),
 # builds tether and the rmcp server of tests/interop/rmcp_server (its target dir in the cache;
-# optimized with PROFILE=release), and provides `start NAME COMMAND...` (runs a server until the script exits, waits
-# for its "listening on URL" line and its port, sets URL) and `free_port`.
+# optimized with PROFILE=release), and provides `start NAME COMMAND...` (runs a server until the
+# script exits, waits for its "listening on URL" line and its port, sets URL), `start_port NAME
+# PORT COMMAND...` (the same for a server that prints no URL: waits for the port) and `free_port`.
 
 source "$(dirname "${BASH_SOURCE[0]}")/py-sdk.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/ts-sdk.sh"
@@ -39,6 +40,20 @@ start() { # name, command...: runs a server, waits for "listening on URL", sets 
         sleep 0.1
       done
     fi
+    sleep 0.1
+  done
+  cat "$LOGS/$name.log" >&2
+  echo "$name did not start" >&2
+  exit 1
+}
+
+start_port() { # name, port, command...: runs a server that prints no URL, waits for its port, sets URL
+  local name=$1 port=$2; shift 2
+  "$@" >"$LOGS/$name.log" 2>&1 &
+  PIDS+=($!)
+  URL="http://127.0.0.1:$port/mcp"
+  for _ in $(seq 1 300); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
     sleep 0.1
   done
   cat "$LOGS/$name.log" >&2
