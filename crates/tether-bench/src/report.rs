@@ -187,6 +187,14 @@ impl Results {
             &|r| format!("{r:.2}×, p99 {:.2}× rmcp's", embedded_p99.unwrap_or(f64::NAN)),
             &|r| r >= 1.0 && embedded_p99.is_some_and(|p| p <= 2.0),
         );
+        // Measured, with no goal set: what fronting a server with `tether gateway` costs.
+        let through = ratio(m(tool, Target::GatewayRmcp, "calls/s"), m(tool, Target::Rmcp, "calls/s"));
+        goals.push((
+            "tool-call: rmcp through tether gateway (memory), calls/s against rmcp directly (measured, no goal)"
+                .to_owned(),
+            through.map_or("not measured".into(), |r| format!("{r:.2}×")),
+            None,
+        ));
         goals
     }
 

@@ -27,11 +27,14 @@ pub enum Target {
     Python,
     /// [`crate::raw`]: the same bytes with no MCP logic; the ceiling for the machine.
     Raw,
+    /// `tether gateway --store memory --upstream` the [`Target::Rmcp`] server: what fronting a
+    /// server with tether costs, against that server measured directly in the same run.
+    GatewayRmcp,
 }
 
 impl Target {
     /// Every target, in report order.
-    pub const ALL: [Target; 7] = [
+    pub const ALL: [Target; 8] = [
         Target::TetherMemory,
         Target::TetherEmbedded,
         Target::TetherRedis,
@@ -39,6 +42,7 @@ impl Target {
         Target::Ts,
         Target::Python,
         Target::Raw,
+        Target::GatewayRmcp,
     ];
 
     /// The name used on the command line and in reports.
@@ -51,6 +55,7 @@ impl Target {
             Target::Ts => "ts",
             Target::Python => "python",
             Target::Raw => "raw",
+            Target::GatewayRmcp => "gateway-rmcp",
         }
     }
 
@@ -100,6 +105,8 @@ struct Processes {
     /// Helpers first (a `redis-server`), the server last.
     children: Vec<Child>,
     data_dir: Option<PathBuf>,
+    /// The server a gateway fronts, stopped after the gateway.
+    upstream: Option<Box<Running>>,
 }
 
 impl Drop for Processes {
@@ -111,6 +118,7 @@ impl Drop for Processes {
         if let Some(dir) = &self.data_dir {
             let _ = std::fs::remove_dir_all(dir);
         }
+        drop(self.upstream.take());
     }
 }
 
@@ -189,6 +197,17 @@ pub fn start(target: Target, mode: Mode, programs: &Programs, max_events: u64) -
             with_file_limit(&programs.tether, &args)
         }
         Target::Raw => with_file_limit(&programs.tether, &["bench".into(), "--serve-raw".into()]),
+        Target::GatewayRmcp => {
+            let upstream = start(Target::Rmcp, mode, programs, max_events)?;
+            let url = format!("http://{}{}", upstream.endpoint.addr, upstream.endpoint.path);
+            processes.upstream = Some(Box::new(upstream));
+            let mut args: Vec<String> =
+                ["gateway", "--listen", "127.0.0.1:0", "--store", "memory", "--max-sessions", "50000"]
+                    .map(String::from)
+                    .to_vec();
+            args.extend(["--max-events-per-stream".into(), max_events.to_string(), "--upstream".into(), url]);
+            with_file_limit(&programs.tether, &args)
+        }
         Target::Rmcp => {
             let program = programs
                 .rmcp

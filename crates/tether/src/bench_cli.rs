@@ -15,7 +15,8 @@ use tether_server::parse_duration;
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// Servers to measure: tether (all three stores), tether-memory, tether-embedded,
-    /// tether-redis, rmcp, ts, python, raw or all (repeatable).
+    /// tether-redis, rmcp, ts, python, raw, gateway-rmcp (tether gateway in front of the rmcp
+    /// server) or all (repeatable).
     #[arg(long = "target", value_name = "TARGET", default_value = "all")]
     targets: Vec<String>,
     /// Scenarios: tool-call, tool-call-json, stream, resume, sessions, fanout, sustained,
