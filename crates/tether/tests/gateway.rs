@@ -20,9 +20,14 @@ fn gateway() -> (Process, String) {
 
 /// `tether gateway` with `flags` in front of the test server; returns it once it listens.
 fn start(flags: &[&str]) -> (Process, String) {
+    start_before(flags, &["--", "python3", SERVER])
+}
+
+/// `tether gateway` with `flags` in front of `upstream` (`--upstream URL` or `-- COMMAND...`).
+fn start_before(flags: &[&str], upstream: &[&str]) -> (Process, String) {
     let mut args = vec!["gateway"];
     args.extend_from_slice(flags);
-    args.extend_from_slice(&["--", "python3", SERVER]);
+    args.extend_from_slice(upstream);
     let process = tether(&args);
     let first = process.line(Duration::from_secs(30)).expect("tether gateway started");
     let url = first.strip_prefix("listening on ").expect("listening line").to_owned();
@@ -215,5 +220,42 @@ fn a_session_begun_before_a_restart_ends_as_upstream_lost_instead_of_meeting_a_f
     assert_eq!(send(&url, Some(&session), &ping).status, 404);
     let again = initialize(&url);
     assert_ne!(result_text(&call(&url, &again, "pid", json!({}))), pid);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_http_upstream_carries_requests_both_ways_and_its_lost_session_ends_the_downstream_one() {
+    let dir = temp_dir("gateway-http-upstream");
+    let upstream_port = free_port();
+    let (mut upstream, upstream_url) = serve(upstream_port, &dir, &["--store", "memory"]);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (_gateway, url) = start_before(&["--store", "memory", "--listen", &listen], &["--upstream", &upstream_url]);
+
+    // The upstream asks the client (elicitation) in the middle of a call: the request crosses
+    // the gateway to the client and the answer back, under ids each side knows.
+    let out = parse(&tether(&["call", &url, "test_elicitation_sep1034_defaults"]).rest(Duration::from_secs(30)));
+    let last = out.last().expect("tether call printed its outcome");
+    assert_eq!(last["event"], "result", "{out:?}");
+    assert_eq!(last["result"]["content"][0]["text"].as_str().map(|t| t.contains("accept")), Some(true), "{out:?}");
+
+    let session = initialize(&url);
+    assert_eq!(result_text(&call(&url, &session, "count", json!({"to": 3}))), "counted to 3");
+    // The upstream restarts on the memory store: its session is gone, and so is the downstream
+    // one, with the reason, instead of a new upstream session answering as if nothing happened.
+    upstream.kill9();
+    let (_upstream, _) = serve(upstream_port, &dir, &["--store", "memory"]);
+    let answer = call(&url, &session, "count", json!({"to": 3}));
+    let reason = answer.last().expect("an answer")["error"]["data"]["reason"].clone();
+    assert!(
+        ["not_executed", "outcome_unknown", "request_aborted"].contains(&reason.as_str().unwrap_or_default()),
+        "{answer:?}"
+    );
+    let ping = json!({"jsonrpc": "2.0", "id": 9, "method": "ping"});
+    eventually("the session outlived its upstream session", || send(&url, Some(&session), &ping).status == 404);
+    let refused: Value = serde_json::from_str(&send(&url, Some(&session), &ping).body).expect("a JSON error");
+    assert_eq!(refused["error"]["data"]["reason"], "upstream_lost", "{refused}");
+    // A new downstream session gets a new upstream session.
+    let again = initialize(&url);
+    assert_eq!(result_text(&call(&url, &again, "count", json!({"to": 2}))), "counted to 2");
     let _ = std::fs::remove_dir_all(&dir);
 }
