@@ -29,12 +29,12 @@ impl Command {
 /// A running child: killed when dropped (with its reader and writer).
 struct Running {
     _child: Child,
-    _io: Vec<tokio::task::AbortHandle>,
+    io: Vec<tokio::task::AbortHandle>,
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        for task in &self._io {
+        for task in &self.io {
             task.abort();
         }
     }
@@ -52,7 +52,8 @@ impl Connect for Command {
         let describe = self.describe();
         Box::pin(async move {
             let mut child = spawned.map_err(|err| format!("cannot start it: {err}"))?;
-            let pid = child.id().unwrap_or_default();
+            // None only once the child is reaped; the pid only labels log lines.
+            let pid = child.id().unwrap_or(0);
             // Piped above, so present: taken once, here.
             let (Some(stdin), Some(stdout), Some(stderr)) =
                 (child.stdin.take(), child.stdout.take(), child.stderr.take())
@@ -67,7 +68,7 @@ impl Connect for Command {
                 tokio::spawn(log_stderr(stderr, pid)).abort_handle(),
             ];
             tracing::info!(pid, upstream = %describe, "started an upstream process");
-            Ok(Link { to_upstream, from_upstream, keep: Box::new(Running { _child: child, _io: io }) })
+            Ok(Link { to_upstream, from_upstream, keep: Box::new(Running { _child: child, io }) })
         })
     }
 

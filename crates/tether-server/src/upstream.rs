@@ -186,10 +186,7 @@ impl Upstream {
         let mut starting = starting.ok_or_else(gone)?;
         // Started at `initialize`: wait for it to be up (or to have failed).
         let started = starting.wait_for(Option::is_some).await.map_err(|_| gone())?;
-        match started.as_ref() {
-            Some(started) => started.clone(),
-            None => Err(gone()),
-        }
+        started.clone().unwrap_or_else(|| Err(gone()))
     }
 
     /// Forgets the session's instance once the process stops serving the session (unless
