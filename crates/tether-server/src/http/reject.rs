@@ -64,7 +64,7 @@ pub(crate) enum Refusal {
 impl Refusal {
     /// Every refusal, for the test against docs/PROTOCOL.md.
     #[cfg(test)]
-    pub const ALL: [Refusal; 36] = [
+    pub const ALL: [Refusal; 37] = [
         Refusal::ParseError,
         Refusal::InvalidMessage,
         Refusal::BatchNotAllowed,
@@ -73,6 +73,7 @@ impl Refusal {
         Refusal::SessionInvalid(InvalidReason::UnknownSession),
         Refusal::SessionInvalid(InvalidReason::Terminated),
         Refusal::SessionInvalid(InvalidReason::Expired),
+        Refusal::SessionInvalid(InvalidReason::UpstreamLost),
         Refusal::SessionInvalid(InvalidReason::IncarnationMismatch),
         Refusal::MalformedCursor,
         Refusal::UnsupportedProtocolVersion,
