@@ -306,6 +306,7 @@ impl SessionHandle {
                 {
                     self.server.sessions.remove(&self.runtime.id);
                 }
+                crate::telemetry::session_ended_by_server(why);
                 tracing::info!(session = %self.runtime.id, ?why, "session ended by the server");
             }
             Err(err) => tracing::debug!(session = %self.runtime.id, %err, "the session had already ended"),

@@ -16,6 +16,22 @@ pub(crate) fn session_terminated() {
     metrics::counter!("tether_sessions_terminated_total").increment(1);
 }
 
+/// A session was ended by the server (`SessionHandle::end`), with why: `upstream_lost`.
+pub(crate) fn session_ended_by_server(why: tether_store::SessionEnd) {
+    let reason = match why {
+        tether_store::SessionEnd::Terminated => "terminated",
+        tether_store::SessionEnd::Expired => "expired",
+        tether_store::SessionEnd::UpstreamLost => "upstream_lost",
+    };
+    metrics::counter!("tether_sessions_ended_by_server_total", "reason" => reason).increment(1);
+}
+
+/// An upstream instance (a gateway's child process or upstream session, an rmcp service)
+/// started (`1`) or stopped (`-1`).
+pub(crate) fn upstream_instances(delta: f64) {
+    metrics::gauge!("tether_upstream_instances").increment(delta);
+}
+
 /// Sessions expired by a sweep.
 pub(crate) fn sessions_expired(count: usize) {
     metrics::counter!("tether_sessions_expired_total").increment(count as u64);

@@ -362,6 +362,7 @@ impl Peer {
 
         let (stop, gone) = (CancellationToken::new(), CancellationToken::new());
         let router = Router { to_upstream: to_upstream.clone(), calls: Calls::default(), session, describe };
+        crate::telemetry::upstream_instances(1.0);
         let peer = Peer {
             to_upstream,
             calls: Arc::clone(&router.calls),
@@ -413,6 +414,12 @@ impl Peer {
                 Err(ErrorObject::with_reason(code::INTERNAL_ERROR, "the request was cancelled", "cancelled"))
             }
         }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        crate::telemetry::upstream_instances(-1.0);
     }
 }
 

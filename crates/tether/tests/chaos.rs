@@ -24,7 +24,7 @@ const ARGS: &str = r#"{"key": "chaos", "amount": 1}"#;
 /// `CALLS` calls of `counter_add` through `url`; `done` counts finished calls.
 fn run_calls(url: &str, done: &AtomicUsize) -> Tally {
     let value = |result: &Value| result["structuredContent"]["value"].as_i64();
-    Run { url, tool: "counter_add", args: ARGS, calls: CALLS, value }.go(done)
+    Run { url, tool: "counter_add", args: ARGS, calls: CALLS, value, deadline: RUN_DEADLINE }.go(done)
 }
 
 /// The counter's value, read past the proxy.

@@ -131,7 +131,10 @@ fn each_session_gets_its_own_child_and_its_traffic_both_ways() {
 
 #[test]
 fn a_child_that_dies_ends_its_session_as_upstream_lost_and_its_calls_as_request_aborted() {
-    let (_gateway, url) = gateway();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (gateway, url) = start(&["--store", "memory", "--listen", &listen, "--metrics", "127.0.0.1:0"]);
+    let scrape = gateway.line(Duration::from_secs(10)).expect("the metrics line");
+    let scrape = scrape.strip_prefix("metrics on ").expect("metrics on URL").to_owned();
     let session = initialize(&url);
     let pid = result_text(&call(&url, &session, "pid", json!({})));
     let (url_, session_) = (url.clone(), session.clone());
@@ -158,6 +161,10 @@ fn a_child_that_dies_ends_its_session_as_upstream_lost_and_its_calls_as_request_
     // A new session gets a new child.
     let again = initialize(&url);
     assert_ne!(result_text(&call(&url, &again, "pid", json!({}))), pid);
+    // Counted: one session lost with its upstream, and one child running (the new session's).
+    let metrics = exchange(&scrape, "GET", &[], "", |_| false, Duration::from_secs(10)).body;
+    assert!(metrics.contains("tether_sessions_ended_by_server_total{reason=\"upstream_lost\"} 1"), "{metrics}");
+    assert!(metrics.contains("tether_upstream_instances 1"), "{metrics}");
 }
 
 #[test]

@@ -19,11 +19,14 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::calls::{RUN_DEADLINE, Run, Tally, addr, assert_each_value_once, faulty_proxy};
+use common::calls::{Run, Tally, addr, assert_each_value_once, faulty_proxy};
 use common::{Process, free_port, temp_dir, tether};
 use serde_json::Value;
 
 const CALLS: usize = 500;
+/// How long a run may take: each call is a session of its own, so a Python child of its own
+/// (about 0.4 s of CPU to start), on two cores.
+const RUN_DEADLINE: Duration = Duration::from_secs(900);
 const SERVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/gateway/py_count_server.py");
 
 const STDIO_SERVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/gateway/stdio_server.py");
@@ -86,8 +89,10 @@ fn run(name: &str, kill: bool) -> (Tally, i64, u64, usize) {
     let done = AtomicUsize::new(0);
     let mut kills = Vec::new();
     let tally = std::thread::scope(|scope| {
-        let calls =
-            scope.spawn(|| Run { url: &url, tool: "add", args: r#"{"amount": 1}"#, calls: CALLS, value }.go(&done));
+        let calls = scope.spawn(|| {
+            Run { url: &url, tool: "add", args: r#"{"amount": 1}"#, calls: CALLS, value, deadline: RUN_DEADLINE }
+                .go(&done)
+        });
         if kill {
             let deadline = Instant::now() + RUN_DEADLINE;
             while done.load(Ordering::Relaxed) < CALLS / 2 && Instant::now() < deadline && !calls.is_finished() {

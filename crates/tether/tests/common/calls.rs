@@ -14,7 +14,7 @@ use super::{parse, tether};
 pub const WORKERS: usize = 4;
 /// How long one call may take, faults and re-issues included.
 pub const CALL_DEADLINE: Duration = Duration::from_secs(90);
-/// How long a whole run may take.
+/// How long a whole run of the built-in server's calls may take.
 pub const RUN_DEADLINE: Duration = Duration::from_secs(300);
 
 /// How the calls of one run ended.
@@ -50,6 +50,8 @@ pub struct Run<'a> {
     pub calls: usize,
     /// The counter value a result reports.
     pub value: fn(&Value) -> Option<i64>,
+    /// How long the whole run may take: calls not started by then are not made.
+    pub deadline: Duration,
 }
 
 impl Run<'_> {
@@ -61,7 +63,7 @@ impl Run<'_> {
         std::thread::scope(|scope| {
             for _ in 0..WORKERS {
                 scope.spawn(|| {
-                    while next.fetch_add(1, Ordering::Relaxed) < self.calls && started.elapsed() < RUN_DEADLINE {
+                    while next.fetch_add(1, Ordering::Relaxed) < self.calls && started.elapsed() < self.deadline {
                         let mut call = tether(&["call", self.url, self.tool, "--args", self.args]);
                         let began = Instant::now();
                         let lines = call.rest(CALL_DEADLINE);
