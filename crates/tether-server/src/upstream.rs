@@ -176,13 +176,7 @@ impl Upstream {
             .get(session.id())
             .filter(|(serving, _)| serving.same(&session))
             .map(|(_, starting)| starting.clone());
-        let gone = || {
-            ErrorObject::with_reason(
-                SERVER_ERROR,
-                format!("this session's upstream instance ({}) is gone: start a new session", self.connect.describe()),
-                "upstream_lost",
-            )
-        };
+        let gone = || lost(&self.connect.describe());
         let mut starting = starting.ok_or_else(gone)?;
         // Started at `initialize`: wait for it to be up (or to have failed).
         let started = starting.wait_for(Option::is_some).await.map_err(|_| gone())?;
@@ -294,6 +288,15 @@ fn aborted(upstream: &str) -> ErrorObject {
     )
 }
 
+/// The upstream had stopped before the request could be sent: it did not run.
+fn lost(upstream: &str) -> ErrorObject {
+    ErrorObject::with_reason(
+        SERVER_ERROR,
+        format!("the upstream server ({upstream}) had stopped: the request was not sent; start a new session"),
+        "upstream_lost",
+    )
+}
+
 /// JSON-RPC's code for errors of the server's own.
 const SERVER_ERROR: i64 = -32000;
 
@@ -399,7 +402,8 @@ impl Peer {
         let request = Request { id: RequestId::Number(id), method, params: Some(params) };
         if self.to_upstream.send(Message::Request(request)).is_err() {
             lock(&self.calls).remove(&id);
-            return Err(aborted(&self.describe));
+            // Never sent, so certainly not run: not an abort.
+            return Err(lost(&self.describe));
         }
         tokio::select! {
             outcome = outcome => outcome.unwrap_or_else(|_| Err(aborted(&self.describe))),

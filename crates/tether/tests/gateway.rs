@@ -266,3 +266,30 @@ fn an_http_upstream_carries_requests_both_ways_and_its_lost_session_ends_the_dow
     assert_eq!(result_text(&call(&url, &again, "count", json!({"to": 2}))), "counted to 2");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn max_sessions_bounds_the_children() {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (gateway, url) = start(&["--store", "memory", "--listen", &listen, "--max-sessions", "2"]);
+    let (a, b) = (initialize(&url), initialize(&url));
+    let pids = [result_text(&call(&url, &a, "pid", json!({}))), result_text(&call(&url, &b, "pid", json!({})))];
+    // A third session is refused before any child starts for it.
+    let body = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": LEGACY, "capabilities": {}, "clientInfo": {"name": "gateway-test", "version": "1"}}});
+    let refused = send(&url, None, &body);
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    let error: Value = serde_json::from_str(&refused.body).expect("a JSON error");
+    assert_eq!(error["error"]["data"]["reason"], "too_many_sessions", "{error}");
+    let children = children_of(gateway.child.id());
+    assert_eq!(children.len(), 2, "one child per admitted session: {children:?}, sessions' {pids:?}");
+}
+
+/// The pids of `parent`'s child processes.
+fn children_of(parent: u32) -> Vec<String> {
+    let tasks = std::fs::read_dir(format!("/proc/{parent}/task")).expect("the gateway's tasks");
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
+        .flat_map(|children| children.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+        .collect()
+}
