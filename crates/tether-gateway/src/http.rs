@@ -12,6 +12,8 @@ use tether_client::{ClientConfig, ClientEvent, DivergenceReason};
 use tether_server::upstream::{Connect, FromUpstream, Link};
 use tokio::sync::mpsc;
 
+use crate::Tasks;
+
 /// An HTTP upstream: where it is and how tether's client talks to it.
 #[derive(Debug, Clone)]
 pub struct Remote {
@@ -44,9 +46,9 @@ impl Connect for Remote {
                 }
                 link.close().await;
             });
-            // What the upstream sends, until tether lets go or the client can no longer vouch for
-            // the session.
-            tokio::spawn(async move {
+            // What the upstream sends, until tether lets go (the instance's `keep` is dropped) or
+            // the client can no longer vouch for the session.
+            let relay = tokio::spawn(async move {
                 loop {
                     tokio::select! {
                         message = from_server.recv() => {
@@ -66,7 +68,7 @@ impl Connect for Remote {
                     }
                 }
             });
-            Ok(Link { to_upstream, from_upstream, keep: Box::new(()) })
+            Ok(Link { to_upstream, from_upstream, keep: Box::new(Tasks(vec![relay.abort_handle()])) })
         })
     }
 

@@ -17,3 +17,15 @@ mod lines;
 pub mod stdio;
 
 pub use lines::MAX_LINE_BYTES;
+
+/// Tasks that serve one upstream instance or bridge: aborted when dropped, so nothing outlives
+/// what it serves.
+pub(crate) struct Tasks(pub(crate) Vec<tokio::task::AbortHandle>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}

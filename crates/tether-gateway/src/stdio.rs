@@ -10,6 +10,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Child;
 use tokio::sync::mpsc;
 
+use crate::Tasks;
 use crate::lines::{next_line, write_messages};
 
 /// How to start the child: a program and its arguments.
@@ -26,18 +27,10 @@ impl Command {
     }
 }
 
-/// A running child: killed when dropped (with its reader and writer).
+/// A running child: killed when dropped, with its reader and writer.
 struct Running {
     _child: Child,
-    io: Vec<tokio::task::AbortHandle>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        for task in &self.io {
-            task.abort();
-        }
-    }
+    _io: Tasks,
 }
 
 impl Connect for Command {
@@ -62,13 +55,13 @@ impl Connect for Command {
             };
             let (to_upstream, from_tether) = mpsc::unbounded_channel();
             let (to_tether, from_upstream) = mpsc::unbounded_channel();
-            let io = vec![
+            let io = Tasks(vec![
                 tokio::spawn(write_messages(from_tether, stdin)).abort_handle(),
                 tokio::spawn(read_messages(stdout, to_tether, pid)).abort_handle(),
                 tokio::spawn(log_stderr(stderr, pid)).abort_handle(),
-            ];
+            ]);
             tracing::info!(pid, upstream = %describe, "started an upstream process");
-            Ok(Link { to_upstream, from_upstream, keep: Box::new(Running { _child: child, io }) })
+            Ok(Link { to_upstream, from_upstream, keep: Box::new(Running { _child: child, _io: io }) })
         })
     }
 

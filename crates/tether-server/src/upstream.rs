@@ -8,20 +8,20 @@
 //! stopped when the process stops serving the session. A session this process did not start
 //! (begun before a restart, or at another replica) has no instance here, and its instance's
 //! state is out of reach: it ends as `upstream_lost` ([`Handler::adopts`]) rather than being
-//! served from reset state. If the
-//! upstream stops first, its running requests end with a `request_aborted` error and the
-//! session ends as [`SessionEnd::UpstreamLost`]: later requests naming it get 404
-//! `upstream_lost`, so the client starts a new session instead of talking to nothing.
-//! A 2026-07-28 request, which has no session, gets an instance of its own, initialized with
-//! the capabilities the request declares and stopped when it ends: an upstream written for one
-//! client per connection keeps per-connection state, which no two requests may share.
+//! served from reset state. If the upstream stops first, its running requests end with a
+//! `request_aborted` error and the session ends as [`SessionEnd::UpstreamLost`]: later requests
+//! naming it get 404 `upstream_lost`, so the client starts a new session instead of talking to
+//! nothing. A 2026-07-28 request, which has no session, gets an instance of its own, initialized
+//! with the capabilities the request declares and stopped when it ends: an upstream written for
+//! one client per connection keeps per-connection state, which no two requests may share.
 //!
-//! Requests go to the upstream under ids of the upstream's own; its answers, progress (routed by
+//! Requests go to the upstream under ids of tether's own; its answers, progress (routed by
 //! token), notifications and requests to the client (sampling, elicitation, roots) come back to
 //! the request they belong to. A notification that belongs to no request goes to the session's
-//! standalone stream (dropped if the client opened none). A request to the client goes out on the stream of the request it originates from when the
-//! upstream says which (rmcp does), else of the latest running one; with none running it is
-//! refused. The upstream's `ping` is answered here.
+//! standalone stream (dropped if the client opened none). A request to the client goes out on
+//! the stream of the request it originates from when the upstream says which (rmcp does), else
+//! of the latest running one; with none running it is refused. The upstream's `ping` is
+//! answered here.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -50,8 +50,8 @@ const ABORT_GRACE: Duration = Duration::from_secs(2);
 pub struct FromUpstream {
     /// The message.
     pub message: Message,
-    /// For a request to the client: the id (the upstream's) of the request it originates from,
-    /// when the upstream says.
+    /// The request (by the id the upstream received it under) that this message belongs to,
+    /// when the upstream says: a request to the client, or a notification.
     pub origin: Option<RequestId>,
 }
 

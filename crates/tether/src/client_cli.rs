@@ -29,6 +29,15 @@ pub enum PolicyArg {
     Trust,
 }
 
+impl From<PolicyArg> for Policy {
+    fn from(policy: PolicyArg) -> Policy {
+        match policy {
+            PolicyArg::Strict => Policy::Strict,
+            PolicyArg::Trust => Policy::Trust,
+        }
+    }
+}
+
 /// Flags shared by the client commands.
 #[derive(Debug, Args)]
 pub struct ClientArgs {
@@ -60,10 +69,7 @@ impl ClientArgs {
     fn config(&self) -> ClientConfig {
         let mut config = ClientConfig::new(&self.url);
         config.checkpoint_file = self.checkpoint.clone();
-        config.policy = match self.policy {
-            PolicyArg::Strict => Policy::Strict,
-            PolicyArg::Trust => Policy::Trust,
-        };
+        config.policy = self.policy.into();
         config.reinitialize = !self.exit_on_divergence;
         config.protocol_version = self.protocol_version;
         config

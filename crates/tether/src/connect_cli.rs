@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Args;
-use tether_client::{ClientConfig, Policy};
+use tether_client::ClientConfig;
 use tether_gateway::connect;
 
 use crate::client_cli::PolicyArg;
@@ -32,10 +32,7 @@ fn parse_header(text: &str) -> Result<(String, String), String> {
 pub async fn run(args: ConnectArgs) -> ExitCode {
     let mut config = ClientConfig::new(&args.url);
     config.headers = args.headers;
-    config.policy = match args.policy {
-        PolicyArg::Strict => Policy::Strict,
-        PolicyArg::Trust => Policy::Trust,
-    };
+    config.policy = args.policy.into();
     let counts = connect::bridge(config, tokio::io::stdin(), tokio::io::stdout()).await;
     eprintln!("{}", serde_json::json!({"event": "counts", "counts": counts}));
     if counts.pending() == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }

@@ -2,7 +2,7 @@
 
 use anyhow::Context as _;
 use clap::Args;
-use tether_client::{ClientConfig, Policy};
+use tether_client::ClientConfig;
 use tether_gateway::{http, stdio};
 use tether_server::upstream::{Connect, UpstreamHandler};
 
@@ -29,10 +29,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let upstream = match (&args.upstream, args.command.split_first()) {
         (Some(url), _) => {
             let mut config = ClientConfig::new(url);
-            config.policy = match args.upstream_policy {
-                PolicyArg::Strict => Policy::Strict,
-                PolicyArg::Trust => Policy::Trust,
-            };
+            config.policy = args.upstream_policy.into();
             discover(http::Remote::new(config)).await?
         }
         (None, Some((program, rest))) => discover(stdio::Command::new(program.clone(), rest.iter().cloned())).await?,

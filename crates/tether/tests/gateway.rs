@@ -188,22 +188,29 @@ fn ending_a_session_stops_its_child() {
 #[test]
 fn a_2026_07_28_request_is_served_by_a_child_of_its_own() {
     let (_gateway, url) = gateway();
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-        "name": "count", "arguments": {"to": 3},
-        "_meta": {"progressToken": "m", "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                  "io.modelcontextprotocol/clientCapabilities": {}}}});
-    let headers = [
-        ("Content-Type", "application/json"),
-        ("Accept", "application/json, text/event-stream"),
-        ("MCP-Protocol-Version", "2026-07-28"),
-        ("Mcp-Method", "tools/call"),
-        ("Mcp-Name", "count"),
-    ];
-    let response = exchange(&url, "POST", &headers, &body.to_string(), |_| false, Duration::from_secs(20));
-    assert_eq!(response.status, 200, "{}", response.body);
-    let answer = messages(&response.body);
+    let modern = |tool: &str, arguments: Value| {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": tool, "arguments": arguments,
+            "_meta": {"progressToken": "m", "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                      "io.modelcontextprotocol/clientCapabilities": {}}}});
+        let headers = [
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", tool),
+        ];
+        let response = exchange(&url, "POST", &headers, &body.to_string(), |_| false, Duration::from_secs(20));
+        assert_eq!(response.status, 200, "{}", response.body);
+        messages(&response.body)
+    };
+    let answer = modern("count", json!({"to": 3}));
     assert_eq!(answer.iter().filter(|m| m["method"] == "notifications/progress").count(), 3, "{answer:?}");
     assert_eq!(result_text(&answer), "counted to 3");
+    // Each request its own child, stopped once the request is answered.
+    let (first, second) = (result_text(&modern("pid", json!({}))), result_text(&modern("pid", json!({}))));
+    assert_ne!(first, second, "two requests shared a child");
+    eventually("a request's child outlived it", || !alive(&first) && !alive(&second));
 }
 
 #[test]
