@@ -9,6 +9,7 @@ thread of its own, so calls overlap as they would on a real server. Tools:
 - pid {}: this process's id, so a test can tell one child from another.
 - crash {delay_ms}: exits the process (status 3) after the delay, as a crash would.
 - add {amount}: adds to the counter kept in the file $COUNT_FILE and returns its new value.
+- heard {}: the methods of the notifications received from the client, in order, one per line.
 """
 import json
 import os
@@ -20,6 +21,7 @@ write_lock = threading.Lock()
 answers = {}  # id of a request to the client -> [threading.Event, answer]
 answers_lock = threading.Lock()
 cancelled = set()
+heard = []
 next_id = [0]
 count_lock = threading.Lock()
 
@@ -69,6 +71,8 @@ def call_tool(request):
     if name == "crash":
         time.sleep(int(args.get("delay_ms", 0)) / 1000)
         os._exit(3)
+    if name == "heard":
+        return text("\n".join(heard))
     if name == "add":
         path = os.environ["COUNT_FILE"]
         with count_lock:
@@ -87,7 +91,7 @@ def call_tool(request):
 
 TOOLS = [
     {"name": name, "inputSchema": {"type": "object"}}
-    for name in ("count", "roots", "pid", "crash", "add")
+    for name in ("count", "roots", "pid", "crash", "add", "heard")
 ]
 
 
@@ -124,7 +128,10 @@ def main():
         if "method" in message and "id" in message:
             threading.Thread(target=handle, args=(message,), daemon=True).start()
         elif message.get("method") == "notifications/cancelled":
+            heard.append(message["method"])
             cancelled.add(message["params"]["requestId"])
+        elif "method" in message:
+            heard.append(message["method"])
         elif "method" not in message:
             with answers_lock:
                 slot = answers.pop(message.get("id"), None)

@@ -257,6 +257,16 @@ impl SessionHandle {
         self.runtime.id.as_str()
     }
 
+    /// What this process keeps of the session.
+    pub(crate) fn runtime(&self) -> &Arc<SessionRuntime> {
+        &self.runtime
+    }
+
+    /// The server serving the session.
+    pub(crate) fn server(&self) -> &Arc<crate::ServerState> {
+        &self.server
+    }
+
     /// The negotiated protocol version.
     pub fn protocol_version(&self) -> tether_core::mcp::ProtocolVersion {
         self.runtime.version
@@ -377,6 +387,30 @@ impl Context {
         let input = Mutex::new(input);
         let shared = RequestState { output, writes, write_failure, first, meta, input, cancel, server, task };
         (Context { shared: Arc::new(shared) }, rx)
+    }
+
+    /// The context of a request another replica received and relayed to this process, which
+    /// holds state the request runs on (a gateway's upstream instance): its output goes to the
+    /// request's `stream` in the store, as any request's does, and so reaches the client through
+    /// whichever replica it reads from. The stream is not this process's to end: the replica
+    /// that received the request answers it there.
+    pub(crate) fn relayed(
+        session: &SessionHandle,
+        stream: StreamName,
+        progress_token: Option<Value>,
+        cancel: CancellationToken,
+    ) -> Context {
+        let (server, runtime) = (Arc::clone(&session.server), Arc::clone(&session.runtime));
+        let meta = RequestMeta {
+            progress_token,
+            client_capabilities: runtime.client_capabilities.clone(),
+            log_level: None,
+            client_request_timeout: server.config.client_request_timeout,
+            idempotency_key: None,
+        };
+        let output = Output::Stored { store: Arc::clone(&server.store), runtime, stream, ends_stream: false };
+        // Nobody here waits to learn how the response starts: the receiving replica decides.
+        Context::new(output, meta, Input::default(), cancel, server, None).0
     }
 
     /// The session id, in a legacy session.
@@ -632,6 +666,18 @@ impl Context {
         self.shared.cancel.is_cancelled()
     }
 
+    /// Answers the request as an event stream whatever comes first, for output written to its
+    /// stream by another process (a relayed request's), which would otherwise miss a response
+    /// that began as JSON.
+    pub(crate) fn stream_response(&self) {
+        self.signal(|| FirstOutput::Event);
+    }
+
+    /// Waits until everything sent so far is durable.
+    pub(crate) async fn flush(&self) -> Result<(), ContextError> {
+        self.write(None, false, None).await
+    }
+
     /// Sends the request's final response (a serialized JSON-RPC response). On a session stream
     /// with `record`, the store records it as the outcome of that idempotency key in the same
     /// step. Called once, by the dispatcher.
@@ -644,7 +690,7 @@ impl Context {
     pub(crate) async fn end_without_response(&self) {
         self.signal(|| FirstOutput::Event);
         // What the handler sent before it stopped goes in first.
-        let _ = self.write(None, false, None).await;
+        let _ = self.flush().await;
         if let Output::Stored { store, runtime, stream, ends_stream: true } = &self.shared.output
             && let Err(err) = store.end_stream(&runtime.id, &runtime.epoch, stream).await
         {

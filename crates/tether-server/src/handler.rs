@@ -13,6 +13,9 @@ use crate::context::{Context, SessionHandle};
 /// The future a handler returns.
 pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Value, ErrorObject>> + Send + 'static>>;
 
+/// The future of [`Handler::adopts`].
+pub type AdoptFuture = Pin<Box<dyn Future<Output = bool> + Send + 'static>>;
+
 /// Who the server is, as `initialize` and `server/discover` report it.
 #[derive(Debug, Clone)]
 pub struct ServerInfo {
@@ -71,11 +74,12 @@ pub trait Handler: Send + Sync + 'static {
     /// Whether this process can serve a live legacy session it did not start (one begun before
     /// a restart, or at another replica), asked on the session's first request here. A handler
     /// whose per-session state lives only in the process that began the session (a gateway's
-    /// upstream instance) says no: the session then ends as `upstream_lost` and the request
-    /// gets that 404, so the client starts a new session instead of being answered from reset
-    /// state under the old id. By default yes: the store holds everything a session is.
-    fn adopts(&self, _session: &SessionHandle) -> bool {
-        true
+    /// upstream instance) says no unless that process is alive to serve it: the session then
+    /// ends as `upstream_lost` and the request gets that 404, so the client starts a new session
+    /// instead of being answered from reset state under the old id. By default yes: the store
+    /// holds everything a session is.
+    fn adopts(&self, _session: &SessionHandle) -> AdoptFuture {
+        Box::pin(std::future::ready(true))
     }
 
     /// A notification from the client of a legacy session, other than those tether acts on

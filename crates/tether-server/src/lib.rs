@@ -44,7 +44,7 @@ pub use auth::{Authenticator, BearerToken};
 pub use config::{ServerConfig, parse_duration};
 pub use connection::{ConnectionLimits, serve, serve_connection};
 pub use context::{Context, ContextError, SessionHandle};
-pub use handler::{Handler, HandlerFuture, ServerInfo};
+pub use handler::{AdoptFuture, Handler, HandlerFuture, ServerInfo};
 pub use input::InputRequired;
 pub use server::{Builder, Server};
 pub use session::LogLevel;

@@ -32,7 +32,7 @@ use tether_core::jsonrpc::{self, Message, RequestId};
 use tokio::sync::mpsc;
 
 use crate::context::{Context, SessionHandle};
-use crate::handler::{Handler, HandlerFuture, ServerInfo};
+use crate::handler::{AdoptFuture, Handler, HandlerFuture, ServerInfo};
 use crate::upstream::{Connect, FromUpstream, Link, UpstreamHandler};
 
 /// A tether [`Handler`] that hands every request to an rmcp [`ServerHandler`].
@@ -77,7 +77,7 @@ impl<S: ServerHandler> Handler for RmcpHandler<S> {
         self.upstream.session_started(session);
     }
 
-    fn adopts(&self, session: &SessionHandle) -> bool {
+    fn adopts(&self, session: &SessionHandle) -> AdoptFuture {
         self.upstream.adopts(session)
     }
 

@@ -79,6 +79,15 @@ pub struct RelayedAnswer {
     pub response: Bytes,
 }
 
+/// A message one replica sent another ([`Relay::send_to_replica`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaMessage {
+    /// The replica that sent it, named as [`Relay::session_replica`] names replicas.
+    pub from: String,
+    /// What it sent.
+    pub body: Bytes,
+}
+
 /// Where sessions, events and request records live: every concern of the store the server's
 /// guarantees rest on, held as one `Arc<dyn Store>`. Implemented for whatever implements the
 /// five. Counters are not among them: they are state of the built-in tools
@@ -351,6 +360,31 @@ pub trait Relay: Send + Sync {
     /// Announcements made by other replicas (never this process's own); `None` for stores that
     /// serve a single process.
     fn announcements(&self) -> Option<tokio::sync::broadcast::Receiver<Bytes>> {
+        None
+    }
+
+    /// The replica that created `session`, where state of it that is kept in no store lives (a
+    /// gateway's upstream instance); `None` for stores that serve a single process.
+    fn session_replica(&self, _session: &SessionId) -> StoreFuture<'_, Option<String>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
+    /// Whether the replica named `replica` heartbeat within the request lease before `now_ms`.
+    /// One that did not is gone: the sweep aborts its requests, and nothing it held is reachable.
+    fn replica_alive(&self, _replica: &str, _now_ms: u64) -> StoreFuture<'_, bool> {
+        Box::pin(std::future::ready(Ok(false)))
+    }
+
+    /// Sends `body` to the replica named `to` (this process included): `Ok(false)` if it does not
+    /// listen (it is gone, or the store serves a single process). At most once: a receiver whose
+    /// connection to the store drops meanwhile misses it, so whoever waits on an answer asks
+    /// again.
+    fn send_to_replica(&self, _to: &str, _body: Bytes) -> StoreFuture<'_, bool> {
+        Box::pin(std::future::ready(Ok(false)))
+    }
+
+    /// The messages replicas send this process; `None` for stores that serve a single process.
+    fn replica_messages(&self) -> Option<tokio::sync::broadcast::Receiver<ReplicaMessage>> {
         None
     }
 }

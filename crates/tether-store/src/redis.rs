@@ -21,8 +21,8 @@ use crate::record::{
     StreamPage,
 };
 use crate::{
-    CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, RequestKey, SessionStore, StoreError,
-    StoreFuture, StoredTask, TaskStore,
+    CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, ReplicaMessage, RequestKey, SessionStore,
+    StoreError, StoreFuture, StoredTask, TaskStore,
 };
 use tether_core::tasks::{TaskChange, TaskRecord};
 
@@ -35,6 +35,10 @@ const ANNOUNCEMENTS: &str = "tether:announcements";
 const TASK_CHANGES: &str = "tether:task-changes";
 /// The channel clients' answers to server-to-client requests travel on between replicas.
 const ANSWERS: &str = "tether:answers";
+/// The channel of the messages replicas send one replica: the sender's name, then the message.
+fn replica_channel(replica: &str) -> String {
+    format!("tether:replica:{replica}")
+}
 const SESSIONS: &str = "tether:sessions";
 /// Counters, and (under the same hash tag, so one script sees both) the additions made once.
 const COUNTERS: &str = "tether:{counters}";
@@ -56,6 +60,7 @@ pub struct RedisStore {
     answers: tokio::sync::broadcast::Sender<RelayedAnswer>,
     task_changes: tokio::sync::broadcast::Sender<String>,
     announcements: tokio::sync::broadcast::Sender<Bytes>,
+    replica_messages: tokio::sync::broadcast::Sender<ReplicaMessage>,
     retention: Retention,
     owner: String,
     heads: Arc<Heads>,
@@ -258,7 +263,7 @@ return value",
         create: script(
             r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return redis.error_reply('DUPLICATE_SESSION') end
-redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'pv', ARGV[2], 'client', ARGV[3], 'ttl', ARGV[4], 'exp', ARGV[5], 'ended', 0)
+redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'pv', ARGV[2], 'client', ARGV[3], 'ttl', ARGV[4], 'exp', ARGV[5], 'ended', 0, 'replica', ARGV[7])
 if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'principal', ARGV[6]) end
 return 1",
         ),
@@ -434,29 +439,45 @@ fn field<'a>(map: &'a HashMap<String, String>, name: &str) -> Result<&'a str, St
     map.get(name).map(String::as_str).ok_or_else(|| backend(format!("session record lacks {name}")))
 }
 
-async fn subscribe(client: &redis::Client) -> redis::RedisResult<redis::aio::PubSub> {
+async fn subscribe(client: &redis::Client, owner: &str) -> redis::RedisResult<redis::aio::PubSub> {
     let mut pubsub = client.get_async_pubsub().await?;
     pubsub.subscribe(NOTIFY).await?;
     pubsub.subscribe(ANSWERS).await?;
     pubsub.subscribe(TASK_CHANGES).await?;
     pubsub.subscribe(ANNOUNCEMENTS).await?;
+    pubsub.subscribe(replica_channel(owner)).await?;
     Ok(pubsub)
+}
+
+/// Where [`listen`] hands what the other replicas publish.
+struct Listeners {
+    /// This process's name: its own announcements are not for it.
+    owner: String,
+    heads: Arc<Heads>,
+    answers: tokio::sync::broadcast::Sender<RelayedAnswer>,
+    task_changes: tokio::sync::broadcast::Sender<String>,
+    announcements: tokio::sync::broadcast::Sender<Bytes>,
+    replica_messages: tokio::sync::broadcast::Sender<ReplicaMessage>,
 }
 
 /// Turns notifications into wake-ups of local followers and relayed answers into messages for
 /// local handlers. If the subscription drops, it resubscribes and wakes every follower, so none
 /// waits for a notification lost in between.
-async fn listen(
-    client: redis::Client,
-    mut pubsub: redis::aio::PubSub,
-    heads: Arc<Heads>,
-    answers: tokio::sync::broadcast::Sender<RelayedAnswer>,
-    task_changes: tokio::sync::broadcast::Sender<String>,
-    (owner, announcements): (String, tokio::sync::broadcast::Sender<Bytes>),
-) {
+async fn listen(client: redis::Client, mut pubsub: redis::aio::PubSub, to: Listeners) {
+    let Listeners { owner, heads, answers, task_changes, announcements, replica_messages } = to;
+    let mine = replica_channel(&owner);
     loop {
         let mut messages = pubsub.into_on_message();
         while let Some(message) = messages.next().await {
+            if message.get_channel_name() == mine {
+                let payload = message.get_payload_bytes();
+                let mut parts = payload.splitn(2, |b| *b == SEP as u8);
+                if let (Some(from), Some(body)) = (parts.next(), parts.next()) {
+                    let from = String::from_utf8_lossy(from).into_owned();
+                    let _ = replica_messages.send(ReplicaMessage { from, body: Bytes::copy_from_slice(body) });
+                }
+                continue;
+            }
             if message.get_channel_name() == ANNOUNCEMENTS {
                 let payload = message.get_payload_bytes();
                 let mut parts = payload.splitn(2, |b| *b == SEP as u8);
@@ -496,7 +517,7 @@ async fn listen(
         tracing::warn!("redis subscription lost; resubscribing");
         pubsub = loop {
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-            match subscribe(&client).await {
+            match subscribe(&client, &owner).await {
                 Ok(pubsub) => break pubsub,
                 Err(err) => tracing::warn!(%err, "redis resubscribe failed"),
             }
@@ -512,19 +533,27 @@ impl RedisStore {
         let mut redis = client.get_connection_manager().await.map_err(backend)?;
         let _: bool = redis.set_nx(RECORDS_ID, crate::new_records_id()?).await.map_err(backend)?;
         let records_id: String = redis.get(RECORDS_ID).await.map_err(backend)?;
-        let pubsub = subscribe(&client).await.map_err(backend)?;
+        let pubsub = subscribe(&client, owner).await.map_err(backend)?;
         let heads = Arc::new(Heads::default());
         let (answers, _) = tokio::sync::broadcast::channel(256);
         let (task_changes, _) = tokio::sync::broadcast::channel(256);
         let (announcements, _) = tokio::sync::broadcast::channel(256);
-        let announced = (owner.to_owned(), announcements.clone());
-        let listener =
-            tokio::spawn(listen(client, pubsub, Arc::clone(&heads), answers.clone(), task_changes.clone(), announced));
+        let (replica_messages, _) = tokio::sync::broadcast::channel(1024);
+        let listeners = Listeners {
+            owner: owner.to_owned(),
+            heads: Arc::clone(&heads),
+            answers: answers.clone(),
+            task_changes: task_changes.clone(),
+            announcements: announcements.clone(),
+            replica_messages: replica_messages.clone(),
+        };
+        let listener = tokio::spawn(listen(client, pubsub, listeners));
         Ok(RedisStore {
             redis,
             answers,
             task_changes,
             announcements,
+            replica_messages,
             retention,
             owner: owner.to_owned(),
             heads,
@@ -641,6 +670,7 @@ impl SessionStore for RedisStore {
                 .arg(record.idle_ttl_ms)
                 .arg(record.expires_at_ms)
                 .arg(record.principal.clone().unwrap_or_default())
+                .arg(&self.owner)
                 .invoke_async::<i64>(&mut conn)
                 .await
                 .map_err(script_error);
@@ -1281,6 +1311,33 @@ impl Relay for RedisStore {
 
     fn announcements(&self) -> Option<tokio::sync::broadcast::Receiver<Bytes>> {
         Some(self.announcements.subscribe())
+    }
+
+    fn session_replica(&self, session: &SessionId) -> StoreFuture<'_, Option<String>> {
+        let key = meta(session.as_str());
+        Box::pin(async move {
+            let replica: Option<String> = self.conn().hget(key, "replica").await.map_err(backend)?;
+            Ok(replica.filter(|replica| !replica.is_empty()))
+        })
+    }
+
+    fn replica_alive(&self, replica: &str, now_ms: u64) -> StoreFuture<'_, bool> {
+        let replica = replica.to_owned();
+        Box::pin(async move { self.owner_alive(&mut self.conn(), &replica, now_ms).await })
+    }
+
+    fn send_to_replica(&self, to: &str, body: Bytes) -> StoreFuture<'_, bool> {
+        let channel = replica_channel(to);
+        Box::pin(async move {
+            let mut payload = format!("{}{SEP}", self.owner).into_bytes();
+            payload.extend_from_slice(&body);
+            let receivers: i64 = self.conn().publish(channel, payload).await.map_err(backend)?;
+            Ok(receivers > 0)
+        })
+    }
+
+    fn replica_messages(&self) -> Option<tokio::sync::broadcast::Receiver<ReplicaMessage>> {
+        Some(self.replica_messages.subscribe())
     }
 }
 

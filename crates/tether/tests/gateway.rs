@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use common::*;
+use tether_core::jsonrpc::Message;
+use tether_testkit::RedisServer;
 
 const SERVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/gateway/stdio_server.py");
 
@@ -35,6 +37,9 @@ fn start_before(flags: &[&str], upstream: &[&str]) -> (Process, String) {
 }
 
 const LEGACY: &str = "2025-11-25";
+
+/// How long a test waits for one answer.
+const TIMEOUT: Duration = Duration::from_secs(20);
 
 /// A legacy session, initialized; its id.
 fn initialize(url: &str) -> String {
@@ -299,4 +304,186 @@ fn children_of(parent: u32) -> Vec<String> {
         .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
         .flat_map(|children| children.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
         .collect()
+}
+
+/// Two `tether gateway` replicas sharing `redis`, in front of the test server, each declaring
+/// a replica gone once its heartbeat is `lease` old.
+fn replicas(redis: &RedisServer, lease: &str) -> [(Process, String); 2] {
+    [(), ()].map(|()| {
+        let listen = format!("127.0.0.1:{}", free_port());
+        start(&["--store", "redis", "--redis-url", &redis.url, "--request-lease", lease, "--listen", &listen])
+    })
+}
+
+fn redis() -> (tokio::runtime::Runtime, RedisServer) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let redis = rt.block_on(RedisServer::start());
+    (rt, redis)
+}
+
+/// Whether process `pid` runs (exists and is not a zombie waiting to be reaped).
+fn running(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
+}
+
+#[test]
+fn a_request_reaching_another_replica_runs_on_its_sessions_child_there() {
+    let (_rt, redis) = redis();
+    let [(_a, url_a), (b, url_b)] = replicas(&redis, "10s");
+    let session = initialize(&url_a);
+    let pid = result_text(&call(&url_a, &session, "pid", json!({})));
+    // Through the other replica: the same child, and that replica starts none of its own.
+    assert_eq!(result_text(&call(&url_b, &session, "pid", json!({}))), pid, "another child answered");
+    assert_eq!(children_of(b.child.id()), Vec::<String>::new(), "the other replica started a child");
+
+    // The child's progress reaches the client through the replica it asked, in order.
+    let counted = call(&url_b, &session, "count", json!({"to": 4}));
+    let steps: Vec<u64> = counted
+        .iter()
+        .filter(|m| m["params"]["progressToken"] == "p")
+        .filter_map(|m| m["params"]["progress"].as_u64())
+        .collect();
+    assert_eq!(steps, [1, 2, 3, 4], "{counted:?}");
+    assert_eq!(result_text(&counted), "counted to 4");
+
+    // The child's request to the client goes out on the relayed call's stream; the client's
+    // answer, posted to the replica it asked, reaches the child; the client resumes the stream
+    // there for the result.
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "roots", "arguments": {}}});
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+        ("MCP-Protocol-Version", LEGACY),
+        ("Mcp-Session-Id", session.as_str()),
+    ];
+    let asked = exchange(&url_b, "POST", &headers, &body.to_string(), |body| body.contains("roots/list"), TIMEOUT);
+    let (event_id, _, data) = sse_events(&asked.body)
+        .into_iter()
+        .find(|(_, _, data)| data.contains("roots/list"))
+        .unwrap_or_else(|| panic!("no request to the client: {}", asked.body));
+    let request: Value = serde_json::from_str(&data).expect("the request to the client");
+    let answer =
+        json!({"jsonrpc": "2.0", "id": request["id"], "result": {"roots": [{"uri": "file:///r", "name": "r"}]}});
+    assert_eq!(send(&url_b, Some(&session), &answer).status, 202);
+    let event_id = event_id.expect("the request's event id");
+    let resume = [
+        ("Accept", "text/event-stream"),
+        ("MCP-Protocol-Version", LEGACY),
+        ("Mcp-Session-Id", session.as_str()),
+        ("Last-Event-ID", event_id.as_str()),
+    ];
+    let rest = exchange(&url_b, "GET", &resume, "", |body| body.contains("\"result\""), TIMEOUT);
+    assert_eq!(result_text(&messages(&rest.body)), "1 roots", "{}", rest.body);
+
+    // A notification from the client, posted to the other replica, reaches the child.
+    let changed = json!({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"});
+    assert_eq!(send(&url_b, Some(&session), &changed).status, 202);
+    eventually("the notification did not reach the child", || {
+        result_text(&call(&url_a, &session, "heard", json!({})))
+            .lines()
+            .any(|m| m == "notifications/roots/list_changed")
+    });
+}
+
+#[test]
+fn when_the_replica_holding_a_session_dies_its_relayed_calls_are_aborted_and_the_session_ends() {
+    let (_rt, redis) = redis();
+    let [(mut a, url_a), (_b, url_b)] = replicas(&redis, "2s");
+    let (relayed, untouched) = (initialize(&url_a), initialize(&url_a));
+    let child = result_text(&call(&url_b, &relayed, "pid", json!({})));
+    let (url, session) = (url_b.clone(), relayed.clone());
+    let running_call =
+        std::thread::spawn(move || call(&url, &session, "count", json!({"to": 1000, "interval_ms": 20})));
+    std::thread::sleep(Duration::from_millis(500));
+    a.kill9();
+    // The call that ran on the dead replica's child ends saying it may have run, never silence.
+    let answer = running_call.join().expect("the relayed call");
+    assert_eq!(answer.last().expect("an answer")["error"]["data"]["reason"], "request_aborted", "{answer:?}");
+    // Both sessions that replica held end, and say why: the one whose call was relayed, and one
+    // this replica never served before.
+    let ping = json!({"jsonrpc": "2.0", "id": 3, "method": "ping"});
+    for session in [&relayed, &untouched] {
+        eventually("the session outlived its replica", || send(&url_b, Some(session), &ping).status == 404);
+        let refused: Value = serde_json::from_str(&send(&url_b, Some(session), &ping).body).expect("a JSON error");
+        assert_eq!(refused["error"]["data"]["reason"], "upstream_lost", "{refused}");
+    }
+    // The dead replica's child went with it.
+    eventually("the dead replica's child outlived it", || !running(&child));
+}
+
+#[test]
+fn keyed_calls_through_a_cutting_balancer_over_two_replicas_run_once_each() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let redis = rt.block_on(RedisServer::start());
+    let dir = temp_dir("gateway-replicas");
+    let count = dir.join("count");
+    let count_file = format!("COUNT_FILE={}", count.display());
+    let (pa, pb) = (free_port(), free_port());
+    let _replicas = [pa, pb].map(|port| {
+        let listen = format!("127.0.0.1:{port}");
+        let flags = ["--store", "redis", "--redis-url", &redis.url, "--sse-retry", "10ms", "--listen", &listen];
+        start_before(&flags, &["--", "env", &count_file, "python3", SERVER])
+    });
+    let upstreams = [pa, pb].map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], port))).to_vec();
+    let (mut results, mut counted, mut resumed, mut reissued, mut reinitialized) = (Vec::new(), 0, 0, 0, 0);
+    let mut progress = Vec::new();
+    let cuts = rt.block_on(async {
+        // Each connection goes to the next replica: the session's calls alternate between the
+        // one holding its child and the one relaying to it, and so do the resumes of their
+        // streams.
+        let balancer = tether_testkit::proxy::start(upstreams, 0x9a7e, 100, 1_500).await;
+        let mut config = tether_client::ClientConfig::new(format!("http://{}/mcp", balancer.addr));
+        config.backoff = tether_client::Backoff {
+            initial: Duration::from_millis(5),
+            max: Duration::from_millis(100),
+            max_attempts_without_progress: 40,
+        };
+        let (client, mut events) = tether_client::Client::connect(config).await.expect("connect");
+        balancer.cutting.store(true, Ordering::Relaxed);
+        let started = Instant::now();
+        while results.len() < 60 && started.elapsed() < Duration::from_secs(60) {
+            let add = client.request_keyed("tools/call", json!({"name": "add", "arguments": {"amount": 1}}));
+            let slow = client.request(
+                "tools/call",
+                json!({"name": "count", "arguments": {"to": 15, "interval_ms": 10}, "_meta": {"progressToken": "p"}}),
+            );
+            let (add, slow) = tokio::join!(add, slow);
+            results.push(add.map(|result| result["content"][0]["text"].as_str().unwrap_or_default().to_owned()));
+            counted += usize::from(slow.is_ok_and(|result| result["content"][0]["text"] == "counted to 15"));
+        }
+        balancer.cutting.store(false, Ordering::Relaxed);
+        while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(500), events.recv()).await {
+            match event {
+                tether_client::ClientEvent::Message { message, ack, .. } => {
+                    if let Message::Notification(n) = message {
+                        progress.extend(n.params.as_ref().and_then(|p| p["progress"].as_u64()));
+                    }
+                    ack.done();
+                }
+                tether_client::ClientEvent::Resumed { .. } => resumed += 1,
+                tether_client::ClientEvent::Reissued { .. } => reissued += 1,
+                tether_client::ClientEvent::Reinitialized { .. } => reinitialized += 1,
+                _ => {}
+            }
+        }
+        balancer.cuts.load(Ordering::Relaxed)
+    });
+    println!(
+        "two gateway replicas, {cuts} cuts: {} keyed adds, {counted} streamed counts, {resumed} resumes, \
+         {reissued} re-issued, {reinitialized} re-initialized",
+        results.len()
+    );
+    assert!(cuts >= 5, "the balancer cut too little to test anything: {cuts}");
+    // Every call got its real result, and the child ran each add exactly once, in order.
+    let values: Vec<String> = results.into_iter().map(|r| r.expect("an add's result")).collect();
+    let expected: Vec<String> = (1..=values.len()).map(|n| n.to_string()).collect();
+    assert_eq!(values, expected, "an add ran twice or not at all");
+    assert_eq!(std::fs::read_to_string(&count).expect("the count file"), values.len().to_string());
+    assert_eq!(counted, values.len(), "a streamed call failed");
+    // Each streamed call's progress arrived once each, in order, across cuts and replicas.
+    let expected: Vec<u64> = (0..counted).flat_map(|_| 1..=15).collect();
+    assert_eq!(progress, expected, "progress was lost, repeated or reordered");
+    assert_eq!(reinitialized, 0, "the session was replaced");
+    let _ = std::fs::remove_dir_all(&dir);
 }

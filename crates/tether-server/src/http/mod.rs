@@ -154,7 +154,7 @@ pub(crate) async fn live_session(
 async fn adopt(shared: &Arc<ServerState>, record: &SessionRecord) -> Result<Arc<SessionRuntime>, Rejection> {
     let runtime = shared.sessions.runtime(record, &shared.process_token);
     let session = SessionHandle::new(Arc::clone(shared), Arc::clone(&runtime));
-    if shared.handler.adopts(&session) {
+    if shared.handler.adopts(&session).await {
         return Ok(runtime);
     }
     session.end(SessionEnd::UpstreamLost, Duration::ZERO).await;

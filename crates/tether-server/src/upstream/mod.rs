@@ -1,0 +1,344 @@
+//! Serves an upstream MCP server behind tether's transport: any peer that exchanges JSON-RPC
+//! messages (a child process on stdio, an rmcp service in this process, a server reached over
+//! HTTP) becomes a tether server, with exact resumption, 404s that say why, durable stores and
+//! idempotency keys, whatever the upstream itself does.
+//!
+//! Each legacy session gets an upstream instance of its own ([`Connect::connect`]), started when
+//! the session is initialized and initialized with the client's own `initialize` params; it is
+//! stopped when the process stops serving the session. On a store shared by replicas (Redis), a
+//! request that reaches a replica other than the one holding its session's instance is relayed
+//! to that one and runs there (`relay`). A session whose instance is out of reach (begun before
+//! a restart, or at a replica that is gone) ends as `upstream_lost` ([`Handler::adopts`]) rather
+//! than being served from reset state. If the upstream stops first, its running requests end with a
+//! `request_aborted` error and the session ends as [`SessionEnd::UpstreamLost`]: later requests
+//! naming it get 404 `upstream_lost`, so the client starts a new session instead of talking to
+//! nothing. A 2026-07-28 request, which has no session, gets an instance of its own, initialized
+//! with the capabilities the request declares and stopped when it ends: an upstream written for
+//! one client per connection keeps per-connection state, which no two requests may share.
+//!
+//! Requests go to the upstream under ids of tether's own; its answers, progress (routed by
+//! token), notifications and requests to the client (sampling, elicitation, roots) come back to
+//! the request they belong to. A notification that belongs to no request goes to the session's
+//! standalone stream (dropped if the client opened none). A request to the client goes out on
+//! the stream of the request it originates from when the upstream says which (rmcp does), else
+//! of the latest running one; with none running it is refused. The upstream's `ping` is
+//! answered here.
+
+mod peer;
+mod relay;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use serde_json::{Value, json};
+use tether_core::jsonrpc::{ErrorObject, Message, Notification, RequestId, code};
+use tether_core::mcp::ProtocolVersion;
+use tether_store::{SessionEnd, Store};
+use tokio::sync::{mpsc, watch};
+
+use crate::context::{Context, SessionHandle};
+use crate::handler::{AdoptFuture, Handler, HandlerFuture, ServerInfo};
+use peer::Peer;
+use relay::Relay;
+
+/// How long an upstream may take to answer `initialize`.
+const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a session's running requests get to record their outcome once its upstream stopped.
+const ABORT_GRACE: Duration = Duration::from_secs(2);
+
+/// A message from the upstream.
+#[derive(Debug)]
+pub struct FromUpstream {
+    /// The message.
+    pub message: Message,
+    /// The request (by the id the upstream received it under) that this message belongs to,
+    /// when the upstream says: a request to the client, or a notification.
+    pub origin: Option<RequestId>,
+}
+
+impl From<Message> for FromUpstream {
+    fn from(message: Message) -> FromUpstream {
+        FromUpstream { message, origin: None }
+    }
+}
+
+/// One connected upstream instance: messages both ways, in order.
+pub struct Link {
+    /// What tether sends: requests, notifications and answers to the upstream's requests.
+    pub to_upstream: mpsc::UnboundedSender<Message>,
+    /// What the upstream sends; closed when it stops.
+    pub from_upstream: mpsc::UnboundedReceiver<FromUpstream>,
+    /// Held as long as the instance is used; dropping it stops the instance (a child process is
+    /// killed, an in-process service dropped).
+    pub keep: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link").finish_non_exhaustive()
+    }
+}
+
+/// Starts upstream instances.
+pub trait Connect: Send + Sync + 'static {
+    /// Starts (or reaches) one instance, not yet initialized. The error says why not.
+    fn connect(&self) -> BoxFuture<'static, Result<Link, String>>;
+
+    /// Names the upstream in errors and logs (a command line, a URL).
+    fn describe(&self) -> String;
+}
+
+/// A tether [`Handler`] that hands every request to an upstream server.
+pub struct UpstreamHandler {
+    info: ServerInfo,
+    upstream: Arc<Upstream>,
+}
+
+/// A session's instance: none while it starts, then started or why not.
+type Starting = watch::Receiver<Option<Result<Arc<Peer>, ErrorObject>>>;
+
+/// The upstream as this process reaches it: how to start instances, and the running ones.
+struct Upstream {
+    connect: Box<dyn Connect>,
+    /// The instances of the sessions this process serves, each started once, with the session
+    /// (incarnation) it serves.
+    sessions: Mutex<HashMap<String, (SessionHandle, Starting)>>,
+    /// Requests to and from the other replicas, from the first that needed it; `None` if the
+    /// store serves a single process.
+    relay: OnceLock<Option<Relay>>,
+}
+
+impl std::fmt::Debug for UpstreamHandler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamHandler").field("upstream", &self.upstream.connect.describe()).finish_non_exhaustive()
+    }
+}
+
+impl UpstreamHandler {
+    /// Serves the upstream `connect` reaches, presenting it as `info` says.
+    pub fn new(connect: impl Connect, info: ServerInfo) -> UpstreamHandler {
+        let upstream = Upstream { connect: Box::new(connect), sessions: Mutex::default(), relay: OnceLock::new() };
+        UpstreamHandler { info, upstream: Arc::new(upstream) }
+    }
+
+    /// Serves the upstream `connect` reaches, presenting it as it presents itself: one instance
+    /// is started and initialized to learn its `serverInfo`, capabilities and instructions, then
+    /// stopped.
+    pub async fn discover(connect: impl Connect) -> Result<UpstreamHandler, ErrorObject> {
+        let describe = connect.describe();
+        let link = connect.connect().await.map_err(|err| unavailable(&describe, err))?;
+        let (_peer, initialized) = Peer::start(link, client_params(&json!({})), None, describe.clone()).await?;
+        let text = |pointer: &str| initialized.pointer(pointer).and_then(Value::as_str).map(str::to_owned);
+        let info = ServerInfo {
+            name: text("/serverInfo/name").unwrap_or(describe),
+            version: text("/serverInfo/version").unwrap_or_default(),
+            instructions: text("/instructions"),
+            capabilities: initialized.get("capabilities").cloned().unwrap_or_else(|| json!({})),
+        };
+        Ok(UpstreamHandler::new(connect, info))
+    }
+}
+
+impl Upstream {
+    /// Starts and initializes one instance.
+    async fn start(&self, client: Value, session: Option<SessionHandle>) -> Result<Peer, ErrorObject> {
+        let describe = self.connect.describe();
+        let link = self.connect.connect().await.map_err(|err| unavailable(&describe, err))?;
+        Ok(Peer::start(link, client, session, describe).await?.0)
+    }
+
+    /// Starts the instance of a session this process just initialized; if it cannot start, the
+    /// session ends as `upstream_lost`.
+    fn start_session(self: &Arc<Self>, session: SessionHandle) {
+        // Other replicas may relay the session's requests here from now on.
+        self.relay(&session.server().store);
+        let (started, starting) = watch::channel(None);
+        lock(&self.sessions).insert(session.id().to_owned(), (session.clone(), starting));
+        self.forget_when_ended(&session);
+        let upstream = Arc::clone(self);
+        tokio::spawn(async move {
+            let peer = async {
+                let client =
+                    session.client_params().await.map_err(|err| unavailable(&upstream.connect.describe(), err))?;
+                let peer = Arc::new(upstream.start(client, Some(session.clone())).await?);
+                end_session_when_stopped(&peer, session.clone());
+                Ok::<_, ErrorObject>(peer)
+            }
+            .await;
+            let failed = peer.as_ref().err().map(|error| error.message.clone());
+            started.send_replace(Some(peer));
+            if let Some(error) = failed {
+                tracing::warn!(session = session.id(), %error, "the session's upstream did not start");
+                session.end(SessionEnd::UpstreamLost, ABORT_GRACE).await;
+            }
+        });
+    }
+
+    /// Requests to and from the other replicas sharing `store`; `None` if it serves a single
+    /// process.
+    fn relay(self: &Arc<Self>, store: &Arc<dyn Store>) -> Option<&Relay> {
+        self.relay.get_or_init(|| Relay::start(self, store)).as_ref()
+    }
+
+    /// How `session`'s instance is started here, if this process started it.
+    fn starting(&self, session: &SessionHandle) -> Option<Starting> {
+        lock(&self.sessions).get(session.id()).filter(|(serving, _)| serving.same(session)).map(|(_, s)| s.clone())
+    }
+
+    /// The session this process started under `id`, if it is incarnation `epoch`.
+    fn serving(&self, id: &str, epoch: &str) -> Option<SessionHandle> {
+        lock(&self.sessions)
+            .get(id)
+            .filter(|(serving, _)| serving.runtime().epoch.as_str() == epoch)
+            .map(|(serving, _)| serving.clone())
+    }
+
+    /// The instance of `session`, once started. A session this process did not start has none.
+    async fn session_peer(&self, session: &SessionHandle) -> Result<Arc<Peer>, ErrorObject> {
+        let gone = || lost(&self.connect.describe());
+        let mut starting = self.starting(session).ok_or_else(gone)?;
+        // Started at `initialize`: wait for it to be up (or to have failed).
+        let started = starting.wait_for(Option::is_some).await.map_err(|_| gone())?;
+        started.clone().unwrap_or_else(|| Err(gone()))
+    }
+
+    /// The instance of `session` if it is up here now.
+    fn started_peer(&self, session: &SessionHandle) -> Option<Arc<Peer>> {
+        self.starting(session)?.borrow().as_ref().and_then(|started| started.as_ref().ok().cloned())
+    }
+
+    /// Forgets the session's instance once the process stops serving the session (unless
+    /// another incarnation's has replaced it), which stops the instance once no request of it
+    /// runs.
+    fn forget_when_ended(self: &Arc<Self>, session: &SessionHandle) {
+        let (upstream, session) = (Arc::downgrade(self), session.clone());
+        tokio::spawn(async move {
+            session.ended().await;
+            let Some(upstream) = upstream.upgrade() else { return };
+            let mut sessions = lock(&upstream.sessions);
+            if sessions.get(session.id()).is_some_and(|(serving, _)| serving.same(&session)) {
+                sessions.remove(session.id());
+            }
+        });
+    }
+}
+
+/// Ends `session` as `upstream_lost` once its instance stops on its own.
+fn end_session_when_stopped(peer: &Peer, session: SessionHandle) {
+    let gone = peer.gone.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = gone.cancelled() => {
+                tracing::warn!(session = session.id(), "the upstream stopped: the session ends");
+                session.end(SessionEnd::UpstreamLost, ABORT_GRACE).await;
+            }
+            // Stopped by tether (the session ended first): nothing to report.
+            () = session.ended() => {}
+        }
+    });
+}
+
+/// The `initialize` params of an instance started outside any session: the newest legacy
+/// revision, and `capabilities` (a 2026-07-28 request's own, or none).
+fn client_params(capabilities: &Value) -> Value {
+    json!({
+        "protocolVersion": ProtocolVersion::LATEST_LEGACY.as_str(),
+        "capabilities": capabilities,
+        "clientInfo": {"name": "tether", "version": env!("CARGO_PKG_VERSION")},
+    })
+}
+
+impl Handler for UpstreamHandler {
+    fn info(&self) -> ServerInfo {
+        self.info.clone()
+    }
+
+    fn call(&self, ctx: Context, method: String, params: Value) -> HandlerFuture {
+        let upstream = Arc::clone(&self.upstream);
+        Box::pin(async move {
+            let peer = match ctx.session() {
+                Some(session) if upstream.starting(&session).is_some() => upstream.session_peer(&session).await?,
+                // Begun at another replica, which holds its instance.
+                Some(session) => match upstream.relay(&session.server().store) {
+                    Some(relay) => {
+                        return relay.call(ctx, &session, method, params, &upstream.connect.describe()).await;
+                    }
+                    None => return Err(lost(&upstream.connect.describe())),
+                },
+                // 2026-07-28: the request is the whole exchange.
+                None => Arc::new(upstream.start(client_params(ctx.client_capabilities()), None).await?),
+            };
+            peer.call(ctx, method, params).await
+        })
+    }
+
+    fn session_started(&self, session: SessionHandle) {
+        self.upstream.start_session(session);
+    }
+
+    /// An instance's state lives in the process that started it: a session begun elsewhere is
+    /// served only while that replica is alive to relay its requests to.
+    fn adopts(&self, session: &SessionHandle) -> AdoptFuture {
+        Box::pin(relay::holder_alive(session.clone()))
+    }
+
+    fn notified(&self, session: SessionHandle, method: &str, params: Value) {
+        let params = (!params.is_null()).then_some(params);
+        let notification = Notification { method: method.to_owned(), params };
+        if self.upstream.starting(&session).is_none() {
+            if let Some(relay) = self.upstream.relay(&session.server().store) {
+                relay.notify(&session, notification);
+            }
+            return;
+        }
+        // A session whose instance has not started yet has nothing to tell: the instance starts
+        // from the client's state as it then is.
+        if let Some(peer) = self.upstream.started_peer(&session) {
+            // A stopped instance has nobody left to tell.
+            let _ = peer.to_upstream.send(Message::Notification(notification));
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Maps of handles only: still consistent after a panic elsewhere.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The upstream could not be started or reached.
+fn unavailable(upstream: &str, detail: impl std::fmt::Display) -> ErrorObject {
+    ErrorObject::with_reason(
+        code::INTERNAL_ERROR,
+        format!("the upstream server ({upstream}) is unavailable: {detail}"),
+        "upstream_unavailable",
+    )
+}
+
+/// The upstream stopped while the request ran: whether it took effect there is unknown.
+fn aborted(upstream: &str) -> ErrorObject {
+    ErrorObject::with_reason(
+        SERVER_ERROR,
+        format!("the upstream server ({upstream}) stopped before answering"),
+        "request_aborted",
+    )
+}
+
+/// The request was cancelled by its client.
+fn cancelled() -> ErrorObject {
+    ErrorObject::with_reason(code::INTERNAL_ERROR, "the request was cancelled", "cancelled")
+}
+
+/// The upstream had stopped before the request could be sent: it did not run.
+fn lost(upstream: &str) -> ErrorObject {
+    ErrorObject::with_reason(
+        SERVER_ERROR,
+        format!("the upstream server ({upstream}) had stopped: the request was not sent; start a new session"),
+        "upstream_lost",
+    )
+}
+
+/// JSON-RPC's code for errors of the server's own.
+const SERVER_ERROR: i64 = -32000;

@@ -1,0 +1,249 @@
+//! One initialized upstream instance: tether's requests to it under ids of tether's own, and
+//! what it sends routed back to the request it belongs to.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+use tether_core::jsonrpc::{ErrorObject, Message, Notification, Request, RequestId, Response, code};
+use tether_core::mcp::method;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use super::{FromUpstream, INITIALIZE_TIMEOUT, Link, aborted, cancelled, lock, lost, unavailable};
+use crate::context::{Context, SessionHandle};
+
+/// A request of tether's that the upstream is running.
+struct Call {
+    ctx: Context,
+    done: oneshot::Sender<Result<Value, ErrorObject>>,
+}
+
+type Calls = Arc<Mutex<HashMap<i64, Call>>>;
+
+/// One initialized upstream instance and the requests it is answering. Dropping it stops the
+/// instance.
+pub(super) struct Peer {
+    /// What goes to the instance.
+    pub(super) to_upstream: mpsc::UnboundedSender<Message>,
+    calls: Calls,
+    next_id: AtomicI64,
+    /// Cancelled when the instance stopped on its own (not when tether stopped it).
+    pub(super) gone: CancellationToken,
+    describe: String,
+    _stop: DropGuard,
+}
+
+impl Peer {
+    /// Initializes the instance behind `link` with `client` (the client's `initialize` params)
+    /// and starts routing what it sends. Returns it with its `initialize` result.
+    pub(super) async fn start(
+        link: Link,
+        client: Value,
+        session: Option<SessionHandle>,
+        describe: String,
+    ) -> Result<(Peer, Value), ErrorObject> {
+        let Link { to_upstream, mut from_upstream, keep } = link;
+        let initialize = Request { id: RequestId::Number(0), method: method::INITIALIZE.into(), params: Some(client) };
+        to_upstream.send(Message::Request(initialize)).map_err(|_| unavailable(&describe, "it stopped"))?;
+        let answer = tokio::time::timeout(INITIALIZE_TIMEOUT, async {
+            loop {
+                let Some(FromUpstream { message, .. }) = from_upstream.recv().await else {
+                    return Err(unavailable(&describe, "it stopped before answering initialize"));
+                };
+                match message {
+                    Message::Response(Response { id: Some(RequestId::Number(0)), outcome }) => {
+                        return outcome.map_err(|error| unavailable(&describe, error.message));
+                    }
+                    // Nothing to route to before the session is set up.
+                    Message::Request(request) => {
+                        let _ = to_upstream.send(Message::Response(Response {
+                            id: Some(request.id.clone()),
+                            outcome: answer_locally(&request).unwrap_or_else(|| {
+                                Err(ErrorObject::with_reason(
+                                    code::INTERNAL_ERROR,
+                                    "not before initialization",
+                                    "not_initialized",
+                                ))
+                            }),
+                        }));
+                    }
+                    _ => {}
+                }
+            }
+        })
+        .await
+        .map_err(|_| unavailable(&describe, "no answer to initialize"))??;
+        let initialized = Notification { method: method::INITIALIZED.into(), params: None };
+        to_upstream.send(Message::Notification(initialized)).map_err(|_| unavailable(&describe, "it stopped"))?;
+
+        let (stop, gone) = (CancellationToken::new(), CancellationToken::new());
+        let router = Router { to_upstream: to_upstream.clone(), calls: Calls::default(), session, describe };
+        crate::telemetry::upstream_instances(1.0);
+        let peer = Peer {
+            to_upstream,
+            calls: Arc::clone(&router.calls),
+            next_id: AtomicI64::new(1),
+            gone: gone.clone(),
+            describe: router.describe.clone(),
+            _stop: stop.clone().drop_guard(),
+        };
+        tokio::spawn(async move {
+            // The instance lives as long as its messages are routed.
+            let _keep = keep;
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    message = from_upstream.recv() => match message {
+                        Some(message) => router.route(message).await,
+                        None => {
+                            gone.cancel();
+                            break;
+                        }
+                    },
+                }
+            }
+            router.abort_all();
+        });
+        Ok((peer, answer))
+    }
+
+    /// Runs one request of tether's on the instance; a cancelled request is cancelled there too.
+    pub(super) async fn call(&self, ctx: Context, method: String, params: Value) -> Result<Value, ErrorObject> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (done, outcome) = oneshot::channel();
+        lock(&self.calls).insert(id, Call { ctx: ctx.clone(), done });
+        let request = Request { id: RequestId::Number(id), method, params: Some(params) };
+        if self.to_upstream.send(Message::Request(request)).is_err() {
+            lock(&self.calls).remove(&id);
+            // Never sent, so certainly not run: not an abort.
+            return Err(lost(&self.describe));
+        }
+        tokio::select! {
+            outcome = outcome => outcome.unwrap_or_else(|_| Err(aborted(&self.describe))),
+            () = ctx.cancelled() => {
+                lock(&self.calls).remove(&id);
+                let cancel = Notification {
+                    method: method::CANCELLED.into(),
+                    params: Some(json!({"requestId": id, "reason": "cancelled by the client"})),
+                };
+                // A stopped instance has nothing left to cancel.
+                let _ = self.to_upstream.send(Message::Notification(cancel));
+                Err(cancelled())
+            }
+        }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        crate::telemetry::upstream_instances(-1.0);
+    }
+}
+
+/// The requests from an upstream that tether answers itself.
+fn answer_locally(request: &Request) -> Option<Result<Value, ErrorObject>> {
+    (request.method == method::PING).then(|| Ok(json!({})))
+}
+
+/// Routes what an instance sends to where tether delivers it.
+struct Router {
+    to_upstream: mpsc::UnboundedSender<Message>,
+    calls: Calls,
+    /// The session, for messages that belong to no request; none in 2026-07-28.
+    session: Option<SessionHandle>,
+    describe: String,
+}
+
+impl Router {
+    async fn route(&self, FromUpstream { message, origin }: FromUpstream) {
+        match message {
+            Message::Response(response) => self.finish(response),
+            Message::Notification(notification) => self.notify(notification, origin.as_ref()).await,
+            Message::Request(request) => self.ask_client(request, origin.as_ref()),
+        }
+    }
+
+    /// A request's outcome.
+    fn finish(&self, response: Response) {
+        let Some(RequestId::Number(id)) = response.id else { return };
+        if let Some(call) = lock(&self.calls).remove(&id) {
+            // The request may have been cancelled meanwhile.
+            let _ = call.done.send(response.outcome);
+        }
+    }
+
+    /// The running request a message belongs to: the one whose progress token it carries, else
+    /// the one it says it originates from, else the latest.
+    fn request_of(&self, token: Option<&Value>, origin: Option<&RequestId>) -> Option<Context> {
+        let calls = lock(&self.calls);
+        if let Some(token) = token {
+            return calls.values().find(|call| call.ctx.progress_token() == Some(token)).map(|call| call.ctx.clone());
+        }
+        let origin = match origin {
+            Some(RequestId::Number(id)) => calls.get(id),
+            _ => None,
+        };
+        origin.or_else(|| calls.iter().max_by_key(|(id, _)| **id).map(|(_, call)| call)).map(|call| call.ctx.clone())
+    }
+
+    /// Progress goes to the stream of the request whose token it carries, a notification that
+    /// says which request it belongs to to that request's stream, and any other to the
+    /// session's standalone stream; without one it is dropped, as the spec has it ("SHOULD
+    /// relate to the originating client request"): on stdio nothing ties a log line or a
+    /// `list_changed` to whichever request happens to be running.
+    async fn notify(&self, notification: Notification, origin: Option<&RequestId>) {
+        let method = notification.method;
+        let params = notification.params.unwrap_or(Value::Null);
+        let token = (method == method::PROGRESS).then(|| params.get("progressToken")).flatten();
+        let sent = match (token, origin, &self.session) {
+            (None, None, Some(session)) => session.broadcast(&method, params).await.unwrap_or(false),
+            // In 2026-07-28 the instance serves one request: the latest is the one.
+            _ => match self.request_of(token, origin) {
+                Some(ctx) => ctx.notify(&method, params).await.is_ok(),
+                None => false,
+            },
+        };
+        if !sent {
+            tracing::debug!(%method, "an upstream notification had nowhere to go");
+        }
+    }
+
+    /// A request to the client goes out on the stream of the request it originates from, else
+    /// of the latest running one; the client's answer goes back to the upstream.
+    fn ask_client(&self, request: Request, origin: Option<&RequestId>) {
+        let ctx = match answer_locally(&request) {
+            Some(outcome) => {
+                let _ = self.to_upstream.send(Message::Response(Response { id: Some(request.id), outcome }));
+                return;
+            }
+            None => self.request_of(None, origin),
+        };
+        let to_upstream = self.to_upstream.clone();
+        tokio::spawn(async move {
+            let outcome = match ctx {
+                Some(ctx) => {
+                    ctx.request(&request.method, request.params.unwrap_or(Value::Null)).await.map_err(|err| match err {
+                        crate::ContextError::Client { code, message } => ErrorObject { code, message, data: None },
+                        err => ErrorObject::with_reason(code::INTERNAL_ERROR, err.to_string(), "client_request_failed"),
+                    })
+                }
+                None => Err(ErrorObject::with_reason(
+                    code::INTERNAL_ERROR,
+                    "no request is running whose stream could carry this request",
+                    "no_stream",
+                )),
+            };
+            // A stopped instance no longer waits for the answer.
+            let _ = to_upstream.send(Message::Response(Response { id: Some(request.id), outcome }));
+        });
+    }
+
+    /// The instance stopped: its running requests get an error, not silence.
+    fn abort_all(&self) {
+        for (_, call) in lock(&self.calls).drain() {
+            let _ = call.done.send(Err(aborted(&self.describe)));
+        }
+    }
+}
