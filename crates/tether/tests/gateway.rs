@@ -487,3 +487,21 @@ fn keyed_calls_through_a_cutting_balancer_over_two_replicas_run_once_each() {
     assert_eq!(reinitialized, 0, "the session was replaced");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_child_that_dies_under_a_relayed_call_ends_it_as_request_aborted() {
+    let (_rt, redis) = redis();
+    let [(_a, url_a), (_b, url_b)] = replicas(&redis, "10s");
+    let session = initialize(&url_a);
+    let (url, id) = (url_b.clone(), session.clone());
+    let relayed = std::thread::spawn(move || call(&url, &id, "count", json!({"to": 1000, "interval_ms": 20})));
+    std::thread::sleep(Duration::from_millis(500));
+    let crash =
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "crash", "arguments": {}}});
+    let crashed = send(&url_a, Some(&session), &crash);
+    assert_eq!(messages(&crashed.body).last().expect("an answer")["error"]["data"]["reason"], "request_aborted");
+    let answer = relayed.join().expect("the relayed call");
+    assert_eq!(answer.last().expect("an answer")["error"]["data"]["reason"], "request_aborted", "{answer:?}");
+    let ping = json!({"jsonrpc": "2.0", "id": 3, "method": "ping"});
+    eventually("the session outlived its child", || send(&url_b, Some(&session), &ping).status == 404);
+}

@@ -20,7 +20,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::Value;
 use tether_core::jsonrpc::{ErrorObject, Message, Notification};
-use tether_core::lineage::StreamName;
+use tether_core::lineage::{StreamName, StreamState};
 use tether_store::{ReplicaMessage, RequestKey, SessionEnd, Store};
 use tokio::sync::{broadcast, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -240,6 +240,20 @@ fn end_session(session: SessionHandle, holder: &str) {
     tokio::spawn(async move { session.end(SessionEnd::UpstreamLost, ABORT_GRACE).await });
 }
 
+/// Waits, at most the grace a stopped instance's session gives its requests, until `stream` (a
+/// relayed call's) has its final response.
+async fn recorded(session: &SessionHandle, stream: &StreamName) {
+    let (store, id) = (&session.server().store, &session.runtime().id);
+    let Ok(mut head) = store.watch(id, stream).await else { return };
+    let ended = async {
+        while let Ok(Some(range)) = store.stream_range(id, stream).await
+            && range.state == StreamState::Live
+            && head.changed().await.is_ok()
+        {}
+    };
+    let _ = tokio::time::timeout(ABORT_GRACE, ended).await;
+}
+
 /// Hands what other replicas send to `upstream` until it is gone.
 async fn listen(upstream: Weak<Upstream>, mut messages: broadcast::Receiver<ReplicaMessage>, stop: CancellationToken) {
     loop {
@@ -329,10 +343,10 @@ impl Relay {
         lock(&self.serving).insert((from.clone(), call), cancel.clone());
         let upstream = Arc::clone(upstream);
         tokio::spawn(async move {
-            let ctx = Context::relayed(&session, stream, progress_token, cancel);
-            let outcome = match upstream.session_peer(&session).await {
-                Ok(peer) => peer.call(ctx.clone(), method, params).await,
-                Err(error) => Err(error),
+            let ctx = Context::relayed(&session, stream.clone(), progress_token, cancel);
+            let (outcome, stopped) = match upstream.session_peer(&session).await {
+                Ok(peer) => (peer.call(ctx.clone(), method, params).await, peer.gone.is_cancelled()),
+                Err(error) => (Err(error), true),
             };
             // Its output is in the stream before the replica that answers it learns its outcome.
             if let Err(err) = ctx.flush().await {
@@ -344,6 +358,11 @@ impl Relay {
                 tracing::warn!(%err, "could not send a relayed call's outcome back");
             }
             lock(&relay.serving).remove(&(from, call));
+            if stopped {
+                // The session ends once nothing runs in it: not before the replica answering the
+                // call has recorded that it was cut short.
+                recorded(&session, &stream).await;
+            }
             session.runtime().finish_request(&key);
         });
     }
