@@ -8,11 +8,11 @@
 //! stopped when the process stops serving the session. On a store shared by replicas (Redis), a
 //! request that reaches a replica other than the one holding its session's instance is relayed
 //! to that one and runs there (`relay`). A session whose instance is out of reach (begun before
-//! a restart, or at a replica that is gone) ends as `upstream_lost` ([`Handler::adopts`]) rather
-//! than being served from reset state. If the upstream stops first, its running requests end with a
-//! `request_aborted` error and the session ends as [`SessionEnd::UpstreamLost`]: later requests
-//! naming it get 404 `upstream_lost`, so the client starts a new session instead of talking to
-//! nothing. A 2026-07-28 request, which has no session, gets an instance of its own, initialized
+//! a restart, or at a replica that is gone) ends as `upstream_lost` ([`Handler::adopts`])
+//! rather than being served from reset state. If the upstream stops first, its running requests
+//! end with a `request_aborted` error and the session ends as [`SessionEnd::UpstreamLost`]:
+//! later requests naming it get 404 `upstream_lost`, so the client starts a new session instead
+//! of talking to nothing. A 2026-07-28 request, which has no session, gets an instance of its own, initialized
 //! with the capabilities the request declares and stopped when it ends: an upstream written for
 //! one client per connection keeps per-connection state, which no two requests may share.
 //!

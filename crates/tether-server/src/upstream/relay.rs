@@ -61,7 +61,13 @@ enum Envelope {
         error: Option<Value>,
     },
     /// A notification from the session's client, for its instance.
-    Notify { session: String, epoch: String, message: Value },
+    Notify {
+        session: String,
+        epoch: String,
+        method: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        params: Option<Value>,
+    },
 }
 
 impl Envelope {
@@ -75,6 +81,15 @@ impl Envelope {
 
 /// Outcomes this process waits for, by call number.
 type Waiting = Mutex<HashMap<u64, oneshot::Sender<Result<Value, ErrorObject>>>>;
+
+/// Forgets a call's place in [`Waiting`] however the wait ends.
+struct Forget<'a>(&'a Waiting, u64);
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        lock(self.0).remove(&self.1);
+    }
+}
 
 /// This process's side of the relay: the calls it sent and waits on, and those it runs for
 /// other replicas.
@@ -120,6 +135,7 @@ impl Relay {
         let call = self.next_call.fetch_add(1, Ordering::Relaxed);
         let (done, outcome) = oneshot::channel();
         lock(&self.waiting).insert(call, done);
+        let _forget = Forget(&self.waiting, call);
         // What the holder writes to the stream reaches the client only if the response is one.
         ctx.stream_response();
         let runtime = session.runtime();
@@ -132,23 +148,20 @@ impl Relay {
             params,
             progress_token: ctx.progress_token().cloned(),
         };
-        let outcome = self.await_call(&ctx, session, &holder, request, outcome, describe).await;
-        lock(&self.waiting).remove(&call);
-        outcome
+        self.await_call(&ctx, session, (&holder, call), &request, outcome, describe).await
     }
 
-    /// Sends `request` to `holder` and waits for its outcome, probing.
+    /// Sends `request` (call number `call`) to `holder` and waits for its outcome, probing.
     async fn await_call(
         &self,
         ctx: &Context,
         session: &SessionHandle,
-        holder: &str,
-        request: Envelope,
+        (holder, call): (&str, u64),
+        request: &Envelope,
         mut outcome: oneshot::Receiver<Result<Value, ErrorObject>>,
         describe: &str,
     ) -> Result<Value, ErrorObject> {
-        let Envelope::Call { call, .. } = request else { return Err(lost(describe)) };
-        match self.send(holder, &request).await {
+        match self.send(holder, request).await {
             Ok(true) => {}
             // Not received, so not run.
             Ok(false) if self.alive(holder).await => {
@@ -190,14 +203,11 @@ impl Relay {
     pub(super) fn notify(&self, session: &SessionHandle, notification: Notification) {
         let runtime = session.runtime();
         let (id, epoch) = (runtime.id.clone(), runtime.epoch.to_string());
-        let message = match serde_json::from_slice(&Message::Notification(notification).to_vec()) {
-            Ok(message) => message,
-            Err(err) => return tracing::debug!(%err, "a notification that is not JSON"),
-        };
+        let Notification { method, params } = notification;
         let store = Arc::clone(&self.store);
         tokio::spawn(async move {
             let Ok(Some(holder)) = store.session_replica(&id).await else { return };
-            let notify = Envelope::Notify { session: id.to_string(), epoch, message };
+            let notify = Envelope::Notify { session: id.to_string(), epoch, method, params };
             if let Err(err) = send(store.as_ref(), &holder, &notify).await {
                 tracing::debug!(%err, "could not relay a notification");
             }
@@ -311,12 +321,11 @@ impl Relay {
                     let _ = done.send(outcome);
                 }
             }
-            Envelope::Notify { session, epoch, message } => {
+            Envelope::Notify { session, epoch, method, params } => {
                 let peer = upstream.serving(&session, &epoch).and_then(|session| upstream.started_peer(&session));
-                let notification = tether_core::jsonrpc::message_from_value(message);
-                if let (Some(peer), Ok(notification @ Message::Notification(_))) = (peer, notification) {
+                if let Some(peer) = peer {
                     // A stopped instance has nobody left to tell.
-                    let _ = peer.to_upstream.send(notification);
+                    let _ = peer.to_upstream.send(Message::Notification(Notification { method, params }));
                 }
             }
         }
