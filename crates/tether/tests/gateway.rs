@@ -505,3 +505,25 @@ fn a_child_that_dies_under_a_relayed_call_ends_it_as_request_aborted() {
     let ping = json!({"jsonrpc": "2.0", "id": 3, "method": "ping"});
     eventually("the session outlived its child", || send(&url_b, Some(&session), &ping).status == 404);
 }
+
+#[test]
+fn a_cancellation_reaching_the_relaying_replica_cancels_the_call_at_the_child() {
+    let (_rt, redis) = redis();
+    let [(_a, url_a), (_b, url_b)] = replicas(&redis, "10s");
+    let session = initialize(&url_a);
+    let (url, id) = (url_b.clone(), session.clone());
+    let long = json!({"jsonrpc": "2.0", "id": 50, "method": "tools/call", "params": {
+        "name": "count", "arguments": {"to": 1000, "interval_ms": 20}, "_meta": {"progressToken": "p"}}});
+    let running = std::thread::spawn(move || send(&url, Some(&id), &long));
+    std::thread::sleep(Duration::from_millis(500));
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 50}});
+    assert_eq!(send(&url_b, Some(&session), &cancel).status, 202);
+    // The call ends well before its thousand steps, and its child was told.
+    let started = Instant::now();
+    let answer = running.join().expect("the relayed call");
+    assert!(started.elapsed() < Duration::from_secs(10), "the cancelled call ran on: {}", answer.body);
+    assert!(!answer.body.contains("counted to 1000"), "{}", answer.body);
+    eventually("the child never heard of the cancellation", || {
+        result_text(&call(&url_a, &session, "heard", json!({}))).lines().any(|m| m == "notifications/cancelled")
+    });
+}

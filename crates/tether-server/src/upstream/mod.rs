@@ -91,7 +91,9 @@ pub trait Connect: Send + Sync + 'static {
     fn describe(&self) -> String;
 }
 
-/// A tether [`Handler`] that hands every request to an upstream server.
+/// A tether [`Handler`] that hands every request to an upstream server. On a store shared by
+/// replicas, what the other replicas send this process (the store's owner name) is taken to be
+/// this handler's: give each one a store of its own.
 pub struct UpstreamHandler {
     info: ServerInfo,
     upstream: Arc<Upstream>,
