@@ -59,6 +59,10 @@ pub struct ClientArgs {
     /// `watch` prints `gave_up` (exit 5).
     #[arg(long, value_parser = tether_server::parse_duration)]
     timeout: Option<std::time::Duration>,
+    /// How many reconnects of a stream, or re-sends of a keyed request, in a row without
+    /// progress before giving up (the delays between them grow to 10 s).
+    #[arg(long, default_value_t = 8)]
+    retries: u32,
     /// The protocol revision to ask for: a 2025 one (the server may fall back to 2026-07-28) or
     /// 2026-07-28 (stateless, no handshake).
     #[arg(long, default_value = "2025-11-25")]
@@ -72,6 +76,7 @@ impl ClientArgs {
         config.policy = self.policy.into();
         config.reinitialize = !self.exit_on_divergence;
         config.protocol_version = self.protocol_version;
+        config.backoff.max_attempts_without_progress = self.retries;
         config
     }
 
@@ -424,7 +429,23 @@ async fn echo_schema(client: &Client) -> Result<Value, RequestError> {
 mod tests {
     use serde_json::json;
 
+    use clap::Parser;
+
     use super::required_arguments;
+
+    #[derive(Debug, clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        client: super::ClientArgs,
+    }
+
+    #[test]
+    fn retries_set_the_reconnect_budget() {
+        let flags =
+            |args: &[&str]| Flags::parse_from([&["t", "http://127.0.0.1:1/mcp"], args].concat()).client.config();
+        assert_eq!(flags(&[]).backoff.max_attempts_without_progress, 8);
+        assert_eq!(flags(&["--retries", "20"]).backoff.max_attempts_without_progress, 20);
+    }
 
     #[test]
     fn an_unscripted_call_fills_every_required_property_by_its_type() {

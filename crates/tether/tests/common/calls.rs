@@ -64,7 +64,8 @@ impl Run<'_> {
             for _ in 0..WORKERS {
                 scope.spawn(|| {
                     while next.fetch_add(1, Ordering::Relaxed) < self.calls && started.elapsed() < self.deadline {
-                        let mut call = tether(&["call", self.url, self.tool, "--args", self.args]);
+                        // A budget of re-sends that outlasts a server's restart on a loaded machine.
+                        let mut call = tether(&["call", self.url, self.tool, "--args", self.args, "--retries", "16"]);
                         let began = Instant::now();
                         let lines = call.rest(CALL_DEADLINE);
                         let status = call.child.try_wait().ok().flatten().and_then(|s| s.code());
