@@ -504,6 +504,8 @@ fn a_child_that_dies_under_a_relayed_call_ends_it_as_request_aborted() {
     assert_eq!(answer.last().expect("an answer")["error"]["data"]["reason"], "request_aborted", "{answer:?}");
     let ping = json!({"jsonrpc": "2.0", "id": 3, "method": "ping"});
     eventually("the session outlived its child", || send(&url_b, Some(&session), &ping).status == 404);
+    let refused: Value = serde_json::from_str(&send(&url_b, Some(&session), &ping).body).expect("a JSON error");
+    assert_eq!(refused["error"]["data"]["reason"], "upstream_lost", "{refused}");
 }
 
 #[test]
