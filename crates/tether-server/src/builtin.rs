@@ -54,6 +54,13 @@ fn tool(name: &str, description: &str, input_schema: Value) -> Value {
     json!({"name": name, "description": description, "inputSchema": input_schema})
 }
 
+/// `definition` annotated as a tool without effects, which running twice changes nothing
+/// ([`Handler::read_only`]).
+fn without_effects(mut definition: Value) -> Value {
+    definition["annotations"] = json!({"readOnlyHint": true, "idempotentHint": true});
+    definition
+}
+
 async fn sleep_ms(ms: u64) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
@@ -82,12 +89,12 @@ impl BuiltinHandler {
 /// Tools for streaming, resumption and side effects.
 fn add_stream_tools(tools: &mut ToolSet, counters: &Arc<dyn CounterStore>) {
     tools.add(
-        task_tool(
+        without_effects(task_tool(
             "count",
             "Sends `to` notifications on the request's stream, `interval_ms` apart: progress if the request has a progress token, else notifications/message with data {\"count\": i}. Then a text result. Runs as a task for a client that declares tasks (the notifications are then the task's events).",
             schema(json!({"to": {"type": "integer", "minimum": 0}, "interval_ms": {"type": "integer", "minimum": 0}}), &["to"]),
             "optional",
-        ),
+        )),
         |ctx, args| async move {
             let to = u64_arg(&args, "to", 0, 1_000_000)?;
             escalate(&ctx).await?;
@@ -134,15 +141,11 @@ fn add_stream_tools(tools: &mut ToolSet, counters: &Arc<dyn CounterStore>) {
         },
     );
     tools.add(
-        {
-            let mut definition = tool(
-                "counter_get",
-                "Returns the value of the store-backed counter `key`.",
-                schema(json!({"key": {"type": "string"}}), &["key"]),
-            );
-            definition["annotations"] = json!({"readOnlyHint": true, "idempotentHint": true});
-            definition
-        },
+        without_effects(tool(
+            "counter_get",
+            "Returns the value of the store-backed counter `key`.",
+            schema(json!({"key": {"type": "string"}}), &["key"]),
+        )),
         {
             let counters = Arc::clone(counters);
             move |_, args| {
@@ -838,6 +841,10 @@ impl Handler for BuiltinHandler {
 
     fn resumable(&self, method: &str, params: &Value) -> bool {
         method == "tools/call" && self.tools.is_resumable(params)
+    }
+
+    fn read_only(&self, method: &str, params: &Value) -> bool {
+        method == "tools/call" && self.tools.is_read_only(params)
     }
 
     fn param_headers(&self, tool: &str) -> &[ParamHeader] {

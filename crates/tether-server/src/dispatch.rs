@@ -206,6 +206,9 @@ async fn record(
         Some(claim) => {
             store.begin_keyed_request(&runtime.id, &runtime.epoch, &key, &digest, stream, claim.clone()).await
         }
+        None if shared.handler.read_only(&request.method, &params) => {
+            store.begin_request_ordered(&runtime.id, &runtime.epoch, &key, &digest, stream).await.map(|b| (b, None))
+        }
         None => store.begin_request(&runtime.id, &runtime.epoch, &key, &digest, stream).await.map(|b| (b, None)),
     }?;
     crate::telemetry::store_latency("begin_request", started.elapsed());

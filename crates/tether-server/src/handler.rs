@@ -50,6 +50,17 @@ pub trait Handler: Send + Sync + 'static {
         false
     }
 
+    /// Whether this request has no effects, so running it twice changes nothing. Its record
+    /// need not be durable before it runs (on the embedded store that saves a call a wait for
+    /// the disk): a crash in that window loses the record, and the same request sent again runs
+    /// again. Its output is still durable before any client sees it, and a request with an
+    /// idempotency key is recorded first regardless. By default nothing is; the built-in tools
+    /// say yes for `tools/call` of a tool annotated `readOnlyHint: true`. A gateway says no for
+    /// everything: an upstream's annotations are hints it cannot vouch for.
+    fn read_only(&self, _method: &str, _params: &Value) -> bool {
+        false
+    }
+
     /// The parameters of tool `tool` its input schema mirrors in `Mcp-Param-*` headers (SEP-2243,
     /// `x-mcp-header`): a 2026-07-28 call whose headers do not say what its arguments say is
     /// refused (400, -32020) before it reaches [`Handler::call`]. By default none.

@@ -25,6 +25,8 @@ pub struct ToolSet {
     headers: HashMap<String, Vec<ParamHeader>>,
     /// How each tool that supports tasks runs as one (`execution.taskSupport`), read once.
     task_support: HashMap<String, TaskSupport>,
+    /// The tools whose definition says they have no effects (`annotations.readOnlyHint`).
+    read_only: HashSet<String>,
 }
 
 impl std::fmt::Debug for ToolSet {
@@ -59,6 +61,9 @@ impl ToolSet {
         };
         if !headers.is_empty() {
             self.headers.insert(name.clone(), headers);
+        }
+        if definition.pointer("/annotations/readOnlyHint") == Some(&Value::Bool(true)) {
+            self.read_only.insert(name.clone());
         }
         match tether_core::tasks::support_of(&definition) {
             TaskSupport::Never => {}
@@ -98,6 +103,12 @@ impl ToolSet {
     /// Whether `tools/call` with `params` calls a tool added with [`ToolSet::add_resumable`].
     pub fn is_resumable(&self, params: &Value) -> bool {
         params.get("name").and_then(Value::as_str).is_some_and(|name| self.resumable.contains(name))
+    }
+
+    /// Whether `tools/call` with `params` calls a tool whose definition says it has no effects
+    /// (`annotations.readOnlyHint: true`; see [`Handler::read_only`](crate::Handler::read_only)).
+    pub fn is_read_only(&self, params: &Value) -> bool {
+        params.get("name").and_then(Value::as_str).is_some_and(|name| self.read_only.contains(name))
     }
 
     /// The `tools/list` result.
@@ -151,5 +162,18 @@ mod tests {
         assert_eq!(tools.list(), json!({"tools": [{"name": "kept", "inputSchema": schema}]}));
         assert_eq!(tools.param_headers("kept").iter().map(|h| h.label.as_str()).collect::<Vec<_>>(), ["P"]);
         assert!(tools.param_headers("dropped").is_empty());
+    }
+
+    #[test]
+    fn only_tools_annotated_read_only_are() {
+        let mut tools = ToolSet::new();
+        let noop = |_, _| async { Ok(json!({})) };
+        tools.add(json!({"name": "reads", "annotations": {"readOnlyHint": true}}), noop);
+        tools.add(json!({"name": "writes", "annotations": {"readOnlyHint": false}}), noop);
+        tools.add(json!({"name": "unsaid"}), noop);
+        assert!(tools.is_read_only(&json!({"name": "reads"})));
+        assert!(!tools.is_read_only(&json!({"name": "writes"})));
+        assert!(!tools.is_read_only(&json!({"name": "unsaid"})));
+        assert!(!tools.is_read_only(&json!({"name": "unknown"})));
     }
 }

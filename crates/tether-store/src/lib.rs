@@ -153,6 +153,23 @@ pub trait EventLog: KeyRecords {
         stream: &StreamName,
     ) -> StoreFuture<'_, BeginRequest>;
 
+    /// [`EventLog::begin_request`], answered as soon as the record is decided and ordered before
+    /// every later write to this store, which may be before it is durable: what is written after
+    /// the answer (the request's output) becomes durable, and visible, only after the record.
+    /// For a request without effects (a read-only tool): a crash before the record is durable
+    /// loses the record, and the same request sent again runs again, which changes nothing. The
+    /// memory and Redis stores answer [`EventLog::begin_request`] no earlier than this already.
+    fn begin_request_ordered(
+        &self,
+        session: &SessionId,
+        epoch: &Epoch,
+        request_key: &RequestKey,
+        params_digest: &str,
+        stream: &StreamName,
+    ) -> StoreFuture<'_, BeginRequest> {
+        self.begin_request(session, epoch, request_key, params_digest, stream)
+    }
+
     /// [`EventLog::begin_request`] and, if the request started, [`KeyRecords::claim_key`] for its
     /// idempotency key (`Some` exactly then): in one step where the backend can (the embedded
     /// store: one transaction, one disk flush).

@@ -403,6 +403,38 @@ async fn a_request_id_is_executed_once_per_incarnation() {
 }
 
 #[tokio::test]
+async fn a_read_only_call_on_the_embedded_store_is_recorded_once_per_incarnation_too() {
+    // Its record need not be durable before it runs (`Handler::read_only`), but it is decided
+    // before it runs all the same.
+    let dir = std::env::temp_dir().join(format!("tether-read-only-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let store = tether_store::SqliteStore::open(&dir, tether_store::Retention::default(), "test").expect("open");
+    let server =
+        start_with(Builder::new(BuiltinHandler::in_memory()).config(config()).store(std::sync::Arc::new(store))).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let count = |to: u64| {
+        request(
+            json!(7),
+            "tools/call",
+            json!({"name": "count", "arguments": {"to": to}, "_meta": {"progressToken": "p"}}),
+        )
+    };
+    let ids = |events: &[tether_core::sse::Event]| events.iter().map(|e| e.id.clone()).collect::<Vec<_>>();
+    let mut first = client.post(Some(&session), &count(3)).send().await.expect("send");
+    let (original, ended) = drain(&mut first).await;
+    assert!(ended);
+    assert_eq!(messages(&original).len(), 4, "three progress notifications and the result");
+    // A second run would write a stream of its own, with other event ids.
+    let mut again = client.post(Some(&session), &count(3)).send().await.expect("send");
+    assert_eq!(ids(&drain(&mut again).await.0), ids(&original), "the same id and params attach to the original");
+    let conflict = json_body(client.post(Some(&session), &count(4)).send().await.expect("send")).await;
+    assert_eq!(conflict["error"]["data"]["reason"], "request_id_reused");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
 async fn second_plain_get_while_the_standalone_stream_is_attached_gets_409() {
     let server = start(config()).await;
     let client = Client::new(&server);

@@ -41,7 +41,17 @@ const MAX_BATCH: usize = 512;
 const READERS: usize = 2;
 
 type Completion = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
-type Job = Box<dyn FnOnce(&mut Transaction<'_>) -> Completion + Send>;
+type Job = Box<dyn FnOnce(&mut Transaction<'_>) -> Answer + Send>;
+
+/// What a job leaves to do once its batch's transaction ends.
+struct Answer {
+    /// Run by the writer as soon as the commit is made, before it is durable: only for callers
+    /// that need their write ordered before every later one, not durable (see
+    /// [`EventLog::begin_request_ordered`]).
+    committed: Option<Completion>,
+    /// Run by the flush thread once the commit is durable, in commit order.
+    durable: Completion,
+}
 type Query = Box<dyn FnOnce(&Connection) + Send>;
 
 /// A [`Store`] in a SQLite file.
@@ -417,17 +427,24 @@ impl SqliteStore {
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
         A: FnOnce(&Mirror, &T) + Send + 'static,
     {
-        let (tx, rx) = oneshot::channel();
-        let mirror = Arc::clone(&self.mirror);
-        let job: Job = Box::new(move |txn: &mut Transaction<'_>| {
-            let result = in_savepoint(txn, f);
-            Box::new(move |committed| {
-                if let (Ok(()), Ok(value)) = (&committed, &result) {
-                    then(&mirror, value);
-                }
-                let _ = tx.send(committed.and(result));
-            })
-        });
+        let (job, rx) = answered_at_flush(f, then, Arc::clone(&self.mirror));
+        self.submit(job, rx)
+    }
+
+    /// [`SqliteStore::run_with`], answered as soon as the batch is committed, before it is
+    /// durable; `then` still runs once it is durable, in commit order.
+    fn run_answered_at_commit<T, F, A>(&self, f: F, then: A) -> StoreFuture<'static, T>
+    where
+        T: Clone + Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        A: FnOnce(&Mirror, &T) + Send + 'static,
+    {
+        let (job, rx) = answered_at_commit(f, then, Arc::clone(&self.mirror));
+        self.submit(job, rx)
+    }
+
+    /// Queues `job` for the writer; `rx` gets its answer.
+    fn submit<T: Send + 'static>(&self, job: Job, rx: Answered<T>) -> StoreFuture<'static, T> {
         // Only a store being dropped has no queue.
         let sent = self.jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok());
         Box::pin(async move {
@@ -478,6 +495,57 @@ impl SqliteStore {
     }
 }
 
+/// The answer to a job, once it comes.
+type Answered<T> = oneshot::Receiver<Result<T, StoreError>>;
+
+/// A job running `f`, answered once its batch is durable; `then` gets its result first, on the
+/// flush thread (mirror updates happen in commit order).
+fn answered_at_flush<T, F, A>(f: F, then: A, mirror: Arc<Mirror>) -> (Job, Answered<T>)
+where
+    T: Send + 'static,
+    F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    A: FnOnce(&Mirror, &T) + Send + 'static,
+{
+    let (tx, rx) = oneshot::channel();
+    let job: Job = Box::new(move |txn: &mut Transaction<'_>| {
+        let result = in_savepoint(txn, f);
+        let durable: Completion = Box::new(move |committed| {
+            if let (Ok(()), Ok(value)) = (&committed, &result) {
+                then(&mirror, value);
+            }
+            let _ = tx.send(committed.and(result));
+        });
+        Answer { committed: None, durable }
+    });
+    (job, rx)
+}
+
+/// A job running `f`, answered as soon as its batch is committed, before it is durable: what
+/// the caller writes next is committed, and made durable, after it. `then` still runs once the
+/// batch is durable, in commit order.
+fn answered_at_commit<T, F, A>(f: F, then: A, mirror: Arc<Mirror>) -> (Job, Answered<T>)
+where
+    T: Clone + Send + 'static,
+    F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    A: FnOnce(&Mirror, &T) + Send + 'static,
+{
+    let (tx, rx) = oneshot::channel();
+    let job: Job = Box::new(move |txn: &mut Transaction<'_>| {
+        let result = in_savepoint(txn, f);
+        let answer = result.clone();
+        let committed: Completion = Box::new(move |committed| {
+            let _ = tx.send(committed.and(answer));
+        });
+        let durable: Completion = Box::new(move |committed| {
+            if let (Ok(()), Ok(value)) = (&committed, &result) {
+                then(&mirror, value);
+            }
+        });
+        Answer { committed: Some(committed), durable }
+    });
+    (job, rx)
+}
+
 /// The database thread: batches jobs into transactions (group commit) and hands each commit to
 /// the flusher. It never waits for company: a batch is whatever queued up while the previous
 /// one was being executed, so a lone writer pays one flush per operation and many writers
@@ -504,7 +572,7 @@ fn writer(
                 continue;
             }
         };
-        let completions: Vec<Completion> = batch.into_iter().map(|job| job(&mut transaction)).collect();
+        let answers: Vec<Answer> = batch.into_iter().map(|job| job(&mut transaction)).collect();
         // After a failed flush nothing more is committed: dropping the transaction rolls it back.
         let (generation, outcome) = match durability.begin_commit() {
             Ok(generation) => (generation, transaction.commit().map_err(backend)),
@@ -513,6 +581,13 @@ fn writer(
                 (0, Err(poisoned))
             }
         };
+        let mut completions = Vec::with_capacity(answers.len());
+        for Answer { committed, durable } in answers {
+            if let Some(committed) = committed {
+                committed(outcome.clone());
+            }
+            completions.push(durable);
+        }
         flusher.send(Committed { generation, outcome, completions });
         checkpoints.after_commit(connection);
     }
@@ -1198,6 +1273,25 @@ impl EventLog for SqliteStore {
         Box::pin(async move { begun.await.map(|(begun, _)| begun) })
     }
 
+    fn begin_request_ordered(
+        &self,
+        session: &SessionId,
+        epoch: &Epoch,
+        request_key: &RequestKey,
+        params_digest: &str,
+        stream: &StreamName,
+    ) -> StoreFuture<'_, BeginRequest> {
+        let (session, epoch, key, digest) =
+            (session.as_str().to_owned(), epoch.to_string(), request_key.as_str().to_owned(), params_digest.to_owned());
+        let (stream, owner) = (stream.clone(), self.owner.clone());
+        // One writer commits in order and the flush thread makes commits durable in that order:
+        // whatever the caller writes after this answer is durable only after the record.
+        let then = opened_by_begin(&session, &stream);
+        let begun =
+            self.run_answered_at_commit(move |txn| begin(txn, &owner, &session, &epoch, &key, &digest, &stream), then);
+        Box::pin(async move { begun.await.map(|(begun, _)| begun) })
+    }
+
     fn begin_keyed_request(
         &self,
         session: &SessionId,
@@ -1459,5 +1553,41 @@ impl CounterStore for SqliteStore {
                 .map(Option::unwrap_or_default)
                 .map_err(backend)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_answered_at_commit_is_answered_before_the_flush_and_one_answered_at_flush_after_it() {
+        let dir = std::env::temp_dir().join(format!("tether-answer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let path = dir.join("db");
+        let mut connection = Connection::open(&path).expect("a database");
+        connection.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (n INTEGER);").expect("a schema");
+        // fdatasync of a pipe fails (EINVAL): every commit is made, and no flush succeeds.
+        let (_reader, pipe) = std::io::pipe().expect("a pipe");
+        let durability = Arc::new(Durability::default());
+        let wal = std::fs::File::from(std::os::fd::OwnedFd::from(pipe));
+        let flusher = Flusher::start(wal, Arc::clone(&durability)).expect("a flusher");
+        let checkpoints = Checkpoints::start(&mut connection, &path, checkpoint::START_AT).expect("a checkpointer");
+        let mirror = Arc::new(Mirror::default());
+        let insert =
+            |n: i64| move |txn: &Connection| execute(txn, "INSERT INTO t (n) VALUES (?1)", [n]).map_err(backend);
+        let (at_commit, committed) = answered_at_commit(insert(1), |_, _| {}, Arc::clone(&mirror));
+        let (at_flush, flushed) = answered_at_flush(insert(2), |_, _| {}, mirror);
+        let (jobs, queue) = mpsc::channel::<Job>();
+        jobs.send(at_commit).expect("queued");
+        jobs.send(at_flush).expect("queued");
+        drop(jobs);
+        writer(&mut connection, &queue, &flusher, &durability, &checkpoints);
+        // Dropping the flusher waits for it to answer what it was handed.
+        drop(flusher);
+        assert_eq!(committed.blocking_recv().expect("answered"), Ok(1), "answered only after the flush");
+        assert!(flushed.blocking_recv().expect("answered").is_err(), "answered before the flush");
+        drop((checkpoints, connection));
+        std::fs::remove_dir_all(&dir).expect("removed");
     }
 }
