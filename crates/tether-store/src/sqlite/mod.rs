@@ -443,6 +443,26 @@ impl SqliteStore {
         self.submit(job, rx)
     }
 
+    /// The job that records request `request_key` of a live session ([`begin`]), and what the
+    /// mirror learns of it once it is durable.
+    fn begin_job(
+        &self,
+        session: &SessionId,
+        epoch: &Epoch,
+        request_key: &RequestKey,
+        params_digest: &str,
+        stream: &StreamName,
+    ) -> (
+        impl FnOnce(&Connection) -> Result<Begun, StoreError> + Send + 'static + use<>,
+        impl FnOnce(&Mirror, &Begun) + Send + 'static + use<>,
+    ) {
+        let (session, epoch, key, digest) =
+            (session.as_str().to_owned(), epoch.to_string(), request_key.as_str().to_owned(), params_digest.to_owned());
+        let (stream, owner) = (stream.clone(), self.owner.clone());
+        let then = opened_by_begin(&session, &stream);
+        (move |txn: &Connection| begin(txn, &owner, &session, &epoch, &key, &digest, &stream), then)
+    }
+
     /// Queues `job` for the writer; `rx` gets its answer.
     fn submit<T: Send + 'static>(&self, job: Job, rx: Answered<T>) -> StoreFuture<'static, T> {
         // Only a store being dropped has no queue.
@@ -832,7 +852,7 @@ fn key_record(txn: &Connection, key: &str, owner: &str) -> Result<Option<(String
 /// A begun request, and whether its stream was opened by it (not joined: a batch's).
 type Begun = (BeginRequest, bool);
 
-fn opened_by_begin(session: &str, stream: &StreamName) -> impl FnOnce(&Mirror, &Begun) + Send + 'static {
+fn opened_by_begin(session: &str, stream: &StreamName) -> impl FnOnce(&Mirror, &Begun) + Send + 'static + use<> {
     let (session, stream) = (session.to_owned(), stream.to_string());
     move |mirror, (_, opened)| {
         if *opened {
@@ -1263,13 +1283,10 @@ impl EventLog for SqliteStore {
         params_digest: &str,
         stream: &StreamName,
     ) -> StoreFuture<'_, BeginRequest> {
-        let (session, epoch, key, digest) =
-            (session.as_str().to_owned(), epoch.to_string(), request_key.as_str().to_owned(), params_digest.to_owned());
-        let (stream, owner) = (stream.clone(), self.owner.clone());
+        let (job, then) = self.begin_job(session, epoch, request_key, params_digest, stream);
         // Answered only once durable: a handler must never run for a request whose record a
         // crash could lose, or the same request id sent again would run it twice.
-        let then = opened_by_begin(&session, &stream);
-        let begun = self.run_with(move |txn| begin(txn, &owner, &session, &epoch, &key, &digest, &stream), then);
+        let begun = self.run_with(job, then);
         Box::pin(async move { begun.await.map(|(begun, _)| begun) })
     }
 
@@ -1281,14 +1298,10 @@ impl EventLog for SqliteStore {
         params_digest: &str,
         stream: &StreamName,
     ) -> StoreFuture<'_, BeginRequest> {
-        let (session, epoch, key, digest) =
-            (session.as_str().to_owned(), epoch.to_string(), request_key.as_str().to_owned(), params_digest.to_owned());
-        let (stream, owner) = (stream.clone(), self.owner.clone());
+        let (job, then) = self.begin_job(session, epoch, request_key, params_digest, stream);
         // One writer commits in order and the flush thread makes commits durable in that order:
         // whatever the caller writes after this answer is durable only after the record.
-        let then = opened_by_begin(&session, &stream);
-        let begun =
-            self.run_answered_at_commit(move |txn| begin(txn, &owner, &session, &epoch, &key, &digest, &stream), then);
+        let begun = self.run_answered_at_commit(job, then);
         Box::pin(async move { begun.await.map(|(begun, _)| begun) })
     }
 
@@ -1301,12 +1314,10 @@ impl EventLog for SqliteStore {
         stream: &StreamName,
         claim: KeyClaim,
     ) -> StoreFuture<'_, (BeginRequest, Option<Claim>)> {
-        let (session, epoch, key, digest) =
-            (session.as_str().to_owned(), epoch.to_string(), request_key.as_str().to_owned(), params_digest.to_owned());
-        let (stream, owner) = (stream.clone(), self.owner.clone());
-        let then = opened_by_begin(&session, &stream);
+        let (begin, then) = self.begin_job(session, epoch, request_key, params_digest, stream);
+        let owner = self.owner.clone();
         let job = move |txn: &Connection| {
-            let begun = begin(txn, &owner, &session, &epoch, &key, &digest, &stream)?;
+            let begun = begin(txn)?;
             let claimed = match begun.0 {
                 BeginRequest::Started => Some(claim_in(txn, &owner, &claim)?),
                 BeginRequest::Existing { .. } => None,
