@@ -41,10 +41,10 @@ const MAX_BATCH: usize = 512;
 const READERS: usize = 2;
 
 type Completion = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
-type Job = Box<dyn FnOnce(&mut Transaction<'_>) -> Answer + Send>;
+type Job = Box<dyn FnOnce(&mut Transaction<'_>) -> Completions + Send>;
 
 /// What a job leaves to do once its batch's transaction ends.
-struct Answer {
+struct Completions {
     /// Run by the writer as soon as the commit is made, before it is durable: only for callers
     /// that need their write ordered before every later one, not durable (see
     /// [`EventLog::begin_request_ordered`]).
@@ -535,7 +535,7 @@ where
             }
             let _ = tx.send(committed.and(result));
         });
-        Answer { committed: None, durable }
+        Completions { committed: None, durable }
     });
     (job, rx)
 }
@@ -561,7 +561,7 @@ where
                 then(&mirror, value);
             }
         });
-        Answer { committed: Some(committed), durable }
+        Completions { committed: Some(committed), durable }
     });
     (job, rx)
 }
@@ -592,7 +592,7 @@ fn writer(
                 continue;
             }
         };
-        let answers: Vec<Answer> = batch.into_iter().map(|job| job(&mut transaction)).collect();
+        let executed: Vec<Completions> = batch.into_iter().map(|job| job(&mut transaction)).collect();
         // After a failed flush nothing more is committed: dropping the transaction rolls it back.
         let (generation, outcome) = match durability.begin_commit() {
             Ok(generation) => (generation, transaction.commit().map_err(backend)),
@@ -601,8 +601,8 @@ fn writer(
                 (0, Err(poisoned))
             }
         };
-        let mut completions = Vec::with_capacity(answers.len());
-        for Answer { committed, durable } in answers {
+        let mut completions = Vec::with_capacity(executed.len());
+        for Completions { committed, durable } in executed {
             if let Some(committed) = committed {
                 committed(outcome.clone());
             }
