@@ -118,6 +118,16 @@ impl Flusher {
     }
 }
 
+#[cfg(test)]
+impl Flusher {
+    /// A flusher that flushes nothing: what it is handed waits in the receiver, for a test to
+    /// answer when it chooses.
+    pub(super) fn holding() -> (Flusher, mpsc::Receiver<Committed>) {
+        let (commits, queue) = mpsc::channel();
+        (Flusher { commits: Some(commits), thread: None }, queue)
+    }
+}
+
 impl Drop for Flusher {
     /// Flushes what was handed over and answers its callers before the store closes.
     fn drop(&mut self) {
