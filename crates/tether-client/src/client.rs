@@ -71,8 +71,9 @@ impl Client {
     }
 
     /// Follows the standalone (GET) stream: resumes it from the checkpoint if there is a cursor,
-    /// else opens a new one. Returns once the first connection is open (or was refused), so
-    /// server messages sent after this are not missed. Its messages arrive as [`ClientEvent`]s.
+    /// else opens a new one. Returns once the first attempt is over: open, so server messages
+    /// sent after this are not missed, or refused or failed, which the follower then tries again
+    /// with backoff in the background. Its messages arrive as [`ClientEvent`]s.
     pub async fn follow_standalone(&self) {
         let Some(generation) = self.inner.start_standalone() else { return };
         let (ready, opened) = oneshot::channel();

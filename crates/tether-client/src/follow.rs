@@ -81,7 +81,8 @@ pub(crate) struct Follower {
     continuity: Continuity,
     attempts: Attempts,
     retry: Option<u64>,
-    /// Told once the first connection is open (or given up on).
+    /// Told once the first attempt to connect is over: open, refused or failed (a refusal is
+    /// then tried again with backoff, without holding up whoever waits).
     ready: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -137,9 +138,7 @@ impl Follower {
                 return;
             }
             let attempt = self.reconnect(std::mem::take(&mut immediate)).await;
-            if !matches!(attempt, Reconnected::Retry)
-                && let Some(ready) = self.ready.take()
-            {
+            if let Some(ready) = self.ready.take() {
                 let _ = ready.send(());
             }
             reader = match attempt {

@@ -469,6 +469,33 @@ async fn a_refused_standalone_stream_is_tried_again_and_one_the_server_does_not_
 }
 
 #[tokio::test]
+async fn following_the_standalone_stream_waits_for_the_first_attempt_only() {
+    // The refusal is tried again after a backoff the caller does not wait out.
+    let follow = |client: Arc<Client>| async move {
+        let returned = tokio::time::timeout(Duration::from_millis(800), client.follow_standalone()).await;
+        assert!(returned.is_ok(), "follow_standalone waited out the backoff after a refusal");
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        None
+    };
+    let mut scripted = Scripted::new(Vec::new(), Vec::new());
+    scripted.standalone = [Resume::Status(404), Resume::Stream(vec![standalone_event(1)])].into();
+    let slow = |config: &mut ClientConfig| {
+        config.backoff = Backoff {
+            initial: Duration::from_millis(1_500),
+            max: Duration::from_millis(1_500),
+            max_attempts_without_progress: 3,
+        };
+    };
+    let seen = run_with(scripted, slow, follow).await;
+    assert_eq!(
+        seen.events.first().map(String::as_str),
+        Some("message 1"),
+        "then it was tried again: {:?}",
+        seen.events
+    );
+}
+
+#[tokio::test]
 async fn a_2026_07_28_response_stream_delivers_its_notifications_and_result() {
     let notification = Frame { id: None, ..event(1) };
     let empty = Frame { id: None, event: None, data: String::new() };
