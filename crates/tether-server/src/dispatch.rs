@@ -90,10 +90,71 @@ pub(crate) async fn start_legacy(
     request: Request,
 ) -> Result<Started, DispatchError> {
     let stream = ids::stream_name('r')?;
-    Ok(match record(shared, runtime, principal, request, &stream, true).await? {
+    let entry = match Entry::of(shared, principal, request) {
+        Ok(entry) => entry,
+        Err(error) => return Ok(Started::Conflict(error)),
+    };
+    if entry.pipelined()
+        && let Some(begun) =
+            shared.store.begin_request_pipelined(&runtime.id, &runtime.epoch, &entry.key, &entry.digest, &stream)
+    {
+        return start_pipelined(shared, runtime, entry, stream, begun).await;
+    }
+    Ok(match record(shared, runtime, entry, &stream, true).await? {
         Recorded::New(work) => Started::Running(run_recorded(shared, runtime, *work, stream, true).await?),
         Recorded::Again { original, .. } => Started::Attach { stream: original },
         Recorded::Conflict(error) => Started::Conflict(error),
+    })
+}
+
+/// Starts a request without effects and without an idempotency key at once, while the store
+/// writes its record, which it has ordered before the request's output: the output need not
+/// wait for a store step of its own. If the store says the id was used before, the run is
+/// cancelled; it wrote nothing, for its stream was never opened. The run is registered for
+/// cancellation once the request is known to be new; a cancellation that comes before is lost,
+/// as it is while any request is being recorded.
+async fn start_pipelined(
+    shared: &Arc<ServerState>,
+    runtime: &Arc<SessionRuntime>,
+    entry: Entry,
+    stream: StreamName,
+    begun: tether_store::StoreFuture<'static, BeginRequest>,
+) -> Result<Started, DispatchError> {
+    let Entry { key, request, .. } = entry;
+    let cancel = CancellationToken::new();
+    let (ctx, first) = context(shared, runtime, &request, &stream, true, None, &cancel);
+    let (decided, decision) = oneshot::channel();
+    let id = request.id.clone();
+    let (runtime, shared) = (Arc::clone(runtime), Arc::clone(shared));
+    let task = tokio::spawn(async move {
+        let decide = async {
+            let started = std::time::Instant::now();
+            let begun = begun.await;
+            crate::telemetry::store_latency("begin_request", started.elapsed());
+            let begun = begun.map_err(DispatchError::from).and_then(|begun| match begun {
+                BeginRequest::Started if !runtime.start_request(&key, cancel.clone()) => {
+                    Err(DispatchError::SessionEnded)
+                }
+                begun => Ok(begun),
+            });
+            let runs = matches!(begun, Ok(BeginRequest::Started));
+            if !runs {
+                cancel.cancel();
+            }
+            // The POST may have gone away; a request that runs runs to its end regardless.
+            let _ = decided.send(begun);
+            runs
+        };
+        let ((), registered) = tokio::join!(run(&shared, ctx, request, Job::Run(None), cancel.clone(), None), decide);
+        if registered {
+            runtime.finish_request(&key);
+        }
+    });
+    let begun = decision.await.map_err(|_| StoreError::Backend("the request's task stopped".into()))??;
+    Ok(match decided_by(begun, &id) {
+        Decided::New => Started::Running(Running { stream, first, task }),
+        Decided::Again(original) => Started::Attach { stream: original },
+        Decided::Conflict(error) => Started::Conflict(error),
     })
 }
 
@@ -108,7 +169,11 @@ pub(crate) async fn start_in_batch(
     request: Request,
     stream: &StreamName,
 ) -> Result<Result<Running, ErrorObject>, DispatchError> {
-    let work = match record(shared, runtime, principal, request, stream, false).await? {
+    let entry = match Entry::of(shared, principal, request) {
+        Ok(entry) => entry,
+        Err(error) => return Ok(Err(error)),
+    };
+    let work = match record(shared, runtime, entry, stream, false).await? {
         Recorded::New(work) => *work,
         Recorded::Again { original, request } => {
             // Its own key is the original's, which may be running: the relay is tracked apart.
@@ -178,48 +243,85 @@ enum Prepared {
     },
 }
 
-/// Records `request` (and claims its idempotency key) with `stream` as its stream, the
+/// A request as the store records it: its key in the session, its params (set) and their
+/// digest, its idempotency key, and whether it is without effects.
+struct Entry {
+    key: RequestKey,
+    request: Request,
+    digest: String,
+    keyed: Option<Keyed>,
+    read_only: bool,
+}
+
+impl Entry {
+    /// `Err` with the error that answers the request: its idempotency key is malformed.
+    fn of(shared: &ServerState, principal: Option<&str>, request: Request) -> Result<Entry, ErrorObject> {
+        let key = RequestKey::of(&request.id);
+        let params = request.params.unwrap_or_else(|| json!({}));
+        let keyed = Keyed::of(shared, principal, &request.method, &params)?;
+        // Straight to bytes, not through `Display`'s formatter.
+        let params_bytes = serde_json::to_vec(&params).expect("a serde_json::Value serializes: its keys are strings");
+        let digest = Digest::of(key.as_str(), &params_bytes).to_string();
+        let read_only = shared.handler.read_only(&request.method, &params);
+        Ok(Entry { key, request: Request { params: Some(params), ..request }, digest, keyed, read_only })
+    }
+
+    /// Whether it may run while its record is written: it has no effects a second run could
+    /// repeat, and no idempotency key to claim first.
+    fn pipelined(&self) -> bool {
+        self.read_only && self.keyed.is_none()
+    }
+}
+
+/// What the store's begin says of a request.
+enum Decided {
+    /// It is new, recorded with its stream.
+    New,
+    /// Its id was used before in this incarnation with the same params: the original's stream.
+    Again(StreamName),
+    /// Its id was used before with other params.
+    Conflict(ErrorObject),
+}
+
+fn decided_by(begun: BeginRequest, id: &tether_core::jsonrpc::RequestId) -> Decided {
+    match begun {
+        BeginRequest::Started => Decided::New,
+        BeginRequest::Existing { stream, same_params: true } => Decided::Again(stream),
+        BeginRequest::Existing { same_params: false, .. } => Decided::Conflict(
+            Refusal::RequestIdReused
+                .error(format!("request id {id} was already used in this session with other params")),
+        ),
+    }
+}
+
+/// Records a request (and claims its idempotency key) with `stream` as its stream, the
 /// request's `own` or a batch's. A key's claim names only a request's own stream: a re-send
 /// follows it; one sharing a batch's waits for the key's record instead.
 async fn record(
     shared: &Arc<ServerState>,
     runtime: &Arc<SessionRuntime>,
-    principal: Option<&str>,
-    request: Request,
+    entry: Entry,
     stream: &StreamName,
     own: bool,
 ) -> Result<Recorded, DispatchError> {
-    let key = RequestKey::of(&request.id);
-    let params = request.params.unwrap_or_else(|| json!({}));
-    let keyed = match Keyed::of(shared, principal, &request.method, &params) {
-        Ok(keyed) => keyed,
-        Err(error) => return Ok(Recorded::Conflict(error)),
-    };
-    // Straight to bytes, not through `Display`'s formatter.
-    let params_bytes = serde_json::to_vec(&params).expect("a serde_json::Value serializes: its keys are strings");
-    let digest = Digest::of(key.as_str(), &params_bytes).to_string();
     let store = &shared.store;
     let started = std::time::Instant::now();
     let followed = own.then(|| (runtime.id.clone(), stream.clone()));
-    let claim = keyed.as_ref().map(|keyed| keyed.claim(followed));
-    let (begun, claimed) = match &claim {
-        Some(claim) => {
-            store.begin_keyed_request(&runtime.id, &runtime.epoch, &key, &digest, stream, claim.clone()).await
-        }
-        None if shared.handler.read_only(&request.method, &params) => {
-            store.begin_request_ordered(&runtime.id, &runtime.epoch, &key, &digest, stream).await.map(|b| (b, None))
-        }
-        None => store.begin_request(&runtime.id, &runtime.epoch, &key, &digest, stream).await.map(|b| (b, None)),
+    let claim = entry.keyed.as_ref().map(|keyed| keyed.claim(followed));
+    let (id, epoch, digest) = (&runtime.id, &runtime.epoch, &entry.digest);
+    let pipelined = entry.pipelined().then(|| store.begin_request_pipelined(id, epoch, &entry.key, digest, stream));
+    let (begun, claimed) = match (&claim, pipelined.flatten()) {
+        (Some(claim), _) => store.begin_keyed_request(id, epoch, &entry.key, digest, stream, claim.clone()).await,
+        // Awaited before anything of the request runs all the same: it shares a stream.
+        (None, Some(begun)) => begun.await.map(|b| (b, None)),
+        (None, None) => store.begin_request(id, epoch, &entry.key, digest, stream).await.map(|b| (b, None)),
     }?;
     crate::telemetry::store_latency("begin_request", started.elapsed());
-    let request = Request { params: Some(params), ..request };
-    Ok(match begun {
-        BeginRequest::Existing { stream: original, same_params: true } => Recorded::Again { original, request },
-        BeginRequest::Existing { same_params: false, .. } => Recorded::Conflict(
-            Refusal::RequestIdReused
-                .error(format!("request id {} was already used in this session with other params", request.id)),
-        ),
-        BeginRequest::Started => {
+    let Entry { key, request, keyed, .. } = entry;
+    Ok(match decided_by(begun, &request.id) {
+        Decided::Again(original) => Recorded::Again { original, request },
+        Decided::Conflict(error) => Recorded::Conflict(error),
+        Decided::New => {
             let job = match keyed.zip(claim) {
                 Some((keyed, claim)) => Prepared::Keyed { keyed, claim, claimed },
                 None => Prepared::Ready(Job::Run(None)),
@@ -227,6 +329,34 @@ async fn record(
             Recorded::New(Box::new(Work { key, request, job }))
         }
     })
+}
+
+/// The context of a request of a legacy session, writing to `stream` (which ends with its
+/// response if `ends_stream`), and the receiver of its first output's kind.
+fn context(
+    shared: &Arc<ServerState>,
+    runtime: &Arc<SessionRuntime>,
+    request: &Request,
+    stream: &StreamName,
+    ends_stream: bool,
+    idempotency_key: Option<String>,
+    cancel: &CancellationToken,
+) -> (Context, oneshot::Receiver<FirstOutput>) {
+    let output = Output::Stored {
+        store: Arc::clone(&shared.store),
+        runtime: Arc::clone(runtime),
+        stream: stream.clone(),
+        ends_stream,
+    };
+    let params = request.params.as_ref().unwrap_or(&Value::Null);
+    let meta = RequestMeta {
+        progress_token: progress_token(params),
+        client_capabilities: runtime.client_capabilities.clone(),
+        log_level: None,
+        client_request_timeout: shared.config.client_request_timeout,
+        idempotency_key,
+    };
+    Context::new(output, meta, Input::default(), cancel.clone(), Arc::clone(shared), None)
 }
 
 /// Runs a recorded request in a task of its own, writing to `stream` (which ends with its
@@ -243,24 +373,12 @@ async fn run_recorded(
     if !runtime.start_request(&key, cancel.clone()) {
         return Err(DispatchError::SessionEnded);
     }
-    let output = Output::Stored {
-        store: Arc::clone(&shared.store),
-        runtime: Arc::clone(runtime),
-        stream: stream.clone(),
-        ends_stream,
+    let idempotency_key = match &job {
+        Prepared::Keyed { keyed, .. } => Some(keyed.name.clone()),
+        Prepared::Ready(_) => None,
     };
+    let (ctx, first) = context(shared, runtime, &request, &stream, ends_stream, idempotency_key, &cancel);
     let params = request.params.as_ref().unwrap_or(&Value::Null);
-    let meta = RequestMeta {
-        progress_token: progress_token(params),
-        client_capabilities: runtime.client_capabilities.clone(),
-        log_level: None,
-        client_request_timeout: shared.config.client_request_timeout,
-        idempotency_key: match &job {
-            Prepared::Keyed { keyed, .. } => Some(keyed.name.clone()),
-            Prepared::Ready(_) => None,
-        },
-    };
-    let (ctx, first) = Context::new(output, meta, Input::default(), cancel.clone(), Arc::clone(shared), None);
     let job = match job {
         Prepared::Ready(job) => Ok(job),
         Prepared::Keyed { keyed, claim, claimed } => {

@@ -153,21 +153,28 @@ pub trait EventLog: KeyRecords {
         stream: &StreamName,
     ) -> StoreFuture<'_, BeginRequest>;
 
-    /// [`EventLog::begin_request`], answered as soon as the record is decided and ordered before
-    /// every later write to this store, which may be before it is durable: what is written after
-    /// the answer (the request's output) becomes durable, and visible, only after the record.
-    /// For a request without effects (a read-only tool): a crash before the record is durable
-    /// loses the record, and the same request sent again runs again, which changes nothing. The
-    /// memory and Redis stores answer [`EventLog::begin_request`] no earlier than this already.
-    fn begin_request_ordered(
+    /// [`EventLog::begin_request`] for a request without effects (a read-only tool), pipelined:
+    /// `Some` if the store has ordered the record by the time this returns, before every write
+    /// to it issued afterwards, so that the caller may run the request and write its output at
+    /// once, without waiting for the answer. The answer comes once the record is decided, which
+    /// may be before it is durable: what is written after the call becomes durable, and visible,
+    /// only after the record. If the key was known (the answer is `Existing`), `stream` was never
+    /// opened, so every write to it fails with [`StoreError::UnknownStream`] and changes nothing.
+    /// A crash before the record is durable loses it, and the same request sent again runs
+    /// again, which changes nothing. The answer does not borrow the store, so it may be awaited
+    /// in a task of the request's own.
+    ///
+    /// `None` if the store cannot order a write before its future runs (the memory and Redis
+    /// stores, whose [`EventLog::begin_request`] answers about as soon anyway): then use that.
+    fn begin_request_pipelined(
         &self,
-        session: &SessionId,
-        epoch: &Epoch,
-        request_key: &RequestKey,
-        params_digest: &str,
-        stream: &StreamName,
-    ) -> StoreFuture<'_, BeginRequest> {
-        self.begin_request(session, epoch, request_key, params_digest, stream)
+        _session: &SessionId,
+        _epoch: &Epoch,
+        _request_key: &RequestKey,
+        _params_digest: &str,
+        _stream: &StreamName,
+    ) -> Option<StoreFuture<'static, BeginRequest>> {
+        None
     }
 
     /// [`EventLog::begin_request`] and, if the request started, [`KeyRecords::claim_key`] for its

@@ -404,13 +404,9 @@ async fn a_request_id_is_executed_once_per_incarnation() {
 
 #[tokio::test]
 async fn a_read_only_call_on_the_embedded_store_is_recorded_once_per_incarnation_too() {
-    // Its record need not be durable before it runs (`Handler::read_only`), but it is decided
-    // before it runs all the same.
-    let dir = std::env::temp_dir().join(format!("tether-read-only-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let store = tether_store::SqliteStore::open(&dir, tether_store::Retention::default(), "test").expect("open");
-    let server =
-        start_with(Builder::new(BuiltinHandler::in_memory()).config(config()).store(std::sync::Arc::new(store))).await;
+    // It runs while its record is written (`Handler::read_only`), but what it wrote counts only
+    // if the record says it is new.
+    let (dir, server) = on_the_embedded_store("once").await;
     let client = Client::new(&server);
     let session = client.initialize("2025-11-25").await;
     let count = |to: u64| {
@@ -430,6 +426,43 @@ async fn a_read_only_call_on_the_embedded_store_is_recorded_once_per_incarnation
     assert_eq!(ids(&drain(&mut again).await.0), ids(&original), "the same id and params attach to the original");
     let conflict = json_body(client.post(Some(&session), &count(4)).send().await.expect("send")).await;
     assert_eq!(conflict["error"]["data"]["reason"], "request_id_reused");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A server on a fresh embedded store in a directory of its own (returned, to remove).
+async fn on_the_embedded_store(name: &str) -> (std::path::PathBuf, TestServer) {
+    let dir = std::env::temp_dir().join(format!("tether-read-only-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let store = tether_store::SqliteStore::open(&dir, tether_store::Retention::default(), "test").expect("open");
+    let server =
+        start_with(Builder::new(BuiltinHandler::in_memory()).config(config()).store(std::sync::Arc::new(store))).await;
+    (dir, server)
+}
+
+#[tokio::test]
+async fn a_read_only_call_sent_again_while_it_runs_leaves_the_original_cancellable() {
+    // The second run starts before the store says the id is known, and is cancelled then: it
+    // must not take the original's place among the session's running requests.
+    let (dir, server) = on_the_embedded_store("cancel").await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let body =
+        request(json!("slow"), "tools/call", json!({"name": "count", "arguments": {"to": 1000, "interval_ms": 20}}));
+    let mut original = client.post(Some(&session), &body).send().await.expect("send");
+    assert_eq!(events(&mut original, 2).await.len(), 2);
+    let mut again = client.post(Some(&session), &body).send().await.expect("send");
+    let attached = events(&mut again, 3).await;
+    assert_eq!(messages(&attached)[0]["params"]["data"]["count"], 1, "attached to the original from its start");
+    // Long enough for the second run, cancelled at once, to have ended.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "slow"}});
+    assert_eq!(client.post(Some(&session), &cancel).send().await.expect("send").status(), 202);
+    for response in [&mut original, &mut again] {
+        let (rest, ended) = drain(response).await;
+        assert!(ended, "the original was not cancelled");
+        assert!(messages(&rest).iter().all(|m| m.get("id").is_none()), "no response after cancellation");
+    }
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

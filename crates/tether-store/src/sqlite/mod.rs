@@ -47,7 +47,7 @@ type Job = Box<dyn FnOnce(&mut Transaction<'_>) -> Completions + Send>;
 struct Completions {
     /// Run by the writer as soon as the commit is made, before it is durable: only for callers
     /// that need their write ordered before every later one, not durable (see
-    /// [`EventLog::begin_request_ordered`]).
+    /// [`EventLog::begin_request_pipelined`]).
     committed: Option<Completion>,
     /// Run by the flush thread once the commit is durable, in commit order.
     durable: Completion,
@@ -463,7 +463,8 @@ impl SqliteStore {
         (move |txn: &Connection| begin(txn, &owner, &session, &epoch, &key, &digest, &stream), then)
     }
 
-    /// Queues `job` for the writer; `rx` gets its answer.
+    /// Queues `job` for the writer at once, at the call (a pipelined begin relies on it); `rx`
+    /// gets its answer.
     fn submit<T: Send + 'static>(&self, job: Job, rx: Answered<T>) -> StoreFuture<'static, T> {
         // Only a store being dropped has no queue.
         let sent = self.jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok());
@@ -1290,19 +1291,20 @@ impl EventLog for SqliteStore {
         Box::pin(async move { begun.await.map(|(begun, _)| begun) })
     }
 
-    fn begin_request_ordered(
+    fn begin_request_pipelined(
         &self,
         session: &SessionId,
         epoch: &Epoch,
         request_key: &RequestKey,
         params_digest: &str,
         stream: &StreamName,
-    ) -> StoreFuture<'_, BeginRequest> {
+    ) -> Option<StoreFuture<'static, BeginRequest>> {
         let (job, then) = self.begin_job(session, epoch, request_key, params_digest, stream);
-        // One writer commits in order and the flush thread makes commits durable in that order:
-        // whatever the caller writes after this answer is durable only after the record.
+        // Queued now, and run by the one writer in queue order: every later write comes after
+        // it, in its batch or a later one, and the flush thread makes commits durable in
+        // commit order, so what the caller writes next is durable only after the record.
         let begun = self.run_answered_at_commit(job, then);
-        Box::pin(async move { begun.await.map(|(begun, _)| begun) })
+        Some(Box::pin(async move { begun.await.map(|(begun, _)| begun) }))
     }
 
     fn begin_keyed_request(

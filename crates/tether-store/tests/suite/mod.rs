@@ -250,27 +250,38 @@ pub async fn request_ids_are_recorded_once_per_incarnation(store: &dyn Store) {
     );
 }
 
-pub async fn an_ordered_begin_decides_as_a_begin_and_what_follows_is_read_after_it(store: &dyn Store) {
+/// A pipelined begin orders its record before what is written after the call, even before its
+/// answer: the request's output follows a new record, and a write to the stream of a known id
+/// (never opened) is refused. A store that cannot pipeline records nothing when asked.
+pub async fn a_pipelined_begin_is_ordered_before_what_is_written_after_the_call(store: &dyn Store) {
     let a = epoch('A');
     store.create_session(record("s6o", a.clone(), 0), usize::MAX).await.expect("create");
     let r1 = stream("o1");
-    assert_eq!(store.begin_request_ordered(&sid("s6o"), &a, &key("n:1"), "d1", &r1).await, Ok(BeginRequest::Started));
-    store.append_batch(&sid("s6o"), &a, &r1, vec![Bytes::from_static(b"result")], true).await.expect("append");
+    let Some(begun) = store.begin_request_pipelined(&sid("s6o"), &a, &key("n:1"), "d1", &r1) else {
+        let begun = store.begin_request(&sid("s6o"), &a, &key("n:1"), "d1", &r1).await;
+        assert_eq!(begun, Ok(BeginRequest::Started), "declining to pipeline recorded the request");
+        return;
+    };
+    let appended = store.append_batch(&sid("s6o"), &a, &r1, vec![Bytes::from_static(b"result")], true);
+    assert_eq!(begun.await, Ok(BeginRequest::Started));
+    assert_eq!(appended.await, Ok(1), "the output written before the answer follows the record");
     let range = store.stream_range(&sid("s6o"), &r1).await.expect("range");
     assert_eq!(range, Some(StreamRange { retained_from: 0, head: 1, state: StreamState::Complete }));
-    let again = store.begin_request_ordered(&sid("s6o"), &a, &key("n:1"), "d1", &stream("o2")).await;
-    assert_eq!(again, Ok(BeginRequest::Existing { stream: r1.clone(), same_params: true }));
+    let again = store.begin_request_pipelined(&sid("s6o"), &a, &key("n:1"), "d1", &stream("o2")).expect("pipelined");
+    let refused = store.append_batch(&sid("s6o"), &a, &stream("o2"), vec![Bytes::from_static(b"again")], true);
+    assert_eq!(again.await, Ok(BeginRequest::Existing { stream: r1.clone(), same_params: true }));
+    assert_eq!(refused.await, Err(StoreError::UnknownStream), "a known id's second run wrote its output");
     let again = store.begin_request(&sid("s6o"), &a, &key("n:1"), "d1", &stream("o3")).await;
     assert_eq!(again, Ok(BeginRequest::Existing { stream: r1.clone(), same_params: true }), "one record for both");
-    let other = store.begin_request_ordered(&sid("s6o"), &a, &key("n:1"), "d2", &stream("o4")).await;
-    assert_eq!(other, Ok(BeginRequest::Existing { stream: r1, same_params: false }));
+    let other = store.begin_request_pipelined(&sid("s6o"), &a, &key("n:1"), "d2", &stream("o4")).expect("pipelined");
+    assert_eq!(other.await, Ok(BeginRequest::Existing { stream: r1.clone(), same_params: false }));
     for unopened in ["o2", "o3", "o4"] {
         assert_eq!(store.stream_range(&sid("s6o"), &stream(unopened)).await, Ok(None), "{unopened} was opened");
     }
-    assert_eq!(
-        store.begin_request_ordered(&sid("s6o"), &epoch('B'), &key("n:2"), "d", &stream("o5")).await,
-        Err(StoreError::SessionGone)
-    );
+    let range = store.stream_range(&sid("s6o"), &r1).await.expect("range");
+    assert_eq!(range, Some(StreamRange { retained_from: 0, head: 1, state: StreamState::Complete }));
+    let gone = store.begin_request_pipelined(&sid("s6o"), &epoch('B'), &key("n:2"), "d", &stream("o5"));
+    assert_eq!(gone.expect("pipelined").await, Err(StoreError::SessionGone));
 }
 
 /// Run by the memory and Redis stores only: the embedded store keeps a live session's request
@@ -681,7 +692,7 @@ macro_rules! store_suite {
             reads_start_strictly_after_the_cursor,
             a_page_holds_the_range_and_the_events_after_the_cursor,
             request_ids_are_recorded_once_per_incarnation,
-            an_ordered_begin_decides_as_a_begin_and_what_follows_is_read_after_it,
+            a_pipelined_begin_is_ordered_before_what_is_written_after_the_call,
             retention_evicts_oldest_events_and_reports_it_in_the_range,
             a_batch_past_the_caps_keeps_the_newest_events,
             session_byte_cap_evicts_ended_streams_first,
