@@ -151,10 +151,10 @@ async fn start_pipelined(
         }
     });
     let begun = decision.await.map_err(|_| StoreError::Backend("the request's task stopped".into()))??;
-    Ok(match decided_by(begun, &id) {
-        Decided::New => Started::Running(Running { stream, first, task }),
-        Decided::Again(original) => Started::Attach { stream: original },
-        Decided::Conflict(error) => Started::Conflict(error),
+    Ok(match begun {
+        BeginRequest::Started => Started::Running(Running { stream, first, task }),
+        BeginRequest::Existing { stream: original, same_params: true } => Started::Attach { stream: original },
+        BeginRequest::Existing { same_params: false, .. } => Started::Conflict(id_reused(&id)),
     })
 }
 
@@ -273,25 +273,10 @@ impl Entry {
     }
 }
 
-/// What the store's begin says of a request.
-enum Decided {
-    /// It is new, recorded with its stream.
-    New,
-    /// Its id was used before in this incarnation with the same params: the original's stream.
-    Again(StreamName),
-    /// Its id was used before with other params.
-    Conflict(ErrorObject),
-}
-
-fn decided_by(begun: BeginRequest, id: &tether_core::jsonrpc::RequestId) -> Decided {
-    match begun {
-        BeginRequest::Started => Decided::New,
-        BeginRequest::Existing { stream, same_params: true } => Decided::Again(stream),
-        BeginRequest::Existing { same_params: false, .. } => Decided::Conflict(
-            Refusal::RequestIdReused
-                .error(format!("request id {id} was already used in this session with other params")),
-        ),
-    }
+/// The error that answers a request whose id was used before in this incarnation with other
+/// params.
+fn id_reused(id: &tether_core::jsonrpc::RequestId) -> ErrorObject {
+    Refusal::RequestIdReused.error(format!("request id {id} was already used in this session with other params"))
 }
 
 /// Records a request (and claims its idempotency key) with `stream` as its stream, the
@@ -318,10 +303,10 @@ async fn record(
     }?;
     crate::telemetry::store_latency("begin_request", started.elapsed());
     let Entry { key, request, keyed, .. } = entry;
-    Ok(match decided_by(begun, &request.id) {
-        Decided::Again(original) => Recorded::Again { original, request },
-        Decided::Conflict(error) => Recorded::Conflict(error),
-        Decided::New => {
+    Ok(match begun {
+        BeginRequest::Existing { stream: original, same_params: true } => Recorded::Again { original, request },
+        BeginRequest::Existing { same_params: false, .. } => Recorded::Conflict(id_reused(&request.id)),
+        BeginRequest::Started => {
             let job = match keyed.zip(claim) {
                 Some((keyed, claim)) => Prepared::Keyed { keyed, claim, claimed },
                 None => Prepared::Ready(Job::Run(None)),
