@@ -4,7 +4,7 @@
 //! 30 s. Every real call succeeds; once the attackers are gone the server's memory is back to
 //! what the clients alone need (the baseline), and once the clients are gone too it holds as
 //! many sockets as when it started. Prints the counts (scripts/test runs it with
-//! --nocapture).
+//! --nocapture). And the server's heap is never advised to transparent huge pages.
 
 mod common;
 
@@ -227,4 +227,21 @@ fn idle_and_slow_connections_do_not_starve_real_calls_or_leak() {
     assert!(fds <= idle_fds, "sockets back to the baseline");
     assert!(after <= limit, "memory back to within a quarter of what the clients alone need");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The server's heap never asks the kernel for transparent huge pages. mimalloc advises its
+/// arenas `MADV_HUGEPAGE` unless built `no_thp`; where THP is on `madvise` (common), a retained
+/// history then grows by 2 MiB pages, each zeroed, or compacted for, inside the allocation that
+/// faults it in: under sustained tool calls on the memory store one call in a hundred waited
+/// 3–5 ms for it (docs/benchmarks.md, session 17). The kernel marks advised regions `hg`.
+#[test]
+fn the_servers_memory_is_never_advised_to_huge_pages() {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let server = tether(&["serve", "--store", "memory", "--listen", &listen]);
+    assert!(server.line(Duration::from_secs(20)).is_some_and(|l| l.starts_with("listening on")), "not started");
+    let smaps = std::fs::read_to_string(format!("/proc/{}/smaps", server.child.id())).expect("smaps");
+    let advised: Vec<&str> =
+        smaps.lines().filter(|l| l.starts_with("VmFlags:") && l.split_whitespace().any(|f| f == "hg")).collect();
+    assert!(advised.is_empty(), "regions advised to huge pages: {advised:?}");
 }
