@@ -294,12 +294,19 @@ async fn record(
     let followed = own.then(|| (runtime.id.clone(), stream.clone()));
     let claim = entry.keyed.as_ref().map(|keyed| keyed.claim(followed));
     let (id, epoch, digest) = (&runtime.id, &runtime.epoch, &entry.digest);
-    let pipelined = entry.pipelined().then(|| store.begin_request_pipelined(id, epoch, &entry.key, digest, stream));
-    let (begun, claimed) = match (&claim, pipelined.flatten()) {
-        (Some(claim), _) => store.begin_keyed_request(id, epoch, &entry.key, digest, stream, claim.clone()).await,
-        // Awaited before anything of the request runs all the same: it shares a stream.
-        (None, Some(begun)) => begun.await.map(|b| (b, None)),
-        (None, None) => store.begin_request(id, epoch, &entry.key, digest, stream).await.map(|b| (b, None)),
+    let (begun, claimed) = match &claim {
+        Some(claim) => store.begin_keyed_request(id, epoch, &entry.key, digest, stream, claim.clone()).await,
+        None => {
+            // A pipelined begin is awaited before anything of the request runs all the same here:
+            // the request shares a batch's stream, or the store declined it.
+            let pipelined =
+                entry.pipelined().then(|| store.begin_request_pipelined(id, epoch, &entry.key, digest, stream));
+            match pipelined.flatten() {
+                Some(begun) => begun.await,
+                None => store.begin_request(id, epoch, &entry.key, digest, stream).await,
+            }
+            .map(|begun| (begun, None))
+        }
     }?;
     crate::telemetry::store_latency("begin_request", started.elapsed());
     let Entry { key, request, keyed, .. } = entry;
