@@ -40,6 +40,12 @@ pub enum Scenario {
 /// Connections of the sustained scenarios (but the single one).
 pub const SUSTAINED_CONNECTIONS: usize = 16;
 
+/// The metric of the CPU time the target used per call: its server's and helpers', in µs.
+pub const SERVER_CPU: &str = "server CPU µs/call";
+
+/// The metric of the CPU time the bench's load generator used per call, in µs.
+pub const CLIENT_CPU: &str = "client CPU µs/call";
+
 /// The width of one point of the latency-over-time series.
 pub const TIMELINE_STEP: Duration = Duration::from_millis(100);
 
@@ -144,13 +150,13 @@ pub async fn run(target: Target, scenario: Scenario, config: &BenchConfig, sizes
     };
     let endpoint = running.endpoint.clone();
     let measured = match scenario {
-        Scenario::ToolCall => tool_calls(&endpoint, Load::timed(config, true)).await,
-        Scenario::ToolCallJson => tool_calls(&endpoint, Load::timed(config, false)).await,
-        Scenario::Sustained => tool_calls(&endpoint, Load::sustained(config, SUSTAINED_CONNECTIONS, 1)).await,
+        Scenario::ToolCall => tool_calls(&running, Load::timed(config, true)).await,
+        Scenario::ToolCallJson => tool_calls(&running, Load::timed(config, false)).await,
+        Scenario::Sustained => tool_calls(&running, Load::sustained(config, SUSTAINED_CONNECTIONS, 1)).await,
         Scenario::SustainedSessions => {
-            tool_calls(&endpoint, Load::sustained(config, SUSTAINED_CONNECTIONS, SUSTAINED_CONNECTIONS)).await
+            tool_calls(&running, Load::sustained(config, SUSTAINED_CONNECTIONS, SUSTAINED_CONNECTIONS)).await
         }
-        Scenario::SustainedSingle => tool_calls(&endpoint, Load::sustained(config, 1, 1)).await,
+        Scenario::SustainedSingle => tool_calls(&running, Load::sustained(config, 1, 1)).await,
         Scenario::Stream => stream(&endpoint, sizes.stream_events).await,
         Scenario::Resume => resume(&endpoint, &sizes.resume_events).await,
         Scenario::Sessions => sessions(&endpoint, config, sizes.idle_sessions, &running).await,
@@ -242,8 +248,11 @@ impl Timeline {
 /// The tool-call scenarios: `load.connections` closed-loop workers over `load.sessions`
 /// sessions call `count {to: 1}` (with a progress token: one notification, SSE) or
 /// `count {to: 0}` (JSON) for the duration, after a warm-up of a fifth of it (at most a
-/// second) that is not counted.
-async fn tool_calls(endpoint: &Endpoint, load: Load) -> Result<Measurement> {
+/// second) that is not counted. The CPU time the target and the bench used over the measured
+/// time, per call, goes with the rates: a load generator on the same cores takes what the
+/// server leaves, so calls/s alone measures the two together.
+async fn tool_calls(running: &target::Running, load: Load) -> Result<Measurement> {
+    let endpoint = &running.endpoint;
     let mut ids = Vec::new();
     for _ in 0..load.sessions.max(1) {
         ids.push(Session::start(endpoint).await?.id);
@@ -285,6 +294,8 @@ async fn tool_calls(endpoint: &Endpoint, load: Load) -> Result<Measurement> {
             }
         });
     }
+    tokio::time::sleep_until(measure_from.into()).await;
+    let cpu_from = (running.cpu_time(), target::own_cpu_time());
     let mut all = histogram();
     let mut over_time = Timeline::default();
     let mut calls = 0;
@@ -294,12 +305,23 @@ async fn tool_calls(endpoint: &Endpoint, load: Load) -> Result<Measurement> {
         over_time.merge(timeline);
         calls += n;
     }
+    let cpu_to = (running.cpu_time(), target::own_cpu_time());
     let measured = Instant::now().saturating_duration_since(measure_from).as_secs_f64();
     let mut measurement = Measurement::default();
     measurement.push("calls/s", calls as f64 / measured);
     let max = all.max() as f64 / 1_000.0;
     add_latencies(&mut measurement, all);
     measurement.push("max ms", max);
+    let per_call = |from: Option<Duration>, to: Option<Duration>| {
+        let used = to?.checked_sub(from?)?;
+        (calls > 0).then(|| used.as_secs_f64() * 1e6 / calls as f64)
+    };
+    if let Some(us) = per_call(cpu_from.0, cpu_to.0) {
+        measurement.push(SERVER_CPU, us);
+    }
+    if let Some(us) = per_call(cpu_from.1, cpu_to.1) {
+        measurement.push(CLIENT_CPU, us);
+    }
     let steps = usize::try_from(load.duration.as_millis().div_ceil(TIMELINE_STEP.as_millis())).unwrap_or(usize::MAX);
     measurement.timeline = over_time.millis(steps);
     Ok(measurement)

@@ -138,6 +138,45 @@ impl Running {
         let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
         line.split_whitespace().nth(1)?.parse().ok()
     }
+
+    /// The CPU time the target has used so far: its server's and its helpers' (a
+    /// `redis-server`, the server a gateway fronts), from `/proc`; `None` where `/proc` cannot
+    /// tell (not Linux). What a call costs the machine, whoever measures it: a load generator
+    /// that shares the cores takes their rest, so calls/s alone compares the client as well.
+    pub fn cpu_time(&self) -> Option<Duration> {
+        let mut total = process_cpu_time(self.server_pid)?;
+        for helper in &self._processes.children {
+            if helper.id() != self.server_pid {
+                total += process_cpu_time(helper.id())?;
+            }
+        }
+        if let Some(upstream) = &self._processes.upstream {
+            total += upstream.cpu_time()?;
+        }
+        Some(total)
+    }
+}
+
+/// The CPU time (user and system, every thread's, the ended ones' too) process `pid` has used.
+pub fn process_cpu_time(pid: u32) -> Option<Duration> {
+    stat_cpu_time(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// The CPU time of this process (the bench, whose load generator runs in it).
+pub fn own_cpu_time() -> Option<Duration> {
+    stat_cpu_time(&std::fs::read_to_string("/proc/self/stat").ok()?)
+}
+
+/// `utime + stime` of a `/proc/PID/stat` line. Both count clock ticks of `USER_HZ`, which
+/// Linux fixes at 100 per second for what it shows user space (`sysconf(_SC_CLK_TCK)`).
+fn stat_cpu_time(stat: &str) -> Option<Duration> {
+    const TICKS_PER_SECOND: u64 = 100;
+    // The command name (field 2) is in parentheses and may hold spaces and parentheses itself:
+    // the fields after it start after its last `)`, at field 3 (the state).
+    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().collect();
+    let (utime, stime): (u64, u64) = (fields.get(11)?.parse().ok()?, fields.get(12)?.parse().ok()?);
+    let ticks = utime.checked_add(stime)?;
+    Some(Duration::from_millis(ticks.checked_mul(1_000 / TICKS_PER_SECOND)?))
 }
 
 /// A command that first raises its open-file limit to the hard limit: the fan-out scenario
@@ -287,4 +326,33 @@ fn wait_accepting(addr: SocketAddr, limit: Duration) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(50));
     }
     Err(format!("{addr} did not accept connections within {limit:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stat_line_gives_user_and_system_time_whatever_the_command_name_holds() {
+        let stat = "4242 (tokio (rt) 1) S 1 4242 4242 0 -1 4194560 900 0 0 0 1234 56 0 0 20 0 3 0 100 0 0";
+        assert_eq!(stat_cpu_time(stat), Some(Duration::from_millis(12_900)));
+        assert_eq!(stat_cpu_time("4242 (short) S 1"), None, "a truncated line");
+        assert_eq!(stat_cpu_time("no parenthesis"), None);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn this_process_is_seen_to_use_the_cpu_it_spins() {
+        let before = own_cpu_time().expect("/proc/self/stat is readable");
+        let start = Instant::now();
+        let mut spun = 0u64;
+        let mut used = Duration::ZERO;
+        while used < Duration::from_millis(50) && start.elapsed() < Duration::from_secs(10) {
+            for _ in 0..1_000_000 {
+                spun = std::hint::black_box(spun.wrapping_add(1));
+            }
+            used = own_cpu_time().expect("read once, readable again") - before;
+        }
+        assert!(used >= Duration::from_millis(50), "10 s of spinning counted as {used:?}");
+    }
 }
