@@ -128,7 +128,7 @@ pub struct Running {
     /// The MCP endpoint.
     pub endpoint: Endpoint,
     server_pid: u32,
-    _processes: Processes,
+    processes: Processes,
 }
 
 impl Running {
@@ -145,12 +145,12 @@ impl Running {
     /// that shares the cores takes their rest, so calls/s alone compares the client as well.
     pub fn cpu_time(&self) -> Option<Duration> {
         let mut total = process_cpu_time(self.server_pid)?;
-        for helper in &self._processes.children {
+        for helper in &self.processes.children {
             if helper.id() != self.server_pid {
                 total += process_cpu_time(helper.id())?;
             }
         }
-        if let Some(upstream) = &self._processes.upstream {
+        if let Some(upstream) = &self.processes.upstream {
             total += upstream.cpu_time()?;
         }
         Some(total)
@@ -158,7 +158,7 @@ impl Running {
 }
 
 /// The CPU time (user and system, every thread's, the ended ones' too) process `pid` has used.
-pub fn process_cpu_time(pid: u32) -> Option<Duration> {
+fn process_cpu_time(pid: u32) -> Option<Duration> {
     stat_cpu_time(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
@@ -314,7 +314,7 @@ fn launch(target: Target, mut command: Command, mut processes: Processes) -> Res
         .map_err(|_| fail("did not print `listening on URL` within 30 s".into()))?;
     let endpoint = Endpoint::parse(&url).ok_or_else(|| fail(format!("cannot use the announced URL {url:?}")))?;
     wait_accepting(endpoint.addr, Duration::from_secs(30)).map_err(fail)?;
-    Ok(Running { endpoint, server_pid, _processes: processes })
+    Ok(Running { endpoint, server_pid, processes })
 }
 
 fn wait_accepting(addr: SocketAddr, limit: Duration) -> Result<(), String> {
