@@ -1,7 +1,7 @@
 //! `tether bench` end to end against the targets it can always start (tether on the memory
 //! store and the raw baseline), with the quick sizes: every scenario measured, the report and
-//! its plots (latency over time for the sustained scenarios) written, and a target whose
-//! program is missing reported, not fatal.
+//! its plots (latency over time for the sustained scenarios) written, the CPU a call cost the
+//! server and the bench, and a target whose program is missing reported, not fatal.
 
 mod common;
 
@@ -39,6 +39,18 @@ fn bench_measures_every_scenario_and_writes_the_report() {
         }
         let rmcp = section.lines().find(|l| l.starts_with("| rmcp |")).expect("rmcp row");
         assert!(rmcp.contains("no rmcp server built"), "{rmcp}");
+    }
+    // The sustained table says what each call cost the server and the bench, from `/proc`.
+    let sustained = report.split("\n## sustained\n").nth(1).expect("sustained");
+    let header = sustained.lines().find(|l| l.starts_with("| target |")).expect("header");
+    let columns: Vec<&str> = header.split('|').map(str::trim).collect();
+    for name in ["server CPU µs/call", "client CPU µs/call"] {
+        let column = columns.iter().position(|c| *c == name).expect(name);
+        for target in ["tether-memory", "raw"] {
+            let row = sustained.lines().find(|l| l.starts_with(&format!("| {target} |"))).expect(target);
+            let figure = row.split('|').nth(column).map(str::trim).unwrap_or_default();
+            assert!(figure.parse::<f64>().is_ok_and(|v| v > 0.0), "{name} of {target}: {row}");
+        }
     }
     // Every fan-out message reached every stream.
     let fanout = report.split("\n## fanout\n").nth(1).expect("fanout");
