@@ -12,7 +12,7 @@ use tether_core::jsonrpc::{ErrorObject, Message, Request, Response, code};
 use tether_core::lineage::{Digest, StreamName};
 use tether_core::mcp;
 use tether_core::tasks::Creation;
-use tether_store::{BeginRequest, Claim, KeyClaim, RequestKey, StoreError};
+use tether_store::{BeginRequest, Claim, KeyClaim, RequestKey, RequestRecord, StoreError};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
@@ -95,8 +95,7 @@ pub(crate) async fn start_legacy(
         Err(error) => return Ok(Started::Conflict(error)),
     };
     if entry.pipelined()
-        && let Some(begun) =
-            shared.store.begin_request_pipelined(&runtime.id, &runtime.epoch, &entry.key, &entry.digest, &stream)
+        && let Some(begun) = shared.store.begin_request_pipelined(entry.record(runtime, &stream))
     {
         return start_pipelined(shared, runtime, entry, stream, begun).await;
     }
@@ -266,6 +265,17 @@ impl Entry {
         Ok(Entry { key, request: Request { params: Some(params), ..request }, digest, keyed, read_only })
     }
 
+    /// What the store records of it, sent in `runtime`'s incarnation with its output on `stream`.
+    fn record<'a>(&'a self, runtime: &'a SessionRuntime, stream: &'a StreamName) -> RequestRecord<'a> {
+        RequestRecord {
+            session: &runtime.id,
+            epoch: &runtime.epoch,
+            key: &self.key,
+            params_digest: &self.digest,
+            stream,
+        }
+    }
+
     /// Whether it may run while its record is written: it has no effects a second run could
     /// repeat, and no idempotency key to claim first.
     fn pipelined(&self) -> bool {
@@ -293,17 +303,16 @@ async fn record(
     let started = std::time::Instant::now();
     let followed = own.then(|| (runtime.id.clone(), stream.clone()));
     let claim = entry.keyed.as_ref().map(|keyed| keyed.claim(followed));
-    let (id, epoch, digest) = (&runtime.id, &runtime.epoch, &entry.digest);
+    let recorded = entry.record(runtime, stream);
     let (begun, claimed) = match &claim {
-        Some(claim) => store.begin_keyed_request(id, epoch, &entry.key, digest, stream, claim.clone()).await,
+        Some(claim) => store.begin_keyed_request(recorded, claim.clone()).await,
         None => {
             // A pipelined begin is awaited before anything of the request runs all the same here:
             // the request shares a batch's stream, or the store declined it.
-            let pipelined =
-                entry.pipelined().then(|| store.begin_request_pipelined(id, epoch, &entry.key, digest, stream));
+            let pipelined = entry.pipelined().then(|| store.begin_request_pipelined(recorded));
             match pipelined.flatten() {
                 Some(begun) => begun.await,
-                None => store.begin_request(id, epoch, &entry.key, digest, stream).await,
+                None => store.begin_request(recorded).await,
             }
             .map(|begun| (begun, None))
         }

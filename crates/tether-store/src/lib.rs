@@ -23,8 +23,8 @@ use tether_core::tasks::{TaskChange, TaskRecord};
 
 pub use memory::MemoryStore;
 pub use record::{
-    BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent,
-    StreamPage,
+    BeginRequest, Claim, KeyClaim, KeyState, RequestRecord, Retention, SessionEnd, SessionRecord, SessionStatus,
+    StoredEvent, StreamPage,
 };
 pub use redis::RedisStore;
 pub use request_key::RequestKey;
@@ -142,16 +142,9 @@ pub trait EventLog: KeyRecords {
     /// Opens a stream whose event 0 is the priming event (empty data).
     fn open_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;
 
-    /// Records request `request_key` with the digest of its params and opens its stream,
-    /// unless the key is already recorded in this incarnation: then it reports the existing one.
-    fn begin_request(
-        &self,
-        session: &SessionId,
-        epoch: &Epoch,
-        request_key: &RequestKey,
-        params_digest: &str,
-        stream: &StreamName,
-    ) -> StoreFuture<'_, BeginRequest>;
+    /// Records `request` and opens its stream, unless its key is already recorded in this
+    /// incarnation: then it reports the existing one.
+    fn begin_request(&self, request: RequestRecord<'_>) -> StoreFuture<'_, BeginRequest>;
 
     /// [`EventLog::begin_request`] for a request without effects (a read-only tool), pipelined:
     /// `Some` if the store has ordered the record by the time this returns, before every write
@@ -166,14 +159,7 @@ pub trait EventLog: KeyRecords {
     ///
     /// `None` if the store cannot order a write before its future runs (the memory and Redis
     /// stores, whose [`EventLog::begin_request`] answers about as soon anyway): then use that.
-    fn begin_request_pipelined(
-        &self,
-        _session: &SessionId,
-        _epoch: &Epoch,
-        _request_key: &RequestKey,
-        _params_digest: &str,
-        _stream: &StreamName,
-    ) -> Option<StoreFuture<'static, BeginRequest>> {
+    fn begin_request_pipelined(&self, _request: RequestRecord<'_>) -> Option<StoreFuture<'static, BeginRequest>> {
         None
     }
 
@@ -182,17 +168,25 @@ pub trait EventLog: KeyRecords {
     /// store: one transaction, one disk flush).
     fn begin_keyed_request(
         &self,
-        session: &SessionId,
-        epoch: &Epoch,
-        request_key: &RequestKey,
-        params_digest: &str,
-        stream: &StreamName,
+        request: RequestRecord<'_>,
         claim: KeyClaim,
     ) -> StoreFuture<'_, (BeginRequest, Option<Claim>)> {
-        let (session, epoch, request_key, params_digest, stream) =
-            (session.clone(), epoch.clone(), request_key.clone(), params_digest.to_owned(), stream.clone());
+        let (session, epoch, key, params_digest, stream) = (
+            request.session.clone(),
+            request.epoch.clone(),
+            request.key.clone(),
+            request.params_digest.to_owned(),
+            request.stream.clone(),
+        );
         Box::pin(async move {
-            let begun = self.begin_request(&session, &epoch, &request_key, &params_digest, &stream).await?;
+            let request = RequestRecord {
+                session: &session,
+                epoch: &epoch,
+                key: &key,
+                params_digest: &params_digest,
+                stream: &stream,
+            };
+            let begun = self.begin_request(request).await?;
             let claimed = match begun {
                 BeginRequest::Started => Some(self.claim_key(claim).await?),
                 BeginRequest::Existing { .. } => None,

@@ -21,7 +21,8 @@ use tokio::sync::watch;
 
 use crate::queue::ChunkedQueue;
 use crate::record::{
-    BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent,
+    BeginRequest, Claim, KeyClaim, KeyState, RequestRecord, Retention, SessionEnd, SessionRecord, SessionStatus,
+    StoredEvent,
 };
 use crate::{
     CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, RequestKey, SessionStore, StoreError,
@@ -359,14 +360,8 @@ impl EventLog for MemoryStore {
         ready(result)
     }
 
-    fn begin_request(
-        &self,
-        session: &SessionId,
-        epoch: &Epoch,
-        request_key: &RequestKey,
-        params_digest: &str,
-        stream: &StreamName,
-    ) -> StoreFuture<'_, BeginRequest> {
+    fn begin_request(&self, request: RequestRecord<'_>) -> StoreFuture<'_, BeginRequest> {
+        let RequestRecord { session, epoch, key: request_key, params_digest, stream } = request;
         let max_requests = self.retention.max_requests_per_session.max(1);
         let mut inner = self.lock();
         let result = inner.live(session, epoch).map(|live| {

@@ -4,6 +4,8 @@ use bytes::Bytes;
 use tether_core::lineage::{Epoch, SessionId, SessionLookup, StreamName, StreamRange};
 use tether_core::mcp::ProtocolVersion;
 
+use crate::RequestKey;
+
 /// A session as the server created it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionRecord {
@@ -78,6 +80,23 @@ pub struct StreamPage {
     pub range: StreamRange,
     /// Retained events after the cursor, in order.
     pub events: Vec<StoredEvent>,
+}
+
+/// What a request is recorded with when it begins: the incarnation it was sent in, its key
+/// there, the digest of its params (a request sent again with the same key is compared against
+/// it) and the stream its output goes to.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestRecord<'a> {
+    /// The session the request was sent in.
+    pub session: &'a SessionId,
+    /// The incarnation of the session it was sent in.
+    pub epoch: &'a Epoch,
+    /// Its key in the session.
+    pub key: &'a RequestKey,
+    /// The digest of its params.
+    pub params_digest: &'a str,
+    /// The stream its output goes to.
+    pub stream: &'a StreamName,
 }
 
 /// The outcome of [`EventLog::begin_request`](crate::EventLog::begin_request).

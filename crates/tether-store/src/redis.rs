@@ -17,8 +17,8 @@ use tether_core::mcp::ProtocolVersion;
 
 use crate::heads::Heads;
 use crate::record::{
-    BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent,
-    StreamPage,
+    BeginRequest, Claim, KeyClaim, KeyState, RequestRecord, Retention, SessionEnd, SessionRecord, SessionStatus,
+    StoredEvent, StreamPage,
 };
 use crate::{
     CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, ReplicaMessage, RequestKey, SessionStore,
@@ -916,17 +916,14 @@ impl EventLog for RedisStore {
         })
     }
 
-    fn begin_request(
-        &self,
-        session: &SessionId,
-        epoch: &Epoch,
-        request_key: &RequestKey,
-        params_digest: &str,
-        stream: &StreamName,
-    ) -> StoreFuture<'_, BeginRequest> {
-        let (session, epoch, key, digest) =
-            (session.as_str().to_owned(), epoch.to_string(), request_key.as_str().to_owned(), params_digest.to_owned());
-        let stream = stream.to_string();
+    fn begin_request(&self, request: RequestRecord<'_>) -> StoreFuture<'_, BeginRequest> {
+        let (session, epoch, key, digest) = (
+            request.session.as_str().to_owned(),
+            request.epoch.to_string(),
+            request.key.as_str().to_owned(),
+            request.params_digest.to_owned(),
+        );
+        let stream = request.stream.to_string();
         Box::pin(async move {
             let mut conn = self.conn();
             let [m, s, e, set] = Self::stream_keys(&session, &stream);

@@ -9,8 +9,8 @@ use proptest::prelude::*;
 use tether_core::lineage::{Epoch, SessionId, StreamName, StreamState};
 use tether_core::mcp::ProtocolVersion;
 use tether_store::{
-    BeginRequest, CounterStore, MemoryStore, RedisStore, RequestKey, Retention, SessionEnd, SessionRecord,
-    SessionStatus, SqliteStore, Store, StoreError,
+    BeginRequest, CounterStore, MemoryStore, RedisStore, RequestKey, RequestRecord, Retention, SessionEnd,
+    SessionRecord, SessionStatus, SqliteStore, Store, StoreError,
 };
 use tether_testkit::RedisServer;
 
@@ -197,13 +197,13 @@ async fn apply(store: &dyn Backend, run: u64, op: &Op, payload: &Bytes) -> Strin
             show(store.append(&sid(session), &epoch(stale), &stream_name(stream), payload.clone(), last).await)
         }
         Op::Begin { session, key, digest, stream } => match store
-            .begin_request(
-                &sid(session),
-                &epoch(false),
-                &RequestKey::stored(&format!("n:{key}")),
-                &format!("d{digest}"),
-                &stream_name(stream),
-            )
+            .begin_request(RequestRecord {
+                session: &sid(session),
+                epoch: &epoch(false),
+                key: &RequestKey::stored(&format!("n:{key}")),
+                params_digest: &format!("d{digest}"),
+                stream: &stream_name(stream),
+            })
             .await
         {
             Ok(BeginRequest::Existing { stream, same_params }) => {

@@ -110,7 +110,9 @@ async fn requests_of_a_replica_whose_lease_lapsed_are_aborted() {
     dead.sweep(1_000).await.expect("heartbeat");
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("s", epoch.clone(), 0) };
     dead.create_session(record, usize::MAX).await.expect("create");
-    dead.begin_request(&suite::sid("s"), &epoch, &suite::key("n:1"), "d", &running).await.expect("begin");
+    dead.begin_request(suite::request(&suite::sid("s"), &epoch, &suite::key("n:1"), "d", &running))
+        .await
+        .expect("begin");
     dead.open_stream(&suite::sid("s"), &epoch, &other).await.expect("open");
     drop(dead);
     survivor.sweep(1_000 + lease - 1).await.expect("sweep");
@@ -137,15 +139,18 @@ async fn a_lapsed_owner_aborts_only_the_requests_it_began() {
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("s", epoch.clone(), 0) };
     survivor.create_session(record, usize::MAX).await.expect("create");
     assert_eq!(
-        survivor.begin_request(&suite::sid("s"), &epoch, &suite::key("n:1"), "d", &mine).await,
+        survivor.begin_request(suite::request(&suite::sid("s"), &epoch, &suite::key("n:1"), "d", &mine)).await,
         Ok(BeginRequest::Started)
     );
     assert_eq!(
-        dead.begin_request(&suite::sid("s"), &epoch, &suite::key("n:2"), "d", &own).await,
+        dead.begin_request(suite::request(&suite::sid("s"), &epoch, &suite::key("n:2"), "d", &own)).await,
         Ok(BeginRequest::Started)
     );
     // The same request id re-sent to the other replica attaches to the running request.
-    let existing = dead.begin_request(&suite::sid("s"), &epoch, &suite::key("n:1"), "d", &theirs).await.expect("begin");
+    let existing = dead
+        .begin_request(suite::request(&suite::sid("s"), &epoch, &suite::key("n:1"), "d", &theirs))
+        .await
+        .expect("begin");
     assert_eq!(existing, BeginRequest::Existing { stream: mine.clone(), same_params: true });
     // As if it died between adding the stream to its set and taking it out again.
     let client = redis::Client::open(server.url.as_str()).expect("client");
@@ -177,13 +182,18 @@ async fn an_owners_set_holds_exactly_its_running_requests() {
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("s", epoch.clone(), 0) };
     store.create_session(record, usize::MAX).await.expect("create");
     assert_eq!(
-        store.begin_request(&suite::sid("s"), &epoch, &suite::key("n:1"), "d", &first).await,
+        store.begin_request(suite::request(&suite::sid("s"), &epoch, &suite::key("n:1"), "d", &first)).await,
         Ok(BeginRequest::Started)
     );
     assert_eq!(owned().await, ["s\x1fr1"]);
-    let again = store.begin_request(&suite::sid("s"), &epoch, &suite::key("n:1"), "d", &second).await.expect("begin");
+    let again = store
+        .begin_request(suite::request(&suite::sid("s"), &epoch, &suite::key("n:1"), "d", &second))
+        .await
+        .expect("begin");
     assert_eq!(again, BeginRequest::Existing { stream: first.clone(), same_params: true });
-    let stale = store.begin_request(&suite::sid("s"), &suite::epoch('F'), &suite::key("n:2"), "d", &second).await;
+    let stale = store
+        .begin_request(suite::request(&suite::sid("s"), &suite::epoch('F'), &suite::key("n:2"), "d", &second))
+        .await;
     assert_eq!(stale, Err(tether_store::StoreError::SessionGone));
     assert_eq!(owned().await, ["s\x1fr1"], "neither the re-sent id nor the refused begin stays");
     store.append(&suite::sid("s"), &epoch, &first, Bytes::from_static(b"{}"), true).await.expect("final");

@@ -54,7 +54,7 @@ async fn everything_acknowledged_survives_a_reopen() {
         records_id = store.records_id().to_owned();
         store.create_session(record("durable", &epoch), usize::MAX).await.expect("create");
         store
-            .begin_request(&suite::sid("durable"), &epoch, &suite::key("n:1"), "digest", &stream)
+            .begin_request(suite::request(&suite::sid("durable"), &epoch, &suite::key("n:1"), "digest", &stream))
             .await
             .expect("begin");
         for i in 0..5 {
@@ -115,7 +115,9 @@ async fn a_reopened_store_aborts_what_the_previous_process_left_running() {
         dead.create_session(SessionRecord { expires_at_ms: u64::MAX / 2, ..record("s", &epoch) }, usize::MAX)
             .await
             .expect("create");
-        dead.begin_request(&suite::sid("s"), &epoch, &suite::key("n:1"), "d", &running).await.expect("begin");
+        dead.begin_request(suite::request(&suite::sid("s"), &epoch, &suite::key("n:1"), "d", &running))
+            .await
+            .expect("begin");
         dead.open_stream(&suite::sid("s"), &epoch, &other).await.expect("open");
         dead.append(&suite::sid("s"), &epoch, &running, Bytes::from_static(b"progress"), false).await.expect("append");
         assert_eq!(dead.claim_key(suite::claim("k", "d", 1_000)).await, Ok(Claim::Claimed));
@@ -201,7 +203,13 @@ async fn reads_from_memory_agree_with_the_file() {
         store.create_session(record("mirrored", &epoch), usize::MAX).await.expect("create");
         for (i, stream) in streams.iter().enumerate() {
             store
-                .begin_request(&suite::sid("mirrored"), &epoch, &suite::key(&format!("n:{i}")), "digest", stream)
+                .begin_request(suite::request(
+                    &suite::sid("mirrored"),
+                    &epoch,
+                    &suite::key(&format!("n:{i}")),
+                    "digest",
+                    stream,
+                ))
                 .await
                 .expect("begin");
         }

@@ -10,7 +10,7 @@ use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, Message, Notification, Request, RequestId, code};
 use tether_core::mcp::{ProtocolVersion, meta, method};
-use tether_store::{RelayedAnswer, SessionRecord};
+use tether_store::{RelayedAnswer, RequestRecord, SessionRecord};
 
 use super::reject::{self, Refusal, Rejection};
 use super::sse::Connection;
@@ -251,7 +251,14 @@ async fn respond_batch(
     let ids: Vec<RequestId> = requests.iter().map(|r| r.id.clone()).collect();
     let key = RequestKey::of_batch(&stream, &ids);
     let store = &shared.store;
-    store.begin_request(&runtime.id, &runtime.epoch, &key, key.as_str(), &stream).await.map_err(Rejection::from)?;
+    let record = RequestRecord {
+        session: &runtime.id,
+        epoch: &runtime.epoch,
+        key: &key,
+        params_digest: key.as_str(),
+        stream: &stream,
+    };
+    store.begin_request(record).await.map_err(Rejection::from)?;
     // Each request's response, once known; its place in the batch for the ones still running.
     let mut answers: Vec<Option<Bytes>> = vec![None; requests.len()];
     let mut firsts = tokio::task::JoinSet::new();

@@ -26,7 +26,8 @@ use self::flush::{Committed, Durability, Flusher};
 use self::mirror::Mirror;
 use crate::heads::Heads;
 use crate::record::{
-    BeginRequest, Claim, KeyClaim, KeyState, Retention, SessionEnd, SessionRecord, SessionStatus, StoredEvent,
+    BeginRequest, Claim, KeyClaim, KeyState, RequestRecord, Retention, SessionEnd, SessionRecord, SessionStatus,
+    StoredEvent,
 };
 use crate::{
     CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, RequestKey, SessionStore, StoreError,
@@ -443,22 +444,22 @@ impl SqliteStore {
         self.submit(job, rx)
     }
 
-    /// The job that records request `request_key` of a live session ([`begin`]), and what the
-    /// mirror learns of it once it is durable.
+    /// The job that records `request` of a live session ([`begin`]), and what the mirror learns
+    /// of it once it is durable.
     fn begin_job(
         &self,
-        session: &SessionId,
-        epoch: &Epoch,
-        request_key: &RequestKey,
-        params_digest: &str,
-        stream: &StreamName,
+        request: RequestRecord<'_>,
     ) -> (
         impl FnOnce(&Connection) -> Result<Begun, StoreError> + Send + 'static + use<>,
         impl FnOnce(&Mirror, &Begun) + Send + 'static + use<>,
     ) {
-        let (session, epoch, key, digest) =
-            (session.as_str().to_owned(), epoch.to_string(), request_key.as_str().to_owned(), params_digest.to_owned());
-        let (stream, owner) = (stream.clone(), self.owner.clone());
+        let (session, epoch, key, digest) = (
+            request.session.as_str().to_owned(),
+            request.epoch.to_string(),
+            request.key.as_str().to_owned(),
+            request.params_digest.to_owned(),
+        );
+        let (stream, owner) = (request.stream.clone(), self.owner.clone());
         let then = opened_by_begin(&session, &stream);
         (move |txn: &Connection| begin(txn, &owner, &session, &epoch, &key, &digest, &stream), then)
     }
@@ -1276,30 +1277,16 @@ impl EventLog for SqliteStore {
         Box::pin(async move { opened.await.map(drop) })
     }
 
-    fn begin_request(
-        &self,
-        session: &SessionId,
-        epoch: &Epoch,
-        request_key: &RequestKey,
-        params_digest: &str,
-        stream: &StreamName,
-    ) -> StoreFuture<'_, BeginRequest> {
-        let (job, then) = self.begin_job(session, epoch, request_key, params_digest, stream);
+    fn begin_request(&self, request: RequestRecord<'_>) -> StoreFuture<'_, BeginRequest> {
+        let (job, then) = self.begin_job(request);
         // Answered only once durable: a handler must never run for a request whose record a
         // crash could lose, or the same request id sent again would run it twice.
         let begun = self.run_with(job, then);
         Box::pin(async move { begun.await.map(|(begun, _)| begun) })
     }
 
-    fn begin_request_pipelined(
-        &self,
-        session: &SessionId,
-        epoch: &Epoch,
-        request_key: &RequestKey,
-        params_digest: &str,
-        stream: &StreamName,
-    ) -> Option<StoreFuture<'static, BeginRequest>> {
-        let (job, then) = self.begin_job(session, epoch, request_key, params_digest, stream);
+    fn begin_request_pipelined(&self, request: RequestRecord<'_>) -> Option<StoreFuture<'static, BeginRequest>> {
+        let (job, then) = self.begin_job(request);
         // Queued now, and run by the one writer in queue order: every later write comes after
         // it, in its batch or a later one, and the flush thread makes commits durable in
         // commit order, so what the caller writes next is durable only after the record.
@@ -1309,14 +1296,10 @@ impl EventLog for SqliteStore {
 
     fn begin_keyed_request(
         &self,
-        session: &SessionId,
-        epoch: &Epoch,
-        request_key: &RequestKey,
-        params_digest: &str,
-        stream: &StreamName,
+        request: RequestRecord<'_>,
         claim: KeyClaim,
     ) -> StoreFuture<'_, (BeginRequest, Option<Claim>)> {
-        let (begin, then) = self.begin_job(session, epoch, request_key, params_digest, stream);
+        let (begin, then) = self.begin_job(request);
         let owner = self.owner.clone();
         let job = move |txn: &Connection| {
             let begun = begin(txn)?;

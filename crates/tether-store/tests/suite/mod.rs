@@ -5,8 +5,8 @@ use bytes::Bytes;
 use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange, StreamState};
 use tether_core::mcp::ProtocolVersion;
 use tether_store::{
-    BeginRequest, Claim, CounterStore, KeyClaim, KeyState, RequestKey, Retention, SessionEnd, SessionRecord,
-    SessionStatus, Store, StoreError,
+    BeginRequest, Claim, CounterStore, KeyClaim, KeyState, RequestKey, RequestRecord, Retention, SessionEnd,
+    SessionRecord, SessionStatus, Store, StoreError,
 };
 
 pub const TTL: u64 = 1_000;
@@ -46,6 +46,18 @@ pub fn epoch(tag: char) -> Epoch {
 
 pub fn stream(name: &str) -> StreamName {
     StreamName::parse(name).expect("valid stream")
+}
+
+/// Request `key` of `session` in incarnation `epoch`, with the digest of its params and its
+/// stream, as the store records it when it begins.
+pub fn request<'a>(
+    session: &'a SessionId,
+    epoch: &'a Epoch,
+    key: &'a RequestKey,
+    params_digest: &'a str,
+    stream: &'a StreamName,
+) -> RequestRecord<'a> {
+    RequestRecord { session, epoch, key, params_digest, stream }
 }
 
 pub fn record(id: &str, epoch: Epoch, now: u64) -> SessionRecord {
@@ -236,16 +248,16 @@ pub async fn a_page_holds_the_range_and_the_events_after_the_cursor(store: &dyn 
 pub async fn request_ids_are_recorded_once_per_incarnation(store: &dyn Store) {
     let a = epoch('A');
     store.create_session(record("s6", a.clone(), 0), usize::MAX).await.expect("create");
-    let started = store.begin_request(&sid("s6"), &a, &key("n:1"), "d1", &stream("r1")).await;
+    let started = store.begin_request(request(&sid("s6"), &a, &key("n:1"), "d1", &stream("r1"))).await;
     assert_eq!(started, Ok(BeginRequest::Started));
     assert!(store.stream_range(&sid("s6"), &stream("r1")).await.expect("range").is_some());
-    let again = store.begin_request(&sid("s6"), &a, &key("n:1"), "d1", &stream("r2")).await;
+    let again = store.begin_request(request(&sid("s6"), &a, &key("n:1"), "d1", &stream("r2"))).await;
     assert_eq!(again, Ok(BeginRequest::Existing { stream: stream("r1"), same_params: true }));
     assert_eq!(store.stream_range(&sid("s6"), &stream("r2")).await, Ok(None), "no second stream opened");
-    let other = store.begin_request(&sid("s6"), &a, &key("n:1"), "d2", &stream("r3")).await;
+    let other = store.begin_request(request(&sid("s6"), &a, &key("n:1"), "d2", &stream("r3"))).await;
     assert_eq!(other, Ok(BeginRequest::Existing { stream: stream("r1"), same_params: false }));
     assert_eq!(
-        store.begin_request(&sid("s6"), &epoch('B'), &key("n:2"), "d", &stream("r4")).await,
+        store.begin_request(request(&sid("s6"), &epoch('B'), &key("n:2"), "d", &stream("r4"))).await,
         Err(StoreError::SessionGone)
     );
 }
@@ -257,8 +269,8 @@ pub async fn a_pipelined_begin_is_ordered_before_what_is_written_after_the_call(
     let a = epoch('A');
     store.create_session(record("s6o", a.clone(), 0), usize::MAX).await.expect("create");
     let r1 = stream("o1");
-    let Some(begun) = store.begin_request_pipelined(&sid("s6o"), &a, &key("n:1"), "d1", &r1) else {
-        let begun = store.begin_request(&sid("s6o"), &a, &key("n:1"), "d1", &r1).await;
+    let Some(begun) = store.begin_request_pipelined(request(&sid("s6o"), &a, &key("n:1"), "d1", &r1)) else {
+        let begun = store.begin_request(request(&sid("s6o"), &a, &key("n:1"), "d1", &r1)).await;
         assert_eq!(begun, Ok(BeginRequest::Started), "declining to pipeline recorded the request");
         return;
     };
@@ -267,20 +279,22 @@ pub async fn a_pipelined_begin_is_ordered_before_what_is_written_after_the_call(
     assert_eq!(appended.await, Ok(1), "the output written before the answer follows the record");
     let range = store.stream_range(&sid("s6o"), &r1).await.expect("range");
     assert_eq!(range, Some(StreamRange { retained_from: 0, head: 1, state: StreamState::Complete }));
-    let again = store.begin_request_pipelined(&sid("s6o"), &a, &key("n:1"), "d1", &stream("o2")).expect("pipelined");
+    let again =
+        store.begin_request_pipelined(request(&sid("s6o"), &a, &key("n:1"), "d1", &stream("o2"))).expect("pipelined");
     let refused = store.append_batch(&sid("s6o"), &a, &stream("o2"), vec![Bytes::from_static(b"again")], true);
     assert_eq!(again.await, Ok(BeginRequest::Existing { stream: r1.clone(), same_params: true }));
     assert_eq!(refused.await, Err(StoreError::UnknownStream), "a known id's second run wrote its output");
-    let again = store.begin_request(&sid("s6o"), &a, &key("n:1"), "d1", &stream("o3")).await;
+    let again = store.begin_request(request(&sid("s6o"), &a, &key("n:1"), "d1", &stream("o3"))).await;
     assert_eq!(again, Ok(BeginRequest::Existing { stream: r1.clone(), same_params: true }), "one record for both");
-    let other = store.begin_request_pipelined(&sid("s6o"), &a, &key("n:1"), "d2", &stream("o4")).expect("pipelined");
+    let other =
+        store.begin_request_pipelined(request(&sid("s6o"), &a, &key("n:1"), "d2", &stream("o4"))).expect("pipelined");
     assert_eq!(other.await, Ok(BeginRequest::Existing { stream: r1.clone(), same_params: false }));
     for unopened in ["o2", "o3", "o4"] {
         assert_eq!(store.stream_range(&sid("s6o"), &stream(unopened)).await, Ok(None), "{unopened} was opened");
     }
     let range = store.stream_range(&sid("s6o"), &r1).await.expect("range");
     assert_eq!(range, Some(StreamRange { retained_from: 0, head: 1, state: StreamState::Complete }));
-    let gone = store.begin_request_pipelined(&sid("s6o"), &epoch('B'), &key("n:2"), "d", &stream("o5"));
+    let gone = store.begin_request_pipelined(request(&sid("s6o"), &epoch('B'), &key("n:2"), "d", &stream("o5")));
     assert_eq!(gone.expect("pipelined").await, Err(StoreError::SessionGone));
 }
 
@@ -292,19 +306,21 @@ pub async fn request_ids_past_the_bound_are_forgotten_oldest_first(store: &dyn S
     let a = epoch('A');
     store.create_session(record("s6b", a.clone(), 0), usize::MAX).await.expect("create");
     for n in 1..=5 {
-        let begun = store.begin_request(&sid("s6b"), &a, &key(&format!("n:{n}")), "d", &stream(&format!("q{n}"))).await;
+        let begun = store
+            .begin_request(request(&sid("s6b"), &a, &key(&format!("n:{n}")), "d", &stream(&format!("q{n}"))))
+            .await;
         assert_eq!(begun, Ok(BeginRequest::Started));
     }
     // Four are remembered: the first went when the fifth came.
     for n in 2..=5 {
-        let again = store.begin_request(&sid("s6b"), &a, &key(&format!("n:{n}")), "d", &stream("other")).await;
+        let again = store.begin_request(request(&sid("s6b"), &a, &key(&format!("n:{n}")), "d", &stream("other"))).await;
         assert_eq!(again, Ok(BeginRequest::Existing { stream: stream(&format!("q{n}")), same_params: true }));
     }
-    let forgotten = store.begin_request(&sid("s6b"), &a, &key("n:1"), "d", &stream("q1-again")).await;
+    let forgotten = store.begin_request(request(&sid("s6b"), &a, &key("n:1"), "d", &stream("q1-again"))).await;
     assert_eq!(forgotten, Ok(BeginRequest::Started), "the oldest id is forgotten past the bound");
-    let again = store.begin_request(&sid("s6b"), &a, &key("n:2"), "d", &stream("other")).await;
+    let again = store.begin_request(request(&sid("s6b"), &a, &key("n:2"), "d", &stream("other"))).await;
     assert_eq!(again, Ok(BeginRequest::Started), "and then the next oldest");
-    let again = store.begin_request(&sid("s6b"), &a, &key("n:5"), "d", &stream("other")).await;
+    let again = store.begin_request(request(&sid("s6b"), &a, &key("n:5"), "d", &stream("other"))).await;
     assert_eq!(again, Ok(BeginRequest::Existing { stream: stream("q5"), same_params: true }));
 }
 
@@ -502,21 +518,24 @@ pub async fn idempotency_keys_run_once_and_keep_their_outcome(store: &dyn Store)
 pub async fn keyed_requests_begin_and_claim_together(store: &dyn Store) {
     let a = epoch('A');
     store.create_session(record("s", a.clone(), 0), usize::MAX).await.expect("create");
-    let begun = store.begin_keyed_request(&sid("s"), &a, &key("n:1"), "d", &stream("r1"), claim("k", "d", 100)).await;
+    let begun =
+        store.begin_keyed_request(request(&sid("s"), &a, &key("n:1"), "d", &stream("r1")), claim("k", "d", 100)).await;
     assert_eq!(begun, Ok((BeginRequest::Started, Some(Claim::Claimed))));
     // The same request id again: it attaches in its session, and claims nothing.
-    let again = store.begin_keyed_request(&sid("s"), &a, &key("n:1"), "d", &stream("r2"), claim("k", "d", 101)).await;
+    let again =
+        store.begin_keyed_request(request(&sid("s"), &a, &key("n:1"), "d", &stream("r2")), claim("k", "d", 101)).await;
     assert_eq!(again, Ok((BeginRequest::Existing { stream: stream("r1"), same_params: true }, None)));
     // Another id with the same key: a new request, whose key is the first one's.
     let (begun, claimed) = store
-        .begin_keyed_request(&sid("s"), &a, &key("n:2"), "d", &stream("r3"), claim("k", "d", 102))
+        .begin_keyed_request(request(&sid("s"), &a, &key("n:2"), "d", &stream("r3")), claim("k", "d", 102))
         .await
         .expect("begin");
     assert_eq!(begun, BeginRequest::Started);
     assert!(matches!(claimed, Some(Claim::Existing { same_params: true, state: KeyState::Running { .. } })));
     // A session that is gone claims nothing.
-    let gone =
-        store.begin_keyed_request(&sid("s"), &epoch('B'), &key("n:3"), "d", &stream("r4"), claim("k2", "d", 103)).await;
+    let gone = store
+        .begin_keyed_request(request(&sid("s"), &epoch('B'), &key("n:3"), "d", &stream("r4")), claim("k2", "d", 103))
+        .await;
     assert_eq!(gone, Err(StoreError::SessionGone));
     assert_eq!(store.key_state("k2", 103).await, Ok(None));
 }
@@ -524,7 +543,8 @@ pub async fn keyed_requests_begin_and_claim_together(store: &dyn Store) {
 pub async fn a_final_append_records_the_keys_outcome_even_if_the_session_is_gone(store: &dyn Store) {
     let a = epoch('A');
     store.create_session(record("s", a.clone(), 0), usize::MAX).await.expect("create");
-    let begun = store.begin_keyed_request(&sid("s"), &a, &key("n:1"), "d", &stream("r1"), claim("k", "d", 100)).await;
+    let begun =
+        store.begin_keyed_request(request(&sid("s"), &a, &key("n:1"), "d", &stream("r1")), claim("k", "d", 100)).await;
     assert_eq!(begun, Ok((BeginRequest::Started, Some(Claim::Claimed))));
     let response = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
     let events = vec![Bytes::from_static(b"progress"), response.clone()];
@@ -534,7 +554,7 @@ pub async fn a_final_append_records_the_keys_outcome_even_if_the_session_is_gone
     assert_eq!(store.key_state("k", 101).await, Ok(Some(KeyState::Finished(response))));
     // The session ended while the request ran: the append fails, the outcome is still recorded.
     store
-        .begin_keyed_request(&sid("s"), &a, &key("n:2"), "e", &stream("r2"), claim("k2", "e", 102))
+        .begin_keyed_request(request(&sid("s"), &a, &key("n:2"), "e", &stream("r2")), claim("k2", "e", 102))
         .await
         .expect("begin");
     store.end_session(&sid("s"), &a, SessionEnd::Terminated).await.expect("end");
@@ -576,19 +596,19 @@ pub async fn idempotency_records_expire_and_are_bounded(store: &dyn Store) {
 /// session lives, so a resume can be told exactly what is gone; the session's end forgets it.
 pub async fn a_dropped_stream_keeps_its_tombstone_while_its_session_lives(store: &dyn Store) {
     let a = epoch('A');
-    let (request, standalone) = (stream("r1"), stream("g1"));
+    let (requested, standalone) = (stream("r1"), stream("g1"));
     store.create_session(record("st", a.clone(), 0), usize::MAX).await.expect("create");
-    store.begin_request(&sid("st"), &a, &key("n:7"), "d", &request).await.expect("begin");
+    store.begin_request(request(&sid("st"), &a, &key("n:7"), "d", &requested)).await.expect("begin");
     store.open_stream(&sid("st"), &a, &standalone).await.expect("open");
     let events = vec![Bytes::from_static(b"progress"), Bytes::from_static(b"result")];
-    store.append_batch(&sid("st"), &a, &request, events, true).await.expect("append");
+    store.append_batch(&sid("st"), &a, &requested, events, true).await.expect("append");
     store.touch_session(&sid("st"), &a, 100).await.expect("touch");
     store.sweep(100).await.expect("sweep");
     store.touch_session(&sid("st"), &a, 700).await.expect("touch");
     store.sweep(700).await.expect("sweep");
-    assert_eq!(store.stream_range(&sid("st"), &request).await, Ok(tombstone(2, StreamState::Complete)));
-    assert_eq!(store.stream_request(&sid("st"), &request).await, Ok(Some(key("n:7"))), "the request it carried");
-    let page = store.read_page(&sid("st"), &request, 0, 10).await.expect("page").expect("known");
+    assert_eq!(store.stream_range(&sid("st"), &requested).await, Ok(tombstone(2, StreamState::Complete)));
+    assert_eq!(store.stream_request(&sid("st"), &requested).await, Ok(Some(key("n:7"))), "the request it carried");
+    let page = store.read_page(&sid("st"), &requested, 0, 10).await.expect("page").expect("known");
     assert!(page.events.is_empty());
     // A live stream is never buried.
     assert_eq!(
@@ -596,7 +616,7 @@ pub async fn a_dropped_stream_keeps_its_tombstone_while_its_session_lives(store:
         Some(StreamState::Live)
     );
     store.end_session(&sid("st"), &a, SessionEnd::Terminated).await.expect("end");
-    assert_eq!(store.stream_range(&sid("st"), &request).await, Ok(None), "forgotten with its session");
+    assert_eq!(store.stream_range(&sid("st"), &requested).await, Ok(None), "forgotten with its session");
 }
 
 /// A request that joins a stream already open (a batch's) leaves it as it is: its head, and
@@ -605,12 +625,18 @@ pub async fn a_request_joining_an_open_stream_leaves_it_as_it_is(store: &dyn Sto
     let a = epoch('A');
     let shared = stream("b1");
     store.create_session(record("sj", a.clone(), 0), usize::MAX).await.expect("create");
-    assert_eq!(store.begin_request(&sid("sj"), &a, &key("n:1"), "d", &shared).await, Ok(BeginRequest::Started));
+    assert_eq!(
+        store.begin_request(request(&sid("sj"), &a, &key("n:1"), "d", &shared)).await,
+        Ok(BeginRequest::Started)
+    );
     let events: Vec<Bytes> = (0..20).map(|_| Bytes::from_static(b"e")).collect();
     store.append_batch(&sid("sj"), &a, &shared, events, false).await.expect("append");
     let before = store.stream_range(&sid("sj"), &shared).await.expect("range").expect("known");
     assert_eq!((before.retained_from, before.head), (13, 20), "8 events retained");
-    assert_eq!(store.begin_request(&sid("sj"), &a, &key("n:2"), "d", &shared).await, Ok(BeginRequest::Started));
+    assert_eq!(
+        store.begin_request(request(&sid("sj"), &a, &key("n:2"), "d", &shared)).await,
+        Ok(BeginRequest::Started)
+    );
     // Its head, and its oldest retained event (not an event 0 written again).
     assert_eq!(store.stream_range(&sid("sj"), &shared).await, Ok(Some(before)), "the same stream, as it was");
 }
@@ -619,7 +645,8 @@ pub async fn a_request_joining_an_open_stream_leaves_it_as_it_is(store: &dyn Sto
 pub async fn a_final_append_may_leave_the_stream_open(store: &dyn Store) {
     let a = epoch('A');
     store.create_session(record("s", a.clone(), 0), usize::MAX).await.expect("create");
-    let begun = store.begin_keyed_request(&sid("s"), &a, &key("n:1"), "d", &stream("b1"), claim("k", "d", 100)).await;
+    let begun =
+        store.begin_keyed_request(request(&sid("s"), &a, &key("n:1"), "d", &stream("b1")), claim("k", "d", 100)).await;
     assert_eq!(begun, Ok((BeginRequest::Started, Some(Claim::Claimed))));
     let response = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
     assert_eq!(store.append_final(&sid("s"), &a, &stream("b1"), vec![response.clone()], false, "k").await, Ok(1));
