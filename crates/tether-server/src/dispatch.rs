@@ -95,7 +95,7 @@ pub(crate) async fn start_legacy(
         Err(error) => return Ok(Started::Conflict(error)),
     };
     if entry.pipelined()
-        && let Some(begun) = shared.store.begin_request_pipelined(entry.record(runtime, &stream))
+        && let Some(begun) = shared.store.begin_request_pipelined(entry.store_record(runtime, &stream))
     {
         return start_pipelined(shared, runtime, entry, stream, begun).await;
     }
@@ -266,7 +266,7 @@ impl Entry {
     }
 
     /// What the store records of it, sent in `runtime`'s incarnation with its output on `stream`.
-    fn record<'a>(&'a self, runtime: &'a SessionRuntime, stream: &'a StreamName) -> RequestRecord<'a> {
+    fn store_record<'a>(&'a self, runtime: &'a SessionRuntime, stream: &'a StreamName) -> RequestRecord<'a> {
         RequestRecord {
             session: &runtime.id,
             epoch: &runtime.epoch,
@@ -303,7 +303,7 @@ async fn record(
     let started = std::time::Instant::now();
     let followed = own.then(|| (runtime.id.clone(), stream.clone()));
     let claim = entry.keyed.as_ref().map(|keyed| keyed.claim(followed));
-    let recorded = entry.record(runtime, stream);
+    let recorded = entry.store_record(runtime, stream);
     let (begun, claimed) = match &claim {
         Some(claim) => store.begin_keyed_request(recorded, claim.clone()).await,
         None => {
