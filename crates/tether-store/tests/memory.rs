@@ -52,6 +52,68 @@ async fn the_byte_cap_evicts_the_earliest_ended_stream_and_sweeps_keep_the_count
     assert_eq!(store.retained_bytes().await, Ok(Some(500)));
 }
 
+/// A session's events leave the store's total when it ends, terminated or expired: the cap on
+/// all sessions' bytes must not evict a live session's history for bytes no session holds.
+#[tokio::test]
+async fn an_ended_sessions_bytes_leave_the_total_the_cap_is_held_to() {
+    use bytes::Bytes;
+    use suite::{TTL, epoch, record, sid, stream};
+    use tether_store::SessionEnd;
+
+    let store = MemoryStore::new(tether_store::Retention { max_bytes_total: 1_000, ..suite::retention() });
+    let a = epoch('A');
+    // "gone" is terminated, "idle" expires, "kept" is renewed and stays.
+    for id in ["gone", "idle", "kept"] {
+        store.create_session(record(id, a.clone(), 0), usize::MAX).await.expect("create");
+        store.open_stream(&sid(id), &a, &stream("r")).await.expect("open");
+        store.append(&sid(id), &a, &stream("r"), Bytes::from(vec![b'x'; 300]), false).await.expect("append");
+    }
+    assert_eq!(store.retained_bytes().await, Ok(Some(900)));
+    store.end_session(&sid("gone"), &a, SessionEnd::Terminated).await.expect("end");
+    store.touch_session(&sid("kept"), &a, TTL - 1).await.expect("touch");
+    assert_eq!(store.sweep(TTL).await, Ok(vec![sid("idle")]));
+    assert_eq!(store.retained_bytes().await, Ok(Some(300)), "only the live session's bytes count");
+    // 600 more bytes fit under the cap beside the live session's 300: none of its events go.
+    store.append(&sid("kept"), &a, &stream("r"), Bytes::from(vec![b'x'; 600]), false).await.expect("append");
+    let range = store.stream_range(&sid("kept"), &stream("r")).await.expect("range").expect("known");
+    assert_eq!((range.retained_from, range.head), (0, 2), "the live session's history is whole");
+}
+
+/// The cap on all sessions' bytes is kept by the session that appends: past it, its own history
+/// goes (its ended streams, then its stream's oldest events), as much as brings the total back
+/// under the cap; exactly at the cap, nothing goes. Other sessions keep theirs.
+#[tokio::test]
+async fn the_total_cap_takes_from_the_appending_session_only_what_is_over_it() {
+    use bytes::Bytes;
+    use suite::{epoch, record, sid, stream};
+
+    let store = MemoryStore::new(tether_store::Retention { max_bytes_total: 1_000, ..suite::retention() });
+    let a = epoch('A');
+    for id in ["x", "y"] {
+        store.create_session(record(id, a.clone(), 0), usize::MAX).await.expect("create");
+        store.open_stream(&sid(id), &a, &stream("r")).await.expect("open");
+        store.append(&sid(id), &a, &stream("r"), Bytes::from(vec![b'x'; 400]), id == "x").await.expect("append");
+    }
+    let range = |id: &'static str| {
+        let store = &store;
+        async move {
+            let range = store.stream_range(&sid(id), &stream("r")).await.expect("range").expect("known");
+            (range.retained_from, range.head)
+        }
+    };
+    store.append(&sid("y"), &a, &stream("r"), Bytes::from(vec![b'y'; 200]), false).await.expect("append");
+    assert_eq!(range("y").await, (0, 2), "1,000 bytes in all are within the cap");
+    store.append(&sid("y"), &a, &stream("r"), Bytes::from(vec![b'y'; 100]), false).await.expect("append");
+    assert_eq!(range("y").await, (2, 3), "the appending session's oldest event went, and only it");
+    assert_eq!(range("x").await, (0, 1), "another session's ended stream is not the appender's to drop");
+    assert_eq!(store.retained_bytes().await, Ok(Some(700)));
+    // Dropped whole once ended and past retention, each stream frees what it still held.
+    store.end_stream(&sid("y"), &a, &stream("r")).await.expect("end");
+    store.sweep(0).await.expect("sweep");
+    store.sweep(suite::retention().ended_stream_ms).await.expect("sweep");
+    assert_eq!(store.retained_bytes().await, Ok(Some(0)));
+}
+
 #[tokio::test]
 async fn request_ids_past_the_bound_are_forgotten_oldest_first() {
     suite::request_ids_past_the_bound_are_forgotten_oldest_first(&MemoryStore::new(suite::retention())).await;

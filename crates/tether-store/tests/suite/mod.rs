@@ -383,11 +383,21 @@ pub async fn session_byte_cap_evicts_ended_streams_first(store: &dyn Store) {
     );
     let range = store.stream_range(&sid("s8"), &live).await.expect("range").expect("live stream kept");
     assert_eq!(range.retained_from, 0);
-    // Over the cap with no ended stream left: the live stream loses its oldest events.
+    // Over the cap with no ended stream left: the live stream loses its oldest events, as
+    // many as bring the session under the cap and no more.
     store.append(&sid("s8"), &a, &live, Bytes::from(vec![b'l'; 600]), false).await.expect("append");
-    let range = store.stream_range(&sid("s8"), &live).await.expect("range").expect("live stream kept");
-    assert!(range.retained_from >= 2, "oldest events evicted: {range:?}");
-    assert_eq!(range.head, 3);
+    let retained = || async { store.stream_range(&sid("s8"), &live).await.expect("range").expect("live stream kept") };
+    let range = retained().await;
+    assert_eq!((range.retained_from, range.head), (2, 3), "the 300 bytes of event 1 went: {range:?}");
+    // The cap is the most a session keeps: exactly at it, nothing goes.
+    store.append(&sid("s8"), &a, &live, Bytes::from(vec![b'l'; 100]), false).await.expect("append");
+    let range = retained().await;
+    assert_eq!((range.retained_from, range.head), (2, 4), "1,000 bytes are within the cap: {range:?}");
+    // An event larger than the cap by itself is kept, alone: a stream never loses its newest.
+    store.append(&sid("s8"), &a, &live, Bytes::from(vec![b'l'; 1_200]), false).await.expect("append");
+    let range = retained().await;
+    assert_eq!((range.retained_from, range.head), (5, 5), "{range:?}");
+    assert_eq!(seqs(store, &sid("s8"), &live, 0).await, vec![5]);
 }
 
 pub async fn sweep_expires_idle_sessions_and_drops_old_history(store: &dyn Store) {
@@ -411,7 +421,12 @@ pub async fn sweep_expires_idle_sessions_and_drops_old_history(store: &dyn Store
         "its events dropped after their retention"
     );
     assert!(seqs(store, &sid("s9"), &done, 0).await.is_empty());
-    // Tombstones are forgotten after their time.
+    assert_eq!(
+        store.session(&sid("s10"), TTL + 600).await,
+        Ok(SessionStatus::Ended(SessionEnd::Expired)),
+        "an ended session is remembered until its tombstone's time"
+    );
+    // Tombstones are forgotten after their time, by every reader: one read just before too.
     store.sweep(TTL + 2_000).await.expect("sweep");
     assert_eq!(store.session(&sid("s10"), TTL + 2_000).await, Ok(SessionStatus::Unknown));
 }
