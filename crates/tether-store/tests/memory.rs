@@ -81,7 +81,8 @@ async fn an_ended_sessions_bytes_leave_the_total_the_cap_is_held_to() {
 
 /// The cap on all sessions' bytes is kept by the session that appends: past it, its own history
 /// goes (its ended streams, then its stream's oldest events), as much as brings the total back
-/// under the cap; exactly at the cap, nothing goes. Other sessions keep theirs.
+/// under the cap; exactly at the cap, nothing goes. Other sessions keep theirs, and a stream
+/// dropped later frees exactly what it still held.
 #[tokio::test]
 async fn the_total_cap_takes_from_the_appending_session_only_what_is_over_it() {
     use bytes::Bytes;
