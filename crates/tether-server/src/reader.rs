@@ -148,3 +148,65 @@ impl StreamReader {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use tether_core::lineage::Epoch;
+    use tether_core::mcp::ProtocolVersion;
+    use tether_store::{MemoryStore, Retention, SessionRecord};
+
+    use super::*;
+
+    /// A store keeping one event per stream, with session `s` holding stream `r`, ended after
+    /// three events: only the third, its response, is retained.
+    async fn trimmed_stream() -> (Arc<dyn Store>, SessionId, StreamName) {
+        let store: Arc<dyn Store> =
+            Arc::new(MemoryStore::new(Retention { max_events_per_stream: 1, ..Retention::default() }));
+        let record = SessionRecord {
+            id: SessionId::parse("s").expect("session id"),
+            epoch: Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch"),
+            principal: None,
+            protocol_version: ProtocolVersion::V2025_11_25,
+            client: Arc::new(serde_json::json!({})),
+            idle_ttl_ms: 60_000,
+            expires_at_ms: 60_000,
+        };
+        store.create_session(record.clone(), usize::MAX).await.expect("create");
+        let stream = StreamName::parse("r").expect("stream name");
+        store.open_stream(&record.id, &record.epoch, &stream).await.expect("open");
+        for (n, last) in [(1, false), (2, false), (3, true)] {
+            store.append(&record.id, &record.epoch, &stream, Bytes::from(format!("e{n}")), last).await.expect("append");
+        }
+        let range = store.stream_range(&record.id, &stream).await.expect("range").expect("known");
+        assert_eq!((range.retained_from, range.head), (3, 3), "only the response is retained");
+        (store, record.id, stream)
+    }
+
+    /// Resumed from the first retained event, the response itself, nothing after it is missing:
+    /// the stream just ends, with no trailer saying the response was lost.
+    #[tokio::test]
+    async fn a_resume_from_the_first_retained_event_has_lost_nothing() {
+        let (store, session, stream) = trimmed_stream().await;
+        let items = StreamReader::new(store, &session, stream, 3).read().await.expect("read");
+        assert!(matches!(items[..], [Item::End(Ending::Complete { response_lost: false })]), "{items:?}");
+    }
+
+    /// Resumed from an evicted event, the reader says what is gone, then gives the response.
+    #[tokio::test]
+    async fn a_resume_from_an_evicted_event_gets_the_gap_then_the_response() {
+        let (store, session, stream) = trimmed_stream().await;
+        let items = StreamReader::new(store, &session, stream, 1).read().await.expect("read");
+        assert!(
+            matches!(
+                &items[..],
+                [
+                    Item::Gap(_),
+                    Item::Event(StoredEvent { seq: 3, .. }),
+                    Item::End(Ending::Complete { response_lost: false })
+                ]
+            ),
+            "{items:?}"
+        );
+    }
+}
