@@ -152,9 +152,7 @@ impl StreamReader {
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
-    use tether_core::lineage::Epoch;
-    use tether_core::mcp::ProtocolVersion;
-    use tether_store::{MemoryStore, Retention, SessionRecord};
+    use tether_store::{MemoryStore, Retention};
 
     use super::*;
 
@@ -163,15 +161,7 @@ mod tests {
     async fn trimmed_stream() -> (Arc<dyn Store>, SessionId, StreamName) {
         let store: Arc<dyn Store> =
             Arc::new(MemoryStore::new(Retention { max_events_per_stream: 1, ..Retention::default() }));
-        let record = SessionRecord {
-            id: SessionId::parse("s").expect("session id"),
-            epoch: Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch"),
-            principal: None,
-            protocol_version: ProtocolVersion::V2025_11_25,
-            client: Arc::new(serde_json::json!({})),
-            idle_ttl_ms: 60_000,
-            expires_at_ms: 60_000,
-        };
+        let record = crate::session::test_record(60_000, 60_000);
         store.create_session(record.clone(), usize::MAX).await.expect("create");
         let stream = StreamName::parse("r").expect("stream name");
         store.open_stream(&record.id, &record.epoch, &stream).await.expect("open");

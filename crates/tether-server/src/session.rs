@@ -378,21 +378,26 @@ impl Sessions {
     }
 }
 
+/// A 2025-11-25 session record for unit tests: session `s`, one fixed incarnation.
+#[cfg(test)]
+pub(crate) fn test_record(idle_ttl_ms: u64, expires_at_ms: u64) -> SessionRecord {
+    SessionRecord {
+        id: SessionId::parse("s").expect("session id"),
+        epoch: Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch"),
+        principal: None,
+        protocol_version: ProtocolVersion::V2025_11_25,
+        client: Arc::new(serde_json::json!({})),
+        idle_ttl_ms,
+        expires_at_ms,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn runtime() -> Arc<SessionRuntime> {
-        let record = SessionRecord {
-            id: SessionId::parse("s").expect("session id"),
-            epoch: Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch"),
-            principal: None,
-            protocol_version: ProtocolVersion::V2025_11_25,
-            client: std::sync::Arc::new(serde_json::json!({})),
-            idle_ttl_ms: 1,
-            expires_at_ms: 1,
-        };
-        Arc::new(SessionRuntime::new(&record, "p".into()))
+        Arc::new(SessionRuntime::new(&test_record(1, 1), "p".into()))
     }
 
     async fn closes(attachment: &mut Attachment) -> bool {

@@ -239,18 +239,7 @@ pub(crate) async fn read_body(body: Body, config: &crate::ServerConfig) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn record(idle_ttl_ms: u64, expires_at_ms: u64) -> SessionRecord {
-        SessionRecord {
-            id: SessionId::parse("s").expect("session id"),
-            epoch: tether_core::lineage::Epoch::parse("AAAAAAAAAAAAAAAAAAAAAA").expect("epoch"),
-            principal: None,
-            protocol_version: tether_core::mcp::ProtocolVersion::V2025_11_25,
-            client: std::sync::Arc::new(serde_json::json!({})),
-            idle_ttl_ms,
-            expires_at_ms,
-        }
-    }
+    use crate::session::test_record as record;
 
     #[test]
     fn a_session_is_renewed_once_per_interval_not_per_request() {

@@ -426,7 +426,7 @@ pub async fn sweep_expires_idle_sessions_and_drops_old_history(store: &dyn Store
         Ok(SessionStatus::Ended(SessionEnd::Expired)),
         "an ended session is remembered until its tombstone's time"
     );
-    // Tombstones are forgotten after their time, by every reader: one read just before too.
+    // Tombstones are forgotten after their time, even one read (and cached) just before.
     store.sweep(TTL + 2_000).await.expect("sweep");
     assert_eq!(store.session(&sid("s10"), TTL + 2_000).await, Ok(SessionStatus::Unknown));
 }
