@@ -262,6 +262,50 @@ async fn server_closes_long_connections_with_retry_and_the_client_resumes() {
     assert_eq!(got.len(), 2, "broadcasts sent while disconnected are delivered on resume");
 }
 
+/// Reads a body as text until it ends (bounded by `WAIT`), and whether it ended.
+async fn text_until_end(response: &mut reqwest::Response) -> (String, bool) {
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let ended = loop {
+        match tokio::time::timeout_at(deadline, response.chunk()).await {
+            Ok(Ok(Some(chunk))) => out.extend_from_slice(&chunk),
+            Ok(Ok(None)) | Ok(Err(_)) => break true,
+            Err(_) => break false,
+        }
+    };
+    (String::from_utf8(out).expect("SSE is UTF-8"), ended)
+}
+
+#[tokio::test]
+async fn a_connection_the_server_closes_ends_by_saying_when_to_come_back() {
+    let polled = ServerConfig {
+        max_connection_duration: Duration::from_millis(200),
+        sse_retry: Duration::from_millis(750),
+        ..config()
+    };
+    let server = start(polled).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    // Closed at its deadline: the last block sets only the delay, after the priming event's.
+    let mut standalone = client.get(&session, None).send().await.expect("send");
+    let (text, ended) = text_until_end(&mut standalone).await;
+    assert!(ended, "closed after max_connection_duration");
+    let blocks: Vec<&str> = text.split_terminator("\n\n").collect();
+    assert!(blocks.len() >= 2 && blocks[0].contains("retry: 750"), "{text:?}");
+    assert_eq!(blocks.last(), Some(&"retry: 750"), "{text:?}");
+    // Closed because a resume took its stream over (long before its deadline).
+    let server = start(ServerConfig { sse_retry: Duration::from_millis(750), ..config() }).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let mut old = client.call(&session, json!(1), "count", json!({"to": 200, "interval_ms": 20})).await;
+    let cursor = events(&mut old, 3).await.last().and_then(|e| e.id.clone()).expect("cursor");
+    let mut new = client.get(&session, Some(&cursor)).send().await.expect("send");
+    assert_eq!(events(&mut new, 1).await.len(), 1);
+    let (text, ended) = text_until_end(&mut old).await;
+    assert!(ended, "the connection taken over was closed");
+    assert!(text.ends_with("\n\nretry: 750\n\n") || text == "retry: 750\n\n", "{text:?}");
+}
+
 #[tokio::test]
 async fn test_reconnection_delivers_its_result_after_the_resume() {
     let server = start(config()).await;
