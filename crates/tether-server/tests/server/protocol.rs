@@ -68,6 +68,27 @@ async fn delete_ends_the_session_and_later_requests_get_404_terminated() {
 }
 
 #[tokio::test]
+async fn delete_ends_the_sessions_open_connections() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let mut standalone = client.get(&session, None).send().await.expect("send");
+    assert_eq!(standalone.status(), 200);
+    assert_eq!(events(&mut standalone, 1).await.len(), 1, "the priming event");
+    let body =
+        request(json!("long"), "tools/call", json!({"name": "count", "arguments": {"to": 1000, "interval_ms": 20}}));
+    let mut running = client.post(Some(&session), &body).send().await.expect("send");
+    assert_eq!(events(&mut running, 2).await.len(), 2, "priming and the first notification");
+    let response = client.http.delete(&server.url).header("mcp-session-id", &session.id).send().await.expect("send");
+    assert_eq!(response.status(), 200);
+    let (_, ended) = drain(&mut standalone).await;
+    assert!(ended, "the standalone stream ended with its session");
+    let (rest, ended) = drain(&mut running).await;
+    assert!(ended, "the request's stream ended with its session");
+    assert!(rest.len() < 100, "the request stopped: {} more events", rest.len());
+}
+
+#[tokio::test]
 async fn media_types_are_checked() {
     let server = start(config()).await;
     let client = Client::new(&server);
