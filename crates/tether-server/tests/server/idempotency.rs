@@ -162,31 +162,48 @@ async fn a_resend_while_the_original_runs_attaches_to_it() {
     assert_eq!(runs.load(Ordering::SeqCst), 1, "attached, not run again");
 }
 
+/// A 2026-07-28 call of `slow` with `steps` under key `KEY`.
+fn keyed_2026(client: &Client, id: i64, steps: u64) -> reqwest::RequestBuilder {
+    let mut params = keyed("slow", json!({"steps": steps}), KEY, Some("p"));
+    params["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
+    params["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({});
+    client
+        .http
+        .post(&client.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "slow")
+        .body(request(json!(id), "tools/call", params).to_string())
+}
+
 #[tokio::test]
 async fn a_keyed_2026_request_runs_on_when_its_stream_closes_and_a_resend_gets_the_outcome() {
     let runs = Arc::new(AtomicUsize::new(0));
     let server = start_with(Builder::new(Slow(Arc::clone(&runs))).config(config())).await;
     let client = Client::new(&server);
-    let send = |id: i64| {
-        let mut params = keyed("slow", json!({"steps": 4}), KEY, Some("p"));
-        params["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
-        params["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({});
-        client
-            .http
-            .post(&client.url)
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", "2026-07-28")
-            .header("mcp-method", "tools/call")
-            .header("mcp-name", "slow")
-            .body(request(json!(id), "tools/call", params).to_string())
-            .send()
-    };
-    let mut dropped = send(1).await.expect("send");
+    let mut dropped = keyed_2026(&client, 1, 4).send().await.expect("send");
     assert_eq!(events(&mut dropped, 1).await.len(), 1);
     drop(dropped);
     // Without a stream of its own the original's outcome is waited for, then answered as JSON.
-    let answer = json_body(send(2).await.expect("send")).await;
+    let answer = json_body(keyed_2026(&client, 2, 4).send().await.expect("send")).await;
     assert_eq!((answer["id"].as_i64(), &answer["result"]["structuredContent"]["run"]), (Some(2), &json!(1)));
     assert_eq!(runs.load(Ordering::SeqCst), 1, "a closed stream does not cancel a keyed request");
+}
+
+#[tokio::test]
+async fn a_keyed_2026_request_answered_on_its_stream_is_answered_from_its_record_when_sent_again() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let server = start_with(Builder::new(Slow(Arc::clone(&runs))).config(config())).await;
+    let client = Client::new(&server);
+    let mut first = keyed_2026(&client, 1, 2).send().await.expect("send");
+    let (events, ended) = drain(&mut first).await;
+    assert!(ended);
+    let answered = messages(&events);
+    assert_eq!(answered.last().expect("the response")["result"]["structuredContent"]["run"], 1, "{answered:?}");
+    let again = tokio::time::timeout(WAIT, keyed_2026(&client, 2, 2).send()).await.expect("answered").expect("send");
+    let answer = json_body(again).await;
+    assert_eq!((answer["id"].as_i64(), &answer["result"]["structuredContent"]["run"]), (Some(2), &json!(1)));
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "answered from the record, not run again");
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tether_core::input_required::StateKey;
+use tether_core::tasks::TaskSupport;
 use tether_server::{Builder, Context, Handler, HandlerFuture, ServerConfig, ServerInfo};
 
 use crate::common::*;
@@ -383,22 +384,55 @@ impl Handler for Endless {
     }
 }
 
+/// [`Endless`] as a tool that may become a task, from a client that declares tasks: it never
+/// escalates, so it is the connection's request until it ends.
+struct EndlessMayBecomeTask(Endless);
+
+impl Handler for EndlessMayBecomeTask {
+    fn info(&self) -> ServerInfo {
+        self.0.info()
+    }
+
+    fn call(&self, ctx: Context, method: String, params: Value) -> HandlerFuture {
+        self.0.call(ctx, method, params)
+    }
+
+    fn task_support(&self, _tool: &str) -> TaskSupport {
+        TaskSupport::Optional
+    }
+}
+
+/// Calls tool `x` with `meta`, closes the response stream after three events, and returns
+/// whether the handler observed its cancellation.
+async fn cancelled_by_closing(server: &TestServer, meta: Value, flag: &AtomicBool) -> bool {
+    let client = Client::new(server);
+    let call = json!({"name": "x", "arguments": {}, "_meta": meta});
+    let mut response = modern(&client, 1, "tools/call", call).send().await.expect("send");
+    assert_eq!(events(&mut response, 3).await.len(), 3);
+    drop(response);
+    for _ in 0..200 {
+        if flag.load(Ordering::SeqCst) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
 #[tokio::test]
 async fn closing_the_response_stream_cancels_the_request() {
     let flag = Arc::new(AtomicBool::new(false));
     let server = start_with(Builder::new(Endless(Arc::clone(&flag))).config(config())).await;
-    let client = Client::new(&server);
-    let mut response =
-        modern(&client, 1, "tools/call", json!({"name": "x", "arguments": {}})).send().await.expect("send");
-    assert_eq!(events(&mut response, 3).await.len(), 3);
-    drop(response);
-    let mut seen = false;
-    for _ in 0..200 {
-        if flag.load(Ordering::SeqCst) {
-            seen = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(seen, "the handler observed cancellation after the client closed the stream");
+    assert!(cancelled_by_closing(&server, meta(), &flag).await, "the handler observed the cancellation");
+}
+
+#[tokio::test]
+async fn closing_the_response_stream_cancels_a_request_that_has_not_become_a_task() {
+    let flag = Arc::new(AtomicBool::new(false));
+    let handler = EndlessMayBecomeTask(Endless(Arc::clone(&flag)));
+    let server = start_with(Builder::new(handler).config(config())).await;
+    let mut with_tasks = meta();
+    with_tasks["io.modelcontextprotocol/clientCapabilities"] =
+        json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    assert!(cancelled_by_closing(&server, with_tasks, &flag).await, "the handler observed the cancellation");
 }

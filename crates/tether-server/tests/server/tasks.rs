@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tether_core::tasks::TaskSupport;
-use tether_server::{Builder, Context, Handler, HandlerFuture, ServerInfo};
+use tether_server::{Builder, Context, Handler, HandlerFuture, ServerInfo, builtin::BuiltinHandler};
 
 use crate::common::*;
 
@@ -138,6 +138,31 @@ async fn a_task_runs_on_after_its_connection_closed_and_is_cancelled_only_by_tas
     let task = finished(&client, &slow).await;
     assert_eq!(task["status"], "cancelled");
     assert!(task.get("result").is_none() && task.get("error").is_none());
+}
+
+#[tokio::test]
+async fn a_task_that_needs_input_waits_for_it_and_runs_on_with_the_answer() {
+    let server = start_with(Builder::new(BuiltinHandler::in_memory()).config(config())).await;
+    let client = Client::new(&server);
+    let call = json!({"name": "confirm_delete", "arguments": {"filename": "report.txt"}});
+    let created = send(&client, "tools/call", call, true, None).await;
+    let id = created["result"]["taskId"].as_str().expect("a task").to_owned();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let waiting = loop {
+        let task = send(&client, "tasks/get", json!({"taskId": id}), true, None).await["result"].clone();
+        if task["status"] == "input_required" {
+            break task;
+        }
+        assert_eq!(task["status"], "working", "it waits for its input: {task}");
+        assert!(tokio::time::Instant::now() < deadline, "task {id} never asked for input");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let key = waiting["inputRequests"].as_object().and_then(|m| m.keys().next().cloned()).expect("an input request");
+    let answer = json!({key: {"action": "accept", "content": {"confirm": true}}});
+    send(&client, "tasks/update", json!({"taskId": id, "inputResponses": answer}), true, None).await;
+    let done = finished(&client, &id).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["content"][0]["text"], "Deleted report.txt");
 }
 
 /// Opens `tasks/stream` on task `id` after `after`: the notifications' params and the final
