@@ -228,11 +228,6 @@ fn protocol_method(runtime: &SessionRuntime, request: &Request) -> Option<Result
                 )),
             })
         }
-        method::INITIALIZE => Some(Err(jsonrpc::ErrorObject::with_reason(
-            code::INVALID_REQUEST,
-            "this session is already initialized",
-            "already_initialized",
-        ))),
         _ => None,
     }
 }

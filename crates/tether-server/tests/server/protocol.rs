@@ -26,6 +26,8 @@ async fn initialize_mints_a_session_with_epoch_and_lineage_capability() {
     let result = json_body(response).await["result"].clone();
     assert_eq!(result["protocolVersion"], "2025-06-18");
     assert_eq!(result["capabilities"]["experimental"]["io.tether/lineage"], json!({"version": 1, "epoch": epoch}));
+    // The handler's own capabilities are kept beside what the transport adds.
+    assert!(result["capabilities"]["tools"].is_object() && result["capabilities"]["logging"].is_object(), "{result}");
     let second = client.initialize("2025-11-25").await;
     assert_ne!(second.id, id);
     assert_ne!(second.epoch, epoch);
@@ -406,7 +408,7 @@ async fn a_request_cancelled_before_its_first_output_ends_its_stream_with_nothin
     }
     let mut response = response.expect("the POST was answered once the request was cancelled");
     let (events, ended) = drain(&mut response).await;
-    assert!(ended, "the stream ends once the request is cancelled: {events:?} {:?}", response.headers());
+    assert!(ended, "the stream ends once the request is cancelled: {events:?}");
     // An empty stream that ended is not a lost response: no error stands in for one.
     assert!(events.len() == 1 && events[0].data.is_empty(), "only the priming event: {events:?}");
 }
@@ -423,6 +425,10 @@ async fn batches_are_accepted_only_in_2025_03_26_sessions() {
     let body = json_body(response).await;
     let ids: Vec<_> = body.as_array().expect("array").iter().map(|r| r["id"].clone()).collect();
     assert_eq!(ids, [json!(1), json!(2)]);
+    let with_initialize = json!([request(json!(3), "initialize", json!({})), request(json!(4), "ping", json!({}))]);
+    let response = client.post(Some(&old), &with_initialize).send().await.expect("send");
+    assert_eq!(response.status(), 400);
+    assert_eq!(reason(response).await, "initialize_in_batch");
     let new = client.initialize("2025-11-25").await;
     let response = client.post(Some(&new), &batch).send().await.expect("send");
     assert_eq!(response.status(), 400);
