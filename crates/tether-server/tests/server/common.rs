@@ -146,6 +146,22 @@ pub fn request(id: Value, method: &str, params: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
 }
 
+/// A 2026-07-28 POST of `method` with `params` as given (their `_meta` included), with the
+/// headers that version asks for: `Mcp-Name` from `params.name` or `params.taskId`.
+pub fn modern_post(client: &Client, id: Value, method: &str, params: Value) -> reqwest::RequestBuilder {
+    let mut builder = client
+        .http
+        .post(&client.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method);
+    if let Some(name) = params.get("name").or_else(|| params.get("taskId")).and_then(Value::as_str) {
+        builder = builder.header("mcp-name", name);
+    }
+    builder.body(request(id, method, params).to_string())
+}
+
 /// Reads SSE events until the stream ends, `max` events arrived, or `WAIT` passed.
 pub async fn events(response: &mut reqwest::Response, max: usize) -> Vec<Event> {
     let mut decoder = Decoder::default();

@@ -167,15 +167,7 @@ fn keyed_2026(client: &Client, id: i64, steps: u64) -> reqwest::RequestBuilder {
     let mut params = keyed("slow", json!({"steps": steps}), KEY, Some("p"));
     params["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
     params["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({});
-    client
-        .http
-        .post(&client.url)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", "slow")
-        .body(request(json!(id), "tools/call", params).to_string())
+    modern_post(client, json!(id), "tools/call", params)
 }
 
 #[tokio::test]

@@ -20,17 +20,7 @@ fn modern(client: &Client, id: i64, method: &str, mut params: Value) -> reqwest:
     if params.get("_meta").is_none() {
         params["_meta"] = meta();
     }
-    let mut builder = client
-        .http
-        .post(&client.url)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", method);
-    if let Some(name) = params.get("name").and_then(Value::as_str) {
-        builder = builder.header("mcp-name", name);
-    }
-    builder.body(request(json!(id), method, params).to_string())
+    modern_post(client, json!(id), method, params)
 }
 
 #[tokio::test]

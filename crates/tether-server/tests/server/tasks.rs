@@ -51,16 +51,7 @@ fn modern(client: &Client, method: &str, mut params: Value, tasks: bool, key: Op
     if let Some(key) = key {
         params["_meta"]["io.tether/idempotencyKey"] = json!(key);
     }
-    let name = params.get("name").or_else(|| params.get("taskId")).and_then(Value::as_str).unwrap_or_default();
-    client
-        .http
-        .post(&client.url)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", method)
-        .header("mcp-name", name)
-        .body(request(json!(1), method, params).to_string())
+    modern_post(client, json!(1), method, params)
 }
 
 /// Sends a request and reads its JSON response, within `WAIT`.
