@@ -617,11 +617,6 @@ async fn run(
                     }
                     Err(err) => {
                         tracing::debug!(%err, "final response not delivered");
-                        if cancel.is_cancelled() {
-                            // It finished as it was cancelled: no response, as for a request
-                            // stopped while it ran, and its stream ends all the same.
-                            ctx.end_without_response().await;
-                        }
                         Some(response)
                     }
                 }
