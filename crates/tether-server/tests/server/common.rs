@@ -180,23 +180,29 @@ pub async fn events(response: &mut reqwest::Response, max: usize) -> Vec<Event> 
     out
 }
 
-/// Reads until the stream ends (bounded by `WAIT`), returning events and whether it ended.
-pub async fn drain(response: &mut reqwest::Response) -> (Vec<Event>, bool) {
-    let mut decoder = Decoder::default();
+/// Reads a body's bytes until it ends (bounded by `WAIT`), and whether it ended.
+pub async fn body_until_end(response: &mut reqwest::Response) -> (Vec<u8>, bool) {
     let mut out = Vec::new();
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         match tokio::time::timeout_at(deadline, response.chunk()).await {
-            Ok(Ok(Some(chunk))) => {
-                let mut input = &chunk[..];
-                while let Some(event) = decoder.decode(&mut input).expect("valid SSE") {
-                    out.push(event);
-                }
-            }
+            Ok(Ok(Some(chunk))) => out.extend_from_slice(&chunk),
             Ok(Ok(None)) | Ok(Err(_)) => return (out, true),
             Err(_) => return (out, false),
         }
     }
+}
+
+/// Reads until the stream ends (bounded by `WAIT`), returning events and whether it ended.
+pub async fn drain(response: &mut reqwest::Response) -> (Vec<Event>, bool) {
+    let (body, ended) = body_until_end(response).await;
+    let mut decoder = Decoder::default();
+    let mut input = &body[..];
+    let mut out = Vec::new();
+    while let Some(event) = decoder.decode(&mut input).expect("valid SSE") {
+        out.push(event);
+    }
+    (out, ended)
 }
 
 /// The JSON-RPC messages among events (priming events have empty data).

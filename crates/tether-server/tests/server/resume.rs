@@ -262,18 +262,10 @@ async fn server_closes_long_connections_with_retry_and_the_client_resumes() {
     assert_eq!(got.len(), 2, "broadcasts sent while disconnected are delivered on resume");
 }
 
-/// Reads a body as text until it ends (bounded by `WAIT`), and whether it ended.
+/// A body as text until it ends (bounded by `WAIT`), and whether it ended.
 async fn text_until_end(response: &mut reqwest::Response) -> (String, bool) {
-    let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let ended = loop {
-        match tokio::time::timeout_at(deadline, response.chunk()).await {
-            Ok(Ok(Some(chunk))) => out.extend_from_slice(&chunk),
-            Ok(Ok(None)) | Ok(Err(_)) => break true,
-            Err(_) => break false,
-        }
-    };
-    (String::from_utf8(out).expect("SSE is UTF-8"), ended)
+    let (body, ended) = body_until_end(response).await;
+    (String::from_utf8(body).expect("SSE is UTF-8"), ended)
 }
 
 #[tokio::test]
