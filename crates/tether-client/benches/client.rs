@@ -7,7 +7,7 @@ use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use tether_core::jsonrpc;
-use tether_core::lineage::{Epoch, EventId, StreamName, StreamValidator};
+use tether_core::lineage::{Epoch, EventId, StreamName, StreamValidator, Tag};
 use tether_core::sse::{Decoder, Encoder, OutgoingEvent};
 
 const EVENTS: u64 = 10_000;
@@ -17,7 +17,8 @@ fn stream() -> Vec<u8> {
     let stream = StreamName::parse("rbench").expect("stream");
     let mut bytes = Vec::new();
     for seq in 1..=EVENTS {
-        let id = EventId { epoch: epoch.clone(), stream: stream.clone(), seq }.to_string();
+        let id =
+            EventId { epoch: epoch.clone(), stream: stream.clone(), seq, tag: Some(Tag::from_bits(seq)) }.to_string();
         let data = format!(
             r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":"t","progress":{seq}}}}}"#
         );

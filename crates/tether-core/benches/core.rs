@@ -4,7 +4,7 @@
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
-use tether_core::lineage::{Epoch, EventId, StreamName, StreamValidator};
+use tether_core::lineage::{Epoch, EventId, StreamName, StreamValidator, Tag};
 use tether_core::sse::{Decoder, Encoder, OutgoingEvent};
 
 /// A realistic MCP stream: progress notifications with lineage ids.
@@ -14,7 +14,8 @@ fn stream_bytes(events: u64) -> (Vec<u8>, Vec<(String, String)>) {
     let mut bytes = Vec::new();
     let mut parsed = Vec::new();
     for seq in 1..=events {
-        let id = EventId { epoch: epoch.clone(), stream: stream.clone(), seq }.to_string();
+        let id =
+            EventId { epoch: epoch.clone(), stream: stream.clone(), seq, tag: Some(Tag::from_bits(seq)) }.to_string();
         let data = format!(
             r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":"t-1","progress":{seq},"total":{events}}}}}"#
         );

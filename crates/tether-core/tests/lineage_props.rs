@@ -6,8 +6,8 @@
 use proptest::prelude::*;
 use tether_core::lineage::{
     Accepted, Checkpoint, Digest, Divergence, Epoch, EventId, FirstEvent, InvalidReason, Next, ObservedId, Reconnect,
-    ResyncNotice, ResyncReason, SeqRange, ServerDecision, SessionLookup, StreamName, StreamRange, StreamState,
-    StreamValidator, Unverifiable, Verdict, client_verdict, decide_resume, next_after,
+    ResyncNotice, ResyncReason, SeqRange, ServerDecision, SessionLookup, StreamAt, StreamName, StreamRange,
+    StreamState, StreamValidator, Tag, Unverifiable, Verdict, client_verdict, decide_resume, next_after,
 };
 
 const SESSION: &str = "session-under-test";
@@ -17,8 +17,30 @@ fn epoch(tag: char) -> Epoch {
     Epoch::parse(&tag.to_string().repeat(22)).expect("valid epoch")
 }
 
+/// The tag the healthy store drew for event `seq`.
+fn tag(seq: u64) -> Tag {
+    Tag::from_bits(seq.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
 fn event_id(epoch: &Epoch, seq: u64) -> EventId {
-    EventId { epoch: epoch.clone(), stream: StreamName::parse("req-1").expect("valid stream"), seq }
+    EventId {
+        epoch: epoch.clone(),
+        stream: StreamName::parse("req-1").expect("valid stream"),
+        seq,
+        tag: Some(tag(seq)),
+    }
+}
+
+/// What the healthy store holding `range` tells of position `seq`: its tag while it can.
+fn held(range: StreamRange, seq: u64) -> StreamAt {
+    let known = seq <= range.head && seq + 1 >= range.retained_from;
+    StreamAt { range, tag: known.then(|| tag(seq)) }
+}
+
+/// Decides a resume of `cursor` against the healthy store holding `range`.
+fn decide(session: SessionLookup<'_>, cursor: &EventId, range: Option<StreamRange>) -> ServerDecision {
+    let seen = cursor.tag.expect("the healthy store's ids carry tags");
+    decide_resume(session, cursor, seen, range.map(|range| held(range, cursor.seq)), NOW)
 }
 
 /// The data of event `seq` of the healthy stream (seq 0 is the empty priming event).
@@ -129,7 +151,7 @@ proptest! {
                     };
                     let session = SessionLookup::Live { epoch: &e, expires_at_ms: NOW + 1 };
                     let range = StreamRange { retained_from: 0, head, state: StreamState::Live };
-                    let decision = decide_resume(session, &cursor, Some(range), NOW);
+                    let decision = decide(session, &cursor, Some(range));
                     let starts = if cursor.seq < head { Next::Events } else { Next::Wait };
                     prop_assert_eq!(&decision, &ServerDecision::Replay { after: cursor.seq, starts });
                     let reconnect = Reconnect { status: 200, session_id: Some(SESSION), epoch: Some(e.as_str()), first_event: None };
@@ -261,7 +283,7 @@ proptest! {
                 Change::Disconnect if !ended => {
                     let (last, _) = validator.last().expect("a cursor");
                     let ObservedId::Lineage(cursor) = last.clone() else { return Err(TestCaseError::fail("lineage ids")) };
-                    let decision = decide_resume(session, &cursor, Some(range), NOW);
+                    let decision = decide(session, &cursor, Some(range));
                     let ServerDecision::Replay { after, starts } = decision else {
                         return Err(TestCaseError::fail(format!("a live session's resume answered {decision:?}")));
                     };
@@ -484,6 +506,7 @@ proptest! {
         cursor_seq in 0u64..25,
         stream_state in 0u8..3,
         stream_known in any::<bool>(),
+        rewritten in any::<bool>(),
     ) {
         let (a, b) = (epoch('A'), epoch('B'));
         let session_epoch = if same_epoch { &a } else { &b };
@@ -499,7 +522,12 @@ proptest! {
         let retained_from = retained_from.min(head + 1);
         let range = stream_known.then_some(StreamRange { retained_from, head, state: stream_state });
         let cursor = event_id(&a, cursor_seq);
-        let decision = decide_resume(session, &cursor, range, NOW);
+        // A store that went back in time and stored other events holds other tags.
+        let at = range.map(|range| {
+            let healthy = held(range, cursor_seq);
+            StreamAt { tag: healthy.tag.map(|t| if rewritten { Tag::from_bits(!t.bits()) } else { t }), ..healthy }
+        });
+        let decision = decide_resume(session, &cursor, tag(cursor_seq), at, NOW);
         // The expected answer, case by case, in seed 004's order: the session, then the history.
         let invalid = match state {
             0 => Some(InvalidReason::UnknownSession),
@@ -515,9 +543,11 @@ proptest! {
             (None, None) => ServerDecision::Resync(ResyncNotice {
                 reason: ResyncReason::UnknownStream, stream: "req-1".into(), after: cursor_seq, lost: None, head: 0,
             }),
-            (None, Some(range)) if cursor_seq > range.head => ServerDecision::Resync(ResyncNotice {
-                reason: ResyncReason::AheadOfHead, stream: "req-1".into(), after: cursor_seq, lost: None, head: range.head,
-            }),
+            // The store handed out a position it no longer has, or holds another event there.
+            (None, Some(range)) if cursor_seq > range.head => ServerDecision::SessionInvalid(InvalidReason::HistoryRewritten),
+            (None, Some(_)) if rewritten && at.and_then(|at| at.tag).is_some() => {
+                ServerDecision::SessionInvalid(InvalidReason::HistoryRewritten)
+            }
             (None, Some(range)) => {
                 let starts = if cursor_seq < range.head {
                     // The events after the cursor that are no longer retained, if any.

@@ -19,8 +19,8 @@
 use tether_core::lineage::RESYNC_EVENT;
 use tether_core::lineage::{
     Accepted, Checkpoint, Digest, Divergence, Epoch, EventId, FirstEvent, Next, ObservedId, Reconnect, ResyncNotice,
-    SeqRange, ServerDecision, SessionLookup, StreamName, StreamRange, StreamState, StreamValidator, Verdict,
-    client_verdict, decide_resume, next_after,
+    SeqRange, ServerDecision, SessionLookup, StreamAt, StreamName, StreamRange, StreamState, StreamValidator, Tag,
+    Verdict, client_verdict, decide_resume, next_after,
 };
 
 use crate::checker::{Invariant, Model};
@@ -336,8 +336,13 @@ fn stream_name(incarnation: u8) -> StreamName {
     StreamName::parse(&format!("r{incarnation}")).unwrap_or_else(|_| unreachable!("r<digits> is a valid stream name"))
 }
 
+/// The tag the store drew for event `seq` of incarnation `incarnation`.
+fn tag(incarnation: u8, seq: u8) -> Tag {
+    Tag::from_bits(u64::from(incarnation) << 8 | u64::from(seq))
+}
+
 fn event_id(incarnation: u8, seq: u8) -> String {
-    format!("{}:{}:{seq}", epoch(incarnation), stream_name(incarnation))
+    format!("{}:{}:{seq}:{}", epoch(incarnation), stream_name(incarnation), tag(incarnation, seq))
 }
 
 /// The data of event `seq` (the priming event has none).
@@ -601,7 +606,8 @@ impl Resumption {
     fn resume_unknown(&self, state: &mut State, replica: u8) {
         let cursor = EventId::parse(&event_id(state.incarnation, state.checkpoint))
             .unwrap_or_else(|_| unreachable!("the model mints valid lineage ids"));
-        let decision = decide_resume(SessionLookup::Unknown, &cursor, None, 0);
+        let seen = tag(state.incarnation, state.checkpoint);
+        let decision = decide_resume(SessionLookup::Unknown, &cursor, seen, None, 0);
         if self.config.server == ServerVariant::AdoptsUnknownSession {
             // A new incarnation under the old id, replaying an empty history: a revival.
             state.revived = true;
@@ -691,7 +697,10 @@ impl Resumption {
         };
         let cursor = EventId::parse(&event_id(state.incarnation, state.checkpoint))
             .unwrap_or_else(|_| unreachable!("the model mints valid lineage ids"));
-        let decision = decide_resume(lookup, &cursor, Some(Self::range(state)), 0);
+        let range = Self::range(state);
+        let known = cursor.seq <= range.head && cursor.seq + 1 >= range.retained_from;
+        let held = StreamAt { range, tag: known.then(|| tag(state.incarnation, state.checkpoint)) };
+        let decision = decide_resume(lookup, &cursor, tag(state.incarnation, state.checkpoint), Some(held), 0);
         let checkpoint = self.checkpoint(state);
         match decision {
             ServerDecision::SessionInvalid(_) => self.refused(state, 404),

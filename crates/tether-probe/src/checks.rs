@@ -465,7 +465,11 @@ pub(crate) async fn evicted_cursor(
     let end = end.unwrap_or(start.index);
     let early = wire.get(session, Some(first), 5_000, LONG).await?;
     // What the server still retains at the end of the stream: the truth a notice is held to.
-    let late_cursor = Position::at(first, end.saturating_sub(2).max(start.index)).unwrap_or_else(|| first.clone());
+    let late_at = end.saturating_sub(2).max(start.index);
+    // The id the server sent there, if it did: a tagged id is only good as it was sent.
+    let sent =
+        ids.iter().find(|id| Position::of(id) == Some(Position { stream: start.stream.clone(), index: late_at }));
+    let late_cursor = sent.cloned().or_else(|| Position::at(first, late_at)).unwrap_or_else(|| first.clone());
     let late = wire.get(session, Some(&late_cursor), 50, LONG).await?;
     let mut evidence = vec![
         format!("the call's stream reached position {end}; resume from {first}: {}", early.summary()),

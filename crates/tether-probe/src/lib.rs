@@ -91,7 +91,6 @@ pub async fn run(config: ProbeConfig, progress: impl FnMut(&Check)) -> Result<Re
             out.push(checks::ids_ordered(&reference));
             let (resume, cursor) = checks::mid_stream_resume(&wire, &session, &call, &reference).await?;
             out.push(resume);
-            out.extend(checks::bad_cursors(&wire, &session, cursor.as_deref()).await?);
             out.push(checks::isolation(&wire, cursor.as_deref()).await?);
             out.push(checks::result_recoverable(&wire, &session, &reference).await?);
             out.push(checks::evicted_cursor(&wire, &session, &call, config.evict_arguments.as_ref()).await?);
@@ -101,6 +100,8 @@ pub async fn run(config: ProbeConfig, progress: impl FnMut(&Check)) -> Result<Re
             if let Some(command) = &config.restart_command {
                 out.push(restart::restart(&wire, &session, &reference, command).await?);
             }
+            // Last: a server may end the session over a cursor no history of it holds.
+            out.extend(checks::bad_cursors(&wire, &session, cursor.as_deref()).await?);
         }
         None => out.push(Check {
             id: "resumption",

@@ -195,8 +195,8 @@ async fn relay(ctx: &Context, session: &SessionId, stream: StreamName, request: 
                     _ => {}
                 },
                 // Notifications lost to retention are not relayed; a lost response shows as the end.
-                Item::Gap(_) => {}
-                Item::End(Ending::Aborted(_)) => return Relayed::Aborted,
+                Item::Gap(..) => {}
+                Item::End(Ending::Aborted(..)) => return Relayed::Aborted,
                 Item::End(_) => return Relayed::Lost,
             }
         }

@@ -2,11 +2,13 @@
 //! a connection (a POST's answer, a resume), for a request attached to another's stream, and
 //! for a batch. What it yields is decided by [`next_after`]: every retained event after the
 //! cursor once, in order; each part that is gone once, as a notice standing where it was; then
-//! how the stream ended.
+//! how the stream ended. Every page is first held to what the reader already yielded
+//! ([`check_position`]): a store that went back in time under it ends the stream, never
+//! continues it.
 
 use std::sync::Arc;
 
-use tether_core::lineage::{Next, ResyncNotice, SessionId, StreamName, next_after};
+use tether_core::lineage::{Next, ResyncNotice, SessionId, StreamName, Tag, check_position, next_after};
 use tether_store::{HeadWatch, Store, StoreError, StoredEvent, StreamPage};
 
 /// Events read from the store per round trip.
@@ -18,8 +20,9 @@ pub(crate) enum Item {
     /// The next retained event.
     Event(StoredEvent),
     /// Events after the cursor that are gone: one resync event says so
-    /// ([`ResyncNotice::position`] is its id), and the stream goes on after them.
-    Gap(ResyncNotice),
+    /// ([`ResyncNotice::position`] and the tag of the event there are its id), and the stream
+    /// goes on after them.
+    Gap(ResyncNotice, Option<Tag>),
     /// The stream ended; nothing follows.
     End(Ending),
 }
@@ -30,10 +33,13 @@ pub(crate) enum Ending {
     /// Its producer finished. `response_lost`: the stream's last event (a request's response)
     /// went in the gap just before the end, so the reader never gets it.
     Complete { response_lost: bool },
-    /// Its producer died after the events read: the `request_aborted` notice to send.
-    Aborted(ResyncNotice),
+    /// Its producer died after the events read: the `request_aborted` notice to send, and the
+    /// tag of the event at its position.
+    Aborted(ResyncNotice, Option<Tag>),
     /// The stream (or its session) no longer exists.
     Gone,
+    /// The store no longer holds what the reader yielded: it went back in time.
+    Rewritten,
 }
 
 /// A reader of one stored stream.
@@ -43,6 +49,10 @@ pub(crate) struct StreamReader {
     stream: StreamName,
     /// The last position read (or accounted for by a gap).
     cursor: u64,
+    /// The tag of the event at `cursor`, as the reader yielded it or was given it; `None` until
+    /// a page tells it (or where the store no longer can).
+    tag: Option<Tag>,
+
     /// Made once the stream has to be waited for: most are whole by the time they are read,
     /// and a watch costs the store a registration.
     head: Option<HeadWatch>,
@@ -55,13 +65,27 @@ pub(crate) struct StreamReader {
 }
 
 impl StreamReader {
-    /// A reader of `stream` of `session` that yields what follows `cursor`.
+    /// A reader of `stream` of `session` that yields what follows `cursor`, whose event's tag
+    /// it learns from the store.
     pub fn new(store: Arc<dyn Store>, session: &SessionId, stream: StreamName, cursor: u64) -> StreamReader {
+        StreamReader::resumed(store, session, stream, cursor, None)
+    }
+
+    /// A reader of `stream` of `session` that yields what follows `cursor`, where a client saw
+    /// the event tagged `tag`: the store must still hold it there.
+    pub fn resumed(
+        store: Arc<dyn Store>,
+        session: &SessionId,
+        stream: StreamName,
+        cursor: u64,
+        tag: Option<Tag>,
+    ) -> StreamReader {
         StreamReader {
             store,
             session: session.clone(),
             stream,
             cursor,
+            tag,
             head: None,
             after_gap: false,
             started: false,
@@ -86,10 +110,19 @@ impl StreamReader {
                 head.borrow_and_update();
             }
             let page = self.store.read_page(&self.session, &self.stream, self.cursor, READ_BATCH).await?;
-            let Some(StreamPage { range, events }) = page else {
+            let Some(page) = page else {
                 self.done = true;
                 return Ok(vec![Item::End(Ending::Gone)]);
             };
+            match self.tag {
+                Some(seen) if check_position(page.at(), self.cursor, seen).is_err() => {
+                    self.done = true;
+                    return Ok(vec![Item::End(Ending::Rewritten)]);
+                }
+                Some(_) => {}
+                None => self.tag = page.at_cursor,
+            }
+            let StreamPage { range, before_retained, events, .. } = page;
             if !std::mem::replace(&mut self.started, true) {
                 self.after_gap = self.cursor > 0 && range.retained_from > self.cursor;
             }
@@ -106,16 +139,18 @@ impl StreamReader {
                         // The page is contiguous: its next event is the one after the cursor.
                         let Some(event) = events.next() else { break };
                         self.cursor = event.seq;
+                        self.tag = Some(event.tag);
                         self.after_gap = false;
                         items.push(Item::Event(event));
                     }
                     Next::Gap(lost) => {
+                        // A gap ends where what is retained begins (or at the head, when nothing
+                        // is): at the last event dropped.
                         self.cursor = lost.to;
+                        self.tag = before_retained;
                         self.after_gap = true;
-                        // Events appended (and evicted) after the range was read can put the gap
-                        // past the head it reported.
-                        let head = range.head.max(lost.to);
-                        items.push(Item::Gap(ResyncNotice::evicted(self.stream.as_str(), lost, head)));
+                        let notice = ResyncNotice::evicted(self.stream.as_str(), lost, range.head);
+                        items.push(Item::Gap(notice, before_retained));
                     }
                     Next::Wait => break,
                     Next::End => {
@@ -125,7 +160,8 @@ impl StreamReader {
                     }
                     Next::Aborted => {
                         self.done = true;
-                        items.push(Item::End(Ending::Aborted(ResyncNotice::aborted(self.stream.as_str(), range.head))));
+                        let notice = ResyncNotice::aborted(self.stream.as_str(), range.head);
+                        items.push(Item::End(Ending::Aborted(notice, self.tag)));
                         break;
                     }
                 }
@@ -191,7 +227,7 @@ mod tests {
             matches!(
                 &items[..],
                 [
-                    Item::Gap(_),
+                    Item::Gap(..),
                     Item::Event(StoredEvent { seq: 3, .. }),
                     Item::End(Ending::Complete { response_lost: false })
                 ]

@@ -16,13 +16,10 @@ pub(crate) fn session_terminated() {
     metrics::counter!("tether_sessions_terminated_total").increment(1);
 }
 
-/// A session was ended by the server (`SessionHandle::end`), with why: `upstream_lost`.
+/// A session was ended by the server (`SessionHandle::end`), with why: `upstream_lost`,
+/// `history_rewritten`.
 pub(crate) fn session_ended_by_server(why: tether_store::SessionEnd) {
-    let reason = match why {
-        tether_store::SessionEnd::Terminated => "terminated",
-        tether_store::SessionEnd::Expired => "expired",
-        tether_store::SessionEnd::UpstreamLost => "upstream_lost",
-    };
+    let reason = why.reason().as_str();
     metrics::counter!("tether_sessions_ended_by_server_total", "reason" => reason).increment(1);
 }
 

@@ -13,6 +13,7 @@ mod record;
 mod redis;
 mod request_key;
 mod sqlite;
+mod tags;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -270,24 +271,18 @@ pub trait EventLog: KeyRecords {
         max: usize,
     ) -> StoreFuture<'_, Vec<StoredEvent>>;
 
-    /// [`EventLog::stream_range`] and [`EventLog::read`] together, for whoever follows a stream: if the
-    /// range says the stream ended, every event it ended with is among those read, so an empty
-    /// page of an ended stream means "nothing more". `None` if the session has no such stream.
-    /// The range is read first (Redis: both in one transaction, one round trip).
+    /// [`EventLog::stream_range`] and [`EventLog::read`] together, read at one moment, for
+    /// whoever follows a stream, with the tags a follower checks its history against
+    /// ([`StreamPage::at_cursor`], [`StreamPage::before_retained`]): if the range says the
+    /// stream ended, every event it ended with is among those read, so an empty page of an ended
+    /// stream means "nothing more". `None` if the session has no such stream.
     fn read_page(
         &self,
         session: &SessionId,
         stream: &StreamName,
         after: u64,
         max: usize,
-    ) -> StoreFuture<'_, Option<StreamPage>> {
-        let (session, stream) = (session.clone(), stream.clone());
-        Box::pin(async move {
-            let Some(range) = self.stream_range(&session, &stream).await? else { return Ok(None) };
-            let events = self.read(&session, &stream, after, max).await?;
-            Ok(Some(StreamPage { range, events }))
-        })
-    }
+    ) -> StoreFuture<'_, Option<StreamPage>>;
 
     /// A watch on the stream's head, for following live events.
     fn watch(&self, session: &SessionId, stream: &StreamName) -> StoreFuture<'_, HeadWatch>;

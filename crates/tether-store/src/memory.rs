@@ -16,13 +16,13 @@ use std::ops::Bound;
 use std::sync::{Mutex, MutexGuard};
 
 use bytes::Bytes;
-use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange, StreamState};
+use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange, StreamState, Tag};
 use tokio::sync::watch;
 
 use crate::queue::ChunkedQueue;
 use crate::record::{
     BeginRequest, Claim, KeyClaim, KeyState, RequestRecord, Retention, SessionEnd, SessionRecord, SessionStatus,
-    StoredEvent,
+    StoredEvent, StreamPage,
 };
 use crate::{
     CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, RequestKey, SessionStore, StoreError,
@@ -154,6 +154,8 @@ impl Ended {
 #[derive(Debug)]
 struct StreamSlot {
     events: VecDeque<StoredEvent>,
+    /// The tag of the last event dropped, the one just before `events` (`None` until one is).
+    before_retained: Option<Tag>,
     /// The bytes of `events`' data.
     bytes: usize,
     head: u64,
@@ -165,9 +167,10 @@ struct StreamSlot {
 }
 
 impl StreamSlot {
-    fn new(request_key: Option<RequestKey>) -> StreamSlot {
+    fn new(name: &StreamName, request_key: Option<RequestKey>) -> StreamSlot {
         StreamSlot {
-            events: VecDeque::from([StoredEvent { seq: 0, data: Bytes::new() }]),
+            events: VecDeque::from([StoredEvent { seq: 0, tag: Tag::priming(name), data: Bytes::new() }]),
+            before_retained: None,
             bytes: 0,
             head: 0,
             state: StreamState::Live,
@@ -183,6 +186,41 @@ impl StreamSlot {
             state: self.state,
         }
     }
+
+    /// The tag of the event at `seq`, if it is retained or is the last one dropped.
+    fn tag_at(&self, seq: u64) -> Option<Tag> {
+        let first = self.events.front().map_or(self.head + 1, |e| e.seq);
+        if seq.checked_add(1) == Some(first) {
+            return self.before_retained;
+        }
+        let index = usize::try_from(seq.checked_sub(first)?).ok()?;
+        self.events.get(index).map(|e| e.tag)
+    }
+
+    /// Up to `max` retained events with `seq > after`, in order.
+    fn events_after(&self, after: u64, max: usize) -> Vec<StoredEvent> {
+        let first = self.events.front().map_or(0, |e| e.seq);
+        // Sequence numbers are contiguous, so the position of `after + 1` is computed.
+        let skip = usize::try_from((after + 1).saturating_sub(first)).unwrap_or(usize::MAX);
+        self.events.iter().skip(skip).take(max).cloned().collect()
+    }
+
+    /// Takes the oldest retained event out, remembering its tag.
+    fn pop_oldest(&mut self) -> Option<StoredEvent> {
+        let event = self.events.pop_front()?;
+        self.before_retained = Some(event.tag);
+        self.bytes -= event.data.len();
+        Some(event)
+    }
+
+    /// Takes every retained event out, remembering the last one's tag.
+    fn take_events(&mut self) -> VecDeque<StoredEvent> {
+        if let Some(last) = self.events.back() {
+            self.before_retained = Some(last.tag);
+        }
+        self.bytes = 0;
+        std::mem::take(&mut self.events)
+    }
 }
 
 impl LiveSession {
@@ -196,8 +234,8 @@ impl LiveSession {
         dropped: &mut Vec<VecDeque<StoredEvent>>,
     ) -> usize {
         let Some(slot) = self.streams.get_mut(&name) else { return 0 };
-        let freed = std::mem::take(&mut slot.bytes);
-        dropped.push(std::mem::take(&mut slot.events));
+        let freed = slot.bytes;
+        dropped.push(slot.take_events());
         // Nobody waits on an ended stream: its followers were woken when it ended.
         slot.head_tx = None;
         self.bytes -= freed;
@@ -355,7 +393,7 @@ impl EventLog for MemoryStore {
     fn open_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
         let mut inner = self.lock();
         let result = inner.live(session, epoch).map(|live| {
-            live.streams.entry(stream.clone()).or_insert_with(|| StreamSlot::new(None));
+            live.streams.entry(stream.clone()).or_insert_with(|| StreamSlot::new(stream, None));
         });
         ready(result)
     }
@@ -375,7 +413,7 @@ impl EventLog for MemoryStore {
                     live.requests.remove(&oldest);
                 }
             }
-            live.streams.entry(stream.clone()).or_insert_with(|| StreamSlot::new(Some(request_key.to_owned())));
+            live.streams.entry(stream.clone()).or_insert_with(|| StreamSlot::new(stream, Some(request_key.to_owned())));
             BeginRequest::Started
         });
         ready(result)
@@ -432,17 +470,26 @@ impl EventLog for MemoryStore {
         max: usize,
     ) -> StoreFuture<'_, Vec<StoredEvent>> {
         let mut inner = self.lock();
-        let events = inner
-            .live_any(session)
-            .and_then(|live| live.streams.get(stream))
-            .map(|slot| {
-                let first = slot.events.front().map_or(0, |e| e.seq);
-                // Sequence numbers are contiguous, so the position of `after + 1` is computed.
-                let skip = usize::try_from((after + 1).saturating_sub(first)).unwrap_or(usize::MAX);
-                slot.events.iter().skip(skip).take(max).cloned().collect()
-            })
-            .unwrap_or_default();
-        ready(Ok(events))
+        let events =
+            inner.live_any(session).and_then(|live| live.streams.get(stream)).map(|slot| slot.events_after(after, max));
+        ready(Ok(events.unwrap_or_default()))
+    }
+
+    fn read_page(
+        &self,
+        session: &SessionId,
+        stream: &StreamName,
+        after: u64,
+        max: usize,
+    ) -> StoreFuture<'_, Option<StreamPage>> {
+        let mut inner = self.lock();
+        let page = inner.live_any(session).and_then(|live| live.streams.get(stream)).map(|slot| StreamPage {
+            range: slot.range(),
+            at_cursor: slot.tag_at(after),
+            before_retained: slot.before_retained,
+            events: slot.events_after(after, max),
+        });
+        ready(Ok(page))
     }
 
     fn watch(&self, session: &SessionId, stream: &StreamName) -> StoreFuture<'_, HeadWatch> {
@@ -576,6 +623,7 @@ impl MemoryStore {
         last: bool,
         dropped: &mut Vec<VecDeque<StoredEvent>>,
     ) -> Result<u64, StoreError> {
+        let mut tags = crate::tags::fresh_n(events.len()).into_iter();
         let mut inner = self.lock();
         let Inner { sessions, total_bytes, .. } = &mut *inner;
         let live = match sessions.get_mut(session) {
@@ -587,10 +635,10 @@ impl MemoryStore {
             return Err(StoreError::StreamEnded);
         }
         let mut len = 0;
-        for data in events {
+        for (data, tag) in events.into_iter().zip(&mut tags) {
             len += data.len();
             slot.head += 1;
-            slot.events.push_back(StoredEvent { seq: slot.head, data });
+            slot.events.push_back(StoredEvent { seq: slot.head, tag, data });
         }
         slot.bytes += len;
         let seq = slot.head;
@@ -750,8 +798,7 @@ fn evict(
     let LiveSession { streams, bytes, .. } = live;
     if let Some(slot) = streams.get_mut(stream) {
         while slot.events.len() > 1 && (slot.events.len() > retention.max_events_per_stream || over(*bytes, freed)) {
-            let Some(event) = slot.events.pop_front() else { break };
-            slot.bytes -= event.data.len();
+            let Some(event) = slot.pop_oldest() else { break };
             *bytes -= event.data.len();
             freed += event.data.len();
         }

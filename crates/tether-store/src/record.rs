@@ -1,7 +1,7 @@
 //! The records a store keeps.
 
 use bytes::Bytes;
-use tether_core::lineage::{Epoch, SessionId, SessionLookup, StreamName, StreamRange};
+use tether_core::lineage::{Epoch, InvalidReason, SessionId, SessionLookup, StreamAt, StreamName, StreamRange, Tag};
 use tether_core::mcp::ProtocolVersion;
 
 use crate::RequestKey;
@@ -35,6 +35,21 @@ pub enum SessionEnd {
     Expired,
     /// By the server, because the upstream server it fronts (a gateway's) stopped serving it.
     UpstreamLost,
+    /// By the server, because the store went back in time under it: a client's cursor named
+    /// history the store no longer holds.
+    HistoryRewritten,
+}
+
+impl SessionEnd {
+    /// Why a request naming a session that ended this way is refused.
+    pub fn reason(self) -> InvalidReason {
+        match self {
+            SessionEnd::Terminated => InvalidReason::Terminated,
+            SessionEnd::Expired => InvalidReason::Expired,
+            SessionEnd::UpstreamLost => InvalidReason::UpstreamLost,
+            SessionEnd::HistoryRewritten => InvalidReason::HistoryRewritten,
+        }
+    }
 }
 
 /// What a store knows about a session id.
@@ -56,6 +71,7 @@ impl SessionStatus {
             SessionStatus::Ended(SessionEnd::Terminated) => SessionLookup::Terminated,
             SessionStatus::Ended(SessionEnd::Expired) => SessionLookup::Expired,
             SessionStatus::Ended(SessionEnd::UpstreamLost) => SessionLookup::UpstreamLost,
+            SessionStatus::Ended(SessionEnd::HistoryRewritten) => SessionLookup::HistoryRewritten,
             SessionStatus::Live(record) => {
                 SessionLookup::Live { epoch: &record.epoch, expires_at_ms: record.expires_at_ms }
             }
@@ -68,6 +84,8 @@ impl SessionStatus {
 pub struct StoredEvent {
     /// Its position in the stream.
     pub seq: u64,
+    /// The tag the store drew for it: the fourth part of its id.
+    pub tag: Tag,
     /// Its data: a JSON-RPC message, or empty for the priming event.
     pub data: Bytes,
 }
@@ -78,8 +96,21 @@ pub struct StoredEvent {
 pub struct StreamPage {
     /// What is retained of the stream.
     pub range: StreamRange,
+    /// The tag of the event at the cursor's position, while the store can tell it: the event is
+    /// retained, or is the last one before those retained.
+    pub at_cursor: Option<Tag>,
+    /// The tag of the last event before those retained (`retained_from - 1`), if any was ever
+    /// dropped: the id of a notice saying what is gone ends there.
+    pub before_retained: Option<Tag>,
     /// Retained events after the cursor, in order.
     pub events: Vec<StoredEvent>,
+}
+
+impl StreamPage {
+    /// What the page tells of the stream at its cursor.
+    pub fn at(&self) -> StreamAt {
+        StreamAt { range: self.range, tag: self.at_cursor }
+    }
 }
 
 /// What a request is recorded with when it begins: the incarnation it was sent in, its key

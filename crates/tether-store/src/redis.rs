@@ -12,7 +12,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script, Value};
-use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange, StreamState};
+use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange, StreamState, Tag};
 use tether_core::mcp::ProtocolVersion;
 
 use crate::heads::Heads;
@@ -149,18 +149,31 @@ if m[1] ~= ARGV[1] or m[2] ~= '0' then return redis.error_reply('SESSION_GONE') 
 ";
 
 /// Creates a stream (KEYS[2] meta, KEYS[3] events, KEYS[4] the session's stream set) with its
-/// priming event; ARGV[2] name, ARGV[3] owner, ARGV[4] request key or ''.
+/// priming event, whose tag is `primed`; ARGV[2] name, ARGV[3] owner, ARGV[4] request key or ''.
+/// Each event is an entry `<seq>-1` with fields `d` (its data) and `t` (its tag); a stream's meta
+/// keeps in `before` the tag of the last event dropped.
 const NEW_STREAM: &str = r"
-local function new_stream()
+local function new_stream(primed)
   if redis.call('EXISTS', KEYS[2]) == 1 then return end
   redis.call('HSET', KEYS[2], 'head', 0, 'state', 0, 'owner', ARGV[3], 'rk', ARGV[4])
-  redis.call('XADD', KEYS[3], '0-1', 'd', '')
+  redis.call('XADD', KEYS[3], '0-1', 'd', '', 't', primed)
   redis.call('SADD', KEYS[4], ARGV[2])
 end
 ";
 
+/// The tag of a stream entry as `XRANGE` answers it (`{id, {'d', data, 't', tag}}`).
+const ENTRY_TAG: &str = r"
+local function entry_tag(entry)
+  local fields = entry[2]
+  for i = 1, #fields, 2 do
+    if fields[i] == 't' then return fields[i + 1] end
+  end
+  return false
+end
+";
+
 /// Drops the events of the ended stream `name` of the session whose keys start with `prefix`,
-/// keeping its meta (head, state, request key) as a tombstone, the newest `max` of them per
+/// keeping its meta (head, state, request key, the tag of its last event) as a tombstone, the newest `max` of them per
 /// session (`{prefix}t`, oldest first); returns the bytes it held. The session's byte count is
 /// the caller's to lower. A stream no longer in the session's set (buried already) is left alone.
 const BURY: &str = r"
@@ -168,6 +181,8 @@ local function bury(prefix, name, max)
   local key = prefix .. 's:' .. name
   if redis.call('SISMEMBER', prefix .. 'streams', name) == 0 then return 0 end
   local bytes = tonumber(redis.call('HGET', key, 'bytes') or '0')
+  local last = redis.call('XREVRANGE', prefix .. 'e:' .. name, '+', '-', 'COUNT', 1)[1]
+  if last and entry_tag(last) then redis.call('HSET', key, 'before', entry_tag(last)) end
   redis.call('DEL', prefix .. 'e:' .. name)
   redis.call('HSET', key, 'bytes', 0)
   redis.call('SREM', prefix .. 'streams', name)
@@ -289,9 +304,10 @@ redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], ARGV[3] .. 't')
 redis.call('HSET', KEYS[1], 'ended', ARGV[2])
 return 1"
         )),
-        open: script(&format!("{CHECK_LIVE}{NEW_STREAM}\nnew_stream()\nreturn 1")),
+        // ARGV[5] the priming event's tag.
+        open: script(&format!("{CHECK_LIVE}{NEW_STREAM}\nnew_stream(ARGV[5])\nreturn 1")),
         // KEYS[5] requests, KEYS[6] their keys oldest first; ARGV[5] request key, ARGV[6]
-        // digest, ARGV[7] most requests remembered.
+        // digest, ARGV[7] most requests remembered, ARGV[8] the priming event's tag.
         begin: script(&format!(
             "{CHECK_LIVE}{NEW_STREAM}
 local existing = redis.call('HGET', KEYS[5], ARGV[5])
@@ -301,24 +317,24 @@ redis.call('RPUSH', KEYS[6], ARGV[5])
 while redis.call('LLEN', KEYS[6]) > tonumber(ARGV[7]) do
   redis.call('HDEL', KEYS[5], redis.call('LPOP', KEYS[6]))
 end
-new_stream()
+new_stream(ARGV[8])
 return ''"
         )),
         // KEYS[2] stream meta, KEYS[3] events, KEYS[4] the session's stream set; ARGV[2] last,
         // ARGV[3] max events, ARGV[4] max session bytes, ARGV[5] notification prefix, ARGV[6] key
         // prefix of the session's streams, ARGV[7] this stream's name, ARGV[8] most tombstones,
-        // ARGV[9...] the events. Over the session's byte cap, ended streams go first (their
-        // tombstones stay), then this stream's oldest events.
+        // ARGV[9...] the events, each its data then its tag. Over the session's byte cap, ended
+        // streams go first (their tombstones stay), then this stream's oldest events.
         append: script(&format!(
-            "{CHECK_LIVE}{BURY}
+            "{CHECK_LIVE}{ENTRY_TAG}{BURY}
 local s = redis.call('HMGET', KEYS[2], 'head', 'state')
 if not s[1] then return redis.error_reply('UNKNOWN_STREAM') end
 if s[2] ~= '0' then return redis.error_reply('STREAM_ENDED') end
 local seq = tonumber(s[1])
 local added = 0
-for i = 9, #ARGV do
+for i = 9, #ARGV, 2 do
   seq = seq + 1
-  redis.call('XADD', KEYS[3], seq .. '-1', 'd', ARGV[i])
+  redis.call('XADD', KEYS[3], seq .. '-1', 'd', ARGV[i], 't', ARGV[i + 1])
   added = added + string.len(ARGV[i])
 end
 redis.call('HSET', KEYS[2], 'head', seq)
@@ -331,6 +347,7 @@ local function drop_oldest()
   local oldest = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1)[1]
   if not oldest or oldest[1] == seq .. '-1' then return false end
   local size = string.len(oldest[2][2])
+  if entry_tag(oldest) then redis.call('HSET', KEYS[2], 'before', entry_tag(oldest)) end
   redis.call('XDEL', KEYS[3], oldest[1])
   if size > 0 then
     redis.call('HINCRBY', KEYS[2], 'bytes', -size)
@@ -366,7 +383,7 @@ return 1"
         // KEYS[1] session meta; ARGV[1] key prefix of the session's streams, ARGV[2] the stream,
         // ARGV[3] most tombstones. Only an ended stream is buried.
         bury: script(&format!(
-            "{BURY}
+            "{ENTRY_TAG}{BURY}
 if redis.call('HGET', ARGV[1] .. 's:' .. ARGV[2], 'state') == '0' then return 0 end
 local bytes = bury(ARGV[1], ARGV[2], ARGV[3])
 if bytes > 0 and redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HINCRBY', KEYS[1], 'bytes', -bytes) end
@@ -385,20 +402,20 @@ return 1"
     })
 }
 
-/// A stream's `head` and `state` fields, as `HMGET` answers them (`None` for a stream that
-/// does not exist).
-type RangeMeta = (Option<u64>, Option<i64>);
+/// A stream's `head`, `state` and `before` fields, as `HMGET` answers them (`None` for a stream
+/// that does not exist).
+type RangeMeta = (Option<u64>, Option<i64>, Option<String>);
 
 /// Queues what a stream's range is read from: its meta, then its first retained event. In one
 /// transaction, an append and trim cannot fall between the two.
 fn queue_range(pipe: &mut redis::Pipeline, session: &str, stream: &str) {
-    pipe.cmd("HMGET").arg(stream_key(session, stream)).arg("head").arg("state");
+    pipe.cmd("HMGET").arg(stream_key(session, stream)).arg("head").arg("state").arg("before");
     pipe.cmd("XRANGE").arg(events_key(session, stream)).arg("-").arg("+").arg("COUNT").arg(1);
 }
 
 /// The range from the answers to [`queue_range`]'s commands.
-fn range_of((head, state): RangeMeta, first: &Value) -> Option<StreamRange> {
-    let (Some(head), Some(state)) = (head, state) else { return None };
+fn range_of((head, state, _): &RangeMeta, first: &Value) -> Option<StreamRange> {
+    let (Some(head), Some(state)) = (*head, *state) else { return None };
     let retained_from = first_id(first).and_then(|id| parse_seq(&id)).unwrap_or(head + 1);
     let state = match state {
         0 => StreamState::Live,
@@ -408,14 +425,10 @@ fn range_of((head, state): RangeMeta, first: &Value) -> Option<StreamRange> {
     Some(StreamRange { retained_from, head, state })
 }
 
-/// Reads up to `max` events of a stream after `after`.
-fn page_cmd(session: &str, stream: &str, after: u64, max: usize) -> redis::Cmd {
+/// Reads up to `max` events of a stream from `from` on.
+fn page_cmd(session: &str, stream: &str, from: u64, max: usize) -> redis::Cmd {
     let mut cmd = redis::cmd("XRANGE");
-    cmd.arg(events_key(session, stream))
-        .arg(format!("{}-1", after.saturating_add(1)))
-        .arg("+")
-        .arg("COUNT")
-        .arg(max.min(1 << 20));
+    cmd.arg(events_key(session, stream)).arg(format!("{from}-1")).arg("+").arg("COUNT").arg(max.min(1 << 20));
     cmd
 }
 
@@ -702,6 +715,7 @@ impl SessionStore for RedisStore {
                 "1" => SessionStatus::Ended(SessionEnd::Terminated),
                 "2" => SessionStatus::Ended(SessionEnd::Expired),
                 "3" => SessionStatus::Ended(SessionEnd::UpstreamLost),
+                "4" => SessionStatus::Ended(SessionEnd::HistoryRewritten),
                 _ => SessionStatus::Live(SessionRecord {
                     epoch: Epoch::parse(field(&map, "epoch")?).map_err(backend)?,
                     principal: map.get("principal").cloned(),
@@ -747,6 +761,7 @@ impl SessionStore for RedisStore {
             SessionEnd::Terminated => 1,
             SessionEnd::Expired => 2,
             SessionEnd::UpstreamLost => 3,
+            SessionEnd::HistoryRewritten => 4,
         };
         Box::pin(async move {
             let mut conn = self.conn();
@@ -895,6 +910,7 @@ impl SessionStore for RedisStore {
 
 impl EventLog for RedisStore {
     fn open_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let stream_name = stream.clone();
         let (session, epoch, stream) = (session.as_str().to_owned(), epoch.to_string(), stream.to_string());
         Box::pin(async move {
             let mut conn = self.conn();
@@ -909,6 +925,7 @@ impl EventLog for RedisStore {
                 .arg(&stream)
                 .arg(&self.owner)
                 .arg("")
+                .arg(Tag::priming(&stream_name).to_string())
                 .invoke_async::<i64>(&mut conn)
                 .await
                 .map_err(script_error)?;
@@ -923,6 +940,7 @@ impl EventLog for RedisStore {
             request.key.as_str().to_owned(),
             request.params_digest.to_owned(),
         );
+        let stream_name = request.stream.clone();
         let stream = request.stream.to_string();
         Box::pin(async move {
             let mut conn = self.conn();
@@ -941,7 +959,8 @@ impl EventLog for RedisStore {
                 .arg(&key)
                 .arg(&key)
                 .arg(&digest)
-                .arg(self.retention.max_tombstones_per_session());
+                .arg(self.retention.max_tombstones_per_session())
+                .arg(Tag::priming(&stream_name).to_string());
             // The stream joins this process's owned set before it exists (queued first on the
             // shared connection; both go in one round trip): if the process dies once the
             // stream exists, its request is found and aborted, never left live.
@@ -1002,8 +1021,8 @@ impl EventLog for RedisStore {
                 .arg(format!("tether:{{{session}}}:"))
                 .arg(&stream)
                 .arg(self.retention.max_tombstones_per_session());
-            for data in &events {
-                invocation.arg(&data[..]);
+            for (data, tag) in events.iter().zip(crate::tags::fresh_n(events.len())) {
+                invocation.arg(&data[..]).arg(tag.to_string());
             }
             let seq: u64 = invocation.invoke_async(&mut conn).await.map_err(script_error)?;
             if last {
@@ -1041,7 +1060,7 @@ impl EventLog for RedisStore {
         queue_range(pipe.atomic(), session.as_str(), stream.as_str());
         Box::pin(async move {
             let (meta, first): (RangeMeta, Value) = pipe.query_async(&mut self.conn()).await.map_err(backend)?;
-            Ok(range_of(meta, &first))
+            Ok(range_of(&meta, &first))
         })
     }
 
@@ -1061,7 +1080,7 @@ impl EventLog for RedisStore {
         after: u64,
         max: usize,
     ) -> StoreFuture<'_, Vec<StoredEvent>> {
-        let read = page_cmd(session.as_str(), stream.as_str(), after, max);
+        let read = page_cmd(session.as_str(), stream.as_str(), after.saturating_add(1), max);
         Box::pin(async move {
             let reply: Value = read.query_async(&mut self.conn()).await.map_err(backend)?;
             Ok(stream_entries(&reply))
@@ -1069,7 +1088,7 @@ impl EventLog for RedisStore {
     }
 
     /// The range and the page in one transaction: one round trip per page read by a response,
-    /// a replay or a relay, where there were two.
+    /// a replay or a relay. The page starts at the cursor's own event, for its tag.
     fn read_page(
         &self,
         session: &SessionId,
@@ -1079,11 +1098,20 @@ impl EventLog for RedisStore {
     ) -> StoreFuture<'_, Option<StreamPage>> {
         let mut pipe = redis::pipe();
         queue_range(pipe.atomic(), session.as_str(), stream.as_str());
-        pipe.add_command(page_cmd(session.as_str(), stream.as_str(), after, max));
+        pipe.add_command(page_cmd(session.as_str(), stream.as_str(), after, max.saturating_add(1)));
         Box::pin(async move {
             let (meta, first, page): (RangeMeta, Value, Value) =
                 pipe.query_async(&mut self.conn()).await.map_err(backend)?;
-            Ok(range_of(meta, &first).map(|range| StreamPage { range, events: stream_entries(&page) }))
+            let Some(range) = range_of(&meta, &first) else { return Ok(None) };
+            let before_retained = meta.2.as_deref().map(Tag::parse).transpose().map_err(backend)?;
+            let mut events = stream_entries(&page);
+            let own = events.first().filter(|event| event.seq == after).map(|event| event.tag);
+            if own.is_some() {
+                events.remove(0);
+            }
+            events.truncate(max);
+            let at_cursor = if after.checked_add(1) == Some(range.retained_from) { before_retained } else { own };
+            Ok(Some(StreamPage { range, at_cursor, before_retained, events }))
         })
     }
 
@@ -1442,11 +1470,21 @@ fn stream_entries(reply: &Value) -> Vec<StoredEvent> {
                 _ => return None,
             };
             let Value::Array(fields) = entry.get(1)? else { return None };
-            let data = match fields.get(1)? {
-                Value::BulkString(data) => Bytes::from(data.clone()),
-                _ => Bytes::new(),
-            };
-            Some(StoredEvent { seq: parse_seq(&id)?, data })
+            let (mut data, mut tag) = (Bytes::new(), None);
+            for pair in fields.chunks_exact(2) {
+                match (&pair[0], &pair[1]) {
+                    (Value::BulkString(name), Value::BulkString(value)) if name == b"d" => {
+                        data = Bytes::from(value.clone());
+                    }
+                    (Value::BulkString(name), Value::BulkString(value)) if name == b"t" => {
+                        tag = std::str::from_utf8(value).ok().and_then(|t| Tag::parse(t).ok());
+                    }
+                    _ => {}
+                }
+            }
+            // An entry stored before events had tags reads as tag 0, as the embedded store's
+            // rows of that time do: the same every time it is read.
+            Some(StoredEvent { seq: parse_seq(&id)?, tag: tag.unwrap_or(Tag::from_bits(0)), data })
         })
         .collect()
 }

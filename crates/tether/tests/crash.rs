@@ -170,7 +170,9 @@ fn a_request_a_crash_interrupted_replays_what_is_on_disk_then_says_it_was_aborte
     let (replayed, end) = events.split_at(events.len().saturating_sub(2));
     let seqs: Vec<u64> = replayed
         .iter()
-        .map(|(id, _, _)| id.as_deref().and_then(|id| id.rsplit(':').next()?.parse().ok()).expect("a lineage id"))
+        .map(|(id, _, _)| {
+            id.as_deref().and_then(|id| tether_core::lineage::EventId::parse(id).ok()).expect("a lineage id").seq
+        })
         .collect();
     println!("resumed from {cursor} after the crash: events {seqs:?}, then {end:?}");
     assert!(seqs.len() >= 4, "the events written before the crash are replayed: {events:?}");
@@ -184,7 +186,10 @@ fn a_request_a_crash_interrupted_replays_what_is_on_disk_then_says_it_was_aborte
         (Some("request_aborted"), Value::Null, Some(head)),
         "nothing on disk is declared lost"
     );
-    assert!(id.ends_with(&format!(":{head}")), "the notice stands at the head: {id}");
+    let at = tether_core::lineage::EventId::parse(id).expect("a lineage id");
+    assert_eq!(at.seq, head, "the notice stands at the head: {id}");
+    let last = replayed.last().and_then(|(id, _, _)| id.as_deref()).expect("the head's id");
+    assert_eq!(at.tag, tether_core::lineage::EventId::parse(last).expect("lineage id").tag, "with the head's tag");
     let error: Value = serde_json::from_str(error).expect("error");
     assert_eq!(
         (error["id"].as_str(), error["error"]["data"]["reason"].as_str()),

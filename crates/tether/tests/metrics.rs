@@ -55,7 +55,7 @@ fn counters_follow_a_scripted_scenario() {
     let resumed = cut.iter().filter(|l| l["event"] == "resumed").count();
     assert!(resumed > 0 && cutter.cuts.load(Ordering::Relaxed) > 0, "the stream was cut and resumed");
     // 3. A resume of a session that never existed.
-    let cursor = "AAAAAAAAAAAAAAAAAAAAAA:r1:1";
+    let cursor = "AAAAAAAAAAAAAAAAAAAAAA:r1:1:AAAAAAAAAAA";
     let (status, _) = get(
         &format!("127.0.0.1:{port}"),
         "/mcp",

@@ -423,6 +423,7 @@ mod tests {
             epoch: epoch(tag),
             stream: StreamName::parse(stream).expect("valid stream"),
             seq,
+            tag: None,
         }
         .to_string()
     }
@@ -782,7 +783,7 @@ mod tests {
                 lid('A', "t", 9),
                 br#"{"reason":"evicted","stream":"t","after":4,"lost_from":5,"lost_to":9,"head":9}"#,
             ),
-            // A resume the server could not continue at all.
+            // A reason this client does not know.
             (
                 lid('A', "s", 2),
                 br#"{"reason":"ahead_of_head","stream":"s","after":4,"lost_from":null,"lost_to":null,"head":2}"#,

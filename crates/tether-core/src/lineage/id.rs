@@ -1,4 +1,4 @@
-//! Event ids: `{epoch}:{stream}:{seq}`, parsed once and trusted afterwards.
+//! Event ids: `{epoch}:{stream}:{seq}:{tag}`, parsed once and trusted afterwards.
 
 use std::fmt;
 use std::str::FromStr;
@@ -22,6 +22,9 @@ pub enum IdError {
     /// The session id is empty, too long or has a character outside visible ASCII.
     #[error("session id must be 1 to {max} visible ASCII characters", max = SessionId::MAX_LEN)]
     Session,
+    /// The tag is not 11 characters of canonical unpadded base64url.
+    #[error("tag must be {len} characters of canonical base64url", len = Tag::LEN)]
+    Tag,
 }
 
 /// A map keyed by session ids and stream names. The server mints them at random and a client
@@ -183,9 +186,96 @@ impl FromStr for StreamName {
     }
 }
 
-/// A tether event id: which incarnation, which stream, which position.
+/// What the store drew for one stored event: 64 random bits, written as the fourth part of the
+/// event's id.
 ///
-/// `seq` is contiguous per stream from 0; 0 is the stream's priming event.
+/// A store that goes back in time (a restored backup, a failover to a replica that lagged) and
+/// then stores other events at positions it had already handed out draws new tags for them, so
+/// the same position never carries the same tag twice: a cursor whose tag is not the tag the
+/// store holds at its position names history the store no longer has. Tags are not secrets and
+/// need no order; only a repeat matters, and 64 random bits make one negligible.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tag(u64);
+
+impl Tag {
+    /// The length of a tag as text: 64 bits in unpadded base64url.
+    pub const LEN: usize = 11;
+
+    /// The tag of these 64 bits.
+    pub const fn from_bits(bits: u64) -> Tag {
+        Tag(bits)
+    }
+
+    /// The tag's 64 bits, as a store keeps them.
+    pub const fn bits(self) -> u64 {
+        self.0
+    }
+
+    /// Parses a tag: exactly the 11 characters [`Tag`]'s `Display` writes, so one tag has one
+    /// text.
+    pub fn parse(s: &str) -> Result<Tag, IdError> {
+        let bytes = (s.len() == Tag::LEN)
+            .then(|| crate::base64::decode(s, crate::base64::Encoding::UrlUnpadded))
+            .flatten()
+            .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
+            .ok_or(IdError::Tag)?;
+        let tag = Tag(u64::from_be_bytes(bytes));
+        // The last character carries two bits past the 64: canonical text has them clear.
+        if tag.to_string() == s {
+            Ok(tag)
+        } else {
+            Err(IdError::Tag)
+        }
+    }
+
+    /// The tag of the priming event (event 0) of `stream`. A stream's name is never used twice
+    /// in a session, and its priming event is always the same (empty, at its start), so its tag
+    /// follows from the name: a connection can send the priming event's id before it has read
+    /// anything, and a resume from it can be checked after every event of the stream is gone.
+    pub fn priming(stream: &StreamName) -> Tag {
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::new()
+            .chain_update(b"tether priming event\0")
+            .chain_update(stream.as_str())
+            .finalize();
+        let mut bits = [0u8; 8];
+        bits.copy_from_slice(&digest[..8]);
+        Tag(u64::from_be_bytes(bits))
+    }
+
+    /// Appends the tag's text to `out`.
+    pub fn push_to(self, out: &mut String) {
+        push_base64url(out, &self.0.to_be_bytes());
+    }
+}
+
+impl fmt::Display for Tag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut text = String::with_capacity(Tag::LEN);
+        self.push_to(&mut text);
+        f.write_str(&text)
+    }
+}
+
+impl fmt::Debug for Tag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tag({self})")
+    }
+}
+
+impl FromStr for Tag {
+    type Err = IdError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Tag::parse(s)
+    }
+}
+
+/// A tether event id: which incarnation, which stream, which position, and the tag the store
+/// drew for the event there.
+///
+/// `seq` is contiguous per stream from 0; 0 is the stream's priming event. Written
+/// `{epoch}:{stream}:{seq}:{tag}`; a server that draws no tags writes `{epoch}:{stream}:{seq}`,
+/// which a client reads the same way (its order and continuity do not depend on the tag).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct EventId {
     /// The session incarnation that produced the event.
@@ -194,28 +284,36 @@ pub struct EventId {
     pub stream: StreamName,
     /// The event's position in its stream.
     pub seq: u64,
+    /// The tag the store drew for the event, if the id carries one.
+    pub tag: Option<Tag>,
 }
 
 impl EventId {
-    /// Parses `{epoch}:{stream}:{seq}`.
+    /// Parses `{epoch}:{stream}:{seq}` or `{epoch}:{stream}:{seq}:{tag}`.
     pub fn parse(s: &str) -> Result<EventId, IdError> {
         let mut parts = s.split(':');
-        let (Some(epoch), Some(stream), Some(seq), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
+        let (Some(epoch), Some(stream), Some(seq), tag, None) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
             return Err(IdError::Shape);
         };
         Ok(EventId {
             epoch: Epoch::parse(epoch)?,
             stream: StreamName::parse(stream)?,
             seq: parse_canonical_u64(seq).ok_or(IdError::Seq)?,
+            tag: tag.map(Tag::parse).transpose()?,
         })
     }
 
-    /// The id of the event at `seq` on the same stream.
+    /// The position `seq` of the same stream, whose tag this id does not know.
     pub fn with_seq(&self, seq: u64) -> EventId {
         EventId {
             seq,
+            tag: None,
             ..self.clone()
         }
     }
@@ -223,7 +321,11 @@ impl EventId {
 
 impl fmt::Display for EventId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}:{}", self.epoch, self.stream, self.seq)
+        write!(f, "{}:{}:{}", self.epoch, self.stream, self.seq)?;
+        match self.tag {
+            Some(tag) => write!(f, ":{tag}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -290,7 +392,47 @@ mod tests {
         assert_eq!(id.stream.as_str(), "req-7_x");
         assert_eq!(id.seq, 42);
         assert_eq!(id.to_string(), s);
+        assert_eq!(id.tag, None);
         assert_eq!(id.with_seq(0).to_string(), format!("{EPOCH}:req-7_x:0"));
+    }
+
+    #[test]
+    fn a_tagged_id_keeps_its_tag_and_a_new_position_forgets_it() {
+        let tag = Tag::from_bits(0x0123_4567_89ab_cdef);
+        let s = format!("{EPOCH}:r1:9:{tag}");
+        let id = EventId::parse(&s).expect("valid");
+        assert_eq!((id.seq, id.tag), (9, Some(tag)));
+        assert_eq!(id.to_string(), s);
+        assert_eq!(
+            id.with_seq(10).tag,
+            None,
+            "another position's tag is not this one's"
+        );
+        assert_eq!(EventId::parse(&format!("{s}:x")), Err(IdError::Shape));
+        assert_eq!(EventId::parse(&format!("{EPOCH}:r1:9:")), Err(IdError::Tag));
+    }
+
+    #[test]
+    fn tags_are_eleven_canonical_base64url_characters() {
+        for bits in [0, 1, u64::MAX, 0x8000_0000_0000_0000] {
+            let tag = Tag::from_bits(bits);
+            let text = tag.to_string();
+            assert_eq!(text.len(), Tag::LEN);
+            assert_eq!(Tag::parse(&text), Ok(tag));
+            assert_eq!(tag.bits(), bits);
+        }
+        assert_eq!(Tag::from_bits(0).to_string(), "AAAAAAAAAAA");
+        // "AAAAAAAAAAB" sets a bit past the 64: another text for the tag "AAAAAAAAAAA".
+        for bad in [
+            "",
+            "AAAAAAAAAA",
+            "AAAAAAAAAAAA",
+            "AAAAAAAAAAB",
+            "AAAAAAAAAA=",
+            "AAAAAAAAAA+",
+        ] {
+            assert_eq!(Tag::parse(bad), Err(IdError::Tag), "{bad:?}");
+        }
     }
 
     #[test]
@@ -311,7 +453,8 @@ mod tests {
         for (s, err) in [
             ("", IdError::Shape),
             ("a:b", IdError::Shape),
-            (&format!("{EPOCH}:s:1:2"), IdError::Shape),
+            (&format!("{EPOCH}:s:1:2"), IdError::Tag),
+            (&format!("{EPOCH}:s:1:AAAAAAAAAAA:2"), IdError::Shape),
             ("short:s:1", IdError::Epoch),
             (&format!("{}:s:1", "A".repeat(65)), IdError::Epoch),
             ("AAAAAAAAAA.A:s:1", IdError::Epoch),

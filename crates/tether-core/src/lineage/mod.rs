@@ -19,11 +19,11 @@ pub use client::{
 };
 pub use digest::{Digest, DigestParseError};
 pub use id::{
-    Epoch, EventId, IdError, IdMap, ObservedId, SessionId, StreamName, base64url,
+    Epoch, EventId, IdError, IdMap, ObservedId, SessionId, StreamName, Tag, base64url,
     parse_canonical_u64, push_base64url,
 };
 pub use resync::{RESYNC_EVENT, ResyncNotice, ResyncReason, SeqRange};
 pub use server::{
-    InvalidReason, Next, ServerDecision, SessionLookup, StreamRange, StreamState, check_session,
-    decide_resume, next_after,
+    HistoryRewritten, InvalidReason, Next, ServerDecision, SessionLookup, StreamAt, StreamRange,
+    StreamState, check_position, check_session, decide_resume, next_after,
 };

@@ -38,9 +38,7 @@ impl SeqRange {
 pub enum ResyncReason {
     /// Events after the cursor are no longer retained: the notice names exactly which.
     Evicted,
-    /// The cursor names a position the stream never reached.
-    AheadOfHead,
-    /// The session never had a stream by that name.
+    /// The session has no stream by that name (never had, or the store forgot its tombstone).
     UnknownStream,
     /// The request that fed the stream died before finishing; its result will never come.
     RequestAborted,
@@ -51,7 +49,6 @@ impl ResyncReason {
     pub fn as_str(self) -> &'static str {
         match self {
             ResyncReason::Evicted => "evicted",
-            ResyncReason::AheadOfHead => "ahead_of_head",
             ResyncReason::UnknownStream => "unknown_stream",
             ResyncReason::RequestAborted => "request_aborted",
         }
@@ -101,13 +98,9 @@ impl ResyncNotice {
 
     /// The sequence number of the event's id: the last position the notice accounts for. For a
     /// loss, its last event (the next event is the one after it); without one, the position the
-    /// client already has (`after`), except past the head, where it is the head.
+    /// client already has (`after`).
     pub fn position(&self) -> u64 {
-        match (self.lost, self.reason) {
-            (Some(lost), _) => lost.to,
-            (None, ResyncReason::AheadOfHead) => self.head,
-            (None, _) => self.after,
-        }
+        self.lost.map_or(self.after, |lost| lost.to)
     }
 
     /// The JSON data of the event.
@@ -186,7 +179,6 @@ mod tests {
         );
         for reason in [
             ResyncReason::Evicted,
-            ResyncReason::AheadOfHead,
             ResyncReason::UnknownStream,
             ResyncReason::RequestAborted,
         ] {
@@ -214,14 +206,6 @@ mod tests {
             9
         );
         assert_eq!(ResyncNotice::aborted("s", 7).position(), 7);
-        let ahead = ResyncNotice {
-            reason: ResyncReason::AheadOfHead,
-            stream: "s".into(),
-            after: 12,
-            lost: None,
-            head: 9,
-        };
-        assert_eq!(ahead.position(), 9);
         let unknown = ResyncNotice {
             reason: ResyncReason::UnknownStream,
             stream: "s".into(),

@@ -2,14 +2,15 @@
 //!
 //! A resume is answered in one of three ways, decided here and nowhere else, in this order:
 //! the session must be live and be the incarnation that issued the cursor (else
-//! [`ServerDecision::SessionInvalid`]); then the cursor must name a position of one of its
-//! streams (else one [`ServerDecision::Resync`]); then the answer is a
-//! [`ServerDecision::Replay`] that follows [`next_after`], the one rule every reader of a stored
-//! stream follows: each retained event once, in order, and whatever is no longer retained said
-//! once by a resync event standing exactly where it was. Deciding reads state and changes none
-//! of it, so a resume can never renew an expired session.
+//! [`ServerDecision::SessionInvalid`]); then the cursor must name a stream of it (else one
+//! [`ServerDecision::Resync`]), and a position of that stream holding the event the client
+//! saw there ([`check_position`]: else the store went back in time, and the session is
+//! invalid); then the answer is a [`ServerDecision::Replay`] that follows [`next_after`], the
+//! one rule every reader of a stored stream follows: each retained event once, in order, and
+//! whatever is no longer retained said once by a resync event standing exactly where it was.
+//! Deciding reads state and changes none of it, so a resume can never renew an expired session.
 
-use super::id::{Epoch, EventId};
+use super::id::{Epoch, EventId, Tag};
 use super::resync::{ResyncNotice, ResyncReason, SeqRange};
 
 /// What the session store knows about the session a resume names.
@@ -23,6 +24,8 @@ pub enum SessionLookup<'a> {
     Expired,
     /// Ended because the upstream server behind a gateway stopped serving it.
     UpstreamLost,
+    /// Ended because its store went back in time: history a client saw is gone or rewritten.
+    HistoryRewritten,
     /// A session record exists.
     Live {
         /// Its current incarnation's replay epoch.
@@ -46,6 +49,10 @@ pub enum InvalidReason {
     UpstreamLost,
     /// The session id is known, but the cursor comes from another incarnation of it.
     IncarnationMismatch,
+    /// The store went back in time (a restored backup, a failover to a replica that lagged):
+    /// what the cursor names is not what the store holds, so the session's history is not the
+    /// one its client saw.
+    HistoryRewritten,
 }
 
 impl InvalidReason {
@@ -57,6 +64,7 @@ impl InvalidReason {
             InvalidReason::Expired => "expired",
             InvalidReason::UpstreamLost => "upstream_lost",
             InvalidReason::IncarnationMismatch => "incarnation_mismatch",
+            InvalidReason::HistoryRewritten => "history_rewritten",
         }
     }
 }
@@ -155,8 +163,8 @@ pub enum ServerDecision {
     },
     /// 404 with the reason; the session is left as it is.
     SessionInvalid(InvalidReason),
-    /// 200 with this one resync event and nothing else: the cursor names no position of the
-    /// stream (the session never had it, or it never got that far).
+    /// 200 with this one resync event and nothing else: the session has no stream by the
+    /// cursor's name.
     Resync(ResyncNotice),
 }
 
@@ -170,6 +178,7 @@ pub fn check_session(session: SessionLookup<'_>, now_ms: u64) -> Result<&Epoch, 
         SessionLookup::Terminated => Err(InvalidReason::Terminated),
         SessionLookup::Expired => Err(InvalidReason::Expired),
         SessionLookup::UpstreamLost => Err(InvalidReason::UpstreamLost),
+        SessionLookup::HistoryRewritten => Err(InvalidReason::HistoryRewritten),
         SessionLookup::Live { expires_at_ms, .. } if now_ms >= expires_at_ms => {
             Err(InvalidReason::Expired)
         }
@@ -177,15 +186,45 @@ pub fn check_session(session: SessionLookup<'_>, now_ms: u64) -> Result<&Epoch, 
     }
 }
 
-/// Decides how to answer a resume of `cursor` (seed 004's branch, in its order): the session
-/// first, then the history.
+/// What a store holds of a stream, read for a cursor at one moment: its range, and the tag of
+/// the event at the cursor's position while the store can still tell it (that event is
+/// retained, or is the last one before those retained).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamAt {
+    /// What is retained of the stream.
+    pub range: StreamRange,
+    /// The tag of the event at the cursor's position, if the store still knows it.
+    pub tag: Option<Tag>,
+}
+
+/// The store does not hold the history a client saw: its stream never reached the client's
+/// position, or holds another event there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the store does not hold the history the cursor names")]
+pub struct HistoryRewritten;
+
+/// Whether a stream still holds, at position `seq`, the event whose tag the client (or a
+/// connection writing to it) saw there: the one check of history against what a store went
+/// back to. A position past the head was handed out by a store that no longer has it; another
+/// tag there is another event. A position the store can no longer tell (evicted, and not the
+/// last one before what is retained) passes: nothing is left to check it against.
+pub fn check_position(at: StreamAt, seq: u64, seen: Tag) -> Result<(), HistoryRewritten> {
+    if seq > at.range.head || at.tag.is_some_and(|held| held != seen) {
+        return Err(HistoryRewritten);
+    }
+    Ok(())
+}
+
+/// Decides how to answer a resume of `cursor`, whose event carried `tag` (seed 004's branch,
+/// in its order): the session first, then the stream and the position, then the history.
 ///
-/// `stream` is `None` when the session never had a stream by the cursor's name (a stream whose
+/// `stream` is `None` when the session has no stream by the cursor's name (a stream whose
 /// events retention dropped is still known: its range retains nothing).
 pub fn decide_resume(
     session: SessionLookup<'_>,
     cursor: &EventId,
-    stream: Option<StreamRange>,
+    tag: Tag,
+    stream: Option<StreamAt>,
     now_ms: u64,
 ) -> ServerDecision {
     let epoch = match check_session(session, now_ms) {
@@ -196,22 +235,21 @@ pub fn decide_resume(
         return ServerDecision::SessionInvalid(InvalidReason::IncarnationMismatch);
     }
     let after = cursor.seq;
-    let notice = |reason, head| ResyncNotice {
-        reason,
-        stream: cursor.stream.to_string(),
-        after,
-        lost: None,
-        head,
+    let Some(at) = stream else {
+        return ServerDecision::Resync(ResyncNotice {
+            reason: ResyncReason::UnknownStream,
+            stream: cursor.stream.to_string(),
+            after,
+            lost: None,
+            head: 0,
+        });
     };
-    let Some(range) = stream else {
-        return ServerDecision::Resync(notice(ResyncReason::UnknownStream, 0));
-    };
-    if after > range.head {
-        return ServerDecision::Resync(notice(ResyncReason::AheadOfHead, range.head));
+    if check_position(at, after, tag).is_err() {
+        return ServerDecision::SessionInvalid(InvalidReason::HistoryRewritten);
     }
     ServerDecision::Replay {
         after,
-        starts: next_after(after, range, range.first_after(after)),
+        starts: next_after(after, at.range, at.range.first_after(after)),
     }
 }
 
@@ -226,12 +264,32 @@ mod tests {
         Epoch::parse(&tag.to_string().repeat(22)).expect("valid epoch")
     }
 
+    /// The tag of the event at `seq` in the history these tests' stores hold.
+    fn tag(seq: u64) -> Tag {
+        Tag::from_bits(1000 + seq)
+    }
+
     fn cursor(seq: u64) -> EventId {
         EventId {
             epoch: epoch('A'),
             stream: StreamName::parse("r1").expect("valid stream"),
             seq,
+            tag: Some(tag(seq)),
         }
+    }
+
+    /// What a store holding `range` knows at `seq`: the tag there while it can tell it.
+    fn at(range: StreamRange, seq: u64) -> StreamAt {
+        let known = seq <= range.head && seq.saturating_add(1) >= range.retained_from;
+        StreamAt {
+            range,
+            tag: known.then(|| tag(seq)),
+        }
+    }
+
+    fn decide(session: SessionLookup<'_>, seq: u64, stream: Option<StreamRange>) -> ServerDecision {
+        let stream = stream.map(|range| at(range, seq));
+        decide_resume(session, &cursor(seq), tag(seq), stream, NOW)
     }
 
     fn live(epoch: &Epoch) -> SessionLookup<'_> {
@@ -276,7 +334,7 @@ mod tests {
     }
 
     fn replay(cursor_seq: u64, range: StreamRange) -> ServerDecision {
-        decide_resume(live(&epoch('A')), &cursor(cursor_seq), Some(range), NOW)
+        decide(live(&epoch('A')), cursor_seq, Some(range))
     }
 
     #[test]
@@ -328,11 +386,10 @@ mod tests {
 
     #[test]
     fn unknown_session_is_invalid() {
-        let decision = decide_resume(
+        let decision = decide(
             SessionLookup::Unknown,
-            &cursor(5),
+            5,
             Some(range(0, 9, StreamState::Live)),
-            NOW,
         );
         assert_eq!(
             decision,
@@ -342,11 +399,10 @@ mod tests {
 
     #[test]
     fn terminated_session_is_invalid() {
-        let decision = decide_resume(
+        let decision = decide(
             SessionLookup::Terminated,
-            &cursor(5),
+            5,
             Some(range(0, 9, StreamState::Live)),
-            NOW,
         );
         assert_eq!(
             decision,
@@ -356,7 +412,7 @@ mod tests {
 
     #[test]
     fn expired_session_is_invalid() {
-        let decision = decide_resume(SessionLookup::Expired, &cursor(5), None, NOW);
+        let decision = decide(SessionLookup::Expired, 5, None);
         assert_eq!(
             decision,
             ServerDecision::SessionInvalid(InvalidReason::Expired)
@@ -374,7 +430,7 @@ mod tests {
             expires_at_ms: NOW - 60_000,
         };
         let retained = Some(range(0, 9, StreamState::Live));
-        let decision = decide_resume(session, &cursor(5), retained, NOW);
+        let decision = decide(session, 5, retained);
         assert_eq!(
             decision,
             ServerDecision::SessionInvalid(InvalidReason::Expired)
@@ -384,7 +440,7 @@ mod tests {
             expires_at_ms: NOW,
         };
         assert_eq!(
-            decide_resume(at_deadline, &cursor(5), retained, NOW),
+            decide(at_deadline, 5, retained),
             ServerDecision::SessionInvalid(InvalidReason::Expired)
         );
     }
@@ -392,12 +448,7 @@ mod tests {
     #[test]
     fn rotated_session_with_same_id_is_an_incarnation_mismatch() {
         let rotated = epoch('B');
-        let decision = decide_resume(
-            live(&rotated),
-            &cursor(5),
-            Some(range(0, 9, StreamState::Live)),
-            NOW,
-        );
+        let decision = decide(live(&rotated), 5, Some(range(0, 9, StreamState::Live)));
         assert_eq!(
             decision,
             ServerDecision::SessionInvalid(InvalidReason::IncarnationMismatch)
@@ -409,15 +460,14 @@ mod tests {
         // Even with no stream at all, a dead session is reported as such, not as a resync.
         let rotated = epoch('B');
         assert_eq!(
-            decide_resume(live(&rotated), &cursor(5), None, NOW),
+            decide(live(&rotated), 5, None),
             ServerDecision::SessionInvalid(InvalidReason::IncarnationMismatch)
         );
         assert_eq!(
-            decide_resume(
+            decide(
                 SessionLookup::Terminated,
-                &cursor(500),
-                Some(range(0, 9, StreamState::Aborted)),
-                NOW
+                500,
+                Some(range(0, 9, StreamState::Aborted))
             ),
             ServerDecision::SessionInvalid(InvalidReason::Terminated)
         );
@@ -474,20 +524,57 @@ mod tests {
     }
 
     #[test]
-    fn cursor_ahead_of_head_is_a_resync_without_loss() {
-        let ServerDecision::Resync(notice) = replay(12, range(0, 9, StreamState::Live)) else {
-            panic!("expected a resync");
-        };
+    fn a_cursor_past_the_head_names_history_the_store_lost() {
+        // The store handed out event 12 and went back to 9: nothing may continue from 12.
         assert_eq!(
-            (notice.reason, notice.lost, notice.head, notice.position()),
-            (ResyncReason::AheadOfHead, None, 9, 9)
+            replay(12, range(0, 9, StreamState::Live)),
+            ServerDecision::SessionInvalid(InvalidReason::HistoryRewritten)
+        );
+    }
+
+    #[test]
+    fn a_cursor_whose_event_the_store_holds_another_of_is_rewritten_history() {
+        // The store went back to 3, then stored other events as 4..=9: the client's 7 is not
+        // the store's 7.
+        let r = range(0, 9, StreamState::Live);
+        let other = StreamAt {
+            range: r,
+            tag: Some(Tag::from_bits(7)),
+        };
+        let decision = decide_resume(live(&epoch('A')), &cursor(7), tag(7), Some(other), NOW);
+        assert_eq!(
+            decision,
+            ServerDecision::SessionInvalid(InvalidReason::HistoryRewritten)
+        );
+        // The same holds at the last position before what is retained (a gap follows it).
+        let trimmed = StreamAt {
+            range: range(8, 9, StreamState::Live),
+            tag: Some(Tag::from_bits(7)),
+        };
+        assert_eq!(check_position(trimmed, 7, tag(7)), Err(HistoryRewritten));
+    }
+
+    #[test]
+    fn a_position_the_store_can_no_longer_tell_is_not_held_against_the_cursor() {
+        let r = range(6, 9, StreamState::Live);
+        let unknown = StreamAt {
+            range: r,
+            tag: None,
+        };
+        assert_eq!(check_position(unknown, 3, tag(3)), Ok(()));
+        assert_eq!(
+            replay(3, r),
+            ServerDecision::Replay {
+                after: 3,
+                starts: gap(4, 5)
+            }
         );
     }
 
     #[test]
     fn a_stream_the_session_never_had_is_an_unknown_stream_resync_at_the_cursor() {
         let e = epoch('A');
-        let ServerDecision::Resync(notice) = decide_resume(live(&e), &cursor(2), None, NOW) else {
+        let ServerDecision::Resync(notice) = decide(live(&e), 2, None) else {
             panic!("expected a resync");
         };
         assert_eq!(
@@ -528,6 +615,7 @@ mod tests {
             InvalidReason::Expired,
             InvalidReason::UpstreamLost,
             InvalidReason::IncarnationMismatch,
+            InvalidReason::HistoryRewritten,
         ];
         let wire: Vec<&str> = reasons.into_iter().map(InvalidReason::as_str).collect();
         assert_eq!(
@@ -537,7 +625,8 @@ mod tests {
                 "terminated",
                 "expired",
                 "upstream_lost",
-                "incarnation_mismatch"
+                "incarnation_mismatch",
+                "history_rewritten"
             ]
         );
     }

@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use axum::response::Response;
 use http::HeaderMap;
-use tether_core::lineage::{EventId, ServerDecision, decide_resume};
+use tether_core::lineage::{EventId, InvalidReason, ServerDecision, decide_resume};
 use tether_core::mcp::header;
-use tether_store::SessionStatus;
+use tether_store::{SessionStatus, StreamPage};
 
 use super::reject::{Refusal, Rejection};
 use super::sse::{Connection, Prelude};
@@ -55,18 +55,27 @@ async fn resume(
     raw: &str,
 ) -> Result<Response, Rejection> {
     let id = session_id(headers)?;
-    let cursor = EventId::parse(raw).map_err(|e| {
-        Refusal::MalformedCursor.with(format!("Last-Event-ID {raw:?} is not an event id of this server: {e}"))
-    })?;
+    let malformed = |why: String| {
+        Refusal::MalformedCursor.with(format!("Last-Event-ID {raw:?} is not an event id of this server: {why}"))
+    };
+    let cursor = EventId::parse(raw).map_err(|e| malformed(e.to_string()))?;
+    let tag = cursor.tag.ok_or_else(|| malformed("it has no tag".into()))?;
     let now = now_ms();
     let status = session_status(shared, &id, principal, now).await?;
-    let range = match &status {
-        SessionStatus::Live(_) => shared.store.stream_range(&id, &cursor.stream).await.map_err(Rejection::from)?,
+    let page = match &status {
+        SessionStatus::Live(_) => {
+            shared.store.read_page(&id, &cursor.stream, cursor.seq, 0).await.map_err(Rejection::from)?
+        }
         _ => None,
     };
-    let decision = decide_resume(status.lookup(), &cursor, range, now);
+    let decision = decide_resume(status.lookup(), &cursor, tag, page.as_ref().map(StreamPage::at), now);
     crate::telemetry::resume(&decision);
     let (record, after) = match (status, decision) {
+        (SessionStatus::Live(record), ServerDecision::SessionInvalid(InvalidReason::HistoryRewritten)) => {
+            let runtime = shared.sessions.runtime(&record, &shared.process_token);
+            super::end_rewritten(shared, runtime, &cursor.stream).await;
+            return Err(Rejection::session_invalid(InvalidReason::HistoryRewritten));
+        }
         (_, ServerDecision::SessionInvalid(reason)) => return Err(Rejection::session_invalid(reason)),
         (SessionStatus::Live(record), ServerDecision::Replay { after, .. }) => (record, Ok(after)),
         (SessionStatus::Live(record), ServerDecision::Resync(notice)) => (record, Err(notice)),
@@ -96,7 +105,7 @@ async fn resume(
         shared.store.set_standalone_stream(&record.id, &record.epoch, &cursor.stream).await.map_err(Rejection::from)?;
     }
     let attachment = runtime.attach(&cursor.stream);
-    let reader = StreamReader::new(Arc::clone(&shared.store), &record.id, cursor.stream, after);
+    let reader = StreamReader::resumed(Arc::clone(&shared.store), &record.id, cursor.stream, after, Some(tag));
     let connection =
         Connection { shared: Arc::clone(shared), runtime, reader, prelude: Prelude::None, resumed: true, attachment };
     Ok(sse::response(connection.into_body(), headers))

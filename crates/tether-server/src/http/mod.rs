@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};
-use tether_core::lineage::{InvalidReason, SessionId, check_session};
+use tether_core::lineage::{InvalidReason, SessionId, StreamName, check_session};
 use tether_core::mcp::header;
 use tether_store::{SessionEnd, SessionRecord, SessionStatus, StoreError};
 use tracing::Instrument as _;
@@ -159,6 +159,20 @@ async fn adopt(shared: &Arc<ServerState>, record: &SessionRecord) -> Result<Arc<
     }
     session.end(SessionEnd::UpstreamLost, Duration::ZERO).await;
     Err(Rejection::session_invalid(InvalidReason::UpstreamLost))
+}
+
+/// Ends a session whose store went back in time under it: what a client saw of `stream` (a
+/// resume's cursor, or what a connection sent) is not what the store holds. From then on every
+/// request naming the session, on every replica, is told `history_rewritten`, and its client
+/// starts a new one instead of going on from a history that is not the one it saw.
+pub(crate) async fn end_rewritten(shared: &Arc<ServerState>, runtime: Arc<SessionRuntime>, stream: &StreamName) {
+    tracing::warn!(
+        session = %runtime.id,
+        %stream,
+        "the store no longer holds what a client saw of this stream (it went back in time: a restored backup, \
+         a failover to a replica that lagged); the session ends as history_rewritten"
+    );
+    SessionHandle::new(Arc::clone(shared), runtime).end(SessionEnd::HistoryRewritten, Duration::ZERO).await;
 }
 
 /// How recently a renewal makes another one needless: a busy session is written once a

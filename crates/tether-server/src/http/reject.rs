@@ -259,6 +259,9 @@ impl Rejection {
             InvalidReason::Expired => "session expired",
             InvalidReason::UpstreamLost => "the upstream server behind this gateway stopped serving the session",
             InvalidReason::IncarnationMismatch => "the cursor belongs to another incarnation of this session",
+            InvalidReason::HistoryRewritten => {
+                "the server's store went back in time: it no longer holds the history this session's client saw; start a new session"
+            }
         };
         Refusal::SessionInvalid(reason).with(message)
     }

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use futures_util::stream;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, HeaderValue};
 use tether_core::jsonrpc::ErrorObject;
-use tether_core::lineage::{RESYNC_EVENT, ResyncNotice, SessionId, StreamName};
+use tether_core::lineage::{RESYNC_EVENT, ResyncNotice, SessionId, StreamName, Tag};
 use tether_core::sse::{Encoder, OutgoingEvent};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -92,16 +92,18 @@ impl Connection {
     }
 }
 
-/// A body of one resync event and nothing else: a resume the server cannot continue at all.
+/// A body of one resync event and nothing else: a resume of a stream the session does not have.
 pub(crate) fn notice_body(epoch: &str, notice: &ResyncNotice) -> Body {
     let mut out = Vec::new();
-    write_notice(&mut out, &format!("{epoch}:{}:", notice.stream), notice);
+    write_notice(&mut out, &format!("{epoch}:{}:", notice.stream), notice, None);
     Body::from(out)
 }
 
-/// Writes a resync event for `notice`, whose id is its position.
-fn write_notice(out: &mut Vec<u8>, id_prefix: &str, notice: &ResyncNotice) {
-    let id = format!("{id_prefix}{}", notice.position());
+/// Writes a resync event for `notice`, whose id is its position and, where the store holds one
+/// there, the tag of the event at it.
+fn write_notice(out: &mut Vec<u8>, id_prefix: &str, notice: &ResyncNotice, tag: Option<Tag>) {
+    let mut id = format!("{id_prefix}{}", notice.position());
+    push_tag(&mut id, tag);
     let data = notice.to_json();
     encode(
         out,
@@ -144,7 +146,8 @@ impl Pump {
         }
         if let Prelude::Priming = std::mem::replace(&mut self.conn.prelude, Prelude::None) {
             let mut out = Vec::new();
-            let id = format!("{}0", self.id_prefix);
+            let mut id = format!("{}0", self.id_prefix);
+            push_tag(&mut id, Some(Tag::priming(self.conn.reader.stream())));
             let event = OutgoingEvent { id: Some(&id), retry: self.retry_ms, data: Some(b""), ..Default::default() };
             encode(&mut out, &event);
             return Some(Bytes::from(out));
@@ -165,8 +168,8 @@ impl Pump {
     async fn write(&mut self, items: Vec<Item>) -> Option<Bytes> {
         // An event's data and id, and the fields' names; a notice is under 256 bytes.
         let size = |item: &Item| match item {
-            Item::Event(event) => event.data.len() + self.id_prefix.len() + 32,
-            Item::Gap(_) | Item::End(_) => 256,
+            Item::Event(event) => event.data.len() + self.id_prefix.len() + 48,
+            Item::Gap(..) | Item::End(_) => 256,
         };
         let mut out = Vec::with_capacity(items.iter().map(size).sum());
         let mut id = self.id_prefix.clone();
@@ -177,12 +180,13 @@ impl Pump {
                 Item::Event(event) => {
                     id.truncate(self.id_prefix.len());
                     id.push_str(seq.format(event.seq));
+                    push_tag(&mut id, Some(event.tag));
                     encode(&mut out, &OutgoingEvent { id: Some(&id), data: Some(&event.data), ..Default::default() });
                     replayed += 1;
                 }
-                Item::Gap(notice) => {
+                Item::Gap(notice, tag) => {
                     crate::telemetry::resync_sent(notice.reason);
-                    write_notice(&mut out, &self.id_prefix, &notice);
+                    write_notice(&mut out, &self.id_prefix, &notice, tag);
                 }
                 Item::End(ending) => {
                     self.done = true;
@@ -193,11 +197,17 @@ impl Pump {
                             let expired = crate::idempotency::history_expired();
                             write_trailer(&mut out, &self.conn.shared, session, stream, expired).await;
                         }
-                        Ending::Aborted(notice) => {
+                        Ending::Aborted(notice, tag) => {
                             crate::telemetry::resync_sent(notice.reason);
-                            write_notice(&mut out, &self.id_prefix, &notice);
+                            write_notice(&mut out, &self.id_prefix, &notice, tag);
                             let aborted = crate::idempotency::aborted();
                             write_trailer(&mut out, &self.conn.shared, session, stream, aborted).await;
+                        }
+                        // Nothing more is written from a history the client did not see; its
+                        // resume is told the session is gone, and why.
+                        Ending::Rewritten => {
+                            let runtime = Arc::clone(&self.conn.runtime);
+                            super::end_rewritten(&self.conn.shared, runtime, stream).await;
                         }
                     }
                 }
@@ -258,6 +268,14 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
+    }
+}
+
+/// Ends an id with `:` and the tag, if there is one.
+fn push_tag(id: &mut String, tag: Option<Tag>) {
+    if let Some(tag) = tag {
+        id.push(':');
+        tag.push_to(id);
     }
 }
 

@@ -221,5 +221,16 @@ pub async fn reason(response: reqwest::Response) -> String {
 
 /// `seq` of a lineage id.
 pub fn seq(id: &str) -> u64 {
-    id.rsplit(':').next().and_then(|s| s.parse().ok()).expect("lineage id")
+    tether_core::lineage::EventId::parse(id).expect("lineage id").seq
+}
+
+/// The id a client that was sent `events` holds for position `seq` of their stream: the id it
+/// was sent there (an event's, or a resync notice's), or, for a position it never saw (gone
+/// before it was sent), one with a tag the server cannot hold against it either.
+pub fn id_at(events: &[Event], seq: u64) -> String {
+    use tether_core::lineage::{EventId, Tag};
+    let ids = events.iter().filter_map(|e| e.id.as_deref()).filter_map(|id| EventId::parse(id).ok());
+    let mut ids = ids.peekable();
+    let any = ids.peek().cloned().expect("an event with a lineage id");
+    ids.find(|id| id.seq == seq).unwrap_or(EventId { tag: Some(Tag::from_bits(0)), ..any.with_seq(seq) }).to_string()
 }

@@ -321,7 +321,9 @@ async fn sessions_of_2025_11_25_get_priming_event_and_retry_older_ones_do_not() 
     let (events, _) = drain(&mut response).await;
     let id = events[0].id.clone().expect("priming id");
     assert!(events[0].data.is_empty() && events[0].retry.is_some());
-    assert_eq!(id, format!("{}:{}:0", new.epoch, id.split(':').nth(1).expect("stream")));
+    let id = tether_core::lineage::EventId::parse(&id).expect("a lineage id");
+    assert_eq!((id.epoch.as_str(), id.seq), (new.epoch.as_str(), 0));
+    assert!(id.tag.is_some(), "its tag, for a resume from it to be checked");
     // Every later event is the next position of the same stream.
     for (i, event) in events.iter().enumerate() {
         assert_eq!(seq(event.id.as_deref().expect("id")), i as u64);

@@ -17,11 +17,6 @@ async fn counted(client: &Client, session: &Session, id: i64, to: u64) -> Vec<St
     events.into_iter().map(|e| e.id.expect("every event has an id")).collect()
 }
 
-fn with_stream(epoch: &str, ids: &[String], seq: u64) -> String {
-    let stream = ids[0].split(':').nth(1).expect("stream");
-    format!("{epoch}:{stream}:{seq}")
-}
-
 #[tokio::test]
 async fn resume_replays_exactly_the_events_after_the_cursor_then_ends() {
     let server = start(config()).await;
@@ -31,7 +26,7 @@ async fn resume_replays_exactly_the_events_after_the_cursor_then_ends() {
     assert_eq!(ids.len(), 7, "priming, 5 notifications, result");
     for cursor in 0..=6u64 {
         let mut response = client.get(&session, Some(&ids[cursor as usize])).send().await.expect("send");
-        assert_eq!(response.status(), 200);
+        assert_eq!(response.status(), 200, "{cursor} {ids:?}");
         assert_eq!(response.headers()["x-mcp-replay-epoch"].to_str().expect("ascii"), session.epoch);
         let (events, ended) = drain(&mut response).await;
         assert!(ended, "a finished request's stream ends after the replay");
@@ -70,7 +65,7 @@ async fn evicted_history_is_said_once_then_the_retained_tail_follows() {
     let (events, ended) = drain(&mut response).await;
     assert!(ended);
     assert_eq!(events[0].event.as_deref(), Some("resync"));
-    assert_eq!(events[0].id.as_deref(), Some(with_stream(&session.epoch, &ids, 7).as_str()), "its id is the gap's end");
+    assert_eq!(seq(events[0].id.as_deref().expect("an id")), 7, "its id is the gap's end");
     let notice: serde_json::Value = serde_json::from_str(&events[0].data).expect("json");
     assert_eq!(notice["reason"], "evicted");
     assert_eq!(
@@ -87,24 +82,42 @@ async fn evicted_history_is_said_once_then_the_retained_tail_follows() {
 }
 
 #[tokio::test]
-async fn cursor_ahead_of_head_and_unknown_stream_get_resync() {
+async fn an_unknown_stream_gets_resync_and_a_cursor_past_the_head_ends_the_session() {
     let server = start(config()).await;
     let client = Client::new(&server);
     let session = client.initialize("2025-11-25").await;
     let ids = counted(&client, &session, 1, 2).await;
-    let mut ahead = client.get(&session, Some(&with_stream(&session.epoch, &ids, 99))).send().await.expect("send");
-    let events = drain(&mut ahead).await.0;
-    let notice: serde_json::Value = serde_json::from_str(&events[0].data).expect("json");
-    assert_eq!(
-        (notice["reason"].clone(), notice["head"].clone(), notice["lost_from"].clone()),
-        (json!("ahead_of_head"), json!(3), json!(null))
-    );
-    let unknown = format!("{}:rNoSuchStream1:4", session.epoch);
+    let unknown = format!("{}:rNoSuchStream1:4:AAAAAAAAAAA", session.epoch);
     let mut response = client.get(&session, Some(&unknown)).send().await.expect("send");
     let events = drain(&mut response).await.0;
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].event.as_deref(), Some("resync"));
     assert!(events[0].data.contains("\"unknown_stream\""));
+    // Position 99 was never handed out by this stream: a store that had it went back in time.
+    let ids: Vec<_> = ids.iter().map(|id| tether_core::lineage::EventId::parse(id).expect("lineage id")).collect();
+    let ahead = tether_core::lineage::EventId { seq: 99, ..ids[3].clone() };
+    let response = client.get(&session, Some(&ahead.to_string())).send().await.expect("send");
+    assert_eq!(response.status(), 404);
+    assert_eq!(reason(response).await, "history_rewritten");
+    let response = client.post(Some(&session), &request(json!(2), "ping", json!({}))).send().await.expect("send");
+    assert_eq!(reason(response).await, "history_rewritten", "the session is over, everywhere");
+}
+
+/// A cursor whose tag is not the one the store holds at its position names another history
+/// than the store's: the session ends, and says why.
+#[tokio::test]
+async fn a_cursor_with_another_tag_ends_the_session_as_rewritten() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let ids = counted(&client, &session, 1, 2).await;
+    let seen = tether_core::lineage::EventId::parse(&ids[2]).expect("lineage id");
+    let other = tether_core::lineage::EventId { tag: Some(tether_core::lineage::Tag::from_bits(7)), ..seen };
+    let response = client.get(&session, Some(&other.to_string())).send().await.expect("send");
+    assert_eq!(response.status(), 404);
+    assert_eq!(reason(response).await, "history_rewritten");
+    let response = client.get(&session, Some(&ids[2])).send().await.expect("send");
+    assert_eq!(reason(response).await, "history_rewritten", "not even the true cursor continues it");
 }
 
 #[tokio::test]
@@ -145,13 +158,15 @@ async fn malformed_cursor_is_400_and_unknown_session_404() {
     let server = start(config()).await;
     let client = Client::new(&server);
     let session = client.initialize("2025-11-25").await;
-    for bad in ["garbage", "1041", "a:b:c", &format!("{}:s:01", session.epoch)] {
+    // An id without a tag is not one this server hands out: its history could not be checked.
+    let untagged = format!("{}:r1:1", session.epoch);
+    for bad in ["garbage", "1041", "a:b:c", &format!("{}:s:01", session.epoch), &untagged] {
         let response = client.get(&session, Some(bad)).send().await.expect("send");
         assert_eq!(response.status(), 400, "{bad}");
         assert_eq!(reason(response).await, "malformed_cursor");
     }
     let ghost = Session { id: "gone".into(), ..session.clone() };
-    let response = client.get(&ghost, Some(&format!("{}:r1:1", session.epoch))).send().await.expect("send");
+    let response = client.get(&ghost, Some(&format!("{}:r1:1:AAAAAAAAAAA", session.epoch))).send().await.expect("send");
     assert_eq!(response.status(), 404);
     assert_eq!(reason(response).await, "unknown_session");
 }

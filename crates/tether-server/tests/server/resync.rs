@@ -124,15 +124,13 @@ async fn a_resume_from_before_an_evicted_part_gets_the_retained_tail_after_the_r
         let session = client.initialize("2025-11-25").await;
         let mut response = client.post(Some(&session), &count(json!(1), 30)).send().await.expect("send");
         let (events, _) = drain(&mut response).await;
-        let priming = events[0].id.clone().expect("the priming event");
-        let stream = priming.rsplit_once(':').expect("lineage id").0.to_owned();
         for (cursor, expected) in [
             (0, cat(&[&s("resync 1..21 @21"), &range(22, 31)])),
             (20, cat(&[&s("resync 21..21 @21"), &range(22, 31)])),
             (21, range(22, 31)),
             (28, range(29, 31)),
         ] {
-            let mut resumed = client.get(&session, Some(&format!("{stream}:{cursor}"))).send().await.expect("resume");
+            let mut resumed = client.get(&session, Some(&id_at(&events, cursor))).send().await.expect("resume");
             assert_eq!(resumed.status(), 200);
             let (events, ended) = drain(&mut resumed).await;
             assert!(ended);
@@ -178,7 +176,7 @@ async fn a_stream_whose_retention_ran_out_is_resynced_with_its_exact_range() {
         let (again, _) = drain(&mut client.post(Some(&session), &count(json!(7), 3)).send().await.expect("send")).await;
         assert_eq!(shape(&again), ["0", "resync 1..4 @4", "trailer request_history_expired"], "{kind:?}");
         // A stream the session never had is still unknown, and its notice stands at the cursor.
-        let unknown = format!("{}:rnever:5", session.epoch);
+        let unknown = format!("{}:rnever:5:AAAAAAAAAAA", session.epoch);
         let (events, _) = drain(&mut client.get(&session, Some(&unknown)).send().await.expect("resume")).await;
         assert_eq!(shape(&events), ["resync unknown_stream @5"], "{kind:?}");
     }
@@ -247,8 +245,7 @@ async fn a_gap_before_several_pages_of_retained_events_is_said_once() {
             drain(&mut client.post(Some(&session), &count(json!(1), 600)).send().await.expect("send")).await;
         assert!(ended);
         // Resumed from the stream's start once the call ended: 302..601 are retained.
-        let id = events.last().and_then(|e| e.id.clone()).expect("an event id");
-        let start = format!("{}:0", id.rsplit_once(':').expect("lineage id").0);
+        let start = id_at(&events, 0);
         let (events, _) = drain(&mut client.get(&session, Some(&start)).send().await.expect("resume")).await;
         let got = shape(&events);
         let expected = cat(&[&s("resync 1..301 @301"), &range(302, 601)]);
@@ -400,7 +397,7 @@ proptest::proptest! {
                 assert_eq!(shape(&events[1..]), expected_after(0, range), "{kind:?} answer");
             }
             let cursor = pick % (range.head + 1);
-            let resumed = client.get(&session, Some(&format!("{}:{}:{cursor}", session.epoch, name))).send().await;
+            let resumed = client.get(&session, Some(&id_at(&events, cursor))).send().await;
             let (events, ended) = drain(&mut resumed.expect("resume")).await;
             assert!(ended);
             assert_eq!(shape(&events), expected_after(cursor, range), "{kind:?} from {cursor}");

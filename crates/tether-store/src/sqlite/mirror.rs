@@ -11,9 +11,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 
 use bytes::Bytes;
-use tether_core::lineage::{StreamRange, StreamState};
+use tether_core::lineage::{StreamName, StreamRange, StreamState, Tag};
 
-use crate::record::{SessionStatus, StoredEvent};
+use crate::record::{SessionStatus, StoredEvent, StreamPage};
 
 /// Sessions kept; past this, an arbitrary one is forgotten (idle sessions cost memory; busy
 /// ones come back on their next read).
@@ -31,7 +31,9 @@ type StreamKey = (String, String);
 /// trim, so it holds every event from seq 1 (event `i` has seq `i + 1`) and the sentinel is
 /// still retained (`retained_from` 0).
 struct Tail {
-    events: Vec<Bytes>,
+    /// The tag of the priming event (seq 0).
+    primed: Tag,
+    events: Vec<(Tag, Bytes)>,
     bytes: usize,
     state: StreamState,
 }
@@ -129,23 +131,30 @@ impl Mirror {
         Some(StreamRange { retained_from: 0, head: tail.head(), state: tail.state })
     }
 
-    /// Up to `max` events with `seq > after`, if the stream is kept.
-    pub fn read(&self, session: &str, stream: &str, after: u64, max: usize) -> Option<Vec<StoredEvent>> {
+    /// [`EventLog::read_page`](crate::EventLog::read_page), if the stream is kept.
+    pub fn read_page(&self, session: &str, stream: &str, after: u64, max: usize) -> Option<StreamPage> {
         let streams = lock(&self.streams);
         let tail = streams.map.get(&key(session, stream))?;
+        let range = StreamRange { retained_from: 0, head: tail.head(), state: tail.state };
+        let at_cursor = match usize::try_from(after).ok()? {
+            0 => Some(tail.primed),
+            n => tail.events.get(n - 1).map(|(tag, _)| *tag),
+        };
         let skip = usize::try_from(after).unwrap_or(usize::MAX);
         let events = tail.events.iter().zip(1..).skip(skip).take(max);
-        Some(events.map(|(data, seq)| StoredEvent { seq, data: data.clone() }).collect())
+        let events = events.map(|((tag, data), seq)| StoredEvent { seq, tag: *tag, data: data.clone() }).collect();
+        Some(StreamPage { range, at_cursor, before_retained: None, events })
     }
 
     /// Writer: a new stream (head 0, only the sentinel retained).
-    pub fn stream_opened(&self, session: &str, stream: &str) {
+    pub fn stream_opened(&self, session: &str, stream: &StreamName) {
+        let primed = Tag::priming(stream);
         let mut streams = lock(&self.streams);
-        let key = key(session, stream);
+        let key = key(session, stream.as_str());
         if streams.map.contains_key(&key) {
             return;
         }
-        streams.map.insert(key.clone(), Tail { events: Vec::new(), bytes: 0, state: StreamState::Live });
+        streams.map.insert(key.clone(), Tail { primed, events: Vec::new(), bytes: 0, state: StreamState::Live });
         streams.order.push_back(key);
         while streams.map.len() > MAX_STREAMS || streams.order.len() > 2 * MAX_STREAMS {
             let Some(oldest) = streams.order.pop_front() else { break };
@@ -154,11 +163,11 @@ impl Mirror {
     }
 
     /// Writer: `events` were appended after `head - events.len()`, ending the stream if `last`.
-    pub fn appended(&self, session: &str, stream: &str, head: u64, events: &[Bytes], last: bool) {
+    pub fn appended(&self, session: &str, stream: &str, head: u64, events: &[(Tag, Bytes)], last: bool) {
         let mut streams = lock(&self.streams);
         let key = key(session, stream);
         let Some(tail) = streams.map.get_mut(&key) else { return };
-        let bytes = tail.bytes + events.iter().map(Bytes::len).sum::<usize>();
+        let bytes = tail.bytes + events.iter().map(|(_, data)| data.len()).sum::<usize>();
         let count = tail.events.len() + events.len();
         if count as u64 != head || count > MAX_EVENTS || bytes > MAX_BYTES {
             streams.map.remove(&key);

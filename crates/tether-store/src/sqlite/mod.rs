@@ -17,7 +17,7 @@ use std::sync::{Arc, mpsc};
 
 use bytes::Bytes;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
-use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange, StreamState};
+use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange, StreamState, Tag};
 use tether_core::mcp::ProtocolVersion;
 use tokio::sync::oneshot;
 
@@ -27,7 +27,7 @@ use self::mirror::Mirror;
 use crate::heads::Heads;
 use crate::record::{
     BeginRequest, Claim, KeyClaim, KeyState, RequestRecord, Retention, SessionEnd, SessionRecord, SessionStatus,
-    StoredEvent,
+    StoredEvent, StreamPage,
 };
 use crate::{
     CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, RequestKey, SessionStore, StoreError,
@@ -131,6 +131,8 @@ CREATE TABLE IF NOT EXISTS streams (
     owner TEXT NOT NULL,
     request_key TEXT,
     bytes INTEGER NOT NULL DEFAULT 0,
+    -- The tag of the last event retention dropped (the one before those retained), if any.
+    before_retained INTEGER,
     PRIMARY KEY (session, stream)
 ) WITHOUT ROWID;
 -- Live sessions by deadline and ended ones by age, for the sweep: without them every sweep read
@@ -147,6 +149,8 @@ CREATE TABLE IF NOT EXISTS events (
     stream TEXT NOT NULL,
     seq INTEGER NOT NULL,
     data BLOB NOT NULL,
+    -- The 64 random bits drawn for the event (tether_core::lineage::Tag), as a signed integer.
+    tag INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (session, stream, seq)
 ) WITHOUT ROWID;
 -- Streams whose events retention dropped: how far they got and how they ended, kept while their
@@ -157,6 +161,8 @@ CREATE TABLE IF NOT EXISTS tombstones (
     head INTEGER NOT NULL,
     state INTEGER NOT NULL,
     request_key TEXT,
+    -- The tag of the stream's last event.
+    before_retained INTEGER,
     PRIMARY KEY (session, stream)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS requests (
@@ -210,6 +216,45 @@ const ABORTED: i64 = 2;
 const TERMINATED: i64 = 1;
 const EXPIRED: i64 = 2;
 const UPSTREAM_LOST: i64 = 3;
+const HISTORY_REWRITTEN: i64 = 4;
+
+/// The columns added to tables after their first release, each added to a database made before
+/// it (with the default their rows take): `CREATE TABLE IF NOT EXISTS` leaves an existing table
+/// as it is.
+const ADDED_COLUMNS: [(&str, &str, &str); 3] = [
+    ("events", "tag", "INTEGER NOT NULL DEFAULT 0"),
+    ("streams", "before_retained", "INTEGER"),
+    ("tombstones", "before_retained", "INTEGER"),
+];
+
+/// Adds the [`ADDED_COLUMNS`] a database made before them lacks.
+fn add_missing_columns(connection: &Connection) -> Result<(), StoreError> {
+    for (table, column, declaration) in ADDED_COLUMNS {
+        let present: bool = connection
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2)",
+                params![table, column],
+                |r| r.get(0),
+            )
+            .map_err(backend)?;
+        if !present {
+            connection
+                .execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {declaration}"))
+                .map_err(backend)?;
+        }
+    }
+    Ok(())
+}
+
+/// A tag as SQLite keeps it: its 64 bits as a signed integer.
+fn tag_column(tag: Tag) -> i64 {
+    i64::from_ne_bytes(tag.bits().to_ne_bytes())
+}
+
+/// A tag read back from SQLite.
+fn tag_of(column: i64) -> Tag {
+    Tag::from_bits(u64::from_ne_bytes(column.to_ne_bytes()))
+}
 
 /// The time a stream that ends now is stamped with, for its retention: the last sweep's
 /// (`NULL` before this process's first sweep, which then stamps it). A macro so that the
@@ -303,6 +348,7 @@ impl SqliteStore {
         let path = dir.join("tether.sqlite3");
         let mut connection = Connection::open(&path).map_err(backend)?;
         connection.execute_batch(SCHEMA).map_err(backend)?;
+        add_missing_columns(&connection)?;
         connection
             .execute(
                 "UPDATE streams SET state = ?2 WHERE state = 0 AND request_key IS NOT NULL AND owner != ?1",
@@ -453,15 +499,16 @@ impl SqliteStore {
         impl FnOnce(&Connection) -> Result<Begun, StoreError> + Send + 'static + use<>,
         impl FnOnce(&Mirror, &Begun) + Send + 'static + use<>,
     ) {
-        let (session, epoch, key, digest) = (
-            request.session.as_str().to_owned(),
-            request.epoch.to_string(),
-            request.key.as_str().to_owned(),
-            request.params_digest.to_owned(),
-        );
-        let (stream, owner) = (request.stream.clone(), self.owner.clone());
-        let then = opened_by_begin(&session, &stream);
-        (move |txn: &Connection| begin(txn, &owner, &session, &epoch, &key, &digest, &stream), then)
+        let new = NewRequest {
+            session: request.session.as_str().to_owned(),
+            epoch: request.epoch.to_string(),
+            key: request.key.as_str().to_owned(),
+            digest: request.params_digest.to_owned(),
+            stream: request.stream.clone(),
+        };
+        let owner = self.owner.clone();
+        let then = opened_by_begin(&new.session, &new.stream);
+        (move |txn: &Connection| begin(txn, &owner, &new), then)
     }
 
     /// Queues `job` for the writer at once, at the call (a pipelined begin relies on it); `rx`
@@ -491,7 +538,8 @@ impl SqliteStore {
     ) -> StoreFuture<'_, u64> {
         let (s, e, st) = (session.to_owned(), epoch.to_string(), stream.to_string());
         let (owner, retention) = (self.owner.clone(), self.retention);
-        let events = Arc::new(events);
+        let events: Arc<Vec<(Tag, Bytes)>> =
+            Arc::new(crate::tags::fresh_n(events.len()).into_iter().zip(events).collect());
         let (session_, stream_, written) = (s.clone(), st.clone(), Arc::clone(&events));
         let then = move |mirror: &Mirror, appended: &Result<Appended, StoreError>| {
             if let Ok(appended) = appended {
@@ -503,7 +551,7 @@ impl SqliteStore {
                 let Some(key) = record else { return Ok(append_in(txn, &s, &e, &st, &events, last, &retention)) };
                 // A failed append undoes only its own writes: the outcome is recorded regardless.
                 let appended = in_savepoint(txn, |txn| append_in(txn, &s, &e, &st, &events, last, &retention));
-                finish_in(txn, &owner, &key, events.last().map_or(&[][..], |b| &b[..]))?;
+                finish_in(txn, &owner, &key, events.last().map_or(&[][..], |(_, b)| &b[..]))?;
                 Ok(appended)
             },
             then,
@@ -632,13 +680,13 @@ fn check_live(txn: &Connection, session: &str, epoch: &str) -> Result<(), StoreE
 fn insert_stream(
     txn: &Connection,
     session: &str,
-    stream: &str,
+    stream: &StreamName,
     owner: &str,
     key: Option<&str>,
 ) -> Result<bool, StoreError> {
     let inserted = execute(txn,
         "INSERT OR IGNORE INTO streams (session, stream, head, state, owner, request_key) VALUES (?1, ?2, 0, 0, ?3, ?4)",
-        params![session, stream, owner, key],
+        params![session, stream.as_str(), owner, key],
     )
     .map_err(backend)?;
     // An existing stream (a batch's, joined by another of its requests) keeps its events as they
@@ -646,8 +694,8 @@ fn insert_stream(
     if inserted > 0 {
         execute(
             txn,
-            "INSERT INTO events (session, stream, seq, data) VALUES (?1, ?2, 0, x'')",
-            params![session, stream],
+            "INSERT INTO events (session, stream, seq, data, tag) VALUES (?1, ?2, 0, x'', ?3)",
+            params![session, stream.as_str(), tag_column(Tag::priming(stream))],
         )
         .map_err(backend)?;
     }
@@ -665,8 +713,17 @@ fn add_session_bytes(txn: &Connection, session: &str, delta: i64) -> Result<(), 
     Ok(())
 }
 
-/// Deletes the events of `stream` with `seq <= upto` and takes their bytes off the stream.
+/// Deletes the events of `stream` with `seq <= upto` and takes their bytes off the stream,
+/// which remembers the last one's tag.
 fn delete_events_upto(txn: &Connection, session: &str, stream: &str, upto: i64) -> Result<usize, StoreError> {
+    execute(
+        txn,
+        "UPDATE streams SET before_retained = COALESCE((SELECT tag FROM events \
+         WHERE session = ?1 AND stream = ?2 AND seq <= ?3 ORDER BY seq DESC LIMIT 1), before_retained) \
+         WHERE session = ?1 AND stream = ?2",
+        params![session, stream, upto],
+    )
+    .map_err(backend)?;
     let freed: i64 = query_row(
         txn,
         "SELECT COALESCE(SUM(LENGTH(data)), 0) FROM events WHERE session = ?1 AND stream = ?2 AND seq <= ?3",
@@ -690,8 +747,35 @@ fn delete_events_upto(txn: &Connection, session: &str, stream: &str, upto: i64) 
     Ok(deleted)
 }
 
-/// Turns the streams matching `condition` (whose events are already deleted) into tombstones;
-/// returns each one's session, name and the bytes it held.
+/// Deletes every event of the streams matching `condition`; each remembers its last one's tag.
+fn drop_events_where<P: rusqlite::Params + Copy>(
+    txn: &Connection,
+    condition: &str,
+    params: P,
+) -> Result<(), StoreError> {
+    execute(
+        txn,
+        &format!(
+            "UPDATE streams SET before_retained = COALESCE((SELECT tag FROM events e \
+             WHERE e.session = streams.session AND e.stream = streams.stream ORDER BY seq DESC LIMIT 1), before_retained) \
+             WHERE {condition}"
+        ),
+        params,
+    )
+    .map_err(backend)?;
+    execute(
+        txn,
+        &format!(
+            "DELETE FROM events WHERE (session, stream) IN (SELECT session, stream FROM streams WHERE {condition})"
+        ),
+        params,
+    )
+    .map_err(backend)?;
+    Ok(())
+}
+
+/// Turns the streams matching `condition` (whose events are already deleted, see
+/// [`drop_events_where`]) into tombstones; returns each one's session, name and the bytes it held.
 fn bury<P: rusqlite::Params + Copy>(
     txn: &Connection,
     condition: &str,
@@ -700,8 +784,8 @@ fn bury<P: rusqlite::Params + Copy>(
     execute(
         txn,
         &format!(
-            "INSERT OR REPLACE INTO tombstones (session, stream, head, state, request_key) \
-             SELECT session, stream, head, state, request_key FROM streams WHERE {condition}"
+            "INSERT OR REPLACE INTO tombstones (session, stream, head, state, request_key, before_retained) \
+             SELECT session, stream, head, state, request_key, before_retained FROM streams WHERE {condition}"
         ),
         params,
     )
@@ -747,8 +831,7 @@ fn evict(
                     |r| r.get(0),
                 )
                 .map_err(backend)?;
-                execute(txn, "DELETE FROM events WHERE session = ?1 AND stream = ?2", params![session, ended])
-                    .map_err(backend)?;
+                drop_events_where(txn, "session = ?1 AND stream = ?2", params![session, ended])?;
                 bury(txn, "session = ?1 AND stream = ?2", params![session, ended])?;
                 add_session_bytes(txn, session, -bytes)?;
                 evicted.dropped.push(ended);
@@ -791,7 +874,7 @@ struct Appended {
 
 impl Appended {
     /// Brings the mirror up to date with the append of `events` to `stream`.
-    fn mirror(&self, mirror: &Mirror, session: &str, stream: &str, events: &[Bytes], last: bool) {
+    fn mirror(&self, mirror: &Mirror, session: &str, stream: &str, events: &[(Tag, Bytes)], last: bool) {
         if self.evicted.trimmed {
             mirror.forget_stream(session, stream);
         } else {
@@ -855,7 +938,7 @@ fn key_record(txn: &Connection, key: &str, owner: &str) -> Result<Option<(String
 type Begun = (BeginRequest, bool);
 
 fn opened_by_begin(session: &str, stream: &StreamName) -> impl FnOnce(&Mirror, &Begun) + Send + 'static + use<> {
-    let (session, stream) = (session.to_owned(), stream.to_string());
+    let (session, stream) = (session.to_owned(), stream.clone());
     move |mirror, (_, opened)| {
         if *opened {
             mirror.stream_opened(&session, &stream);
@@ -863,17 +946,20 @@ fn opened_by_begin(session: &str, stream: &StreamName) -> impl FnOnce(&Mirror, &
     }
 }
 
-/// Records request `key` of a live session with its stream (opening it unless it exists),
-/// unless the key is known.
-fn begin(
-    txn: &Connection,
-    owner: &str,
-    session: &str,
-    epoch: &str,
-    key: &str,
-    digest: &str,
-    stream: &StreamName,
-) -> Result<Begun, StoreError> {
+/// A request of a live session to record, as the writer takes it.
+struct NewRequest {
+    session: String,
+    epoch: String,
+    key: String,
+    digest: String,
+    stream: StreamName,
+}
+
+/// Records a request of a live session with its stream (opening it unless it exists), unless
+/// its key is known.
+fn begin(txn: &Connection, owner: &str, request: &NewRequest) -> Result<Begun, StoreError> {
+    let NewRequest { session, epoch, key, digest, stream } = request;
+    let (session, key) = (session.as_str(), key.as_str());
     check_live(txn, session, epoch)?;
     let existing: Option<(String, String)> = query_row(
         txn,
@@ -885,7 +971,7 @@ fn begin(
     .map_err(backend)?;
     if let Some((existing_digest, existing_stream)) = existing {
         let stream = StreamName::parse(&existing_stream).map_err(backend)?;
-        return Ok((BeginRequest::Existing { stream, same_params: existing_digest == digest }, false));
+        return Ok((BeginRequest::Existing { stream, same_params: existing_digest == *digest }, false));
     }
     execute(
         txn,
@@ -893,7 +979,7 @@ fn begin(
         params![session, key, digest, stream.as_str()],
     )
     .map_err(backend)?;
-    let opened = insert_stream(txn, session, stream.as_str(), owner, Some(key))?;
+    let opened = insert_stream(txn, session, stream, owner, Some(key))?;
     Ok((BeginRequest::Started, opened))
 }
 
@@ -912,13 +998,14 @@ fn claim_in(txn: &Connection, owner: &str, claim: &KeyClaim) -> Result<Claim, St
     Ok(Claim::Claimed)
 }
 
-/// Appends `events` to a live stream (ending it after them if `last`) and keeps retention.
+/// Appends `events` (each with its tag) to a live stream (ending it after them if `last`) and
+/// keeps retention.
 fn append_in(
     txn: &Connection,
     s: &str,
     e: &str,
     st: &str,
-    events: &[Bytes],
+    events: &[(Tag, Bytes)],
     last: bool,
     retention: &Retention,
 ) -> Result<Appended, StoreError> {
@@ -934,12 +1021,12 @@ fn append_in(
         return Err(StoreError::StreamEnded);
     }
     let mut bytes = 0;
-    for data in events {
+    for (tag, data) in events {
         head += 1;
         execute(
             txn,
-            "INSERT INTO events (session, stream, seq, data) VALUES (?1, ?2, ?3, ?4)",
-            params![s, st, head, &data[..]],
+            "INSERT INTO events (session, stream, seq, data, tag) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![s, st, head, &data[..], tag_column(*tag)],
         )
         .map_err(backend)?;
         bytes += as_i64(data.len() as u64);
@@ -957,6 +1044,61 @@ fn append_in(
     add_session_bytes(txn, s, bytes)?;
     let evicted = evict(txn, s, st, head, retention)?;
     Ok(Appended { head: as_u64(head), evicted })
+}
+
+/// What is retained of a stream (or its tombstone), with the tag of the last event dropped.
+fn range_in(txn: &Connection, s: &str, st: &str) -> Result<Option<(StreamRange, Option<Tag>)>, StoreError> {
+    let row: Option<(i64, i64, Option<i64>, Option<i64>)> = query_row(
+        txn,
+        "SELECT head, state, (SELECT MIN(seq) FROM events WHERE session = ?1 AND stream = ?2), before_retained \
+             FROM streams WHERE session = ?1 AND stream = ?2 \
+         UNION ALL SELECT head, state, NULL, before_retained FROM tombstones WHERE session = ?1 AND stream = ?2",
+        params![s, st],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+    )
+    .optional()
+    .map_err(backend)?;
+    Ok(row.map(|(head, state, first, before)| {
+        let range = StreamRange {
+            retained_from: first.map_or(as_u64(head) + 1, as_u64),
+            head: as_u64(head),
+            state: state_of(state),
+        };
+        (range, before.map(tag_of))
+    }))
+}
+
+/// The tag of the retained event at `seq`.
+fn tag_in(txn: &Connection, s: &str, st: &str, seq: u64) -> Result<Option<Tag>, StoreError> {
+    query_row(
+        txn,
+        "SELECT tag FROM events WHERE session = ?1 AND stream = ?2 AND seq = ?3",
+        params![s, st, as_i64(seq)],
+        |r| r.get(0),
+    )
+    .optional()
+    .map(|tag| tag.map(tag_of))
+    .map_err(backend)
+}
+
+/// Up to `max` retained events with `seq > after`, in order.
+fn events_in(txn: &Connection, s: &str, st: &str, after: u64, max: usize) -> Result<Vec<StoredEvent>, StoreError> {
+    let limit = i64::try_from(max).unwrap_or(i64::MAX);
+    let mut statement = txn
+        .prepare_cached(
+            "SELECT seq, data, tag FROM events WHERE session = ?1 AND stream = ?2 AND seq > ?3 ORDER BY seq LIMIT ?4",
+        )
+        .map_err(backend)?;
+    let rows = statement
+        .query_map(params![s, st, as_i64(after), limit], |r| {
+            Ok(StoredEvent {
+                seq: as_u64(r.get(0)?),
+                data: Bytes::from(r.get::<_, Vec<u8>>(1)?),
+                tag: tag_of(r.get(2)?),
+            })
+        })
+        .map_err(backend)?;
+    rows.collect::<Result<Vec<_>, _>>().map_err(backend)
 }
 
 /// Records the outcome of `owner`'s running request for `key`.
@@ -1094,6 +1236,7 @@ impl SessionStore for SqliteStore {
             Ok(match ended {
                 Some(TERMINATED) => SessionStatus::Ended(SessionEnd::Terminated),
                 Some(UPSTREAM_LOST) => SessionStatus::Ended(SessionEnd::UpstreamLost),
+                Some(HISTORY_REWRITTEN) => SessionStatus::Ended(SessionEnd::HistoryRewritten),
                 Some(_) => SessionStatus::Ended(SessionEnd::Expired),
                 None => SessionStatus::Live(SessionRecord {
                     id,
@@ -1141,6 +1284,7 @@ impl SessionStore for SqliteStore {
             SessionEnd::Terminated => TERMINATED,
             SessionEnd::Expired => EXPIRED,
             SessionEnd::UpstreamLost => UPSTREAM_LOST,
+            SessionEnd::HistoryRewritten => HISTORY_REWRITTEN,
         };
         let id_ = id.as_str().to_owned();
         let then = move |mirror: &Mirror, (): &()| {
@@ -1211,11 +1355,7 @@ impl SessionStore for SqliteStore {
             execute(txn, "UPDATE streams SET ended_at_ms = ?1 WHERE state != 0 AND ended_at_ms IS NULL", [now]).map_err(backend)?;
             execute(txn, "INSERT INTO meta (name, value) VALUES ('swept_at', ?1) ON CONFLICT (name) DO UPDATE SET value = excluded.value", [now.to_string()]).map_err(backend)?;
             let cutoff = now - as_i64(retention.ended_stream_ms);
-            execute(txn,
-                "DELETE FROM events WHERE (session, stream) IN (SELECT session, stream FROM streams WHERE state != 0 AND ended_at_ms <= ?1)",
-                [cutoff],
-            )
-            .map_err(backend)?;
+            drop_events_where(txn, "state != 0 AND ended_at_ms <= ?1", [cutoff])?;
             let dropped = bury(txn, "state != 0 AND ended_at_ms <= ?1", [cutoff])?;
             let mut freed: HashMap<&str, i64> = HashMap::new();
             for (session, _, bytes) in &dropped {
@@ -1260,7 +1400,7 @@ impl SessionStore for SqliteStore {
 impl EventLog for SqliteStore {
     fn open_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
         let (session, epoch, stream, owner) =
-            (session.as_str().to_owned(), epoch.to_string(), stream.to_string(), self.owner.clone());
+            (session.as_str().to_owned(), epoch.to_string(), stream.clone(), self.owner.clone());
         let (s, st) = (session.clone(), stream.clone());
         let then = move |mirror: &Mirror, inserted: &bool| {
             if *inserted {
@@ -1379,23 +1519,7 @@ impl EventLog for SqliteStore {
             return Box::pin(std::future::ready(Ok(Some(range))));
         }
         let (s, st) = (session.as_str().to_owned(), stream.to_string());
-        self.query(move |txn| {
-            let row: Option<(i64, i64, Option<i64>)> = query_row(
-                txn,
-                "SELECT head, state, (SELECT MIN(seq) FROM events WHERE session = ?1 AND stream = ?2) \
-                     FROM streams WHERE session = ?1 AND stream = ?2 \
-                 UNION ALL SELECT head, state, NULL FROM tombstones WHERE session = ?1 AND stream = ?2",
-                params![s, st],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
-            .optional()
-            .map_err(backend)?;
-            Ok(row.map(|(head, state, first)| StreamRange {
-                retained_from: first.map_or(as_u64(head) + 1, as_u64),
-                head: as_u64(head),
-                state: state_of(state),
-            }))
-        })
+        self.query(move |txn| Ok(range_in(txn, &s, &st)?.map(|(range, _)| range)))
     }
 
     fn stream_request(&self, session: &SessionId, stream: &StreamName) -> StoreFuture<'_, Option<RequestKey>> {
@@ -1421,21 +1545,37 @@ impl EventLog for SqliteStore {
         after: u64,
         max: usize,
     ) -> StoreFuture<'_, Vec<StoredEvent>> {
-        if let Some(events) = self.mirror.read(session.as_str(), stream.as_str(), after, max) {
-            return Box::pin(std::future::ready(Ok(events)));
+        if let Some(page) = self.mirror.read_page(session.as_str(), stream.as_str(), after, max) {
+            return Box::pin(std::future::ready(Ok(page.events)));
         }
         let (s, st) = (session.as_str().to_owned(), stream.to_string());
-        let limit = i64::try_from(max).unwrap_or(i64::MAX);
-        self.query(move |txn| {
-            let mut statement = txn
-                .prepare_cached("SELECT seq, data FROM events WHERE session = ?1 AND stream = ?2 AND seq > ?3 ORDER BY seq LIMIT ?4")
-                .map_err(backend)?;
-            let rows = statement
-                .query_map(params![s, st, as_i64(after), limit], |r| {
-                    Ok(StoredEvent { seq: as_u64(r.get(0)?), data: Bytes::from(r.get::<_, Vec<u8>>(1)?) })
-                })
-                .map_err(backend)?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(backend)
+        self.query(move |txn| events_in(txn, &s, &st, after, max))
+    }
+
+    fn read_page(
+        &self,
+        session: &SessionId,
+        stream: &StreamName,
+        after: u64,
+        max: usize,
+    ) -> StoreFuture<'_, Option<StreamPage>> {
+        if let Some(page) = self.mirror.read_page(session.as_str(), stream.as_str(), after, max) {
+            return Box::pin(std::future::ready(Ok(Some(page))));
+        }
+        let (s, st) = (session.as_str().to_owned(), stream.to_string());
+        self.query(move |connection| {
+            // One read transaction: the range, the tags and the events of one commit.
+            let txn = connection.unchecked_transaction().map_err(backend)?;
+            let Some((range, before_retained)) = range_in(&txn, &s, &st)? else { return Ok(None) };
+            let at_cursor = if after.checked_add(1) == Some(range.retained_from) {
+                before_retained
+            } else if (range.retained_from..=range.head).contains(&after) {
+                tag_in(&txn, &s, &st, after)?
+            } else {
+                None
+            };
+            let events = events_in(&txn, &s, &st, after, max)?;
+            Ok(Some(StreamPage { range, at_cursor, before_retained, events }))
         })
     }
 

@@ -245,6 +245,46 @@ pub async fn a_page_holds_the_range_and_the_events_after_the_cursor(store: &dyn 
     assert_eq!((page.range, page.events.len()), (ended, 0), "nothing more after the end");
 }
 
+/// Every event has a tag, the same at every read; a page tells the tag at its cursor while the
+/// store can: the event is retained, or is the last one dropped (whose tag the stream keeps,
+/// also once it is a tombstone).
+pub async fn every_event_keeps_its_tag_and_a_page_tells_the_one_at_its_cursor(store: &dyn Store) {
+    let a = epoch('A');
+    let s = stream("r1");
+    let session = sid("tags");
+    store.create_session(record("tags", a.clone(), 0), usize::MAX).await.expect("create");
+    store.open_stream(&session, &a, &s).await.expect("open");
+    let (session_, s_) = (&session, &s);
+    let page = move |after| async move {
+        store.read_page(session_, s_, after, usize::MAX).await.expect("page").expect("known")
+    };
+    let mut tags = vec![page(0).await.at_cursor.expect("the priming event's tag")];
+    for n in 1..=20u64 {
+        let appended = store.append(&session, &a, &s, Bytes::from(format!("e{n}")), n == 20).await;
+        assert_eq!(appended, Ok(n));
+        let newest = page(n - 1).await;
+        assert_eq!(newest.at_cursor, Some(tags[usize::try_from(n - 1).expect("small")]), "the same tag at every read");
+        tags.extend(newest.events.iter().map(|e| e.tag));
+    }
+    assert_eq!(tags.len(), 21);
+    let distinct: std::collections::HashSet<_> = tags.iter().collect();
+    assert_eq!(distinct.len(), 21, "each event its own tag");
+    // 8 retained: 13..=20. The last one dropped, 12, still tells its tag; 5 no longer can.
+    let trimmed = page(12).await;
+    assert_eq!(trimmed.range.retained_from, 13);
+    assert_eq!((trimmed.at_cursor, trimmed.before_retained), (Some(tags[12]), Some(tags[12])));
+    assert_eq!(trimmed.events.iter().map(|e| e.tag).collect::<Vec<_>>(), tags[13..].to_vec());
+    assert_eq!(page(5).await.at_cursor, None, "an evicted position further back is unknown");
+    assert_eq!(page(17).await.at_cursor, Some(tags[17]));
+    // Retention drops the ended stream whole: its tombstone keeps the tag of its last event.
+    store.sweep(0).await.expect("sweep");
+    store.touch_session(&session, &a, 600).await.expect("touch");
+    store.sweep(600).await.expect("sweep");
+    let buried = page(20).await;
+    assert_eq!(buried.range, tombstone(20, StreamState::Complete).expect("a tombstone"));
+    assert_eq!((buried.at_cursor, buried.before_retained), (Some(tags[20]), Some(tags[20])));
+}
+
 pub async fn request_ids_are_recorded_once_per_incarnation(store: &dyn Store) {
     let a = epoch('A');
     store.create_session(record("s6", a.clone(), 0), usize::MAX).await.expect("create");
@@ -733,6 +773,7 @@ macro_rules! store_suite {
             batches_append_in_order_and_wake_watchers_once_committed,
             reads_start_strictly_after_the_cursor,
             a_page_holds_the_range_and_the_events_after_the_cursor,
+            every_event_keeps_its_tag_and_a_page_tells_the_one_at_its_cursor,
             request_ids_are_recorded_once_per_incarnation,
             a_pipelined_begin_is_ordered_before_what_is_written_after_the_call,
             retention_evicts_oldest_events_and_reports_it_in_the_range,
