@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
+use tether_core::idempotency::Acknowledged;
 use tether_core::input_required;
 use tether_core::jsonrpc::{Message, Notification, Request, RequestId, Response};
 use tether_core::mcp::{Era, meta, method};
@@ -203,8 +204,20 @@ impl Client {
         let Some((key, records)) = &key else { return self.send_once(method, params, in_flight).await };
         let mut reissues = Attempts::new(self.inner.config.backoff);
         let mut attempt = 0;
+        // The key's claim as the server acknowledged it, shown on every re-send: records that
+        // went back in time refuse the key instead of running it again.
+        let claimed: Mutex<Option<Acknowledged>> = Mutex::new(None);
         loop {
-            let outcome = self.send_once(method, params.clone(), in_flight).await;
+            let mut params = params.clone();
+            if let Some(acknowledged) = claimed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).as_ref() {
+                params["_meta"][meta::IDEMPOTENCY_CLAIM] = acknowledged.to_meta();
+            }
+            let outcome = match self.send_attempt(method, params, in_flight, Some(&claimed)).await {
+                Err(RequestError::Rpc(error)) if error.reason() == Some("records_regressed") => {
+                    return Err(RequestError::OutcomeUnknown(format!("the server's {}", error.message)));
+                }
+                outcome => outcome,
+            };
             let reason = match &outcome {
                 Err(RequestError::OutcomeUnknown(reason) | RequestError::NotExecuted(reason)) => reason.clone(),
                 Err(RequestError::Cancelled) => "the response stream broke".to_owned(),
@@ -235,6 +248,18 @@ impl Client {
         params: Value,
         in_flight: Option<&InFlight>,
     ) -> Result<Value, RequestError> {
+        self.send_attempt(method, params, in_flight, None).await
+    }
+
+    /// [`Client::send_once`], keeping in `claimed` the idempotency key's claim the response head
+    /// acknowledges, if it does.
+    async fn send_attempt(
+        &self,
+        method: &str,
+        params: Value,
+        in_flight: Option<&InFlight>,
+        claimed: Option<&Mutex<Option<Acknowledged>>>,
+    ) -> Result<Value, RequestError> {
         let inner = &self.inner;
         // A re-initialization in progress has no session yet: wait for it, and hold it off until
         // this request is registered with the session it goes out on.
@@ -258,7 +283,12 @@ impl Client {
         match inner.endpoint.post(&session, body, headers).await {
             Err(err) => inner
                 .resolve(&key, Err(RequestError::OutcomeUnknown(format!("the request may not have arrived: {err}")))),
-            Ok((head, reply)) => self.handle_reply(era, generation, &key, &id, head, reply).await,
+            Ok((head, reply)) => {
+                if let (Some(claimed), Some(acknowledged)) = (claimed, &head.claimed) {
+                    *claimed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(acknowledged.clone());
+                }
+                self.handle_reply(era, generation, &key, &id, head, reply).await
+            }
         }
         let outcome = rx.await.unwrap_or(Err(RequestError::Client(ClientError::Closed)));
         if method == method::TOOLS_LIST

@@ -3,17 +3,20 @@
 
 use bytes::Bytes;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
+use tether_core::idempotency::Acknowledged;
 use tether_core::mcp::header;
 use tether_core::sse::{Decoder, Event};
 
 use crate::ClientError;
 
-/// What the server's response head said about the session.
+/// What the server's response head said about the session, and about a keyed request's claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Head {
     pub status: u16,
     pub session_id: Option<String>,
     pub epoch: Option<String>,
+    /// The idempotency key's claim, as the server's records acknowledge it.
+    pub claimed: Option<Acknowledged>,
 }
 
 impl Head {
@@ -23,6 +26,7 @@ impl Head {
             status: response.status().as_u16(),
             session_id: text(header::SESSION_ID),
             epoch: text(header::REPLAY_EPOCH),
+            claimed: text(header::IDEMPOTENCY_CLAIM).as_deref().and_then(Acknowledged::from_header),
         }
     }
 }

@@ -2,6 +2,7 @@
 //!
 //! - [`sse`]: the `text/event-stream` codec.
 //! - [`jsonrpc`] and [`mcp`]: the messages and the protocol's names and versions.
+//! - [`idempotency`]: the keys of exactly-once requests and the acknowledgement of their claim.
 //! - [`param_headers`]: tool parameters mirrored in HTTP headers (SEP-2243).
 //! - [`input_required`]: multi round-trip requests and their sealed state (SEP-2322).
 //! - [`tasks`]: when a call becomes a task, task statuses and their wire shape (SEP-2663).
@@ -11,6 +12,7 @@
 
 pub mod base64;
 pub mod date;
+pub mod idempotency;
 pub mod input_required;
 pub mod jsonrpc;
 pub mod lineage;

@@ -113,6 +113,9 @@ pub mod header {
     pub const METHOD: &str = "mcp-method";
     /// The tool, resource or prompt name, mirrored in a header (2026-07-28).
     pub const NAME: &str = "mcp-name";
+    /// The claim of a request's idempotency key, as the server's records acknowledge it
+    /// (tether idempotency: [`crate::idempotency::Acknowledged`]).
+    pub const IDEMPOTENCY_CLAIM: &str = "x-mcp-idempotency-claim";
 }
 
 /// Method names tether handles at the protocol level.
@@ -167,86 +170,14 @@ pub mod meta {
     pub const IDEMPOTENCY_CAPABILITY: &str = "io.tether/idempotency";
     /// The request `_meta` field holding an idempotency key.
     pub const IDEMPOTENCY_KEY: &str = "io.tether/idempotencyKey";
-}
-
-/// A client-chosen key naming one logical request across re-sends, sessions and replicas
-/// (`_meta["io.tether/idempotencyKey"]`): 1 to 128 printable ASCII characters, no spaces. A
-/// UUID is the intended shape; anything within those bounds is accepted.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct IdempotencyKey(String);
-
-/// Why a string is not an [`IdempotencyKey`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("an idempotency key is 1 to 128 printable ASCII characters without spaces")]
-pub struct InvalidIdempotencyKey;
-
-impl IdempotencyKey {
-    /// The longest key accepted.
-    pub const MAX_LEN: usize = 128;
-
-    /// Checks `text`.
-    pub fn parse(text: &str) -> Result<IdempotencyKey, InvalidIdempotencyKey> {
-        let valid =
-            (1..=Self::MAX_LEN).contains(&text.len()) && text.bytes().all(|b| b.is_ascii_graphic());
-        if valid {
-            Ok(IdempotencyKey(text.to_owned()))
-        } else {
-            Err(InvalidIdempotencyKey)
-        }
-    }
-
-    /// A random key in UUID version 4 form, from the 16 random bytes given.
-    pub fn from_random(bytes: [u8; 16]) -> IdempotencyKey {
-        let mut b = bytes;
-        b[6] = (b[6] & 0x0f) | 0x40;
-        b[8] = (b[8] & 0x3f) | 0x80;
-        let hex: String = b.iter().map(|b| format!("{b:02x}")).collect();
-        IdempotencyKey(format!(
-            "{}-{}-{}-{}-{}",
-            &hex[..8],
-            &hex[8..12],
-            &hex[12..16],
-            &hex[16..20],
-            &hex[20..]
-        ))
-    }
-
-    /// The key's text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for IdempotencyKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
+    /// The request `_meta` field holding the claim of its idempotency key the client was
+    /// acknowledged when it sent the key before ([`crate::idempotency::Acknowledged`]).
+    pub const IDEMPOTENCY_CLAIM: &str = "io.tether/idempotencyClaim";
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn idempotency_keys_are_bounded_printable_ascii() {
-        let uuid = IdempotencyKey::from_random([0xab; 16]);
-        assert_eq!(uuid.as_str(), "abababab-abab-4bab-abab-abababababab");
-        assert_eq!(IdempotencyKey::parse(uuid.as_str()), Ok(uuid));
-        assert!(IdempotencyKey::parse(&"k".repeat(IdempotencyKey::MAX_LEN)).is_ok());
-        for bad in [
-            String::new(),
-            "k".repeat(IdempotencyKey::MAX_LEN + 1),
-            "a b".into(),
-            "caf\u{e9}".into(),
-            "a\n".into(),
-        ] {
-            assert_eq!(
-                IdempotencyKey::parse(&bad),
-                Err(InvalidIdempotencyKey),
-                "{bad:?}"
-            );
-        }
-    }
 
     #[test]
     fn versions_round_trip_and_order() {
@@ -283,6 +214,7 @@ mod tests {
             header::REPLAY_EPOCH,
             header::METHOD,
             header::NAME,
+            header::IDEMPOTENCY_CLAIM,
         ] {
             assert_eq!(name, name.to_ascii_lowercase());
         }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use serde_json::{Value, json};
+use tether_core::idempotency::Acknowledged;
 use tether_core::input_required::{self, InputError};
 use tether_core::jsonrpc::{ErrorObject, Message, Request, Response, code};
 use tether_core::lineage::{Digest, StreamName};
@@ -44,6 +45,8 @@ pub(crate) struct Running {
     pub first: oneshot::Receiver<FirstOutput>,
     /// Ends once its outcome is stored.
     pub task: tokio::task::JoinHandle<()>,
+    /// Its idempotency key's claim, as the records acknowledge it, for the client.
+    pub claimed: Option<Acknowledged>,
 }
 
 /// The responses that end the requests of a stream recorded under `key` with `error`: sent, as
@@ -151,7 +154,7 @@ async fn start_pipelined(
     });
     let begun = decision.await.map_err(|_| StoreError::Backend("the request's task stopped".into()))??;
     Ok(match begun {
-        BeginRequest::Started => Started::Running(Running { stream, first, task }),
+        BeginRequest::Started => Started::Running(Running { stream, first, task, claimed: None }),
         BeginRequest::Existing { stream: original, same_params: true } => Started::Attach { stream: original },
         BeginRequest::Existing { same_params: false, .. } => Started::Conflict(id_reused(&id)),
     })
@@ -381,12 +384,12 @@ async fn run_recorded(
     let (ctx, first) = context(shared, runtime, &request, &stream, ends_stream, idempotency_key, &cancel);
     let params = request.params.as_ref().unwrap_or(&Value::Null);
     let job = match job {
-        Prepared::Ready(job) => Ok(job),
+        Prepared::Ready(job) => Ok((job, None)),
         Prepared::Keyed { keyed, claim, claimed } => {
             keyed_job(shared, keyed, claim, claimed, &request.method, params).await
         }
     };
-    let job = match job {
+    let (job, claimed) = match job {
         Ok(job) => job,
         Err(rejection) => {
             // Nothing ran: the request's stream ends without an answer.
@@ -400,7 +403,7 @@ async fn run_recorded(
         run(&shared, ctx, request, job, cancel, None).await;
         runtime.finish_request(&key);
     });
-    Ok(Running { stream, first, task })
+    Ok(Running { stream, first, task, claimed })
 }
 
 /// What a request's task does.
@@ -412,7 +415,7 @@ enum Job {
 }
 
 /// Turns the store's answer to a request's claim (claiming it now if `claimed` is `None`) into a
-/// job.
+/// job, with the claim as the records acknowledge it.
 async fn keyed_job(
     shared: &ServerState,
     keyed: Keyed,
@@ -420,7 +423,7 @@ async fn keyed_job(
     claimed: Option<Claim>,
     method: &str,
     params: &Value,
-) -> Result<Job, DispatchError> {
+) -> Result<(Job, Option<Acknowledged>), DispatchError> {
     let store = &shared.store;
     let claimed = match claimed {
         Some(claimed) => claimed,
@@ -431,12 +434,17 @@ async fn keyed_job(
             claimed
         }
     };
+    let acknowledged = match &claimed {
+        Claim::Claimed(acknowledged) | Claim::Existing { acknowledged, .. } => Some(acknowledged.clone()),
+        Claim::Regressed => None,
+    };
     let resumable = shared.handler.resumable(method, params);
     let plan = idempotency::plan(store, claim, claimed, resumable).await?;
-    Ok(match plan {
+    let job = match plan {
         Plan::Run => Job::Run(Some(keyed)),
         Plan::Answer(answer) => Job::Answer(answer, Some(keyed)),
-    })
+    };
+    Ok((job, acknowledged))
 }
 
 /// How a 2026-07-28 request started.
@@ -446,6 +454,8 @@ pub(crate) struct Direct {
     /// Whether closing its response stream cancels it: not for a keyed request, whose outcome
     /// the client will fetch by re-sending it.
     pub cancel_on_close: bool,
+    /// Its idempotency key's claim, as the records acknowledge it, for the client.
+    pub claimed: Option<Acknowledged>,
 }
 
 /// Starts a 2026-07-28 request: no session, output straight to the connection, cancelled when
@@ -504,12 +514,12 @@ pub(crate) async fn start_direct(
         }
         None => cancel.clone(),
     };
-    let job = match keyed {
+    let (job, claimed) = match keyed {
         Some(keyed) => {
             let claim = keyed.claim(None);
             keyed_job(shared, keyed, claim, None, &request.method, &params).await?
         }
-        None => Job::Run(None),
+        None => (Job::Run(None), None),
     };
     let (ctx, first) = Context::new(output, meta, input, run_cancel.clone(), Arc::clone(shared), task);
     let server_info = shared.server_info();
@@ -520,7 +530,7 @@ pub(crate) async fn start_direct(
         let _over = run_cancel.clone().drop_guard();
         run(&shared, ctx, request, job, run_cancel, Some(server_info)).await;
     });
-    Ok(Direct { first, cancel_on_close })
+    Ok(Direct { first, cancel_on_close, claimed })
 }
 
 /// Cancels the run of a request that may become a task when its connection's `cancel` fires,

@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::{Value, json};
+use tether_core::idempotency::{Acknowledged, IdempotencyKey};
 use tether_core::jsonrpc::{self, ErrorObject, Message, RequestId, code};
 use tether_core::lineage::{Digest, SessionId, StreamName, StreamState};
-use tether_core::mcp::{IdempotencyKey, meta, method};
+use tether_core::mcp::{meta, method};
 use tether_store::{Claim, KeyClaim, KeyState, Store, StoreError};
 
 use crate::context::Context;
@@ -24,12 +25,14 @@ use crate::{ServerState, now_ms};
 const MAX_POLL: Duration = Duration::from_millis(250);
 
 /// Adds the `io.tether/idempotency` capability to `capabilities` if the extension is on: the
-/// version, and the name of the records keys are claimed in (see [`KeyRecords::records_id`]).
-pub(crate) fn advertise(shared: &ServerState, capabilities: &mut Value) {
+/// version, and the name of the records keys are claimed in, as the store names them now
+/// ([`KeyRecords::records`](tether_store::KeyRecords::records)).
+pub(crate) async fn advertise(shared: &ServerState, capabilities: &mut Value) -> Result<(), StoreError> {
     if shared.config.idempotency && capabilities.is_object() {
-        capabilities["experimental"][meta::IDEMPOTENCY_CAPABILITY] =
-            json!({"version": 1, "records": shared.store.records_id()});
+        let records = shared.store.records().await?;
+        capabilities["experimental"][meta::IDEMPOTENCY_CAPABILITY] = json!({"version": 1, "records": records});
     }
+    Ok(())
 }
 
 /// A request's idempotency key, as the store records it.
@@ -41,6 +44,8 @@ pub(crate) struct Keyed {
     /// The digest of the method and the params without `_meta` (a re-send may carry another
     /// progress token).
     pub params_digest: String,
+    /// The key's claim as the client was acknowledged it when it sent the key before.
+    pub acknowledged: Option<Acknowledged>,
 }
 
 impl Keyed {
@@ -60,6 +65,15 @@ impl Keyed {
             Refusal::InvalidIdempotencyKey
                 .error(format!("_meta[{:?}] must be 1 to 128 printable ASCII characters", meta::IDEMPOTENCY_KEY))
         })?;
+        let acknowledged = match params.get("_meta").and_then(|m| m.get(meta::IDEMPOTENCY_CLAIM)) {
+            None => None,
+            Some(shown) => Some(Acknowledged::from_meta(shown).ok_or_else(|| {
+                Refusal::InvalidIdempotencyKey.error(format!(
+                    "_meta[{:?}] must be {{\"records\": <the X-MCP-Idempotency-Claim records>, \"position\": <its position>}}",
+                    meta::IDEMPOTENCY_CLAIM
+                ))
+            })?),
+        };
         let principal = principal.unwrap_or_default();
         let name = Digest::of(&format!("idempotency {} {principal}", principal.len()), key.as_str().as_bytes());
         // The params without `_meta`, serialized without copying them (the map is ordered, so
@@ -72,12 +86,18 @@ impl Keyed {
             other => other.to_string(),
         };
         let params_digest = Digest::of(method, bare.as_bytes());
-        Ok(Some(Keyed { name: name.to_string(), params_digest: params_digest.to_string() }))
+        Ok(Some(Keyed { name: name.to_string(), params_digest: params_digest.to_string(), acknowledged }))
     }
 
     /// The claim of this key by a request whose events go to `stream`.
     pub fn claim(&self, stream: Option<(SessionId, StreamName)>) -> KeyClaim {
-        KeyClaim { key: self.name.clone(), params_digest: self.params_digest.clone(), stream, now_ms: now_ms() }
+        KeyClaim {
+            key: self.name.clone(),
+            params_digest: self.params_digest.clone(),
+            stream,
+            now_ms: now_ms(),
+            acknowledged: self.acknowledged.clone(),
+        }
     }
 }
 
@@ -115,8 +135,9 @@ pub(crate) async fn plan(
     resumable: bool,
 ) -> Result<Plan, StoreError> {
     let (same_params, state) = match claimed {
-        Claim::Claimed => return Ok(Plan::Run),
-        Claim::Existing { same_params, state } => (same_params, state),
+        Claim::Claimed(_) => return Ok(Plan::Run),
+        Claim::Existing { same_params, state, .. } => (same_params, state),
+        Claim::Regressed => return Ok(Plan::Answer(Answer::Fail(records_regressed()))),
     };
     if !same_params {
         return Ok(Plan::Answer(Answer::Fail(
@@ -257,6 +278,15 @@ pub(crate) fn history_expired() -> ErrorObject {
     Refusal::RequestHistoryExpired.error("this request's outcome is no longer retained; its stream's history expired")
 }
 
+/// The answer for a key whose claim, as the client was acknowledged it, the records no longer
+/// hold: they went back in time, so whether the request ran is unknown, and it is not run again.
+pub(crate) fn records_regressed() -> ErrorObject {
+    Refusal::RecordsRegressed.error(
+        "the idempotency records no longer hold this key's claim as they acknowledged it (the store went back in \
+         time); the request may have run, and was not run again",
+    )
+}
+
 /// The outcome recorded for a keyed request that was cancelled.
 pub(crate) fn cancelled() -> ErrorObject {
     Refusal::RequestCancelled.error("the request was cancelled before it finished; it may have partly run")
@@ -313,7 +343,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let retention = tether_store::Retention::default();
         let dead = tether_store::SqliteStore::open(&dir, retention, "dead").expect("open");
-        assert_eq!(dead.claim_key(claim.clone()).await, Ok(Claim::Claimed));
+        assert!(matches!(dead.claim_key(claim.clone()).await, Ok(Claim::Claimed(_))));
         drop(dead);
         let store: Arc<dyn Store> =
             Arc::new(tether_store::SqliteStore::open(&dir, retention, "alive").expect("reopen"));
@@ -322,7 +352,7 @@ mod tests {
     }
 
     fn claim(stream: Option<(SessionId, StreamName)>) -> KeyClaim {
-        KeyClaim { key: "k".into(), params_digest: "d".into(), stream, now_ms: now_ms() }
+        KeyClaim { key: "k".into(), params_digest: "d".into(), stream, now_ms: now_ms(), acknowledged: None }
     }
 
     #[tokio::test]

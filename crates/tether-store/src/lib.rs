@@ -295,14 +295,17 @@ pub trait EventLog: KeyRecords {
 /// Idempotency records: which request a key ran, where it stands, how it ended.
 pub trait KeyRecords: Send + Sync {
     /// Names the place idempotency records live: the same for every process sharing this store,
-    /// and across restarts of a durable one; new for every memory store. Clients re-issue a keyed
-    /// request only to a server reporting the name it was first sent under, so a re-issue never
-    /// reaches records that never saw the first attempt.
-    fn records_id(&self) -> &str;
+    /// and across restarts of a durable one; new for every memory store, and new once a shared
+    /// store lost its records (a Redis that restarted empty), so it is read from the store each
+    /// time. Clients re-issue a keyed request only to a server reporting the name it was first
+    /// sent under, so a re-issue never reaches records that never saw the first attempt.
+    fn records(&self) -> StoreFuture<'_, String>;
 
     /// Records an idempotency key as running in this process, unless it is recorded already:
     /// then reports where that request stands. One atomic step, so two requests with one key
-    /// never both run.
+    /// never both run. A claim the client was acknowledged before that the records no longer
+    /// hold ([`Acknowledged::regressed`](tether_core::idempotency::Acknowledged::regressed)) is
+    /// [`Claim::Regressed`], and claims nothing.
     fn claim_key(&self, claim: KeyClaim) -> StoreFuture<'_, Claim>;
 
     /// Claims, for this process, a key whose request was abandoned (its process stopped before

@@ -28,6 +28,7 @@ use crate::{
     CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, RequestKey, SessionStore, StoreError,
     StoreFuture, StoredTask, TaskStore,
 };
+use tether_core::idempotency::Acknowledged;
 use tether_core::tasks::{TaskChange, TaskRecord};
 
 /// A [`Store`] held in process memory, bounded by its [`Retention`].
@@ -49,6 +50,10 @@ struct Inner {
     /// Counter additions made under an idempotency key → the value they produced.
     counter_ops: BTreeMap<String, i64>,
     keys: BTreeMap<String, KeyRecord>,
+    /// How many keys were ever claimed here: each claim's position.
+    claims: u64,
+    /// The highest position of a claim retention forgot.
+    forgotten_through: u64,
     /// The keys of `keys` with their creation times, oldest first, so that forgetting them
     /// never visits the others: the sweep holds the store's one lock.
     key_order: ChunkedQueue<(u64, String)>,
@@ -64,6 +69,8 @@ struct KeyRecord {
     digest: String,
     stream: Option<(SessionId, StreamName)>,
     outcome: Option<Bytes>,
+    /// The claim's position.
+    at: u64,
 }
 
 impl KeyRecord {
@@ -508,22 +515,31 @@ impl EventLog for MemoryStore {
 }
 
 impl KeyRecords for MemoryStore {
-    fn records_id(&self) -> &str {
-        &self.records_id
+    fn records(&self) -> StoreFuture<'_, String> {
+        ready(Ok(self.records_id.clone()))
     }
 
     fn claim_key(&self, claim: KeyClaim) -> StoreFuture<'_, Claim> {
         let mut inner = self.lock();
-        if let Some(record) = inner.keys.get(&claim.key) {
+        let held = inner.keys.get(&claim.key);
+        if let Some(acknowledged) = &claim.acknowledged
+            && acknowledged.regressed(&self.records_id, inner.claims, inner.forgotten_through, held.map(|r| r.at))
+        {
+            return ready(Ok(Claim::Regressed));
+        }
+        if let Some(record) = held {
             return ready(Ok(Claim::Existing {
                 same_params: record.digest == claim.params_digest,
                 state: record.state(),
+                acknowledged: Acknowledged { records: self.records_id.clone(), position: record.at },
             }));
         }
-        let record = KeyRecord { digest: claim.params_digest, stream: claim.stream, outcome: None };
+        inner.claims += 1;
+        let position = inner.claims;
+        let record = KeyRecord { digest: claim.params_digest, stream: claim.stream, outcome: None, at: position };
         inner.key_order.push_back((claim.now_ms, claim.key.clone()));
         inner.keys.insert(claim.key, record);
-        ready(Ok(Claim::Claimed))
+        ready(Ok(Claim::Claimed(Acknowledged { records: self.records_id.clone(), position })))
     }
 
     fn take_over_key(&self, _claim: KeyClaim) -> StoreFuture<'_, bool> {
@@ -739,7 +755,7 @@ impl MemoryStore {
 /// finished ones past the count bound, with the counter additions made under them. Returns the
 /// records, for the caller to free once it released the lock, and whether more are due.
 fn forget_keys(inner: &mut Inner, now_ms: u64, retention: &Retention) -> (Vec<KeyRecord>, bool) {
-    let Inner { keys, key_order, counter_ops, .. } = inner;
+    let Inner { keys, key_order, counter_ops, forgotten_through, .. } = inner;
     let mut forgotten = Vec::new();
     while forgotten.len() < SWEEP_BATCH
         && key_order.front().is_some_and(|(created, _)| now_ms.saturating_sub(*created) >= retention.idempotency_ms)
@@ -765,13 +781,14 @@ fn forget_keys(inner: &mut Inner, now_ms: u64, retention: &Retention) -> (Vec<Ke
         key_order.push_front(entry);
     }
     let more = forgotten.len() == SWEEP_BATCH;
-    let records = forgotten
+    let records: Vec<KeyRecord> = forgotten
         .into_iter()
         .filter_map(|key| {
             counter_ops.remove(&key);
             keys.remove(&key)
         })
         .collect();
+    *forgotten_through = records.iter().map(|record| record.at).fold(*forgotten_through, u64::max);
     (records, more)
 }
 

@@ -5,6 +5,7 @@ use tether_core::lineage::{Epoch, InvalidReason, SessionId, SessionLookup, Strea
 use tether_core::mcp::ProtocolVersion;
 
 use crate::RequestKey;
+use tether_core::idempotency::Acknowledged;
 
 /// A session as the server created it.
 #[derive(Debug, Clone, PartialEq)]
@@ -156,6 +157,8 @@ pub struct KeyClaim {
     pub stream: Option<(SessionId, StreamName)>,
     /// Now, in milliseconds since the Unix epoch.
     pub now_ms: u64,
+    /// What the client was told of the key's claim when it sent it before, if it was told.
+    pub acknowledged: Option<Acknowledged>,
 }
 
 impl KeyClaim {
@@ -186,15 +189,21 @@ pub enum KeyState {
 /// The outcome of [`KeyRecords::claim_key`](crate::KeyRecords::claim_key).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
-    /// The key was new: it is now recorded as running in this process.
-    Claimed,
+    /// The key was new: it is now recorded as running in this process, with this
+    /// acknowledgement for the client.
+    Claimed(Acknowledged),
     /// The key is known.
     Existing {
         /// Whether the params digest matches the recorded one.
         same_params: bool,
         /// Where the recorded request stands.
         state: KeyState,
+        /// Its claim, as the records acknowledge it.
+        acknowledged: Acknowledged,
     },
+    /// The records no longer hold the claim they acknowledged to the client
+    /// ([`Acknowledged::regressed`]): the request may have run, and must not run again.
+    Regressed,
 }
 
 /// How much history a store keeps, and for how long.

@@ -24,6 +24,7 @@ use crate::{
     CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, ReplicaMessage, RequestKey, SessionStore,
     StoreError, StoreFuture, StoredTask, TaskStore,
 };
+use tether_core::idempotency::Acknowledged;
 use tether_core::tasks::{TaskChange, TaskRecord};
 
 /// The channel appends and stream ends are announced on.
@@ -44,8 +45,13 @@ const SESSIONS: &str = "tether:sessions";
 const COUNTERS: &str = "tether:{counters}";
 /// Idempotency records by creation time, for expiry and the count bound.
 const KEYS: &str = "tether:keys";
-/// The name of this Redis's idempotency records, set by the first replica.
+/// The name of this Redis's idempotency records, set by the first replica, or by the first
+/// claim once a Redis lost it.
 const RECORDS_ID: &str = "tether:records-id";
+/// How many keys were ever claimed in these records: each claim's position.
+const CLAIMS: &str = "tether:claims";
+/// The highest position of a claim retention forgot.
+const CLAIMS_FORGOTTEN: &str = "tether:claims-forgotten";
 const OWNERS: &str = "tether:owners";
 /// Finished tasks by when they may be forgotten (by the sweep, on the servers' clock).
 const TASKS_DUE: &str = "tether:tasks-due";
@@ -65,7 +71,6 @@ pub struct RedisStore {
     owner: String,
     heads: Arc<Heads>,
     listener: tokio::task::JoinHandle<()>,
-    records_id: String,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -211,6 +216,7 @@ struct Scripts {
     abort: Script,
     standalone: Script,
     claim: Script,
+    forget: Script,
     take_over: Script,
     finish: Script,
     counter_once: Script,
@@ -241,12 +247,42 @@ return 1",
         ),
         // KEYS[1] the key's record; ARGV[1] digest, ARGV[2] owner, ARGV[3] session, ARGV[4]
         // stream. Returns the existing record's fields, or nothing once claimed.
+        // KEYS[1] the key's record, KEYS[2] the records' name, KEYS[3] their count of claims,
+        // KEYS[4] the highest claim forgotten; ARGV[1] digest, ARGV[2] owner, ARGV[3] session,
+        // ARGV[4] stream, ARGV[5] a name for records that have none (a Redis that lost them),
+        // ARGV[6] the records the client was acknowledged in ('' if none), ARGV[7] the position.
+        // The regression check is `Acknowledged::regressed`'s.
         claim: script(
             r"
-local r = redis.call('HMGET', KEYS[1], 'digest', 'owner', 'session', 'stream', 'outcome')
-if r[1] then return r end
-redis.call('HSET', KEYS[1], 'digest', ARGV[1], 'owner', ARGV[2], 'session', ARGV[3], 'stream', ARGV[4])
-return {}",
+local records = redis.call('GET', KEYS[2])
+if not records then
+  records = ARGV[5]
+  redis.call('SET', KEYS[2], records)
+end
+local claims = tonumber(redis.call('GET', KEYS[3]) or '0')
+local r = redis.call('HMGET', KEYS[1], 'digest', 'owner', 'session', 'stream', 'outcome', 'at')
+if ARGV[6] ~= '' then
+  local seen = tonumber(ARGV[7])
+  local held = r[1] and tonumber(r[6] or '0')
+  local forgotten = tonumber(redis.call('GET', KEYS[4]) or '0')
+  if ARGV[6] ~= records or seen > claims or (held and held ~= seen) or (not held and seen > forgotten) then
+    return {'regressed'}
+  end
+end
+if r[1] then return {'existing', records, r[6], r[1], r[2], r[3], r[4], r[5]} end
+claims = redis.call('INCR', KEYS[3])
+redis.call('HSET', KEYS[1], 'digest', ARGV[1], 'owner', ARGV[2], 'session', ARGV[3], 'stream', ARGV[4], 'at', claims)
+return {'claimed', records, tostring(claims)}",
+        ),
+        // KEYS[1] the key's record, KEYS[2] the keys by age, KEYS[3] the highest claim
+        // forgotten; ARGV[1] the key.
+        forget: script(
+            r"
+local at = tonumber(redis.call('HGET', KEYS[1], 'at') or '0')
+if at > tonumber(redis.call('GET', KEYS[3]) or '0') then redis.call('SET', KEYS[3], at) end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1",
         ),
         // KEYS[1] the key's record; ARGV[1] digest, ARGV[2] the owner found gone, ARGV[3] the new
         // owner, ARGV[4] session, ARGV[5] stream.
@@ -543,9 +579,7 @@ impl RedisStore {
     /// Connects to Redis at `url`. `owner` names this process for request leases.
     pub async fn open(url: &str, retention: Retention, owner: &str) -> Result<RedisStore, StoreError> {
         let client = redis::Client::open(url).map_err(backend)?;
-        let mut redis = client.get_connection_manager().await.map_err(backend)?;
-        let _: bool = redis.set_nx(RECORDS_ID, crate::new_records_id()?).await.map_err(backend)?;
-        let records_id: String = redis.get(RECORDS_ID).await.map_err(backend)?;
+        let redis = client.get_connection_manager().await.map_err(backend)?;
         let pubsub = subscribe(&client, owner).await.map_err(backend)?;
         let heads = Arc::new(Heads::default());
         let (answers, _) = tokio::sync::broadcast::channel(256);
@@ -571,7 +605,6 @@ impl RedisStore {
             owner: owner.to_owned(),
             heads,
             listener,
-            records_id,
         })
     }
 
@@ -1130,8 +1163,13 @@ impl EventLog for RedisStore {
 }
 
 impl KeyRecords for RedisStore {
-    fn records_id(&self) -> &str {
-        &self.records_id
+    fn records(&self) -> StoreFuture<'_, String> {
+        Box::pin(async move {
+            let mut conn = self.conn();
+            // A Redis that lost its records (restarted empty) gets a new name: they are others.
+            let _: bool = conn.set_nx(RECORDS_ID, crate::new_records_id()?).await.map_err(backend)?;
+            conn.get(RECORDS_ID).await.map_err(backend)
+        })
     }
 
     fn claim_key(&self, claim: KeyClaim) -> StoreFuture<'_, Claim> {
@@ -1153,19 +1191,48 @@ impl KeyRecords for RedisStore {
                 .await
                 .map_err(backend)?;
             let (session, stream) = claim.columns();
-            let fields: Vec<Option<Vec<u8>>> = scripts()
+            let (seen_records, seen_position) = match &claim.acknowledged {
+                Some(acknowledged) => (acknowledged.records.as_str(), acknowledged.position),
+                None => ("", 0),
+            };
+            let mut reply: Vec<Option<Vec<u8>>> = scripts()
                 .claim
                 .key(key_record(&claim.key))
+                .key(RECORDS_ID)
+                .key(CLAIMS)
+                .key(CLAIMS_FORGOTTEN)
                 .arg(&claim.params_digest)
                 .arg(&self.owner)
                 .arg(session.unwrap_or_default())
                 .arg(stream.unwrap_or_default())
+                .arg(crate::new_records_id()?)
+                .arg(seen_records)
+                .arg(seen_position)
                 .invoke_async(&mut conn)
                 .await
                 .map_err(backend)?;
-            match self.read_key(&mut conn, fields, claim.now_ms).await? {
-                Some((digest, _, state)) => Ok(Claim::Existing { same_params: digest == claim.params_digest, state }),
-                None => Ok(Claim::Claimed),
+            // The records' name and the claim's position (0 for a claim made before positions).
+            let acknowledged = |reply: &[Option<Vec<u8>>]| {
+                let text = |i: usize| reply.get(i).and_then(Option::as_deref).and_then(|b| std::str::from_utf8(b).ok());
+                let records = text(1).ok_or_else(|| backend("a claim without its records"))?.to_owned();
+                Ok::<_, StoreError>(Acknowledged {
+                    records,
+                    position: text(2).and_then(|n| n.parse().ok()).unwrap_or(0),
+                })
+            };
+            match reply.first().and_then(Option::as_deref) {
+                Some(b"regressed") => Ok(Claim::Regressed),
+                Some(b"claimed") => Ok(Claim::Claimed(acknowledged(&reply)?)),
+                Some(b"existing") => {
+                    let acknowledged = acknowledged(&reply)?;
+                    let fields = reply.split_off(3);
+                    let (digest, _, state) = self
+                        .read_key(&mut conn, fields, claim.now_ms)
+                        .await?
+                        .ok_or_else(|| backend("a record without a digest"))?;
+                    Ok(Claim::Existing { same_params: digest == claim.params_digest, state, acknowledged })
+                }
+                _ => Err(backend("the claim script answered something else")),
             }
         })
     }
@@ -1407,12 +1474,19 @@ async fn key_fields(conn: &mut ConnectionManager, key: &str) -> Result<Vec<Optio
 impl RedisStore {
     /// Forgets idempotency records past their time, then the oldest finished ones past the
     /// count bound. (Additions made once expire on their own.)
+    /// Forgets one idempotency record, keeping the highest position of a claim forgotten.
+    async fn forget_key(&self, conn: &mut ConnectionManager, key: &str) -> Result<(), StoreError> {
+        let mut forget = scripts().forget.key(key_record(key));
+        forget.key(KEYS).key(CLAIMS_FORGOTTEN).arg(key);
+        let _: i64 = forget.invoke_async(conn).await.map_err(backend)?;
+        Ok(())
+    }
+
     async fn forget_keys(&self, conn: &mut ConnectionManager, now_ms: u64) -> Result<(), StoreError> {
         let cutoff = now_ms.saturating_sub(self.retention.idempotency_ms);
         let old: Vec<String> = conn.zrangebyscore(KEYS, "-inf", cutoff).await.map_err(backend)?;
         for key in old {
-            let _: i64 = conn.del(key_record(&key)).await.map_err(backend)?;
-            let _: i64 = conn.zrem(KEYS, &key).await.map_err(backend)?;
+            self.forget_key(conn, &key).await?;
         }
         let count: usize = conn.zcard(KEYS).await.map_err(backend)?;
         let mut excess = count.saturating_sub(self.retention.max_idempotency_records);
@@ -1430,8 +1504,7 @@ impl RedisStore {
                 }
                 let finished: bool = conn.hexists(key_record(key), "outcome").await.map_err(backend)?;
                 if finished {
-                    let _: i64 = conn.del(key_record(key)).await.map_err(backend)?;
-                    let _: i64 = conn.zrem(KEYS, key).await.map_err(backend)?;
+                    self.forget_key(conn, key).await?;
                     excess -= 1;
                 } else {
                     start += 1;

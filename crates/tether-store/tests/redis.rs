@@ -25,7 +25,7 @@ async fn two_replicas_share_sessions_history_and_live_events() {
     let a = RedisStore::open(&server.url, suite::retention(), "replica-a").await.expect("connect");
     let b = RedisStore::open(&server.url, suite::retention(), "replica-b").await.expect("connect");
     let (epoch, stream) = (suite::epoch('E'), suite::stream("g1"));
-    assert_eq!(a.records_id(), b.records_id(), "one set of idempotency records");
+    assert_eq!(a.records().await, b.records().await, "one set of idempotency records");
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("shared", epoch.clone(), 0) };
     a.create_session(record.clone(), usize::MAX).await.expect("create on a");
     assert_eq!(b.create_session(record, usize::MAX).await, Err(tether_store::StoreError::DuplicateSession));
@@ -207,7 +207,7 @@ async fn a_key_abandoned_by_a_dead_replica_is_reported_and_taken_over_once() {
     let a = RedisStore::open(&server.url, suite::retention(), "replica-a").await.expect("connect");
     let b = RedisStore::open(&server.url, suite::retention(), "replica-b").await.expect("connect");
     let lease = suite::retention().lease_ms;
-    assert_eq!(dead.claim_key(suite::claim("k", "d", 1_000)).await, Ok(Claim::Claimed));
+    assert_eq!(dead.claim_key(suite::claim("k", "d", 1_000)).await, Ok(Claim::Claimed(suite::ack(&dead, 1).await)));
     drop(dead);
     let running = |abandoned| KeyState::Running { stream: Some((suite::sid("s"), suite::stream("r1"))), abandoned };
     assert_eq!(a.key_state("k", 1_000 + lease).await, Ok(Some(running(false))));
@@ -215,7 +215,7 @@ async fn a_key_abandoned_by_a_dead_replica_is_reported_and_taken_over_once() {
     let later = 1_001 + lease;
     assert_eq!(
         b.claim_key(suite::claim("k", "d", later)).await,
-        Ok(Claim::Existing { same_params: true, state: running(true) })
+        Ok(Claim::Existing { same_params: true, state: running(true), acknowledged: suite::ack(&b, 1).await })
     );
     assert_eq!(a.take_over_key(suite::claim("k", "d", later)).await, Ok(true));
     assert_eq!(b.take_over_key(suite::claim("k", "d", later)).await, Ok(false), "one replica takes it over");

@@ -51,7 +51,7 @@ async fn everything_acknowledged_survives_a_reopen() {
     let records_id;
     {
         let store = open(&dir, "before");
-        records_id = store.records_id().to_owned();
+        records_id = store.records().await.expect("records");
         store.create_session(record("durable", &epoch), usize::MAX).await.expect("create");
         store
             .begin_request(suite::request(&suite::sid("durable"), &epoch, &suite::key("n:1"), "digest", &stream))
@@ -66,7 +66,11 @@ async fn everything_acknowledged_survives_a_reopen() {
         store.counter_add("c", 7, None).await.expect("counter");
     }
     let store = open(&dir, "after");
-    assert_eq!(store.records_id(), records_id, "idempotency records keep their name across restarts");
+    assert_eq!(
+        store.records().await.expect("records"),
+        records_id,
+        "idempotency records keep their name across restarts"
+    );
     let SessionStatus::Live(loaded) = store.session(&suite::sid("durable"), 0).await.expect("lookup") else {
         panic!("session lost")
     };
@@ -120,7 +124,7 @@ async fn a_reopened_store_aborts_what_the_previous_process_left_running() {
             .expect("begin");
         dead.open_stream(&suite::sid("s"), &epoch, &other).await.expect("open");
         dead.append(&suite::sid("s"), &epoch, &running, Bytes::from_static(b"progress"), false).await.expect("append");
-        assert_eq!(dead.claim_key(suite::claim("k", "d", 1_000)).await, Ok(Claim::Claimed));
+        assert_eq!(dead.claim_key(suite::claim("k", "d", 1_000)).await, Ok(Claim::Claimed(suite::ack(&dead, 1).await)));
         assert!(
             SqliteStore::open(&dir, suite::retention(), "intruder").is_err(),
             "a second process cannot open a directory in use"
@@ -302,7 +306,10 @@ async fn a_database_from_before_the_key_count_is_counted_at_open() {
     let dir = fresh_dir();
     let store = open(&dir, "owner-a");
     for (i, key) in ["a", "b", "c", "d"].into_iter().enumerate() {
-        assert_eq!(store.claim_key(suite::claim(key, "d", 1_000 + i as u64)).await, Ok(Claim::Claimed));
+        assert_eq!(
+            store.claim_key(suite::claim(key, "d", 1_000 + i as u64)).await,
+            Ok(Claim::Claimed(suite::ack(&store, i as u64 + 1).await))
+        );
         store.finish_key(key, Bytes::from_static(b"{}")).await.expect("finish");
     }
     drop(store);

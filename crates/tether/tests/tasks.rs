@@ -25,16 +25,9 @@ fn modern(url: &str, method: &str, mut params: Value) -> Value {
         ("Mcp-Method", method),
         ("Mcp-Name", name.as_str()),
     ];
-    let response = exchange(
-        url,
-        "POST",
-        &headers,
-        &body,
-        |body| serde_json::from_str::<Value>(body).is_ok(),
-        Duration::from_secs(10),
-    );
+    let response = exchange(url, "POST", &headers, &body, |body| answer_of(body).is_some(), Duration::from_secs(10));
     assert_eq!(response.status, 200, "{method}: {}", response.body);
-    serde_json::from_str(&response.body).expect("a JSON response")
+    answer_of(&response.body).expect("a JSON-RPC response")
 }
 
 /// Calls `tool` with `arguments` and returns the id of the task it became.

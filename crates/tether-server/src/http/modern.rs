@@ -67,8 +67,11 @@ pub(crate) async fn post(
         let info = shared.handler.info();
         let mut result = json!({
             "supportedVersions": SUPPORTED_VERSIONS.map(ProtocolVersion::as_str),
-            "capabilities": modern_capabilities(shared, info.capabilities),
+            "capabilities": modern_capabilities(info.capabilities),
         });
+        crate::idempotency::advertise(shared, &mut result["capabilities"])
+            .await
+            .map_err(|e| Rejection::from(e).with_id(Some(id.clone())))?;
         if let Some(instructions) = info.instructions {
             result["instructions"] = json!(instructions);
         }
@@ -78,7 +81,7 @@ pub(crate) async fn post(
     }
     if request.method == subscriptions::LISTEN {
         let params = request.params.as_ref().unwrap_or(&Value::Null);
-        let capabilities = modern_capabilities(shared, shared.handler.info().capabilities);
+        let capabilities = modern_capabilities(shared.handler.info().capabilities);
         let filter = subscriptions::Filter::requested(params).honoured(&capabilities);
         let closed = CancellationToken::new();
         let rx = shared.listeners.open(&id, filter, closed.clone());
@@ -103,6 +106,7 @@ pub(crate) async fn post(
         return Ok(json_response(status_of(&body), body, []));
     }
     let (tx, rx) = mpsc::channel(DIRECT_BUFFER);
+    let answer = tx.clone();
     let cancel = CancellationToken::new();
     let direct = dispatch::start_direct(shared, principal.as_deref(), request, Output::Direct { tx }, cancel.clone())
         .await
@@ -110,6 +114,19 @@ pub(crate) async fn post(
     // Until the response is handed over, dropping this future (the client went away) cancels
     // the request; afterwards the response body holds the guard. A keyed request runs on.
     let guard = if direct.cancel_on_close { cancel.drop_guard() } else { CancellationToken::new().drop_guard() };
+    // A keyed request is answered at once, as a stream that carries its claim; a result that
+    // comes first goes on the stream too.
+    if let Some(claimed) = &direct.claimed {
+        let first = direct.first;
+        tokio::spawn(async move {
+            if let Ok(FirstOutput::Final(bytes)) = first.await {
+                let _ = answer.send((bytes, true)).await;
+            }
+        });
+        let body = sse::direct_body(rx, guard, shared.config.keep_alive);
+        return Ok(sse::response(body, [sse::claim_header(claimed)]));
+    }
+    drop(answer);
     match direct.first.await {
         Ok(FirstOutput::Final(bytes)) => Ok(json_response(status_of(&bytes), bytes, [])),
         Ok(FirstOutput::Event) | Err(_) => Ok(sse::response(sse::direct_body(rx, guard, shared.config.keep_alive), [])),
@@ -131,8 +148,7 @@ fn status_of(response: &[u8]) -> StatusCode {
 
 /// The capabilities this era honours: the handler's (list changes and resource updates are
 /// delivered on `subscriptions/listen`), exactly-once execution if it is on, and tasks.
-fn modern_capabilities(shared: &ServerState, mut capabilities: Value) -> Value {
-    crate::idempotency::advertise(shared, &mut capabilities);
+fn modern_capabilities(mut capabilities: Value) -> Value {
     if let Value::Object(map) = &mut capabilities
         && let Value::Object(extensions) = map.entry("extensions").or_insert_with(|| json!({}))
     {

@@ -107,7 +107,7 @@ async fn initialize(
     }
     capabilities["logging"] = json!({});
     capabilities["experimental"][meta::LINEAGE_CAPABILITY] = json!({"version": 1, "epoch": record.epoch.as_str()});
-    crate::idempotency::advertise(shared, &mut capabilities);
+    crate::idempotency::advertise(shared, &mut capabilities).await.map_err(Rejection::from)?;
     let mut result = json!({
         "protocolVersion": version.as_str(),
         "capabilities": capabilities,
@@ -168,14 +168,17 @@ async fn respond(
     }
     check_load(shared, runtime)?;
     let id = request.id.clone();
-    let stream = match dispatch::start_legacy(shared, runtime, principal, request).await? {
-        Started::Running(Running { stream, first, .. }) => match first.await {
+    let (stream, claimed) = match dispatch::start_legacy(shared, runtime, principal, request).await? {
+        // A keyed request is answered at once, as a stream: the client holds its claim before
+        // the tool runs long, and can show it should it have to send the request again.
+        Started::Running(Running { stream, claimed: Some(claimed), .. }) => (stream, Some(claimed)),
+        Started::Running(Running { stream, first, claimed: None, .. }) => match first.await {
             Ok(FirstOutput::Final(bytes)) => return Ok(json_response(StatusCode::OK, bytes, headers)),
-            Ok(FirstOutput::Event) | Err(_) => stream,
+            Ok(FirstOutput::Event) | Err(_) => (stream, None),
         },
         // From its start, by the one rule: what is retained, the result included, and what is
         // gone said once (an ended request none of whose events is retained gets its error).
-        Started::Attach { stream } => stream,
+        Started::Attach { stream } => (stream, None),
         Started::Conflict(error) => {
             let body = Message::Response(jsonrpc::Response::error(Some(id), error)).to_vec();
             return Ok(json_response(StatusCode::OK, body, headers));
@@ -183,7 +186,7 @@ async fn respond(
     };
     let attachment = runtime.attach(&stream);
     let connection = Connection::fresh(shared, Arc::clone(runtime), stream, attachment);
-    Ok(sse::response(connection.into_body(), headers))
+    Ok(sse::response(connection.into_body(), headers.into_iter().chain(claimed.as_ref().map(sse::claim_header))))
 }
 
 /// Ends a batch's stream once every request of it that started has its outcome there: when

@@ -59,12 +59,15 @@ pub(crate) enum Refusal {
     RequestAborted,
     /// Answered in the response.
     RequestCancelled,
+    /// Answered in the response: the idempotency records no longer hold the key's claim they
+    /// acknowledged; nothing runs.
+    RecordsRegressed,
 }
 
 impl Refusal {
     /// Every refusal, for the test against docs/PROTOCOL.md.
     #[cfg(test)]
-    pub const ALL: [Refusal; 37] = [
+    pub const ALL: [Refusal; 39] = [
         Refusal::ParseError,
         Refusal::InvalidMessage,
         Refusal::BatchNotAllowed,
@@ -75,6 +78,7 @@ impl Refusal {
         Refusal::SessionInvalid(InvalidReason::Expired),
         Refusal::SessionInvalid(InvalidReason::UpstreamLost),
         Refusal::SessionInvalid(InvalidReason::IncarnationMismatch),
+        Refusal::SessionInvalid(InvalidReason::HistoryRewritten),
         Refusal::MalformedCursor,
         Refusal::UnsupportedProtocolVersion,
         Refusal::NotAcceptable,
@@ -102,6 +106,7 @@ impl Refusal {
         Refusal::IdempotencyKeyReused,
         Refusal::RequestAborted,
         Refusal::RequestCancelled,
+        Refusal::RecordsRegressed,
     ];
 
     /// The HTTP status it is answered with (200 for the errors answered in the response).
@@ -138,7 +143,8 @@ impl Refusal {
             | Refusal::InvalidIdempotencyKey
             | Refusal::IdempotencyKeyReused
             | Refusal::RequestAborted
-            | Refusal::RequestCancelled => StatusCode::OK,
+            | Refusal::RequestCancelled
+            | Refusal::RecordsRegressed => StatusCode::OK,
         }
     }
 
@@ -177,7 +183,8 @@ impl Refusal {
             | Refusal::GetStreamAttached
             | Refusal::StoreUnavailable
             | Refusal::RequestAborted
-            | Refusal::RequestCancelled => SERVER_ERROR,
+            | Refusal::RequestCancelled
+            | Refusal::RecordsRegressed => SERVER_ERROR,
         }
     }
 
@@ -217,6 +224,7 @@ impl Refusal {
             Refusal::IdempotencyKeyReused => "idempotency_key_reused",
             Refusal::RequestAborted => "request_aborted",
             Refusal::RequestCancelled => "request_cancelled",
+            Refusal::RecordsRegressed => "records_regressed",
         }
     }
 

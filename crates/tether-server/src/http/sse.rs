@@ -11,6 +11,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures_util::stream;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, HeaderValue};
+use tether_core::idempotency::Acknowledged;
 use tether_core::jsonrpc::ErrorObject;
 use tether_core::lineage::{RESYNC_EVENT, ResyncNotice, SessionId, StreamName, Tag};
 use tether_core::sse::{Encoder, OutgoingEvent};
@@ -32,6 +33,14 @@ pub(crate) fn response(body: Body, extra: impl IntoIterator<Item = (HeaderName, 
     headers.insert(ACCEL_BUFFERING, HeaderValue::from_static("no"));
     headers.extend(extra);
     response
+}
+
+/// The header giving the client its idempotency key's claim, as the records acknowledge it.
+pub(crate) fn claim_header(claimed: &Acknowledged) -> (HeaderName, HeaderValue) {
+    const CLAIM: HeaderName = HeaderName::from_static(tether_core::mcp::header::IDEMPOTENCY_CLAIM);
+    // Records names are base64url tokens and positions decimal: always a valid header value.
+    let value = HeaderValue::from_str(&claimed.to_header()).unwrap_or_else(|_| HeaderValue::from_static(""));
+    (CLAIM, value)
 }
 
 /// What a connection writes before the stream's events.

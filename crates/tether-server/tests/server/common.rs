@@ -210,7 +210,15 @@ pub fn messages(events: &[Event]) -> Vec<Value> {
     events.iter().filter(|e| !e.data.is_empty()).map(|e| serde_json::from_str(&e.data).expect("json data")).collect()
 }
 
-pub async fn json_body(response: reqwest::Response) -> Value {
+/// The JSON body; of an event stream (a keyed request is answered as one), the JSON-RPC
+/// response it carries.
+pub async fn json_body(mut response: reqwest::Response) -> Value {
+    if response.headers().get("content-type").is_some_and(|v| v == "text/event-stream") {
+        let (events, _) = drain(&mut response).await;
+        let mut responses =
+            messages(&events).into_iter().filter(|m| m.get("result").is_some() || m.get("error").is_some());
+        return responses.next_back().expect("the stream carries a response");
+    }
     serde_json::from_slice(&response.bytes().await.expect("body")).expect("json body")
 }
 

@@ -33,6 +33,7 @@ use crate::{
     CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, RequestKey, SessionStore, StoreError,
     StoreFuture, StoredTask, TaskStore,
 };
+use tether_core::idempotency::Acknowledged;
 use tether_core::tasks::{TaskChange, TaskRecord};
 
 /// Most operations committed in one transaction.
@@ -180,7 +181,9 @@ CREATE TABLE IF NOT EXISTS keys (
     session TEXT,
     stream TEXT,
     outcome BLOB,
-    created_ms INTEGER NOT NULL
+    created_ms INTEGER NOT NULL,
+    -- The claim's position: meta 'claims' when it was made.
+    at INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS keys_by_age ON keys (created_ms);
 CREATE TABLE IF NOT EXISTS counter_ops (op TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -221,10 +224,11 @@ const HISTORY_REWRITTEN: i64 = 4;
 /// The columns added to tables after their first release, each added to a database made before
 /// it (with the default their rows take): `CREATE TABLE IF NOT EXISTS` leaves an existing table
 /// as it is.
-const ADDED_COLUMNS: [(&str, &str, &str); 3] = [
+const ADDED_COLUMNS: [(&str, &str, &str); 4] = [
     ("events", "tag", "INTEGER NOT NULL DEFAULT 0"),
     ("streams", "before_retained", "INTEGER"),
     ("tombstones", "before_retained", "INTEGER"),
+    ("keys", "at", "INTEGER NOT NULL DEFAULT 0"),
 ];
 
 /// Adds the [`ADDED_COLUMNS`] a database made before them lacks.
@@ -368,6 +372,13 @@ impl SqliteStore {
                 [],
             )
             .map_err(backend)?;
+        // How many keys were ever claimed, and the highest claim retention forgot: what a claim a
+        // client was acknowledged is held to (`Acknowledged::regressed`).
+        for counted in ["claims", "claims_forgotten"] {
+            connection
+                .execute("INSERT OR IGNORE INTO meta (name, value) VALUES (?1, 0)", [counted])
+                .map_err(backend)?;
+        }
         // Named once, when the file is created: the name outlives every restart.
         connection
             .execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('records_id', ?1)", [crate::new_records_id()?])
@@ -890,6 +901,16 @@ impl Appended {
 /// bound, and the counter additions of forgotten keys.
 fn forget_keys(txn: &Connection, now: i64, retention: &Retention) -> Result<(), StoreError> {
     let forget = |condition: &str, arg: i64| -> Result<(), StoreError> {
+        execute(
+            txn,
+            &format!(
+                "UPDATE meta SET value = MAX(CAST(value AS INTEGER), \
+                 COALESCE((SELECT MAX(at) FROM keys WHERE key IN (SELECT key FROM keys WHERE {condition})), 0)) \
+                 WHERE name = 'claims_forgotten'"
+            ),
+            [arg],
+        )
+        .map_err(backend)?;
         execute(txn, &format!("DELETE FROM counter_ops WHERE op IN (SELECT key FROM keys WHERE {condition})"), [arg])
             .map_err(backend)?;
         execute(txn, &format!("DELETE FROM keys WHERE key IN (SELECT key FROM keys WHERE {condition})"), [arg])
@@ -909,15 +930,15 @@ fn forget_keys(txn: &Connection, now: i64, retention: &Retention) -> Result<(), 
 
 /// Reads an idempotency record: its digest and state. A running request is abandoned when its
 /// owner is another process than `owner` (one process has the directory: the other is gone).
-fn key_record(txn: &Connection, key: &str, owner: &str) -> Result<Option<(String, KeyState)>, StoreError> {
-    type Row = (String, Option<String>, Option<String>, Option<Vec<u8>>, String);
+fn key_record(txn: &Connection, key: &str, owner: &str) -> Result<Option<KeyRecord>, StoreError> {
+    type Row = (String, Option<String>, Option<String>, Option<Vec<u8>>, String, i64);
     let row: Option<Row> =
-        query_row(txn, "SELECT digest, session, stream, outcome, owner FROM keys WHERE key = ?1", [key], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        query_row(txn, "SELECT digest, session, stream, outcome, owner, at FROM keys WHERE key = ?1", [key], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
         })
         .optional()
         .map_err(backend)?;
-    let Some((digest, session, stream, outcome, key_owner)) = row else { return Ok(None) };
+    let Some((digest, session, stream, outcome, key_owner, at)) = row else { return Ok(None) };
     let state = match outcome {
         Some(outcome) => KeyState::Finished(Bytes::from(outcome)),
         None => {
@@ -930,7 +951,22 @@ fn key_record(txn: &Connection, key: &str, owner: &str) -> Result<Option<(String
             KeyState::Running { stream, abandoned: key_owner != owner }
         }
     };
-    Ok(Some((digest, state)))
+    Ok(Some(KeyRecord { digest, state, at: as_u64(at) }))
+}
+
+/// An idempotency record as read: its params digest, where its request stands, its claim's
+/// position.
+struct KeyRecord {
+    digest: String,
+    state: KeyState,
+    at: u64,
+}
+
+/// A counter kept in `meta`.
+fn meta_count(txn: &Connection, name: &str) -> Result<u64, StoreError> {
+    query_row(txn, "SELECT CAST(value AS INTEGER) FROM meta WHERE name = ?1", [name], |r| r.get::<_, i64>(0))
+        .map(as_u64)
+        .map_err(backend)
 }
 
 /// The mirror's update after `begin`: a started request has a new stream.
@@ -983,19 +1019,31 @@ fn begin(txn: &Connection, owner: &str, request: &NewRequest) -> Result<Begun, S
     Ok((BeginRequest::Started, opened))
 }
 
-/// Claims an idempotency key for `owner`, unless it is recorded.
-fn claim_in(txn: &Connection, owner: &str, claim: &KeyClaim) -> Result<Claim, StoreError> {
-    if let Some((digest, state)) = key_record(txn, &claim.key, owner)? {
-        return Ok(Claim::Existing { same_params: digest == claim.params_digest, state });
+/// Claims an idempotency key for `owner`, unless it is recorded, or the claim the client was
+/// acknowledged is no longer held as it was.
+fn claim_in(txn: &Connection, owner: &str, records: &str, claim: &KeyClaim) -> Result<Claim, StoreError> {
+    let held = key_record(txn, &claim.key, owner)?;
+    let claims = meta_count(txn, "claims")?;
+    if let Some(acknowledged) = &claim.acknowledged {
+        let forgotten = meta_count(txn, "claims_forgotten")?;
+        if acknowledged.regressed(records, claims, forgotten, held.as_ref().map(|record| record.at)) {
+            return Ok(Claim::Regressed);
+        }
     }
+    if let Some(KeyRecord { digest, state, at }) = held {
+        let acknowledged = Acknowledged { records: records.to_owned(), position: at };
+        return Ok(Claim::Existing { same_params: digest == claim.params_digest, state, acknowledged });
+    }
+    let position = claims + 1;
+    execute(txn, "UPDATE meta SET value = ?1 WHERE name = 'claims'", [as_i64(position)]).map_err(backend)?;
     let (session, stream) = claim.columns();
     execute(
         txn,
-        "INSERT INTO keys (key, digest, owner, session, stream, created_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![claim.key, claim.params_digest, owner, session, stream, as_i64(claim.now_ms)],
+        "INSERT INTO keys (key, digest, owner, session, stream, created_ms, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![claim.key, claim.params_digest, owner, session, stream, as_i64(claim.now_ms), as_i64(position)],
     )
     .map_err(backend)?;
-    Ok(Claim::Claimed)
+    Ok(Claim::Claimed(Acknowledged { records: records.to_owned(), position }))
 }
 
 /// Appends `events` (each with its tag) to a live stream (ending it after them if `last`) and
@@ -1440,11 +1488,11 @@ impl EventLog for SqliteStore {
         claim: KeyClaim,
     ) -> StoreFuture<'_, (BeginRequest, Option<Claim>)> {
         let (begin, then) = self.begin_job(request);
-        let owner = self.owner.clone();
+        let (owner, records) = (self.owner.clone(), self.records_id.clone());
         let job = move |txn: &Connection| {
             let begun = begin(txn)?;
             let claimed = match begun.0 {
-                BeginRequest::Started => Some(claim_in(txn, &owner, &claim)?),
+                BeginRequest::Started => Some(claim_in(txn, &owner, &records, &claim)?),
                 BeginRequest::Existing { .. } => None,
             };
             Ok((begun, claimed))
@@ -1600,13 +1648,13 @@ impl EventLog for SqliteStore {
 }
 
 impl KeyRecords for SqliteStore {
-    fn records_id(&self) -> &str {
-        &self.records_id
+    fn records(&self) -> StoreFuture<'_, String> {
+        Box::pin(std::future::ready(Ok(self.records_id.clone())))
     }
 
     fn claim_key(&self, claim: KeyClaim) -> StoreFuture<'_, Claim> {
-        let owner = self.owner.clone();
-        self.run(move |txn| claim_in(txn, &owner, &claim))
+        let (owner, records) = (self.owner.clone(), self.records_id.clone());
+        self.run(move |txn| claim_in(txn, &owner, &records, &claim))
     }
 
     fn take_over_key(&self, claim: KeyClaim) -> StoreFuture<'_, bool> {
@@ -1614,7 +1662,8 @@ impl KeyRecords for SqliteStore {
         self.run(move |txn| {
             let abandoned = matches!(
                 key_record(txn, &claim.key, &owner)?,
-                Some((digest, KeyState::Running { abandoned: true, .. })) if digest == claim.params_digest
+                Some(KeyRecord { digest, state: KeyState::Running { abandoned: true, .. }, .. })
+                    if digest == claim.params_digest
             );
             if !abandoned {
                 return Ok(false);
@@ -1632,7 +1681,7 @@ impl KeyRecords for SqliteStore {
 
     fn key_state(&self, key: &str, _now_ms: u64) -> StoreFuture<'_, Option<KeyState>> {
         let (key, owner) = (key.to_owned(), self.owner.clone());
-        self.query(move |txn| Ok(key_record(txn, &key, &owner)?.map(|(_, state)| state)))
+        self.query(move |txn| Ok(key_record(txn, &key, &owner)?.map(|record| record.state)))
     }
 
     fn finish_key(&self, key: &str, outcome: Bytes) -> StoreFuture<'_, ()> {

@@ -2,6 +2,7 @@
 //! file. Time is passed in explicitly, so nothing here sleeps.
 
 use bytes::Bytes;
+use tether_core::idempotency::Acknowledged;
 use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange, StreamState};
 use tether_core::mcp::ProtocolVersion;
 use tether_store::{
@@ -28,7 +29,18 @@ pub fn retention() -> Retention {
 
 /// A claim of `key` at `now`, running on stream `r1` of session `s`.
 pub fn claim(key: &str, digest: &str, now: u64) -> KeyClaim {
-    KeyClaim { key: key.into(), params_digest: digest.into(), stream: Some((sid("s"), stream("r1"))), now_ms: now }
+    KeyClaim {
+        key: key.into(),
+        params_digest: digest.into(),
+        stream: Some((sid("s"), stream("r1"))),
+        now_ms: now,
+        acknowledged: None,
+    }
+}
+
+/// The acknowledgement of the claim at `position` in `store`'s records.
+pub async fn ack(store: &dyn Store, position: u64) -> Acknowledged {
+    Acknowledged { records: store.records().await.expect("records"), position }
 }
 
 pub fn sid(id: &str) -> SessionId {
@@ -544,16 +556,16 @@ pub async fn counters_add_and_read(store: &dyn CounterStore) {
 
 pub async fn idempotency_keys_run_once_and_keep_their_outcome(store: &dyn Store) {
     assert_eq!(store.key_state("k1", 100).await, Ok(None));
-    assert_eq!(store.claim_key(claim("k1", "d1", 100)).await, Ok(Claim::Claimed));
+    assert_eq!(store.claim_key(claim("k1", "d1", 100)).await, Ok(Claim::Claimed(ack(store, 1).await)));
     let running = KeyState::Running { stream: Some((sid("s"), stream("r1"))), abandoned: false };
     assert_eq!(
         store.claim_key(claim("k1", "d1", 101)).await,
-        Ok(Claim::Existing { same_params: true, state: running.clone() }),
+        Ok(Claim::Existing { same_params: true, state: running.clone(), acknowledged: ack(store, 1).await }),
         "a second claim finds the running request, never runs it again"
     );
     assert_eq!(
         store.claim_key(claim("k1", "other", 101)).await,
-        Ok(Claim::Existing { same_params: false, state: running.clone() })
+        Ok(Claim::Existing { same_params: false, state: running.clone(), acknowledged: ack(store, 1).await })
     );
     assert_eq!(store.take_over_key(claim("k1", "d1", 102)).await, Ok(false), "a live owner keeps its request");
     assert_eq!(store.key_state("k1", 102).await, Ok(Some(running)));
@@ -563,11 +575,58 @@ pub async fn idempotency_keys_run_once_and_keep_their_outcome(store: &dyn Store)
     assert_eq!(store.key_state("k1", 103).await, Ok(Some(KeyState::Finished(outcome.clone()))), "first outcome kept");
     assert_eq!(
         store.claim_key(claim("k1", "d1", 104)).await,
-        Ok(Claim::Existing { same_params: true, state: KeyState::Finished(outcome) })
+        Ok(Claim::Existing {
+            same_params: true,
+            state: KeyState::Finished(outcome),
+            acknowledged: ack(store, 1).await
+        })
     );
     let stateless = KeyClaim { stream: None, ..claim("k2", "d2", 105) };
-    assert_eq!(store.claim_key(stateless.clone()).await, Ok(Claim::Claimed));
+    assert_eq!(store.claim_key(stateless.clone()).await, Ok(Claim::Claimed(ack(store, 2).await)));
     assert_eq!(store.key_state("k2", 105).await, Ok(Some(KeyState::Running { stream: None, abandoned: false })));
+}
+
+/// A key sent again with the claim the client was acknowledged: held as acknowledged, it is
+/// answered as any known key; records that no longer hold it (other records, behind it, the
+/// key unknown though retention did not forget it, or claimed again since) refuse it, and
+/// claim nothing.
+pub async fn a_claim_the_records_no_longer_hold_is_refused_as_regressed(store: &dyn Store) {
+    let records = store.records().await.expect("records");
+    assert_eq!(store.records().await.as_ref(), Ok(&records), "the same name every time");
+    let shown = |key: &str, records: &str, position| KeyClaim {
+        acknowledged: Some(Acknowledged { records: records.into(), position }),
+        ..claim(key, "d", 200)
+    };
+    assert_eq!(store.claim_key(claim("k1", "d", 100)).await, Ok(Claim::Claimed(ack(store, 1).await)));
+    store.finish_key("k1", Bytes::from_static(b"{}")).await.expect("finish");
+    let held = store.claim_key(shown("k1", &records, 1)).await;
+    assert!(matches!(held, Ok(Claim::Existing { acknowledged: Acknowledged { position: 1, .. }, .. })), "{held:?}");
+    assert_eq!(store.claim_key(shown("k1", "other-records", 1)).await, Ok(Claim::Regressed), "other records");
+    assert_eq!(store.claim_key(shown("k1", &records, 7)).await, Ok(Claim::Regressed), "records behind the claim");
+    assert_eq!(store.claim_key(shown("k9", &records, 1)).await, Ok(Claim::Regressed), "a claim they lost");
+    assert_eq!(store.key_state("k9", 201).await, Ok(None), "a regressed claim claims nothing");
+    assert_eq!(store.claim_key(claim("k2", "d", 100)).await, Ok(Claim::Claimed(ack(store, 2).await)));
+    assert_eq!(store.claim_key(shown("k1", &records, 2)).await, Ok(Claim::Regressed), "a later claim of the key");
+    let begun = store
+        .begin_keyed_request(request(&sid("s"), &epoch('A'), &key("n:1"), "d", &stream("r1")), shown("k9", &records, 1))
+        .await;
+    assert_eq!(begun, Err(StoreError::SessionGone), "no session: nothing is begun");
+}
+
+/// A claim that retention forgot is not one the records lost: the key runs again, as a key
+/// sent after its record was forgotten always has.
+pub async fn a_claim_forgotten_by_retention_is_claimed_again(store: &dyn Store) {
+    let records = store.records().await.expect("records");
+    for (i, key) in ["a", "b", "c", "d"].into_iter().enumerate() {
+        let claimed = store.claim_key(claim(key, "d", 1_000 + i as u64)).await;
+        assert_eq!(claimed, Ok(Claim::Claimed(ack(store, i as u64 + 1).await)));
+        store.finish_key(key, Bytes::from_static(b"{}")).await.expect("finish");
+    }
+    // Four records, three kept: "a", the oldest, is forgotten.
+    store.sweep(1_010).await.expect("sweep");
+    assert_eq!(store.key_state("a", 1_010).await, Ok(None));
+    let again = KeyClaim { acknowledged: Some(Acknowledged { records, position: 1 }), ..claim("a", "d", 1_020) };
+    assert_eq!(store.claim_key(again).await, Ok(Claim::Claimed(ack(store, 5).await)));
 }
 
 pub async fn keyed_requests_begin_and_claim_together(store: &dyn Store) {
@@ -575,7 +634,7 @@ pub async fn keyed_requests_begin_and_claim_together(store: &dyn Store) {
     store.create_session(record("s", a.clone(), 0), usize::MAX).await.expect("create");
     let begun =
         store.begin_keyed_request(request(&sid("s"), &a, &key("n:1"), "d", &stream("r1")), claim("k", "d", 100)).await;
-    assert_eq!(begun, Ok((BeginRequest::Started, Some(Claim::Claimed))));
+    assert_eq!(begun, Ok((BeginRequest::Started, Some(Claim::Claimed(ack(store, 1).await)))));
     // The same request id again: it attaches in its session, and claims nothing.
     let again =
         store.begin_keyed_request(request(&sid("s"), &a, &key("n:1"), "d", &stream("r2")), claim("k", "d", 101)).await;
@@ -586,7 +645,14 @@ pub async fn keyed_requests_begin_and_claim_together(store: &dyn Store) {
         .await
         .expect("begin");
     assert_eq!(begun, BeginRequest::Started);
-    assert!(matches!(claimed, Some(Claim::Existing { same_params: true, state: KeyState::Running { .. } })));
+    assert!(matches!(
+        claimed,
+        Some(Claim::Existing {
+            same_params: true,
+            state: KeyState::Running { .. },
+            acknowledged: Acknowledged { position: 1, .. }
+        })
+    ));
     // A session that is gone claims nothing.
     let gone = store
         .begin_keyed_request(request(&sid("s"), &epoch('B'), &key("n:3"), "d", &stream("r4")), claim("k2", "d", 103))
@@ -600,7 +666,7 @@ pub async fn a_final_append_records_the_keys_outcome_even_if_the_session_is_gone
     store.create_session(record("s", a.clone(), 0), usize::MAX).await.expect("create");
     let begun =
         store.begin_keyed_request(request(&sid("s"), &a, &key("n:1"), "d", &stream("r1")), claim("k", "d", 100)).await;
-    assert_eq!(begun, Ok((BeginRequest::Started, Some(Claim::Claimed))));
+    assert_eq!(begun, Ok((BeginRequest::Started, Some(Claim::Claimed(ack(store, 1).await)))));
     let response = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
     let events = vec![Bytes::from_static(b"progress"), response.clone()];
     assert_eq!(store.append_final(&sid("s"), &a, &stream("r1"), events, true, "k").await, Ok(2));
@@ -622,7 +688,7 @@ pub async fn a_final_append_records_the_keys_outcome_even_if_the_session_is_gone
 }
 
 pub async fn counter_additions_under_a_key_apply_once<S: Store + CounterStore>(store: &S) {
-    assert_eq!(store.claim_key(claim("op", "d", 100)).await, Ok(Claim::Claimed));
+    assert_eq!(store.claim_key(claim("op", "d", 100)).await, Ok(Claim::Claimed(ack(store, 1).await)));
     assert_eq!(store.counter_add("c", 5, Some("op")).await, Ok(5));
     assert_eq!(store.counter_add("c", 5, Some("op")).await, Ok(5), "the same addition again is not made");
     assert_eq!(store.counter_add("c", 1, None).await, Ok(6));
@@ -632,7 +698,10 @@ pub async fn counter_additions_under_a_key_apply_once<S: Store + CounterStore>(s
 pub async fn idempotency_records_expire_and_are_bounded(store: &dyn Store) {
     let r = retention();
     for (i, key) in ["a", "b", "c", "d"].into_iter().enumerate() {
-        assert_eq!(store.claim_key(claim(key, "d", 1_000 + i as u64)).await, Ok(Claim::Claimed));
+        assert_eq!(
+            store.claim_key(claim(key, "d", 1_000 + i as u64)).await,
+            Ok(Claim::Claimed(ack(store, i as u64 + 1).await))
+        );
     }
     for key in ["b", "c", "d"] {
         store.finish_key(key, Bytes::from_static(b"{}")).await.expect("finish");
@@ -702,7 +771,7 @@ pub async fn a_final_append_may_leave_the_stream_open(store: &dyn Store) {
     store.create_session(record("s", a.clone(), 0), usize::MAX).await.expect("create");
     let begun =
         store.begin_keyed_request(request(&sid("s"), &a, &key("n:1"), "d", &stream("b1")), claim("k", "d", 100)).await;
-    assert_eq!(begun, Ok((BeginRequest::Started, Some(Claim::Claimed))));
+    assert_eq!(begun, Ok((BeginRequest::Started, Some(Claim::Claimed(ack(store, 1).await)))));
     let response = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
     assert_eq!(store.append_final(&sid("s"), &a, &stream("b1"), vec![response.clone()], false, "k").await, Ok(1));
     let range = store.stream_range(&sid("s"), &stream("b1")).await.expect("range").expect("stream");
@@ -716,7 +785,7 @@ pub async fn a_final_append_may_leave_the_stream_open(store: &dyn Store) {
 pub async fn a_task_is_created_with_its_keys_outcome_and_changed_in_one_step(store: &dyn Store) {
     use tether_core::tasks::{TaskChange, TaskRecord, TaskStatus};
     let key = KeyClaim { stream: None, ..claim("k", "d", 1_000) };
-    assert_eq!(store.claim_key(key).await, Ok(Claim::Claimed));
+    assert_eq!(store.claim_key(key).await, Ok(Claim::Claimed(ack(store, 1).await)));
     let created = TaskRecord::new("t1".into(), Some("alice".into()), 1_000, Some(60_000), Some(250));
     let outcome = Bytes::from_static(b"{\"result\":{\"taskId\":\"t1\"}}");
     store.create_task(created.clone(), Some(("k".into(), outcome.clone()))).await.expect("create");
@@ -786,6 +855,8 @@ macro_rules! store_suite {
             counters_add_and_read,
             idempotency_keys_run_once_and_keep_their_outcome,
             keyed_requests_begin_and_claim_together,
+            a_claim_the_records_no_longer_hold_is_refused_as_regressed,
+            a_claim_forgotten_by_retention_is_claimed_again,
             a_final_append_records_the_keys_outcome_even_if_the_session_is_gone,
             counter_additions_under_a_key_apply_once,
             idempotency_records_expire_and_are_bounded,

@@ -225,6 +225,18 @@ pub fn sse_events(body: &str) -> Vec<(Option<String>, Option<String>, String)> {
     out
 }
 
+/// The JSON-RPC response a body carries: the body itself if it is JSON, else the response
+/// among its SSE events (a keyed request is answered as a stream).
+pub fn answer_of(body: &str) -> Option<Value> {
+    if let Ok(value) = serde_json::from_str::<Value>(body) {
+        return Some(value);
+    }
+    sse_events(body)
+        .into_iter()
+        .filter_map(|(_, _, data)| serde_json::from_str::<Value>(&data).ok())
+        .find(|message| message.get("result").is_some() || message.get("error").is_some())
+}
+
 /// A header's value.
 pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> &'a str {
     headers.iter().find(|(n, _)| n == name).map_or("", |(_, v)| v.as_str())
