@@ -232,7 +232,13 @@ pub fn start(target: Target, mode: Mode, programs: &Programs, max_events: u64) -
             wait_accepting(SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(10))
                 .map_err(|e| fail(format!("redis-server: {e}")))?;
             let mut args = tether("redis");
-            args.extend(["--redis-url".into(), format!("redis://127.0.0.1:{port}/")]);
+            // The bench measures the transport: the Redis it starts keeps nothing on disk.
+            args.extend([
+                "--redis-url".into(),
+                format!("redis://127.0.0.1:{port}/"),
+                "--redis-durability".into(),
+                "none".into(),
+            ]);
             with_file_limit(&programs.tether, &args)
         }
         Target::Raw => with_file_limit(&programs.tether, &["bench".into(), "--serve-raw".into()]),

@@ -15,12 +15,20 @@
 //! diverged re-initializes through either replica and re-sends the request under the key, but
 //! only to the records it was first sent under. The re-sent request is answered from the record
 //! (attached while the original runs); it never runs the tool again.
+//!
+//! With a rollback budget the shared store may go back in time (Redis restarted from an older
+//! snapshot, a failover to a replica that lagged, a directory restored from a backup): to a
+//! snapshot taken mid-stream, or to a backup from before the call (no stream, no key). The
+//! tool, still running, then stores other events at positions it had already handed out. Every
+//! event's id carries the tag of its version of the history, which the replicas hold cursors
+//! and their own connections to (`check_position`), and a keyed client shows the claim it was
+//! acknowledged, which records that lost it refuse.
 
 use tether_core::lineage::RESYNC_EVENT;
 use tether_core::lineage::{
-    Accepted, Checkpoint, Digest, Divergence, Epoch, EventId, FirstEvent, Next, ObservedId, Reconnect, ResyncNotice,
-    SeqRange, ServerDecision, SessionLookup, StreamAt, StreamName, StreamRange, StreamState, StreamValidator, Tag,
-    Verdict, client_verdict, decide_resume, next_after,
+    Accepted, Checkpoint, Digest, Divergence, Epoch, EventId, FirstEvent, InvalidReason, Next, ObservedId, Reconnect,
+    ResyncNotice, SeqRange, ServerDecision, SessionLookup, StreamAt, StreamName, StreamRange, StreamState,
+    StreamValidator, Tag, Verdict, check_position, client_verdict, decide_resume, next_after,
 };
 
 use crate::checker::{Invariant, Model};
@@ -32,6 +40,8 @@ pub enum Session {
     Live,
     /// Expired (idle past its TTL).
     Expired,
+    /// Ended by a replica that found the store no longer holds what the client saw.
+    Rewritten,
 }
 
 /// The request's stream in the store.
@@ -43,6 +53,8 @@ pub enum Stream {
     Complete,
     /// Its tool's replica died; nothing more will come.
     Aborted,
+    /// The store has no such stream: it went back to before the call.
+    Gone,
 }
 
 /// How the client's request ended.
@@ -69,6 +81,8 @@ pub enum KeyRecord {
     Result,
     /// Finished with an error: the request was cancelled when its session expired.
     Cancelled,
+    /// The store went back to before the claim: it no longer knows the key.
+    Lost,
 }
 
 /// Where a keyed request's re-send stands.
@@ -86,8 +100,9 @@ pub enum Reissue {
 /// or lost with the connection).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Wire {
-    /// Event `seq` of the stream.
-    Event(u8),
+    /// Event `seq` of the stream, of history `version` (0 before the store went back in time,
+    /// 1 for what it stored after).
+    Event(u8, u8),
     /// A resync naming events `from..=to` as gone, written when the stream's head was `head`.
     Gap {
         /// First event gone.
@@ -96,12 +111,16 @@ pub enum Wire {
         to: u8,
         /// The stream's head when the notice was written.
         head: u8,
+        /// The history of the event at `to`, whose tag the notice's id carries.
+        version: u8,
     },
     /// The stream's producer died after event `head`: the `request_aborted` notice, then the
     /// request's error (the trailer). The connection ends with it.
     Aborted {
         /// The stream's head.
         head: u8,
+        /// The history of the event at `head`.
+        version: u8,
     },
     /// The stream ended right after a gap that took its response: the request's
     /// `request_history_expired` error (the trailer). The connection ends with it.
@@ -115,6 +134,8 @@ pub struct Conn {
     pub replica: u8,
     /// The last position the replica wrote (or accounted for with a gap).
     pub cursor: u8,
+    /// The history of the event at `cursor`, as the replica wrote it (or was told it).
+    pub cursor_version: u8,
     /// The last thing the replica wrote was a gap: a stream that ends now lost its response.
     pub after_gap: bool,
     /// Written by the replica, not yet read by the client (at most two).
@@ -127,8 +148,8 @@ pub struct Conn {
 
 impl Conn {
     /// A connection whose replica writes what follows `cursor`.
-    fn from(replica: u8, cursor: u8, first: bool) -> Conn {
-        Conn { replica, cursor, after_gap: false, in_flight: Vec::new(), ended: false, first }
+    fn from(replica: u8, cursor: u8, cursor_version: u8, first: bool) -> Conn {
+        Conn { replica, cursor, cursor_version, after_gap: false, in_flight: Vec::new(), ended: false, first }
     }
 }
 
@@ -159,6 +180,8 @@ pub struct State {
     /// The sequence number of the client's cursor: the last event the application got (0: the
     /// priming event), or the position of the last resync it accepted.
     pub checkpoint: u8,
+    /// The history of the event the cursor names, whose tag the cursor carries.
+    pub checkpoint_version: u8,
     /// The cursor is a resync's position: the notice it was (`from`, `to`, `head`; `from` 0 for
     /// a `request_aborted` notice), whose digest the cursor carries.
     pub checkpoint_notice: Option<(u8, u8, u8)>,
@@ -166,7 +189,7 @@ pub struct State {
     pub delivered: u32,
     /// Bit `s` set: the client was told event `s` is gone.
     pub announced: u32,
-    /// The client was told an event was gone while the store still retained it.
+    /// A replica wrote that an event was gone while the store still retained it.
     pub needless_loss: bool,
     /// The application got some event twice.
     pub duplicate: bool,
@@ -182,6 +205,30 @@ pub struct State {
     pub key: KeyRecord,
     /// Where the re-send of a keyed request stands.
     pub reissue: Reissue,
+    /// The store as it was when a snapshot (or a backup) of it was taken, to go back to.
+    pub snapshot: Option<Snapshot>,
+    /// Once the store went back in time: the last position it kept; every event it holds past
+    /// it is of the history it stored since (version 1).
+    pub fork: Option<u8>,
+    /// The application got events of a history the store lost.
+    pub lost_seen: bool,
+    /// ... and then events of the history that replaced it: two contents under one position.
+    pub mixed: bool,
+}
+
+/// What a snapshot of the store holds of the session, the stream and the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Snapshot {
+    /// The session's status.
+    pub session: Session,
+    /// The stream's head.
+    pub head: u8,
+    /// Its lowest retained event.
+    pub retained_from: u8,
+    /// Its state.
+    pub stream: Stream,
+    /// The key's record.
+    pub key: KeyRecord,
 }
 
 /// Faults the environment may still inject.
@@ -195,6 +242,9 @@ pub struct Budget {
     pub expiries: u8,
     /// Replica crashes.
     pub crashes: u8,
+    /// Times the shared store goes back to a snapshot of itself (taken at a `Snapshot` step, or
+    /// a backup from before the call).
+    pub rollbacks: u8,
 }
 
 /// A step of the system.
@@ -220,6 +270,10 @@ pub enum Action {
     Crash(u8),
     /// A keyed client re-initializes through this replica and sends the request again.
     Reissue(u8),
+    /// A snapshot of the store is taken.
+    Snapshot,
+    /// The store goes back to its snapshot.
+    Rollback,
 }
 
 /// How the server replicas decide; every variant but `Real` is deliberately broken.
@@ -240,6 +294,12 @@ pub enum ServerVariant {
     /// A replica that does not know the session accepts it anyway, as a fresh incarnation with
     /// an empty stream (the "replica without the buffer replayed from zero" of the seeds).
     AdoptsUnknownSession,
+    /// Holds neither a resume's cursor nor its own connections to the tags of the history the
+    /// store holds (tether before history fencing).
+    IgnoresTags,
+    /// Claims a key the client was acknowledged before as if it were new when the records no
+    /// longer know it (tether before records fencing).
+    IgnoresClaims,
 }
 
 /// How the client judges; every variant but `Real` is deliberately broken.
@@ -276,6 +336,9 @@ pub struct Config {
     pub client: ClientVariant,
     /// Where the replicas keep sessions and events.
     pub stores: Stores,
+    /// The store may go back (with the rollback budget) to a backup taken before the call: no
+    /// stream, no key. Otherwise to a snapshot a `Snapshot` step takes.
+    pub backup_before_call: bool,
 }
 
 /// Where the replicas keep sessions and events.
@@ -294,10 +357,28 @@ impl Config {
     pub fn real() -> Config {
         Config {
             events: 3,
-            budget: Budget { cuts: 3, evictions: 2, expiries: 1, crashes: 1 },
+            budget: Budget { cuts: 3, evictions: 2, expiries: 1, crashes: 1, rollbacks: 0 },
             server: ServerVariant::Real,
             client: ClientVariant::Real,
             stores: Stores::Shared,
+            backup_before_call: false,
+        }
+    }
+
+    /// Real decisions with a store that goes back in time once, to a snapshot taken at any
+    /// point, while the tool still runs or after it finished; three notifications, two cuts,
+    /// one eviction.
+    pub fn rollback() -> Config {
+        Config { budget: Budget { cuts: 2, evictions: 1, expiries: 0, crashes: 0, rollbacks: 1 }, ..Config::real() }
+    }
+
+    /// A keyed client, and a store that goes back once to a backup taken before the call.
+    pub fn rollback_before_call() -> Config {
+        Config {
+            budget: Budget { cuts: 2, evictions: 1, expiries: 0, crashes: 0, rollbacks: 1 },
+            client: ClientVariant::Keyed,
+            backup_before_call: true,
+            ..Config::real()
         }
     }
 
@@ -336,18 +417,30 @@ fn stream_name(incarnation: u8) -> StreamName {
     StreamName::parse(&format!("r{incarnation}")).unwrap_or_else(|_| unreachable!("r<digits> is a valid stream name"))
 }
 
-/// The tag the store drew for event `seq` of incarnation `incarnation`.
-fn tag(incarnation: u8, seq: u8) -> Tag {
-    Tag::from_bits(u64::from(incarnation) << 8 | u64::from(seq))
+/// The tag the store drew for event `seq` of incarnation `incarnation` in history `version`.
+fn tag(incarnation: u8, seq: u8, version: u8) -> Tag {
+    Tag::from_bits(u64::from(version) << 16 | u64::from(incarnation) << 8 | u64::from(seq))
 }
 
-fn event_id(incarnation: u8, seq: u8) -> String {
-    format!("{}:{}:{seq}:{}", epoch(incarnation), stream_name(incarnation), tag(incarnation, seq))
+fn event_id(incarnation: u8, seq: u8, version: u8) -> String {
+    format!("{}:{}:{seq}:{}", epoch(incarnation), stream_name(incarnation), tag(incarnation, seq, version))
 }
 
-/// The data of event `seq` (the priming event has none).
-fn data(incarnation: u8, seq: u8) -> Vec<u8> {
-    if seq == 0 { Vec::new() } else { format!("{{\"inc\":{incarnation},\"seq\":{seq}}}").into_bytes() }
+/// The data of event `seq` of history `version` (the priming event has none).
+fn data(incarnation: u8, seq: u8, version: u8) -> Vec<u8> {
+    if seq == 0 { Vec::new() } else { format!("{{\"inc\":{incarnation},\"seq\":{seq},\"v\":{version}}}").into_bytes() }
+}
+
+/// The history of the event the store holds at `seq`.
+fn version_at(state: &State, seq: u8) -> u8 {
+    u8::from(state.fork.is_some_and(|fork| seq > fork))
+}
+
+/// What the store tells of position `seq`: the tag there while it can (the event is retained,
+/// or is the last one dropped).
+fn held_at(state: &State, range: StreamRange, seq: u8) -> StreamAt {
+    let known = u64::from(seq) <= range.head && u64::from(seq) + 1 >= range.retained_from;
+    StreamAt { range, tag: known.then(|| tag(state.incarnation, seq, version_at(state, seq))) }
 }
 
 fn bit(seq: u8) -> u32 {
@@ -367,11 +460,11 @@ fn aborted_notice(incarnation: u8, head: u8) -> ResyncNotice {
 
 impl Resumption {
     fn checkpoint(&self, state: &State) -> Checkpoint {
-        let id = event_id(state.incarnation, state.checkpoint);
+        let id = event_id(state.incarnation, state.checkpoint, state.checkpoint_version);
         let data = match state.checkpoint_notice {
             Some((0, _, head)) => aborted_notice(state.incarnation, head).to_json().into_bytes(),
             Some((from, to, head)) => gap_notice(state.incarnation, from, to, head).to_json().into_bytes(),
-            None => data(state.incarnation, state.checkpoint),
+            None => data(state.incarnation, state.checkpoint, state.checkpoint_version),
         };
         Checkpoint {
             session_id: self.session_id.clone(),
@@ -381,13 +474,17 @@ impl Resumption {
         }
     }
 
-    /// The application takes event `seq`.
-    fn deliver(&self, state: &mut State, seq: u8) {
+    /// The application takes event `seq` of history `version`.
+    fn deliver(&self, state: &mut State, seq: u8, version: u8) {
         if state.delivered & bit(seq) != 0 {
             state.duplicate = true;
         }
+        if version == 1 && state.lost_seen {
+            state.mixed = true;
+        }
         state.delivered |= bit(seq);
         state.checkpoint = seq;
+        state.checkpoint_version = version;
         state.checkpoint_notice = None;
         state.idle_resumes = 0;
         if seq == self.config.last() {
@@ -427,6 +524,22 @@ impl Resumption {
             state.outcome = Outcome::Result;
             return;
         }
+        if state.key == KeyRecord::Lost {
+            state.reissue = Reissue::None;
+            if self.config.server == ServerVariant::IgnoresClaims {
+                // Taken for a new key: the request runs again.
+                state.executions += 1;
+                state.key = KeyRecord::Result;
+                state.outcome = Outcome::Result;
+            } else {
+                // The client shows the claim it was acknowledged; the records that lost it
+                // refuse the key (`records_regressed`), and the client reports the outcome
+                // unknown.
+                state.reported = Some(("records_regressed", None));
+                state.outcome = Outcome::Unknown;
+            }
+            return;
+        }
         state.reissue = Reissue::Attached;
         self.settle(state);
     }
@@ -444,7 +557,7 @@ impl Resumption {
             KeyRecord::Running if state.forgotten => Outcome::Unknown,
             // Abandoned: its replica crashed mid-run (the tool is not resumable).
             KeyRecord::Running if state.producer.is_none() => Outcome::Error,
-            KeyRecord::Running => return,
+            KeyRecord::Running | KeyRecord::Lost => return,
         };
         state.outcome = outcome;
         state.reissue = Reissue::None;
@@ -469,10 +582,11 @@ impl Resumption {
             state.producer = Some(0);
             state.executions += 1;
             state.checkpoint = 0;
+            state.checkpoint_version = 0;
             state.checkpoint_notice = None;
             state.delivered = 0;
             state.announced = 0;
-            state.conn = Some(Conn::from(0, 0, false));
+            state.conn = Some(Conn::from(0, 0, 0, false));
             return;
         }
         state.reported = Some((divergence.kind(), lost));
@@ -535,14 +649,13 @@ impl Resumption {
         StreamValidator::resume(&checkpoint).accept(Some(id), event, data).map_err(Judged::Diverged)
     }
 
-    /// The client accepted a resync: its position is the cursor, and what it names is gone.
-    fn resynced(&self, state: &mut State, notice: (u8, u8, u8)) {
+    /// The client accepted a resync, whose id carries the tag of history `version`: its
+    /// position is the cursor, and what it names is gone.
+    fn resynced(&self, state: &mut State, notice: (u8, u8, u8), version: u8) {
+        state.checkpoint_version = version;
         let (from, to, _) = notice;
         if from > 0 {
             let lost = (from..=to).fold(0, |bits, seq| bits | bit(seq));
-            if to >= state.retained_from {
-                state.needless_loss = true;
-            }
             state.announced |= lost;
             state.checkpoint = to;
         }
@@ -559,31 +672,31 @@ impl Resumption {
         let first = std::mem::replace(&mut conn.first, false);
         let inc = state.incarnation;
         let (id, event, data, notice) = match item {
-            Wire::Event(seq) => (event_id(inc, seq), None, data(inc, seq), None),
-            Wire::Gap { from, to, head } => (
-                event_id(inc, to),
+            Wire::Event(seq, version) => (event_id(inc, seq, version), None, data(inc, seq, version), None),
+            Wire::Gap { from, to, head, version } => (
+                event_id(inc, to, version),
                 Some(RESYNC_EVENT),
                 gap_notice(inc, from, to, head).to_json().into_bytes(),
-                Some((from, to, head)),
+                Some(((from, to, head), version)),
             ),
-            Wire::Aborted { head } => (
-                event_id(inc, head),
+            Wire::Aborted { head, version } => (
+                event_id(inc, head, version),
                 Some(RESYNC_EVENT),
                 aborted_notice(inc, head).to_json().into_bytes(),
-                Some((0, head, head)),
+                Some(((0, head, head), version)),
             ),
             // The trailer follows a resync at the head, which the validator admits it after.
             Wire::Expired => return self.ended_without_response(state, false),
         };
         match self.judge(state, &id, event, &data, first) {
             Ok(Accepted::Event) => {
-                if let Wire::Event(seq) = item {
-                    self.deliver(state, seq);
+                if let Wire::Event(seq, version) = item {
+                    self.deliver(state, seq, version);
                 }
             }
             Ok(Accepted::Resync(_)) => {
-                if let Some(notice) = notice {
-                    self.resynced(state, notice);
+                if let Some((notice, version)) = notice {
+                    self.resynced(state, notice, version);
                 }
                 if let Wire::Aborted { .. } = item {
                     self.ended_without_response(state, true);
@@ -604,14 +717,14 @@ impl Resumption {
 
     /// A resume answered by a replica that has no record of the session.
     fn resume_unknown(&self, state: &mut State, replica: u8) {
-        let cursor = EventId::parse(&event_id(state.incarnation, state.checkpoint))
+        let cursor = EventId::parse(&event_id(state.incarnation, state.checkpoint, state.checkpoint_version))
             .unwrap_or_else(|_| unreachable!("the model mints valid lineage ids"));
-        let seen = tag(state.incarnation, state.checkpoint);
+        let seen = tag(state.incarnation, state.checkpoint, state.checkpoint_version);
         let decision = decide_resume(SessionLookup::Unknown, &cursor, seen, None, 0);
         if self.config.server == ServerVariant::AdoptsUnknownSession {
             // A new incarnation under the old id, replaying an empty history: a revival.
             state.revived = true;
-            state.conn = Some(Conn::from(replica, 0, true));
+            state.conn = Some(Conn::from(replica, 0, 0, true));
             return;
         }
         let status = match decision {
@@ -630,34 +743,33 @@ impl Resumption {
         }
     }
 
-    /// The stream as the store retains it.
-    fn range(state: &State) -> StreamRange {
-        StreamRange {
-            retained_from: u64::from(state.retained_from),
-            head: u64::from(state.head),
-            state: match state.stream {
-                Stream::Live => StreamState::Live,
-                Stream::Complete => StreamState::Complete,
-                Stream::Aborted => StreamState::Aborted,
-            },
-        }
+    /// The stream as the store retains it; `None` if the store has no such stream.
+    fn range(state: &State) -> Option<StreamRange> {
+        let stream = match state.stream {
+            Stream::Live => StreamState::Live,
+            Stream::Complete => StreamState::Complete,
+            Stream::Aborted => StreamState::Aborted,
+            Stream::Gone => return None,
+        };
+        Some(StreamRange { retained_from: u64::from(state.retained_from), head: u64::from(state.head), state: stream })
     }
 
     /// What the replica of `conn` writes next, by `next_after` (or the broken variant), with the
     /// connection as it is after writing it; `None` when it has nothing to write.
-    fn next_write(&self, state: &State, conn: &Conn) -> Option<(Option<Wire>, Conn)> {
+    fn next_write(&self, state: &State, conn: &Conn) -> Option<(Wire, Conn)> {
         if conn.ended {
             return None;
         }
-        let range = Self::range(state);
+        let range = Self::range(state)?;
         let cursor = u64::from(conn.cursor);
         let narrow = |n: u64| u8::try_from(n).unwrap_or(u8::MAX);
         let mut after = conn.clone();
         let item = match next_after(cursor, range, range.first_after(cursor)) {
             Next::Events => {
                 after.cursor += 1;
+                after.cursor_version = version_at(state, after.cursor);
                 after.after_gap = false;
-                Some(Wire::Event(after.cursor))
+                Wire::Event(after.cursor, after.cursor_version)
             }
             Next::Gap(lost) => {
                 let to = match self.config.server {
@@ -665,20 +777,33 @@ impl Resumption {
                     _ => narrow(lost.to),
                 };
                 after.cursor = to;
+                after.cursor_version = version_at(state, to);
                 after.after_gap = true;
-                Some(Wire::Gap { from: narrow(lost.from), to, head: state.head })
+                Wire::Gap { from: narrow(lost.from), to, head: state.head, version: after.cursor_version }
             }
             Next::Aborted => {
                 after.ended = true;
-                Some(Wire::Aborted { head: state.head })
+                Wire::Aborted { head: state.head, version: version_at(state, state.head) }
             }
             Next::End if conn.after_gap => {
                 after.ended = true;
-                Some(Wire::Expired)
+                Wire::Expired
             }
             Next::End | Next::Wait => return None,
         };
         Some((item, after))
+    }
+
+    /// Whether the replica of `conn` finds that the store no longer holds what it wrote on it
+    /// (`check_position`, the page check of every read): it then writes nothing more, closes the
+    /// connection and ends the session.
+    fn finds_rewritten(&self, state: &State, conn: &Conn) -> bool {
+        if self.config.server == ServerVariant::IgnoresTags {
+            return false;
+        }
+        let Some(range) = Self::range(state) else { return false };
+        let seen = tag(state.incarnation, conn.cursor, conn.cursor_version);
+        check_position(held_at(state, range, conn.cursor), u64::from(conn.cursor), seen).is_err()
     }
 
     fn resume(&self, state: &mut State, replica: u8) {
@@ -694,21 +819,32 @@ impl Resumption {
                 SessionLookup::Live { epoch: &session_epoch, expires_at_ms: u64::MAX }
             }
             (Session::Expired, _) => SessionLookup::Expired,
+            (Session::Rewritten, _) => SessionLookup::HistoryRewritten,
         };
-        let cursor = EventId::parse(&event_id(state.incarnation, state.checkpoint))
+        let seen = tag(state.incarnation, state.checkpoint, state.checkpoint_version);
+        let cursor = EventId::parse(&event_id(state.incarnation, state.checkpoint, state.checkpoint_version))
             .unwrap_or_else(|_| unreachable!("the model mints valid lineage ids"));
-        let range = Self::range(state);
-        let known = cursor.seq <= range.head && cursor.seq + 1 >= range.retained_from;
-        let held = StreamAt { range, tag: known.then(|| tag(state.incarnation, state.checkpoint)) };
-        let decision = decide_resume(lookup, &cursor, tag(state.incarnation, state.checkpoint), Some(held), 0);
+        let held = Self::range(state).map(|range| match self.config.server {
+            ServerVariant::IgnoresTags => StreamAt { range, tag: None },
+            _ => held_at(state, range, state.checkpoint),
+        });
+        let decision = decide_resume(lookup, &cursor, seen, held, 0);
         let checkpoint = self.checkpoint(state);
         match decision {
-            ServerDecision::SessionInvalid(_) => self.refused(state, 404),
+            ServerDecision::SessionInvalid(reason) => {
+                if reason == InvalidReason::HistoryRewritten {
+                    // The replica ends the session: every later request is told so.
+                    state.session = Session::Rewritten;
+                }
+                self.refused(state, 404);
+            }
             ServerDecision::Resync(notice) => {
                 if ended {
                     state.revived = true;
                 }
-                let id = event_id(state.incarnation, u8::try_from(notice.position()).unwrap_or(u8::MAX));
+                // An unknown stream's notice stands at the cursor, whose tag the store cannot tell.
+                let position = u8::try_from(notice.position()).unwrap_or(u8::MAX);
+                let id = format!("{}:{}:{position}", epoch(state.incarnation), stream_name(state.incarnation));
                 let data = notice.to_json();
                 let first = FirstEvent { id: Some(&id), event: Some(RESYNC_EVENT), data: data.as_bytes() };
                 let epoch_header = session_epoch.to_string();
@@ -734,7 +870,7 @@ impl Resumption {
                     (ServerVariant::EmptyReplayWhenEvicted, Next::Gap(_)) => state.head,
                     _ => after,
                 };
-                let mut conn = Conn::from(replica, cursor, true);
+                let mut conn = Conn::from(replica, cursor, version_at(state, cursor), true);
                 // As the reader starts: a cursor whose own event is gone came from a gap's notice,
                 // and a stream that ends there lost its response.
                 conn.after_gap = cursor > 0 && state.retained_from > cursor;
@@ -768,8 +904,9 @@ impl Model for Resumption {
             revived: false,
             forgotten: false,
             // The POST's response stream, after its priming event.
-            conn: Some(Conn::from(0, 0, false)),
+            conn: Some(Conn::from(0, 0, 0, false)),
             checkpoint: 0,
+            checkpoint_version: 0,
             checkpoint_notice: None,
             delivered: 0,
             announced: 0,
@@ -781,6 +918,16 @@ impl Model for Resumption {
             budget: self.config.budget,
             key: KeyRecord::Running,
             reissue: Reissue::None,
+            snapshot: self.config.backup_before_call.then_some(Snapshot {
+                session: Session::Live,
+                head: 0,
+                retained_from: 1,
+                stream: Stream::Gone,
+                key: KeyRecord::Lost,
+            }),
+            fork: None,
+            lost_seen: false,
+            mixed: false,
         }
     }
 
@@ -791,17 +938,20 @@ impl Model for Resumption {
             actions.push(Action::Produce);
         }
         if let Some(conn) = &state.conn {
-            // Only a replica that can read the stream has events to send.
+            // Only a replica that can read the stream has events to send, unless it finds that
+            // the stream is gone, or that its history is not what the replica wrote.
             let serves = self.knows_session(state, conn.replica);
-            let write = if serves { self.next_write(state, conn) } else { None };
+            let closes = serves && (Self::range(state).is_none() || self.finds_rewritten(state, conn));
+            let write = if serves && !closes { self.next_write(state, conn) } else { None };
             if write.is_some() && conn.in_flight.len() < 2 {
                 actions.push(Action::Send);
             }
             if !conn.in_flight.is_empty() {
                 actions.push(Action::Receive);
             }
-            let at_end = next_after(u64::from(conn.cursor), Self::range(state), None) == Next::End;
-            if serves && write.is_none() && !conn.ended && conn.in_flight.is_empty() && at_end {
+            let at_end =
+                Self::range(state).is_some_and(|range| next_after(u64::from(conn.cursor), range, None) == Next::End);
+            if serves && write.is_none() && !conn.ended && conn.in_flight.is_empty() && (at_end || closes) {
                 actions.push(Action::End);
             }
             if state.budget.cuts > 0 {
@@ -830,6 +980,9 @@ impl Model for Resumption {
             actions.push(Action::Reissue(0));
             actions.push(Action::Reissue(1));
         }
+        if state.budget.rollbacks > 0 {
+            actions.push(if state.snapshot.is_some() { Action::Rollback } else { Action::Snapshot });
+        }
         actions
     }
 
@@ -848,15 +1001,54 @@ impl Model for Resumption {
                 if let Some(conn) = &next.conn
                     && let Some((item, mut written)) = self.next_write(&next, conn)
                 {
-                    written.in_flight.extend(item);
+                    // A notice is held to what the store retains when the replica writes it.
+                    if let Wire::Gap { to, .. } = item
+                        && to >= next.retained_from
+                    {
+                        next.needless_loss = true;
+                    }
+                    written.in_flight.push(item);
                     next.conn = Some(written);
                 }
             }
             Action::Receive => self.receive(&mut next),
             Action::End => {
+                if next.conn.as_ref().is_some_and(|conn| self.finds_rewritten(&next, conn)) {
+                    next.session = Session::Rewritten;
+                }
                 next.conn = None;
                 if self.config.client == ClientVariant::ForgetsUnfinished && next.outcome == Outcome::Pending {
                     next.outcome = Outcome::Dropped;
+                }
+            }
+            Action::Snapshot => {
+                next.snapshot = Some(Snapshot {
+                    session: next.session,
+                    head: next.head,
+                    retained_from: next.retained_from,
+                    stream: next.stream,
+                    key: next.key,
+                });
+            }
+            Action::Rollback => {
+                next.budget.rollbacks -= 1;
+                if let Some(snapshot) = next.snapshot.take() {
+                    // What the client got past the snapshot is of a history the store lost.
+                    next.lost_seen = next.delivered >> (snapshot.head + 1) != 0;
+                    next.fork = Some(snapshot.head);
+                    next.session = snapshot.session;
+                    next.head = snapshot.head;
+                    next.retained_from = snapshot.retained_from;
+                    next.stream = snapshot.stream;
+                    next.key = snapshot.key;
+                    match next.stream {
+                        // The tool's output has nowhere to go: its writes fail.
+                        Stream::Gone => next.producer = None,
+                        // Live again with nothing running it: its replica gives it up once it
+                        // sees the store restarted.
+                        Stream::Live if next.producer.is_none() => next.stream = Stream::Aborted,
+                        _ => {}
+                    }
                 }
             }
             Action::Cut => {
@@ -920,11 +1112,26 @@ impl Model for Resumption {
             Invariant { name: "tool_runs_once", check: tool_runs_once },
             Invariant { name: "no_revival", check: no_revival },
             Invariant { name: "no_needless_loss", check: no_needless_loss },
+            Invariant { name: "one_history", check: one_history },
         ]
     }
 
     fn goal(&self, state: &State) -> bool {
         state.outcome != Outcome::Pending
+    }
+}
+
+/// (7) No position reaches the application with two contents: once the store went back in
+/// time, the application never gets events of the history that replaced the one it had.
+fn one_history(state: &State) -> Result<(), String> {
+    if state.mixed {
+        Err(format!(
+            "the application got events past position {} of a history the store lost, then events of the one it stored \
+             since",
+            state.fork.unwrap_or_default()
+        ))
+    } else {
+        Ok(())
     }
 }
 
@@ -960,10 +1167,10 @@ fn no_silent_loss(state: &State) -> Result<(), String> {
     Ok(())
 }
 
-/// (6) The client is told lost only what the store no longer retains.
+/// (6) A replica names lost only what the store no longer retains when it writes the notice.
 fn no_needless_loss(state: &State) -> Result<(), String> {
     if state.needless_loss {
-        Err(format!("events named lost while still retained (announced {:#b})", state.announced))
+        Err("a replica named events lost while the store still retained them".into())
     } else {
         Ok(())
     }

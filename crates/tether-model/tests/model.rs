@@ -31,8 +31,11 @@ fn every_property_holds_for_the_real_decisions() {
 
 #[test]
 fn every_property_holds_with_a_longer_stream_and_more_cuts() {
-    let config =
-        Config { events: 6, budget: Budget { cuts: 4, evictions: 1, expiries: 1, crashes: 1 }, ..Config::real() };
+    let config = Config {
+        events: 6,
+        budget: Budget { cuts: 4, evictions: 1, expiries: 1, crashes: 1, rollbacks: 0 },
+        ..Config::real()
+    };
     holds(config);
 }
 
@@ -171,4 +174,27 @@ fn a_keyed_reissue_attaches_to_the_running_original_and_gets_its_result() {
     assert_eq!(crashed.reissue, Reissue::Due, "the aborted end sends a keyed request again");
     let answered = shared.next(&crashed, &Action::Reissue(1));
     assert_eq!((answered.outcome, answered.executions), (Outcome::Error, 1), "request_aborted, not a second run");
+}
+
+#[test]
+fn every_property_holds_when_the_store_goes_back_in_time() {
+    holds(Config::rollback());
+}
+
+#[test]
+fn every_property_holds_for_keyed_calls_when_the_store_goes_back_to_before_the_call() {
+    holds(Config::rollback_before_call());
+}
+
+#[test]
+fn a_server_that_ignores_tags_continues_a_history_the_store_lost() {
+    assert_eq!(broken(Config { server: ServerVariant::IgnoresTags, ..Config::rollback() }), "one_history");
+}
+
+#[test]
+fn records_that_ignore_the_acknowledged_claim_run_the_tool_twice() {
+    assert_eq!(
+        broken(Config { server: ServerVariant::IgnoresClaims, ..Config::rollback_before_call() }),
+        "tool_runs_once"
+    );
 }

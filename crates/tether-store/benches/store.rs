@@ -51,7 +51,9 @@ fn stores(rt: &tokio::runtime::Runtime) -> (RedisServer, Backends) {
     let _ = std::fs::remove_dir_all(&dir);
     let sqlite = SqliteStore::open(&dir, retention, "bench").expect("open");
     let server = rt.block_on(RedisServer::start());
-    let redis = rt.block_on(RedisStore::open(&server.url, retention, "bench")).expect("redis");
+    let redis = rt
+        .block_on(RedisStore::open(&server.url, retention, "bench", tether_store::RedisDurability::Unchecked))
+        .expect("redis");
     (
         server,
         vec![

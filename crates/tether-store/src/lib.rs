@@ -27,7 +27,7 @@ pub use record::{
     BeginRequest, Claim, KeyClaim, KeyState, RequestRecord, Retention, SessionEnd, SessionRecord, SessionStatus,
     StoredEvent, StreamPage,
 };
-pub use redis::RedisStore;
+pub use redis::{RedisDurability, RedisStore};
 pub use request_key::RequestKey;
 pub use sqlite::SqliteStore;
 

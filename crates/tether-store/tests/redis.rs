@@ -11,9 +11,16 @@ use tether_core::lineage::StreamState;
 use tether_store::{BeginRequest, Claim, KeyState, RedisStore, SessionRecord};
 use tether_testkit::RedisServer;
 
+/// A store of replica `owner` on `server`, which keeps what Redis keeps.
+async fn open(server: &RedisServer, owner: &str) -> RedisStore {
+    RedisStore::open(&server.url, suite::retention(), owner, tether_store::RedisDurability::Unchecked)
+        .await
+        .expect("connect")
+}
+
 async fn fresh() -> (RedisServer, RedisStore) {
     let server = RedisServer::start().await;
-    let store = RedisStore::open(&server.url, suite::retention(), "owner-a").await.expect("connect");
+    let store = open(&server, "owner-a").await;
     (server, store)
 }
 
@@ -22,8 +29,8 @@ store_suite!(guarded: fresh().await);
 #[tokio::test]
 async fn two_replicas_share_sessions_history_and_live_events() {
     let server = RedisServer::start().await;
-    let a = RedisStore::open(&server.url, suite::retention(), "replica-a").await.expect("connect");
-    let b = RedisStore::open(&server.url, suite::retention(), "replica-b").await.expect("connect");
+    let a = open(&server, "replica-a").await;
+    let b = open(&server, "replica-b").await;
     let (epoch, stream) = (suite::epoch('E'), suite::stream("g1"));
     assert_eq!(a.records().await, b.records().await, "one set of idempotency records");
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("shared", epoch.clone(), 0) };
@@ -47,8 +54,8 @@ async fn two_replicas_share_sessions_history_and_live_events() {
 #[tokio::test]
 async fn a_session_names_the_replica_that_began_it_and_replicas_reach_each_other() {
     let server = RedisServer::start().await;
-    let a = RedisStore::open(&server.url, suite::retention(), "replica-a").await.expect("connect");
-    let b = RedisStore::open(&server.url, suite::retention(), "replica-b").await.expect("connect");
+    let a = open(&server, "replica-a").await;
+    let b = open(&server, "replica-b").await;
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("held", suite::epoch('E'), 0) };
     a.create_session(record, usize::MAX).await.expect("create on a");
     assert_eq!(b.session_replica(&suite::sid("held")).await, Ok(Some("replica-a".to_owned())));
@@ -79,8 +86,8 @@ async fn a_session_names_the_replica_that_began_it_and_replicas_reach_each_other
 #[tokio::test]
 async fn replicas_admit_sessions_against_one_count() {
     let server = RedisServer::start().await;
-    let a = RedisStore::open(&server.url, suite::retention(), "replica-a").await.expect("connect");
-    let b = RedisStore::open(&server.url, suite::retention(), "replica-b").await.expect("connect");
+    let a = open(&server, "replica-a").await;
+    let b = open(&server, "replica-b").await;
     let epoch = suite::epoch('E');
     let attempts = (0..20).map(|n| {
         let store = if n % 2 == 0 { &a } else { &b };
@@ -102,8 +109,8 @@ async fn replicas_admit_sessions_against_one_count() {
 #[tokio::test]
 async fn requests_of_a_replica_whose_lease_lapsed_are_aborted() {
     let server = RedisServer::start().await;
-    let dead = RedisStore::open(&server.url, suite::retention(), "dead").await.expect("connect");
-    let survivor = RedisStore::open(&server.url, suite::retention(), "survivor").await.expect("connect");
+    let dead = open(&server, "dead").await;
+    let survivor = open(&server, "survivor").await;
     let epoch = suite::epoch('E');
     let (running, other) = (suite::stream("r1"), suite::stream("g1"));
     let lease = suite::retention().lease_ms;
@@ -129,8 +136,8 @@ async fn requests_of_a_replica_whose_lease_lapsed_are_aborted() {
 #[tokio::test]
 async fn a_lapsed_owner_aborts_only_the_requests_it_began() {
     let server = RedisServer::start().await;
-    let dead = RedisStore::open(&server.url, suite::retention(), "dead").await.expect("connect");
-    let survivor = RedisStore::open(&server.url, suite::retention(), "survivor").await.expect("connect");
+    let dead = open(&server, "dead").await;
+    let survivor = open(&server, "survivor").await;
     let epoch = suite::epoch('E');
     let (theirs, mine, own) = (suite::stream("r1"), suite::stream("r2"), suite::stream("r3"));
     let lease = suite::retention().lease_ms;
@@ -203,9 +210,9 @@ async fn an_owners_set_holds_exactly_its_running_requests() {
 #[tokio::test]
 async fn a_key_abandoned_by_a_dead_replica_is_reported_and_taken_over_once() {
     let server = RedisServer::start().await;
-    let dead = RedisStore::open(&server.url, suite::retention(), "dead").await.expect("connect");
-    let a = RedisStore::open(&server.url, suite::retention(), "replica-a").await.expect("connect");
-    let b = RedisStore::open(&server.url, suite::retention(), "replica-b").await.expect("connect");
+    let dead = open(&server, "dead").await;
+    let a = open(&server, "replica-a").await;
+    let b = open(&server, "replica-b").await;
     let lease = suite::retention().lease_ms;
     assert_eq!(dead.claim_key(suite::claim("k", "d", 1_000)).await, Ok(Claim::Claimed(suite::ack(&dead, 1).await)));
     drop(dead);
@@ -230,9 +237,9 @@ async fn a_task_is_read_and_changed_from_any_replica_and_abandoned_with_its_owne
     use tether_core::tasks::{TaskChange, TaskRecord, TaskStatus};
     use tether_store::TaskStore;
     let server = RedisServer::start().await;
-    let dead = RedisStore::open(&server.url, suite::retention(), "dead").await.expect("connect");
-    let a = RedisStore::open(&server.url, suite::retention(), "replica-a").await.expect("connect");
-    let b = RedisStore::open(&server.url, suite::retention(), "replica-b").await.expect("connect");
+    let dead = open(&server, "dead").await;
+    let a = open(&server, "replica-a").await;
+    let b = open(&server, "replica-b").await;
     let lease = suite::retention().lease_ms;
     a.create_task(TaskRecord::new("live".into(), None, 1_000, None, None), None).await.expect("create");
     dead.create_task(TaskRecord::new("orphan".into(), None, 1_000, None, None), None).await.expect("create");
@@ -300,4 +307,41 @@ async fn a_stream_the_byte_cap_buried_is_not_buried_again_by_the_sweep() {
     let listed: Vec<String> = redis::AsyncCommands::lrange(&mut conn, "tether:{rb}:t", 0, -1).await.expect("lrange");
     assert_eq!(listed, ["old"], "one tombstone, listed once");
     assert_eq!(store.stream_range(&suite::sid("rb"), &old).await, Ok(suite::tombstone(1, StreamState::Complete)));
+}
+
+/// A Redis that restarts from a snapshot taken while this replica ran a request goes back to
+/// a time when the request was running: its stream live, its key unfinished, both owned by a
+/// replica whose heartbeat goes on. Seeing Redis's run id change, the replica gives up what it
+/// no longer runs, so nobody waits on it for ever: the stream reads aborted, the key abandoned.
+#[tokio::test]
+async fn a_replica_gives_up_what_a_redis_restarted_from_a_snapshot_says_it_still_runs() {
+    let mut server = RedisServer::start_with(&["--save", "", "--appendonly", "no"]).await;
+    let store = open(&server, "replica-a").await;
+    let (epoch, stream) = (suite::epoch('A'), suite::stream("r1"));
+    let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("s", epoch.clone(), 0) };
+    store.create_session(record, usize::MAX).await.expect("create");
+    let begun = store.begin_request(suite::request(&suite::sid("s"), &epoch, &suite::key("n:1"), "d", &stream)).await;
+    assert_eq!(begun, Ok(BeginRequest::Started));
+    assert!(matches!(store.claim_key(suite::claim("k", "d", 1_000)).await, Ok(Claim::Claimed(_))));
+    let running = store
+        .begin_request(suite::request(&suite::sid("s"), &epoch, &suite::key("n:2"), "d", &suite::stream("r2")))
+        .await;
+    assert_eq!(running, Ok(BeginRequest::Started), "a request still running after the restart");
+    assert_eq!(server.command(&["SAVE"]).await, "+OK");
+    store.append(&suite::sid("s"), &epoch, &stream, Bytes::from_static(b"result"), true).await.expect("finish");
+    store.finish_key("k", Bytes::from_static(b"{}")).await.expect("finish the key");
+    server.restart().await;
+    // The first command after the restart may find the old connection broken.
+    for _ in 0..50 {
+        if store.sweep(2_000).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let range = store.stream_range(&suite::sid("s"), &stream).await.expect("range").expect("the stream");
+    assert_eq!(range.state, StreamState::Aborted, "the request this replica finished ends aborted, not live");
+    let still = store.stream_range(&suite::sid("s"), &suite::stream("r2")).await.expect("range").expect("the stream");
+    assert_eq!(still.state, StreamState::Live, "the one it still runs is left to it");
+    let key = store.key_state("k", 2_000).await.expect("key");
+    assert!(matches!(key, Some(KeyState::Running { abandoned: true, .. })), "{key:?}");
 }

@@ -1,13 +1,17 @@
-//! A `redis-server` of a test's own, on a free loopback port.
+//! A `redis-server` of a test's own, on a free loopback port, in a directory of its own.
 
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
-/// A `redis-server` that keeps nothing on disk; killed when dropped.
+/// A `redis-server`, killed when dropped (its directory removed).
 pub struct RedisServer {
     child: Child,
+    port: u16,
+    dir: PathBuf,
+    args: Vec<String>,
     /// `redis://127.0.0.1:PORT/`.
     pub url: String,
 }
@@ -15,34 +19,107 @@ pub struct RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         let _ = self.child.start_kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
+/// Where the next server keeps its files.
+fn fresh_dir() -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("tether-redis-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a directory for redis-server");
+    dir
+}
+
+/// Starts `redis-server` on `port` in `dir` with `args`; `None` if it did not accept
+/// connections within ten seconds (another process took the port, most likely).
+async fn spawn(port: u16, dir: &Path, args: &[String]) -> Option<Child> {
+    let mut child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--dir"])
+        .arg(dir)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("redis-server is installed (scripts/test installs it)");
+    for _ in 0..1_000 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+            return Some(child);
+        }
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = child.start_kill();
+    None
+}
+
 impl RedisServer {
-    /// Starts one and waits until it accepts connections. The free port is only free when it is
-    /// picked: if another process takes it first, this `redis-server` exits, and another port is
-    /// tried (three at most, ten seconds each).
+    /// One that keeps nothing on disk.
     pub async fn start() -> RedisServer {
+        RedisServer::start_with(&["--save", "", "--appendonly", "no"]).await
+    }
+
+    /// One started with `args` besides its port and directory, once it accepts connections.
+    /// The free port is only free when it is picked: if another process takes it first, this
+    /// `redis-server` exits, and another port is tried (three at most, ten seconds each).
+    pub async fn start_with(args: &[&str]) -> RedisServer {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let dir = fresh_dir();
         for _ in 0..3 {
             let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
-            let mut child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .kill_on_drop(true)
-                .spawn()
-                .expect("redis-server is installed (scripts/test installs it)");
-            for _ in 0..1_000 {
-                if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-                    return RedisServer { child, url: format!("redis://127.0.0.1:{port}/") };
-                }
-                if matches!(child.try_wait(), Ok(Some(_))) {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
+            if let Some(child) = spawn(port, &dir, &args).await {
+                return RedisServer { child, port, dir, args, url: format!("redis://127.0.0.1:{port}/") };
             }
-            let _ = child.start_kill();
         }
         panic!("redis-server did not start on any of three free ports");
+    }
+
+    /// Sends one command and returns its reply: a status, error or integer line as sent
+    /// (`+OK`, `-ERR …`, `:3`), a bulk string's text.
+    pub async fn command(&self, args: &[&str]) -> String {
+        use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.expect("connect to redis");
+        let mut request = format!("*{}\r\n", args.len());
+        for arg in args {
+            request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+        }
+        stream.write_all(request.as_bytes()).await.expect("send to redis");
+        let mut reader = tokio::io::BufReader::new(stream);
+        let mut line = String::new();
+        reader.read_line(&mut line).await.expect("read from redis");
+        let line = line.trim_end();
+        let Some(length) = line.strip_prefix('$').and_then(|n| n.parse::<usize>().ok()) else { return line.to_owned() };
+        let mut bulk = vec![0; length + 2];
+        reader.read_exact(&mut bulk).await.expect("read a bulk reply");
+        bulk.truncate(length);
+        String::from_utf8_lossy(&bulk).into_owned()
+    }
+
+    /// Its directory, where it keeps what it keeps on disk.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Kills it (SIGKILL, as a crash would) and waits until it is gone.
+    pub async fn kill(&mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    /// Starts it again on the same port, with the same arguments and directory: it comes back
+    /// with what it kept on disk. Kills it first if it still runs.
+    pub async fn restart(&mut self) {
+        self.kill().await;
+        for _ in 0..3 {
+            if let Some(child) = spawn(self.port, &self.dir, &self.args).await {
+                self.child = child;
+                return;
+            }
+        }
+        panic!("redis-server did not start again on port {}", self.port);
     }
 }

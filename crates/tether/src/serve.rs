@@ -9,7 +9,19 @@ use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use tether_core::input_required::StateKey;
 use tether_server::{BearerToken, Builder, ConnectionLimits, ServerConfig, builtin::BuiltinHandler, parse_duration};
-use tether_store::{CounterStore, MemoryStore, RedisStore, SqliteStore, Store};
+use tether_store::{CounterStore, KeyRecords as _, MemoryStore, RedisDurability, RedisStore, SqliteStore, Store};
+
+/// What an acknowledged write must survive, with the `redis` store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RedisDurabilityArg {
+    /// A Redis restart: Redis must fsync every write (appendonly yes, appendfsync always; or,
+    /// from 7.2, appendonly yes: tether waits for the fsync).
+    Fsync,
+    /// A failover to a replica: each write waits for --redis-replicas replicas (WAIT).
+    Replicated,
+    /// Nothing: a restart or failover may lose acknowledged writes (clients are told, not misled).
+    None,
+}
 
 /// Where sessions and events are kept.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -39,6 +51,17 @@ pub struct ServeArgs {
     /// Redis of the `redis` store.
     #[arg(long, default_value = "redis://127.0.0.1:6379/")]
     redis_url: String,
+    /// What an acknowledged write survives with the `redis` store; Redis's configuration is
+    /// checked against it at start, and an eviction policy other than noeviction is refused but
+    /// with `none`.
+    #[arg(long, value_enum, default_value = "fsync")]
+    redis_durability: RedisDurabilityArg,
+    /// How many replicas each write must reach with `--redis-durability replicated`.
+    #[arg(long, default_value_t = 1)]
+    redis_replicas: u32,
+    /// How long a write may wait for them; past it the write fails.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    redis_wait_timeout: Duration,
     /// How long a replica may go silent before its running requests are reported aborted (the
     /// Redis store; the embedded store, one process per directory, knows at once after a restart).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
@@ -225,15 +248,31 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
     let owner = format!("{}-{started}", std::process::id());
     let (store, counters) = match args.store {
         StoreKind::Memory => both(MemoryStore::new(config.retention)),
-        StoreKind::Embedded => both(
-            SqliteStore::open(&args.data_dir, config.retention, &owner)
-                .with_context(|| format!("opening the store in {}", args.data_dir.display()))?,
-        ),
-        StoreKind::Redis => both(
-            RedisStore::open(&args.redis_url, config.retention, &owner)
+        StoreKind::Embedded => {
+            let store = SqliteStore::open(&args.data_dir, config.retention, &owner)
+                .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
+            let (records, claims) = (store.records().await?, store.claims().await?);
+            eprintln!(
+                "tether serve: embedded store in {}: idempotency records {records}, {claims} keys claimed",
+                args.data_dir.display()
+            );
+            both(store)
+        }
+        StoreKind::Redis => {
+            let durability = match args.redis_durability {
+                RedisDurabilityArg::Fsync => RedisDurability::Fsync,
+                RedisDurabilityArg::Replicated => RedisDurability::Replicated {
+                    replicas: args.redis_replicas,
+                    timeout_ms: u64::try_from(args.redis_wait_timeout.as_millis()).unwrap_or(u64::MAX),
+                },
+                RedisDurabilityArg::None => RedisDurability::Unchecked,
+            };
+            let store = RedisStore::open(&args.redis_url, config.retention, &owner, durability)
                 .await
-                .with_context(|| format!("connecting to {}", args.redis_url))?,
-        ),
+                .with_context(|| format!("opening the redis store at {}", args.redis_url))?;
+            eprintln!("tether serve: redis store at {}: {}", args.redis_url, store.guarantee());
+            both(store)
+        }
     };
     let builder = match answering {
         Answering::Builtin => Builder::new(BuiltinHandler::new(counters)),

@@ -106,7 +106,8 @@ fn keyed_calls_run_exactly_once_across_two_redis_replicas() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     let redis = runtime.block_on(RedisServer::start());
     let dir = temp_dir("chaos-redis");
-    let args = ["--store", "redis", "--redis-url", redis.url.as_str(), "--sse-retry", "50ms"];
+    let args =
+        ["--store", "redis", "--redis-url", redis.url.as_str(), "--redis-durability", "none", "--sse-retry", "50ms"];
     let (a, b) = (free_port(), free_port());
     let (replica_a, direct) = serve(a, &dir.join("a"), &args);
     let (replica_b, _) = serve(b, &dir.join("b"), &args);

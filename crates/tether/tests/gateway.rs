@@ -311,7 +311,18 @@ fn children_of(parent: u32) -> Vec<String> {
 fn replicas(redis: &RedisServer, lease: &str) -> [(Process, String); 2] {
     [(), ()].map(|()| {
         let listen = format!("127.0.0.1:{}", free_port());
-        start(&["--store", "redis", "--redis-url", &redis.url, "--request-lease", lease, "--listen", &listen])
+        start(&[
+            "--store",
+            "redis",
+            "--redis-url",
+            &redis.url,
+            "--redis-durability",
+            "none",
+            "--request-lease",
+            lease,
+            "--listen",
+            &listen,
+        ])
     })
 }
 
@@ -422,7 +433,18 @@ fn keyed_calls_through_a_cutting_balancer_over_two_replicas_run_once_each() {
     let (pa, pb) = (free_port(), free_port());
     let _replicas = [pa, pb].map(|port| {
         let listen = format!("127.0.0.1:{port}");
-        let flags = ["--store", "redis", "--redis-url", &redis.url, "--sse-retry", "10ms", "--listen", &listen];
+        let flags = [
+            "--store",
+            "redis",
+            "--redis-url",
+            &redis.url,
+            "--redis-durability",
+            "none",
+            "--sse-retry",
+            "10ms",
+            "--listen",
+            &listen,
+        ];
         start_before(&flags, &["--", "env", &count_file, "python3", SERVER])
     });
     let upstreams = [pa, pb].map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], port))).to_vec();

@@ -232,7 +232,7 @@ fn max_sessions_holds_across_redis_replicas() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let redis = rt.block_on(tether_testkit::RedisServer::start());
     let dir = temp_dir("hardening-replicas");
-    let args = ["--store", "redis", "--redis-url", &redis.url, "--max-sessions", "20"];
+    let args = ["--store", "redis", "--redis-url", &redis.url, "--redis-durability", "none", "--max-sessions", "20"];
     let (_a, a) = serve(free_port(), &dir, &args);
     let (_b, b) = serve(free_port(), &dir, &args);
     let statuses = initialize_at_once(&[a, b], 40);

@@ -63,7 +63,7 @@ fn a_subscription_hears_each_announcement_once_on_whichever_replica_it_is() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let redis = runtime.block_on(tether_testkit::RedisServer::start());
     let dir = temp_dir("listen-replicas");
-    let args = ["--store", "redis", "--redis-url", redis.url.as_str()];
+    let args = ["--store", "redis", "--redis-url", redis.url.as_str(), "--redis-durability", "none"];
     let (replica_a, a) = serve(free_port(), &dir.join("a"), &args);
     let (replica_b, b) = serve(free_port(), &dir.join("b"), &args);
     let (mut on_a, mut on_b) = (open_listen(&a, 1), open_listen(&b, 2));

@@ -137,7 +137,7 @@ fn redis_replicas_resume_each_other_s_calls_exactly() {
     let redis = runtime.block_on(RedisServer::start());
     let dir = temp_dir("probe-replicas");
     let (a, b) = (free_port(), free_port());
-    let store = ["--store", "redis", "--redis-url", &redis.url];
+    let store = ["--store", "redis", "--redis-url", &redis.url, "--redis-durability", "none"];
     let (_first, url_a) = serve(a, &dir.join("a"), &store);
     let (_second, url_b) = serve(b, &dir.join("b"), &store);
     let (code, report) = probe(&[&url_a, "--replica", &url_b]);

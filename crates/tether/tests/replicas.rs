@@ -90,7 +90,7 @@ fn two_redis_replicas_behind_a_cutting_balancer_lose_and_duplicate_nothing() {
     let rt = runtime();
     let redis = rt.block_on(RedisServer::start());
     let dir = temp_dir("replicas-redis");
-    let args = ["--store", "redis", "--redis-url", &redis.url, "--sse-retry", "10ms"];
+    let args = ["--store", "redis", "--redis-url", &redis.url, "--redis-durability", "none", "--sse-retry", "10ms"];
     let (p1, p2) = (free_port(), free_port());
     let (_a, _) = serve(p1, &dir, &args);
     let (_b, _) = serve(p2, &dir, &args);
@@ -326,7 +326,7 @@ fn an_answer_posted_to_another_replica_reaches_the_waiting_tool() {
     let rt = runtime();
     let redis = rt.block_on(RedisServer::start());
     let dir = temp_dir("replicas-answer");
-    let args = ["--store", "redis", "--redis-url", &redis.url];
+    let args = ["--store", "redis", "--redis-url", &redis.url, "--redis-durability", "none"];
     let (a, b) = (free_port(), free_port());
     let (_ra, _) = serve(a, &dir, &args);
     let (_rb, _) = serve(b, &dir, &args);

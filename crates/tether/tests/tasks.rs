@@ -126,7 +126,16 @@ fn a_task_created_on_one_redis_replica_is_answered_and_cancelled_on_another() {
     let redis = runtime.block_on(tether_testkit::RedisServer::start());
     let dir = temp_dir("tasks-replicas");
     // Polls too rare to matter: what crosses replicas here is what the store announces.
-    let args = ["--store", "redis", "--redis-url", redis.url.as_str(), "--task-poll-interval", "60s"];
+    let args = [
+        "--store",
+        "redis",
+        "--redis-url",
+        redis.url.as_str(),
+        "--redis-durability",
+        "none",
+        "--task-poll-interval",
+        "60s",
+    ];
     let (replica_a, a) = serve(free_port(), &dir.join("a"), &args);
     let (replica_b, b) = serve(free_port(), &dir.join("b"), &args);
 
@@ -152,7 +161,16 @@ fn tether_call_task_follows_a_task_to_its_result_through_a_proxy_that_cuts_every
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     let redis = runtime.block_on(tether_testkit::RedisServer::start());
     let dir = temp_dir("tasks-proxy");
-    let args = ["--store", "redis", "--redis-url", redis.url.as_str(), "--task-poll-interval", "60s"];
+    let args = [
+        "--store",
+        "redis",
+        "--redis-url",
+        redis.url.as_str(),
+        "--redis-durability",
+        "none",
+        "--task-poll-interval",
+        "60s",
+    ];
     let (a, b) = (free_port(), free_port());
     let (replica_a, _) = serve(a, &dir.join("a"), &args);
     let (replica_b, _) = serve(b, &dir.join("b"), &args);

@@ -442,6 +442,13 @@ impl SqliteStore {
         })
     }
 
+    /// How many idempotency keys were ever claimed in these records: the position the next
+    /// claim follows. A directory restored from a backup is behind what its clients were told;
+    /// `tether serve` logs it at start, with the records' name.
+    pub async fn claims(&self) -> Result<u64, StoreError> {
+        self.query(|txn| meta_count(txn, "claims")).await
+    }
+
     /// Runs the read `f` on a reader connection, against the latest committed state; answers
     /// once every commit it could have seen is durable.
     fn query<T, F>(&self, f: F) -> StoreFuture<'static, T>

@@ -1,12 +1,17 @@
 //! The distributed store: Redis, shared by every replica of a server.
 //!
+//! What it asks of Redis (its configuration, and how each acknowledged write is fenced) is in
+//! `durability`.
+//!
 //! Each session's keys carry the `{session}` hash tag, so every check-and-write is one Lua
 //! script over one hash slot (atomic, and valid on Redis Cluster). Events are Redis Streams with
 //! ids `<seq>-1`; an append publishes a notification that every replica turns into a wake-up of
 //! its local connections, so a client may resume on any replica and follow live events there.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+mod durability;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -60,9 +65,31 @@ const TASKS_DUE: &str = "tether:tasks-due";
 const RETIRING: &str = "tether:retiring";
 const SEP: char = '\u{1f}';
 
+pub use durability::RedisDurability;
+
+/// What this process began in the store and has not finished, as it knows it: held against
+/// what the store says it owns once Redis restarted or failed over (it may have gone back to
+/// a time when this process still ran what it has finished since).
+#[derive(Debug, Default)]
+struct Held {
+    /// Request streams, as members of the owner's set.
+    streams: HashSet<String>,
+    /// Idempotency keys.
+    keys: HashSet<String>,
+    /// Tasks.
+    tasks: HashSet<String>,
+}
+
 /// A [`Store`] in Redis.
 pub struct RedisStore {
     redis: ConnectionManager,
+    /// What each acknowledged write waits for.
+    fence: durability::Fence,
+    /// What an acknowledged write survives, in a sentence.
+    guarantee: String,
+    /// The run id of the Redis process last seen: another one means a restart or a failover.
+    run_id: Mutex<String>,
+    held: Mutex<Held>,
     answers: tokio::sync::broadcast::Sender<RelayedAnswer>,
     task_changes: tokio::sync::broadcast::Sender<String>,
     announcements: tokio::sync::broadcast::Sender<Bytes>,
@@ -126,6 +153,14 @@ fn streams_key(session: &str) -> String {
 }
 fn owned_key(owner: &str) -> String {
     format!("tether:owned:{owner}")
+}
+/// The idempotency keys `owner` claimed and has not finished.
+fn owned_keys_key(owner: &str) -> String {
+    format!("tether:owned-keys:{owner}")
+}
+/// The tasks `owner` runs and has not finished.
+fn owned_tasks_key(owner: &str) -> String {
+    format!("tether:owned-tasks:{owner}")
 }
 
 /// A request's stream as a member of its owner's set (the sweep splits it at `SEP`).
@@ -219,6 +254,7 @@ struct Scripts {
     forget: Script,
     take_over: Script,
     finish: Script,
+    disown: Script,
     counter_once: Script,
     task_swap: Script,
 }
@@ -248,10 +284,11 @@ return 1",
         // KEYS[1] the key's record; ARGV[1] digest, ARGV[2] owner, ARGV[3] session, ARGV[4]
         // stream. Returns the existing record's fields, or nothing once claimed.
         // KEYS[1] the key's record, KEYS[2] the records' name, KEYS[3] their count of claims,
-        // KEYS[4] the highest claim forgotten; ARGV[1] digest, ARGV[2] owner, ARGV[3] session,
-        // ARGV[4] stream, ARGV[5] a name for records that have none (a Redis that lost them),
-        // ARGV[6] the records the client was acknowledged in ('' if none), ARGV[7] the position.
-        // The regression check is `Acknowledged::regressed`'s.
+        // KEYS[4] the highest claim forgotten, KEYS[5] the owner's keys; ARGV[1] digest, ARGV[2]
+        // owner, ARGV[3] session, ARGV[4] stream, ARGV[5] a name for records that have none (a
+        // Redis that lost them), ARGV[6] the records the client was acknowledged in ('' if none),
+        // ARGV[7] the position, ARGV[8] the key. The regression check is
+        // `Acknowledged::regressed`'s.
         claim: script(
             r"
 local records = redis.call('GET', KEYS[2])
@@ -272,6 +309,7 @@ end
 if r[1] then return {'existing', records, r[6], r[1], r[2], r[3], r[4], r[5]} end
 claims = redis.call('INCR', KEYS[3])
 redis.call('HSET', KEYS[1], 'digest', ARGV[1], 'owner', ARGV[2], 'session', ARGV[3], 'stream', ARGV[4], 'at', claims)
+redis.call('SADD', KEYS[5], ARGV[8])
 return {'claimed', records, tostring(claims)}",
         ),
         // KEYS[1] the key's record, KEYS[2] the keys by age, KEYS[3] the highest claim
@@ -284,21 +322,34 @@ redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 return 1",
         ),
-        // KEYS[1] the key's record; ARGV[1] digest, ARGV[2] the owner found gone, ARGV[3] the new
-        // owner, ARGV[4] session, ARGV[5] stream.
+        // KEYS[1] the key's record, KEYS[2] the new owner's keys; ARGV[1] digest, ARGV[2] the
+        // owner found gone, ARGV[3] the new owner, ARGV[4] session, ARGV[5] stream, ARGV[6] key.
         take_over: script(
             r"
 local r = redis.call('HMGET', KEYS[1], 'digest', 'owner', 'outcome')
 if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] or r[3] then return 0 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[3], 'session', ARGV[4], 'stream', ARGV[5])
+redis.call('SADD', KEYS[2], ARGV[6])
 return 1",
         ),
-        // KEYS[1] the key's record; ARGV[1] owner, ARGV[2] outcome.
+        // KEYS[1] the key's record, KEYS[2] its owner's keys; ARGV[1] owner, ARGV[2] outcome,
+        // ARGV[3] key.
         finish: script(
             r"
 local r = redis.call('HMGET', KEYS[1], 'owner', 'outcome')
 if r[1] ~= ARGV[1] or r[2] then return 0 end
 redis.call('HSET', KEYS[1], 'outcome', ARGV[2])
+redis.call('SREM', KEYS[2], ARGV[3])
+return 1",
+        ),
+        // KEYS[1] a key's record or a task, KEYS[2] its owner's set; ARGV[1] the owner, ARGV[2]
+        // the key or task. One its owner no longer runs: unfinished, it is nobody's, so it reads
+        // as abandoned.
+        disown: script(
+            r"
+local r = redis.call('HMGET', KEYS[1], 'owner', 'outcome')
+if r[1] == ARGV[1] and not r[2] then redis.call('HSET', KEYS[1], 'owner', '') end
+redis.call('SREM', KEYS[2], ARGV[2])
 return 1",
         ),
         // KEYS[1] counters, KEYS[2] the addition's record; ARGV[1] counter, ARGV[2] amount,
@@ -576,10 +627,20 @@ async fn listen(client: redis::Client, mut pubsub: redis::aio::PubSub, to: Liste
 }
 
 impl RedisStore {
-    /// Connects to Redis at `url`. `owner` names this process for request leases.
-    pub async fn open(url: &str, retention: Retention, owner: &str) -> Result<RedisStore, StoreError> {
+    /// Connects to Redis at `url`, after checking that it can give what `durability` asks.
+    /// `owner` names this process for request leases.
+    pub async fn open(
+        url: &str,
+        retention: Retention,
+        owner: &str,
+        durability: RedisDurability,
+    ) -> Result<RedisStore, StoreError> {
         let client = redis::Client::open(url).map_err(backend)?;
-        let redis = client.get_connection_manager().await.map_err(backend)?;
+        let config =
+            redis::aio::ConnectionManagerConfig::new().set_response_timeout(Some(durability.response_timeout()));
+        let mut redis = client.get_connection_manager_with_config(config).await.map_err(backend)?;
+        let (fence, guarantee) = durability::check(&mut redis, durability).await?;
+        let run_id = durability::run_id(&mut redis).await?;
         let pubsub = subscribe(&client, owner).await.map_err(backend)?;
         let heads = Arc::new(Heads::default());
         let (answers, _) = tokio::sync::broadcast::channel(256);
@@ -597,6 +658,10 @@ impl RedisStore {
         let listener = tokio::spawn(listen(client, pubsub, listeners));
         Ok(RedisStore {
             redis,
+            fence,
+            guarantee,
+            run_id: Mutex::new(run_id),
+            held: Mutex::default(),
             answers,
             task_changes,
             announcements,
@@ -606,6 +671,88 @@ impl RedisStore {
             heads,
             listener,
         })
+    }
+
+    /// What an acknowledged write survives, as the store was opened to guarantee.
+    pub fn guarantee(&self) -> &str {
+        &self.guarantee
+    }
+
+    fn held(&self) -> MutexGuard<'_, Held> {
+        // Sets of names: consistent after a panic elsewhere.
+        self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Waits until the writes made on `conn` are as durable as the store guarantees.
+    async fn fenced(&self, conn: &mut ConnectionManager) -> Result<(), StoreError> {
+        self.fence.after_write(conn).await
+    }
+
+    /// Whether Redis is another process than last time (it restarted, or a replica took over):
+    /// then whatever this process owns in it but no longer runs was left behind by a Redis
+    /// that went back in time, and is given up, so that nobody waits on it for ever.
+    async fn notice_restart(&self, conn: &mut ConnectionManager) -> Result<(), StoreError> {
+        let now = durability::run_id(conn).await?;
+        let before = std::mem::replace(&mut *self.run_id.lock().unwrap_or_else(|p| p.into_inner()), now.clone());
+        if before == now {
+            return Ok(());
+        }
+        tracing::warn!(
+            before,
+            now,
+            "Redis restarted or failed over: giving up what this replica owns there but no longer runs"
+        );
+        self.give_up_unheld(conn).await
+    }
+
+    /// Gives up what the store says this process owns but this process does not hold: request
+    /// streams end aborted, idempotency keys and tasks read as abandoned.
+    async fn give_up_unheld(&self, conn: &mut ConnectionManager) -> Result<(), StoreError> {
+        let streams: Vec<String> = conn.smembers(owned_key(&self.owner)).await.map_err(backend)?;
+        let keys: Vec<String> = conn.smembers(owned_keys_key(&self.owner)).await.map_err(backend)?;
+        let tasks: Vec<String> = conn.smembers(owned_tasks_key(&self.owner)).await.map_err(backend)?;
+        let (streams, keys, tasks) = {
+            let held = self.held();
+            (
+                streams.into_iter().filter(|m| !held.streams.contains(m)).collect::<Vec<_>>(),
+                keys.into_iter().filter(|k| !held.keys.contains(k)).collect::<Vec<_>>(),
+                tasks.into_iter().filter(|t| !held.tasks.contains(t)).collect::<Vec<_>>(),
+            )
+        };
+        for member in &streams {
+            let Some((session, stream)) = member.split_once(SEP) else { continue };
+            let aborted: i64 = scripts()
+                .abort
+                .key(stream_key(session, stream))
+                .arg(notification_prefix(session, stream))
+                .arg(&self.owner)
+                .invoke_async(conn)
+                .await
+                .map_err(backend)?;
+            if aborted == 1 {
+                let _: i64 = conn.zadd(RETIRING, retiring_stream(session, stream), 0).await.map_err(backend)?;
+            }
+            let _: i64 = conn.srem(owned_key(&self.owner), member).await.map_err(backend)?;
+        }
+        for key in &keys {
+            let mut disown = scripts().disown.key(key_record(key));
+            disown.key(owned_keys_key(&self.owner)).arg(&self.owner).arg(key);
+            let _: i64 = disown.invoke_async(conn).await.map_err(backend)?;
+        }
+        for task in &tasks {
+            let mut disown = scripts().disown.key(task_key(task));
+            disown.key(owned_tasks_key(&self.owner)).arg(&self.owner).arg(task);
+            let _: i64 = disown.invoke_async(conn).await.map_err(backend)?;
+        }
+        if !(streams.is_empty() && keys.is_empty() && tasks.is_empty()) {
+            tracing::warn!(
+                streams = streams.len(),
+                keys = keys.len(),
+                tasks = tasks.len(),
+                "gave up what Redis says this replica runs but it no longer does"
+            );
+        }
+        Ok(())
     }
 
     fn conn(&self) -> ConnectionManager {
@@ -674,6 +821,7 @@ impl RedisStore {
     /// one round trip. The stream has ended either way, so a failure here is logged, not
     /// answered: the stream is then dropped with its session instead of after its retention.
     async fn retire_stream(&self, conn: &mut ConnectionManager, session: &str, stream: &str) {
+        self.held().streams.remove(&owned_member(session, stream));
         let retired = redis::pipe()
             .zadd(RETIRING, retiring_stream(session, stream), 0)
             .ignore()
@@ -731,7 +879,7 @@ impl SessionStore for RedisStore {
                 }
                 Err(err) => return Err(err),
             }
-            Ok(())
+            self.fenced(&mut conn).await
         })
     }
 
@@ -799,7 +947,8 @@ impl SessionStore for RedisStore {
         Box::pin(async move {
             let mut conn = self.conn();
             Self::end_script(&id, epoch, how, "").invoke_async::<i64>(&mut conn).await.map_err(script_error)?;
-            self.retire_session(&mut conn, &id).await
+            self.retire_session(&mut conn, &id).await?;
+            self.fenced(&mut conn).await
         })
     }
 
@@ -815,7 +964,7 @@ impl SessionStore for RedisStore {
                 .invoke_async::<i64>(&mut conn)
                 .await
                 .map_err(script_error)?;
-            Ok(())
+            self.fenced(&mut conn).await
         })
     }
 
@@ -839,6 +988,7 @@ impl SessionStore for RedisStore {
     fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<SessionId>> {
         Box::pin(async move {
             let mut conn = self.conn();
+            self.notice_restart(&mut conn).await?;
             let _: i64 = conn.hset(OWNERS, &self.owner, now_ms).await.map_err(backend)?;
             // Sessions past their deadline: each is re-checked atomically before it expires.
             let due: Vec<String> = conn.zrangebyscore(SESSIONS, "-inf", now_ms).await.map_err(backend)?;
@@ -884,7 +1034,9 @@ impl SessionStore for RedisStore {
                         let _: i64 = conn.zadd(RETIRING, retiring_stream(session, stream), 0).await.map_err(backend)?;
                     }
                 }
-                let _: i64 = conn.del(owned_key(&owner)).await.map_err(backend)?;
+                // Its keys and tasks read as abandoned by its lapsed heartbeat already.
+                let sets = [owned_key(&owner), owned_keys_key(&owner), owned_tasks_key(&owner)];
+                let _: i64 = conn.del(&sets[..]).await.map_err(backend)?;
                 let _: i64 = conn.hdel(OWNERS, &owner).await.map_err(backend)?;
             }
             self.forget_keys(&mut conn, now_ms).await?;
@@ -962,7 +1114,7 @@ impl EventLog for RedisStore {
                 .invoke_async::<i64>(&mut conn)
                 .await
                 .map_err(script_error)?;
-            Ok(())
+            self.fenced(&mut conn).await
         })
     }
 
@@ -998,17 +1150,22 @@ impl EventLog for RedisStore {
             // shared connection; both go in one round trip): if the process dies once the
             // stream exists, its request is found and aborted, never left live.
             let mut owned = conn.clone();
+            let fresh = self.held().streams.insert(member.clone());
             let (added, begun) = tokio::join!(
                 owned.sadd::<_, _, i64>(owned_key(&self.owner), &member),
                 begin.invoke_async::<String>(&mut conn)
             );
             let existing = begun.map_err(script_error);
+            if fresh && !matches!(existing.as_deref(), Ok("")) {
+                self.held().streams.remove(&member);
+            }
             if matches!(existing.as_deref(), Ok("")) {
                 // Begun: failing the call now would leave a live stream nobody runs. Without its
                 // entry the request runs and ends as usual; only a crash would strand it.
                 if let Err(err) = added {
                     tracing::warn!(%err, session, stream, "a begun request is missing from its owner's set");
                 }
+                self.fenced(&mut conn).await?;
                 return Ok(BeginRequest::Started);
             }
             // Not begun here: the entry comes out again. Were it left, it would only grow the set
@@ -1061,6 +1218,7 @@ impl EventLog for RedisStore {
             if last {
                 self.retire_stream(&mut conn, &session, &stream).await;
             }
+            self.fenced(&mut conn).await?;
             // Local followers need not wait for the round trip through pub/sub.
             if let Ok(name) = StreamName::parse(&stream) {
                 self.heads.notify(&session, &name, seq);
@@ -1084,7 +1242,7 @@ impl EventLog for RedisStore {
                 .await
                 .map_err(script_error)?;
             self.retire_stream(&mut conn, &session, &stream).await;
-            Ok(())
+            self.fenced(&mut conn).await
         })
     }
 
@@ -1195,12 +1353,14 @@ impl KeyRecords for RedisStore {
                 Some(acknowledged) => (acknowledged.records.as_str(), acknowledged.position),
                 None => ("", 0),
             };
-            let mut reply: Vec<Option<Vec<u8>>> = scripts()
-                .claim
-                .key(key_record(&claim.key))
+            // Held before it may be claimed: a claim is never owned here without being held.
+            let fresh = self.held().keys.insert(claim.key.clone());
+            let mut invocation = scripts().claim.key(key_record(&claim.key));
+            invocation
                 .key(RECORDS_ID)
                 .key(CLAIMS)
                 .key(CLAIMS_FORGOTTEN)
+                .key(owned_keys_key(&self.owner))
                 .arg(&claim.params_digest)
                 .arg(&self.owner)
                 .arg(session.unwrap_or_default())
@@ -1208,9 +1368,15 @@ impl KeyRecords for RedisStore {
                 .arg(crate::new_records_id()?)
                 .arg(seen_records)
                 .arg(seen_position)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(backend)?;
+                .arg(&claim.key);
+            let reply: Result<Vec<Option<Vec<u8>>>, StoreError> =
+                invocation.invoke_async(&mut conn).await.map_err(backend);
+            let claimed = matches!(&reply, Ok(reply) if reply.first().and_then(Option::as_deref) == Some(b"claimed"));
+            if fresh && !claimed {
+                self.held().keys.remove(&claim.key);
+            }
+            let mut reply = reply?;
+            self.fenced(&mut conn).await?;
             // The records' name and the claim's position (0 for a claim made before positions).
             let acknowledged = |reply: &[Option<Vec<u8>>]| {
                 let text = |i: usize| reply.get(i).and_then(Option::as_deref).and_then(|b| std::str::from_utf8(b).ok());
@@ -1248,18 +1414,25 @@ impl KeyRecords for RedisStore {
             }
             let _: i64 = conn.hset(OWNERS, &self.owner, claim.now_ms).await.map_err(backend)?;
             let (session, stream) = claim.columns();
-            let taken: i64 = scripts()
-                .take_over
-                .key(key_record(&claim.key))
+            let fresh = self.held().keys.insert(claim.key.clone());
+            let mut invocation = scripts().take_over.key(key_record(&claim.key));
+            invocation
+                .key(owned_keys_key(&self.owner))
                 .arg(&claim.params_digest)
                 .arg(gone)
                 .arg(&self.owner)
                 .arg(session.unwrap_or_default())
                 .arg(stream.unwrap_or_default())
-                .invoke_async(&mut conn)
-                .await
-                .map_err(backend)?;
-            Ok(taken == 1)
+                .arg(&claim.key);
+            let taken: Result<i64, StoreError> = invocation.invoke_async(&mut conn).await.map_err(backend);
+            if fresh && !matches!(taken, Ok(1)) {
+                self.held().keys.remove(&claim.key);
+            }
+            let taken = taken? == 1;
+            if taken {
+                self.fenced(&mut conn).await?;
+            }
+            Ok(taken)
         })
     }
 
@@ -1275,15 +1448,12 @@ impl KeyRecords for RedisStore {
     fn finish_key(&self, key: &str, outcome: Bytes) -> StoreFuture<'_, ()> {
         let key = key.to_owned();
         Box::pin(async move {
-            let _: i64 = scripts()
-                .finish
-                .key(key_record(&key))
-                .arg(&self.owner)
-                .arg(&outcome[..])
-                .invoke_async(&mut self.conn())
-                .await
-                .map_err(backend)?;
-            Ok(())
+            let mut conn = self.conn();
+            let mut finish = scripts().finish.key(key_record(&key));
+            finish.key(owned_keys_key(&self.owner)).arg(&self.owner).arg(&outcome[..]).arg(&key);
+            let _: i64 = finish.invoke_async(&mut conn).await.map_err(backend)?;
+            self.held().keys.remove(&key);
+            self.fenced(&mut conn).await
         })
     }
 }
@@ -1317,7 +1487,9 @@ impl TaskStore for RedisStore {
         Box::pin(async move {
             let mut conn = self.conn();
             // The heartbeat first, in the same round trip: the task is never without a live owner.
-            redis::pipe()
+            // Held before it is created: a task is never owned here without being held.
+            self.held().tasks.insert(record.task.id.clone());
+            let created = redis::pipe()
                 .atomic()
                 .hset(OWNERS, &self.owner, record.task.created_at_ms)
                 .ignore()
@@ -1326,9 +1498,16 @@ impl TaskStore for RedisStore {
                     &[("record", record.to_json().to_string()), ("owner", self.owner.clone())],
                 )
                 .ignore()
+                .sadd(owned_tasks_key(&self.owner), &record.task.id)
+                .ignore()
                 .query_async::<()>(&mut conn)
                 .await
-                .map_err(backend)?;
+                .map_err(backend);
+            if created.is_err() {
+                self.held().tasks.remove(&record.task.id);
+            }
+            created?;
+            self.fenced(&mut conn).await?;
             if let Some((key, outcome)) = key {
                 self.finish_key(&key, outcome).await?;
             }
@@ -1366,6 +1545,12 @@ impl TaskStore for RedisStore {
                     .await
                     .map_err(backend)?;
                 if swapped == 1 {
+                    if stored.record.forget_at_ms().is_some() {
+                        // Finished: nothing of it is left to run.
+                        let _: i64 = conn.srem(owned_tasks_key(&self.owner), &id).await.map_err(backend)?;
+                        self.held().tasks.remove(&id);
+                    }
+                    self.fenced(&mut conn).await?;
                     // A hint for the replicas waiting on it; they poll anyway.
                     if let Err(err) = conn.publish::<_, _, i64>(TASK_CHANGES, &id).await {
                         tracing::debug!(%err, "could not announce a task change");
@@ -1438,17 +1623,21 @@ impl CounterStore for RedisStore {
         let (key, once) = (key.to_owned(), once.map(str::to_owned));
         Box::pin(async move {
             let mut conn = self.conn();
-            let Some(op) = once else { return conn.hincr(COUNTERS, key, amount).await.map_err(backend) };
-            scripts()
-                .counter_once
-                .key(COUNTERS)
-                .key(counter_op_key(&op))
-                .arg(key)
-                .arg(amount)
-                .arg(self.retention.idempotency_ms.max(1))
-                .invoke_async(&mut conn)
-                .await
-                .map_err(backend)
+            let value: i64 = match once {
+                None => conn.hincr(COUNTERS, key, amount).await.map_err(backend)?,
+                Some(op) => scripts()
+                    .counter_once
+                    .key(COUNTERS)
+                    .key(counter_op_key(&op))
+                    .arg(key)
+                    .arg(amount)
+                    .arg(self.retention.idempotency_ms.max(1))
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(backend)?,
+            };
+            self.fenced(&mut conn).await?;
+            Ok(value)
         })
     }
 

@@ -1,0 +1,221 @@
+//! What tether asks of the Redis it stores in: its configuration, checked when the store opens
+//! (nothing tether keeps may be evicted, and what it is told is written must survive what the
+//! operator chose to guard against), each acknowledged write fenced (`WAIT`, `WAITAOF`), and a
+//! restart or failover of Redis noticed by its run id.
+
+use std::collections::HashMap;
+
+use redis::aio::ConnectionManager;
+
+use super::backend;
+use crate::StoreError;
+
+/// What an acknowledged write must survive, and so what tether asks of Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisDurability {
+    /// A restart of Redis: every write is on the primary's disk before tether acknowledges it.
+    /// Redis must run with `appendonly yes` and `appendfsync always`; from Redis 7.2, with
+    /// `appendonly yes` alone, tether waits for each write's fsync (`WAITAOF 1 0`). A failover to
+    /// a replica that had not received the write still loses it.
+    Fsync,
+    /// A failover to a replica: every write is on `replicas` replicas (`WAIT`) before tether
+    /// acknowledges it, within `timeout_ms` or the write fails. Losing every replica that took a
+    /// write still loses it, and `WAIT` is not a consensus: a failover may still promote a
+    /// replica that missed it.
+    Replicated {
+        /// How many replicas must hold each write.
+        replicas: u32,
+        /// How long a write may wait for them.
+        timeout_ms: u64,
+    },
+    /// Nothing is asked: a restart or a failover may lose acknowledged writes. Clients are told
+    /// (`history_rewritten`, `records_regressed`) rather than misled, but what was lost is lost.
+    Unchecked,
+}
+
+/// How long a write may wait for Redis's fsync before it fails (a disk that stopped answering).
+const FSYNC_TIMEOUT_MS: u64 = 5_000;
+
+/// Why Redis cannot give the guarantee asked of it.
+fn refused(why: String) -> StoreError {
+    StoreError::Backend(why)
+}
+
+/// What tether does after each write it acknowledges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fence {
+    /// Nothing: Redis's own configuration is the guarantee.
+    None,
+    /// `WAITAOF local replicas timeout`: the write is fsynced by the primary (`local` 1) and by
+    /// `replicas` replicas.
+    WaitAof { local: u32, replicas: u32, timeout_ms: u64 },
+    /// `WAIT replicas timeout`: the write reached `replicas` replicas.
+    Wait { replicas: u32, timeout_ms: u64 },
+}
+
+impl Fence {
+    /// Waits until the writes made on `conn` so far are as durable as the fence asks; fails if
+    /// they are not within its timeout (the write happened, but is not acknowledged).
+    pub(super) async fn after_write(self, conn: &mut ConnectionManager) -> Result<(), StoreError> {
+        match self {
+            Fence::None => Ok(()),
+            Fence::Wait { replicas, timeout_ms } => {
+                let acked: u32 =
+                    redis::cmd("WAIT").arg(replicas).arg(timeout_ms).query_async(conn).await.map_err(backend)?;
+                if acked < replicas {
+                    return Err(refused(format!(
+                        "a write reached {acked} of the {replicas} Redis replicas it must reach within {timeout_ms} ms"
+                    )));
+                }
+                Ok(())
+            }
+            Fence::WaitAof { local, replicas, timeout_ms } => {
+                let (fsynced, on_replicas): (u32, u32) = redis::cmd("WAITAOF")
+                    .arg(local)
+                    .arg(replicas)
+                    .arg(timeout_ms)
+                    .query_async(conn)
+                    .await
+                    .map_err(backend)?;
+                if fsynced < local || on_replicas < replicas {
+                    return Err(refused(format!(
+                        "a write was not fsynced by Redis ({fsynced} of {local} locally, {on_replicas} of {replicas} \
+                         replicas) within {timeout_ms} ms"
+                    )));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl RedisDurability {
+    /// How long a command may take to be answered: longer than the fence may wait, since a
+    /// fenced write's `WAIT` holds the connection meanwhile.
+    pub(super) fn response_timeout(self) -> std::time::Duration {
+        let fence = match self {
+            RedisDurability::Fsync => FSYNC_TIMEOUT_MS,
+            RedisDurability::Replicated { timeout_ms, .. } => timeout_ms,
+            RedisDurability::Unchecked => 0,
+        };
+        std::time::Duration::from_millis(fence.saturating_add(2_000))
+    }
+}
+
+/// What `INFO` says, as `name:value` lines.
+async fn info(conn: &mut ConnectionManager, section: &str) -> Result<HashMap<String, String>, StoreError> {
+    let text: String = redis::cmd("INFO").arg(section).query_async(conn).await.map_err(backend)?;
+    Ok(text
+        .lines()
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.trim().to_owned(), value.trim().to_owned()))
+        .collect())
+}
+
+/// The run id of the Redis process `conn` reaches: another one after a restart or a failover.
+pub(super) async fn run_id(conn: &mut ConnectionManager) -> Result<String, StoreError> {
+    info(conn, "server").await?.remove("run_id").ok_or_else(|| backend("INFO server has no run_id"))
+}
+
+/// Whether Redis `version` (`major.minor.patch`) is at least `major.minor`.
+fn at_least(version: &str, major: u32, minor: u32) -> bool {
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (have_major, have_minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (have_major, have_minor) >= (major, minor)
+}
+
+/// A configuration value, if Redis lets tether read it.
+async fn config(conn: &mut ConnectionManager, name: &str) -> Result<String, StoreError> {
+    let pairs: HashMap<String, String> =
+        redis::cmd("CONFIG").arg("GET").arg(name).query_async(conn).await.map_err(|err| {
+            refused(format!(
+                "could not read Redis's configuration ({name}: {err}), which tells what it keeps; \
+                 pass --redis-durability none to run without that guarantee"
+            ))
+        })?;
+    pairs.get(name).cloned().ok_or_else(|| refused(format!("Redis has no configuration value {name}")))
+}
+
+/// Checks that Redis can give what `durability` asks, and returns the fence each acknowledged
+/// write needs and a sentence saying what an acknowledged write survives.
+pub(super) async fn check(
+    conn: &mut ConnectionManager,
+    durability: RedisDurability,
+) -> Result<(Fence, String), StoreError> {
+    if durability == RedisDurability::Unchecked {
+        return Ok((
+            Fence::None,
+            "unchecked: a Redis restart or failover may lose acknowledged writes; clients are told \
+             (history_rewritten, records_regressed), never misled"
+                .into(),
+        ));
+    }
+    let policy = config(conn, "maxmemory-policy").await?;
+    if policy != "noeviction" {
+        return Err(refused(format!(
+            "Redis may evict tether's sessions, events and idempotency records (maxmemory-policy {policy}); \
+             set maxmemory-policy noeviction, or pass --redis-durability none"
+        )));
+    }
+    let version = info(conn, "server").await?.remove("redis_version").unwrap_or_default();
+    let waitaof = at_least(&version, 7, 2);
+    let appendonly = config(conn, "appendonly").await? == "yes";
+    if let RedisDurability::Replicated { replicas, timeout_ms } = durability {
+        // A replica still loading the primary's data (`state=wait_bgsave`) acknowledges nothing.
+        let replication = info(conn, "replication").await?;
+        let online = replication
+            .iter()
+            .filter(|(name, value)| name.starts_with("slave") && value.contains("state=online"))
+            .count();
+        let online = u32::try_from(online).unwrap_or(u32::MAX);
+        if online < replicas {
+            return Err(refused(format!("Redis has {online} replicas online; every write must reach {replicas}")));
+        }
+        let fence = if waitaof && appendonly {
+            Fence::WaitAof { local: 0, replicas, timeout_ms }
+        } else {
+            Fence::Wait { replicas, timeout_ms }
+        };
+        return Ok((
+            fence,
+            format!(
+                "replicated: every acknowledged write reached {replicas} replicas of Redis {version}; a failover \
+                 to one of them loses none of them"
+            ),
+        ));
+    }
+    let appendfsync = config(conn, "appendfsync").await?;
+    let fence = match (appendonly, appendfsync.as_str()) {
+        (true, "always") => Fence::None,
+        (true, _) if waitaof => Fence::WaitAof { local: 1, replicas: 0, timeout_ms: FSYNC_TIMEOUT_MS },
+        _ => {
+            return Err(refused(format!(
+                "Redis {version} does not put every write on its disk before answering (appendonly {}, \
+                 appendfsync {appendfsync}): a restart would lose acknowledged events and idempotency records; \
+                 set appendonly yes and appendfsync always, or pass --redis-durability none",
+                if appendonly { "yes" } else { "no" }
+            )));
+        }
+    };
+    Ok((
+        fence,
+        format!(
+            "fsync: every acknowledged write is on Redis {version}'s disk; a restart loses none of them, a failover \
+             to a replica may"
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_compare_by_major_then_minor() {
+        assert!(at_least("7.2.0", 7, 2));
+        assert!(at_least("7.10.1", 7, 2));
+        assert!(at_least("8.0.0", 7, 2));
+        assert!(!at_least("7.0.15", 7, 2));
+        assert!(!at_least("", 7, 2));
+    }
+}
