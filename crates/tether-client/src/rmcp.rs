@@ -2,7 +2,7 @@
 //! divergence detection, exact resumption and re-initialization without changing its code.
 //!
 //! The transport is a [`MessageLink`] whose application is rmcp: rmcp's `initialize` connects a
-//! tether [`Client`](crate::Client) with the rmcp client's name, protocol version and
+//! tether [`Client`] with the rmcp client's name, protocol version and
 //! capabilities; its requests are tether requests (a `tools/call` carries an idempotency key and
 //! is re-issued until its real outcome arrives, when the server offers it); notifications reach
 //! rmcp once each, in order, after validation; the server's requests are answered by the rmcp

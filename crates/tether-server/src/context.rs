@@ -447,7 +447,7 @@ impl Context {
 
     /// The request's idempotency key, made unique per principal, if the request carries one and
     /// the server offers the extension. A handler that records its effects under this key (as
-    /// [`Counters::add`] does) applies them at most once however often the request runs;
+    /// [`CounterStore::counter_add`](tether_store::CounterStore::counter_add) does) applies them at most once however often the request runs;
     /// register it with [`ToolSet::add_resumable`](crate::tools::ToolSet::add_resumable).
     pub fn idempotency_key(&self) -> Option<&str> {
         self.shared.meta.idempotency_key.as_deref()

@@ -31,7 +31,7 @@ use crate::{
 use tether_core::idempotency::Acknowledged;
 use tether_core::tasks::{TaskChange, TaskRecord};
 
-/// A [`Store`] held in process memory, bounded by its [`Retention`].
+/// A [`Store`](crate::Store) held in process memory, bounded by its [`Retention`].
 #[derive(Debug)]
 pub struct MemoryStore {
     retention: Retention,

@@ -22,7 +22,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// How log lines on stderr are written (levels and targets from `RUST_LOG`, default `warn`).
+    /// How log lines on stderr are written (levels and targets from `RUST_LOG`, default `warn`,
+    /// and `info` for what the command itself says at start).
     #[arg(long, global = true, value_enum, default_value = "text")]
     log_format: LogFormat,
 }
@@ -65,7 +66,9 @@ enum Command {
 fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     let logs = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn,tether=info".into()),
+        )
         .with_writer(std::io::stderr);
     match cli.log_format {
         LogFormat::Text => logs.init(),

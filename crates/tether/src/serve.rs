@@ -252,10 +252,7 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
             let store = SqliteStore::open(&args.data_dir, config.retention, &owner)
                 .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
             let (records, claims) = (store.records().await?, store.claims().await?);
-            eprintln!(
-                "tether serve: embedded store in {}: idempotency records {records}, {claims} keys claimed",
-                args.data_dir.display()
-            );
+            tracing::info!(dir = %args.data_dir.display(), records, claims, "embedded store: idempotency records, keys ever claimed");
             both(store)
         }
         StoreKind::Redis => {
@@ -270,7 +267,10 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
             let store = RedisStore::open(&args.redis_url, config.retention, &owner, durability)
                 .await
                 .with_context(|| format!("opening the redis store at {}", args.redis_url))?;
-            eprintln!("tether serve: redis store at {}: {}", args.redis_url, store.guarantee());
+            match args.redis_durability {
+                RedisDurabilityArg::None => tracing::warn!(url = %args.redis_url, "redis store: {}", store.guarantee()),
+                _ => tracing::info!(url = %args.redis_url, "redis store: {}", store.guarantee()),
+            }
             both(store)
         }
     };

@@ -80,7 +80,7 @@ struct Held {
     tasks: HashSet<String>,
 }
 
-/// A [`Store`] in Redis.
+/// A [`Store`](crate::Store) in Redis.
 pub struct RedisStore {
     redis: ConnectionManager,
     /// What each acknowledged write waits for.

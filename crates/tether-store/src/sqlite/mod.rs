@@ -56,7 +56,7 @@ struct Completions {
 }
 type Query = Box<dyn FnOnce(&Connection) + Send>;
 
-/// A [`Store`] in a SQLite file.
+/// A [`Store`](crate::Store) in a SQLite file.
 pub struct SqliteStore {
     /// The writer's queue; taken when the store is dropped, which ends the writer.
     jobs: Option<mpsc::Sender<Job>>,
