@@ -151,6 +151,12 @@ async fn an_rmcp_tool_call_is_resumed_exactly_through_cut_streams() {
     let expected: Vec<f64> = (1..=STEPS).map(f64::from).collect();
     let delivered = delivered.lock().expect("progress").clone();
     assert_eq!(delivered, expected, "every progress notification handed to rmcp exactly once, in order");
+    // rmcp hands each notification to the handler in a task of its own: the last may still be
+    // on its way when the response is.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while recorder.progress.lock().expect("progress").len() < expected.len() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let mut handled = recorder.progress.lock().expect("progress").clone();
     handled.sort_by(f64::total_cmp);
     assert_eq!(handled, expected, "rmcp's handler saw each progress notification once");

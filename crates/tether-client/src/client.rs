@@ -21,16 +21,23 @@ use crate::http::{Head, Reply};
 use crate::session::{Keying, Session, parse_response, refused};
 use crate::{Ack, ClientConfig, ClientError, ClientEvent, DivergenceReason, RequestError};
 
+/// Told the id of each attempt of a request as it goes out.
+pub(crate) type OnAttempt = Box<dyn Fn(&RequestId) + Send + Sync>;
+
 /// What a cancellable request has in flight: the id of its current attempt, and the task it
 /// became, if the server answered it with one.
 #[derive(Default)]
 pub(crate) struct InFlight {
     request: Mutex<Option<RequestId>>,
     task: Mutex<Option<String>>,
+    on_attempt: Option<OnAttempt>,
 }
 
 impl InFlight {
     fn set_request(&self, id: &RequestId) {
+        if let Some(on_attempt) = &self.on_attempt {
+            on_attempt(id);
+        }
         *self.request.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(id.clone());
     }
 
@@ -106,7 +113,19 @@ impl Client {
         params: Value,
         cancelled: impl Future<Output = ()>,
     ) -> Result<Value, RequestError> {
-        let in_flight = InFlight::default();
+        self.request_traced(method, params, cancelled, None).await
+    }
+
+    /// [`Client::request_cancellable`], telling `on_attempt` the id of each attempt as it goes
+    /// out: what the server sends on that attempt's stream arrives with it as its origin.
+    pub(crate) async fn request_traced(
+        &self,
+        method: &str,
+        params: Value,
+        cancelled: impl Future<Output = ()>,
+        on_attempt: Option<OnAttempt>,
+    ) -> Result<Value, RequestError> {
+        let in_flight = InFlight { on_attempt, ..InFlight::default() };
         {
             let sent = self.send(method, params, Keying::Auto, Some(&in_flight));
             tokio::pin!(sent);
@@ -207,6 +226,9 @@ impl Client {
         // The key's claim as the server acknowledged it, shown on every re-send: records that
         // went back in time refuse the key instead of running it again.
         let claimed: Mutex<Option<Acknowledged>> = Mutex::new(None);
+        // Whether an attempt so far may have run: then no later attempt's "not executed" holds
+        // for the request.
+        let mut may_have_run = false;
         loop {
             let mut params = params.clone();
             if let Some(acknowledged) = claimed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).as_ref() {
@@ -219,13 +241,22 @@ impl Client {
                 outcome => outcome,
             };
             let reason = match &outcome {
-                Err(RequestError::OutcomeUnknown(reason) | RequestError::NotExecuted(reason)) => reason.clone(),
-                Err(RequestError::Cancelled) => "the response stream broke".to_owned(),
+                Err(RequestError::NotExecuted(reason)) => reason.clone(),
+                Err(RequestError::OutcomeUnknown(reason)) => {
+                    may_have_run = true;
+                    reason.clone()
+                }
+                Err(RequestError::Cancelled) => {
+                    may_have_run = true;
+                    "the response stream broke".to_owned()
+                }
                 Err(RequestError::Aborted(error)) => {
+                    may_have_run = true;
                     format!("its server stopped before it finished: {}", error.message)
                 }
                 _ => return outcome,
             };
+            let outcome = verdict(outcome, may_have_run);
             let Some(delay) = reissues.next_delay(None, None) else { return outcome };
             tokio::time::sleep(delay).await;
             // A re-initialization under way decides where the next attempt goes. The session that
@@ -241,7 +272,8 @@ impl Client {
         }
     }
 
-    /// Sends a request once and waits for its outcome.
+    /// Sends a request once and waits for its outcome. A request without params is sent
+    /// without the member (`Value::Null` stands for none).
     pub(crate) async fn send_once(
         &self,
         method: &str,
@@ -268,7 +300,8 @@ impl Client {
         if let Some(in_flight) = in_flight {
             in_flight.set_request(&id);
         }
-        let request = Request { id: id.clone(), method: method.to_owned(), params: Some(params) };
+        let params = (!params.is_null()).then_some(params);
+        let request = Request { id: id.clone(), method: method.to_owned(), params };
         let key = stream_key(&id);
         let (tx, rx) = oneshot::channel();
         let (era, session, generation) = inner.register(&id, &key, method, tx).map_err(RequestError::Client)?;
@@ -303,13 +336,13 @@ impl Client {
         let inner = &self.inner;
         match reply {
             Reply::Json(bytes) => match parse_response(&bytes) {
-                Ok(response) => inner.deliver(None, Message::Response(response), Ack::none()),
+                Ok(response) => inner.deliver(None, None, Message::Response(response), Ack::none()),
                 Err(err) => inner.resolve(key, Err(RequestError::Client(err))),
             },
             Reply::Sse(reader) if era == Era::Modern => {
                 let inner = Arc::clone(inner);
-                let key = key.to_owned();
-                tokio::spawn(async move { crate::follow::read_modern(inner, key, reader).await });
+                let id = id.clone();
+                tokio::spawn(async move { crate::follow::read_modern(inner, id, reader).await });
             }
             Reply::Sse(reader) => {
                 Follower::spawn(Arc::clone(inner), generation, Origin::Request(id.clone()), Some((head, reader)), None);
@@ -401,5 +434,17 @@ impl Client {
         if session.session_id.is_some() {
             self.inner.endpoint.delete(&session).await;
         }
+    }
+}
+
+/// The outcome a keyed request ends with after its attempts: an attempt's "not executed" holds
+/// for the request only if no earlier attempt may have run (`may_have_run`); otherwise the
+/// outcome is unknown.
+fn verdict(outcome: Result<Value, RequestError>, may_have_run: bool) -> Result<Value, RequestError> {
+    match outcome {
+        Err(RequestError::NotExecuted(reason)) if may_have_run => Err(RequestError::OutcomeUnknown(format!(
+            "an earlier attempt may have run, and the last was not executed: {reason}"
+        ))),
+        outcome => outcome,
     }
 }

@@ -55,8 +55,11 @@ enum Admit {
 enum Ended {
     /// The stream is complete (the request's response was delivered).
     Done,
-    /// The connection dropped; reconnect.
+    /// The connection dropped, or the server closed it saying when to come back; reconnect.
     Dropped,
+    /// The server ended a request's stream without its response and without saying when to
+    /// come back: a resume would find nothing more.
+    Unanswered,
     /// The stream is not the one being followed.
     Diverged(DivergenceReason),
 }
@@ -127,6 +130,10 @@ impl Follower {
                 }
                 match ended {
                     Ended::Done => return,
+                    Ended::Unanswered => {
+                        self.give_up("the server ended the request's stream without its response");
+                        return;
+                    }
                     Ended::Diverged(reason) => {
                         self.inner.diverge(self.generation, reason).await;
                         return;
@@ -233,6 +240,11 @@ impl Follower {
         loop {
             let event = match reader.next().await {
                 Ok(Some(event)) => event,
+                // The body ended whole: the server closed it. Unless it said when to come back (a
+                // `retry` field on this stream), a request's stream is over.
+                Ok(None) if matches!(self.origin, Origin::Request(_)) && reader.retry().or(self.retry).is_none() => {
+                    return Ended::Unanswered;
+                }
                 Ok(None) | Err(ClientError::Transport(_)) => {
                     self.retry = reader.retry().or(self.retry);
                     return Ended::Dropped;
@@ -384,8 +396,12 @@ impl Follower {
                 return false;
             }
         };
-        let done = matches!((&self.origin, &message), (Origin::Request(id), Message::Response(r)) if r.id.as_ref() == Some(id));
-        self.inner.deliver(event.id, message, ack);
+        let request = match &self.origin {
+            Origin::Request(id) => Some(id),
+            Origin::Standalone => None,
+        };
+        let done = matches!((request, &message), (Some(id), Message::Response(r)) if r.id.as_ref() == Some(id));
+        self.inner.deliver(event.id, request, message, ack);
         done
     }
 }
@@ -400,13 +416,14 @@ fn lineage(divergence: tether_core::lineage::Divergence) -> Ended {
 
 /// Reads a 2026-07-28 response stream. There is no resumption: a broken stream cancelled the
 /// request.
-pub(crate) async fn read_modern(inner: Arc<Session>, key: String, mut reader: Box<SseReader>) {
+pub(crate) async fn read_modern(inner: Arc<Session>, id: RequestId, mut reader: Box<SseReader>) {
+    let key = stream_key(&id);
     loop {
         match reader.next().await {
             Ok(Some(event)) if !event.data.is_empty() => {
                 let Ok(message) = jsonrpc::parse_message(event.data.as_bytes()) else { continue };
                 let response = matches!(message, Message::Response(_));
-                inner.deliver(None, message, Ack::none());
+                inner.deliver(None, Some(&id), message, Ack::none());
                 if response {
                     return;
                 }

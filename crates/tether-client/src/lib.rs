@@ -168,6 +168,9 @@ pub enum ClientEvent {
     Message {
         /// Its event id, if it had one.
         id: Option<String>,
+        /// The request whose stream carried it (the id of the attempt it came on); `None` on
+        /// the standalone stream and a task's.
+        origin: Option<tether_core::jsonrpc::RequestId>,
         /// The message.
         message: Message,
         /// Call [`Ack::done`] once the message is processed.

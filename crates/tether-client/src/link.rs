@@ -27,6 +27,20 @@ use crate::{Client, ClientConfig, ClientEvent, HookFuture, RequestError, ServerR
 /// The server's requests waiting for the application's answer, by the id the application saw.
 type Answers = Arc<Mutex<HashMap<i64, oneshot::Sender<Result<Value, ErrorObject>>>>>;
 
+/// The application's requests in flight by the id of each of their attempts, so that what the
+/// server sends on an attempt's stream reaches the application as that request's.
+type Origins = Arc<Mutex<HashMap<RequestId, RequestId>>>;
+
+/// A message the server sent the application.
+#[derive(Debug)]
+pub struct FromServer {
+    /// The message.
+    pub message: Message,
+    /// The application's request whose stream carried it, if one did (a request's progress,
+    /// logs and questions travel on its stream).
+    pub origin: Option<RequestId>,
+}
+
 /// A message link over a tether [`Client`]: what the application sends goes in through
 /// [`MessageLink::send`]; what the server sends it comes out of the receiver
 /// [`MessageLink::new`] returns.
@@ -34,7 +48,7 @@ pub struct MessageLink {
     /// Until the application's `initialize` arrives.
     config: Option<ClientConfig>,
     client: Arc<OnceCell<Client>>,
-    to_app: mpsc::UnboundedSender<Message>,
+    to_app: mpsc::UnboundedSender<FromServer>,
     events: mpsc::UnboundedSender<ClientEvent>,
     /// Responses to the application's requests and the server's requests, handed over by the
     /// pump behind the notifications that preceded them on their streams.
@@ -42,6 +56,7 @@ pub struct MessageLink {
     /// The pump's end of `to_pump`, until `initialize` starts the pump.
     pump_rx: Option<mpsc::UnboundedReceiver<Message>>,
     answers: Answers,
+    origins: Origins,
     /// The application's requests in flight, so it can cancel them.
     running: Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>,
 }
@@ -69,7 +84,7 @@ impl MessageLink {
     /// connection: every [`ClientEvent`] except messages, which go to the application.
     pub fn new(
         config: ClientConfig,
-    ) -> (MessageLink, mpsc::UnboundedReceiver<Message>, mpsc::UnboundedReceiver<ClientEvent>) {
+    ) -> (MessageLink, mpsc::UnboundedReceiver<FromServer>, mpsc::UnboundedReceiver<ClientEvent>) {
         let (to_app, from_server) = mpsc::unbounded_channel();
         let (events, events_rx) = mpsc::unbounded_channel();
         let (to_pump, pump_rx) = mpsc::unbounded_channel();
@@ -81,6 +96,7 @@ impl MessageLink {
             to_pump,
             pump_rx: Some(pump_rx),
             answers: Answers::default(),
+            origins: Origins::default(),
             running: Arc::default(),
         };
         (link, from_server, events_rx)
@@ -101,8 +117,8 @@ enum Waits<I> {
 
 /// Hands `message` to the application; a dropped receiver means it has stopped, and nothing is
 /// waiting.
-fn deliver(app: &mpsc::UnboundedSender<Message>, message: Message) {
-    let _ = app.send(message);
+fn deliver(app: &mpsc::UnboundedSender<FromServer>, message: Message, origin: Option<RequestId>) {
+    let _ = app.send(FromServer { message, origin });
 }
 
 /// How a tether request's failure reaches the application.
@@ -168,13 +184,14 @@ impl MessageLink {
             config
         });
         let (cell, to_app, events) = (Arc::clone(&self.client), self.to_app.clone(), self.events.clone());
+        let origins = Arc::clone(&self.origins);
         let pump_rx = self.pump_rx.take();
         async move {
             let outcome = match config.zip(pump_rx) {
                 None => Err(ErrorObject::with_reason(code::INVALID_REQUEST, "already initialized", "initialized")),
                 Some((config, pump_rx)) => match Client::connect(config).await {
                     Ok((client, client_events)) => {
-                        tokio::spawn(pump(client_events, pump_rx, to_app.clone(), events));
+                        tokio::spawn(pump(client_events, pump_rx, to_app.clone(), events, origins));
                         client.follow_standalone().await;
                         let server = client.server();
                         let _ = cell.set(client);
@@ -183,7 +200,7 @@ impl MessageLink {
                     Err(err) => Err(ErrorObject::with_reason(code::INTERNAL_ERROR, err.to_string(), "connect_failed")),
                 },
             };
-            deliver(&to_app, Message::Response(Response { id: Some(id), outcome }));
+            deliver(&to_app, Message::Response(Response { id: Some(id), outcome }), None);
         }
     }
 }
@@ -194,12 +211,14 @@ impl MessageLink {
 async fn pump(
     mut client_events: mpsc::UnboundedReceiver<ClientEvent>,
     mut queued: mpsc::UnboundedReceiver<Message>,
-    to_app: mpsc::UnboundedSender<Message>,
+    to_app: mpsc::UnboundedSender<FromServer>,
     events: mpsc::UnboundedSender<ClientEvent>,
+    origins: Origins,
 ) {
     let handle = |event: ClientEvent| match event {
-        ClientEvent::Message { message: message @ Message::Notification(_), ack, .. } => {
-            deliver(&to_app, message);
+        ClientEvent::Message { message: message @ Message::Notification(_), origin, ack, .. } => {
+            let origin = origin.and_then(|attempt| lock(&origins).get(&attempt).cloned());
+            deliver(&to_app, message, origin);
             ack.done();
         }
         // Server requests are answered through the hooks.
@@ -221,7 +240,11 @@ async fn pump(
                 while let Ok(event) = client_events.try_recv() {
                     handle(event);
                 }
-                deliver(&to_app, message);
+                // Everything its attempts' streams carried went first: they are forgotten.
+                if let Message::Response(Response { id: Some(id), .. }) = &message {
+                    lock(&origins).retain(|_, app_id| app_id != id);
+                }
+                deliver(&to_app, message, None);
             }
         }
     }
@@ -240,13 +263,20 @@ impl MessageLink {
         };
         let (cancel, cancelled) = oneshot::channel::<()>();
         lock(&self.running).insert(key.clone(), cancel);
+        let origins = Arc::clone(&self.origins);
         tokio::spawn(async move {
             let params = request.params.unwrap_or(Value::Null);
             // A dropped sender (the transport closed) cancels too.
             let cancelled = async move { drop(cancelled.await) };
-            let outcome = client.request_cancellable(&request.method, params, cancelled).await;
+            let (app_id, attempts) = (request.id.clone(), Arc::clone(&origins));
+            let on_attempt = Box::new(move |attempt: &RequestId| {
+                lock(&attempts).insert(attempt.clone(), app_id.clone());
+            });
+            let outcome = client.request_traced(&request.method, params, cancelled, Some(on_attempt)).await;
             lock(&running).remove(&key);
-            if outcome != Err(RequestError::CancelledByCaller) {
+            if outcome == Err(RequestError::CancelledByCaller) {
+                lock(&origins).retain(|_, app_id| *app_id != request.id);
+            } else {
                 // The pump is gone only when the client is.
                 let outcome = outcome.map_err(request_error);
                 let _ = to_pump.send(Message::Response(Response { id: Some(request.id), outcome }));

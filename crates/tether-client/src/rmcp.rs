@@ -26,14 +26,14 @@ use ::rmcp::transport::Transport;
 use tether_core::jsonrpc::{self, Message};
 use tokio::sync::mpsc;
 
-use crate::link::{MessageLink, NotConnected};
+use crate::link::{FromServer, MessageLink, NotConnected};
 use crate::{Client, ClientConfig, ClientEvent};
 
 /// An rmcp client transport over a tether [`Client`].
 #[derive(Debug)]
 pub struct TetherTransport {
     link: MessageLink,
-    from_server: mpsc::UnboundedReceiver<Message>,
+    from_server: mpsc::UnboundedReceiver<FromServer>,
 }
 
 impl TetherTransport {
@@ -78,7 +78,7 @@ impl Transport<RoleClient> for TetherTransport {
 
     async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
         loop {
-            let message = self.from_server.recv().await?;
+            let FromServer { message, .. } = self.from_server.recv().await?;
             match to_rmcp(&message) {
                 Some(message) => return Some(message),
                 None => tracing::warn!(method = ?message.method(), "a server message rmcp cannot read was dropped"),

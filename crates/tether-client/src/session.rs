@@ -286,19 +286,20 @@ impl Session {
 
     /// Routes a validated message: responses to their request, server requests to the hooks,
     /// notifications to the application (with the acknowledgement that commits their cursor).
-    pub fn deliver(self: &Arc<Self>, id: Option<String>, message: Message, ack: Ack) {
+    pub fn deliver(self: &Arc<Self>, id: Option<String>, origin: Option<&RequestId>, message: Message, ack: Ack) {
         match message {
             Message::Response(response) => {
                 let Some(request) = &response.id else { return };
                 self.finish(request, response.outcome.map_err(RequestError::Rpc));
             }
             Message::Request(request) => {
-                self.emit(ClientEvent::Message { id, message: Message::Request(request.clone()), ack });
+                let origin = origin.cloned();
+                self.emit(ClientEvent::Message { id, origin, message: Message::Request(request.clone()), ack });
                 let inner = Arc::clone(self);
                 tokio::spawn(async move { inner.answer_server_request(request).await });
             }
             notification @ Message::Notification(_) => {
-                self.emit(ClientEvent::Message { id, message: notification, ack })
+                self.emit(ClientEvent::Message { id, origin: origin.cloned(), message: notification, ack })
             }
         }
     }

@@ -299,7 +299,7 @@ async fn read_stream(followed: &mut Followed<'_>, cursor: &mut Cursor) -> Result
                 let method = event.payload.get("method").and_then(Value::as_str).unwrap_or_default().to_owned();
                 let params = event.payload.get("params").cloned().filter(|p| !p.is_null());
                 let message = Message::Notification(Notification { method, params });
-                followed.client.emit(ClientEvent::Message { id: None, message, ack: Ack::none() });
+                followed.client.emit(ClientEvent::Message { id: None, origin: None, message, ack: Ack::none() });
             }
             _ => {}
         }

@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use tether_client::link::MessageLink;
+use tether_client::link::{FromServer, MessageLink};
 use tether_client::{ClientConfig, ClientEvent};
 use tether_core::jsonrpc::{self, ErrorObject, Message, Notification, Response, code};
 use tether_core::mcp::method;
@@ -116,7 +116,7 @@ pub async fn bridge(
                 }
             },
             message = from_server.recv() => match message {
-                Some(message) => {
+                Some(FromServer { message, .. }) => {
                     match &message {
                         Message::Response(response) => counts.answered(response),
                         _ => counts.from_server += 1,

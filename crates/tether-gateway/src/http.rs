@@ -7,7 +7,7 @@
 //! `request_aborted`.
 
 use futures_util::future::BoxFuture;
-use tether_client::link::MessageLink;
+use tether_client::link::{FromServer, MessageLink};
 use tether_client::{ClientConfig, ClientEvent, DivergenceReason};
 use tether_server::upstream::{Connect, FromUpstream, Link};
 use tokio::sync::mpsc;
@@ -53,7 +53,8 @@ impl Connect for Remote {
                     tokio::select! {
                         message = from_server.recv() => {
                             let Some(message) = message else { break };
-                            if to_tether.send(message.into()).is_err() {
+                            let FromServer { message, origin } = message;
+                            if to_tether.send(FromUpstream { message, origin }).is_err() {
                                 break;
                             }
                         }

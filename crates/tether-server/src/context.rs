@@ -302,27 +302,21 @@ impl SessionHandle {
     /// runs after it is cancelled with the session. Ending a session that already ended, or was
     /// replaced by another incarnation, does nothing.
     pub async fn end(&self, why: SessionEnd, grace: Duration) {
+        // From now on nothing new starts: the grace is for what runs.
+        self.runtime.close();
         let deadline = tokio::time::Instant::now() + grace;
         while self.runtime.running() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         match self.server.store.end_session(&self.runtime.id, &self.runtime.epoch, why).await {
             Ok(()) => {
-                if self
-                    .server
-                    .sessions
-                    .get(&self.runtime.id)
-                    .is_some_and(|serving| Arc::ptr_eq(&serving, &self.runtime))
-                {
-                    self.server.sessions.remove(&self.runtime.id);
-                }
                 crate::telemetry::session_ended_by_server(why);
                 tracing::info!(session = %self.runtime.id, ?why, "session ended by the server");
             }
             Err(err) => tracing::debug!(session = %self.runtime.id, %err, "the session had already ended"),
         }
         // Whatever happened in the store, this process stops serving this incarnation.
-        self.runtime.end();
+        self.server.sessions.retire(&self.runtime);
     }
 }
 
@@ -340,6 +334,9 @@ struct RequestState {
     /// client (legacy sessions).
     input: Mutex<Input>,
     cancel: CancellationToken,
+    /// The request was never recorded (the store found its id sent before): nothing of it is
+    /// written, and its stream, never opened, is left alone.
+    void: std::sync::atomic::AtomicBool,
     server: Arc<crate::ServerState>,
     /// A 2026-07-28 `tools/call` that may become a task ([`Context::escalate`]).
     task: Option<Arc<TaskSlot>>,
@@ -385,7 +382,8 @@ impl Context {
             Output::Direct { .. } => None,
         };
         let input = Mutex::new(input);
-        let shared = RequestState { output, writes, write_failure, first, meta, input, cancel, server, task };
+        let void = std::sync::atomic::AtomicBool::new(false);
+        let shared = RequestState { output, writes, write_failure, first, meta, input, cancel, void, server, task };
         (Context { shared: Arc::new(shared) }, rx)
     }
 
@@ -500,7 +498,10 @@ impl Context {
         }
         let server = &self.shared.server;
         let key = self.shared.meta.idempotency_key.as_deref();
-        let Some(mut created) = crate::tasks::create(server, slot, key).await? else { return Ok(true) };
+        let Some(mut created) = crate::tasks::create(server, slot, key).await? else {
+            // Made a task meanwhile, or cancelled before it could become one.
+            return if slot.id().is_some() { Ok(true) } else { Err(ContextError::Cancelled) };
+        };
         crate::dispatch::decorate_modern(method::TOOLS_CALL, &mut created, &server.server_info());
         let response = Message::Response(Response::result(slot.request_id.clone(), created)).to_vec();
         if let Output::Direct { tx } = &self.shared.output {
@@ -685,23 +686,30 @@ impl Context {
         self.emit(response, true, record).await
     }
 
-    /// Ends the request's stream without a response (it was cancelled); a shared stream is left
-    /// to its batch.
-    pub(crate) async fn end_without_response(&self) {
+    /// Ends the request's stream as aborted, for a request whose response the stream will not
+    /// get (it could not be written, or the request could not run): readers end it with a
+    /// `request_aborted` notice and error instead of waiting. A batch's shared stream is
+    /// aborted too: it can no longer carry every response, and the batch's end must not pass
+    /// it off as complete.
+    pub(crate) async fn abort_stream(&self) {
         self.signal(|| FirstOutput::Event);
-        // What the handler sent before it stopped goes in first.
+        if self.is_void() {
+            return;
+        }
+        // What the handler sent before goes in first.
         let _ = self.flush().await;
-        if let Output::Stored { store, runtime, stream, ends_stream: true } = &self.shared.output
-            && let Err(err) = store.end_stream(&runtime.id, &runtime.epoch, stream).await
+        if let Output::Stored { store, runtime, stream, .. } = &self.shared.output
+            && let Err(err) = store.abort_stream(&runtime.id, &runtime.epoch, stream).await
         {
-            tracing::debug!(%err, "ending a cancelled request's stream");
+            tracing::warn!(%err, %stream, "could not end a request's stream that will not get its response");
         }
     }
 
     /// Sends `bytes`; `last` ends the stream, and on a session stream also records the response
-    /// under `record`.
+    /// under `record`. Once the request is cancelled only its response goes out: the one
+    /// terminal event its stream must get.
     async fn emit(&self, bytes: Bytes, last: bool, record: Option<&str>) -> Result<(), ContextError> {
-        if self.shared.cancel.is_cancelled() {
+        if (self.shared.cancel.is_cancelled() && !last) || self.is_void() {
             return Err(ContextError::Cancelled);
         }
         if let Some(task) = self.task_id() {
@@ -726,6 +734,16 @@ impl Context {
                 tx.send((bytes, last)).await.map_err(|_| ContextError::Cancelled)
             }
         }
+    }
+
+    /// Marks the request as never recorded (see `RequestState::void`); it is cancelled too.
+    pub(crate) fn void(&self) {
+        self.shared.void.store(true, std::sync::atomic::Ordering::Release);
+        self.shared.cancel.cancel();
+    }
+
+    fn is_void(&self) -> bool {
+        self.shared.void.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Queues `write` for the request's writer; fails with the writer's first failure.

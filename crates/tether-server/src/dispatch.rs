@@ -21,7 +21,7 @@ use tracing::Instrument as _;
 use crate::ServerState;
 use crate::context::{Context, FirstOutput, Input, Output, RequestMeta};
 use crate::http::reject::Refusal;
-use crate::idempotency::{self, Answer, Keyed, Plan};
+use crate::idempotency::{self, Answer, ClaimGuard, Keyed, Plan};
 use crate::ids;
 use crate::input::{self, Answerer};
 use crate::session::{LogLevel, SessionRuntime};
@@ -83,10 +83,30 @@ pub(crate) fn decorate_modern(method: &str, result: &mut Value, server_info: &Va
     }
 }
 
+/// Runs `start`, which records a request and starts it, in a task of its own and waits for it:
+/// a client that goes away meanwhile drops only the wait, never a request half started (its
+/// key claimed and nothing running it).
+async fn detached<T: Send + 'static>(
+    start: impl Future<Output = Result<T, DispatchError>> + Send + 'static,
+) -> Result<T, DispatchError> {
+    tokio::spawn(start).await.unwrap_or_else(|failed| Err(DispatchError::StartFailed(failed.to_string())))
+}
+
 /// Starts a request of a legacy session: recorded in the store with its own stream, so it is
 /// executed once however often its id is sent, and its output survives the connection. With an
 /// idempotency key, once however often it is sent at all (see [`idempotency`]).
 pub(crate) async fn start_legacy(
+    shared: &Arc<ServerState>,
+    runtime: &Arc<SessionRuntime>,
+    principal: Option<&str>,
+    request: Request,
+) -> Result<Started, DispatchError> {
+    let (shared, runtime, principal) = (Arc::clone(shared), Arc::clone(runtime), principal.map(str::to_owned));
+    detached(async move { start_legacy_here(&shared, &runtime, principal.as_deref(), request).await }).await
+}
+
+/// [`start_legacy`], in the task that records and starts the request.
+async fn start_legacy_here(
     shared: &Arc<ServerState>,
     runtime: &Arc<SessionRuntime>,
     principal: Option<&str>,
@@ -113,8 +133,8 @@ pub(crate) async fn start_legacy(
 /// writes its record, which it has ordered before the request's output: the output need not
 /// wait for a store step of its own. If the store says the id was used before, the run is
 /// cancelled; it wrote nothing, for its stream was never opened. The run is registered for
-/// cancellation once the request is known to be new; a cancellation that comes before is lost,
-/// as it is while any request is being recorded.
+/// cancellation before it starts, so a cancellation or the session's end is never lost in the
+/// meantime (a re-sent id whose original runs is not registered: it is the original's to cancel).
 async fn start_pipelined(
     shared: &Arc<ServerState>,
     runtime: &Arc<SessionRuntime>,
@@ -124,30 +144,32 @@ async fn start_pipelined(
 ) -> Result<Started, DispatchError> {
     let Entry { key, request, .. } = entry;
     let cancel = CancellationToken::new();
+    if runtime.closing() {
+        return Err(DispatchError::SessionEnded);
+    }
+    let registered = runtime.start_request(&key, &stream, cancel.clone());
     let (ctx, first) = context(shared, runtime, &request, &stream, true, None, &cancel);
     let (decided, decision) = oneshot::channel();
     let id = request.id.clone();
     let (runtime, shared) = (Arc::clone(runtime), Arc::clone(shared));
     let task = tokio::spawn(async move {
+        let run_ctx = ctx.clone();
         let decide = async {
             let started = std::time::Instant::now();
             let begun = begun.await;
             crate::telemetry::store_latency("begin_request", started.elapsed());
             let begun = begun.map_err(DispatchError::from).and_then(|begun| match begun {
-                BeginRequest::Started if !runtime.start_request(&key, cancel.clone()) => {
-                    Err(DispatchError::SessionEnded)
-                }
+                // Not registered, yet new: the session began to end meanwhile.
+                BeginRequest::Started if !registered => Err(DispatchError::SessionEnded),
                 begun => Ok(begun),
             });
-            let runs = matches!(begun, Ok(BeginRequest::Started));
-            if !runs {
-                cancel.cancel();
+            if !matches!(begun, Ok(BeginRequest::Started)) {
+                ctx.void();
             }
             // The POST may have gone away; a request that runs runs to its end regardless.
             let _ = decided.send(begun);
-            runs
         };
-        let ((), registered) = tokio::join!(run(&shared, ctx, request, Job::Run(None), cancel.clone(), None), decide);
+        tokio::join!(run(&shared, run_ctx, request, Job::Run(None), cancel.clone(), None), decide);
         if registered {
             runtime.finish_request(&key);
         }
@@ -165,6 +187,19 @@ async fn start_pipelined(
 /// batch's stream, with the original's outcome. `Err` with the error that answers the request
 /// instead.
 pub(crate) async fn start_in_batch(
+    shared: &Arc<ServerState>,
+    runtime: &Arc<SessionRuntime>,
+    principal: Option<&str>,
+    request: Request,
+    stream: &StreamName,
+) -> Result<Result<Running, ErrorObject>, DispatchError> {
+    let (shared, runtime, principal) = (Arc::clone(shared), Arc::clone(runtime), principal.map(str::to_owned));
+    let stream = stream.clone();
+    detached(async move { start_in_batch_here(&shared, &runtime, principal.as_deref(), request, &stream).await }).await
+}
+
+/// [`start_in_batch`], in the task that records and starts the request.
+async fn start_in_batch_here(
     shared: &Arc<ServerState>,
     runtime: &Arc<SessionRuntime>,
     principal: Option<&str>,
@@ -212,6 +247,9 @@ pub(crate) enum DispatchError {
     /// A tool that runs only as a task, called by a client that does not declare tasks.
     #[error("tool {0:?} runs only as a task, and the request does not declare the tasks extension")]
     TasksRequired(String),
+    /// The task that records and starts the request failed (a panic: a bug).
+    #[error("starting the request failed: {0}")]
+    StartFailed(String),
 }
 
 /// What the store said of a request before anything of it runs.
@@ -374,7 +412,11 @@ async fn run_recorded(
 ) -> Result<Running, DispatchError> {
     let Work { key, request, job } = work;
     let cancel = CancellationToken::new();
-    if !runtime.start_request(&key, cancel.clone()) {
+    if !runtime.start_request(&key, &stream, cancel.clone()) {
+        if let Prepared::Keyed { keyed, claimed: Some(Claim::Claimed(_)), .. } = &job {
+            // Claimed with its begin, and it will not run: released.
+            drop(ClaimGuard::new(&shared.store, &keyed.name));
+        }
         return Err(DispatchError::SessionEnded);
     }
     let idempotency_key = match &job {
@@ -384,22 +426,25 @@ async fn run_recorded(
     let (ctx, first) = context(shared, runtime, &request, &stream, ends_stream, idempotency_key, &cancel);
     let params = request.params.as_ref().unwrap_or(&Value::Null);
     let job = match job {
-        Prepared::Ready(job) => Ok((job, None)),
+        Prepared::Ready(job) => Ok(KeyedJob { job, acknowledged: None, claim: None }),
         Prepared::Keyed { keyed, claim, claimed } => {
             keyed_job(shared, keyed, claim, claimed, &request.method, params).await
         }
     };
-    let (job, claimed) = match job {
+    let KeyedJob { job, acknowledged: claimed, claim } = match job {
         Ok(job) => job,
         Err(rejection) => {
-            // Nothing ran: the request's stream ends without an answer.
-            ctx.end_without_response().await;
+            // Nothing ran, and nothing will: readers of the request's stream are told so.
+            ctx.abort_stream().await;
             runtime.finish_request(&key);
             return Err(rejection);
         }
     };
     let (runtime, shared) = (Arc::clone(runtime), Arc::clone(shared));
     let task = tokio::spawn(async move {
+        if let Some(claim) = claim {
+            claim.running();
+        }
         run(&shared, ctx, request, job, cancel, None).await;
         runtime.finish_request(&key);
     });
@@ -414,6 +459,15 @@ enum Job {
     Answer(Answer, Option<Keyed>),
 }
 
+/// What a keyed request does, as its claim decided.
+struct KeyedJob {
+    job: Job,
+    /// The claim as the records acknowledge it, for the client.
+    acknowledged: Option<Acknowledged>,
+    /// This process's claim, if the request is to run under it: released unless it does.
+    claim: Option<ClaimGuard>,
+}
+
 /// Turns the store's answer to a request's claim (claiming it now if `claimed` is `None`) into a
 /// job, with the claim as the records acknowledge it.
 async fn keyed_job(
@@ -423,7 +477,7 @@ async fn keyed_job(
     claimed: Option<Claim>,
     method: &str,
     params: &Value,
-) -> Result<(Job, Option<Acknowledged>), DispatchError> {
+) -> Result<KeyedJob, DispatchError> {
     let store = &shared.store;
     let claimed = match claimed {
         Some(claimed) => claimed,
@@ -438,13 +492,18 @@ async fn keyed_job(
         Claim::Claimed(acknowledged) | Claim::Existing { acknowledged, .. } => Some(acknowledged.clone()),
         Claim::Regressed => None,
     };
+    // Held from here: a claim made (or taken over) for a request that then fails to start is
+    // released when this job is dropped.
+    let fresh = matches!(claimed, Claim::Claimed(_)).then(|| ClaimGuard::new(store, &keyed.name));
     let resumable = shared.handler.resumable(method, params);
     let plan = idempotency::plan(store, claim, claimed, resumable).await?;
-    let job = match plan {
-        Plan::Run => Job::Run(Some(keyed)),
-        Plan::Answer(answer) => Job::Answer(answer, Some(keyed)),
-    };
-    Ok((job, acknowledged))
+    Ok(match plan {
+        Plan::Run => {
+            let claim = fresh.or_else(|| Some(ClaimGuard::new(store, &keyed.name)));
+            KeyedJob { job: Job::Run(Some(keyed)), acknowledged, claim }
+        }
+        Plan::Answer(answer) => KeyedJob { job: Job::Answer(answer, Some(keyed)), acknowledged, claim: None },
+    })
 }
 
 /// How a 2026-07-28 request started.
@@ -462,6 +521,18 @@ pub(crate) struct Direct {
 /// `cancel` fires (the response stream was closed). With an idempotency key, it is recorded
 /// like a legacy one, and runs once however often it is sent.
 pub(crate) async fn start_direct(
+    shared: &Arc<ServerState>,
+    principal: Option<&str>,
+    request: Request,
+    output: Output,
+    cancel: CancellationToken,
+) -> Result<Direct, DispatchError> {
+    let (shared, principal) = (Arc::clone(shared), principal.map(str::to_owned));
+    detached(async move { start_direct_here(&shared, principal.as_deref(), request, output, cancel).await }).await
+}
+
+/// [`start_direct`], in the task that records and starts the request.
+async fn start_direct_here(
     shared: &Arc<ServerState>,
     principal: Option<&str>,
     request: Request,
@@ -514,18 +585,21 @@ pub(crate) async fn start_direct(
         }
         None => cancel.clone(),
     };
-    let (job, claimed) = match keyed {
+    let KeyedJob { job, acknowledged: claimed, claim } = match keyed {
         Some(keyed) => {
             let claim = keyed.claim(None);
             keyed_job(shared, keyed, claim, None, &request.method, &params).await?
         }
-        None => (Job::Run(None), None),
+        None => KeyedJob { job: Job::Run(None), acknowledged: None, claim: None },
     };
     let (ctx, first) = Context::new(output, meta, input, run_cancel.clone(), Arc::clone(shared), task);
     let server_info = shared.server_info();
     let shared = Arc::clone(shared);
     let request = Request { params: Some(params), ..request };
     tokio::spawn(async move {
+        if let Some(claim) = claim {
+            claim.running();
+        }
         // Once the run is over, nothing is left to cancel (and the linking task ends).
         let _over = run_cancel.clone().drop_guard();
         run(&shared, ctx, request, job, run_cancel, Some(server_info)).await;
@@ -535,13 +609,9 @@ pub(crate) async fn start_direct(
 
 /// Cancels the run of a request that may become a task when its connection's `cancel` fires,
 /// unless it has become a task by then.
-async fn cancel_until_escalated(connection: CancellationToken, slot: Arc<TaskSlot>) {
+pub(crate) async fn cancel_until_escalated(connection: CancellationToken, slot: Arc<TaskSlot>) {
     tokio::select! {
-        () = connection.cancelled() => {
-            if slot.id().is_none() {
-                slot.cancel.cancel();
-            }
-        }
+        () = connection.cancelled() => slot.cancel_unless_task().await,
         () = slot.cancel.cancelled() => {}
     }
 }
@@ -583,7 +653,10 @@ async fn run(
             Job::Answer(answer, keyed) => (Box::pin(idempotency::answer(ctx.clone(), keyed, answer)), None),
         };
         let mut work = CatchPanic(Some(work));
+        // A handler that finished is answered with what it returned, even if a cancellation
+        // came meanwhile: the request ran, and its stream and record say how it ended.
         let finished = tokio::select! {
+            biased;
             finished = &mut work => Some(finished),
             () = cancel.cancelled() => None,
         };
@@ -605,45 +678,42 @@ async fn run(
             tasks::finish(shared, &task, outcome).await;
             return;
         }
-        // A keyed request's outcome is recorded with its response on a session stream (the
-        // writer does it in the same store step); otherwise, or if that write failed, here: the
-        // request ran, and a re-send must learn how. The record is the response itself.
-        let record = record.map(|keyed| keyed.name);
-        let stored = ctx.stream().is_some();
-        let recorded = match outcome {
-            Some(mut outcome) => {
-                if let Some(binding) = &binding {
-                    input::seal(shared, &method, binding, &mut outcome);
-                }
-                if let (Some(info), Ok(result)) = (&modern_server_info, &mut outcome) {
-                    decorate_modern(&method, result, info);
-                }
-                let answer = if outcome.is_ok() { "result" } else { "error" };
-                let response = Bytes::from(Message::Response(Response { id: Some(id), outcome }).to_vec());
-                match ctx.respond(response.clone(), record.as_deref().filter(|_| stored)).await {
-                    Ok(()) => {
-                        tracing::debug!(answer, "answered");
-                        (!stored).then_some(response)
-                    }
-                    Err(err) => {
-                        tracing::debug!(%err, "final response not delivered");
-                        Some(response)
-                    }
-                }
-            }
-            None => {
-                ctx.end_without_response().await;
-                Some(idempotency::encode(&Err(idempotency::cancelled())))
-            }
-        };
-        if let (Some(key), Some(outcome)) = (record, recorded)
-            && let Err(err) = shared.store.finish_key(&key, outcome).await
-        {
-            tracing::warn!(%err, "could not record a keyed request's outcome");
+        let mut outcome = outcome.unwrap_or_else(|| Err(idempotency::cancelled()));
+        if let Some(binding) = &binding {
+            input::seal(shared, &method, binding, &mut outcome);
         }
+        if let (Some(info), Ok(result)) = (&modern_server_info, &mut outcome) {
+            decorate_modern(&method, result, info);
+        }
+        end(shared, &ctx, Response { id: Some(id), outcome }, record.map(|keyed| keyed.name)).await;
     }
     .instrument(span)
     .await
+}
+
+/// Ends a request with its response, the one terminal event every request's stream gets (a
+/// cancelled request's is the `request_cancelled` error), recording it as the outcome of its
+/// idempotency key `record` if it has one: with the response, in the same store step, on a
+/// session stream. If the response cannot be written there, the stream is ended as aborted
+/// instead, so that nobody waits for it, and the key gets the outcome on its own.
+async fn end(shared: &ServerState, ctx: &Context, response: Response, record: Option<String>) {
+    let answer = if response.outcome.is_ok() { "result" } else { "error" };
+    let response = Bytes::from(Message::Response(response).to_vec());
+    let stored = ctx.stream().is_some();
+    let unrecorded = match ctx.respond(response.clone(), record.as_deref().filter(|_| stored)).await {
+        Ok(()) => {
+            tracing::debug!(answer, "answered");
+            (!stored).then_some(response)
+        }
+        Err(err) => {
+            tracing::debug!(%err, "final response not delivered");
+            ctx.abort_stream().await;
+            Some(response)
+        }
+    };
+    if let (Some(key), Some(outcome)) = (record, unrecorded) {
+        idempotency::finish(shared.store.as_ref(), &key, outcome).await;
+    }
 }
 
 /// A handler panicked while it was polled.

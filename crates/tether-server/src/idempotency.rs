@@ -163,15 +163,27 @@ pub(crate) async fn answer(ctx: Context, keyed: Option<Keyed>, answer: Answer) -
     match (answer, keyed) {
         (Answer::Replay(outcome), _) => outcome,
         (Answer::Fail(error), _) => Err(error),
-        (Answer::Follow { session, stream, request }, keyed) => {
-            match (relay(&ctx, &session, stream, request).await, keyed) {
-                (Relayed::Outcome(outcome), _) => outcome,
-                // The key's record knows more than the stream.
-                (_, Some(keyed)) => await_outcome(&store, &keyed.name).await,
-                (Relayed::Aborted, None) => Err(aborted()),
-                (Relayed::Lost, None) => Err(history_expired()),
+        (Answer::Follow { session, stream, request }, Some(keyed)) => {
+            // The stream and the key's record are watched both: whichever has the outcome first
+            // answers, so a stream that never ends cannot keep the re-send waiting.
+            let relayed = relay(&ctx, &session, stream, request);
+            let recorded = await_outcome(&store, &keyed.name);
+            tokio::pin!(relayed, recorded);
+            tokio::select! {
+                biased;
+                relayed = &mut relayed => match relayed {
+                    Relayed::Outcome(outcome) => outcome,
+                    // The key's record knows more than the stream.
+                    Relayed::Aborted | Relayed::Lost => recorded.await,
+                },
+                outcome = &mut recorded => outcome,
             }
         }
+        (Answer::Follow { session, stream, request }, None) => match relay(&ctx, &session, stream, request).await {
+            Relayed::Outcome(outcome) => outcome,
+            Relayed::Aborted => Err(aborted()),
+            Relayed::Lost => Err(history_expired()),
+        },
         (Answer::Await, Some(keyed)) => await_outcome(&store, &keyed.name).await,
         (Answer::Await, None) => Err(history_expired()),
     }
@@ -267,6 +279,61 @@ fn next_pause(pause: Duration) -> Duration {
     (pause * 2).min(MAX_POLL)
 }
 
+/// How often recording a keyed request's outcome is tried before it is given up.
+const FINISH_TRIES: u32 = 10;
+
+/// Records `outcome` as the outcome of this process's claim of `key`, trying again while the
+/// store fails (about five seconds): a key left running by a live process keeps every re-send
+/// waiting for an outcome that never comes.
+pub(crate) async fn finish(store: &dyn Store, key: &str, outcome: Bytes) {
+    let mut pause = Duration::from_millis(50);
+    for _ in 0..FINISH_TRIES {
+        match store.finish_key(key, outcome.clone()).await {
+            Ok(()) => return,
+            Err(err) => tracing::warn!(%err, "could not record a keyed request's outcome; trying again"),
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
+    }
+    tracing::error!("gave up recording a keyed request's outcome: its re-sends wait until this process stops");
+}
+
+/// A key this process claimed for a request that is not running yet. Dropped before the request
+/// runs (it could not start, or its start failed or panicked), it releases the claim, so that a
+/// re-send runs the request instead of waiting for an owner that will never finish it.
+pub(crate) struct ClaimGuard {
+    store: Arc<dyn Store>,
+    key: Option<String>,
+}
+
+impl ClaimGuard {
+    /// The claim of `key`, released unless [`ClaimGuard::running`] is called.
+    pub fn new(store: &Arc<dyn Store>, key: &str) -> ClaimGuard {
+        ClaimGuard { store: Arc::clone(store), key: Some(key.to_owned()) }
+    }
+
+    /// The request runs: its run records the key's outcome.
+    pub fn running(mut self) {
+        self.key = None;
+    }
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        let Some(key) = self.key.take() else { return };
+        let store = Arc::clone(&self.store);
+        let release = async move {
+            if let Err(err) = store.release_key(&key).await {
+                tracing::warn!(%err, "could not release the claim of a request that never ran");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(release)),
+            Err(_) => tracing::warn!("a claim of a request that never ran outlived the runtime: it stays claimed"),
+        }
+    }
+}
+
 /// The answer for a key whose request's process stopped before it finished.
 pub(crate) fn aborted() -> ErrorObject {
     Refusal::RequestAborted.error("the server running this request stopped before it finished; it may have partly run")
@@ -319,6 +386,50 @@ mod tests {
         let error = Err(aborted());
         assert_eq!(decode(&encode(&error)), error);
         assert_eq!(decode(b"{}").map_err(|e| e.reason().map(str::to_owned)), Err(Some("store_failed".into())));
+    }
+
+    /// A store that fails the first finishes of a key does not leave the key running: the
+    /// outcome is recorded once the store takes it (paused clock: the pauses between tries).
+    #[tokio::test(start_paused = true)]
+    async fn an_outcome_is_recorded_through_failures_of_the_store() {
+        use tether_store::faults::{Call, FaultyStore};
+        let store = FaultyStore::new(Arc::new(tether_store::MemoryStore::new(tether_store::Retention::default())));
+        let claim =
+            KeyClaim { key: "k".into(), params_digest: "d".into(), stream: None, now_ms: 1, acknowledged: None };
+        assert!(matches!(store.claim_key(claim).await, Ok(Claim::Claimed(_))));
+        store.fail(Call::FinishKey, 0, FINISH_TRIES - 1);
+        let outcome = encode(&Ok(json!({"done": true})));
+        finish(&store, "k", outcome.clone()).await;
+        assert_eq!(store.calls(Call::FinishKey), FINISH_TRIES, "tried until the store took it");
+        assert_eq!(store.key_state("k", 2).await, Ok(Some(KeyState::Finished(outcome))));
+    }
+
+    /// A claim dropped before its request runs is released, so that a re-send runs the request;
+    /// one whose request runs is kept for the run to finish.
+    #[tokio::test]
+    async fn a_claim_whose_request_never_ran_is_released() {
+        let store: Arc<dyn Store> = Arc::new(tether_store::MemoryStore::new(tether_store::Retention::default()));
+        let claim = |key: &str| KeyClaim {
+            key: key.into(),
+            params_digest: "d".into(),
+            stream: None,
+            now_ms: 1,
+            acknowledged: None,
+        };
+        for key in ["dropped", "running"] {
+            assert!(matches!(store.claim_key(claim(key)).await, Ok(Claim::Claimed(_))));
+        }
+        drop(ClaimGuard::new(&store, "dropped"));
+        ClaimGuard::new(&store, "running").running();
+        for _ in 0..100 {
+            if store.key_state("dropped", 2).await == Ok(None) {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(store.key_state("dropped", 2).await, Ok(None), "released");
+        let running = Some(KeyState::Running { stream: None, abandoned: false });
+        assert_eq!(store.key_state("running", 2).await, Ok(running), "kept");
     }
 
     #[test]

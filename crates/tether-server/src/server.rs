@@ -194,7 +194,7 @@ async fn sweep(shared: Weak<ServerState>) {
         for runtime in shared.sessions.active() {
             match shared.store.touch_session(&runtime.id, &runtime.epoch, now).await {
                 Ok(()) => {}
-                Err(StoreError::SessionGone) => shared.sessions.remove(&runtime.id),
+                Err(StoreError::SessionGone) => shared.sessions.retire(&runtime),
                 Err(err) => tracing::warn!(%err, session = %runtime.id, "could not renew an active session"),
             }
         }
@@ -204,7 +204,7 @@ async fn sweep(shared: Weak<ServerState>) {
             let status = shared.store.session(&runtime.id, now).await;
             let live = matches!(&status, Ok(tether_store::SessionStatus::Live(r)) if r.epoch == runtime.epoch);
             if !live && status.is_ok() {
-                shared.sessions.remove(&runtime.id);
+                shared.sessions.retire(&runtime);
             }
         }
         match shared.store.sweep(now).await {

@@ -90,8 +90,9 @@ pub(crate) struct SessionRuntime {
 
 #[derive(Debug)]
 struct RuntimeState {
-    /// Running requests by request key, with the token that cancels them.
-    inflight: HashMap<RequestKey, CancellationToken>,
+    /// Running requests by request key, with the token that cancels them and the stream they
+    /// write to.
+    inflight: HashMap<RequestKey, (CancellationToken, StreamName)>,
     /// Server-to-client requests awaiting the client's answer, by their id.
     pending: HashMap<String, oneshot::Sender<ClientAnswer>>,
     /// The generation of the connection attached to each stream; bumping it closes that one.
@@ -103,6 +104,8 @@ struct RuntimeState {
     get_stream: Option<StreamName>,
     connections: usize,
     log_level: LogLevel,
+    /// No request starts: the session is ending.
+    closing: bool,
     ended: bool,
 }
 
@@ -128,6 +131,7 @@ impl SessionRuntime {
                 get_stream: None,
                 connections: 0,
                 log_level: LogLevel::Debug,
+                closing: false,
                 ended: false,
             }),
         }
@@ -149,10 +153,18 @@ impl SessionRuntime {
         self.lock().inflight.len()
     }
 
-    /// Open connections and running requests, for the per-session limit.
+    /// Running requests and open connections, for the per-session limit: a connection that
+    /// carries a running request's stream is that request's, and adds nothing.
     pub fn load(&self) -> usize {
         let state = self.lock();
-        state.inflight.len() + state.connections
+        let running: HashSet<&StreamName> = state.inflight.values().map(|(_, stream)| stream).collect();
+        let elsewhere: usize = state
+            .attachments
+            .iter()
+            .filter(|(stream, _)| !running.contains(stream))
+            .map(|(_, tx)| tx.receiver_count())
+            .sum();
+        state.inflight.len() + elsewhere
     }
 
     pub fn log_level(&self) -> LogLevel {
@@ -163,14 +175,27 @@ impl SessionRuntime {
         self.lock().log_level = level;
     }
 
-    /// Registers a running request; `false` if the session already ended.
-    pub fn start_request(&self, key: &RequestKey, token: CancellationToken) -> bool {
+    /// Registers a running request under `key`, cancelled by `token`: `false` if the session
+    /// ended or is ending ([`SessionRuntime::close`]), or if a request of that key already runs
+    /// (a re-sent id, which its store record answers as the original's).
+    pub fn start_request(&self, key: &RequestKey, stream: &StreamName, token: CancellationToken) -> bool {
         let mut state = self.lock();
-        if state.ended {
+        if state.ended || state.closing || state.inflight.contains_key(key) {
             return false;
         }
-        state.inflight.insert(key.clone(), token);
+        state.inflight.insert(key.clone(), (token, stream.clone()));
         true
+    }
+
+    /// The session is ending: no request starts from now on, and those running get to finish.
+    pub fn close(&self) {
+        self.lock().closing = true;
+    }
+
+    /// Whether the session ended or is ending: nothing new is taken on.
+    pub fn closing(&self) -> bool {
+        let state = self.lock();
+        state.ended || state.closing
     }
 
     pub fn finish_request(&self, key: &RequestKey) {
@@ -179,7 +204,7 @@ impl SessionRuntime {
 
     /// Cancels a running request (`notifications/cancelled`); unknown keys are ignored.
     pub fn cancel_request(&self, key: &RequestKey) {
-        if let Some(token) = self.lock().inflight.get(key) {
+        if let Some((token, _)) = self.lock().inflight.get(key) {
             token.cancel();
         }
     }
@@ -241,7 +266,8 @@ impl SessionRuntime {
         tx.send_replace(generation);
         let mut rx = tx.subscribe();
         rx.mark_unchanged();
-        let kicked = state.pending_kicks.remove(stream);
+        // A connection that attaches after the session ended closes once caught up.
+        let kicked = state.pending_kicks.remove(stream) || state.ended;
         Attachment { runtime: Arc::clone(self), stream: stream.clone(), generation, rx, kicked }
     }
 
@@ -274,7 +300,7 @@ impl SessionRuntime {
         let mut state = self.lock();
         state.ended = true;
         self.stopped.notify_waiters();
-        for token in state.inflight.values() {
+        for (token, _) in state.inflight.values() {
             token.cancel();
         }
         state.pending.clear();
@@ -362,6 +388,17 @@ impl Sessions {
         }
     }
 
+    /// Ends `runtime` and forgets it, unless another incarnation of its session replaced it
+    /// here meanwhile: that one is left serving.
+    pub fn retire(&self, runtime: &Arc<SessionRuntime>) {
+        runtime.end();
+        let mut map = self.lock();
+        if map.get(&runtime.id).is_some_and(|serving| Arc::ptr_eq(serving, runtime)) {
+            map.remove(&runtime.id);
+            crate::telemetry::sessions_live(map.len());
+        }
+    }
+
     /// Every runtime.
     pub fn all(&self) -> Vec<Arc<SessionRuntime>> {
         self.lock().values().cloned().collect()
@@ -420,6 +457,52 @@ mod tests {
         drop(second);
         let mut third = runtime.attach(&stream);
         assert!(!closes(&mut third).await, "a kick is used up once");
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_attaches_after_the_session_ended_closes() {
+        let runtime = runtime();
+        runtime.end();
+        let mut late = runtime.attach(&StreamName::parse("r1").expect("stream"));
+        assert!(closes(&mut late).await, "nothing would ever close it otherwise");
+    }
+
+    #[test]
+    fn a_closing_session_starts_nothing_and_a_running_key_is_not_taken_twice() {
+        let runtime = runtime();
+        let (key, stream) = (RequestKey::stored("n:1"), StreamName::parse("r1").expect("stream"));
+        assert!(runtime.start_request(&key, &stream, CancellationToken::new()));
+        assert!(!runtime.start_request(&key, &stream, CancellationToken::new()), "the same key runs once");
+        runtime.close();
+        let other = RequestKey::stored("n:2");
+        assert!(!runtime.start_request(&other, &stream, CancellationToken::new()), "closing");
+        assert_eq!(runtime.running(), 1, "what runs still runs");
+    }
+
+    #[test]
+    fn a_running_requests_own_connection_adds_nothing_to_the_load() {
+        let runtime = runtime();
+        let (own, other) = (StreamName::parse("r1").expect("stream"), StreamName::parse("g1").expect("stream"));
+        assert!(runtime.start_request(&RequestKey::stored("n:1"), &own, CancellationToken::new()));
+        let _carrying = runtime.attach(&own);
+        assert_eq!(runtime.load(), 1, "a request and the connection carrying its stream");
+        let _standalone = runtime.attach(&other);
+        assert_eq!(runtime.load(), 2);
+        runtime.finish_request(&RequestKey::stored("n:1"));
+        assert_eq!(runtime.load(), 2, "two connections once the request finished");
+    }
+
+    #[test]
+    fn retiring_an_incarnation_leaves_the_one_that_replaced_it_serving() {
+        let sessions = Sessions::default();
+        let older = sessions.runtime(&test_record(1, 1), "p");
+        let newer =
+            SessionRecord { epoch: Epoch::parse("FFFFFFFFFFFFFFFFFFFFFF").expect("epoch"), ..test_record(1, 1) };
+        let newer = sessions.runtime(&newer, "p");
+        sessions.retire(&older);
+        assert!(sessions.get(&older.id).is_some_and(|serving| Arc::ptr_eq(&serving, &newer)), "still served");
+        sessions.retire(&newer);
+        assert!(sessions.get(&newer.id).is_none());
     }
 
     #[tokio::test]

@@ -41,6 +41,16 @@ pub(crate) struct TaskSlot {
 }
 
 impl TaskSlot {
+    /// Cancels the request unless it became a task: decided under the lock a creation holds,
+    /// so a connection that ends while the task is being created either cancels the request
+    /// before it becomes one or finds it a task.
+    pub async fn cancel_unless_task(&self) {
+        let _creating = self.creating.lock().await;
+        if self.id().is_none() {
+            self.cancel.cancel();
+        }
+    }
+
     pub fn new(request_id: RequestId, principal: Option<String>, cancel: CancellationToken) -> TaskSlot {
         TaskSlot { request_id, principal, cancel, id: OnceLock::new(), creating: tokio::sync::Mutex::new(()) }
     }
@@ -134,7 +144,8 @@ pub(crate) async fn create(
     key: Option<&str>,
 ) -> Result<Option<Value>, StoreError> {
     let _creating = slot.creating.lock().await;
-    if slot.id().is_some() {
+    // Already a task; or cancelled first (its connection ended), and then it never becomes one.
+    if slot.id().is_some() || slot.cancel.is_cancelled() {
         return Ok(None);
     }
     let id = ids::token().map_err(|err| StoreError::Backend(err.to_string()))?;
@@ -397,4 +408,35 @@ fn response(shared: &ServerState, id: &RequestId, mut outcome: Result<Value, Err
         crate::dispatch::decorate_modern(method::STREAM, result, &shared.server_info());
     }
     Bytes::from(Message::Response(Response { id: Some(id.clone()), outcome }).to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use tether_core::jsonrpc::RequestId;
+
+    use super::*;
+
+    /// A connection that ends while its request is becoming a task finds it a task (and leaves
+    /// it running); one that ends before cancels it, and it never becomes one.
+    #[tokio::test]
+    async fn a_connection_that_ends_during_the_tasks_creation_leaves_the_task_running() {
+        let slot = Arc::new(TaskSlot::new(RequestId::Number(1), None, CancellationToken::new()));
+        let creating = slot.creating.lock().await;
+        let connection = CancellationToken::new();
+        let watcher = tokio::spawn(crate::dispatch::cancel_until_escalated(connection.clone(), Arc::clone(&slot)));
+        connection.cancel();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let _ = slot.id.set("t1".into());
+        drop(creating);
+        watcher.await.expect("the watcher ends");
+        assert!(!slot.cancel.is_cancelled(), "the task runs on without its connection");
+
+        let before = Arc::new(TaskSlot::new(RequestId::Number(2), None, CancellationToken::new()));
+        let connection = CancellationToken::new();
+        connection.cancel();
+        crate::dispatch::cancel_until_escalated(connection, Arc::clone(&before)).await;
+        assert!(before.cancel.is_cancelled(), "not a task yet: cancelled with its connection");
+    }
 }

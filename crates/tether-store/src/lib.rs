@@ -6,6 +6,8 @@
 //! history. Reads never renew anything: the server decides on what it read, and renews a session
 //! only through [`SessionStore::touch_session`].
 
+#[cfg(feature = "faults")]
+pub mod faults;
 mod heads;
 mod memory;
 mod queue;
@@ -247,8 +249,14 @@ pub trait EventLog: KeyRecords {
         })
     }
 
-    /// Ends a stream without a final event (a cancelled request). Idempotent.
+    /// Ends a stream without a final event (a batch's, once each of its requests answered on
+    /// it). Idempotent.
     fn end_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;
+
+    /// Ends a live request stream as aborted: it will not get its response (the response could
+    /// not be written, or the request could not run), and readers end it with a
+    /// `request_aborted` notice and error. A stream that already ended is left as it is.
+    fn abort_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()>;
 
     /// What is retained of a stream, or `None` if the session never had such a stream. A
     /// request's stream whose owning process is gone is reported `Aborted`. A stream whose
@@ -319,6 +327,11 @@ pub trait KeyRecords: Send + Sync {
     /// Records the outcome of this process's running request for `key` (`{"result": …}` or
     /// `{"error": …}`). A key another process took over meanwhile is left alone.
     fn finish_key(&self, key: &str, outcome: Bytes) -> StoreFuture<'_, ()>;
+
+    /// Forgets this process's claim of `key`, whose request never ran (it could not start): a
+    /// re-send claims the key anew and runs it. A key with an outcome, or another process's, is
+    /// left alone.
+    fn release_key(&self, key: &str) -> StoreFuture<'_, ()>;
 }
 
 /// A task as the store holds it.

@@ -54,9 +54,11 @@ struct Inner {
     claims: u64,
     /// The highest position of a claim retention forgot.
     forgotten_through: u64,
-    /// The keys of `keys` with their creation times, oldest first, so that forgetting them
-    /// never visits the others: the sweep holds the store's one lock.
-    key_order: ChunkedQueue<(u64, String)>,
+    /// The keys of `keys` with their creation times and claims' positions, oldest first, so
+    /// that forgetting them never visits the others: the sweep holds the store's one lock. An
+    /// entry whose key was released (or released and claimed again) no longer names its record,
+    /// and is dropped when it comes up.
+    key_order: ChunkedQueue<(u64, String, u64)>,
     total_bytes: usize,
     /// How many of `sessions` are live.
     live_sessions: usize,
@@ -457,6 +459,22 @@ impl EventLog for MemoryStore {
         ready(result)
     }
 
+    fn abort_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let mut inner = self.lock();
+        let result = inner.live(session, epoch).and_then(|live| {
+            let slot = live.streams.get_mut(stream).ok_or(StoreError::UnknownStream)?;
+            if slot.state == StreamState::Live {
+                slot.state = StreamState::Aborted;
+                if let Some(tx) = &slot.head_tx {
+                    tx.send_replace(slot.head);
+                }
+                live.ended.push(stream.clone());
+            }
+            Ok(())
+        });
+        ready(result)
+    }
+
     fn stream_range(&self, session: &SessionId, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>> {
         let mut inner = self.lock();
         let range = inner.live_any(session).and_then(|live| live.streams.get(stream)).map(StreamSlot::range);
@@ -537,7 +555,7 @@ impl KeyRecords for MemoryStore {
         inner.claims += 1;
         let position = inner.claims;
         let record = KeyRecord { digest: claim.params_digest, stream: claim.stream, outcome: None, at: position };
-        inner.key_order.push_back((claim.now_ms, claim.key.clone()));
+        inner.key_order.push_back((claim.now_ms, claim.key.clone(), position));
         inner.keys.insert(claim.key, record);
         ready(Ok(Claim::Claimed(Acknowledged { records: self.records_id.clone(), position })))
     }
@@ -555,6 +573,16 @@ impl KeyRecords for MemoryStore {
             && record.outcome.is_none()
         {
             record.outcome = Some(outcome);
+        }
+        ready(Ok(()))
+    }
+
+    fn release_key(&self, key: &str) -> StoreFuture<'_, ()> {
+        let mut inner = self.lock();
+        // Its place in `key_order` goes when the sweep reaches it: forgetting a key that is
+        // gone already does nothing.
+        if inner.keys.get(key).is_some_and(|record| record.outcome.is_none()) {
+            inner.keys.remove(key);
         }
         ready(Ok(()))
     }
@@ -756,25 +784,33 @@ impl MemoryStore {
 /// records, for the caller to free once it released the lock, and whether more are due.
 fn forget_keys(inner: &mut Inner, now_ms: u64, retention: &Retention) -> (Vec<KeyRecord>, bool) {
     let Inner { keys, key_order, counter_ops, forgotten_through, .. } = inner;
+    let current = |keys: &BTreeMap<String, KeyRecord>, key: &str, at: u64| keys.get(key).is_some_and(|r| r.at == at);
     let mut forgotten = Vec::new();
     while forgotten.len() < SWEEP_BATCH
-        && key_order.front().is_some_and(|(created, _)| now_ms.saturating_sub(*created) >= retention.idempotency_ms)
+        && key_order.front().is_some_and(|(created, ..)| now_ms.saturating_sub(*created) >= retention.idempotency_ms)
     {
-        forgotten.extend(key_order.pop_front().map(|(_, key)| key));
+        if let Some((_, key, at)) = key_order.pop_front()
+            && current(keys, &key, at)
+        {
+            forgotten.push(key);
+        }
     }
-    let mut excess = key_order.len().saturating_sub(retention.max_idempotency_records);
+    let mut excess = keys.len().saturating_sub(forgotten.len()).saturating_sub(retention.max_idempotency_records);
     // A running request's record is never forgotten for the count: set aside, then put back.
     // Those are bounded by the requests in flight, not by history.
     let mut running = Vec::new();
     while excess > 0
         && forgotten.len() < SWEEP_BATCH
-        && let Some((created, key)) = key_order.pop_front()
+        && let Some((created, key, at)) = key_order.pop_front()
     {
-        if keys.get(&key).is_some_and(|record| record.outcome.is_none()) {
-            running.push((created, key));
-        } else {
-            forgotten.push(key);
-            excess -= 1;
+        match keys.get(&key) {
+            Some(record) if record.at != at => {}
+            Some(record) if record.outcome.is_none() => running.push((created, key, at)),
+            Some(_) => {
+                forgotten.push(key);
+                excess -= 1;
+            }
+            None => {}
         }
     }
     for entry in running.into_iter().rev() {

@@ -24,6 +24,7 @@ impl<T> Default for ChunkedQueue<T> {
 }
 
 impl<T> ChunkedQueue<T> {
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len
     }

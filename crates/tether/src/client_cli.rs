@@ -147,7 +147,7 @@ fn print(line: Value) {
 /// Prints one event; returns the exit code if it ends the command.
 fn print_event(event: ClientEvent, args: &ClientArgs, messages: &mut u64) -> Option<ExitCode> {
     match event {
-        ClientEvent::Message { id, message, ack } => {
+        ClientEvent::Message { id, message, ack, .. } => {
             print(json!({"event": "message", "id": id, "message": message}));
             ack.done();
             *messages += 1;

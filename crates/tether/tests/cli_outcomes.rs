@@ -202,3 +202,27 @@ fn timeouts_a_failed_tool_and_giving_up_have_their_exit_codes() {
     assert_ne!(last["reason"], "timed out", "{lines:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A call the server started, whose server then restarted with its memory: `tether call` says
+/// its outcome is unknown (exit 4), never that it did not run (exit 1), whatever the re-sent
+/// attempts were told.
+#[test]
+fn a_call_running_when_its_memory_server_restarts_exits_outcome_unknown() {
+    let dir = temp_dir("cli-restart");
+    let port = free_port();
+    let args = ["--store", "memory"];
+    let (mut server, url) = serve(port, &dir, &args);
+    // 2025-06-18: no priming event, so nothing to resume from: the call is sent again.
+    let version = ["--protocol-version", "2025-06-18"];
+    let mut call = tether(&["call", &url, "sleep", "--args", r#"{"ms": 60000}"#, version[0], version[1]]);
+    // The tool has started (it sends nothing while it sleeps).
+    std::thread::sleep(Duration::from_millis(500));
+    server.kill9();
+    let _server = serve(port, &dir, &args).0;
+    let lines = parse(&call.rest(Duration::from_secs(60)));
+    let status = exit(&mut call, Duration::from_secs(5));
+    let last = lines.last().expect("a last line");
+    assert_eq!(last["event"], "outcome_unknown", "{lines:?}");
+    assert_eq!(status.code(), Some(4), "{lines:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

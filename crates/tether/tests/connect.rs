@@ -189,3 +189,41 @@ fn a_session_lost_with_its_server_is_replaced_and_the_client_told() {
     assert_eq!(counts["reinitialized"], 1, "{counts}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A call the server started, whose server then restarted with its memory (the session and the
+/// call gone with it): its outcome is unknown, never "not executed", which a client would take
+/// as leave to run it again.
+#[test]
+fn a_call_running_when_its_memory_server_restarts_is_outcome_unknown() {
+    let dir = temp_dir("connect-restart");
+    let port = free_port();
+    let args = ["--store", "memory"];
+    let (mut server, _) = serve(port, &dir, &args);
+    let mut bridge = Bridge::start(&format!("http://127.0.0.1:{port}/mcp"));
+    bridge.initialize();
+    bridge.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "sleep", "arguments": {"ms": 60000}}}));
+    // The tool has started (it sends nothing while it sleeps).
+    std::thread::sleep(Duration::from_millis(500));
+    server.kill9();
+    let _server = serve(port, &dir, &args).0;
+    let (answers, _) = answers(&bridge.lines, 1..2, Duration::from_secs(60));
+    assert_eq!(answers[0]["error"]["data"]["reason"], "outcome_unknown", "{}", answers[0]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Requests without `params` go through the bridge as they came (no `"params": null`).
+#[test]
+fn requests_without_params_are_forwarded_without_them() {
+    let dir = temp_dir("connect-no-params");
+    let port = free_port();
+    let _server = serve(port, &dir, &["--store", "memory"]).0;
+    let mut bridge = Bridge::start(&format!("http://127.0.0.1:{port}/mcp"));
+    bridge.initialize();
+    bridge.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
+    bridge.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}));
+    let (answers, _) = answers(&bridge.lines, 1..3, Duration::from_secs(20));
+    assert_eq!(answers[0]["result"], json!({}), "{}", answers[0]);
+    assert!(answers[1]["result"]["tools"].is_array(), "{}", answers[1]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

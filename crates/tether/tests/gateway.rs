@@ -551,3 +551,23 @@ fn a_cancellation_reaching_the_relaying_replica_cancels_the_call_at_the_child() 
         result_text(&call(&url_a, &session, "heard", json!({}))).lines().any(|m| m == "notifications/cancelled")
     });
 }
+
+/// The messages an HTTP upstream sends on a call's stream (its logs here) reach the downstream
+/// client on that call's stream, not on the standalone stream or nowhere.
+#[test]
+fn an_http_upstreams_messages_during_a_call_arrive_on_the_calls_stream() {
+    let dir = temp_dir("gateway-http-scoped");
+    let (_upstream, upstream_url) = serve(free_port(), &dir, &["--store", "memory"]);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (_gateway, url) = start_before(&["--store", "memory", "--listen", &listen], &["--upstream", &upstream_url]);
+    let session = initialize(&url);
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "count", "arguments": {"to": 3}}});
+    let response = send(&url, Some(&session), &body);
+    assert_eq!(response.status, 200, "{}", response.body);
+    let messages = messages(&response.body);
+    let counts: Vec<_> = messages.iter().filter_map(|m| m["params"]["data"]["count"].as_u64()).collect();
+    assert_eq!(counts, [1, 2, 3], "{messages:?}");
+    assert_eq!(result_text(&messages), "counted to 3");
+    let _ = std::fs::remove_dir_all(&dir);
+}

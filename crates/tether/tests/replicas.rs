@@ -44,7 +44,7 @@ struct Tally {
 impl Tally {
     fn record(&mut self, event: ClientEvent) {
         match event {
-            ClientEvent::Message { id, message: Message::Notification(n), ack } => {
+            ClientEvent::Message { id, message: Message::Notification(n), ack, .. } => {
                 ack.done();
                 let stream = id
                     .as_deref()

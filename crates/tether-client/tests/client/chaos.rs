@@ -67,7 +67,7 @@ async fn a_thousand_random_disconnects_lose_and_duplicate_nothing() {
     let (mut resumed, mut divergences) = (0u64, Vec::new());
     let mut worker = worker;
     let mut on_event = |event: ClientEvent| match event {
-        ClientEvent::Message { id, message: Message::Notification(n), ack } => {
+        ClientEvent::Message { id, message: Message::Notification(n), ack, .. } => {
             ack.done();
             let stream =
                 id.as_deref().and_then(|i| EventId::parse(i).ok()).map(|i| i.stream.to_string()).expect("lineage id");

@@ -86,14 +86,15 @@ struct Scripted {
     refuse_discover: u32,
 }
 
+/// The frames as one connection's body, after the `retry` a server announces when it may close
+/// a stream for the client to come back (SEP-1699).
 fn sse(frames: &[Frame], call_id: &Value) -> String {
-    frames
-        .iter()
-        .map(|f| {
+    std::iter::once("retry: 10\n\n".to_owned())
+        .chain(frames.iter().map(|f| {
             let id = f.id.as_ref().map(|id| format!("id: {id}\n")).unwrap_or_default();
             let kind = f.event.map(|k| format!("event: {k}\n")).unwrap_or_default();
             format!("{id}{kind}data: {}\n\n", f.data.replace("@ID", &call_id.to_string()))
-        })
+        }))
         .collect()
 }
 

@@ -351,6 +351,7 @@ impl From<crate::dispatch::DispatchError> for Rejection {
             DispatchError::Store(err) => Rejection::from(err),
             DispatchError::Random(err) => Rejection::internal("random_failed", err.to_string()),
             DispatchError::SessionEnded => Rejection::session_invalid(InvalidReason::Terminated),
+            DispatchError::StartFailed(message) => Rejection::internal("start_failed", message),
             DispatchError::InvalidIdempotencyKey(message) => {
                 Refusal::InvalidIdempotencyKey.with(message).with_status(StatusCode::BAD_REQUEST)
             }

@@ -68,7 +68,9 @@ struct Pump {
     id_prefix: String,
     /// SEP-1699 polling: announce `retry` and close at this instant (2025-11-25 sessions).
     deadline: Option<Instant>,
-    retry_ms: Option<u64>,
+    /// The reconnection delay announced with the priming event and when the connection is
+    /// closed for the client to come back.
+    retry_ms: u64,
     done: bool,
 }
 
@@ -89,7 +91,7 @@ impl Connection {
     pub fn into_body(self) -> Body {
         let polls = self.runtime.version.primes_streams();
         let config = &self.shared.config;
-        let retry_ms = polls.then(|| u64::try_from(config.sse_retry.as_millis()).unwrap_or(u64::MAX));
+        let retry_ms = u64::try_from(config.sse_retry.as_millis()).unwrap_or(u64::MAX);
         let deadline = polls.then(|| Instant::now() + config.max_connection_duration);
         let id_prefix = format!("{}:{}:", self.runtime.epoch, self.reader.stream());
         crate::telemetry::stream_connections(1.0);
@@ -157,7 +159,8 @@ impl Pump {
             let mut out = Vec::new();
             let mut id = format!("{}0", self.id_prefix);
             push_tag(&mut id, Some(Tag::priming(self.conn.reader.stream())));
-            let event = OutgoingEvent { id: Some(&id), retry: self.retry_ms, data: Some(b""), ..Default::default() };
+            let event =
+                OutgoingEvent { id: Some(&id), retry: Some(self.retry_ms), data: Some(b""), ..Default::default() };
             encode(&mut out, &event);
             return Some(Bytes::from(out));
         }
@@ -261,7 +264,7 @@ impl Pump {
     /// Ends the connection but not the stream: tell the client when to come back.
     fn close_for_retry(&mut self) -> Option<Bytes> {
         self.done = true;
-        let retry = self.retry_ms?;
+        let retry = self.retry_ms;
         let mut out = Vec::new();
         encode(&mut out, &OutgoingEvent { retry: Some(retry), ..Default::default() });
         Some(Bytes::from(out))

@@ -346,7 +346,8 @@ impl Relay {
         let cancel = CancellationToken::new();
         // Counted as running in the session, so ending it waits for the call's outcome.
         let key = RequestKey::stored(&format!("relayed {call} from {from}"));
-        let Some(session) = session.filter(|session| session.runtime().start_request(&key, cancel.clone())) else {
+        let Some(session) = session.filter(|session| session.runtime().start_request(&key, &stream, cancel.clone()))
+        else {
             return self.reply(from, Envelope::done(call, Err(lost(&describe))));
         };
         lock(&self.serving).insert((from.clone(), call), cancel.clone());

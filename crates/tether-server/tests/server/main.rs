@@ -3,6 +3,7 @@
 mod common;
 mod connections;
 mod idempotency;
+mod lifecycle;
 mod modern;
 mod protocol;
 mod resume;

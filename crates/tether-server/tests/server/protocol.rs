@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 use tether_server::{Authenticator, BearerToken, Builder, ServerConfig, builtin::BuiltinHandler};
 
 use crate::common::*;
@@ -371,8 +371,11 @@ async fn server_to_client_request_is_answered_by_post() {
     assert!(text.starts_with("User response:") && text.contains("accept"), "{text}");
 }
 
+/// A cancelled request's stream still ends with a terminal event: the `request_cancelled` error
+/// its record keeps, never silence (the spec's "SHOULD NOT respond" gives way to the rule that
+/// every request's stream ends with its response).
 #[tokio::test]
-async fn cancelled_notification_stops_the_request_without_a_response() {
+async fn a_cancelled_request_stops_and_its_stream_ends_with_request_cancelled() {
     let server = start(config()).await;
     let client = Client::new(&server);
     let session = client.initialize("2025-11-25").await;
@@ -386,7 +389,15 @@ async fn cancelled_notification_stops_the_request_without_a_response() {
     let (rest, ended) = drain(&mut response).await;
     assert!(ended, "the stream ends once the request is cancelled");
     assert!(rest.len() < 100, "counting stopped early: {} more events", rest.len());
-    assert!(messages(&rest).iter().all(|m| m.get("id").is_none()), "no response after cancellation");
+    assert_cancelled(&messages(&rest));
+}
+
+/// The messages end with the one response a cancelled request gets: `request_cancelled`.
+fn assert_cancelled(messages: &[Value]) {
+    let responses: Vec<_> = messages.iter().filter(|m| m.get("id").is_some()).collect();
+    assert_eq!(responses.len(), 1, "one response: {messages:?}");
+    assert_eq!(messages.last(), Some(responses[0]), "the response is the last event");
+    assert_eq!(responses[0]["error"]["data"]["reason"], "request_cancelled", "{messages:?}");
 }
 
 #[tokio::test]
@@ -487,11 +498,12 @@ async fn a_read_only_call_sent_again_while_it_runs_leaves_the_original_cancellab
     tokio::time::sleep(Duration::from_millis(200)).await;
     let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "slow"}});
     assert_eq!(client.post(Some(&session), &cancel).send().await.expect("send").status(), 202);
-    for response in [&mut original, &mut again] {
-        let (rest, ended) = drain(response).await;
-        assert!(ended, "the original was not cancelled");
-        assert!(messages(&rest).iter().all(|m| m.get("id").is_none()), "no response after cancellation");
-    }
+    // The re-send's connection took the original's stream over (the original's was closed for
+    // its client to come back): it gets the original's end.
+    let (rest, ended) = drain(&mut again).await;
+    assert!(ended, "the original was not cancelled");
+    assert_cancelled(&messages(&rest));
+    assert!(drain(&mut original).await.1, "the superseded connection ended");
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

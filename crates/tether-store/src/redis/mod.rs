@@ -254,6 +254,7 @@ struct Scripts {
     forget: Script,
     take_over: Script,
     finish: Script,
+    release: Script,
     disown: Script,
     counter_once: Script,
     task_swap: Script,
@@ -340,6 +341,17 @@ local r = redis.call('HMGET', KEYS[1], 'owner', 'outcome')
 if r[1] ~= ARGV[1] or r[2] then return 0 end
 redis.call('HSET', KEYS[1], 'outcome', ARGV[2])
 redis.call('SREM', KEYS[2], ARGV[3])
+return 1",
+        ),
+        // KEYS[1] the key's record, KEYS[2] its owner's keys, KEYS[3] the keys by age; ARGV[1]
+        // the owner, ARGV[2] the key. A claim whose request never ran is forgotten.
+        release: script(
+            r"
+local r = redis.call('HMGET', KEYS[1], 'owner', 'outcome')
+if r[1] ~= ARGV[1] or r[2] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[2])
+redis.call('ZREM', KEYS[3], ARGV[2])
 return 1",
         ),
         // KEYS[1] a key's record or a task, KEYS[2] its owner's set; ARGV[1] the owner, ARGV[2]
@@ -1246,6 +1258,22 @@ impl EventLog for RedisStore {
         })
     }
 
+    fn abort_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let (session, epoch, stream) = (session.clone(), epoch.clone(), stream.clone());
+        Box::pin(async move {
+            let mut conn = self.conn();
+            if !matches!(self.session(&session, 0).await?, SessionStatus::Live(record) if record.epoch == epoch) {
+                return Err(StoreError::SessionGone);
+            }
+            let (session, stream) = (session.as_str(), stream.as_str());
+            let mut abort = scripts().abort.key(stream_key(session, stream));
+            abort.arg(notification_prefix(session, stream)).arg(&self.owner);
+            let _: i64 = abort.invoke_async(&mut conn).await.map_err(backend)?;
+            self.retire_stream(&mut conn, session, stream).await;
+            self.fenced(&mut conn).await
+        })
+    }
+
     fn stream_range(&self, session: &SessionId, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>> {
         let mut pipe = redis::pipe();
         queue_range(pipe.atomic(), session.as_str(), stream.as_str());
@@ -1442,6 +1470,18 @@ impl KeyRecords for RedisStore {
             let mut conn = self.conn();
             let fields = key_fields(&mut conn, &key).await?;
             Ok(self.read_key(&mut conn, fields, now_ms).await?.map(|(_, _, state)| state))
+        })
+    }
+
+    fn release_key(&self, key: &str) -> StoreFuture<'_, ()> {
+        let key = key.to_owned();
+        Box::pin(async move {
+            let mut conn = self.conn();
+            let mut release = scripts().release.key(key_record(&key));
+            release.key(owned_keys_key(&self.owner)).key(KEYS).arg(&self.owner).arg(&key);
+            let _: i64 = release.invoke_async(&mut conn).await.map_err(backend)?;
+            self.held().keys.remove(&key);
+            self.fenced(&mut conn).await
         })
     }
 

@@ -1569,6 +1569,38 @@ impl EventLog for SqliteStore {
         })
     }
 
+    fn abort_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let (s, e, st) = (session.as_str().to_owned(), epoch.to_string(), stream.to_string());
+        let (session_, stream_) = (s.clone(), st.clone());
+        let then = move |mirror: &Mirror, _: &Option<u64>| mirror.forget_stream(&session_, &stream_);
+        let aborted = self.run_with(
+            move |txn| {
+                check_live(txn, &s, &e)?;
+                query_row(
+                    txn,
+                    concat!(
+                        "UPDATE streams SET state = ?3, ended_at_ms = ",
+                        last_sweep!(),
+                        " WHERE session = ?1 AND stream = ?2 AND state = 0 RETURNING head"
+                    ),
+                    params![s, st, ABORTED],
+                    |r| r.get::<_, i64>(0),
+                )
+                .optional()
+                .map(|head| head.map(as_u64))
+                .map_err(backend)
+            },
+            then,
+        );
+        let (session, stream) = (session.as_str().to_owned(), stream.clone());
+        Box::pin(async move {
+            if let Some(head) = aborted.await? {
+                self.heads.notify(&session, &stream, head);
+            }
+            Ok(())
+        })
+    }
+
     fn stream_range(&self, session: &SessionId, stream: &StreamName) -> StoreFuture<'_, Option<StreamRange>> {
         if let Some(range) = self.mirror.stream_range(session.as_str(), stream.as_str()) {
             return Box::pin(std::future::ready(Ok(Some(range))));
@@ -1694,6 +1726,15 @@ impl KeyRecords for SqliteStore {
     fn finish_key(&self, key: &str, outcome: Bytes) -> StoreFuture<'_, ()> {
         let (key, owner) = (key.to_owned(), self.owner.clone());
         self.run(move |txn| finish_in(txn, &owner, &key, &outcome))
+    }
+
+    fn release_key(&self, key: &str) -> StoreFuture<'_, ()> {
+        let (key, owner) = (key.to_owned(), self.owner.clone());
+        self.run(move |txn| {
+            execute(txn, "DELETE FROM keys WHERE key = ?1 AND owner = ?2 AND outcome IS NULL", params![key, owner])
+                .map_err(backend)?;
+            Ok(())
+        })
     }
 }
 

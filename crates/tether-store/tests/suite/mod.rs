@@ -780,6 +780,46 @@ pub async fn a_final_append_may_leave_the_stream_open(store: &dyn Store) {
     assert_eq!(store.append(&sid("s"), &a, &stream("b1"), Bytes::from_static(b"next"), false).await, Ok(2));
 }
 
+/// A request stream that will not get its response is aborted: readers are told so, nothing is
+/// appended after, and a stream that already ended keeps how it ended.
+pub async fn an_aborted_stream_says_so_and_takes_nothing_more(store: &dyn Store) {
+    let a = epoch('A');
+    store.create_session(record("s", a.clone(), 0), usize::MAX).await.expect("create");
+    let (s, r1, r2) = (sid("s"), stream("r1"), stream("r2"));
+    store.begin_request(request(&s, &a, &key("n:1"), "d", &r1)).await.expect("begin");
+    assert_eq!(store.append(&s, &a, &r1, Bytes::from_static(b"progress"), false).await, Ok(1));
+    store.abort_stream(&s, &a, &r1).await.expect("abort");
+    let range = store.stream_range(&s, &r1).await.expect("range").expect("stream");
+    assert_eq!((range.head, range.state), (1, StreamState::Aborted));
+    assert!(store.append(&s, &a, &r1, Bytes::from_static(b"late"), true).await.is_err(), "nothing after");
+    store.abort_stream(&s, &a, &r1).await.expect("aborting again does nothing");
+    store.begin_request(request(&s, &a, &key("n:2"), "d", &r2)).await.expect("begin");
+    assert_eq!(store.append(&s, &a, &r2, Bytes::from_static(b"response"), true).await, Ok(1));
+    store.abort_stream(&s, &a, &r2).await.expect("abort an ended stream");
+    let range = store.stream_range(&s, &r2).await.expect("range").expect("stream");
+    assert_eq!(range.state, StreamState::Complete, "an ended stream keeps its end");
+}
+
+/// A claim whose request never ran is released: a re-send claims the key anew. A key with an
+/// outcome is never released.
+pub async fn a_released_claim_is_claimed_anew_and_an_outcome_stays(store: &dyn Store) {
+    assert_eq!(store.claim_key(claim("k1", "d", 100)).await, Ok(Claim::Claimed(ack(store, 1).await)));
+    store.release_key("k1").await.expect("release");
+    assert_eq!(store.key_state("k1", 101).await, Ok(None));
+    assert_eq!(store.claim_key(claim("k1", "d", 102)).await, Ok(Claim::Claimed(ack(store, 2).await)));
+    store.finish_key("k1", Bytes::from_static(b"{}")).await.expect("finish");
+    store.release_key("k1").await.expect("release");
+    assert_eq!(store.key_state("k1", 103).await, Ok(Some(KeyState::Finished(Bytes::from_static(b"{}")))));
+    // Released, then claimed again: the sweep forgets the record for its count, once.
+    for (i, key) in ["a", "b", "c"].into_iter().enumerate() {
+        assert!(matches!(store.claim_key(claim(key, "d", 200 + i as u64)).await, Ok(Claim::Claimed(_))));
+        store.finish_key(key, Bytes::from_static(b"{}")).await.expect("finish");
+    }
+    store.sweep(300).await.expect("sweep");
+    assert_eq!(store.key_state("k1", 300).await, Ok(None), "the oldest of four, three kept");
+    assert!(store.key_state("c", 300).await.expect("state").is_some());
+}
+
 /// A task, created with its idempotency key's outcome, is read back as created; a change applies
 /// once (the first final change wins) and a change that changes nothing is reported as such.
 pub async fn a_task_is_created_with_its_keys_outcome_and_changed_in_one_step(store: &dyn Store) {
@@ -865,6 +905,8 @@ macro_rules! store_suite {
             a_request_joining_an_open_stream_leaves_it_as_it_is,
             a_task_is_created_with_its_keys_outcome_and_changed_in_one_step,
             a_finished_task_is_forgotten_after_its_ttl,
+            an_aborted_stream_says_so_and_takes_nothing_more,
+            a_released_claim_is_claimed_anew_and_an_outcome_stays,
         );
     };
     ($make:expr) => {
