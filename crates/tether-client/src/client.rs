@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use tether_core::idempotency::Acknowledged;
 use tether_core::input_required;
 use tether_core::jsonrpc::{Message, Notification, Request, RequestId, Response};
+use tether_core::lifecycle::{self, Attempt, Said};
 use tether_core::mcp::{Era, meta, method};
 use tether_core::tasks;
 use tokio::sync::{mpsc, oneshot};
@@ -226,9 +227,7 @@ impl Client {
         // The key's claim as the server acknowledged it, shown on every re-send: records that
         // went back in time refuse the key instead of running it again.
         let claimed: Mutex<Option<Acknowledged>> = Mutex::new(None);
-        // Whether an attempt so far may have run: then no later attempt's "not executed" holds
-        // for the request.
-        let mut may_have_run = false;
+        let mut attempts = lifecycle::Attempts::default();
         loop {
             let mut params = params.clone();
             if let Some(acknowledged) = claimed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).as_ref() {
@@ -240,23 +239,22 @@ impl Client {
                 }
                 outcome => outcome,
             };
-            let reason = match &outcome {
-                Err(RequestError::NotExecuted(reason)) => reason.clone(),
-                Err(RequestError::OutcomeUnknown(reason)) => {
-                    may_have_run = true;
-                    reason.clone()
-                }
-                Err(RequestError::Cancelled) => {
-                    may_have_run = true;
-                    "the response stream broke".to_owned()
-                }
+            let (ended, reason) = match &outcome {
+                Err(RequestError::NotExecuted(reason)) => (Attempt::NotExecuted, reason.clone()),
+                Err(RequestError::OutcomeUnknown(reason)) => (Attempt::MayHaveRun, reason.clone()),
+                Err(RequestError::Cancelled) => (Attempt::MayHaveRun, "the response stream broke".to_owned()),
                 Err(RequestError::Aborted(error)) => {
-                    may_have_run = true;
-                    format!("its server stopped before it finished: {}", error.message)
+                    (Attempt::MayHaveRun, format!("its server stopped before it finished: {}", error.message))
                 }
                 _ => return outcome,
             };
-            let outcome = verdict(outcome, may_have_run);
+            attempts.record(ended);
+            let outcome = match (attempts.verdict(ended), outcome) {
+                (Said::OutcomeUnknown, Err(RequestError::NotExecuted(reason))) => Err(RequestError::OutcomeUnknown(
+                    format!("an earlier attempt may have run, and the last was not executed: {reason}"),
+                )),
+                (_, outcome) => outcome,
+            };
             let Some(delay) = reissues.next_delay(None, None) else { return outcome };
             tokio::time::sleep(delay).await;
             // A re-initialization under way decides where the next attempt goes. The session that
@@ -434,17 +432,5 @@ impl Client {
         if session.session_id.is_some() {
             self.inner.endpoint.delete(&session).await;
         }
-    }
-}
-
-/// The outcome a keyed request ends with after its attempts: an attempt's "not executed" holds
-/// for the request only if no earlier attempt may have run (`may_have_run`); otherwise the
-/// outcome is unknown.
-fn verdict(outcome: Result<Value, RequestError>, may_have_run: bool) -> Result<Value, RequestError> {
-    match outcome {
-        Err(RequestError::NotExecuted(reason)) if may_have_run => Err(RequestError::OutcomeUnknown(format!(
-            "an earlier attempt may have run, and the last was not executed: {reason}"
-        ))),
-        outcome => outcome,
     }
 }

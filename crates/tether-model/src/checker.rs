@@ -1,6 +1,7 @@
 //! A small explicit-state model checker: breadth-first over every reachable state (so a
 //! counterexample is a shortest trace), invariants checked in each state, and liveness as
-//! "from every reachable state the goal is still reachable" once the graph is complete.
+//! "from every reachable state the goal is still reachable, without another fault" once the graph is
+//! complete.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Debug;
@@ -23,6 +24,12 @@ pub trait Model {
     fn invariants(&self) -> Vec<Invariant<Self::State>>;
     /// What must stay reachable from every state (liveness: nothing can get stuck short of it).
     fn goal(&self, state: &Self::State) -> bool;
+
+    /// Whether `action` is a fault: liveness must hold without one (a request that ends only if
+    /// its server happens to restart is stuck).
+    fn is_fault(&self, _action: &Self::Action) -> bool {
+        false
+    }
 }
 
 /// A property of single states.
@@ -101,6 +108,7 @@ pub fn check<M: Model>(model: &M, max_states: usize) -> Result<Report<M::Action,
         }
         for action in model.actions(&state) {
             let next = model.next(&state, &action);
+            let fault = model.is_fault(&action);
             transitions += 1;
             let target = match index.get(&next) {
                 Some(&known) => known,
@@ -117,7 +125,9 @@ pub fn check<M: Model>(model: &M, max_states: usize) -> Result<Report<M::Action,
                     id
                 }
             };
-            successors[at].push(target);
+            if !fault {
+                successors[at].push(target);
+            }
         }
     }
 
@@ -244,5 +254,36 @@ mod tests {
         let counterexample = check(&Stuck, 100).expect("bounded").counterexample.expect("stuck");
         assert_eq!(counterexample.property, "liveness");
         assert_eq!(counterexample.trace.len(), 1, "already the initial state is stuck");
+    }
+
+    #[test]
+    fn a_goal_reachable_only_through_a_fault_breaks_liveness() {
+        // From 0, a step of 1 is a fault; a step of 2 is not. The goal 1 is reached only by the
+        // fault, so 2, and 0 itself, are stuck.
+        struct OnlyByFault;
+        impl Model for OnlyByFault {
+            type State = u8;
+            type Action = u8;
+            fn init(&self) -> u8 {
+                0
+            }
+            fn actions(&self, state: &u8) -> Vec<u8> {
+                if *state == 0 { vec![1, 2] } else { vec![] }
+            }
+            fn next(&self, state: &u8, action: &u8) -> u8 {
+                state + action
+            }
+            fn invariants(&self) -> Vec<Invariant<u8>> {
+                Vec::new()
+            }
+            fn goal(&self, state: &u8) -> bool {
+                *state == 1
+            }
+            fn is_fault(&self, action: &u8) -> bool {
+                *action == 1
+            }
+        }
+        let counterexample = check(&OnlyByFault, 100).expect("bounded").counterexample.expect("stuck");
+        assert_eq!(counterexample.property, "liveness");
     }
 }

@@ -5,9 +5,13 @@
 //! [`tether_core::lineage::client_verdict`] and [`tether_core::lineage::StreamValidator`]: the
 //! model checks the decision code that ships, not a re-implementation of it.
 //!
+//! [`lifecycle`] models a request's life, from the client's first attempt to what it says of
+//! the request, over [`tether_core::lifecycle`]'s decisions.
+//!
 //! [`checker`] visits every reachable state breadth-first and checks the properties of
 //! [`protocol`] in each; deliberately broken variants of the server and the client show that
 //! each property can fail, and how. Test-only: nothing shipped depends on this crate.
 
 pub mod checker;
+pub mod lifecycle;
 pub mod protocol;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{Message, Notification, Request, RequestId, Response};
+use tether_core::lifecycle;
 use tether_core::lineage::StreamName;
 use tether_core::mcp::method;
 
@@ -709,7 +710,8 @@ impl Context {
     /// under `record`. Once the request is cancelled only its response goes out: the one
     /// terminal event its stream must get.
     async fn emit(&self, bytes: Bytes, last: bool, record: Option<&str>) -> Result<(), ContextError> {
-        if (self.shared.cancel.is_cancelled() && !last) || self.is_void() {
+        let cancelled = self.shared.cancel.is_cancelled();
+        if lifecycle::emit(cancelled, last) == lifecycle::Emit::Refuse || self.is_void() {
             return Err(ContextError::Cancelled);
         }
         if let Some(task) = self.task_id() {

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use tether_core::idempotency::Acknowledged;
 use tether_core::input_required::{self, InputError};
 use tether_core::jsonrpc::{ErrorObject, Message, Request, Response, code};
+use tether_core::lifecycle;
 use tether_core::lineage::{Digest, StreamName};
 use tether_core::mcp;
 use tether_core::tasks::Creation;
@@ -700,13 +701,16 @@ async fn end(shared: &ServerState, ctx: &Context, response: Response, record: Op
     let answer = if response.outcome.is_ok() { "result" } else { "error" };
     let response = Bytes::from(Message::Response(response).to_vec());
     let stored = ctx.stream().is_some();
-    let unrecorded = match ctx.respond(response.clone(), record.as_deref().filter(|_| stored)).await {
-        Ok(()) => {
+    let written = ctx.respond(response.clone(), record.as_deref().filter(|_| stored)).await;
+    if let Err(err) = &written {
+        tracing::debug!(%err, "final response not delivered");
+    }
+    let unrecorded = match lifecycle::after_response(written.is_ok()) {
+        lifecycle::AfterResponse::Ended => {
             tracing::debug!(answer, "answered");
             (!stored).then_some(response)
         }
-        Err(err) => {
-            tracing::debug!(%err, "final response not delivered");
+        lifecycle::AfterResponse::AbortStream => {
             ctx.abort_stream().await;
             Some(response)
         }

@@ -1,0 +1,129 @@
+//! How a request ends, as pure decisions: what of its output goes out once it is cancelled,
+//! what its stream ends with when its response cannot be written, and what a client may say of
+//! a request after all its attempts. The server and the client call these; the model checks
+//! them (`tether-model`'s `lifecycle`).
+//!
+//! The rule they keep: every request's stream ends with a terminal event (its response, or an
+//! explicit `request_aborted` or `request_cancelled` error); every claimed idempotency key
+//! reaches a final state or is released for a re-send to run; and "it did not run" is said
+//! only when the server said so of every attempt.
+
+/// Whether an output of a request goes out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Emit {
+    /// Written to the request's stream.
+    Deliver,
+    /// Refused: the request was cancelled, and only its response still goes out.
+    Refuse,
+}
+
+/// Decides an output of a request that was `cancelled` or not; `last` is its response. A
+/// cancelled request's notifications are dropped, but its response (the handler's own, or the
+/// `request_cancelled` error) is the terminal event its stream must get.
+pub fn emit(cancelled: bool, last: bool) -> Emit {
+    if cancelled && !last {
+        Emit::Refuse
+    } else {
+        Emit::Deliver
+    }
+}
+
+/// What is done once a request's response was offered to its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterResponse {
+    /// It was written: the stream ended with it (and the key's outcome with it).
+    Ended,
+    /// It could not be written: the stream is ended as aborted, so that its readers are told
+    /// (`request_aborted`) instead of waiting, and the key's outcome is recorded on its own.
+    AbortStream,
+}
+
+/// Decides what follows a response that was `written` or not.
+pub fn after_response(written: bool) -> AfterResponse {
+    if written {
+        AfterResponse::Ended
+    } else {
+        AfterResponse::AbortStream
+    }
+}
+
+/// How one attempt of a request ended, as the client learned it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// The server answered it (a result or an error from the request itself).
+    Answered,
+    /// The server said positively that this attempt never started (its session was gone when
+    /// it arrived, say).
+    NotExecuted,
+    /// It may have run: its stream broke, it was aborted or cancelled, it may not have arrived.
+    MayHaveRun,
+}
+
+/// What a client may say of a request once it stops sending it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Said {
+    /// The answer of the last attempt.
+    Answered,
+    /// It did not run: no attempt may have.
+    NotExecuted,
+    /// It may have run.
+    OutcomeUnknown,
+}
+
+/// The attempts of one request so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Attempts {
+    may_have_run: bool,
+}
+
+impl Attempts {
+    /// Adds an attempt that ended as `attempt`.
+    pub fn record(&mut self, attempt: Attempt) {
+        self.may_have_run |= attempt == Attempt::MayHaveRun;
+    }
+
+    /// What may be said of the request if `last` is its last attempt (already recorded): "not
+    /// executed" only if no attempt may have run.
+    pub fn verdict(&self, last: Attempt) -> Said {
+        match last {
+            Attempt::Answered => Said::Answered,
+            Attempt::NotExecuted if !self.may_have_run => Said::NotExecuted,
+            Attempt::NotExecuted | Attempt::MayHaveRun => Said::OutcomeUnknown,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cancelled_request_still_gets_its_response_and_nothing_else() {
+        assert_eq!(emit(false, false), Emit::Deliver);
+        assert_eq!(emit(true, false), Emit::Refuse);
+        assert_eq!(emit(true, true), Emit::Deliver);
+    }
+
+    #[test]
+    fn a_response_that_could_not_be_written_aborts_the_stream() {
+        assert_eq!(after_response(true), AfterResponse::Ended);
+        assert_eq!(after_response(false), AfterResponse::AbortStream);
+    }
+
+    #[test]
+    fn not_executed_holds_only_if_no_attempt_may_have_run() {
+        let mut attempts = Attempts::default();
+        attempts.record(Attempt::NotExecuted);
+        assert_eq!(attempts.verdict(Attempt::NotExecuted), Said::NotExecuted);
+        attempts.record(Attempt::MayHaveRun);
+        assert_eq!(attempts.verdict(Attempt::MayHaveRun), Said::OutcomeUnknown);
+        attempts.record(Attempt::NotExecuted);
+        assert_eq!(
+            attempts.verdict(Attempt::NotExecuted),
+            Said::OutcomeUnknown,
+            "an earlier attempt may have run"
+        );
+        attempts.record(Attempt::Answered);
+        assert_eq!(attempts.verdict(Attempt::Answered), Said::Answered);
+    }
+}

@@ -1,0 +1,397 @@
+//! The request lifecycle as a model: one keyed `tools/call` of a legacy session, from the
+//! client's first attempt to what it says of the request, through the races of its life: the
+//! handler returning as it is cancelled, a store write that fails, a start that fails after the
+//! key was claimed, and the server restarting on its memory store (session, stream and key gone
+//! with it). Connection cuts are the resumption model's ([`crate::protocol`]); here a client
+//! waits on its attempt until the server ends it.
+//!
+//! The server decides with [`tether_core::lifecycle::emit`] and
+//! [`tether_core::lifecycle::after_response`], and the client says what it may of the request
+//! with [`tether_core::lifecycle::Attempts`]: the decisions that ship. The properties:
+//! - liveness (the checker's own): from every state, a state is reachable without another
+//!   fault where the client has said how the request ended, the request's stream has ended, and
+//!   no key is held by a live process that will never finish it;
+//! - `not_run_means_not_run`: the client never says "not executed" of a request that ran.
+
+use tether_core::lifecycle::{self, AfterResponse, Attempt, Attempts, Emit, Said};
+
+use crate::checker::{Invariant, Model};
+
+/// The server's lifecycle decisions: the real ones, or a broken variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ServerVariant {
+    /// tether's.
+    Real,
+    /// (1) A response is refused once the request is cancelled (a handler that returned as it
+    /// was cancelled), and nothing ends the stream.
+    RefusesResponseAfterCancel,
+    /// (3) A key claimed for a request that then cannot start is left running.
+    KeepsUnstartedClaim,
+}
+
+/// The client's verdict: the real one, or a broken variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClientVariant {
+    /// tether's.
+    Real,
+    /// (5) What the last attempt was told is said of the request.
+    TrustsLastAttempt,
+}
+
+/// The faults that may happen, once each at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Faults {
+    /// The client cancels the request.
+    pub cancel: bool,
+    /// One store write (the response's) fails.
+    pub write_failure: bool,
+    /// The request fails to start once its key is claimed (its session ended meanwhile).
+    pub start_failure: bool,
+    /// The server restarts on its memory store.
+    pub restart: bool,
+}
+
+/// A model configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Config {
+    /// The server's decisions.
+    pub server: ServerVariant,
+    /// The client's verdict.
+    pub client: ClientVariant,
+    /// The faults that may happen.
+    pub faults: Faults,
+    /// How many attempts the client sends at most.
+    pub attempts: u8,
+}
+
+impl Config {
+    /// tether's decisions, every fault, three attempts.
+    pub fn real() -> Config {
+        Config {
+            server: ServerVariant::Real,
+            client: ClientVariant::Real,
+            faults: Faults { cancel: true, write_failure: true, start_failure: true, restart: true },
+            attempts: 3,
+        }
+    }
+}
+
+/// The request's handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Handler {
+    /// Not started.
+    Idle,
+    /// Running: it may return, or be cancelled.
+    Running,
+    /// It returned; its response is not written yet.
+    Returned,
+    /// Over: answered, dropped after its cancellation, or gone with its process.
+    Over,
+}
+
+/// The key's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Key {
+    /// No record: never claimed, released, or lost with the memory store.
+    Free,
+    /// Claimed by the live server, its request started or about to.
+    Running,
+    /// Finished with an outcome.
+    Finished,
+}
+
+/// The original request's stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stream {
+    /// None yet, or lost with the memory store.
+    Absent,
+    /// Open: readers wait for more.
+    Live,
+    /// Ended with the response.
+    Responded,
+    /// Ended as aborted (`request_aborted`).
+    Aborted,
+}
+
+/// The client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Client {
+    /// About to send an attempt.
+    Sending,
+    /// Waiting on the attempt that runs the request (its stream).
+    Running,
+    /// Waiting on an attempt that follows the running original (its stream and its record).
+    Following,
+    /// Done: what it said of the request.
+    Said(Said),
+}
+
+/// One state of the lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct State {
+    /// The session the client's attempts go to is live.
+    pub session: bool,
+    /// The server restarted on its memory store: another set of records.
+    pub records_changed: bool,
+    /// The request's idempotency key.
+    pub key: Key,
+    /// The key was claimed for a request that has not started.
+    pub unstarted: bool,
+    /// The request's handler.
+    pub handler: Handler,
+    /// The handler started: its side effects may have happened.
+    pub ran: bool,
+    /// The client cancelled the request.
+    pub cancelled: bool,
+    /// The original request's stream.
+    pub stream: Stream,
+    /// The next store write fails.
+    pub failing_write: bool,
+    /// The client.
+    pub client: Client,
+    /// How the client's attempts ended so far.
+    pub attempts: Attempts,
+    /// How many attempts the client sent.
+    pub sent: u8,
+    /// The faults not yet spent.
+    pub faults: Faults,
+}
+
+/// What happens next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// The client sends an attempt, and the server takes it in.
+    Send,
+    /// The claimed request starts.
+    Start,
+    /// It cannot start (its session ended meanwhile); its POST is answered 404.
+    StartFails,
+    /// The client cancels the request.
+    Cancel,
+    /// The handler returns.
+    Return,
+    /// The dispatcher answers the request: what the handler returned, or, cancelled first,
+    /// the `request_cancelled` error.
+    Respond,
+    /// The next store write will fail.
+    FailNextWrite,
+    /// The server restarts on its memory store.
+    Restart,
+    /// The client learns how its attempt ended.
+    Conclude,
+}
+
+/// The lifecycle model under one configuration.
+pub struct Lifecycle {
+    config: Config,
+}
+
+impl Lifecycle {
+    /// The model of `config`.
+    pub fn new(config: Config) -> Lifecycle {
+        Lifecycle { config }
+    }
+
+    /// How the client's current attempt ended, if it did.
+    fn attempt_end(&self, state: &State) -> Option<Attempt> {
+        match state.client {
+            Client::Running => match state.stream {
+                Stream::Responded => Some(Attempt::Answered),
+                Stream::Aborted => Some(Attempt::MayHaveRun),
+                // Its connection went with the restarted server.
+                Stream::Absent => Some(Attempt::MayHaveRun),
+                Stream::Live => None,
+            },
+            Client::Following => match (state.key, state.stream) {
+                (Key::Finished, _) | (_, Stream::Responded) => Some(Attempt::Answered),
+                (_, Stream::Aborted | Stream::Absent) => Some(Attempt::MayHaveRun),
+                _ => None,
+            },
+            Client::Sending | Client::Said(_) => None,
+        }
+    }
+
+    /// The client after an attempt ended as `ended`: it sends again while it may, or says.
+    fn after_attempt(&self, mut state: State, ended: Attempt) -> State {
+        state.attempts.record(ended);
+        let again = ended != Attempt::Answered && state.sent < self.config.attempts && !state.records_changed;
+        state.client = if again {
+            Client::Sending
+        } else {
+            Client::Said(match self.config.client {
+                ClientVariant::Real => state.attempts.verdict(ended),
+                ClientVariant::TrustsLastAttempt => match ended {
+                    Attempt::Answered => Said::Answered,
+                    Attempt::NotExecuted => Said::NotExecuted,
+                    Attempt::MayHaveRun => Said::OutcomeUnknown,
+                },
+            })
+        };
+        state
+    }
+
+    /// The dispatcher's answer to the request, with the real decisions or the broken ones.
+    fn respond(&self, mut state: State) -> State {
+        state.handler = Handler::Over;
+        let refused = match self.config.server {
+            ServerVariant::RefusesResponseAfterCancel => state.cancelled,
+            _ => lifecycle::emit(state.cancelled, true) == Emit::Refuse,
+        };
+        let written = !refused && !std::mem::take(&mut state.failing_write);
+        // The key's outcome is recorded either way: with the response, or on its own.
+        state.key = Key::Finished;
+        if refused && self.config.server == ServerVariant::RefusesResponseAfterCancel {
+            return state;
+        }
+        state.stream = match lifecycle::after_response(written) {
+            AfterResponse::Ended => Stream::Responded,
+            AfterResponse::AbortStream => Stream::Aborted,
+        };
+        state
+    }
+}
+
+impl Model for Lifecycle {
+    type State = State;
+    type Action = Action;
+
+    fn init(&self) -> State {
+        State {
+            session: true,
+            records_changed: false,
+            key: Key::Free,
+            unstarted: false,
+            handler: Handler::Idle,
+            ran: false,
+            cancelled: false,
+            stream: Stream::Absent,
+            failing_write: false,
+            client: Client::Sending,
+            attempts: Attempts::default(),
+            sent: 0,
+            faults: self.config.faults,
+        }
+    }
+
+    fn actions(&self, state: &State) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if state.client == Client::Sending {
+            actions.push(Action::Send);
+        }
+        if state.unstarted {
+            actions.push(Action::Start);
+            if state.faults.start_failure {
+                actions.push(Action::StartFails);
+            }
+        }
+        if state.handler == Handler::Running {
+            actions.push(Action::Return);
+            if state.faults.cancel && !state.cancelled {
+                actions.push(Action::Cancel);
+            }
+        }
+        // Answered once it returned, or (cancelled) when the dispatcher sees the cancellation.
+        if state.handler == Handler::Returned || (state.handler == Handler::Running && state.cancelled) {
+            actions.push(Action::Respond);
+        }
+        if state.faults.write_failure && !state.failing_write && state.handler != Handler::Over {
+            actions.push(Action::FailNextWrite);
+        }
+        if state.faults.restart && state.session && !matches!(state.client, Client::Said(_)) {
+            actions.push(Action::Restart);
+        }
+        if self.attempt_end(state).is_some() {
+            actions.push(Action::Conclude);
+        }
+        actions
+    }
+
+    fn next(&self, state: &State, action: &Action) -> State {
+        let mut next = *state;
+        match action {
+            Action::Send => {
+                next.sent += 1;
+                if !state.session {
+                    // 404: this attempt never reached a session.
+                    return self.after_attempt(next, Attempt::NotExecuted);
+                }
+                next.client = match state.key {
+                    Key::Free => {
+                        next.key = Key::Running;
+                        next.unstarted = true;
+                        next.stream = Stream::Live;
+                        Client::Running
+                    }
+                    Key::Running => Client::Following,
+                    Key::Finished => return self.after_attempt(next, Attempt::Answered),
+                };
+            }
+            Action::Start => {
+                next.unstarted = false;
+                next.handler = Handler::Running;
+                next.ran = true;
+            }
+            Action::StartFails => {
+                next.faults.start_failure = false;
+                next.unstarted = false;
+                if self.config.server != ServerVariant::KeepsUnstartedClaim {
+                    next.key = Key::Free;
+                }
+                // Its stream ended with its session, and its POST was answered 404: the client
+                // begins a new session on the same records.
+                next.stream = Stream::Aborted;
+                next.client = Client::Sending;
+                next.attempts.record(Attempt::NotExecuted);
+            }
+            Action::Cancel => {
+                next.faults.cancel = false;
+                next.cancelled = true;
+            }
+            Action::Return => next.handler = Handler::Returned,
+            Action::Respond => next = self.respond(next),
+            Action::FailNextWrite => {
+                next.faults.write_failure = false;
+                next.failing_write = true;
+            }
+            Action::Restart => {
+                next.faults.restart = false;
+                next.session = false;
+                next.records_changed = true;
+                next.key = Key::Free;
+                next.unstarted = false;
+                next.handler = if state.handler == Handler::Idle { Handler::Idle } else { Handler::Over };
+                next.stream = Stream::Absent;
+                next.failing_write = false;
+            }
+            Action::Conclude => {
+                let ended = self.attempt_end(state).expect("offered only when the attempt ended");
+                next = self.after_attempt(next, ended);
+            }
+        }
+        next
+    }
+
+    fn invariants(&self) -> Vec<Invariant<State>> {
+        vec![Invariant {
+            name: "not_run_means_not_run",
+            check: |state| match state.client {
+                Client::Said(Said::NotExecuted) if state.ran => {
+                    Err("the client said the request did not run, and it ran".into())
+                }
+                _ => Ok(()),
+            },
+        }]
+    }
+
+    fn is_fault(&self, action: &Action) -> bool {
+        matches!(action, Action::StartFails | Action::Cancel | Action::FailNextWrite | Action::Restart)
+    }
+
+    fn goal(&self, state: &State) -> bool {
+        let said = matches!(state.client, Client::Said(_));
+        let stream_ended = state.stream != Stream::Live;
+        // A key held by the live server for a request that will never finish it.
+        let held_forever = state.key == Key::Running && state.handler != Handler::Running && !state.unstarted;
+        said && stream_ended && !held_forever
+    }
+}
