@@ -112,13 +112,24 @@ async fn router_errors_are_jsonrpc(
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let response = next.run(request).await;
-    if response.status().as_u16() < 400 {
+    let json = response.headers().get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if response.status().as_u16() < 400 && !json {
         return response;
     }
     let (parts, body) = response.into_parts();
-    let bytes = axum::body::to_bytes(body, 1 << 20).await.expect("an error's body is short and whole");
-    assert_jsonrpc_error(parts.status.as_u16(), &bytes);
+    let bytes = axum::body::to_bytes(body, 64 << 20).await.expect("a JSON body is whole");
+    if parts.status.as_u16() >= 400 {
+        assert_jsonrpc_error(parts.status.as_u16(), &bytes);
+    } else if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+        assert_bounded_message(parts.status.as_u16(), &value);
+    }
     axum::response::Response::from_parts(parts, axum::body::Body::from(bytes))
+}
+
+/// An error quotes a bounded prefix of what was sent, never all of it.
+fn assert_bounded_message(status: u16, value: &serde_json::Value) {
+    let message = value["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.len() <= 1_024, "{status}: an error message of {} bytes", message.len());
 }
 
 fn assert_jsonrpc_error(status: u16, body: &[u8]) {
@@ -126,6 +137,7 @@ fn assert_jsonrpc_error(status: u16, body: &[u8]) {
     assert_eq!(value["jsonrpc"], "2.0", "{status}: {value}");
     assert!(value["error"]["code"].is_i64(), "{status}: {value}");
     assert!(value["error"]["data"]["reason"].is_string(), "{status}: no reason: {value}");
+    assert_bounded_message(status, &value);
 }
 
 /// How what the server wrote ends.

@@ -64,14 +64,25 @@ pub fn requests(result: &Value) -> impl Iterator<Item = (&str, &str, Value)> {
         })
 }
 
-/// What a state is bound to: the method and the name (tool, prompt) or uri it was issued for.
+/// How long a sealed state may be brought back: a client that answers later starts the
+/// request again.
+pub const STATE_TTL_MS: u64 = 60 * 60 * 1000;
+
+/// What a state is bound to: the method, and a digest of the params without their metadata,
+/// answers and state (the tool or prompt, its arguments, the uri). A state is brought back only
+/// with the very request it was issued for: replayed with other arguments it is refused.
 pub fn binding(method: &str, params: &Value) -> String {
-    let name = params
-        .get("name")
-        .or_else(|| params.get("uri"))
-        .and_then(Value::as_str)
+    let bare: std::collections::BTreeMap<&String, &Value> = params
+        .as_object()
+        .map(|params| {
+            params
+                .iter()
+                .filter(|(key, _)| !matches!(key.as_str(), "_meta" | RESPONSES | STATE))
+                .collect()
+        })
         .unwrap_or_default();
-    format!("{method}\n{name}")
+    let bytes = serde_json::to_vec(&bare).unwrap_or_default();
+    format!("{method}\n{}", base64url(&Sha256::digest(&bytes)))
 }
 
 /// Why a request's input is refused.
@@ -83,6 +94,9 @@ pub enum InputError {
     /// `requestState` is not a state this server issued for this request.
     #[error("requestState was not issued by this server for this request")]
     State,
+    /// `requestState` was issued for this request longer ago than [`STATE_TTL_MS`].
+    #[error("requestState has expired: send the request again without it")]
+    Expired,
 }
 
 /// The client's answers a request carries: `None` without `inputResponses`.
@@ -116,17 +130,22 @@ impl StateKey {
         StateKey(bytes)
     }
 
-    /// `state` sealed for the request `binding` names: `<payload>.<mac>`, both base64url.
-    pub fn seal(&self, binding: &str, state: &Value) -> String {
+    /// `state` sealed at `now_ms` for the request `binding` names, to be opened until
+    /// [`STATE_TTL_MS`] later: `<payload>.<expiry>.<mac>`, the payload base64url, the expiry in
+    /// milliseconds, the MAC over both.
+    pub fn seal(&self, binding: &str, state: &Value, now_ms: u64) -> String {
         let payload = base64url(state.to_string().as_bytes());
-        let mac = base64url(&self.mac(binding, &payload));
-        format!("{payload}.{mac}")
+        let sealed = format!("{payload}.{}", now_ms.saturating_add(STATE_TTL_MS));
+        let mac = base64url(&self.mac(binding, &sealed));
+        format!("{sealed}.{mac}")
     }
 
-    /// The state `sealed` holds, if this key sealed it for `binding`.
-    pub fn open(&self, binding: &str, sealed: &str) -> Result<Value, InputError> {
-        let (payload, mac) = sealed.split_once('.').ok_or(InputError::State)?;
-        let expected = base64url(&self.mac(binding, payload));
+    /// The state `sealed` holds, if this key sealed it for `binding` and it has not expired at
+    /// `now_ms`.
+    pub fn open(&self, binding: &str, sealed: &str, now_ms: u64) -> Result<Value, InputError> {
+        let (signed, mac) = sealed.rsplit_once('.').ok_or(InputError::State)?;
+        let (payload, expiry) = signed.split_once('.').ok_or(InputError::State)?;
+        let expected = base64url(&self.mac(binding, signed));
         // Compared in constant time: the MAC is the secret's only witness.
         let same = expected.len() == mac.len()
             && expected
@@ -136,6 +155,9 @@ impl StateKey {
                 == 0;
         if !same {
             return Err(InputError::State);
+        }
+        if expiry.parse::<u64>().map_err(|_| InputError::State)? <= now_ms {
+            return Err(InputError::Expired);
         }
         let json = base64::decode(payload, Encoding::UrlUnpadded).ok_or(InputError::State)?;
         serde_json::from_slice(&json).map_err(|_| InputError::State)
@@ -187,32 +209,48 @@ mod tests {
     }
 
     #[test]
-    fn a_sealed_state_opens_only_with_its_key_and_binding_and_unchanged() {
+    fn a_sealed_state_opens_only_with_its_key_and_binding_unchanged_and_in_time() {
         let key = StateKey::new([7; 32]);
         let state = json!({"step": 2, "name": "Alice"});
-        let sealed = key.seal("tools/call\nt", &state);
-        assert_eq!(key.open("tools/call\nt", &sealed), Ok(state));
+        let sealed = key.seal("tools/call\nt", &state, 1_000);
+        assert_eq!(key.open("tools/call\nt", &sealed, 1_000), Ok(state.clone()));
         assert_eq!(
-            key.open("tools/call\nother", &sealed),
+            key.open("tools/call\nother", &sealed, 1_000),
             Err(InputError::State),
-            "another tool"
+            "another request"
         );
         assert_eq!(
-            StateKey::new([8; 32]).open("tools/call\nt", &sealed),
+            StateKey::new([8; 32]).open("tools/call\nt", &sealed, 1_000),
             Err(InputError::State),
             "another key"
         );
         assert_eq!(
-            key.open("tools/call\nt", &format!("{sealed}-TAMPERED")),
+            key.open("tools/call\nt", &format!("{sealed}-TAMPERED"), 1_000),
             Err(InputError::State)
         );
-        let (payload, mac) = sealed.split_once('.').expect("two parts");
+        let (signed, mac) = sealed.rsplit_once('.').expect("three parts");
+        let (payload, expiry) = signed.split_once('.').expect("three parts");
         let forged = base64url(json!({"step": 3}).to_string().as_bytes());
         assert_eq!(
-            key.open("tools/call\nt", &format!("{forged}.{mac}")),
+            key.open("tools/call\nt", &format!("{forged}.{expiry}.{mac}"), 1_000),
             Err(InputError::State)
         );
-        assert_eq!(key.open("tools/call\nt", payload), Err(InputError::State));
+        let later = 1_000 + 2 * STATE_TTL_MS;
+        assert_eq!(
+            key.open("tools/call\nt", &format!("{payload}.{later}.{mac}"), 1_000),
+            Err(InputError::State),
+            "an expiry moved"
+        );
+        assert_eq!(
+            key.open("tools/call\nt", payload, 1_000),
+            Err(InputError::State)
+        );
+        let due = 1_000 + STATE_TTL_MS;
+        assert_eq!(key.open("tools/call\nt", &sealed, due - 1), Ok(state));
+        assert_eq!(
+            key.open("tools/call\nt", &sealed, due),
+            Err(InputError::Expired)
+        );
     }
 
     #[test]
@@ -240,14 +278,27 @@ mod tests {
     }
 
     #[test]
-    fn a_binding_names_the_method_and_what_it_acts_on() {
-        assert_eq!(
-            binding("tools/call", &json!({"name": "t"})),
-            "tools/call\nt"
+    fn a_binding_holds_the_method_and_the_params_but_not_the_input_or_metadata() {
+        let call = json!({"name": "t", "arguments": {"city": "Oslo"}});
+        let again = json!({"name": "t", "arguments": {"city": "Oslo"}, "_meta": {"k": 1},
+            "inputResponses": {"a": {}}, "requestState": "s"});
+        assert_eq!(binding("tools/call", &call), binding("tools/call", &again));
+        assert_ne!(
+            binding("tools/call", &call),
+            binding("prompts/get", &call),
+            "another method"
         );
-        assert_eq!(
-            binding("resources/read", &json!({"uri": "test://x"})),
-            "resources/read\ntest://x"
+        let other = json!({"name": "t", "arguments": {"city": "Rome"}});
+        assert_ne!(
+            binding("tools/call", &call),
+            binding("tools/call", &other),
+            "other arguments"
+        );
+        let tool = json!({"name": "u", "arguments": {"city": "Oslo"}});
+        assert_ne!(
+            binding("tools/call", &call),
+            binding("tools/call", &tool),
+            "another tool"
         );
     }
 }

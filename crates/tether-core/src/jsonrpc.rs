@@ -71,9 +71,19 @@ impl RequestId {
         }
     }
 
-    /// The id a JSON value is, or why it is none (JSON-RPC ids are strings or integers).
+    /// The longest string id accepted, in bytes: ids are kept with every request's record, so
+    /// their length is bounded like everything else a peer sends.
+    pub const MAX_STRING_BYTES: usize = 256;
+
+    /// The id a JSON value is, or why it is none (JSON-RPC ids are strings or integers, and a
+    /// string id is at most [`RequestId::MAX_STRING_BYTES`] long).
     pub fn from_value(value: &Value) -> Result<RequestId, String> {
         match value {
+            Value::String(s) if s.len() > Self::MAX_STRING_BYTES => Err(format!(
+                "a string id is at most {} bytes long, this one {}",
+                Self::MAX_STRING_BYTES,
+                s.len()
+            )),
             Value::String(s) => Ok(RequestId::String(s.clone())),
             Value::Number(n) => n
                 .as_i64()
@@ -440,6 +450,19 @@ mod tests {
             let err = parse(json!({"jsonrpc":"2.0","id":id,"method":"ping"})).expect_err("bad id");
             assert_eq!(err.code(), code::INVALID_REQUEST, "{id}");
         }
+    }
+
+    #[test]
+    fn a_string_id_is_bounded() {
+        let longest = "i".repeat(RequestId::MAX_STRING_BYTES);
+        assert!(parse(json!({"jsonrpc":"2.0","id":longest,"method":"ping"})).is_ok());
+        let err = parse(json!({"jsonrpc":"2.0","id":format!("{longest}i"),"method":"ping"}))
+            .expect_err("too long");
+        assert_eq!(err.code(), code::INVALID_REQUEST);
+        assert!(
+            err.to_string().len() < 200,
+            "the error does not quote the id"
+        );
     }
 
     #[test]

@@ -111,17 +111,20 @@ pub enum Mismatch {
     /// The header's value is not valid (bad base64, not UTF-8).
     #[error("header Mcp-Param-{0}: {1}")]
     Invalid(String, ValueError),
+    /// The header's value is not ASCII: a value that is must be sent as `=?base64?…?=`.
+    #[error("header Mcp-Param-{0} is not ASCII: send such a value as =?base64?…?=")]
+    NotAscii(String),
     /// The header says something else than the body.
     #[error("header Mcp-Param-{0} does not match the argument")]
     Differs(String),
 }
 
-/// Checks each of `declared` against `arguments`, reading headers through `header` (by
-/// lowercase name).
+/// Checks each of `declared` against `arguments`, reading headers' raw bytes through `header`
+/// (by lowercase name).
 pub fn check<'h>(
     declared: &[ParamHeader],
     arguments: &Value,
-    header: impl Fn(&str) -> Option<&'h str>,
+    header: impl Fn(&str) -> Option<&'h [u8]>,
 ) -> Result<(), Mismatch> {
     for param in declared {
         let argument = arguments.get(&param.property).filter(|v| !v.is_null());
@@ -131,6 +134,10 @@ pub fn check<'h>(
             (Some(_), None) => return Err(Mismatch::Missing(param.label.clone())),
             (None, Some(_)) => return Err(Mismatch::Unexpected(param.label.clone())),
             (Some(argument), Some(sent)) => (argument, sent),
+        };
+        let sent = match std::str::from_utf8(sent) {
+            Ok(sent) if sent.is_ascii() => sent,
+            _ => return Err(Mismatch::NotAscii(param.label.clone())),
         };
         let sent = decode_value(sent).map_err(|e| Mismatch::Invalid(param.label.clone(), e))?;
         let same = match param.kind {
@@ -298,7 +305,7 @@ mod tests {
                 headers
                     .iter()
                     .find(|(k, _)| k == name)
-                    .map(|(_, v)| v.as_str())
+                    .map(|(_, v)| v.as_bytes())
             })
         };
         let all = [
@@ -342,5 +349,13 @@ mod tests {
             ),
             Err(Mismatch::Invalid(..))
         ));
+        assert_eq!(
+            call(
+                json!({"region": "Zürich"}),
+                &[("mcp-param-region", "Zürich")]
+            ),
+            Err(Mismatch::NotAscii("Region".into())),
+            "raw UTF-8 is named as such, not as a missing header"
+        );
     }
 }

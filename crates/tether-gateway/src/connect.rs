@@ -148,6 +148,7 @@ pub async fn bridge(
 /// Counts what tether observed, and tells the stdio client when its session was replaced.
 /// Returns whether the bridge must stop.
 fn note(counts: &mut Counts, event: &ClientEvent, to_client: &mpsc::UnboundedSender<Message>) -> bool {
+    tracing::debug!(?event, "client");
     match event {
         ClientEvent::Resumed { .. } => counts.resumed += 1,
         ClientEvent::Divergence { reason } => {

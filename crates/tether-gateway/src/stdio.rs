@@ -94,10 +94,75 @@ async fn read_messages(stdout: impl AsyncRead + Unpin, to_tether: mpsc::Unbounde
     tracing::info!(pid, %ended, "the upstream's stdout ended");
 }
 
-/// Logs what the child writes to stderr, a line at a time.
+/// The most of one stderr line of a child that is kept and logged; the rest of a longer line is
+/// dropped (and counted), so a child that writes without a newline cannot grow the gateway.
+pub const MAX_STDERR_LINE_BYTES: usize = 8 * 1024;
+
+/// Logs what the child writes to stderr, a line at a time, each cut to
+/// [`MAX_STDERR_LINE_BYTES`].
 async fn log_stderr(stderr: impl AsyncRead + Unpin, pid: u32) {
-    let mut lines = BufReader::new(stderr).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        tracing::info!(target: "tether::upstream", pid, "{line}");
+    let mut lines = StderrLines::new(stderr);
+    while let Some((line, dropped)) = lines.next().await {
+        let line = String::from_utf8_lossy(&line);
+        if dropped > 0 {
+            metrics::counter!("tether_upstream_stderr_dropped_bytes_total").increment(dropped as u64);
+            tracing::info!(target: "tether::upstream", pid, dropped, "{line}… (cut)");
+        } else {
+            tracing::info!(target: "tether::upstream", pid, "{line}");
+        }
+    }
+}
+
+/// A child's stderr as lines of at most [`MAX_STDERR_LINE_BYTES`].
+struct StderrLines<R> {
+    reader: BufReader<R>,
+    line: Vec<u8>,
+}
+
+impl<R: AsyncRead + Unpin> StderrLines<R> {
+    fn new(stderr: R) -> Self {
+        StderrLines { reader: BufReader::new(stderr), line: Vec::new() }
+    }
+
+    /// The next line, cut to the bound, and how many of its bytes were dropped; `None` once the
+    /// child closed stderr (or reading it failed) and nothing is left.
+    async fn next(&mut self) -> Option<(Vec<u8>, usize)> {
+        let mut dropped = 0;
+        loop {
+            let buffered = match self.reader.fill_buf().await {
+                Ok(buffered) if !buffered.is_empty() => buffered,
+                _ if self.line.is_empty() && dropped == 0 => return None,
+                _ => return Some((std::mem::take(&mut self.line), dropped)),
+            };
+            let end = buffered.iter().position(|&byte| byte == b'\n');
+            let chunk = &buffered[..end.unwrap_or(buffered.len())];
+            let kept = chunk.len().min(MAX_STDERR_LINE_BYTES - self.line.len());
+            self.line.extend_from_slice(&chunk[..kept]);
+            dropped += chunk.len() - kept;
+            let consumed = chunk.len() + usize::from(end.is_some());
+            self.reader.consume(consumed);
+            if end.is_some() {
+                return Some((std::mem::take(&mut self.line), dropped));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stderr_line_is_kept_to_the_bound_and_the_rest_counted() {
+        let long = vec![b'x'; 3 * MAX_STDERR_LINE_BYTES];
+        let mut input = b"first\n".to_vec();
+        input.extend_from_slice(&long);
+        input.extend_from_slice(b"\nlast");
+        let mut lines = StderrLines::new(&input[..]);
+        assert_eq!(lines.next().await, Some((b"first".to_vec(), 0)));
+        let (cut, dropped) = lines.next().await.expect("the long line");
+        assert_eq!((cut.len(), dropped), (MAX_STDERR_LINE_BYTES, 2 * MAX_STDERR_LINE_BYTES));
+        assert_eq!(lines.next().await, Some((b"last".to_vec(), 0)));
+        assert_eq!(lines.next().await, None);
     }
 }

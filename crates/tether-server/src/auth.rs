@@ -6,29 +6,75 @@ pub trait Authenticator: Send + Sync + 'static {
     fn authenticate(&self, authorization: Option<&str>) -> Option<String>;
 }
 
-/// One shared bearer token; every holder is the same principal.
+/// Bearer tokens, each naming a principal: sessions and tasks belong to the principal whose
+/// token created them, and no other principal reads, cancels or resumes them.
 #[derive(Clone)]
 pub struct BearerToken {
-    token: String,
+    /// Each principal with its token.
+    tokens: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for BearerToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("BearerToken(..)")
+        let principals: Vec<&str> = self.tokens.iter().map(|(principal, _)| principal.as_str()).collect();
+        f.debug_struct("BearerToken").field("principals", &principals).finish_non_exhaustive()
     }
 }
 
+/// Why a set of bearer tokens cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokensError {
+    /// No token at all.
+    #[error("no bearer token")]
+    Empty,
+    /// A token that is empty, or a principal without a name.
+    #[error("an empty token or principal name")]
+    Blank,
+    /// Two principals with one name.
+    #[error("principal {0:?} is named twice")]
+    DuplicatePrincipal(String),
+    /// One token for two principals: it could not say which one calls.
+    #[error("two principals share a token")]
+    SharedToken,
+}
+
 impl BearerToken {
-    /// Accepts `Authorization: Bearer <token>`.
+    /// Accepts `Authorization: Bearer <token>`; every holder is one principal, `bearer`.
     pub fn new(token: impl Into<String>) -> BearerToken {
-        BearerToken { token: token.into() }
+        BearerToken { tokens: vec![("bearer".to_owned(), token.into())] }
+    }
+
+    /// Accepts each principal's token, as that principal.
+    pub fn with_principals(tokens: impl IntoIterator<Item = (String, String)>) -> Result<BearerToken, TokensError> {
+        let tokens: Vec<(String, String)> = tokens.into_iter().collect();
+        if tokens.is_empty() {
+            return Err(TokensError::Empty);
+        }
+        for (i, (principal, token)) in tokens.iter().enumerate() {
+            if principal.is_empty() || token.is_empty() {
+                return Err(TokensError::Blank);
+            }
+            for (other, other_token) in &tokens[..i] {
+                if other == principal {
+                    return Err(TokensError::DuplicatePrincipal(principal.clone()));
+                }
+                if other_token == token {
+                    return Err(TokensError::SharedToken);
+                }
+            }
+        }
+        Ok(BearerToken { tokens })
     }
 }
 
 impl Authenticator for BearerToken {
     fn authenticate(&self, authorization: Option<&str>) -> Option<String> {
         let token = bearer(authorization?)?;
-        equal_in_constant_time(token.as_bytes(), self.token.as_bytes()).then(|| "bearer".to_owned())
+        // Every token is compared, so the time taken says nothing of which one matched.
+        self.tokens.iter().fold(None, |found, (principal, expected)| {
+            let matches = equal_in_constant_time(token.as_bytes(), expected.as_bytes());
+            found.or_else(|| matches.then(|| principal.clone()))
+        })
     }
 }
 
@@ -73,5 +119,20 @@ mod tests {
         assert_eq!(token.authenticate(Some("bearer s3cret")), Some("bearer".to_owned()));
         assert_eq!(token.authenticate(Some("Bearer wrong")), None);
         assert_eq!(token.authenticate(None), None);
+    }
+
+    #[test]
+    fn each_token_names_its_principal_and_a_set_is_checked() {
+        let pair = |p: &str, t: &str| (p.to_owned(), t.to_owned());
+        let tokens = BearerToken::with_principals([pair("alice", "a1"), pair("bob", "b2")]).expect("valid");
+        assert_eq!(tokens.authenticate(Some("Bearer a1")), Some("alice".to_owned()));
+        assert_eq!(tokens.authenticate(Some("Bearer b2")), Some("bob".to_owned()));
+        assert_eq!(tokens.authenticate(Some("Bearer c3")), None);
+        assert_eq!(BearerToken::with_principals([]).err(), Some(TokensError::Empty));
+        assert_eq!(BearerToken::with_principals([pair("", "x")]).err(), Some(TokensError::Blank));
+        let twice = BearerToken::with_principals([pair("a", "x"), pair("a", "y")]);
+        assert_eq!(twice.err(), Some(TokensError::DuplicatePrincipal("a".into())));
+        let shared = BearerToken::with_principals([pair("a", "x"), pair("b", "x")]);
+        assert_eq!(shared.err(), Some(TokensError::SharedToken));
     }
 }

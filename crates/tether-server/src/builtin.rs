@@ -29,7 +29,7 @@ pub struct BuiltinHandler {
 }
 
 fn context_error(err: ContextError) -> ErrorObject {
-    ErrorObject::with_reason(code::INTERNAL_ERROR, err.to_string(), "context_failed")
+    err.to_error()
 }
 
 fn u64_arg(args: &Value, name: &str, default: u64, max: u64) -> Result<u64, ErrorObject> {
@@ -428,7 +428,10 @@ fn elicited(ctx: &Context, key: &str) -> Result<Option<Value>, ErrorObject> {
     match answer.get("action").and_then(Value::as_str) {
         Some("accept") => Ok(Some(answer.get("content").cloned().unwrap_or_else(|| json!({})))),
         Some("decline" | "cancel") => Ok(Some(json!({}))),
-        _ => Err(invalid_argument(format!("inputResponses[{key:?}] is not an elicitation result"))),
+        _ => Err(invalid_argument(format!(
+            "inputResponses[{}] is not an elicitation result",
+            crate::excerpt::quoted(key)
+        ))),
     }
 }
 
@@ -738,8 +741,11 @@ fn resource_read(params: &Value, modern: bool) -> Result<Value, ErrorObject> {
                 // SEP-2164 (2026-07-28): invalid params naming the uri; earlier revisions had
                 // a code of their own.
                 let code = if modern { code::INVALID_PARAMS } else { mcp_code::RESOURCE_NOT_FOUND };
-                let mut error =
-                    ErrorObject::with_reason(code, format!("resource {uri:?} not found"), "resource_not_found");
+                let mut error = ErrorObject::with_reason(
+                    code,
+                    format!("resource {} not found", crate::excerpt::quoted(uri)),
+                    "resource_not_found",
+                );
                 if let Some(Value::Object(data)) = &mut error.data {
                     data.insert("uri".into(), json!(uri));
                 }
@@ -794,7 +800,7 @@ fn prompt_get(ctx: &Context, params: &Value) -> Result<Value, ErrorObject> {
             user(json!({"type": "image", "data": PNG, "mimeType": "image/png"})),
             user(json!({"type": "text", "text": "Please analyze the image above."})),
         ],
-        _ => return Err(invalid_argument(format!("unknown prompt {name:?}"))),
+        _ => return Err(invalid_argument(format!("unknown prompt {}", crate::excerpt::quoted(name)))),
     };
     Ok(json!({"messages": messages}))
 }
@@ -833,7 +839,7 @@ impl Handler for BuiltinHandler {
             "completion/complete" => ready(Ok(json!({"completion": {"values": [], "total": 0, "hasMore": false}}))),
             _ => ready(Err(ErrorObject::with_reason(
                 code::METHOD_NOT_FOUND,
-                format!("method {method:?} not found"),
+                format!("method {} not found", crate::excerpt::quoted(&method)),
                 "method_not_found",
             ))),
         }

@@ -21,6 +21,11 @@ pub struct ServerConfig {
     pub max_sessions: usize,
     /// Most open streams and running requests per session; more get 429.
     pub max_streams_per_session: usize,
+    /// Most tasks running at once (working or waiting for input), over every principal and
+    /// every replica sharing the store; a call that would become one more gets 429.
+    pub max_tasks: usize,
+    /// Most tasks of one principal running at once (all unauthenticated clients are one).
+    pub max_tasks_per_principal: usize,
     /// Origins allowed besides the loopback origins (`http://localhost[:port]`,
     /// `http://127.0.0.1[:port]`, `http://[::1][:port]`). A request without `Origin` is allowed.
     pub allowed_origins: Vec<String>,
@@ -60,6 +65,8 @@ impl Default for ServerConfig {
             body_timeout: Duration::from_secs(30),
             max_sessions: 10_000,
             max_streams_per_session: 64,
+            max_tasks: 4_096,
+            max_tasks_per_principal: 1_024,
             allowed_origins: Vec::new(),
             require_loopback_host: true,
             sse_retry: Duration::from_secs(1),

@@ -41,11 +41,37 @@ pub enum ContextError {
         /// The error message.
         message: String,
     },
+    /// The request could not become a task: as many run already as the server allows, in all or
+    /// (`principal`) of the client's principal. Answer the request with
+    /// [`ContextError::to_error`], or do the work without a task.
+    #[error("as many tasks run as the server allows{}", if *principal { " for this client" } else { "" })]
+    TooManyTasks {
+        /// The principal's cap was reached, not the server's.
+        principal: bool,
+    },
+}
+
+impl ContextError {
+    /// The JSON-RPC error that answers a request which failed with this error: `too_many_tasks`
+    /// (HTTP 429 in 2026-07-28) for [`ContextError::TooManyTasks`], else an internal error.
+    pub fn to_error(&self) -> tether_core::jsonrpc::ErrorObject {
+        match self {
+            ContextError::TooManyTasks { .. } => crate::http::reject::Refusal::TooManyTasks.error(self.to_string()),
+            other => tether_core::jsonrpc::ErrorObject::with_reason(
+                tether_core::jsonrpc::code::INTERNAL_ERROR,
+                other.to_string(),
+                "context_failed",
+            ),
+        }
+    }
 }
 
 impl From<StoreError> for ContextError {
     fn from(err: StoreError) -> Self {
-        ContextError::StreamGone(err.to_string())
+        match err {
+            StoreError::TooManyTasks { principal } => ContextError::TooManyTasks { principal },
+            err => ContextError::StreamGone(err.to_string()),
+        }
     }
 }
 

@@ -73,7 +73,7 @@ pub(crate) fn of(shared: &ServerState, method: &str, params: &Value) -> Result<I
         None => None,
         Some(Value::String(sealed)) => {
             let key = shared.state_key.as_ref().ok_or(InputError::State)?;
-            Some(key.open(&input_required::binding(method, params), sealed)?)
+            Some(key.open(&input_required::binding(method, params), sealed, crate::now_ms())?)
         }
         Some(_) => return Err(InputError::State),
     };
@@ -104,7 +104,7 @@ pub(crate) fn seal(shared: &ServerState, method: &str, binding: &str, outcome: &
             *outcome = failure("no key to seal the request state with".into());
             return;
         };
-        *state = Value::String(key.seal(binding, state));
+        *state = Value::String(key.seal(binding, state, crate::now_ms()));
     }
 }
 

@@ -22,6 +22,7 @@ mod config;
 mod connection;
 mod context;
 mod dispatch;
+mod excerpt;
 mod handler;
 mod http;
 mod idempotency;
@@ -40,7 +41,7 @@ pub mod upstream;
 
 use tether_core::mcp::ProtocolVersion;
 
-pub use auth::{Authenticator, BearerToken};
+pub use auth::{Authenticator, BearerToken, TokensError};
 pub use config::{ServerConfig, parse_duration};
 pub use connection::{ConnectionLimits, serve, serve_connection};
 pub use context::{Context, ContextError, SessionHandle};

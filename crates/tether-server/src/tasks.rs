@@ -19,7 +19,7 @@ use tether_core::input_required;
 use tether_core::jsonrpc::{ErrorObject, Message, Request, RequestId, Response, code};
 use tether_core::mcp::meta;
 use tether_core::tasks::{self, StreamRefusal, TaskChange, TaskRecord, TaskStatus, method};
-use tether_store::{Store, StoreError, StoredTask};
+use tether_store::{Store, StoreError, StoredTask, TaskLimits};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -155,7 +155,13 @@ pub(crate) async fn create(
     let record = TaskRecord::new(id.clone(), slot.principal.clone(), now_ms(), Some(ttl.max(1)), Some(poll));
     let created = record.task.created_result();
     let outcome = key.map(|key| (key.to_owned(), idempotency::encode(&Ok(created.clone()))));
-    shared.store.create_task(record, outcome).await?;
+    let limits = TaskLimits { total: config.max_tasks, per_principal: config.max_tasks_per_principal };
+    if let Err(err) = shared.store.create_task(record, outcome, limits).await {
+        if let StoreError::TooManyTasks { principal } = err {
+            crate::telemetry::task_refused(principal);
+        }
+        return Err(err);
+    }
     locked(&shared.task_runners.running).insert(id.clone(), slot.cancel.clone());
     // Set before the response goes out: from then on the connection's end no longer cancels it.
     let _ = slot.id.set(id.clone());
@@ -263,7 +269,7 @@ async fn find(
     let Some(id) = params.get("taskId").and_then(Value::as_str) else {
         return Err(invalid("params.taskId must be a string".into(), "invalid_params"));
     };
-    let unknown = || invalid(format!("no task {id:?}"), "unknown_task");
+    let unknown = || invalid(format!("no task {}", crate::excerpt::quoted(id)), "unknown_task");
     let task = shared.store.task(id, now_ms()).await.map_err(store_failed)?;
     let task = task.filter(|t| t.record.principal.as_deref() == principal).ok_or_else(unknown)?;
     let record = if task.abandoned && !task.record.task.status.is_final() {
@@ -397,7 +403,8 @@ fn refused(id: &str, refusal: StreamRefusal) -> ErrorObject {
     match refusal {
         StreamRefusal::Gone { earliest } => tasks::events_gone(id, earliest),
         StreamRefusal::Ahead { next } => {
-            invalid(format!("task {id:?} has had {next} events: the cursor names none of them"), "cursor_ahead")
+            let id = crate::excerpt::quoted(id);
+            invalid(format!("task {id} has had {next} events: the cursor names none of them"), "cursor_ahead")
         }
     }
 }

@@ -90,6 +90,13 @@ pub(crate) fn connections_open(delta: f64) {
     metrics::gauge!("tether_connections_open").increment(delta);
 }
 
+/// A call was refused as a task: as many ran as allowed, in all or (`principal`) of its
+/// principal.
+pub(crate) fn task_refused(principal: bool) {
+    let cap = if principal { "per_principal" } else { "total" };
+    metrics::counter!("tether_tasks_refused_total", "cap" => cap).increment(1);
+}
+
 /// A connection over `max_connections` was refused.
 pub(crate) fn connection_refused() {
     metrics::counter!("tether_connections_refused_total").increment(1);

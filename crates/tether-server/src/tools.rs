@@ -124,8 +124,11 @@ impl ToolSet {
         match self.by_name.get(name) {
             Some(run) => run(ctx, args),
             None => {
-                let error =
-                    ErrorObject::with_reason(code::INVALID_PARAMS, format!("unknown tool {name:?}"), "unknown_tool");
+                let error = ErrorObject::with_reason(
+                    code::INVALID_PARAMS,
+                    format!("unknown tool {}", crate::excerpt::quoted(name)),
+                    "unknown_tool",
+                );
                 Box::pin(std::future::ready(Err(error)))
             }
         }

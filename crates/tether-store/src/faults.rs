@@ -13,7 +13,7 @@ use tokio::sync::{broadcast, watch};
 use crate::{
     BeginRequest, Claim, EventLog, HeadWatch, KeyClaim, KeyRecords, KeyState, Relay, RelayedAnswer, ReplicaMessage,
     RequestKey, RequestRecord, SessionEnd, SessionRecord, SessionStatus, SessionStore, Store, StoreError, StoreFuture,
-    StoredEvent, StoredTask, StreamPage, TaskStore,
+    StoredEvent, StoredTask, StreamPage, TaskLimits, TaskStore,
 };
 
 /// A store call a fault can be put on: the writes of a request's life.
@@ -404,8 +404,8 @@ impl KeyRecords for FaultyStore {
 }
 
 impl TaskStore for FaultyStore {
-    fn create_task(&self, record: TaskRecord, key: Option<(String, Bytes)>) -> StoreFuture<'_, ()> {
-        self.inner.create_task(record, key)
+    fn create_task(&self, record: TaskRecord, key: Option<(String, Bytes)>, limits: TaskLimits) -> StoreFuture<'_, ()> {
+        self.inner.create_task(record, key, limits)
     }
 
     fn task(&self, id: &str, now_ms: u64) -> StoreFuture<'_, Option<StoredTask>> {

@@ -48,6 +48,12 @@ pub enum StoreError {
     /// As many sessions as allowed are live already.
     #[error("too many live sessions")]
     TooManySessions,
+    /// As many tasks as allowed run already: in all, or (`principal`) of the creating principal.
+    #[error("too many running tasks{}", if *principal { " of this principal" } else { "" })]
+    TooManyTasks {
+        /// The principal's own cap was reached, not the server's.
+        principal: bool,
+    },
     /// The stream does not exist in this session.
     #[error("no such stream")]
     UnknownStream,
@@ -344,6 +350,21 @@ pub struct StoredTask {
     pub abandoned: bool,
 }
 
+/// The most tasks that may run at once (working or waiting for input): in all, and of one
+/// principal (all unauthenticated clients are one principal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskLimits {
+    /// Over every principal.
+    pub total: usize,
+    /// Of one principal.
+    pub per_principal: usize,
+}
+
+impl TaskLimits {
+    /// No cap: for tests of other behaviour.
+    pub const NONE: TaskLimits = TaskLimits { total: usize::MAX, per_principal: usize::MAX };
+}
+
 /// Tasks (SEP-2663): created durably before the client learns their id, read and changed by any
 /// process sharing the store, and owned by the process that runs them, so that a task whose
 /// process died is known to be abandoned instead of reading "working" forever.
@@ -351,8 +372,10 @@ pub trait TaskStore: Send + Sync {
     /// Records a new task, run by this process. With `key` (an idempotency key's store name and
     /// the outcome to record for it: the response that created the task), the key's request
     /// finishes with it, so a re-sent creation is answered with the same task: in one step
-    /// where the backend can (the embedded store: one transaction), else the task first.
-    fn create_task(&self, record: TaskRecord, key: Option<(String, Bytes)>) -> StoreFuture<'_, ()>;
+    /// where the backend can (the embedded store: one transaction), else the task first. Fails
+    /// with [`StoreError::TooManyTasks`], creating nothing, if `limits` tasks run already,
+    /// counted in the same step over every process sharing the store.
+    fn create_task(&self, record: TaskRecord, key: Option<(String, Bytes)>, limits: TaskLimits) -> StoreFuture<'_, ()>;
 
     /// The task with id `id`, if it exists and has not been forgotten.
     fn task(&self, id: &str, now_ms: u64) -> StoreFuture<'_, Option<StoredTask>>;

@@ -26,7 +26,7 @@ use crate::record::{
 };
 use crate::{
     CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, RequestKey, SessionStore, StoreError,
-    StoreFuture, StoredTask, TaskStore,
+    StoreFuture, StoredTask, TaskLimits, TaskStore,
 };
 use tether_core::idempotency::Acknowledged;
 use tether_core::tasks::{TaskChange, TaskRecord};
@@ -37,8 +37,29 @@ pub struct MemoryStore {
     retention: Retention,
     records_id: String,
     inner: Mutex<Inner>,
-    /// Tasks, by id: under a lock of their own, which requests that are not tasks never take.
-    tasks: Mutex<HashMap<String, TaskRecord>>,
+    /// Tasks: under a lock of their own, which requests that are not tasks never take.
+    tasks: Mutex<Tasks>,
+}
+
+/// The tasks, by id, and how many of them run, in all and by principal.
+#[derive(Debug, Default)]
+struct Tasks {
+    records: HashMap<String, TaskRecord>,
+    running: HashMap<Option<String>, usize>,
+    running_total: usize,
+}
+
+impl Tasks {
+    /// Counts a task that stopped running.
+    fn finished(&mut self, principal: &Option<String>) {
+        self.running_total = self.running_total.saturating_sub(1);
+        if let Some(count) = self.running.get_mut(principal) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.running.remove(principal);
+            }
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -384,7 +405,7 @@ impl SessionStore for MemoryStore {
                     tokio::task::yield_now().await;
                 }
             }
-            self.tasks().retain(|_, task| task.forget_at_ms().is_none_or(|at| at > now_ms));
+            self.tasks().records.retain(|_, task| task.forget_at_ms().is_none_or(|at| at > now_ms));
             loop {
                 let (forgotten, more) = forget_keys(&mut self.lock(), now_ms, &self.retention);
                 drop(forgotten);
@@ -589,15 +610,28 @@ impl KeyRecords for MemoryStore {
 }
 
 impl MemoryStore {
-    fn tasks(&self) -> MutexGuard<'_, HashMap<String, TaskRecord>> {
+    fn tasks(&self) -> MutexGuard<'_, Tasks> {
         // Plain data, changed in single statements: consistent after a panic elsewhere.
         self.tasks.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
 impl TaskStore for MemoryStore {
-    fn create_task(&self, record: TaskRecord, key: Option<(String, Bytes)>) -> StoreFuture<'_, ()> {
-        self.tasks().insert(record.task.id.clone(), record);
+    fn create_task(&self, record: TaskRecord, key: Option<(String, Bytes)>, limits: TaskLimits) -> StoreFuture<'_, ()> {
+        let mut tasks = self.tasks();
+        let principal = record.principal.clone();
+        if tasks.running.get(&principal).copied().unwrap_or(0) >= limits.per_principal {
+            return ready(Err(StoreError::TooManyTasks { principal: true }));
+        }
+        if tasks.running_total >= limits.total {
+            return ready(Err(StoreError::TooManyTasks { principal: false }));
+        }
+        if !record.task.status.is_final() {
+            tasks.running_total += 1;
+            *tasks.running.entry(principal).or_default() += 1;
+        }
+        tasks.records.insert(record.task.id.clone(), record);
+        drop(tasks);
         match key {
             Some((key, outcome)) => self.finish_key(&key, outcome),
             None => ready(Ok(())),
@@ -606,16 +640,19 @@ impl TaskStore for MemoryStore {
 
     fn task(&self, id: &str, _now_ms: u64) -> StoreFuture<'_, Option<StoredTask>> {
         // One process: every task here is this process's.
-        ready(Ok(self.tasks().get(id).map(|record| StoredTask { record: record.clone(), abandoned: false })))
+        ready(Ok(self.tasks().records.get(id).map(|record| StoredTask { record: record.clone(), abandoned: false })))
     }
 
     fn update_task(&self, id: &str, change: TaskChange, now_ms: u64) -> StoreFuture<'_, Option<(StoredTask, bool)>> {
         let mut tasks = self.tasks();
-        let updated = tasks.get_mut(id).map(|record| {
-            let changed = record.apply(change, now_ms);
-            (StoredTask { record: record.clone(), abandoned: false }, changed)
-        });
-        ready(Ok(updated))
+        let Some(record) = tasks.records.get_mut(id) else { return ready(Ok(None)) };
+        let was_running = !record.task.status.is_final();
+        let changed = record.apply(change, now_ms);
+        let (stored, ended) = (StoredTask { record: record.clone(), abandoned: false }, record.task.status.is_final());
+        if was_running && ended {
+            tasks.finished(&stored.record.principal);
+        }
+        ready(Ok(Some((stored, changed))))
     }
 }
 

@@ -8,7 +8,7 @@ use tether_store::{EventLog, KeyRecords, Relay, ReplicaMessage, SessionStore};
 
 use bytes::Bytes;
 use tether_core::lineage::StreamState;
-use tether_store::{BeginRequest, Claim, KeyState, RedisStore, SessionRecord};
+use tether_store::{BeginRequest, Claim, KeyState, RedisStore, SessionRecord, TaskLimits};
 use tether_testkit::RedisServer;
 
 /// A store of replica `owner` on `server`, which keeps what Redis keeps.
@@ -241,8 +241,12 @@ async fn a_task_is_read_and_changed_from_any_replica_and_abandoned_with_its_owne
     let a = open(&server, "replica-a").await;
     let b = open(&server, "replica-b").await;
     let lease = suite::retention().lease_ms;
-    a.create_task(TaskRecord::new("live".into(), None, 1_000, None, None), None).await.expect("create");
-    dead.create_task(TaskRecord::new("orphan".into(), None, 1_000, None, None), None).await.expect("create");
+    a.create_task(TaskRecord::new("live".into(), None, 1_000, None, None), None, TaskLimits::NONE)
+        .await
+        .expect("create");
+    dead.create_task(TaskRecord::new("orphan".into(), None, 1_000, None, None), None, TaskLimits::NONE)
+        .await
+        .expect("create");
     drop(dead);
     let seen = b.task("live", 1_000 + lease).await.expect("read").expect("visible on b");
     assert!(!seen.abandoned);

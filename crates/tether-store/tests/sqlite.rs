@@ -11,7 +11,7 @@ use tether_store::{CounterStore, EventLog, KeyRecords, SessionStore};
 use bytes::Bytes;
 use tether_core::lineage::{Epoch, SessionId, StreamName, StreamState};
 use tether_core::mcp::ProtocolVersion;
-use tether_store::{Claim, KeyState, SessionRecord, SessionStatus, SqliteStore};
+use tether_store::{Claim, KeyState, SessionRecord, SessionStatus, SqliteStore, TaskLimits};
 
 /// A directory of its own for every store a test opens.
 fn fresh_dir() -> PathBuf {
@@ -154,7 +154,9 @@ async fn a_task_the_previous_process_left_running_is_abandoned_and_a_finished_on
     {
         let dead = open(&dir, "dead");
         for id in ["running", "done"] {
-            dead.create_task(TaskRecord::new(id.into(), None, 1_000, None, None), None).await.expect("create");
+            dead.create_task(TaskRecord::new(id.into(), None, 1_000, None, None), None, TaskLimits::NONE)
+                .await
+                .expect("create");
         }
         let finish = TaskChange::Finish(Ok(serde_json::json!({"content": []})));
         dead.update_task("done", finish, 1_100).await.expect("finish").expect("exists");

@@ -88,12 +88,23 @@ pub struct ServeArgs {
     /// Most live sessions.
     #[arg(long, default_value_t = 10_000)]
     max_sessions: usize,
+    /// Most tasks running at once (2026-07-28 calls that became tasks), over every replica; one
+    /// more is refused with 429 `too_many_tasks`.
+    #[arg(long, default_value_t = 4_096)]
+    max_tasks: usize,
+    /// Most tasks of one principal (one bearer token; all unauthenticated clients are one)
+    /// running at once.
+    #[arg(long, default_value_t = 1_024)]
+    max_tasks_per_principal: usize,
     /// An Origin allowed besides the loopback origins (repeatable).
     #[arg(long = "allowed-origin", value_name = "ORIGIN")]
     allowed_origins: Vec<String>,
-    /// Require `Authorization: Bearer TOKEN` on every request.
-    #[arg(long, env = "TETHER_AUTH_TOKEN")]
-    auth_token: Option<String>,
+    /// Require `Authorization: Bearer TOKEN` on every request. `PRINCIPAL:TOKEN` names who holds
+    /// the token; repeat it for several principals, whose sessions and tasks stay apart (each
+    /// one's are invisible to the others). A token without a name is principal `bearer`. In
+    /// `TETHER_AUTH_TOKEN`, separate several with commas.
+    #[arg(long, env = "TETHER_AUTH_TOKEN", value_name = "[PRINCIPAL:]TOKEN", value_delimiter = ',')]
+    auth_token: Vec<String>,
     /// How long the outcome of a request sent with an idempotency key is kept.
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
     idempotency_ttl: Duration,
@@ -209,6 +220,8 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
         session_idle_ttl: args.session_idle_ttl,
         sse_retry: args.sse_retry,
         max_sessions: args.max_sessions,
+        max_tasks: args.max_tasks,
+        max_tasks_per_principal: args.max_tasks_per_principal,
         allowed_origins: args.allowed_origins,
         require_loopback_host: args.listen.ip().is_loopback(),
         idempotency: !args.no_idempotency,
@@ -279,8 +292,12 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
         Answering::Upstream(upstream) => Builder::new(upstream),
     };
     let mut builder = builder.config(config).store(store);
-    if let Some(token) = args.auth_token {
-        builder = builder.authenticator(BearerToken::new(token));
+    if !args.auth_token.is_empty() {
+        let tokens = args.auth_token.iter().map(|given| match given.split_once(':') {
+            Some((principal, token)) => (principal.to_owned(), token.to_owned()),
+            None => ("bearer".to_owned(), given.clone()),
+        });
+        builder = builder.authenticator(BearerToken::with_principals(tokens).context("--auth-token")?);
     }
     let server = builder.build();
     let listener = bind(args.listen).with_context(|| format!("binding {}", args.listen))?;

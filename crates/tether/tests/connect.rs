@@ -33,6 +33,8 @@ impl Bridge {
     fn start(url: &str) -> Bridge {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
             .args(["connect", url])
+            // What the client goes through, for a failure to show.
+            .env("RUST_LOG", "warn,tether_gateway=debug")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -90,17 +92,20 @@ fn add(id: u64) -> Value {
            "params": {"name": "counter_add", "arguments": {"key": "connect", "amount": 1}}})
 }
 
-/// Reads lines until every id of `ids` is answered (at most `limit`); the answers by id, and the
-/// notifications seen meanwhile.
-fn answers(lines: &Receiver<Value>, ids: std::ops::Range<u64>, limit: Duration) -> (Vec<Value>, Vec<Value>) {
+/// Reads the bridge's lines until every id of `ids` is answered (at most `limit`); the answers
+/// by id, and the notifications seen meanwhile. A request never answered fails the test with
+/// what the bridge said on stderr about its calls (re-sends, resumes, divergences).
+fn answers(bridge: &Bridge, ids: std::ops::Range<u64>, limit: Duration) -> (Vec<Value>, Vec<Value>) {
     let deadline = Instant::now() + limit;
     let mut answered: Vec<Option<Value>> = vec![None; (ids.end - ids.start) as usize];
     let mut notifications = Vec::new();
     while answered.iter().any(Option::is_none) {
-        let Ok(line) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) else {
+        let Ok(line) = bridge.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) else {
             let missing: Vec<u64> =
                 (ids.start..ids.end).filter(|id| answered[(id - ids.start) as usize].is_none()).collect();
-            panic!("requests {missing:?} never answered");
+            let said: Vec<String> = bridge.errors.try_iter().collect();
+            let said = said[said.len().saturating_sub(60)..].join("\n");
+            panic!("requests {missing:?} never answered; the bridge's last lines on stderr:\n{said}");
         };
         match line["id"].as_u64().filter(|id| ids.contains(id)) {
             Some(id) => answered[(id - ids.start) as usize] = Some(line),
@@ -131,14 +136,14 @@ fn keyed_calls_through_connect_survive_cuts_and_a_kill_9_exactly_once() {
     for id in 0..CALLS / 2 {
         bridge.send(&add(id));
     }
-    let (first, _) = answers(&bridge.lines, 0..CALLS / 2, Duration::from_secs(120));
+    let (first, _) = answers(&bridge, 0..CALLS / 2, Duration::from_secs(120));
     server.kill9();
     for id in CALLS / 2..CALLS {
         bridge.send(&add(id));
     }
     std::thread::sleep(Duration::from_millis(300));
     server = serve(port, &dir, &args).0;
-    let (second, _) = answers(&bridge.lines, CALLS / 2..CALLS, Duration::from_secs(120));
+    let (second, _) = answers(&bridge, CALLS / 2..CALLS, Duration::from_secs(120));
     let counts = bridge.finish();
     println!("connect, {} cuts, 1 kill: {counts}", proxy.cuts.load(Ordering::Relaxed));
 
@@ -164,13 +169,13 @@ fn a_session_lost_with_its_server_is_replaced_and_the_client_told() {
     let mut bridge = Bridge::start(&url);
     bridge.initialize();
     bridge.send(&add(1));
-    let (before, _) = answers(&bridge.lines, 1..2, Duration::from_secs(30));
+    let (before, _) = answers(&bridge, 1..2, Duration::from_secs(30));
     assert_eq!(value(&before[0]), Some(1));
     // The memory store forgets the session with the process: the next request meets a 404.
     server.kill9();
     let _server = serve(port, &dir, &args).0;
     bridge.send(&add(2));
-    let (after, notifications) = answers(&bridge.lines, 2..3, Duration::from_secs(60));
+    let (after, notifications) = answers(&bridge, 2..3, Duration::from_secs(60));
     let answer = &after[0];
     // A new server knows nothing of the old session: the request either ran in the new one (its
     // real result), or the bridge says it did not run (refused with the old session) or cannot
@@ -182,7 +187,7 @@ fn a_session_lost_with_its_server_is_replaced_and_the_client_told() {
     assert!(warned, "the client was told its session was replaced: {notifications:?}");
     // And the bridge goes on in the new session.
     bridge.send(&add(3));
-    let (later, _) = answers(&bridge.lines, 3..4, Duration::from_secs(30));
+    let (later, _) = answers(&bridge, 3..4, Duration::from_secs(30));
     assert!(value(&later[0]).is_some(), "{}", later[0]);
     let counts = bridge.finish();
     println!("connect across a memory-store restart: {counts}");
@@ -207,7 +212,7 @@ fn a_call_running_when_its_memory_server_restarts_is_outcome_unknown() {
     std::thread::sleep(Duration::from_millis(500));
     server.kill9();
     let _server = serve(port, &dir, &args).0;
-    let (answers, _) = answers(&bridge.lines, 1..2, Duration::from_secs(60));
+    let (answers, _) = answers(&bridge, 1..2, Duration::from_secs(60));
     assert_eq!(answers[0]["error"]["data"]["reason"], "outcome_unknown", "{}", answers[0]);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -222,7 +227,7 @@ fn requests_without_params_are_forwarded_without_them() {
     bridge.initialize();
     bridge.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
     bridge.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}));
-    let (answers, _) = answers(&bridge.lines, 1..3, Duration::from_secs(20));
+    let (answers, _) = answers(&bridge, 1..3, Duration::from_secs(20));
     assert_eq!(answers[0]["result"], json!({}), "{}", answers[0]);
     assert!(answers[1]["result"]["tools"].is_array(), "{}", answers[1]);
     let _ = std::fs::remove_dir_all(&dir);

@@ -571,3 +571,23 @@ fn an_http_upstreams_messages_during_a_call_arrive_on_the_calls_stream() {
     assert_eq!(result_text(&messages), "counted to 3");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The peak resident memory of process `pid`, in KiB (`VmHWM`).
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the process's status");
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
+    line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("a number of KiB")
+}
+
+/// A child that writes 200 MB to stderr without a newline: the gateway keeps a bounded line,
+/// not the whole of it, and serves the session as usual.
+#[test]
+fn a_child_flooding_stderr_without_a_newline_does_not_grow_the_gateway() {
+    let flood = format!("head -c 200000000 /dev/zero | tr '\\0' x >&2; exec python3 {SERVER}");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (gateway, url) = start_before(&["--store", "memory", "--listen", &listen], &["--", "sh", "-c", &flood]);
+    let session = initialize(&url);
+    assert_eq!(result_text(&call(&url, &session, "count", json!({"to": 2}))), "counted to 2");
+    let peak = peak_rss_kib(gateway.child.id());
+    assert!(peak < 150 * 1024, "the gateway peaked at {} MiB", peak / 1024);
+}

@@ -1,7 +1,8 @@
 //! A bounded soak of `tether serve` with its default connection limits: 1,500 connections that
 //! send nothing, 200 that send a request head one byte at a time (slowloris), both reconnecting
-//! as soon as the server closes them, and 100 clients making real tool calls, all at once for
-//! 30 s. Every real call succeeds; once the attackers are gone the server's memory is back to
+//! as soon as the server closes them, one client starting long 2026-07-28 tasks as fast as it
+//! can (held to `--max-tasks-per-principal`), and 100 clients making real tool calls, all at
+//! once for 30 s. Every real call succeeds; once the attackers are gone the server's memory is back to
 //! what the clients alone need (the baseline), and once the clients are gone too it holds as
 //! many sockets as when it started. Prints the counts (scripts/test runs it with
 //! --nocapture). And the server's heap is never advised to transparent huge pages.
@@ -49,6 +50,8 @@ struct Counts {
     refused: AtomicU64,
     calls_ok: AtomicU64,
     calls_failed: AtomicU64,
+    tasks_created: AtomicU64,
+    tasks_refused: AtomicU64,
 }
 
 /// Connects, sends nothing, and waits for the server to close the connection; again until
@@ -115,6 +118,38 @@ async fn slow_attacker(addr: String, stop: Arc<AtomicBool>, counts: Arc<Counts>)
     }
 }
 
+/// Starts long tasks (2026-07-28 `count` calls that become tasks) as fast as it can until `stop`,
+/// one connection each, counting those created and those refused with 429.
+async fn task_flooder(addr: String, stop: Arc<AtomicBool>, counts: Arc<Counts>) {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "count", "arguments": {"to": 2, "interval_ms": 20_000},
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}}})
+    .to_string();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, \
+         text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: count\r\n\
+         Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(mut tcp) = TcpStream::connect(&addr).await else { continue };
+        if tcp.write_all(request.as_bytes()).await.is_err() {
+            continue;
+        }
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut answer)).await;
+        if read.is_err() {
+            continue;
+        }
+        if answer.starts_with(b"HTTP/1.1 200") {
+            counts.tasks_created.fetch_add(1, Ordering::Relaxed);
+        } else if answer.starts_with(b"HTTP/1.1 429") {
+            counts.tasks_refused.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Calls `count` over and over until `stop`, checking every result.
 async fn caller(url: String, stop: Arc<AtomicBool>, counts: Arc<Counts>) {
     let (client, mut events) = Client::connect(ClientConfig::new(url)).await.expect("connect");
@@ -139,7 +174,8 @@ async fn caller(url: String, stop: Arc<AtomicBool>, counts: Arc<Counts>) {
 fn idle_and_slow_connections_do_not_starve_real_calls_or_leak() {
     rlimit::increase_nofile_limit(u64::MAX).expect("raise the descriptor limit");
     let dir = temp_dir("soak");
-    let (server, url) = serve(free_port(), &dir, &["--retention", "1s"]);
+    // Finished tasks are forgotten soon, so the flooder's leave the heap once it is gone.
+    let (server, url) = serve(free_port(), &dir, &["--retention", "1s", "--task-ttl", "2s"]);
     let pid = server.child.id();
     let (_, idle_fds) = holdings(pid);
     let addr = url.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
@@ -170,6 +206,7 @@ fn idle_and_slow_connections_do_not_starve_real_calls_or_leak() {
     for _ in 0..SLOW {
         attackers.push(runtime.spawn(slow_attacker(addr.clone(), Arc::clone(&attacking), Arc::clone(&counts))));
     }
+    attackers.push(runtime.spawn(task_flooder(addr.clone(), Arc::clone(&attacking), Arc::clone(&counts))));
     let started = Instant::now();
     let mut peak = (0, 0);
     while started.elapsed() < SOAK {
@@ -207,7 +244,8 @@ fn idle_and_slow_connections_do_not_starve_real_calls_or_leak() {
     let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
     println!(
         "soak {soaked:?}: {soak_calls} real calls ok during it ({warm_calls} before), {} failed; {IDLE} idle \
-         attackers closed {} times, {SLOW} slowloris closed {} times ({} heads completed); {} refusals; server heap \
+         attackers closed {} times, {SLOW} slowloris closed {} times ({} heads completed); {} refusals; {} tasks \
+         started, {} refused (429); server heap \
          (RssAnon) {baseline} KiB with the clients alone, {} KiB peak, {after} KiB {settled:?} after the attackers \
          left; sockets {idle_fds} idle, {} peak, {fds} at the end",
         count(&counts.calls_failed),
@@ -215,12 +253,17 @@ fn idle_and_slow_connections_do_not_starve_real_calls_or_leak() {
         count(&counts.slow_closed),
         count(&counts.slow_heads_completed),
         count(&counts.refused),
+        count(&counts.tasks_created),
+        count(&counts.tasks_refused),
         peak.0,
         peak.1,
     );
     assert_eq!(count(&counts.calls_failed), 0, "every real call succeeds");
     assert!(soak_calls > CLIENTS as u64, "the clients kept calling during the attack");
     assert_eq!(count(&counts.slow_heads_completed), 0, "no slowloris head outlives the header timeout");
+    assert!(count(&counts.tasks_refused) > 0, "the task flooder met the cap");
+    // Each of its tasks runs 20 s: at most two rounds of the cap in 30 s, whatever it tried.
+    assert!(count(&counts.tasks_created) <= 2 * 1_024 + 64, "tasks started past the cap");
     assert!(count(&counts.idle_closed) >= IDLE as u64, "the server closed every idle connection at least once");
     assert!(count(&counts.slow_closed) >= SLOW as u64, "and every slow one");
     assert!(peak.1 >= idle_fds + IDLE, "the attackers were connected at once");

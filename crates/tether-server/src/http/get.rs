@@ -56,7 +56,8 @@ async fn resume(
 ) -> Result<Response, Rejection> {
     let id = session_id(headers)?;
     let malformed = |why: String| {
-        Refusal::MalformedCursor.with(format!("Last-Event-ID {raw:?} is not an event id of this server: {why}"))
+        let raw = crate::excerpt::quoted(raw);
+        Refusal::MalformedCursor.with(format!("Last-Event-ID {raw} is not an event id of this server: {why}"))
     };
     let cursor = EventId::parse(raw).map_err(|e| malformed(e.to_string()))?;
     let tag = cursor.tag.ok_or_else(|| malformed("it has no tag".into()))?;

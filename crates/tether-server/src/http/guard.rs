@@ -9,6 +9,7 @@ use tether_core::mcp::{ProtocolVersion, header};
 use super::reject::{Refusal, Rejection};
 use crate::auth::Authenticator;
 use crate::config::ServerConfig;
+use crate::excerpt::quoted;
 
 fn is_loopback_host(host: &str) -> bool {
     // Strip a port, keeping bracketed IPv6 literals whole.
@@ -47,14 +48,14 @@ pub(crate) fn origin_and_host(uri: &Uri, headers: &HeaderMap, config: &ServerCon
         let origin = origin.to_str().unwrap_or("");
         let allowed = is_loopback_origin(origin) || config.allowed_origins.iter().any(|o| o == origin);
         if !allowed {
-            return Err(Refusal::OriginNotAllowed.with(format!("origin {origin:?} is not allowed")));
+            return Err(Refusal::OriginNotAllowed.with(format!("origin {} is not allowed", quoted(origin))));
         }
     }
     if config.require_loopback_host {
         let host = authority(uri, headers);
         if !is_loopback_host(host) {
             return Err(Refusal::HostNotAllowed
-                .with(format!("host {host:?} is not a loopback name; this server is bound to loopback")));
+                .with(format!("host {} is not a loopback name; this server is bound to loopback", quoted(host))));
         }
     }
     Ok(())
@@ -129,21 +130,53 @@ pub(crate) enum HeaderVersion {
     Unsupported(String),
 }
 
-/// Reads the `MCP-Protocol-Version` header.
-pub(crate) fn protocol_version(headers: &HeaderMap) -> HeaderVersion {
-    let Some(value) = headers.get(header::PROTOCOL_VERSION) else { return HeaderVersion::Absent };
+/// Reads the `MCP-Protocol-Version` header; sent twice, or as a list, it is refused.
+pub(crate) fn protocol_version(headers: &HeaderMap) -> Result<HeaderVersion, Rejection> {
+    let Some(value) = single(headers, header::PROTOCOL_VERSION, Values::One)? else { return Ok(HeaderVersion::Absent) };
     let text = value.to_str().unwrap_or("");
-    match text.parse::<ProtocolVersion>() {
+    Ok(match text.parse::<ProtocolVersion>() {
         Ok(ProtocolVersion::V2026_07_28) => HeaderVersion::Modern,
         Ok(version) if crate::SUPPORTED_VERSIONS.contains(&version) => HeaderVersion::Legacy(version),
         _ => HeaderVersion::Unsupported(text.to_owned()),
+    })
+}
+
+/// What a header that must be sent at most once may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Values {
+    /// One token: a comma-joined list (how intermediaries combine repeated lines) is refused.
+    One,
+    /// Any one value, commas included (a name or an argument compared with the body, where a
+    /// joined list cannot match).
+    Any,
+}
+
+/// The value of header `name`, which a request may carry at most once: sent on two lines (or, for
+/// [`Values::One`], as a list), it is refused with -32020 `header_mismatch`, since an
+/// intermediary that reads another of the values than the server would route or authorize on
+/// something other than what runs.
+pub(crate) fn single<'h>(
+    headers: &'h HeaderMap,
+    name: &str,
+    values: Values,
+) -> Result<Option<&'h HeaderValue>, Rejection> {
+    let mut sent = headers.get_all(name).iter();
+    let Some(first) = sent.next() else { return Ok(None) };
+    if sent.next().is_some() {
+        return Err(
+            Refusal::HeaderMismatch.with(format!("header {name} must be sent once, and it was sent more than once"))
+        );
     }
+    if values == Values::One && first.as_bytes().contains(&b',') {
+        return Err(Refusal::HeaderMismatch.with(format!("header {name} must hold one value, not a list")));
+    }
+    Ok(Some(first))
 }
 
 /// 400 with -32022 and the supported versions.
 pub(crate) fn unsupported_version(requested: &str) -> Rejection {
     Refusal::UnsupportedProtocolVersion
-        .with(format!("unsupported protocol version {requested:?}"))
+        .with(format!("unsupported protocol version {}", quoted(requested)))
         .with_data("supported", json!(crate::SUPPORTED_VERSIONS.map(ProtocolVersion::as_str)))
         .with_data("requested", json!(requested))
 }

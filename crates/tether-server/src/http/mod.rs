@@ -51,7 +51,7 @@ async fn handle(shared: Arc<ServerState>, request: axum::extract::Request) -> Re
     let (parts, body) = request.into_parts();
     guard::origin_and_host(&parts.uri, &parts.headers, &shared.config)?;
     let principal = guard::authenticate(&parts.headers, shared.auth.as_deref())?;
-    let version = guard::protocol_version(&parts.headers);
+    let version = guard::protocol_version(&parts.headers)?;
     let legacy = matches!(version, HeaderVersion::Absent | HeaderVersion::Legacy(_));
     match (parts.method.clone(), version) {
         // An unsupported version is answered the 2026-07-28 way, which needs the body.

@@ -19,6 +19,7 @@ use super::reject::{self, Refusal, Rejection};
 use super::{accepted, guard, json_response, read_body, sse};
 use crate::context::{FirstOutput, Output};
 use crate::dispatch::{self, decorate_modern};
+use crate::excerpt::quoted;
 use crate::{Handler, SUPPORTED_VERSIONS, ServerState};
 
 /// Messages buffered between a 2026-07-28 handler and its connection.
@@ -135,14 +136,16 @@ pub(crate) async fn post(
 
 /// The HTTP status 2026-07-28 gives some JSON-RPC errors.
 fn status_of(response: &[u8]) -> StatusCode {
-    let code = jsonrpc::parse_message(response).ok().and_then(|m| match m {
-        Message::Response(jsonrpc::Response { outcome: Err(error), .. }) => Some(error.code),
+    let error = jsonrpc::parse_message(response).ok().and_then(|m| match m {
+        Message::Response(jsonrpc::Response { outcome: Err(error), .. }) => Some(error),
         _ => None,
     });
-    match code {
-        Some(code::METHOD_NOT_FOUND) => StatusCode::NOT_FOUND,
-        Some(mcp::code::MISSING_REQUIRED_CLIENT_CAPABILITY) => StatusCode::BAD_REQUEST,
-        _ => StatusCode::OK,
+    let Some(error) = error else { return StatusCode::OK };
+    match error.code {
+        code::METHOD_NOT_FOUND => StatusCode::NOT_FOUND,
+        mcp::code::MISSING_REQUIRED_CLIENT_CAPABILITY => StatusCode::BAD_REQUEST,
+        // A refusal the dispatch made (too many tasks, invalid input responses) has its status.
+        _ => error.reason().and_then(Refusal::from_reason).map_or(StatusCode::OK, Refusal::status),
     }
 }
 
@@ -159,7 +162,7 @@ fn modern_capabilities(mut capabilities: Value) -> Value {
 }
 
 fn method_not_found(name: &str) -> Rejection {
-    Refusal::MethodNotFound.with(format!("method {name:?} not found"))
+    Refusal::MethodNotFound.with(format!("method {} not found", quoted(name)))
 }
 
 fn header_mismatch(message: String) -> Rejection {
@@ -197,13 +200,16 @@ fn validate(
     if let Some(requested) = unsupported {
         return Err(guard::unsupported_version(requested));
     }
-    let header_value = |name: &str| headers.get(name).map(|v| v.to_str().unwrap_or("").trim());
-    match header_value(header::METHOD) {
+    let header_value = |name: &str, values| {
+        guard::single(headers, name, values).map(|value| value.map(|v| v.to_str().unwrap_or("").trim()))
+    };
+    match header_value(header::METHOD, guard::Values::One)? {
         Some(m) if m == request.method => {}
         Some(m) => {
             return Err(header_mismatch(format!(
-                "Mcp-Method {m:?} does not match the body's method {:?}",
-                request.method
+                "Mcp-Method {} does not match the body's method {}",
+                quoted(m),
+                quoted(&request.method)
             )));
         }
         None => return Err(header_mismatch("Mcp-Method header is required".into())),
@@ -216,19 +222,21 @@ fn validate(
     };
     if let Some(field) = named {
         let body_name = request.params.as_ref().and_then(|p| p.get(field)).and_then(Value::as_str);
-        let named = header_value(header::NAME).and_then(|v| param_headers::decode_value(v).ok());
+        let named = header_value(header::NAME, guard::Values::Any)?.and_then(|v| param_headers::decode_value(v).ok());
         if named.as_deref() != body_name {
             return Err(header_mismatch(format!("Mcp-Name must equal params.{field}")));
         }
+    }
+    // Every mirrored argument at most once, declared or not.
+    for name in headers.keys().filter(|name| name.as_str().starts_with(param_headers::PREFIX)) {
+        guard::single(headers, name.as_str(), guard::Values::Any)?;
     }
     if request.method == method::TOOLS_CALL {
         let params = request.params.as_ref();
         let tool = params.and_then(|p| p.get("name")).and_then(Value::as_str).unwrap_or_default();
         let arguments = params.and_then(|p| p.get("arguments")).unwrap_or(&Value::Null);
-        param_headers::check(handler.param_headers(tool), arguments, |name| {
-            headers.get(name).and_then(|v| v.to_str().ok())
-        })
-        .map_err(|mismatch| header_mismatch(mismatch.to_string()))?;
+        param_headers::check(handler.param_headers(tool), arguments, |name| headers.get(name).map(|v| v.as_bytes()))
+            .map_err(|mismatch| header_mismatch(mismatch.to_string()))?;
     }
     Ok(())
 }

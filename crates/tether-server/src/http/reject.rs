@@ -34,6 +34,8 @@ pub(crate) enum Refusal {
     TooManySessions,
     TooManyConnections,
     TooManyStreams,
+    /// As many tasks as allowed run already, in all or of the principal.
+    TooManyTasks,
     GetStreamAttached,
     StoreUnavailable,
     ResponseNotAllowed,
@@ -65,9 +67,8 @@ pub(crate) enum Refusal {
 }
 
 impl Refusal {
-    /// Every refusal, for the test against docs/PROTOCOL.md.
-    #[cfg(test)]
-    pub const ALL: [Refusal; 39] = [
+    /// Every refusal.
+    pub const ALL: [Refusal; 40] = [
         Refusal::ParseError,
         Refusal::InvalidMessage,
         Refusal::BatchNotAllowed,
@@ -92,6 +93,7 @@ impl Refusal {
         Refusal::TooManySessions,
         Refusal::TooManyConnections,
         Refusal::TooManyStreams,
+        Refusal::TooManyTasks,
         Refusal::GetStreamAttached,
         Refusal::StoreUnavailable,
         Refusal::ResponseNotAllowed,
@@ -136,7 +138,7 @@ impl Refusal {
             Refusal::TooManySessions | Refusal::TooManyConnections | Refusal::StoreUnavailable => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            Refusal::TooManyStreams => StatusCode::TOO_MANY_REQUESTS,
+            Refusal::TooManyStreams | Refusal::TooManyTasks => StatusCode::TOO_MANY_REQUESTS,
             Refusal::GetStreamAttached => StatusCode::CONFLICT,
             Refusal::RequestIdReused
             | Refusal::RequestHistoryExpired
@@ -180,12 +182,18 @@ impl Refusal {
             | Refusal::TooManySessions
             | Refusal::TooManyConnections
             | Refusal::TooManyStreams
+            | Refusal::TooManyTasks
             | Refusal::GetStreamAttached
             | Refusal::StoreUnavailable
             | Refusal::RequestAborted
             | Refusal::RequestCancelled
             | Refusal::RecordsRegressed => SERVER_ERROR,
         }
+    }
+
+    /// The refusal whose `data.reason` is `reason`, if one is.
+    pub fn from_reason(reason: &str) -> Option<Refusal> {
+        Refusal::ALL.into_iter().find(|refusal| refusal.reason() == reason)
     }
 
     /// The `data.reason`.
@@ -210,6 +218,7 @@ impl Refusal {
             Refusal::TooManySessions => "too_many_sessions",
             Refusal::TooManyConnections => "too_many_connections",
             Refusal::TooManyStreams => "too_many_streams",
+            Refusal::TooManyTasks => "too_many_tasks",
             Refusal::GetStreamAttached => "get_stream_attached",
             Refusal::StoreUnavailable => "store_unavailable",
             Refusal::ResponseNotAllowed => "response_not_allowed",
@@ -363,7 +372,7 @@ impl From<crate::dispatch::DispatchError> for Rejection {
             },
             DispatchError::InvalidInput(err) => match err {
                 InputError::Responses(_) => Refusal::InvalidInputResponses.with(err.to_string()),
-                InputError::State => Refusal::InvalidRequestState.with(err.to_string()),
+                InputError::State | InputError::Expired => Refusal::InvalidRequestState.with(err.to_string()),
             },
         }
     }

@@ -215,12 +215,24 @@ async fn a_multi_round_request_carries_its_state_sealed() {
     let third = json_body(third.send().await.expect("send")).await;
     assert_eq!(third["result"]["resultType"], "complete", "{third}");
     assert_eq!(third["result"]["content"][0]["text"], "Alice likes blue");
-    for (id, params) in [
-        (4, json!({"inputResponses": answer("step1", json!({})), "requestState": format!("{state}-TAMPERED")})),
-        (5, json!({"inputResponses": answer("step1", json!({})), "requestState": 7})),
+    // The state replayed with other arguments: the request it was issued for is another one.
+    let other_arguments = modern(
+        &client,
+        7,
+        "tools/call",
+        json!({"name": "test_input_required_result_multi_round", "arguments": {"x": 1},
+            "inputResponses": answer("step1", json!({"name": "Mallory"})), "requestState": state}),
+    );
+    for (case, request) in [
+        (
+            "tampered",
+            call(4, json!({"inputResponses": answer("step1", json!({})), "requestState": format!("{state}-TAMPERED")})),
+        ),
+        ("not a string", call(5, json!({"inputResponses": answer("step1", json!({})), "requestState": 7}))),
+        ("other arguments", other_arguments),
     ] {
-        let response = call(id, params).send().await.expect("send");
-        assert_eq!(response.status(), 400);
+        let response = request.send().await.expect("send");
+        assert_eq!(response.status(), 400, "{case}");
         let body = json_body(response).await;
         assert_eq!(
             (body["error"]["code"].clone(), body["error"]["data"]["reason"].clone()),
@@ -425,4 +437,93 @@ async fn closing_the_response_stream_cancels_a_request_that_has_not_become_a_tas
     with_tasks["io.modelcontextprotocol/clientCapabilities"] =
         json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
     assert!(cancelled_by_closing(&server, with_tasks, &flag).await, "the handler observed the cancellation");
+}
+
+/// A mirrored header sent twice, or a one-value header sent as a list, is refused: an
+/// intermediary reading another of the values than the server would route or authorize on
+/// something other than what runs.
+#[tokio::test]
+async fn a_mirrored_header_sent_twice_or_as_a_list_is_refused() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let custom = json!({"name": "test_custom_headers", "arguments": {"region": "us", "priority": 3}});
+    let simple = json!({"name": "test_simple_text", "arguments": {}});
+    let cases = [
+        (
+            "two Mcp-Param-Region",
+            modern(&client, 1, "tools/call", custom.clone())
+                .header("mcp-param-region", "us")
+                .header("mcp-param-region", "eu")
+                .header("mcp-param-priority", "3"),
+        ),
+        ("two Mcp-Name", modern(&client, 2, "tools/call", simple.clone()).header("mcp-name", "test_simple_text")),
+        ("two Mcp-Method", modern(&client, 3, "tools/call", simple.clone()).header("mcp-method", "tools/call")),
+        (
+            "two MCP-Protocol-Version",
+            modern(&client, 4, "tools/call", simple.clone()).header("mcp-protocol-version", "2026-07-28"),
+        ),
+        (
+            "a listed MCP-Protocol-Version",
+            set(modern(&client, 5, "tools/call", simple.clone()), "mcp-protocol-version", "2026-07-28, 2025-06-18"),
+        ),
+        ("a listed Mcp-Method", set(modern(&client, 6, "tools/call", simple), "mcp-method", "tools/call,tools/list")),
+    ];
+    for (case, request) in cases {
+        let response = request.send().await.expect("send");
+        assert_eq!(response.status(), 400, "{case}");
+        let body = json_body(response).await;
+        assert_eq!(
+            (body["error"]["code"].as_i64(), body["error"]["data"]["reason"].as_str()),
+            (Some(-32020), Some("header_mismatch")),
+            "{case}: {body}"
+        );
+    }
+}
+
+/// A raw UTF-8 value in a mirrored header is refused as such, not as a missing header.
+#[tokio::test]
+async fn a_raw_utf8_mirrored_header_is_named_as_not_ascii() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let call = json!({"name": "test_custom_headers", "arguments": {"region": "Zürich", "priority": 3}});
+    let value = reqwest::header::HeaderValue::from_bytes("Zürich".as_bytes()).expect("obs-text is a header value");
+    let request =
+        modern(&client, 1, "tools/call", call).header("mcp-param-region", value).header("mcp-param-priority", "3");
+    let response = request.send().await.expect("send");
+    assert_eq!(response.status(), 400);
+    let message = json_body(response).await["error"]["message"].as_str().unwrap_or_default().to_owned();
+    assert!(message.contains("not ASCII") && !message.contains("required"), "{message}");
+}
+
+/// What a client sends is quoted back in an error by a bounded prefix only.
+#[tokio::test]
+async fn an_error_quotes_a_bounded_prefix_of_what_was_sent() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let id = "t".repeat(100_000);
+    let params = json!({"taskId": id, "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}});
+    let response = modern(&client, 1, "tasks/get", params).send().await.expect("send");
+    let body = json_body(response).await;
+    assert_eq!(body["error"]["data"]["reason"], "unknown_task", "{}", &body.to_string()[..200]);
+    assert!(body.to_string().len() < 1_000, "the error is {} bytes", body.to_string().len());
+}
+
+/// `tasks/update` with `inputResponses` that are not an object of objects is answered 400, as
+/// docs/PROTOCOL.md says.
+#[tokio::test]
+async fn a_task_update_with_invalid_input_responses_is_400() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}});
+    let call = json!({"name": "count", "arguments": {"to": 2, "interval_ms": 60_000}, "_meta": meta.clone()});
+    let created = json_body(modern(&client, 1, "tools/call", call).send().await.expect("send")).await;
+    let task = created["result"]["taskId"].as_str().unwrap_or_else(|| panic!("a task: {created}")).to_owned();
+    let update = json!({"taskId": task, "inputResponses": "not an object", "_meta": meta});
+    let response = modern(&client, 2, "tasks/update", update).send().await.expect("send");
+    assert_eq!(response.status(), 400);
+    assert_eq!(json_body(response).await["error"]["data"]["reason"], "invalid_input_responses");
 }

@@ -767,3 +767,20 @@ async fn a_panicking_handler_answers_an_internal_error_and_the_session_goes_on()
     let answer = json_body(client.call(&session, json!(2), "x", json!({})).await).await;
     assert_eq!(answer["result"], json!({"content": []}), "{answer}");
 }
+
+/// A string id is kept with its request's record: one past 256 bytes is refused, and the error
+/// does not quote it.
+#[tokio::test]
+async fn a_request_id_past_256_bytes_is_refused() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let ping = |id: String| json!({"jsonrpc": "2.0", "id": id, "method": "ping"});
+    let response = client.post(Some(&session), &ping("i".repeat(256))).send().await.expect("send");
+    assert_eq!(response.status(), 200, "256 bytes are fine");
+    let response = client.post(Some(&session), &ping("i".repeat(300))).send().await.expect("send");
+    assert_eq!(response.status(), 400);
+    let body = json_body(response).await;
+    assert_eq!(body["error"]["data"]["reason"], "invalid_message", "{body}");
+    assert!(body.to_string().len() < 400, "{body}");
+}

@@ -226,3 +226,60 @@ async fn a_cursor_older_than_what_a_task_keeps_is_told_events_gone_never_skipped
     let (resumed, _) = stream(&client, &id, Some(earliest - 1)).await;
     assert_eq!(resumed.first().map(|e| e["seq"].clone()), Some(json!(earliest)), "from the oldest kept, as told");
 }
+
+/// Running tasks are capped per principal: one more is refused with 429 `too_many_tasks`, and
+/// creates nothing; a task that ends makes room.
+#[tokio::test]
+async fn running_tasks_past_the_cap_are_refused_with_429() {
+    let config = tether_server::ServerConfig { max_tasks_per_principal: 3, ..config() };
+    let server = start_with(Builder::new(BuiltinHandler::in_memory()).config(config)).await;
+    let client = Client::new(&server);
+    let call = json!({"name": "count", "arguments": {"to": 2, "interval_ms": 60_000}});
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let created = send(&client, "tools/call", call.clone(), true, None).await;
+        ids.push(created["result"]["taskId"].as_str().unwrap_or_else(|| panic!("a task: {created}")).to_owned());
+    }
+    let refused = modern(&client, "tools/call", call.clone(), true, None).send().await.expect("send");
+    assert_eq!(refused.status(), 429);
+    let body = json_body(refused).await;
+    assert_eq!(body["error"]["data"]["reason"], "too_many_tasks", "{body}");
+    send(&client, "tasks/cancel", json!({"taskId": ids[0]}), true, None).await;
+    assert_eq!(finished(&client, &ids[0]).await["status"], "cancelled");
+    let created = send(&client, "tools/call", call, true, None).await;
+    assert!(created["result"]["taskId"].is_string(), "room again: {created}");
+}
+
+/// Two principals, each with a token of their own: neither reads, cancels or resumes the
+/// other's task or session.
+#[tokio::test]
+async fn one_principal_cannot_reach_anothers_task_or_session() {
+    let tokens = [("alice".to_owned(), "a1".to_owned()), ("bob".to_owned(), "b2".to_owned())];
+    let auth = tether_server::BearerToken::with_principals(tokens).expect("tokens");
+    let server = start_with(Builder::new(BuiltinHandler::in_memory()).config(config()).authenticator(auth)).await;
+    let client = Client::new(&server);
+    let as_ = |token: &str, request: reqwest::RequestBuilder| request.bearer_auth(token);
+    let call = json!({"name": "count", "arguments": {"to": 2, "interval_ms": 60_000}});
+    let created =
+        json_body(as_("a1", modern(&client, "tools/call", call, true, None)).send().await.expect("send")).await;
+    let task = created["result"]["taskId"].as_str().unwrap_or_else(|| panic!("a task: {created}")).to_owned();
+    for method in ["tasks/get", "tasks/cancel"] {
+        let theirs = as_("b2", modern(&client, method, json!({"taskId": task}), true, None));
+        let body = json_body(theirs.send().await.expect("send")).await;
+        assert_eq!(body["error"]["data"]["reason"], "unknown_task", "bob's {method}: {body}");
+    }
+    let own = as_("a1", modern(&client, "tasks/get", json!({"taskId": task}), true, None));
+    assert_eq!(json_body(own.send().await.expect("send")).await["result"]["status"], "working", "not cancelled by bob");
+
+    let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "alice", "version": "1"}}});
+    let response = as_("a1", client.post(None, &initialize)).send().await.expect("initialize");
+    let id = response.headers()["mcp-session-id"].to_str().expect("ascii").to_owned();
+    let session = Session { id, epoch: String::new(), version: "2025-11-25".into() };
+    let ping = json!({"jsonrpc": "2.0", "id": 1, "method": "ping"});
+    assert_eq!(as_("b2", client.post(Some(&session), &ping)).send().await.expect("send").status(), 404, "bob's ping");
+    assert_eq!(as_("b2", client.get(&session, None)).send().await.expect("send").status(), 404, "bob's GET");
+    let delete = client.http.delete(&server.url).header("mcp-session-id", &session.id);
+    assert_eq!(as_("b2", delete).send().await.expect("send").status(), 404, "bob's DELETE");
+    assert_eq!(as_("a1", client.post(Some(&session), &ping)).send().await.expect("send").status(), 200, "alice's");
+}

@@ -27,7 +27,7 @@ use crate::record::{
 };
 use crate::{
     CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, ReplicaMessage, RequestKey, SessionStore,
-    StoreError, StoreFuture, StoredTask, TaskStore,
+    StoreError, StoreFuture, StoredTask, TaskLimits, TaskStore,
 };
 use tether_core::idempotency::Acknowledged;
 use tether_core::tasks::{TaskChange, TaskRecord};
@@ -162,6 +162,15 @@ fn owned_keys_key(owner: &str) -> String {
 fn owned_tasks_key(owner: &str) -> String {
     format!("tether:owned-tasks:{owner}")
 }
+/// The tasks of every principal that run, by creation time: counted against `--max-tasks`.
+const RUNNING_TASKS: &str = "tether:tasks-running";
+/// The tasks of `principal` that run (`-` for none, `+` and the name for one).
+fn running_tasks_key(principal: Option<&str>) -> String {
+    match principal {
+        None => "tether:tasks-running:-".to_owned(),
+        Some(name) => format!("tether:tasks-running:+{name}"),
+    }
+}
 
 /// A request's stream as a member of its owner's set (the sweep splits it at `SEP`).
 fn owned_member(session: &str, stream: &str) -> String {
@@ -258,6 +267,7 @@ struct Scripts {
     disown: Script,
     counter_once: Script,
     task_swap: Script,
+    task_create: Script,
 }
 
 fn scripts() -> &'static Scripts {
@@ -352,6 +362,21 @@ if r[1] ~= ARGV[1] or r[2] then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[2], ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[2])
+return 1",
+        ),
+        // KEYS[1] the running tasks, KEYS[2] the principal's, KEYS[3] the task, KEYS[4] the
+        // owner's tasks, KEYS[5] the owners' heartbeats; ARGV[1] most running in all, ARGV[2] most
+        // of the principal, ARGV[3] the id, ARGV[4] the record, ARGV[5] the owner, ARGV[6] now.
+        // 1: created; -1: too many of the principal; 0: too many in all.
+        task_create: script(
+            r"
+if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[2]) then return -1 end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[5], ARGV[5], ARGV[6])
+redis.call('HSET', KEYS[3], 'record', ARGV[4], 'owner', ARGV[5])
+redis.call('SADD', KEYS[4], ARGV[3])
+redis.call('ZADD', KEYS[1], ARGV[6], ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[6], ARGV[3])
 return 1",
         ),
         // KEYS[1] a key's record or a task, KEYS[2] its owner's set; ARGV[1] the owner, ARGV[2]
@@ -755,6 +780,7 @@ impl RedisStore {
             let mut disown = scripts().disown.key(task_key(task));
             disown.key(owned_tasks_key(&self.owner)).arg(&self.owner).arg(task);
             let _: i64 = disown.invoke_async(conn).await.map_err(backend)?;
+            self.stop_counting(conn, task).await?;
         }
         if !(streams.is_empty() && keys.is_empty() && tasks.is_empty()) {
             tracing::warn!(
@@ -1046,7 +1072,12 @@ impl SessionStore for RedisStore {
                         let _: i64 = conn.zadd(RETIRING, retiring_stream(session, stream), 0).await.map_err(backend)?;
                     }
                 }
-                // Its keys and tasks read as abandoned by its lapsed heartbeat already.
+                // Its keys and tasks read as abandoned by its lapsed heartbeat already; its tasks
+                // no longer count as running.
+                let tasks: Vec<String> = conn.smembers(owned_tasks_key(&owner)).await.map_err(backend)?;
+                for task in &tasks {
+                    self.stop_counting(&mut conn, task).await?;
+                }
                 let sets = [owned_key(&owner), owned_keys_key(&owner), owned_tasks_key(&owner)];
                 let _: i64 = conn.del(&sets[..]).await.map_err(backend)?;
                 let _: i64 = conn.hdel(OWNERS, &owner).await.map_err(backend)?;
@@ -1520,31 +1551,51 @@ impl RedisStore {
         let abandoned = !self.owner_alive(conn, owner.as_deref().unwrap_or_default(), now_ms).await?;
         Ok(Some((text, StoredTask { record, abandoned })))
     }
+
+    /// Stops counting task `id` as running: its owner gave it up or died.
+    async fn stop_counting(&self, conn: &mut ConnectionManager, id: &str) -> Result<(), StoreError> {
+        let text: Option<String> = conn.hget(task_key(id), "record").await.map_err(backend)?;
+        let principal = text
+            .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+            .and_then(|value| TaskRecord::from_json(&value).ok())
+            .map(|record| record.principal);
+        let mut pipe = redis::pipe();
+        pipe.zrem(RUNNING_TASKS, id);
+        if let Some(principal) = principal {
+            pipe.zrem(running_tasks_key(principal.as_deref()), id);
+        }
+        pipe.query_async::<()>(conn).await.map_err(backend)
+    }
 }
 
 impl TaskStore for RedisStore {
-    fn create_task(&self, record: TaskRecord, key: Option<(String, Bytes)>) -> StoreFuture<'_, ()> {
+    fn create_task(&self, record: TaskRecord, key: Option<(String, Bytes)>, limits: TaskLimits) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             let mut conn = self.conn();
-            // The heartbeat first, in the same round trip: the task is never without a live owner.
+            // The heartbeat first, in the same step: the task is never without a live owner.
             // Held before it is created: a task is never owned here without being held.
-            self.held().tasks.insert(record.task.id.clone());
-            let created = redis::pipe()
-                .atomic()
-                .hset(OWNERS, &self.owner, record.task.created_at_ms)
-                .ignore()
-                .hset_multiple(
-                    task_key(&record.task.id),
-                    &[("record", record.to_json().to_string()), ("owner", self.owner.clone())],
-                )
-                .ignore()
-                .sadd(owned_tasks_key(&self.owner), &record.task.id)
-                .ignore()
-                .query_async::<()>(&mut conn)
-                .await
-                .map_err(backend);
+            let id = record.task.id.clone();
+            self.held().tasks.insert(id.clone());
+            let mut create = scripts().task_create.key(RUNNING_TASKS);
+            create
+                .key(running_tasks_key(record.principal.as_deref()))
+                .key(task_key(&id))
+                .key(owned_tasks_key(&self.owner))
+                .key(OWNERS)
+                .arg(limits.total)
+                .arg(limits.per_principal)
+                .arg(&id)
+                .arg(record.to_json().to_string())
+                .arg(&self.owner)
+                .arg(record.task.created_at_ms);
+            let created = match create.invoke_async::<i64>(&mut conn).await.map_err(backend) {
+                Ok(1) => Ok(()),
+                Ok(0) => Err(StoreError::TooManyTasks { principal: false }),
+                Ok(_) => Err(StoreError::TooManyTasks { principal: true }),
+                Err(err) => Err(err),
+            };
             if created.is_err() {
-                self.held().tasks.remove(&record.task.id);
+                self.held().tasks.remove(&id);
             }
             created?;
             self.fenced(&mut conn).await?;
@@ -1585,9 +1636,16 @@ impl TaskStore for RedisStore {
                     .await
                     .map_err(backend)?;
                 if swapped == 1 {
-                    if stored.record.forget_at_ms().is_some() {
+                    if stored.record.task.status.is_final() {
                         // Finished: nothing of it is left to run.
-                        let _: i64 = conn.srem(owned_tasks_key(&self.owner), &id).await.map_err(backend)?;
+                        let running = running_tasks_key(stored.record.principal.as_deref());
+                        redis::pipe()
+                            .srem(owned_tasks_key(&self.owner), &id)
+                            .zrem(RUNNING_TASKS, &id)
+                            .zrem(running, &id)
+                            .query_async::<()>(&mut conn)
+                            .await
+                            .map_err(backend)?;
                         self.held().tasks.remove(&id);
                     }
                     self.fenced(&mut conn).await?;

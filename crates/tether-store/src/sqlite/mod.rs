@@ -31,7 +31,7 @@ use crate::record::{
 };
 use crate::{
     CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, RequestKey, SessionStore, StoreError,
-    StoreFuture, StoredTask, TaskStore,
+    StoreFuture, StoredTask, TaskLimits, TaskStore,
 };
 use tether_core::idempotency::Acknowledged;
 use tether_core::tasks::{TaskChange, TaskRecord};
@@ -194,7 +194,10 @@ CREATE TABLE IF NOT EXISTS tasks (
     id TEXT PRIMARY KEY,
     owner TEXT NOT NULL,
     record TEXT NOT NULL,
-    forget_at_ms INTEGER
+    forget_at_ms INTEGER,
+    -- While the task runs: its principal (`running_principal`), so running tasks are counted
+    -- against their caps; NULL once it is final.
+    running_principal TEXT
 );
 CREATE INDEX IF NOT EXISTS tasks_forgotten ON tasks (forget_at_ms) WHERE forget_at_ms IS NOT NULL;
 -- How many idempotency records there are, kept by the database itself (so a rolled-back write
@@ -224,12 +227,18 @@ const HISTORY_REWRITTEN: i64 = 4;
 /// The columns added to tables after their first release, each added to a database made before
 /// it (with the default their rows take): `CREATE TABLE IF NOT EXISTS` leaves an existing table
 /// as it is.
-const ADDED_COLUMNS: [(&str, &str, &str); 4] = [
+const ADDED_COLUMNS: [(&str, &str, &str); 5] = [
     ("events", "tag", "INTEGER NOT NULL DEFAULT 0"),
     ("streams", "before_retained", "INTEGER"),
     ("tombstones", "before_retained", "INTEGER"),
     ("keys", "at", "INTEGER NOT NULL DEFAULT 0"),
+    ("tasks", "running_principal", "TEXT"),
 ];
+
+/// Indexes of [`ADDED_COLUMNS`], made once the columns are there.
+const ADDED_INDEXES: &str = "
+CREATE INDEX IF NOT EXISTS tasks_running ON tasks (owner, running_principal) WHERE running_principal IS NOT NULL;
+";
 
 /// Adds the [`ADDED_COLUMNS`] a database made before them lacks.
 fn add_missing_columns(connection: &Connection) -> Result<(), StoreError> {
@@ -353,6 +362,7 @@ impl SqliteStore {
         let mut connection = Connection::open(&path).map_err(backend)?;
         connection.execute_batch(SCHEMA).map_err(backend)?;
         add_missing_columns(&connection)?;
+        connection.execute_batch(ADDED_INDEXES).map_err(backend)?;
         connection
             .execute(
                 "UPDATE streams SET state = ?2 WHERE state = 0 AND request_key IS NOT NULL AND owner != ?1",
@@ -1184,18 +1194,62 @@ fn task_in(txn: &Connection, id: &str, owner: &str) -> Result<Option<StoredTask>
 fn put_task(txn: &Connection, record: &TaskRecord, owner: &str) -> Result<(), StoreError> {
     execute(
         txn,
-        "INSERT INTO tasks (id, owner, record, forget_at_ms) VALUES (?1, ?2, ?3, ?4) \
-         ON CONFLICT (id) DO UPDATE SET record = excluded.record, forget_at_ms = excluded.forget_at_ms",
-        params![record.task.id, owner, record.to_json().to_string(), record.forget_at_ms().map(as_i64)],
+        "INSERT INTO tasks (id, owner, record, forget_at_ms, running_principal) VALUES (?1, ?2, ?3, ?4, ?5) \
+         ON CONFLICT (id) DO UPDATE SET record = excluded.record, forget_at_ms = excluded.forget_at_ms, \
+         running_principal = excluded.running_principal",
+        params![
+            record.task.id,
+            owner,
+            record.to_json().to_string(),
+            record.forget_at_ms().map(as_i64),
+            running_principal(record)
+        ],
     )
     .map_err(backend)?;
     Ok(())
 }
 
+/// The `running_principal` column of a task: its principal while it runs (`-` for none, `+` and
+/// the name for one), NULL once final.
+fn running_principal(record: &TaskRecord) -> Option<String> {
+    (!record.task.status.is_final()).then(|| principal_column(record.principal.as_deref()))
+}
+
+fn principal_column(principal: Option<&str>) -> String {
+    principal.map_or_else(|| "-".to_owned(), |name| format!("+{name}"))
+}
+
+/// Fails with [`StoreError::TooManyTasks`] if `limits` tasks of this process run already.
+fn admit_task(txn: &Connection, owner: &str, principal: Option<&str>, limits: TaskLimits) -> Result<(), StoreError> {
+    let over = |count: i64, limit: usize| as_u64(count) >= u64::try_from(limit).unwrap_or(u64::MAX);
+    let theirs: i64 = txn
+        .query_row(
+            "SELECT COUNT(*) FROM tasks WHERE owner = ?1 AND running_principal = ?2",
+            params![owner, principal_column(principal)],
+            |r| r.get(0),
+        )
+        .map_err(backend)?;
+    if over(theirs, limits.per_principal) {
+        return Err(StoreError::TooManyTasks { principal: true });
+    }
+    let all: i64 = txn
+        .query_row(
+            "SELECT COUNT(*) FROM tasks WHERE owner = ?1 AND running_principal IS NOT NULL",
+            params![owner],
+            |r| r.get(0),
+        )
+        .map_err(backend)?;
+    if over(all, limits.total) {
+        return Err(StoreError::TooManyTasks { principal: false });
+    }
+    Ok(())
+}
+
 impl TaskStore for SqliteStore {
-    fn create_task(&self, record: TaskRecord, key: Option<(String, Bytes)>) -> StoreFuture<'_, ()> {
+    fn create_task(&self, record: TaskRecord, key: Option<(String, Bytes)>, limits: TaskLimits) -> StoreFuture<'_, ()> {
         let owner = self.owner.clone();
         self.run(move |txn| {
+            admit_task(txn, &owner, record.principal.as_deref(), limits)?;
             put_task(txn, &record, &owner)?;
             match key {
                 Some((key, outcome)) => finish_in(txn, &owner, &key, &outcome),
@@ -1218,8 +1272,13 @@ impl TaskStore for SqliteStore {
                 // The owner stays: a task another process left is still abandoned.
                 execute(
                     txn,
-                    "UPDATE tasks SET record = ?2, forget_at_ms = ?3 WHERE id = ?1",
-                    params![id, stored.record.to_json().to_string(), stored.record.forget_at_ms().map(as_i64)],
+                    "UPDATE tasks SET record = ?2, forget_at_ms = ?3, running_principal = ?4 WHERE id = ?1",
+                    params![
+                        id,
+                        stored.record.to_json().to_string(),
+                        stored.record.forget_at_ms().map(as_i64),
+                        running_principal(&stored.record)
+                    ],
                 )
                 .map_err(backend)?;
             }

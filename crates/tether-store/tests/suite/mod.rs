@@ -7,7 +7,7 @@ use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange, StreamStat
 use tether_core::mcp::ProtocolVersion;
 use tether_store::{
     BeginRequest, Claim, CounterStore, KeyClaim, KeyState, RequestKey, RequestRecord, Retention, SessionEnd,
-    SessionRecord, SessionStatus, Store, StoreError,
+    SessionRecord, SessionStatus, Store, StoreError, TaskLimits,
 };
 
 pub const TTL: u64 = 1_000;
@@ -828,7 +828,7 @@ pub async fn a_task_is_created_with_its_keys_outcome_and_changed_in_one_step(sto
     assert_eq!(store.claim_key(key).await, Ok(Claim::Claimed(ack(store, 1).await)));
     let created = TaskRecord::new("t1".into(), Some("alice".into()), 1_000, Some(60_000), Some(250));
     let outcome = Bytes::from_static(b"{\"result\":{\"taskId\":\"t1\"}}");
-    store.create_task(created.clone(), Some(("k".into(), outcome.clone()))).await.expect("create");
+    store.create_task(created.clone(), Some(("k".into(), outcome.clone())), TaskLimits::NONE).await.expect("create");
     assert_eq!(store.key_state("k", 1_000).await, Ok(Some(KeyState::Finished(outcome))));
     let read = store.task("t1", 1_000).await.expect("read").expect("the task exists");
     assert_eq!((read.record, read.abandoned), (created, false));
@@ -850,12 +850,43 @@ pub async fn a_task_is_created_with_its_keys_outcome_and_changed_in_one_step(sto
     assert_eq!((read.record.task.status, read.record.task.last_updated_at_ms), (TaskStatus::Cancelled, 1_200));
 }
 
+/// Running tasks are capped in all and per principal, counted as they are created; a task that
+/// ends makes room, and one refused is not created.
+pub async fn running_tasks_are_capped_in_all_and_per_principal(store: &dyn Store) {
+    use tether_core::tasks::{TaskChange, TaskRecord};
+    let limits = TaskLimits { total: 3, per_principal: 2 };
+    let task = |id: &str, principal: Option<&str>| {
+        TaskRecord::new(id.into(), principal.map(str::to_owned), 1_000, Some(60_000), None)
+    };
+    for (id, principal) in [("a1", Some("alice")), ("a2", Some("alice")), ("b1", Some("bob"))] {
+        store.create_task(task(id, principal), None, limits).await.expect("within the caps");
+    }
+    let refused = store.create_task(task("a3", Some("alice")), None, limits).await;
+    assert_eq!(refused, Err(StoreError::TooManyTasks { principal: true }), "alice's two");
+    assert_eq!(store.task("a3", 1_000).await, Ok(None), "nothing created");
+    let refused = store.create_task(task("n1", None), None, limits).await;
+    assert_eq!(refused, Err(StoreError::TooManyTasks { principal: false }), "three in all");
+    let finish = TaskChange::Finish(Ok(serde_json::json!({"content": []})));
+    store.update_task("a1", finish, 1_100).await.expect("finish").expect("exists");
+    store.update_task("a1", TaskChange::Cancel, 1_200).await.expect("no change").expect("exists");
+    store.create_task(task("a3", Some("alice")), None, limits).await.expect("a1 made room");
+    let refused = store.create_task(task("n1", None), None, limits).await;
+    assert_eq!(
+        refused,
+        Err(StoreError::TooManyTasks { principal: false }),
+        "a change that is not an end frees nothing"
+    );
+}
+
 /// A finished task is kept for its ttl from its creation, then forgotten by the sweep; a running
 /// one is kept whatever its ttl.
 pub async fn a_finished_task_is_forgotten_after_its_ttl(store: &dyn Store) {
     use tether_core::tasks::{TaskChange, TaskRecord};
     for id in ["done", "running"] {
-        store.create_task(TaskRecord::new(id.into(), None, 1_000, Some(1_000), None), None).await.expect("create");
+        store
+            .create_task(TaskRecord::new(id.into(), None, 1_000, Some(1_000), None), None, TaskLimits::NONE)
+            .await
+            .expect("create");
     }
     let finish = TaskChange::Finish(Ok(serde_json::json!({"content": []})));
     store.update_task("done", finish, 1_500).await.expect("finish").expect("exists");
@@ -907,6 +938,7 @@ macro_rules! store_suite {
             a_finished_task_is_forgotten_after_its_ttl,
             an_aborted_stream_says_so_and_takes_nothing_more,
             a_released_claim_is_claimed_anew_and_an_outcome_stays,
+            running_tasks_are_capped_in_all_and_per_principal,
         );
     };
     ($make:expr) => {
