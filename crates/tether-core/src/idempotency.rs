@@ -189,6 +189,11 @@ mod tests {
         assert!(!ack.regressed("r", 9, 0, Some(5)), "held as acknowledged");
         assert!(ack.regressed("other", 9, 0, Some(5)), "other records");
         assert!(ack.regressed("r", 4, 0, None), "behind the claim");
+        assert!(
+            ack.regressed("r", 4, 0, Some(5)),
+            "a count behind the claim, whatever they hold"
+        );
+        assert!(!ack.regressed("r", 5, 0, Some(5)), "the newest claim, held");
         assert!(ack.regressed("r", 9, 4, None), "lost, not forgotten");
         assert!(!ack.regressed("r", 9, 5, None), "forgotten by retention");
         assert!(ack.regressed("r", 9, 0, Some(7)), "claimed again since");

@@ -82,7 +82,9 @@ pub async fn bridge(
     output: impl AsyncWrite + Unpin + Send + 'static,
 ) -> Counts {
     let (mut link, mut from_server, mut events) = MessageLink::new(config);
-    let (to_client, to_client_rx) = mpsc::unbounded_channel::<Message>();
+    // Bounded: an application that stops reading stdout holds the server's messages back, not
+    // the bridge's memory.
+    let (to_client, to_client_rx) = mpsc::channel::<Message>(tether_server::upstream::LINK_QUEUE);
     let writer = tokio::spawn(write_messages(to_client_rx, output));
     let (lines_tx, mut lines) = mpsc::channel::<Vec<u8>>(64);
     tokio::spawn(read_lines(input, lines_tx));
@@ -107,7 +109,7 @@ pub async fn bridge(
                     }
                     Err(err) => {
                         let error = ErrorObject::with_reason(code::PARSE_ERROR, err.to_string(), "parse_error");
-                        let _ = to_client.send(Message::Response(Response { id: None, outcome: Err(error) }));
+                        let _ = to_client.send(Message::Response(Response { id: None, outcome: Err(error) })).await;
                     }
                 },
                 None => {
@@ -121,7 +123,7 @@ pub async fn bridge(
                         Message::Response(response) => counts.answered(response),
                         _ => counts.from_server += 1,
                     }
-                    let _ = to_client.send(message);
+                    let _ = to_client.send(message).await;
                 }
                 None => break,
             },
@@ -147,7 +149,7 @@ pub async fn bridge(
 
 /// Counts what tether observed, and tells the stdio client when its session was replaced.
 /// Returns whether the bridge must stop.
-fn note(counts: &mut Counts, event: &ClientEvent, to_client: &mpsc::UnboundedSender<Message>) -> bool {
+fn note(counts: &mut Counts, event: &ClientEvent, to_client: &mpsc::Sender<Message>) -> bool {
     tracing::debug!(?event, "client");
     match event {
         ClientEvent::Resumed { .. } => counts.resumed += 1,
@@ -169,7 +171,9 @@ fn note(counts: &mut Counts, event: &ClientEvent, to_client: &mpsc::UnboundedSen
                     ),
                 })),
             };
-            let _ = to_client.send(Message::Notification(warning));
+            // Dropped if the application has a full queue unread: it hears of the new session
+            // from what follows anyway.
+            let _ = to_client.try_send(Message::Notification(warning));
         }
         ClientEvent::Closed { reason, fatal: true } => {
             tracing::error!(%reason, "the server can no longer be reached");

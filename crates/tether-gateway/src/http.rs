@@ -9,7 +9,7 @@
 use futures_util::future::BoxFuture;
 use tether_client::link::{FromServer, MessageLink};
 use tether_client::{ClientConfig, ClientEvent, DivergenceReason};
-use tether_server::upstream::{Connect, FromUpstream, Link};
+use tether_server::upstream::{Connect, FromUpstream, LINK_QUEUE, Link};
 use tokio::sync::mpsc;
 
 use crate::Tasks;
@@ -35,8 +35,8 @@ impl Connect for Remote {
         let (mut link, mut from_server, mut events) = MessageLink::new(self.config.clone());
         let url = self.config.url.clone();
         Box::pin(async move {
-            let (to_upstream, mut from_tether) = mpsc::unbounded_channel();
-            let (to_tether, from_upstream) = mpsc::unbounded_channel::<FromUpstream>();
+            let (to_upstream, mut from_tether) = mpsc::channel(LINK_QUEUE);
+            let (to_tether, from_upstream) = mpsc::channel::<FromUpstream>(LINK_QUEUE);
             // What tether sends, in order; once tether lets go of the instance, its session ends.
             tokio::spawn(async move {
                 while let Some(message) = from_tether.recv().await {
@@ -54,7 +54,7 @@ impl Connect for Remote {
                         message = from_server.recv() => {
                             let Some(message) = message else { break };
                             let FromServer { message, origin } = message;
-                            if to_tether.send(FromUpstream { message, origin }).is_err() {
+                            if to_tether.send(FromUpstream { message, origin }).await.is_err() {
                                 break;
                             }
                         }

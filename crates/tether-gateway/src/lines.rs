@@ -47,10 +47,7 @@ pub(crate) async fn next_line<R: AsyncRead + Unpin>(reader: &mut BufReader<R>) -
 }
 
 /// Writes each message as one line; stops when the sender is dropped or the peer stops reading.
-pub(crate) async fn write_messages(
-    mut messages: mpsc::UnboundedReceiver<Message>,
-    mut output: impl AsyncWrite + Unpin,
-) {
+pub(crate) async fn write_messages(mut messages: mpsc::Receiver<Message>, mut output: impl AsyncWrite + Unpin) {
     while let Some(message) = messages.recv().await {
         let mut line = message.to_vec();
         line.push(b'\n');

@@ -5,7 +5,7 @@ use std::process::Stdio;
 
 use futures_util::future::BoxFuture;
 use tether_core::jsonrpc;
-use tether_server::upstream::{Connect, FromUpstream, Link};
+use tether_server::upstream::{Connect, FromUpstream, LINK_QUEUE, Link};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Child;
 use tokio::sync::mpsc;
@@ -53,8 +53,8 @@ impl Connect for Command {
             else {
                 return Err("its standard streams are not piped".to_owned());
             };
-            let (to_upstream, from_tether) = mpsc::unbounded_channel();
-            let (to_tether, from_upstream) = mpsc::unbounded_channel();
+            let (to_upstream, from_tether) = mpsc::channel(LINK_QUEUE);
+            let (to_tether, from_upstream) = mpsc::channel(LINK_QUEUE);
             let io = Tasks(vec![
                 tokio::spawn(write_messages(from_tether, stdin)).abort_handle(),
                 tokio::spawn(read_messages(stdout, to_tether, pid)).abort_handle(),
@@ -73,7 +73,7 @@ impl Connect for Command {
 /// Reads one message per line until the child closes its stdout (it exited) or writes a line
 /// too long to hold. A line that is not a JSON-RPC message is logged and skipped: servers
 /// sometimes print a banner to stdout.
-async fn read_messages(stdout: impl AsyncRead + Unpin, to_tether: mpsc::UnboundedSender<FromUpstream>, pid: u32) {
+async fn read_messages(stdout: impl AsyncRead + Unpin, to_tether: mpsc::Sender<FromUpstream>, pid: u32) {
     let mut reader = BufReader::new(stdout);
     let ended = loop {
         let line = match next_line(&mut reader).await {
@@ -82,7 +82,9 @@ async fn read_messages(stdout: impl AsyncRead + Unpin, to_tether: mpsc::Unbounde
         };
         match jsonrpc::parse_message(&line) {
             Ok(message) => {
-                if to_tether.send(message.into()).is_err() {
+                // Waits while tether has LINK_QUEUE messages of it unread: the child then waits
+                // to write.
+                if to_tether.send(message.into()).await.is_err() {
                     return;
                 }
             }

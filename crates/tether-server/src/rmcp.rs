@@ -33,7 +33,7 @@ use tokio::sync::mpsc;
 
 use crate::context::{Context, SessionHandle};
 use crate::handler::{AdoptFuture, Handler, HandlerFuture, ServerInfo};
-use crate::upstream::{Connect, FromUpstream, Link, UpstreamHandler};
+use crate::upstream::{Connect, FromUpstream, LINK_QUEUE, Link, UpstreamHandler};
 
 /// A tether [`Handler`] that hands every request to an rmcp [`ServerHandler`].
 #[derive(Debug)]
@@ -95,8 +95,8 @@ impl<S: ServerHandler> Connect for Services<S> {
     fn connect(&self) -> BoxFuture<'static, Result<Link, String>> {
         let handler = (self.make)();
         Box::pin(async move {
-            let (to_upstream, from_tether) = mpsc::unbounded_channel();
-            let (to_tether, from_upstream) = mpsc::unbounded_channel();
+            let (to_upstream, from_tether) = mpsc::channel(LINK_QUEUE);
+            let (to_tether, from_upstream) = mpsc::channel(LINK_QUEUE);
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             tokio::spawn(async move {
                 // rmcp's handshake reads the `initialize` tether sends once it has the link.
@@ -120,10 +120,11 @@ impl<S: ServerHandler> Connect for Services<S> {
 
 /// The service's side of the in-process transport.
 struct InProcess {
-    from_tether: mpsc::UnboundedReceiver<Message>,
-    /// Unbounded so that `send` queues at once: rmcp may poll several sends concurrently, and
-    /// the order it called them in is the order tether must see.
-    to_tether: mpsc::UnboundedSender<FromUpstream>,
+    from_tether: mpsc::Receiver<Message>,
+    /// Sent to at once (`try_send`), not awaited: rmcp may poll several sends concurrently, and
+    /// the order it called them in is the order tether must see. A queue full of what tether has
+    /// not read means tether stopped serving the service.
+    to_tether: mpsc::Sender<FromUpstream>,
 }
 
 /// tether stopped listening to the service.
@@ -136,7 +137,7 @@ impl Transport<RoleServer> for InProcess {
 
     fn send(&mut self, item: ServerJsonRpcMessage) -> impl Future<Output = Result<(), Detached>> + Send + 'static {
         let sent = match from_rmcp(&item) {
-            Some(message) => self.to_tether.send(message).map_err(|_| Detached),
+            Some(message) => self.to_tether.try_send(message).map_err(|_| Detached),
             None => {
                 tracing::warn!("the rmcp service sent a message tether cannot read");
                 Ok(())

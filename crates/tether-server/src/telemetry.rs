@@ -97,6 +97,11 @@ pub(crate) fn task_refused(principal: bool) {
     metrics::counter!("tether_tasks_refused_total", "cap" => cap).increment(1);
 }
 
+/// A client's notification to an upstream that is not reading was dropped.
+pub(crate) fn upstream_notification_dropped() {
+    metrics::counter!("tether_upstream_notifications_dropped_total").increment(1);
+}
+
 /// A connection over `max_connections` was refused.
 pub(crate) fn connection_refused() {
     metrics::counter!("tether_connections_refused_total").increment(1);

@@ -65,12 +65,18 @@ impl From<Message> for FromUpstream {
     }
 }
 
-/// One connected upstream instance: messages both ways, in order.
+/// How many messages may wait in a [`Link`] each way: an upstream that stops reading, or a
+/// client that floods notifications, holds at most this many, and what comes past it waits
+/// (requests, what the upstream sends) or is dropped and counted (client notifications).
+pub const LINK_QUEUE: usize = 1_024;
+
+/// One connected upstream instance: messages both ways, in order, at most [`LINK_QUEUE`] waiting
+/// each way.
 pub struct Link {
     /// What tether sends: requests, notifications and answers to the upstream's requests.
-    pub to_upstream: mpsc::UnboundedSender<Message>,
+    pub to_upstream: mpsc::Sender<Message>,
     /// What the upstream sends; closed when it stops.
-    pub from_upstream: mpsc::UnboundedReceiver<FromUpstream>,
+    pub from_upstream: mpsc::Receiver<FromUpstream>,
     /// Held as long as the instance is used; dropping it stops the instance (a child process is
     /// killed, an in-process service dropped).
     pub keep: Box<dyn std::any::Any + Send + Sync>,
@@ -299,8 +305,7 @@ impl Handler for UpstreamHandler {
         // A session whose instance has not started yet has nothing to tell: the instance starts
         // from the client's state as it then is.
         if let Some(peer) = self.upstream.started_peer(&session) {
-            // A stopped instance has nobody left to tell.
-            let _ = peer.to_upstream.send(Message::Notification(notification));
+            peer.notify(notification);
         }
     }
 }

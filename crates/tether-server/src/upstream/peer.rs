@@ -26,7 +26,7 @@ type Calls = Arc<Mutex<HashMap<i64, Call>>>;
 /// instance.
 pub(super) struct Peer {
     /// What goes to the instance.
-    pub(super) to_upstream: mpsc::UnboundedSender<Message>,
+    pub(super) to_upstream: mpsc::Sender<Message>,
     calls: Calls,
     next_id: AtomicI64,
     /// Cancelled when the instance stopped on its own (not when tether stopped it).
@@ -46,7 +46,7 @@ impl Peer {
     ) -> Result<(Peer, Value), ErrorObject> {
         let Link { to_upstream, mut from_upstream, keep } = link;
         let initialize = Request { id: RequestId::Number(0), method: method::INITIALIZE.into(), params: Some(client) };
-        to_upstream.send(Message::Request(initialize)).map_err(|_| unavailable(&describe, "it stopped"))?;
+        to_upstream.send(Message::Request(initialize)).await.map_err(|_| unavailable(&describe, "it stopped"))?;
         let answer = tokio::time::timeout(INITIALIZE_TIMEOUT, async {
             loop {
                 let Some(FromUpstream { message, .. }) = from_upstream.recv().await else {
@@ -58,7 +58,7 @@ impl Peer {
                     }
                     // Nothing to route to before the session is set up.
                     Message::Request(request) => {
-                        let _ = to_upstream.send(Message::Response(Response {
+                        let _ = to_upstream.try_send(Message::Response(Response {
                             id: Some(request.id.clone()),
                             outcome: answer_locally(&request).unwrap_or_else(|| {
                                 Err(ErrorObject::with_reason(
@@ -76,7 +76,7 @@ impl Peer {
         .await
         .map_err(|_| unavailable(&describe, "no answer to initialize"))??;
         let initialized = Notification { method: method::INITIALIZED.into(), params: None };
-        to_upstream.send(Message::Notification(initialized)).map_err(|_| unavailable(&describe, "it stopped"))?;
+        to_upstream.send(Message::Notification(initialized)).await.map_err(|_| unavailable(&describe, "it stopped"))?;
 
         let (stop, gone) = (CancellationToken::new(), CancellationToken::new());
         let router = Router { to_upstream: to_upstream.clone(), calls: Calls::default(), session, describe };
@@ -109,13 +109,24 @@ impl Peer {
         Ok((peer, answer))
     }
 
+    /// Tells the instance `notification`, unless [`LINK_QUEUE`](super::LINK_QUEUE) messages to
+    /// it are unread: then it is dropped and counted, so that a client flooding notifications
+    /// cannot grow the gateway. A stopped instance has nobody left to tell.
+    pub(super) fn notify(&self, notification: Notification) {
+        let sent = self.to_upstream.try_send(Message::Notification(notification));
+        if let Err(mpsc::error::TrySendError::Full(_)) = sent {
+            crate::telemetry::upstream_notification_dropped();
+            tracing::warn!(upstream = %self.describe, "the upstream is not reading: a notification to it was dropped");
+        }
+    }
+
     /// Runs one request of tether's on the instance; a cancelled request is cancelled there too.
     pub(super) async fn call(&self, ctx: Context, method: String, params: Value) -> Result<Value, ErrorObject> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (done, outcome) = oneshot::channel();
         lock(&self.calls).insert(id, Call { ctx: ctx.clone(), done });
         let request = Request { id: RequestId::Number(id), method, params: Some(params) };
-        if self.to_upstream.send(Message::Request(request)).is_err() {
+        if self.to_upstream.send(Message::Request(request)).await.is_err() {
             lock(&self.calls).remove(&id);
             // Never sent, so certainly not run: not an abort.
             return Err(lost(&self.describe));
@@ -129,7 +140,7 @@ impl Peer {
                     params: Some(json!({"requestId": id, "reason": "cancelled by the client"})),
                 };
                 // A stopped instance has nothing left to cancel.
-                let _ = self.to_upstream.send(Message::Notification(cancel));
+                self.notify(cancel);
                 Err(cancelled())
             }
         }
@@ -149,7 +160,7 @@ fn answer_locally(request: &Request) -> Option<Result<Value, ErrorObject>> {
 
 /// Routes what an instance sends to where tether delivers it.
 struct Router {
-    to_upstream: mpsc::UnboundedSender<Message>,
+    to_upstream: mpsc::Sender<Message>,
     calls: Calls,
     /// The session, for messages that belong to no request; none in 2026-07-28.
     session: Option<SessionHandle>,
@@ -215,7 +226,7 @@ impl Router {
     fn ask_client(&self, request: Request, origin: Option<&RequestId>) {
         let ctx = match answer_locally(&request) {
             Some(outcome) => {
-                let _ = self.to_upstream.send(Message::Response(Response { id: Some(request.id), outcome }));
+                let _ = self.to_upstream.try_send(Message::Response(Response { id: Some(request.id), outcome }));
                 return;
             }
             None => self.request_of(None, origin),
@@ -236,7 +247,7 @@ impl Router {
                 )),
             };
             // A stopped instance no longer waits for the answer.
-            let _ = to_upstream.send(Message::Response(Response { id: Some(request.id), outcome }));
+            let _ = to_upstream.send(Message::Response(Response { id: Some(request.id), outcome })).await;
         });
     }
 
@@ -245,5 +256,35 @@ impl Router {
         for (_, call) in lock(&self.calls).drain() {
             let _ = call.done.send(Err(aborted(&self.describe)));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upstream::LINK_QUEUE;
+
+    /// An instance that answers `initialize`, then reads nothing more: a client's notifications
+    /// to it are dropped past the queue, never waited on and never held without bound.
+    #[tokio::test]
+    async fn notifications_to_an_upstream_that_stopped_reading_are_dropped_past_the_queue() {
+        let (to_upstream, mut from_tether) = mpsc::channel(LINK_QUEUE);
+        let (to_tether, from_upstream) = mpsc::channel(LINK_QUEUE);
+        let upstream = tokio::spawn(async move {
+            let Some(Message::Request(initialize)) = from_tether.recv().await else { panic!("initialize first") };
+            let answer = Response { id: Some(initialize.id), outcome: Ok(json!({"capabilities": {}})) };
+            to_tether.send(Message::Response(answer).into()).await.expect("tether listens");
+            // Holds both ends and reads no more.
+            (from_tether, to_tether)
+        });
+        let link = Link { to_upstream, from_upstream, keep: Box::new(()) };
+        let (peer, _) = Peer::start(link, json!({}), None, "test".into()).await.expect("initialized");
+        let (from_tether, _to_tether) = upstream.await.expect("the upstream");
+        let notification = || Notification { method: "notifications/roots/list_changed".into(), params: None };
+        for _ in 0..3 * LINK_QUEUE {
+            peer.notify(notification());
+        }
+        // `initialized` took one place.
+        assert_eq!(from_tether.len(), LINK_QUEUE, "the queue is full, and no fuller");
     }
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::Value;
-use tether_core::jsonrpc::{ErrorObject, Message, Notification};
+use tether_core::jsonrpc::{ErrorObject, Notification};
 use tether_core::lineage::{StreamName, StreamState};
 use tether_store::{ReplicaMessage, RequestKey, SessionEnd, Store};
 use tokio::sync::{broadcast, oneshot};
@@ -324,8 +324,7 @@ impl Relay {
             Envelope::Notify { session, epoch, method, params } => {
                 let peer = upstream.serving(&session, &epoch).and_then(|session| upstream.started_peer(&session));
                 if let Some(peer) = peer {
-                    // A stopped instance has nobody left to tell.
-                    let _ = peer.to_upstream.send(Message::Notification(Notification { method, params }));
+                    peer.notify(Notification { method, params });
                 }
             }
         }
