@@ -106,6 +106,25 @@ fn the_response(messages: &[Value]) -> &Value {
     responses[0]
 }
 
+/// Sends the keyed `quick` call as request 1 in the background and returns once its claim is
+/// in the store, held there before the claim returns.
+async fn send_with_claim_held(
+    store: &FaultyStore,
+    client: &Client,
+    session: &Session,
+) -> (Arc<tether_store::faults::Hold>, tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>) {
+    let hold = store.hold_next_after(Call::BeginKeyedRequest);
+    let sent = tokio::spawn(client.post(Some(session), &call(1, "quick", json!({}), Some(KEY))).send());
+    tokio::time::timeout(WAIT, hold.reached()).await.expect("claimed");
+    (hold, sent)
+}
+
+/// The answer to the keyed `quick` call sent again as request `id`.
+async fn resent(client: &Client, session: &Session, id: i64) -> Value {
+    let again = client.post(Some(session), &call(id, "quick", json!({}), Some(KEY))).send().await.expect("send");
+    tokio::time::timeout(WAIT, json_body(again)).await.expect("the re-send is answered")
+}
+
 /// (1) A handler that returns exactly when it is cancelled is answered with what it returned:
 /// the response is not refused for the cancellation, and the stream (2025-06-18: no priming,
 /// no connection deadline) ends with it rather than staying open.
@@ -189,16 +208,12 @@ async fn a_keyed_request_whose_client_leaves_during_its_claim_runs_and_is_answer
         let (server, runs) = serve(&store).await;
         let client = Client::new(&server);
         let session = client.initialize("2025-06-18").await;
-        let hold = store.hold_next_after(Call::BeginKeyedRequest);
-        let post = client.post(Some(&session), &call(1, "quick", json!({}), Some(KEY))).send();
-        let sent = tokio::spawn(post);
-        tokio::time::timeout(WAIT, hold.reached()).await.expect("claimed");
+        let (hold, sent) = send_with_claim_held(&store, &client, &session).await;
         // The client goes away while the claim is in the store, and the server notices.
         sent.abort();
         tokio::time::sleep(Duration::from_millis(200)).await;
         hold.release();
-        let again = client.post(Some(&session), &call(2, "quick", json!({}), Some(KEY))).send().await.expect("send");
-        let answer = tokio::time::timeout(WAIT, json_body(again)).await.expect("the re-send is answered");
+        let answer = resent(&client, &session, 2).await;
         assert_eq!(answer["result"]["structuredContent"]["run"], 1, "{name}: {answer}");
         assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}: run once");
         drop(server);
@@ -215,10 +230,7 @@ async fn a_key_claimed_for_a_request_that_cannot_start_is_released() {
         let (server, _) = serve(&store).await;
         let client = Client::new(&server);
         let session = client.initialize("2025-06-18").await;
-        let hold = store.hold_next_after(Call::BeginKeyedRequest);
-        let post = client.post(Some(&session), &call(1, "quick", json!({}), Some(KEY))).send();
-        let sent = tokio::spawn(post);
-        tokio::time::timeout(WAIT, hold.reached()).await.expect("claimed");
+        let (hold, sent) = send_with_claim_held(&store, &client, &session).await;
         let deleted = client.http.delete(&server.url).header("mcp-session-id", &session.id);
         assert_eq!(
             deleted.header("mcp-protocol-version", &session.version).send().await.expect("delete").status(),
@@ -228,8 +240,7 @@ async fn a_key_claimed_for_a_request_that_cannot_start_is_released() {
         let refused = tokio::time::timeout(WAIT, sent).await.expect("answered").expect("task").expect("response");
         assert_eq!(refused.status(), 404, "{name}: the session ended before the request could start");
         let session = client.initialize("2025-06-18").await;
-        let again = client.post(Some(&session), &call(2, "quick", json!({}), Some(KEY))).send().await.expect("send");
-        let answer = tokio::time::timeout(WAIT, json_body(again)).await.expect("the re-send is answered");
+        let answer = resent(&client, &session, 2).await;
         assert_eq!(answer["result"]["structuredContent"]["run"], 1, "{name}: it runs now: {answer}");
         drop(server);
         dir.map(std::fs::remove_dir_all);
