@@ -405,7 +405,7 @@ impl SessionStore for MemoryStore {
                     tokio::task::yield_now().await;
                 }
             }
-            self.tasks().records.retain(|_, task| task.forget_at_ms().is_none_or(|at| at > now_ms));
+            forget_tasks(&mut self.tasks(), now_ms, self.retention.max_finished_tasks);
             loop {
                 let (forgotten, more) = forget_keys(&mut self.lock(), now_ms, &self.retention);
                 drop(forgotten);
@@ -818,6 +818,21 @@ impl MemoryStore {
 
 /// Forgets up to [`SWEEP_BATCH`] idempotency records: those past their time, then the oldest
 /// finished ones past the count bound, with the counter additions made under them. Returns the
+/// Forgets the finished tasks that are due at `now_ms`, then, past `max_finished`, those due
+/// first.
+fn forget_tasks(tasks: &mut Tasks, now_ms: u64, max_finished: usize) {
+    tasks.records.retain(|_, task| task.forget_at_ms().is_none_or(|at| at > now_ms));
+    let mut finished: Vec<(u64, String)> =
+        tasks.records.iter().filter_map(|(id, task)| task.forget_at_ms().map(|at| (at, id.clone()))).collect();
+    if finished.len() <= max_finished {
+        return;
+    }
+    finished.sort_unstable();
+    for (_, id) in &finished[..finished.len() - max_finished] {
+        tasks.records.remove(id);
+    }
+}
+
 /// records, for the caller to free once it released the lock, and whether more are due.
 fn forget_keys(inner: &mut Inner, now_ms: u64, retention: &Retention) -> (Vec<KeyRecord>, bool) {
     let Inner { keys, key_order, counter_ops, forgotten_through, .. } = inner;

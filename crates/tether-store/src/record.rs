@@ -233,6 +233,9 @@ pub struct Retention {
     /// a session, so only a re-send of a request that old would run again. The embedded store
     /// keeps every id of a live session, on disk.
     pub max_requests_per_session: usize,
+    /// Most finished tasks kept (each until its ttl); past it, the sweep forgets those due
+    /// first, so that a client finishing tasks faster than they expire cannot grow the store.
+    pub max_finished_tasks: usize,
 }
 
 impl Retention {
@@ -246,7 +249,8 @@ impl Retention {
 impl Default for Retention {
     /// Five minutes of ended streams, thirty of tombstones, 10,000 events per stream, 64 MiB
     /// per session, 1 GiB in all, a ten-second lease, idempotency records for 24 hours, at most
-    /// a million of them, and the last 10,000 request ids of each session.
+    /// a million of them, the last 10,000 request ids of each session, and 10,000 finished
+    /// tasks.
     fn default() -> Self {
         Retention {
             ended_stream_ms: 5 * 60_000,
@@ -258,6 +262,7 @@ impl Default for Retention {
             idempotency_ms: 24 * 3_600_000,
             max_idempotency_records: 1_000_000,
             max_requests_per_session: 10_000,
+            max_finished_tasks: 10_000,
         }
     }
 }

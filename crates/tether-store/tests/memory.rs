@@ -158,6 +158,7 @@ async fn a_sweep_forgets_everything_due_however_many_batches_it_takes() {
     let retention = tether_store::Retention {
         max_bytes_per_session: 1 << 20,
         max_requests_per_session: 10_000,
+        max_finished_tasks: 10_000,
         max_idempotency_records: 10_000,
         ..suite::retention()
     };

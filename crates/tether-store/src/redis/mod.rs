@@ -1083,7 +1083,22 @@ impl SessionStore for RedisStore {
                 let _: i64 = conn.hdel(OWNERS, &owner).await.map_err(backend)?;
             }
             self.forget_keys(&mut conn, now_ms).await?;
-            let tasks: Vec<String> = conn.zrangebyscore(TASKS_DUE, 0, now_ms).await.map_err(backend)?;
+            let mut tasks: Vec<String> = conn.zrangebyscore(TASKS_DUE, 0, now_ms).await.map_err(backend)?;
+            // Past the bound, the finished tasks due first.
+            let finished: usize = conn.zcard(TASKS_DUE).await.map_err(backend)?;
+            let over = finished.saturating_sub(tasks.len()).saturating_sub(self.retention.max_finished_tasks);
+            if over > 0 {
+                let first = tasks.len();
+                let more: Vec<String> = conn
+                    .zrange(
+                        TASKS_DUE,
+                        isize::try_from(first).unwrap_or(isize::MAX),
+                        isize::try_from(first + over - 1).unwrap_or(isize::MAX),
+                    )
+                    .await
+                    .map_err(backend)?;
+                tasks.extend(more);
+            }
             for id in tasks {
                 redis::pipe()
                     .atomic()

@@ -1481,6 +1481,14 @@ impl SessionStore for SqliteStore {
             let deleted: Vec<(String, String)> = dropped.into_iter().map(|(session, stream, _)| (session, stream)).collect();
             forget_keys(txn, now, &retention)?;
             execute(txn, "DELETE FROM tasks WHERE forget_at_ms <= ?1", [now]).map_err(backend)?;
+            // Past the bound, the finished tasks due first.
+            execute(
+                txn,
+                "DELETE FROM tasks WHERE id IN (SELECT id FROM tasks WHERE forget_at_ms IS NOT NULL \
+                 ORDER BY forget_at_ms DESC LIMIT -1 OFFSET ?1)",
+                [as_i64(u64::try_from(retention.max_finished_tasks).unwrap_or(u64::MAX))],
+            )
+            .map_err(backend)?;
             Ok((expired, deleted, tombstones > 0))
         }, |mirror: &Mirror, (expired, deleted, tombstones): &(Vec<String>, Vec<(String, String)>, bool)| {
             for id in expired {

@@ -24,6 +24,7 @@ pub fn retention() -> Retention {
         idempotency_ms: 10_000,
         max_idempotency_records: 3,
         max_requests_per_session: 4,
+        max_finished_tasks: 2,
     }
 }
 
@@ -878,6 +879,24 @@ pub async fn running_tasks_are_capped_in_all_and_per_principal(store: &dyn Store
     );
 }
 
+/// Past the bound of finished tasks, the sweep forgets those due first; running ones stay.
+pub async fn finished_tasks_past_the_bound_are_forgotten_due_first(store: &dyn Store) {
+    use tether_core::tasks::{TaskChange, TaskRecord};
+    for (id, created) in [("a", 1_000), ("b", 1_001), ("c", 1_002), ("running", 1_003)] {
+        let task = TaskRecord::new(id.into(), None, created, Some(60_000), None);
+        store.create_task(task, None, TaskLimits::NONE).await.expect("create");
+    }
+    for id in ["c", "a", "b"] {
+        let finish = TaskChange::Finish(Ok(serde_json::json!({"content": []})));
+        store.update_task(id, finish, 1_100).await.expect("finish").expect("exists");
+    }
+    store.sweep(1_200).await.expect("sweep");
+    assert_eq!(store.task("a", 1_200).await, Ok(None), "due first (created first), past the two kept");
+    for id in ["b", "c", "running"] {
+        assert!(store.task(id, 1_200).await.expect("read").is_some(), "{id} is kept");
+    }
+}
+
 /// A finished task is kept for its ttl from its creation, then forgotten by the sweep; a running
 /// one is kept whatever its ttl.
 pub async fn a_finished_task_is_forgotten_after_its_ttl(store: &dyn Store) {
@@ -939,6 +958,7 @@ macro_rules! store_suite {
             an_aborted_stream_says_so_and_takes_nothing_more,
             a_released_claim_is_claimed_anew_and_an_outcome_stays,
             running_tasks_are_capped_in_all_and_per_principal,
+            finished_tasks_past_the_bound_are_forgotten_due_first,
         );
     };
     ($make:expr) => {
