@@ -322,6 +322,7 @@ impl Client {
             }
         }
         let outcome = rx.await.unwrap_or(Err(RequestError::Client(ClientError::Closed)));
+        tracing::debug!(attempt = %id, outcome = ?outcome.as_ref().map(|_| "result"), "attempt ended");
         if method == method::TOOLS_LIST
             && let Ok(result) = &outcome
         {

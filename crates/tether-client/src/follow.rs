@@ -29,6 +29,18 @@ pub(crate) enum Origin {
     Request(RequestId),
 }
 
+impl Ended {
+    /// The name of how the connection ended, for logs.
+    fn kind(&self) -> &'static str {
+        match self {
+            Ended::Done => "done",
+            Ended::Dropped => "dropped",
+            Ended::Unanswered => "unanswered",
+            Ended::Diverged(_) => "diverged",
+        }
+    }
+}
+
 /// Where the proof of continuity stands.
 enum Continuity {
     /// Every event is checked against the previous one.
@@ -125,6 +137,7 @@ impl Follower {
             if let Some(connection) = reader.take() {
                 let opened = tokio::time::Instant::now();
                 let ended = self.read(connection).await;
+                tracing::debug!(stream = %self.key, ended = ended.kind(), "connection ended");
                 if opened.elapsed() >= LONG_LIVED {
                     self.attempts.refill();
                 }

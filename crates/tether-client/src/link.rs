@@ -270,6 +270,7 @@ impl MessageLink {
             let cancelled = async move { drop(cancelled.await) };
             let (app_id, attempts) = (request.id.clone(), Arc::clone(&origins));
             let on_attempt = Box::new(move |attempt: &RequestId| {
+                tracing::debug!(request = %app_id, %attempt, "sending the application's request");
                 lock(&attempts).insert(attempt.clone(), app_id.clone());
             });
             let outcome = client.request_traced(&request.method, params, cancelled, Some(on_attempt)).await;
