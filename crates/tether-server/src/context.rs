@@ -723,8 +723,11 @@ impl Context {
         if self.is_void() {
             return;
         }
-        // What the handler sent before goes in first.
-        let _ = self.flush().await;
+        // What the handler sent before goes in first; what could not be written is lost to
+        // the stream either way, and the abort that follows tells its readers so.
+        if let Err(err) = self.flush().await {
+            tracing::warn!(%err, "a request's output before its abort could not all be written");
+        }
         if let Output::Stored { store, runtime, stream, .. } = &self.shared.output
             && let Err(err) = store.abort_stream(&runtime.id, &runtime.epoch, stream).await
         {

@@ -11,7 +11,8 @@
 //! order, and the result.
 //!
 //! Needs `TETHER_PY_SDK` (a Python with `pip install mcp`) and `TETHER_TS_SDK` (a directory with
-//! `@modelcontextprotocol/sdk` installed); scripts/test installs both and runs these tests.
+//! `@modelcontextprotocol/sdk` installed): a plain `cargo test` ignores them; scripts/test installs
+//! both and runs them.
 
 mod common;
 
@@ -113,6 +114,7 @@ fn run(name: &str, kill: bool) -> (Tally, i64, u64, usize) {
 }
 
 #[test]
+#[ignore = "needs the SDKs scripts/test installs (TETHER_PY_SDK, TETHER_TS_SDK); it runs them"]
 fn keyed_calls_through_a_gateway_run_exactly_once_under_cuts() {
     let (tally, ran, cuts, _) = run("gateway-chaos-cuts", false);
     println!(
@@ -129,6 +131,7 @@ fn keyed_calls_through_a_gateway_run_exactly_once_under_cuts() {
 }
 
 #[test]
+#[ignore = "needs the SDKs scripts/test installs (TETHER_PY_SDK, TETHER_TS_SDK); it runs them"]
 fn a_kill_9_of_a_gateway_leaves_each_call_with_its_result_or_request_aborted_and_none_run_twice() {
     let (tally, ran, cuts, hit) = run("gateway-chaos-kill", true);
     let results = tally.values.len() as i64;
@@ -157,6 +160,7 @@ fn a_kill_9_of_a_gateway_leaves_each_call_with_its_result_or_request_aborted_and
 }
 
 #[test]
+#[ignore = "needs the SDKs scripts/test installs (TETHER_PY_SDK, TETHER_TS_SDK); it runs them"]
 fn sdk_clients_resume_through_a_gateway_whose_streams_are_cut() {
     let ts_sdk = std::env::var("TETHER_TS_SDK").expect(
         "TETHER_TS_SDK must name a directory with @modelcontextprotocol/sdk installed; scripts/test installs one",

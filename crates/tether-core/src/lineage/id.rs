@@ -449,6 +449,28 @@ mod tests {
     }
 
     #[test]
+    fn a_session_id_is_its_text_and_is_found_by_it() {
+        let id = SessionId::parse("s-1").expect("valid");
+        assert_eq!(id.as_str(), "s-1");
+        let mut map = std::collections::HashMap::new();
+        map.insert(id.clone(), 1);
+        assert_eq!(
+            map.get("s-1"),
+            Some(&1),
+            "looked up by the text a store row holds"
+        );
+        assert_eq!(map.get("s-2"), None);
+    }
+
+    #[test]
+    fn base64url_text_is_appended_unpadded() {
+        let mut out = String::from("x:");
+        push_base64url(&mut out, &[0xfb, 0xff]);
+        assert_eq!(out, "x:-_8");
+        assert_eq!(base64url(&[0xfb, 0xff]), "-_8");
+    }
+
+    #[test]
     fn rejects_malformed_ids_with_a_reason() {
         for (s, err) in [
             ("", IdError::Shape),
