@@ -215,7 +215,7 @@ async fn start_in_batch_here(
         Recorded::New(work) => *work,
         Recorded::Again { original, request } => {
             // Its own key is the original's, which may be running: the relay is tracked apart.
-            let key = RequestKey::of(&request.id).relayed_in(stream);
+            let key = RequestKey::Resent { id: request.id.clone(), stream: stream.clone() };
             let follow =
                 Answer::Follow { session: runtime.id.clone(), stream: original, request: Some(request.id.clone()) };
             let relay = Job::Answer(follow, None);
@@ -302,7 +302,7 @@ impl Entry {
         let keyed = Keyed::of(shared, principal, &request.method, &params)?;
         // Straight to bytes, not through `Display`'s formatter.
         let params_bytes = serde_json::to_vec(&params).expect("a serde_json::Value serializes: its keys are strings");
-        let digest = Digest::of(key.as_str(), &params_bytes).to_string();
+        let digest = Digest::of(&key.encode(), &params_bytes).to_string();
         let read_only = shared.handler.read_only(&request.method, &params);
         Ok(Entry { key, request: Request { params: Some(params), ..request }, digest, keyed, read_only })
     }
@@ -806,7 +806,8 @@ mod tests {
     fn a_trailer_ends_every_request_of_the_stream() {
         let error = ErrorObject::with_reason(-32000, "gone", "request_aborted");
         let stream = StreamName::parse("b1").expect("a stream name");
-        let responses = trailer(&RequestKey::of_batch(&stream, &[RequestId::Number(1), RequestId::Number(2)]), &error);
+        let responses =
+            trailer(&RequestKey::Batch { stream, ids: vec![RequestId::Number(1), RequestId::Number(2)] }, &error);
         let ids: Vec<_> = responses
             .iter()
             .map(|bytes| match tether_core::jsonrpc::parse_message(bytes) {

@@ -431,6 +431,8 @@ pub(crate) fn test_record(idle_ttl_ms: u64, expires_at_ms: u64) -> SessionRecord
 
 #[cfg(test)]
 mod tests {
+    use tether_core::jsonrpc::RequestId;
+
     use super::*;
 
     fn runtime() -> Arc<SessionRuntime> {
@@ -470,11 +472,11 @@ mod tests {
     #[test]
     fn a_closing_session_starts_nothing_and_a_running_key_is_not_taken_twice() {
         let runtime = runtime();
-        let (key, stream) = (RequestKey::stored("n:1"), StreamName::parse("r1").expect("stream"));
+        let (key, stream) = (RequestKey::of(&RequestId::Number(1)), StreamName::parse("r1").expect("stream"));
         assert!(runtime.start_request(&key, &stream, CancellationToken::new()));
         assert!(!runtime.start_request(&key, &stream, CancellationToken::new()), "the same key runs once");
         runtime.close();
-        let other = RequestKey::stored("n:2");
+        let other = RequestKey::of(&RequestId::Number(2));
         assert!(!runtime.start_request(&other, &stream, CancellationToken::new()), "closing");
         assert_eq!(runtime.running(), 1, "what runs still runs");
     }
@@ -483,12 +485,12 @@ mod tests {
     fn a_running_requests_own_connection_adds_nothing_to_the_load() {
         let runtime = runtime();
         let (own, other) = (StreamName::parse("r1").expect("stream"), StreamName::parse("g1").expect("stream"));
-        assert!(runtime.start_request(&RequestKey::stored("n:1"), &own, CancellationToken::new()));
+        assert!(runtime.start_request(&RequestKey::of(&RequestId::Number(1)), &own, CancellationToken::new()));
         let _carrying = runtime.attach(&own);
         assert_eq!(runtime.load(), 1, "a request and the connection carrying its stream");
         let _standalone = runtime.attach(&other);
         assert_eq!(runtime.load(), 2);
-        runtime.finish_request(&RequestKey::stored("n:1"));
+        runtime.finish_request(&RequestKey::of(&RequestId::Number(1)));
         assert_eq!(runtime.load(), 2, "two connections once the request finished");
     }
 

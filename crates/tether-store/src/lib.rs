@@ -30,7 +30,7 @@ pub use record::{
     StoredEvent, StreamPage,
 };
 pub use redis::{RedisDurability, RedisStore};
-pub use request_key::RequestKey;
+pub use request_key::{MalformedKey, RequestKey};
 pub use sqlite::SqliteStore;
 
 /// A boxed future returned by [`Store`] methods, so the trait works as `dyn Store`.

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use proptest::prelude::*;
+use tether_core::jsonrpc::RequestId;
 use tether_core::lineage::{Epoch, SessionId, StreamName, StreamState};
 use tether_core::mcp::ProtocolVersion;
 use tether_store::{
@@ -200,7 +201,7 @@ async fn apply(store: &dyn Backend, run: u64, op: &Op, payload: &Bytes) -> Strin
             .begin_request(RequestRecord {
                 session: &sid(session),
                 epoch: &epoch(false),
-                key: &RequestKey::stored(&format!("n:{key}")),
+                key: &RequestKey::of(&RequestId::Number(key.into())),
                 params_digest: &format!("d{digest}"),
                 stream: &stream_name(stream),
             })

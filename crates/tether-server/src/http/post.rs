@@ -247,13 +247,14 @@ async fn respond_batch(
     check_load(shared, runtime)?;
     let stream = ids::stream_name('b').map_err(|e| Rejection::internal("random_failed", e.to_string()))?;
     let ids: Vec<RequestId> = requests.iter().map(|r| r.id.clone()).collect();
-    let key = RequestKey::of_batch(&stream, &ids);
+    let key = RequestKey::Batch { stream: stream.clone(), ids };
+    let stored_key = key.encode();
     let store = &shared.store;
     let record = RequestRecord {
         session: &runtime.id,
         epoch: &runtime.epoch,
         key: &key,
-        params_digest: key.as_str(),
+        params_digest: &stored_key,
         stream: &stream,
     };
     store.begin_request(record).await.map_err(Rejection::from)?;

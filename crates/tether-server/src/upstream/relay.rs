@@ -344,7 +344,7 @@ impl Relay {
         let describe = upstream.connect.describe();
         let cancel = CancellationToken::new();
         // Counted as running in the session, so ending it waits for the call's outcome.
-        let key = RequestKey::stored(&format!("relayed {call} from {from}"));
+        let key = RequestKey::Relayed { replica: from.clone(), call };
         let Some(session) = session.filter(|session| session.runtime().start_request(&key, &stream, cancel.clone()))
         else {
             return self.reply(from, Envelope::done(call, Err(lost(&describe))));

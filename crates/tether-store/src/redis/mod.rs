@@ -211,6 +211,15 @@ end
 ";
 
 /// The tag of a stream entry as `XRANGE` answers it (`{id, {'d', data, 't', tag}}`).
+/// A stream's `ended` field: when it ended, in microseconds of the server's clock. Over a
+/// session's byte cap the earliest ended goes first, as in every store.
+const ENDED_NOW: &str = r"
+local function ended_now()
+  local t = redis.call('TIME')
+  return t[1] .. string.format('%06d', t[2])
+end
+";
+
 const ENTRY_TAG: &str = r"
 local function entry_tag(entry)
   local fields = entry[2]
@@ -450,7 +459,7 @@ return ''"
         // ARGV[9...] the events, each its data then its tag. Over the session's byte cap, ended
         // streams go first (their tombstones stay), then this stream's oldest events.
         append: script(&format!(
-            "{CHECK_LIVE}{ENTRY_TAG}{BURY}
+            "{CHECK_LIVE}{ENTRY_TAG}{BURY}{ENDED_NOW}
 local s = redis.call('HMGET', KEYS[2], 'head', 'state')
 if not s[1] then return redis.error_reply('UNKNOWN_STREAM') end
 if s[2] ~= '0' then return redis.error_reply('STREAM_ENDED') end
@@ -481,25 +490,29 @@ local function drop_oldest()
 end
 while redis.call('XLEN', KEYS[3]) > tonumber(ARGV[3]) and drop_oldest() do end
 if total > tonumber(ARGV[4]) then
+  local ended = {{}}
   for _, name in ipairs(redis.call('SMEMBERS', KEYS[4])) do
+    local f = redis.call('HMGET', ARGV[6] .. 's:' .. name, 'state', 'ended')
+    if name ~= ARGV[7] and f[1] ~= '0' then table.insert(ended, {{tonumber(f[2]) or 0, name}}) end
+  end
+  table.sort(ended, function(a, b) if a[1] ~= b[1] then return a[1] < b[1] end return a[2] < b[2] end)
+  for _, e in ipairs(ended) do
     if total <= tonumber(ARGV[4]) then break end
-    if name ~= ARGV[7] and redis.call('HGET', ARGV[6] .. 's:' .. name, 'state') ~= '0' then
-      local size = bury(ARGV[6], name, ARGV[8])
-      if size > 0 then total = redis.call('HINCRBY', KEYS[1], 'bytes', -size) end
-    end
+    local size = bury(ARGV[6], e[2], ARGV[8])
+    if size > 0 then total = redis.call('HINCRBY', KEYS[1], 'bytes', -size) end
   end
   while total > tonumber(ARGV[4]) and drop_oldest() do end
 end
-if ARGV[2] == '1' then redis.call('HSET', KEYS[2], 'state', 1) end
+if ARGV[2] == '1' then redis.call('HSET', KEYS[2], 'state', 1, 'ended', ended_now()) end
 redis.call('PUBLISH', '{NOTIFY}', ARGV[5] .. seq)
 return seq"
         )),
         // KEYS[2] stream meta; ARGV[2] notification prefix.
         end_stream: script(&format!(
-            "{CHECK_LIVE}
+            "{CHECK_LIVE}{ENDED_NOW}
 local s = redis.call('HMGET', KEYS[2], 'head', 'state')
 if not s[1] then return redis.error_reply('UNKNOWN_STREAM') end
-if s[2] == '0' then redis.call('HSET', KEYS[2], 'state', 1) end
+if s[2] == '0' then redis.call('HSET', KEYS[2], 'state', 1, 'ended', ended_now()) end
 redis.call('PUBLISH', '{NOTIFY}', ARGV[2] .. s[1])
 return 1"
         )),
@@ -516,10 +529,10 @@ return 1"
         // KEYS[1] stream meta; ARGV[1] notification prefix, ARGV[2] the owner whose lease lapsed.
         // An owner's set may name a stream it never began (a re-sent request id found another's).
         abort: script(&format!(
-            "
+            "{ENDED_NOW}
 local s = redis.call('HMGET', KEYS[1], 'head', 'state', 'rk', 'owner')
 if not s[1] or s[2] ~= '0' or s[3] == '' or s[4] ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], 'state', 2)
+redis.call('HSET', KEYS[1], 'state', 2, 'ended', ended_now())
 redis.call('PUBLISH', '{NOTIFY}', ARGV[1] .. s[1])
 return 1"
         )),
@@ -1180,7 +1193,7 @@ impl EventLog for RedisStore {
         let (session, epoch, key, digest) = (
             request.session.as_str().to_owned(),
             request.epoch.to_string(),
-            request.key.as_str().to_owned(),
+            request.key.encode(),
             request.params_digest.to_owned(),
         );
         let stream_name = request.stream.clone();
@@ -1334,7 +1347,7 @@ impl EventLog for RedisStore {
         Box::pin(async move {
             let mut conn = self.conn();
             let rk: Option<String> = conn.hget(key, "rk").await.map_err(backend)?;
-            Ok(rk.filter(|k| !k.is_empty()).map(|k| RequestKey::stored(&k)))
+            rk.filter(|k| !k.is_empty()).map(|k| RequestKey::parse(&k)).transpose().map_err(backend)
         })
     }
 

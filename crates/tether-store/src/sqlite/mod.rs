@@ -74,6 +74,25 @@ pub struct SqliteStore {
     /// How far commits are durable: reads wait for it.
     durability: Arc<Durability>,
     records_id: String,
+    /// The order streams end in, for eviction over a session's byte cap: the earliest ended
+    /// goes first, as in every store.
+    ends: EndOrder,
+}
+
+/// Numbers the ends of streams, in the order the writer commits them: a stream's
+/// `ended_order`. Streams another process left running, aborted at open, have none, and so
+/// count as ended before any this process ends.
+#[derive(Debug, Clone)]
+struct EndOrder(Arc<std::sync::atomic::AtomicI64>);
+
+impl EndOrder {
+    fn starting_after(last: i64) -> EndOrder {
+        EndOrder(Arc::new(std::sync::atomic::AtomicI64::new(last)))
+    }
+
+    fn next(&self) -> i64 {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+    }
 }
 
 impl Drop for SqliteStore {
@@ -227,12 +246,13 @@ const HISTORY_REWRITTEN: i64 = 4;
 /// The columns added to tables after their first release, each added to a database made before
 /// it (with the default their rows take): `CREATE TABLE IF NOT EXISTS` leaves an existing table
 /// as it is.
-const ADDED_COLUMNS: [(&str, &str, &str); 5] = [
+const ADDED_COLUMNS: [(&str, &str, &str); 6] = [
     ("events", "tag", "INTEGER NOT NULL DEFAULT 0"),
     ("streams", "before_retained", "INTEGER"),
     ("tombstones", "before_retained", "INTEGER"),
     ("keys", "at", "INTEGER NOT NULL DEFAULT 0"),
     ("tasks", "running_principal", "TEXT"),
+    ("streams", "ended_order", "INTEGER"),
 ];
 
 /// Indexes of [`ADDED_COLUMNS`], made once the columns are there.
@@ -396,6 +416,8 @@ impl SqliteStore {
         let records_id: String = connection
             .query_row("SELECT value FROM meta WHERE name = 'records_id'", [], |r| r.get(0))
             .map_err(backend)?;
+        let last_end: Option<i64> =
+            connection.query_row("SELECT MAX(ended_order) FROM streams", [], |r| r.get(0)).map_err(backend)?;
         connection.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         let mut queries = Vec::new();
         for _ in 0..READERS {
@@ -449,6 +471,7 @@ impl SqliteStore {
             mirror: Arc::default(),
             durability,
             records_id,
+            ends: EndOrder::starting_after(last_end.unwrap_or(0)),
         })
     }
 
@@ -530,7 +553,7 @@ impl SqliteStore {
         let new = NewRequest {
             session: request.session.as_str().to_owned(),
             epoch: request.epoch.to_string(),
-            key: request.key.as_str().to_owned(),
+            key: request.key.encode(),
             digest: request.params_digest.to_owned(),
             stream: request.stream.clone(),
         };
@@ -565,7 +588,7 @@ impl SqliteStore {
         record: Option<String>,
     ) -> StoreFuture<'_, u64> {
         let (s, e, st) = (session.to_owned(), epoch.to_string(), stream.to_string());
-        let (owner, retention) = (self.owner.clone(), self.retention);
+        let (owner, retention, ends) = (self.owner.clone(), self.retention, self.ends.clone());
         let events: Arc<Vec<(Tag, Bytes)>> =
             Arc::new(crate::tags::fresh_n(events.len()).into_iter().zip(events).collect());
         let (session_, stream_, written) = (s.clone(), st.clone(), Arc::clone(&events));
@@ -576,9 +599,10 @@ impl SqliteStore {
         };
         let done = self.run_with(
             move |txn| {
-                let Some(key) = record else { return Ok(append_in(txn, &s, &e, &st, &events, last, &retention)) };
+                let ended = last.then(|| ends.next());
+                let Some(key) = record else { return Ok(append_in(txn, &s, &e, &st, &events, ended, &retention)) };
                 // A failed append undoes only its own writes: the outcome is recorded regardless.
-                let appended = in_savepoint(txn, |txn| append_in(txn, &s, &e, &st, &events, last, &retention));
+                let appended = in_savepoint(txn, |txn| append_in(txn, &s, &e, &st, &events, ended, &retention));
                 finish_in(txn, &owner, &key, events.last().map_or(&[][..], |(_, b)| &b[..]))?;
                 Ok(appended)
             },
@@ -826,7 +850,7 @@ fn bury<P: rusqlite::Params + Copy>(
 }
 
 /// Keeps `stream` and its session within `retention`: ended streams of the session go first,
-/// then the oldest events of `stream` (never its newest). Byte counts are kept per stream and
+/// the earliest ended first, then the oldest events of `stream` (never its newest). Byte counts are kept per stream and
 /// per session, so this costs a few indexed lookups, not a scan.
 fn evict(
     txn: &Connection,
@@ -844,7 +868,7 @@ fn evict(
     while session_bytes(txn, session)? > cap {
         let ended: Option<String> = query_row(
             txn,
-            "SELECT stream FROM streams WHERE session = ?1 AND stream != ?2 AND state != 0 LIMIT 1",
+            "SELECT stream FROM streams WHERE session = ?1 AND stream != ?2 AND state != 0 ORDER BY ended_order LIMIT 1",
             params![session, stream],
             |r| r.get(0),
         )
@@ -1063,15 +1087,15 @@ fn claim_in(txn: &Connection, owner: &str, records: &str, claim: &KeyClaim) -> R
     Ok(Claim::Claimed(Acknowledged { records: records.to_owned(), position }))
 }
 
-/// Appends `events` (each with its tag) to a live stream (ending it after them if `last`) and
-/// keeps retention.
+/// Appends `events` (each with its tag) to a live stream (ending it after them, `ended` its end's
+/// order, if that is given) and keeps retention.
 fn append_in(
     txn: &Connection,
     s: &str,
     e: &str,
     st: &str,
     events: &[(Tag, Bytes)],
-    last: bool,
+    ended: Option<i64>,
     retention: &Retention,
 ) -> Result<Appended, StoreError> {
     check_live(txn, s, e)?;
@@ -1099,11 +1123,11 @@ fn append_in(
     execute(
         txn,
         concat!(
-            "UPDATE streams SET head = ?3, state = ?4, bytes = bytes + ?5, ended_at_ms = CASE WHEN ?4 != 0 THEN ",
+            "UPDATE streams SET head = ?3, state = ?4, bytes = bytes + ?5, ended_order = ?6, ended_at_ms = CASE WHEN ?4 != 0 THEN ",
             last_sweep!(),
             " END WHERE session = ?1 AND stream = ?2"
         ),
-        params![s, st, head, if last { COMPLETE } else { LIVE }, bytes],
+        params![s, st, head, if ended.is_some() { COMPLETE } else { LIVE }, bytes, ended],
     )
     .map_err(backend)?;
     add_session_bytes(txn, s, bytes)?;
@@ -1602,6 +1626,7 @@ impl EventLog for SqliteStore {
         let (s, e, st) = (session.as_str().to_owned(), epoch.to_string(), stream.to_string());
         let (session_, stream_) = (s.clone(), st.clone());
         let then = move |mirror: &Mirror, _: &u64| mirror.stream_ended(&session_, &stream_);
+        let ends = self.ends.clone();
         let ended = self.run_with(
             move |txn| {
                 check_live(txn, &s, &e)?;
@@ -1617,11 +1642,11 @@ impl EventLog for SqliteStore {
                 execute(
                     txn,
                     concat!(
-                        "UPDATE streams SET state = ?3, ended_at_ms = ",
+                        "UPDATE streams SET state = ?3, ended_order = ?4, ended_at_ms = ",
                         last_sweep!(),
                         " WHERE session = ?1 AND stream = ?2 AND state = 0"
                     ),
-                    params![s, st, COMPLETE],
+                    params![s, st, COMPLETE, ends.next()],
                 )
                 .map_err(backend)?;
                 Ok(as_u64(head))
@@ -1640,17 +1665,18 @@ impl EventLog for SqliteStore {
         let (s, e, st) = (session.as_str().to_owned(), epoch.to_string(), stream.to_string());
         let (session_, stream_) = (s.clone(), st.clone());
         let then = move |mirror: &Mirror, _: &Option<u64>| mirror.forget_stream(&session_, &stream_);
+        let ends = self.ends.clone();
         let aborted = self.run_with(
             move |txn| {
                 check_live(txn, &s, &e)?;
                 query_row(
                     txn,
                     concat!(
-                        "UPDATE streams SET state = ?3, ended_at_ms = ",
+                        "UPDATE streams SET state = ?3, ended_order = ?4, ended_at_ms = ",
                         last_sweep!(),
                         " WHERE session = ?1 AND stream = ?2 AND state = 0 RETURNING head"
                     ),
-                    params![s, st, ABORTED],
+                    params![s, st, ABORTED, ends.next()],
                     |r| r.get::<_, i64>(0),
                 )
                 .optional()
@@ -1687,7 +1713,10 @@ impl EventLog for SqliteStore {
                 |r| r.get::<_, Option<String>>(0),
             )
             .optional()
-            .map(|key| key.flatten().map(|key| RequestKey::stored(&key)))
+            .map_err(backend)?
+            .flatten()
+            .map(|key| RequestKey::parse(&key))
+            .transpose()
             .map_err(backend)
         })
     }

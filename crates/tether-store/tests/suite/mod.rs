@@ -50,7 +50,7 @@ pub fn sid(id: &str) -> SessionId {
 
 /// The key of a request as the server records it (`n:1`, `s:x`).
 pub fn key(stored: &str) -> RequestKey {
-    RequestKey::stored(stored)
+    RequestKey::parse(stored).expect("a request key")
 }
 
 pub fn epoch(tag: char) -> Epoch {
@@ -451,6 +451,37 @@ pub async fn session_byte_cap_evicts_ended_streams_first(store: &dyn Store) {
     let range = retained().await;
     assert_eq!((range.retained_from, range.head), (5, 5), "{range:?}");
     assert_eq!(seqs(store, &sid("s8"), &live, 0).await, vec![5]);
+}
+
+/// Over a session's byte cap the earliest ended stream goes first, however it ended (a final
+/// append, an end, an abort): not the first by name, nor the first opened.
+pub async fn the_byte_cap_evicts_the_earliest_ended_stream_first(store: &dyn Store) {
+    let a = epoch('A');
+    store.create_session(record("s9", a.clone(), 0), usize::MAX).await.expect("create");
+    let s = sid("s9");
+    store.begin_request(request(&s, &a, &key("n:1"), "d", &stream("b"))).await.expect("begin");
+    for name in ["a", "c", "d"] {
+        store.open_stream(&s, &a, &stream(name)).await.expect("open");
+    }
+    for name in ["b", "a", "c", "d"] {
+        store.append(&s, &a, &stream(name), Bytes::from(vec![b'x'; 200]), false).await.expect("append");
+    }
+    store.end_stream(&s, &a, &stream("c")).await.expect("end");
+    store.abort_stream(&s, &a, &stream("b")).await.expect("abort");
+    store.append(&s, &a, &stream("a"), Bytes::from(vec![b'x'; 100]), true).await.expect("append");
+    let kept = |name: &'static str| {
+        let s = &s;
+        async move {
+            let range = store.stream_range(s, &stream(name)).await.expect("range").expect("known");
+            range.retained_from <= range.head
+        }
+    };
+    store.append(&s, &a, &stream("d"), Bytes::from(vec![b'x'; 200]), false).await.expect("append");
+    assert!(!kept("c").await, "over the 1,000-byte cap, the stream that ended first goes");
+    assert!(kept("b").await && kept("a").await && kept("d").await);
+    store.append(&s, &a, &stream("d"), Bytes::from(vec![b'x'; 200]), false).await.expect("append");
+    assert!(!kept("b").await, "then the one that ended next");
+    assert!(kept("a").await && kept("d").await);
 }
 
 pub async fn sweep_expires_idle_sessions_and_drops_old_history(store: &dyn Store) {
@@ -938,6 +969,7 @@ macro_rules! store_suite {
             retention_evicts_oldest_events_and_reports_it_in_the_range,
             a_batch_past_the_caps_keeps_the_newest_events,
             session_byte_cap_evicts_ended_streams_first,
+            the_byte_cap_evicts_the_earliest_ended_stream_first,
             sweep_expires_idle_sessions_and_drops_old_history,
             watch_follows_the_head_and_closes_with_the_session,
             a_watch_made_after_appends_starts_at_the_head,
