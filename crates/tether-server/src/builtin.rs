@@ -206,7 +206,7 @@ fn add_stream_tools(tools: &mut ToolSet, counters: &Arc<dyn CounterStore>) {
             let ms = u64_arg(&args, "ms", 0, 3_600_000)?;
             tokio::select! {
                 () = sleep_ms(ms) => Ok(text_result(format!("slept {ms} ms"))),
-                () = ctx.cancelled() => Err(ErrorObject::with_reason(code::INTERNAL_ERROR, "cancelled", "cancelled")),
+                () = ctx.cancelled() => Err(crate::http::reject::Refusal::RequestCancelled.error("cancelled while it slept")),
             }
         },
     );

@@ -547,6 +547,7 @@ fn a_cancellation_reaching_the_relaying_replica_cancels_the_call_at_the_child() 
     let answer = running.join().expect("the relayed call");
     assert!(started.elapsed() < Duration::from_secs(10), "the cancelled call ran on: {}", answer.body);
     assert!(!answer.body.contains("counted to 1000"), "{}", answer.body);
+    assert!(answer.body.contains(r#""reason":"request_cancelled""#), "ended as cancelled: {}", answer.body);
     eventually("the child never heard of the cancellation", || {
         result_text(&call(&url_a, &session, "heard", json!({}))).lines().any(|m| m == "notifications/cancelled")
     });

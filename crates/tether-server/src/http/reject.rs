@@ -249,7 +249,7 @@ impl Refusal {
 }
 
 /// The code of a server error (`-32000`): a refusal of the transport's own.
-const SERVER_ERROR: i64 = -32000;
+pub(crate) const SERVER_ERROR: i64 = -32000;
 /// The code of an unusable session (`-32001`).
 const SESSION_INVALID: i64 = -32001;
 

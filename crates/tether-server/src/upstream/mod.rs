@@ -40,6 +40,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::context::{Context, SessionHandle};
 use crate::handler::{AdoptFuture, Handler, HandlerFuture, ServerInfo};
+use crate::http::reject::Refusal;
 use peer::Peer;
 use relay::Relay;
 
@@ -326,26 +327,19 @@ fn unavailable(upstream: &str, detail: impl std::fmt::Display) -> ErrorObject {
 
 /// The upstream stopped while the request ran: whether it took effect there is unknown.
 fn aborted(upstream: &str) -> ErrorObject {
-    ErrorObject::with_reason(
-        SERVER_ERROR,
-        format!("the upstream server ({upstream}) stopped before answering"),
-        "request_aborted",
-    )
+    Refusal::RequestAborted.error(format!("the upstream server ({upstream}) stopped before answering"))
 }
 
 /// The request was cancelled by its client.
 fn cancelled() -> ErrorObject {
-    ErrorObject::with_reason(code::INTERNAL_ERROR, "the request was cancelled", "cancelled")
+    Refusal::RequestCancelled.error("the request was cancelled")
 }
 
 /// The upstream had stopped before the request could be sent: it did not run.
 fn lost(upstream: &str) -> ErrorObject {
     ErrorObject::with_reason(
-        SERVER_ERROR,
+        crate::http::reject::SERVER_ERROR,
         format!("the upstream server ({upstream}) had stopped: the request was not sent; start a new session"),
         "upstream_lost",
     )
 }
-
-/// JSON-RPC's code for errors of the server's own.
-const SERVER_ERROR: i64 = -32000;
