@@ -13,6 +13,7 @@ use tether_core::lifecycle::{self, Attempt, Said};
 use tether_core::mcp::{Era, meta, method};
 use tether_core::tasks;
 use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument as _;
 
 use crate::backoff::Attempts;
 use crate::checkpoint::CheckpointFile;
@@ -311,7 +312,9 @@ impl Client {
             Era::Legacy => (Message::Request(request).to_vec(), HeaderMap::new()),
             Era::Modern => inner.modern_request(request),
         };
-        match inner.endpoint.post(&session, body, headers).await {
+        // What the HTTP client logs while the attempt goes out carries its id.
+        let post = inner.endpoint.post(&session, body, headers).instrument(tracing::debug_span!("attempt", id = %id));
+        match post.await {
             Err(err) => inner
                 .resolve(&key, Err(RequestError::OutcomeUnknown(format!("the request may not have arrived: {err}")))),
             Ok((head, reply)) => {

@@ -9,6 +9,7 @@ use tether_core::lineage::{
     client_verdict,
 };
 use tether_core::sse::Event;
+use tracing::Instrument as _;
 
 use crate::backoff::Attempts;
 use crate::checkpoint::StreamCursor;
@@ -126,7 +127,8 @@ impl Follower {
             retry: None,
             ready,
         };
-        tokio::spawn(follower.run(first.map(|(_, reader)| reader)));
+        let span = tracing::debug_span!("follow", stream = %follower.key);
+        tokio::spawn(follower.run(first.map(|(_, reader)| reader)).instrument(span));
     }
 
     async fn run(mut self, mut reader: Option<Box<SseReader>>) {
