@@ -626,15 +626,9 @@ impl Session {
             }
         };
         put(header::METHOD, &request.method);
-        let name_field = match request.method.as_str() {
-            method::TOOLS_CALL | "prompts/get" => Some("name"),
-            "resources/read" => Some("uri"),
-            tasks::method::GET | tasks::method::UPDATE | tasks::method::CANCEL | tasks::method::STREAM => {
-                Some("taskId")
-            }
-            _ => None,
-        };
-        if let Some(name) = name_field.and_then(|f| params.get(f)).and_then(Value::as_str) {
+        if let Some(name) =
+            tether_core::methods::mcp_name(&request.method).and_then(|f| params.get(f)).and_then(Value::as_str)
+        {
             put(header::NAME, &param_headers::encode_value(name));
         }
         if request.method == method::TOOLS_CALL

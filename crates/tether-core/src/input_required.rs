@@ -17,14 +17,6 @@ use crate::lineage::base64url;
 /// The `resultType` of a result that asks for input.
 pub const RESULT_TYPE: &str = "input_required";
 
-/// The methods whose result may ask for input.
-pub const METHODS: [&str; 4] = [
-    "tools/call",
-    "prompts/get",
-    "resources/read",
-    "tasks/result",
-];
-
 /// The params field carrying the client's answers.
 pub const RESPONSES: &str = "inputResponses";
 

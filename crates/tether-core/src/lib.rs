@@ -19,6 +19,7 @@ pub mod jsonrpc;
 pub mod lifecycle;
 pub mod lineage;
 pub mod mcp;
+pub mod methods;
 pub mod param_headers;
 pub mod sse;
 pub mod subscriptions;

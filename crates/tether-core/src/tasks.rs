@@ -194,9 +194,6 @@ pub mod method {
     pub const STREAM: &str = "tasks/stream";
     /// One event of a task stream (SEP-2694).
     pub const EVENT: &str = "notifications/tasks/event";
-    /// Methods of the first tasks design that SEP-2663 removed: unknown (-32601) before any other
-    /// check, so a client learns at once that they are gone.
-    pub const REMOVED: [&str; 2] = ["tasks/result", "tasks/list"];
 }
 
 /// How a tool's definition says it runs as a task (`execution.taskSupport`: `"optional"`,

@@ -65,16 +65,12 @@ fn progress_token(params: &Value) -> Option<Value> {
     params.get("_meta")?.get("progressToken").filter(|t| t.is_string() || t.is_number()).cloned()
 }
 
-/// Methods whose 2026-07-28 results carry cache hints.
-const CACHEABLE: [&str; 5] =
-    ["tools/list", "prompts/list", "resources/list", "resources/read", "resources/templates/list"];
-
 /// Adds what every 2026-07-28 result carries: `resultType`, the server's identity and, for
 /// list and read results, cache hints (tether does not promise any caching).
 pub(crate) fn decorate_modern(method: &str, result: &mut Value, server_info: &Value) {
     let Value::Object(map) = result else { return };
     map.entry("resultType").or_insert_with(|| json!("complete"));
-    if CACHEABLE.contains(&method) || method == tether_core::mcp::method::SERVER_DISCOVER {
+    if tether_core::methods::is_cacheable(method) {
         map.entry("ttlMs").or_insert_with(|| json!(0));
         map.entry("cacheScope").or_insert_with(|| json!("private"));
     }
@@ -642,7 +638,7 @@ async fn run(
     );
     async move {
         let (work, record): (crate::HandlerFuture, Option<Keyed>) = match job {
-            Job::Run(keyed) if binding.is_none() && input_required::METHODS.contains(&method.as_str()) => {
+            Job::Run(keyed) if binding.is_none() && tether_core::methods::may_ask_input(&method) => {
                 let handler = Arc::clone(&shared.handler);
                 (Box::pin(input::rounds(handler, ctx.clone(), method.clone(), params, Answerer::Session)), keyed)
             }

@@ -65,7 +65,7 @@ impl InputRequired {
 /// handler runs: answers that are not an object of objects, or a state this server did not seal
 /// for this request, are refused. Methods whose results never ask for input bring nothing.
 pub(crate) fn of(shared: &ServerState, method: &str, params: &Value) -> Result<Input, InputError> {
-    if !input_required::METHODS.contains(&method) {
+    if !tether_core::methods::may_ask_input(method) {
         return Ok(Input::default());
     }
     let responses = input_required::responses(params)?.cloned().unwrap_or_default();
@@ -91,7 +91,7 @@ pub(crate) fn seal(shared: &ServerState, method: &str, binding: &str, outcome: &
     let Value::Object(result) = result else { return };
     let failure =
         |message: String| Err(ErrorObject::with_reason(code::INTERNAL_ERROR, message, "input_required_invalid"));
-    if !input_required::METHODS.contains(&method) {
+    if !tether_core::methods::may_ask_input(method) {
         *outcome = failure(format!("a {method} result cannot ask for input"));
         return;
     }

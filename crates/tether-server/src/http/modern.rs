@@ -8,7 +8,8 @@ use axum::response::Response;
 use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, Message, Request, code};
-use tether_core::mcp::{self, ProtocolVersion, header, meta, method};
+use tether_core::mcp::{self, Era, ProtocolVersion, header, meta, method};
+use tether_core::methods;
 use tether_core::param_headers;
 use tether_core::subscriptions;
 use tether_core::tasks;
@@ -24,16 +25,6 @@ use crate::{Handler, SUPPORTED_VERSIONS, ServerState};
 
 /// Messages buffered between a 2026-07-28 handler and its connection.
 const DIRECT_BUFFER: usize = 64;
-
-/// Methods of the legacy era that 2026-07-28 removed: they are unknown here.
-const REMOVED: [&str; 6] = [
-    method::INITIALIZE,
-    method::INITIALIZED,
-    method::PING,
-    "logging/setLevel",
-    "resources/subscribe",
-    "resources/unsubscribe",
-];
 
 /// Serves a POST whose `MCP-Protocol-Version` is 2026-07-28, or a version this server does not
 /// support (`unsupported`): that one is refused the 2026-07-28 way, with the request's id.
@@ -56,14 +47,11 @@ pub(crate) async fn post(
         }
     };
     let id = request.id.clone();
-    if unsupported.is_none() && tasks::method::REMOVED.contains(&request.method.as_str()) {
+    if unsupported.is_none() && !methods::exists_in(&request.method, Era::Modern) {
         // Before any other check: whatever else the request says, the method is gone.
         return Err(method_not_found(&request.method).with_id(Some(id)));
     }
     validate(headers, &request, unsupported, shared.handler.as_ref()).map_err(|r| r.with_id(Some(id.clone())))?;
-    if REMOVED.contains(&request.method.as_str()) {
-        return Err(method_not_found(&request.method).with_id(Some(id)));
-    }
     if request.method == method::SERVER_DISCOVER {
         let info = shared.handler.info();
         let mut result = json!({
@@ -214,13 +202,7 @@ fn validate(
         }
         None => return Err(header_mismatch("Mcp-Method header is required".into())),
     }
-    let named = match request.method.as_str() {
-        method::TOOLS_CALL | "prompts/get" => Some("name"),
-        "resources/read" => Some("uri"),
-        tasks::method::GET | tasks::method::UPDATE | tasks::method::CANCEL | tasks::method::STREAM => Some("taskId"),
-        _ => None,
-    };
-    if let Some(field) = named {
+    if let Some(field) = methods::mcp_name(&request.method) {
         let body_name = request.params.as_ref().and_then(|p| p.get(field)).and_then(Value::as_str);
         let named = header_value(header::NAME, guard::Values::Any)?.and_then(|v| param_headers::decode_value(v).ok());
         if named.as_deref() != body_name {

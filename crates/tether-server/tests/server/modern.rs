@@ -323,6 +323,20 @@ async fn removed_and_unknown_methods_are_404_and_get_delete_405() {
     }
 }
 
+/// A method the revision does not have is unknown whatever else the request says: one rule for
+/// the handshake's methods and the first tasks design's alike, before any header is checked.
+#[tokio::test]
+async fn a_method_the_revision_lacks_is_unknown_before_its_headers_are_checked() {
+    let server = start(config()).await;
+    let client = Client::new(&server);
+    for method in ["ping", "tasks/list", "logging/setLevel"] {
+        let response =
+            modern(&client, 2, method, json!({})).header("mcp-method", "tools/list").send().await.expect("send");
+        assert_eq!(response.status(), 404, "{method}");
+        assert_eq!(json_body(response).await["error"]["code"], -32601, "{method}");
+    }
+}
+
 #[tokio::test]
 async fn undeclared_client_capability_is_minus_32021() {
     let server = start(config()).await;
