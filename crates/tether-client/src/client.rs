@@ -315,6 +315,8 @@ impl Client {
         // What the HTTP client logs while the attempt goes out carries its id.
         let post = inner.endpoint.post(&session, body, headers).instrument(tracing::debug_span!("attempt", id = %id));
         match post.await {
+            // Nothing of it was written: it did not run.
+            Err(ClientError::NotSent(why)) => inner.resolve(&key, Err(RequestError::NotExecuted(why))),
             Err(err) => inner
                 .resolve(&key, Err(RequestError::OutcomeUnknown(format!("the request may not have arrived: {err}")))),
             Ok((head, reply)) => {

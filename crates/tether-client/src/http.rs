@@ -68,6 +68,8 @@ impl SessionHeaders {
 pub(crate) struct Endpoint {
     pub http: reqwest::Client,
     pub url: String,
+    /// How long a POST may go unwritten before it is given up ([`ClientError::NotSent`]).
+    pub unsent_timeout: std::time::Duration,
 }
 
 impl Endpoint {
@@ -81,7 +83,28 @@ impl Endpoint {
         let mut headers = session.apply(extra);
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(ACCEPT, HeaderValue::from_static("application/json, text/event-stream"));
-        let response = self.http.post(&self.url).headers(headers).body(body).send().await.map_err(transport)?;
+        // An HTTP client can lose a request handed to a connection that closes at that very
+        // moment: it is never written and never answered. Nothing of it is written before its
+        // body is first read, so a request whose body is not read in time did not reach the
+        // server, and is given up as not sent.
+        let (body, read) = Announced::new(Bytes::from(body));
+        let sent = self.http.post(&self.url).headers(headers).body(reqwest::Body::wrap(body)).send();
+        tokio::pin!(sent);
+        let unsent = async {
+            if tokio::time::timeout(self.unsent_timeout, read).await.is_err() {
+                return;
+            }
+            std::future::pending::<()>().await;
+        };
+        let response = tokio::select! {
+            response = &mut sent => response.map_err(transport)?,
+            () = unsent => {
+                return Err(ClientError::NotSent(format!(
+                    "the HTTP client had not begun to write the request after {:?}",
+                    self.unsent_timeout
+                )));
+            }
+        };
         classify(response).await
     }
 
@@ -102,6 +125,43 @@ impl Endpoint {
         if let Err(err) = self.http.delete(&self.url).headers(headers).send().await {
             tracing::debug!(%err, "DELETE of the session failed");
         }
+    }
+}
+
+/// A request body that says when the HTTP client first reads it: before that, nothing of the
+/// request is written (the head goes out with the body's first bytes).
+struct Announced {
+    bytes: Option<Bytes>,
+    read: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Announced {
+    fn new(bytes: Bytes) -> (Announced, tokio::sync::oneshot::Receiver<()>) {
+        let (read, is_read) = tokio::sync::oneshot::channel();
+        (Announced { bytes: Some(bytes), read: Some(read) }, is_read)
+    }
+}
+
+impl http_body::Body for Announced {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if let Some(read) = self.read.take() {
+            let _ = read.send(());
+        }
+        std::task::Poll::Ready(self.bytes.take().map(|bytes| Ok(http_body::Frame::data(bytes))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.bytes.is_none()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.bytes.as_ref().map_or(0, |bytes| bytes.len() as u64))
     }
 }
 

@@ -78,6 +78,9 @@ pub struct ClientConfig {
     /// ([`ClientEvent::Divergence`]), resolves what was pending as
     /// [`RequestError::OutcomeUnknown`] and closes, sending nothing more.
     pub reinitialize: bool,
+    /// How long a request may wait to be written (connecting, waiting for a connection) before
+    /// it is given up as never sent: nothing of it reached the server, so it did not run.
+    pub unsent_timeout: std::time::Duration,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -102,6 +105,7 @@ impl ClientConfig {
             tasks: false,
             headers: Vec::new(),
             reinitialize: true,
+            unsent_timeout: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -266,6 +270,9 @@ pub enum ClientError {
     /// The client was closed.
     #[error("the client is closed")]
     Closed,
+    /// The request was never written: the HTTP client did not start sending it in time.
+    #[error("not sent: {0}")]
+    NotSent(String),
 }
 
 /// Why a request has no result.

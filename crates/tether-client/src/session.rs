@@ -135,7 +135,7 @@ impl Session {
             invalid_tools: HashMap::new(),
         };
         Ok(Session {
-            endpoint: Endpoint { http, url: config.url.clone() },
+            endpoint: Endpoint { http, url: config.url.clone(), unsent_timeout: config.unsent_timeout },
             config,
             events,
             state: Mutex::new(state),
@@ -418,13 +418,15 @@ impl Session {
         loop {
             match self.handshake().await {
                 Err(ClientError::Refused { status: 404, .. }) if attempt < HANDSHAKE_ATTEMPTS => attempt += 1,
-                Err(ClientError::Transport(err)) => match unreachable.next_delay(None, None) {
-                    Some(delay) => {
-                        tracing::debug!(%err, ?delay, "server unreachable; trying the handshake again");
-                        tokio::time::sleep(delay).await;
+                Err(ClientError::Transport(err) | ClientError::NotSent(err)) => {
+                    match unreachable.next_delay(None, None) {
+                        Some(delay) => {
+                            tracing::debug!(%err, ?delay, "server unreachable; trying the handshake again");
+                            tokio::time::sleep(delay).await;
+                        }
+                        None => return Err(ClientError::Transport(err)),
                     }
-                    None => return Err(ClientError::Transport(err)),
-                },
+                }
                 outcome => return outcome,
             }
         }
@@ -531,7 +533,7 @@ impl Session {
                     Ok(response) => response,
                     Err(_) => return Ok(None),
                 },
-                Err(err @ ClientError::Transport(_)) => return Err(err),
+                Err(err @ (ClientError::Transport(_) | ClientError::NotSent(_))) => return Err(err),
                 _ => return Ok(None),
             };
             match response.outcome {

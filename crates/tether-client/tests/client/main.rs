@@ -5,3 +5,4 @@ mod input;
 mod reactions;
 mod tasks;
 mod telemetry;
+mod unsent;

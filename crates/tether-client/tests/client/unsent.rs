@@ -1,0 +1,74 @@
+//! A request the HTTP client never writes ends as not executed after `unsent_timeout`, instead
+//! of waiting for ever. Here it cannot be written because its connection never opens: the
+//! server's accept queue is full, so the kernel drops the connection's SYN.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tether_client::{Client, ClientConfig, RequestError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+/// Reads one request (head and `Content-Length` body) and answers it with `answer(body)`, then
+/// closes the connection.
+async fn serve_one(mut tcp: TcpStream, answer: impl FnOnce(&Value) -> String) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let body = loop {
+        let n = tcp.read(&mut chunk).await.expect("read");
+        assert!(n > 0, "the request ended early");
+        buf.extend_from_slice(&chunk[..n]);
+        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else { continue };
+        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length:"))
+            .map_or(0, |v| v.trim().parse().expect("a length"));
+        if buf.len() >= end + 4 + length {
+            break serde_json::from_slice(&buf[end + 4..end + 4 + length]).unwrap_or(Value::Null);
+        }
+    };
+    tcp.write_all(answer(&body).as_bytes()).await.expect("write");
+    tcp.shutdown().await.expect("close");
+}
+
+fn response(status: &str, headers: &str, body: &str) -> String {
+    format!("HTTP/1.1 {status}\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n{body}", body.len())
+}
+
+#[tokio::test]
+async fn a_request_never_written_ends_as_not_executed() {
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket.bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+    let addr = socket.local_addr().expect("addr");
+    // The smallest accept queue: once it holds a connection no one accepts, SYNs are dropped.
+    let listener = socket.listen(0).expect("listen");
+    let server = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.expect("initialize");
+        serve_one(tcp, |request| {
+            let result = json!({"jsonrpc": "2.0", "id": request["id"], "result": {
+                "protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {"name": "x", "version": "1"}}});
+            response("200 OK", "Content-Type: application/json\r\nMcp-Session-Id: s1\r\n", &result.to_string())
+        })
+        .await;
+        let (tcp, _) = listener.accept().await.expect("initialized");
+        serve_one(tcp, |_| response("202 Accepted", "", "")).await;
+        listener
+    });
+    let mut config = ClientConfig::new(format!("http://{addr}/mcp"));
+    config.unsent_timeout = Duration::from_millis(300);
+    let (client, _events) = Client::connect(config).await.expect("the handshake");
+    let _listener = server.await.expect("the server");
+    // The queue fills up with connections no one accepts (once it is full, connecting hangs).
+    let mut fillers = Vec::new();
+    for _ in 0..2 {
+        if let Ok(Ok(tcp)) = tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(addr)).await {
+            fillers.push(tcp);
+        }
+    }
+    let outcome = tokio::time::timeout(Duration::from_secs(20), client.request("tools/list", json!({}))).await;
+    match outcome {
+        Ok(Err(RequestError::NotExecuted(why))) => assert!(why.contains("had not begun to write"), "{why}"),
+        other => panic!("not ended as not executed: {other:?}"),
+    }
+}
