@@ -65,8 +65,11 @@ impl ProtocolVersion {
     /// Whether the version negotiates once (legacy) or per request (modern).
     pub fn era(self) -> Era {
         match self {
+            ProtocolVersion::V2024_11_05
+            | ProtocolVersion::V2025_03_26
+            | ProtocolVersion::V2025_06_18
+            | ProtocolVersion::V2025_11_25 => Era::Legacy,
             ProtocolVersion::V2026_07_28 => Era::Modern,
-            _ => Era::Legacy,
         }
     }
 

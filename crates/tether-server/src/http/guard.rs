@@ -4,7 +4,7 @@
 use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, ORIGIN, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderValue, Uri};
 use serde_json::json;
-use tether_core::mcp::{ProtocolVersion, header};
+use tether_core::mcp::{Era, ProtocolVersion, header};
 
 use super::reject::{Refusal, Rejection};
 use crate::auth::Authenticator;
@@ -124,8 +124,8 @@ pub(crate) enum HeaderVersion {
     Absent,
     /// A supported legacy revision.
     Legacy(ProtocolVersion),
-    /// 2026-07-28.
-    Modern,
+    /// A supported revision of the modern era (2026-07-28).
+    Modern(ProtocolVersion),
     /// Anything else, as sent.
     Unsupported(String),
 }
@@ -135,8 +135,10 @@ pub(crate) fn protocol_version(headers: &HeaderMap) -> Result<HeaderVersion, Rej
     let Some(value) = single(headers, header::PROTOCOL_VERSION, Values::One)? else { return Ok(HeaderVersion::Absent) };
     let text = value.to_str().unwrap_or("");
     Ok(match text.parse::<ProtocolVersion>() {
-        Ok(ProtocolVersion::V2026_07_28) => HeaderVersion::Modern,
-        Ok(version) if crate::SUPPORTED_VERSIONS.contains(&version) => HeaderVersion::Legacy(version),
+        Ok(version) if crate::SUPPORTED_VERSIONS.contains(&version) => match version.era() {
+            Era::Legacy => HeaderVersion::Legacy(version),
+            Era::Modern => HeaderVersion::Modern(version),
+        },
         _ => HeaderVersion::Unsupported(text.to_owned()),
     })
 }

@@ -55,9 +55,9 @@ async fn handle(shared: Arc<ServerState>, request: axum::extract::Request) -> Re
     let legacy = matches!(version, HeaderVersion::Absent | HeaderVersion::Legacy(_));
     match (parts.method.clone(), version) {
         // An unsupported version is answered the 2026-07-28 way, which needs the body.
-        (Method::POST, HeaderVersion::Modern) => modern::post(&shared, &parts.headers, body, principal, None).await,
+        (Method::POST, HeaderVersion::Modern(v)) => modern::post(&shared, &parts.headers, body, principal, Ok(v)).await,
         (Method::POST, HeaderVersion::Unsupported(v)) => {
-            modern::post(&shared, &parts.headers, body, principal, Some(&v)).await
+            modern::post(&shared, &parts.headers, body, principal, Err(&v)).await
         }
         (Method::POST, _) => post::post(&shared, &parts.headers, body, principal).await,
         (Method::GET | Method::DELETE, HeaderVersion::Unsupported(v)) => Err(guard::unsupported_version(&v)),

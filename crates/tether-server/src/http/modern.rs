@@ -26,15 +26,17 @@ use crate::{Handler, SUPPORTED_VERSIONS, ServerState};
 /// Messages buffered between a 2026-07-28 handler and its connection.
 const DIRECT_BUFFER: usize = 64;
 
-/// Serves a POST whose `MCP-Protocol-Version` is 2026-07-28, or a version this server does not
-/// support (`unsupported`): that one is refused the 2026-07-28 way, with the request's id.
+/// Serves a POST whose `MCP-Protocol-Version` is a revision of the modern era (`Ok`), or a
+/// version this server does not support (`Err`, as sent): that one is refused the 2026-07-28
+/// way, with the request's id.
 pub(crate) async fn post(
     shared: &Arc<ServerState>,
     headers: &HeaderMap,
     body: Body,
     principal: Option<String>,
-    unsupported: Option<&str>,
+    version: Result<ProtocolVersion, &str>,
 ) -> Result<Response, Rejection> {
+    let unsupported = version.err();
     guard::post_media(headers)?;
     let bytes = read_body(body, &shared.config).await?;
     let message = jsonrpc::parse_message(&bytes).map_err(|e| reject::unparsable(&e))?;
@@ -51,7 +53,7 @@ pub(crate) async fn post(
         // Before any other check: whatever else the request says, the method is gone.
         return Err(method_not_found(&request.method).with_id(Some(id)));
     }
-    validate(headers, &request, unsupported, shared.handler.as_ref()).map_err(|r| r.with_id(Some(id.clone())))?;
+    validate(headers, &request, version, shared.handler.as_ref()).map_err(|r| r.with_id(Some(id.clone())))?;
     if request.method == method::SERVER_DISCOVER {
         let info = shared.handler.info();
         let mut result = json!({
@@ -164,12 +166,16 @@ fn header_mismatch(message: String) -> Rejection {
 fn validate(
     headers: &HeaderMap,
     request: &Request,
-    unsupported: Option<&str>,
+    version: Result<ProtocolVersion, &str>,
     handler: &dyn Handler,
 ) -> Result<(), Rejection> {
+    let unsupported = version.err();
     let request_meta = request.params.as_ref().and_then(|p| p.get("_meta"));
     let missing = |key: &str| Refusal::MissingMeta.with(format!("params._meta[{key:?}] is required"));
-    let header_version = unsupported.unwrap_or(ProtocolVersion::V2026_07_28.as_str());
+    let header_version = match version {
+        Ok(version) => version.as_str(),
+        Err(text) => text,
+    };
     let Some(version) = request_meta.and_then(|m| m.get(meta::PROTOCOL_VERSION)) else {
         // No per-request metadata at all: a legacy client with a version this server lacks.
         return Err(match unsupported {
