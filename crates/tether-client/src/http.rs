@@ -68,7 +68,8 @@ impl SessionHeaders {
 pub(crate) struct Endpoint {
     pub http: reqwest::Client,
     pub url: String,
-    /// How long a POST may go unwritten before it is given up ([`ClientError::NotSent`]).
+    /// How long a POST may go unwritten before it is given up ([`ClientError::NotSent`]), and a
+    /// GET or DELETE may go unanswered.
     pub unsent_timeout: std::time::Duration,
 }
 
@@ -115,15 +116,22 @@ impl Endpoint {
         if let Some(cursor) = cursor.and_then(|c| c.parse().ok()) {
             headers.insert(header::LAST_EVENT_ID, cursor);
         }
-        let response = self.http.get(&self.url).headers(headers).send().await.map_err(transport)?;
+        // A GET changes nothing, and a stream's head comes at once: one that does not come in
+        // time (the request was lost, as a POST can be) is tried again.
+        let response = tokio::time::timeout(self.unsent_timeout, self.http.get(&self.url).headers(headers).send())
+            .await
+            .map_err(|_| ClientError::Transport(format!("no answer to the GET within {:?}", self.unsent_timeout)))?
+            .map_err(transport)?;
         classify(response).await
     }
 
     /// DELETEs the session; the answer does not matter.
     pub async fn delete(&self, session: &SessionHeaders) {
         let headers = session.apply(HeaderMap::new());
-        if let Err(err) = self.http.delete(&self.url).headers(headers).send().await {
-            tracing::debug!(%err, "DELETE of the session failed");
+        match tokio::time::timeout(self.unsent_timeout, self.http.delete(&self.url).headers(headers).send()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(err)) => tracing::debug!(%err, "DELETE of the session failed"),
+            Err(_) => tracing::debug!("DELETE of the session was not answered in time"),
         }
     }
 }

@@ -78,8 +78,9 @@ pub struct ClientConfig {
     /// ([`ClientEvent::Divergence`]), resolves what was pending as
     /// [`RequestError::OutcomeUnknown`] and closes, sending nothing more.
     pub reinitialize: bool,
-    /// How long a request may wait to be written (connecting, waiting for a connection) before
-    /// it is given up as never sent: nothing of it reached the server, so it did not run.
+    /// How long a POST may wait to be written (connecting, waiting for a connection) before it
+    /// is given up as never sent: nothing of it reached the server, so it did not run. Also how
+    /// long a GET (which changes nothing) may wait for its stream's head before it is tried again.
     pub unsent_timeout: std::time::Duration,
 }
 

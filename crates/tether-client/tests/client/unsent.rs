@@ -1,6 +1,7 @@
-//! A request the HTTP client never writes ends as not executed after `unsent_timeout`, instead
-//! of waiting for ever. Here it cannot be written because its connection never opens: the
-//! server's accept queue is full, so the kernel drops the connection's SYN.
+//! A request the HTTP client never writes ends as not executed after `unsent_timeout`, and a
+//! GET never answered is over as an attempt, instead of either waiting for ever. Here neither
+//! can be written because no connection opens: the server's accept queue is full, so the kernel
+//! drops each new connection's SYN.
 
 use std::time::Duration;
 
@@ -71,4 +72,7 @@ async fn a_request_never_written_ends_as_not_executed() {
         Ok(Err(RequestError::NotExecuted(why))) => assert!(why.contains("had not begun to write"), "{why}"),
         other => panic!("not ended as not executed: {other:?}"),
     }
+    // A GET that is not answered in time is over as an attempt (and tried again later).
+    let first_get = tokio::time::timeout(Duration::from_secs(20), client.follow_standalone()).await;
+    assert!(first_get.is_ok(), "the standalone stream's first GET never ended");
 }
