@@ -258,6 +258,7 @@ const ADDED_COLUMNS: [(&str, &str, &str); 6] = [
 /// Indexes of [`ADDED_COLUMNS`], made once the columns are there.
 const ADDED_INDEXES: &str = "
 CREATE INDEX IF NOT EXISTS tasks_running ON tasks (owner, running_principal) WHERE running_principal IS NOT NULL;
+CREATE INDEX IF NOT EXISTS streams_end_order ON streams (session, ended_order) WHERE state != 0;
 ";
 
 /// Adds the [`ADDED_COLUMNS`] a database made before them lacks.
@@ -850,8 +851,9 @@ fn bury<P: rusqlite::Params + Copy>(
 }
 
 /// Keeps `stream` and its session within `retention`: ended streams of the session go first,
-/// the earliest ended first, then the oldest events of `stream` (never its newest). Byte counts are kept per stream and
-/// per session, so this costs a few indexed lookups, not a scan.
+/// the earliest ended first, then the oldest events of `stream` (never its newest). Byte counts
+/// are kept per stream and per session, and ended streams are indexed by their end's order, so
+/// this costs a few indexed lookups, not a scan.
 fn evict(
     txn: &Connection,
     session: &str,
