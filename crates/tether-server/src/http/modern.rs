@@ -8,7 +8,7 @@ use axum::response::Response;
 use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, Message, Request, code};
-use tether_core::mcp::{self, Era, ProtocolVersion, header, meta, method};
+use tether_core::mcp::{self, ProtocolVersion, header, meta, method};
 use tether_core::methods;
 use tether_core::param_headers;
 use tether_core::subscriptions;
@@ -49,7 +49,9 @@ pub(crate) async fn post(
         }
     };
     let id = request.id.clone();
-    if unsupported.is_none() && !methods::exists_in(&request.method, Era::Modern) {
+    if let Ok(version) = version
+        && !methods::exists_in(&request.method, version.era())
+    {
         // Before any other check: whatever else the request says, the method is gone.
         return Err(method_not_found(&request.method).with_id(Some(id)));
     }
