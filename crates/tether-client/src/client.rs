@@ -155,7 +155,7 @@ impl Client {
 
     /// Sends a request until its result is complete: a 2026-07-28 server may answer that it
     /// needs input first (SEP-2322); each input request is answered by the configured hooks (as
-    /// the server's own requests are in legacy sessions) and the request sent again with the
+    /// the server's own requests are in sessions) and the request sent again with the
     /// answers and the server's state, at most [`input_required::MAX_ROUNDS`] times. Each round is a request
     /// of its own, with its own idempotency key. A result that is a task (SEP-2663) is followed
     /// until the task finishes: the task's result is the request's.
@@ -174,7 +174,7 @@ impl Client {
         }
         for _ in 0..input_required::MAX_ROUNDS {
             let result = self.send_round(method, params.clone(), keying, in_flight).await?;
-            if !self.inner.is_modern() {
+            if !self.inner.is_stateless() {
                 return Ok(result);
             }
             if result.get("resultType").and_then(Value::as_str) == Some(tasks::RESULT_TYPE) {
@@ -309,8 +309,8 @@ impl Client {
         let _waiting = inner.waiting(&key);
         inner.persist();
         let (body, headers) = match era {
-            Era::Legacy => (Message::Request(request).to_vec(), HeaderMap::new()),
-            Era::Modern => inner.modern_request(request),
+            Era::Sessionful => (Message::Request(request).to_vec(), HeaderMap::new()),
+            Era::Stateless => inner.stateless_request(request),
         };
         // What the HTTP client logs while the attempt goes out carries its id.
         let post = inner.endpoint.post(&session, body, headers).instrument(tracing::debug_span!("attempt", id = %id));
@@ -343,10 +343,10 @@ impl Client {
                 Ok(response) => inner.deliver(None, None, Message::Response(response), Ack::none()),
                 Err(err) => inner.resolve(key, Err(RequestError::Client(err))),
             },
-            Reply::Sse(reader) if era == Era::Modern => {
+            Reply::Sse(reader) if era == Era::Stateless => {
                 let inner = Arc::clone(inner);
                 let id = id.clone();
-                tokio::spawn(async move { crate::follow::read_modern(inner, id, reader).await });
+                tokio::spawn(async move { crate::follow::read_stateless(inner, id, reader).await });
             }
             Reply::Sse(reader) => {
                 Follower::spawn(Arc::clone(inner), generation, Origin::Request(id.clone()), Some((head, reader)), None);
@@ -355,7 +355,7 @@ impl Client {
                 key,
                 Err(RequestError::Client(ClientError::Protocol("a request was answered with 202".into()))),
             ),
-            Reply::Refused(body) if head.status == 404 && era == Era::Legacy => {
+            Reply::Refused(body) if head.status == 404 && era == Era::Sessionful => {
                 inner.resolve(key, Err(RequestError::NotExecuted("the session is gone (404)".into())));
                 let reason =
                     DivergenceReason::Refused { status: head.status, detail: refused(&head, &body).to_string() };
@@ -415,9 +415,9 @@ impl Client {
 
     /// Sends a 2026-07-28 request once and hands back the raw reply, for a stream read by its
     /// own rules (a task's).
-    pub(crate) async fn post_modern(&self, method: &str, params: Value) -> Result<Reply, ClientError> {
+    pub(crate) async fn post_stateless(&self, method: &str, params: Value) -> Result<Reply, ClientError> {
         let request = Request { id: self.inner.next_id(), method: method.to_owned(), params: Some(params) };
-        let (body, headers) = self.inner.modern_request(request);
+        let (body, headers) = self.inner.stateless_request(request);
         let (_, reply) = self.inner.endpoint.post(&self.inner.session(), body, headers).await?;
         Ok(reply)
     }

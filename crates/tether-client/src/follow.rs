@@ -431,7 +431,7 @@ fn lineage(divergence: tether_core::lineage::Divergence) -> Ended {
 
 /// Reads a 2026-07-28 response stream. There is no resumption: a broken stream cancelled the
 /// request.
-pub(crate) async fn read_modern(inner: Arc<Session>, id: RequestId, mut reader: Box<SseReader>) {
+pub(crate) async fn read_stateless(inner: Arc<Session>, id: RequestId, mut reader: Box<SseReader>) {
     let key = stream_key(&id);
     loop {
         match reader.next().await {

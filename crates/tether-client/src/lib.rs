@@ -59,7 +59,7 @@ pub struct ClientConfig {
     pub backoff: Backoff,
     /// Where to keep the checkpoint across restarts, if anywhere.
     pub checkpoint_file: Option<PathBuf>,
-    /// The legacy revision to ask for in `initialize`.
+    /// The sessionful revision to ask for in `initialize`.
     pub protocol_version: ProtocolVersion,
     /// `clientInfo.name`.
     pub name: String,
@@ -99,7 +99,7 @@ impl ClientConfig {
             policy: Policy::Strict,
             backoff: Backoff::default(),
             checkpoint_file: None,
-            protocol_version: ProtocolVersion::LATEST_LEGACY,
+            protocol_version: ProtocolVersion::LATEST_SESSIONFUL,
             name: "tether".into(),
             hooks: Arc::new(DefaultHooks),
             idempotency_keys: true,

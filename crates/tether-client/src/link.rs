@@ -171,7 +171,7 @@ impl MessageLink {
                 config.name = name.to_owned();
             }
             if let Some(version) = params.get("protocolVersion").and_then(Value::as_str).and_then(|v| v.parse().ok())
-                && ProtocolVersion::era(version) == Era::Legacy
+                && ProtocolVersion::era(version) == Era::Sessionful
             {
                 config.protocol_version = version;
             }

@@ -120,7 +120,7 @@ impl Session {
             protocol_version: cursors.protocol_version().map(str::to_owned),
         };
         let state = State {
-            era: Era::Legacy,
+            era: Era::Sessionful,
             session,
             generation: 0,
             cursors,
@@ -178,7 +178,7 @@ impl Session {
     /// is followed already or the server has none (2026-07-28).
     pub fn start_standalone(&self) -> Option<u64> {
         let mut state = self.state();
-        if state.standalone || state.era == Era::Modern {
+        if state.standalone || state.era == Era::Stateless {
             return None;
         }
         state.standalone = true;
@@ -404,8 +404,8 @@ impl Session {
         }
     }
 
-    /// The legacy handshake; falls back to 2026-07-28 when the server refuses it the way a
-    /// modern-only server does. Returns the session id (empty for 2026-07-28).
+    /// The sessionful handshake; falls back to 2026-07-28 when the server refuses it the way a
+    /// stateless-only server does. Returns the session id (empty for 2026-07-28).
     ///
     /// A session can be gone before `notifications/initialized` reaches it (a balancer sent it
     /// to a replica that never had the session, or it expired): then the handshake starts over,
@@ -433,11 +433,11 @@ impl Session {
     }
 
     async fn handshake(self: &Arc<Self>) -> Result<String, ClientError> {
-        if self.config.protocol_version.era() == Era::Modern {
-            let server = self.modern_server().await?.ok_or_else(|| {
+        if self.config.protocol_version.era() == Era::Stateless {
+            let server = self.stateless_server().await?.ok_or_else(|| {
                 ClientError::Protocol("the server does not answer server/discover the 2026-07-28 way".into())
             })?;
-            self.become_modern(server);
+            self.become_stateless(server);
             return Ok(String::new());
         }
         let id = self.next_id();
@@ -454,9 +454,9 @@ impl Session {
             Reply::Json(bytes) => parse_response(&bytes)?,
             Reply::Sse(reader) => first_response(reader, &id).await?,
             Reply::Refused(body) if matches!(head.status, 400 | 404 | 405) => {
-                let Some(server) = self.modern_server().await? else { return Err(refused(&head, &body)) };
-                tracing::debug!(status = head.status, body = %String::from_utf8_lossy(&body), "legacy initialize refused");
-                self.become_modern(server);
+                let Some(server) = self.stateless_server().await? else { return Err(refused(&head, &body)) };
+                tracing::debug!(status = head.status, body = %String::from_utf8_lossy(&body), "sessionful initialize refused");
+                self.become_stateless(server);
                 return Ok(String::new());
             }
             Reply::Refused(body) => return Err(refused(&head, &body)),
@@ -484,7 +484,7 @@ impl Session {
         }
         {
             let mut state = self.state();
-            state.era = Era::Legacy;
+            state.era = Era::Sessionful;
             state.server = result;
             state.session = session.clone();
             state.cursors.initialized(session.session_id.clone(), epoch, version);
@@ -494,10 +494,10 @@ impl Session {
     }
 
     /// Speaks 2026-07-28 from now on, to the server `server/discover` described.
-    fn become_modern(&self, mut server: serde_json::Map<String, Value>) {
+    fn become_stateless(&self, mut server: serde_json::Map<String, Value>) {
         server.insert("protocolVersion".into(), json!(ProtocolVersion::V2026_07_28.as_str()));
         let mut state = self.state();
-        state.era = Era::Modern;
+        state.era = Era::Stateless;
         state.server = Value::Object(server);
         state.session =
             SessionHeaders { session_id: None, protocol_version: Some(ProtocolVersion::V2026_07_28.as_str().into()) };
@@ -509,21 +509,21 @@ impl Session {
     }
 
     /// Whether the client speaks 2026-07-28 to its server.
-    pub fn is_modern(&self) -> bool {
-        self.state().era == Era::Modern
+    pub fn is_stateless(&self) -> bool {
+        self.state().era == Era::Stateless
     }
 
     /// The server's `server/discover` result, if it answers the 2026-07-28 way.
     /// A refusal naming 2026-07-28 among the versions the server supports (-32022, as SEP-2575
     /// has servers answer a version they do not take) is tried once more: the server said it
     /// speaks it.
-    async fn modern_server(&self) -> Result<Option<serde_json::Map<String, Value>>, ClientError> {
+    async fn stateless_server(&self) -> Result<Option<serde_json::Map<String, Value>>, ClientError> {
         let session =
             SessionHeaders { session_id: None, protocol_version: Some(ProtocolVersion::V2026_07_28.as_str().into()) };
         for _ in 0..2 {
             let id = self.next_id();
             let request = Request { id, method: method::SERVER_DISCOVER.into(), params: Some(json!({})) };
-            let (body, headers) = self.modern_request(request);
+            let (body, headers) = self.stateless_request(request);
             let response = match self.endpoint.post(&session, body, headers).await {
                 // A success whose JSON does not parse was cut on its way: the network's fault.
                 Ok((_, Reply::Json(bytes))) => parse_response(&bytes).map_err(|err| {
@@ -538,7 +538,7 @@ impl Session {
             };
             match response.outcome {
                 Ok(Value::Object(result)) => return Ok(Some(result)),
-                Err(error) if error.code == code::UNSUPPORTED_PROTOCOL_VERSION && offers_modern(&error) => continue,
+                Err(error) if error.code == code::UNSUPPORTED_PROTOCOL_VERSION && offers_stateless(&error) => continue,
                 _ => return Ok(None),
             }
         }
@@ -608,7 +608,7 @@ impl Session {
     }
 
     /// The body and headers of a 2026-07-28 request: metadata in `_meta` and mirrored headers.
-    pub fn modern_request(&self, mut request: Request) -> (Vec<u8>, HeaderMap) {
+    pub fn stateless_request(&self, mut request: Request) -> (Vec<u8>, HeaderMap) {
         let mut params = request.params.take().unwrap_or_else(|| json!({}));
         if !params.is_object() {
             params = json!({});
@@ -653,7 +653,7 @@ impl Session {
 }
 
 /// Whether a version refusal lists 2026-07-28 among the versions the server supports.
-fn offers_modern(error: &jsonrpc::ErrorObject) -> bool {
+fn offers_stateless(error: &jsonrpc::ErrorObject) -> bool {
     let supported = error.data.as_ref().and_then(|d| d.get("supported")).and_then(Value::as_array);
     supported.is_some_and(|versions| versions.iter().any(|v| v.as_str() == Some(ProtocolVersion::V2026_07_28.as_str())))
 }
@@ -752,7 +752,7 @@ mod tests {
             "dry": {"type": "boolean", "x-mcp-header": "Dry"}}}}]}));
         let call = |name: &str, arguments: Value| {
             let params = json!({"name": name, "arguments": arguments});
-            let (_, headers) = session.modern_request(Request {
+            let (_, headers) = session.stateless_request(Request {
                 id: RequestId::Number(1),
                 method: method::TOOLS_CALL.into(),
                 params: Some(params),

@@ -233,7 +233,7 @@ async fn read_stream(followed: &mut Followed<'_>, cursor: &mut Cursor) -> Result
     if let Some(seq) = cursor.seq {
         params["after"] = json!(seq);
     }
-    let mut reader = match followed.client.post_modern(method::STREAM, params).await {
+    let mut reader = match followed.client.post_stateless(method::STREAM, params).await {
         Ok(Reply::Sse(reader)) => reader,
         Ok(Reply::Json(body) | Reply::Refused(body)) => {
             return match parse_response(&body) {

@@ -23,7 +23,7 @@ pub const RESPONSES: &str = "inputResponses";
 /// The params and result field carrying the sealed state.
 pub const STATE: &str = "requestState";
 
-/// Most rounds tether carries one request through (its client, and its server for legacy
+/// Most rounds tether carries one request through (its client, and its server for sessionful
 /// sessions) before giving up: a handler that keeps asking is a bug, not a dialogue.
 pub const MAX_ROUNDS: usize = 16;
 

@@ -22,9 +22,9 @@ pub enum ProtocolVersion {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Era {
     /// The `initialize` handshake negotiates the version once per session.
-    Legacy,
+    Sessionful,
     /// Every request carries its version and capabilities in `_meta`.
-    Modern,
+    Stateless,
 }
 
 /// The version string was not one of the known revisions.
@@ -43,12 +43,12 @@ impl ProtocolVersion {
     ];
 
     /// The newest revision with sessions and resumption.
-    pub const LATEST_LEGACY: ProtocolVersion = ProtocolVersion::V2025_11_25;
+    pub const LATEST_SESSIONFUL: ProtocolVersion = ProtocolVersion::V2025_11_25;
 
     /// The newest revision.
     pub const LATEST: ProtocolVersion = ProtocolVersion::V2026_07_28;
 
-    /// What a server assumes when a legacy request has no `MCP-Protocol-Version` header.
+    /// What a server assumes when a sessionful request has no `MCP-Protocol-Version` header.
     pub const ASSUMED_WITHOUT_HEADER: ProtocolVersion = ProtocolVersion::V2025_03_26;
 
     /// The version string, as on the wire.
@@ -62,14 +62,14 @@ impl ProtocolVersion {
         }
     }
 
-    /// Whether the version negotiates once (legacy) or per request (modern).
+    /// Whether the version negotiates once (sessionful) or per request (stateless).
     pub fn era(self) -> Era {
         match self {
             ProtocolVersion::V2024_11_05
             | ProtocolVersion::V2025_03_26
             | ProtocolVersion::V2025_06_18
-            | ProtocolVersion::V2025_11_25 => Era::Legacy,
-            ProtocolVersion::V2026_07_28 => Era::Modern,
+            | ProtocolVersion::V2025_11_25 => Era::Sessionful,
+            ProtocolVersion::V2026_07_28 => Era::Stateless,
         }
     }
 
@@ -104,7 +104,7 @@ impl FromStr for ProtocolVersion {
 
 /// HTTP header names, lowercase (HTTP header names are case-insensitive).
 pub mod header {
-    /// The session id (legacy revisions).
+    /// The session id (sessionful revisions).
     pub const SESSION_ID: &str = "mcp-session-id";
     /// The negotiated protocol version.
     pub const PROTOCOL_VERSION: &str = "mcp-protocol-version";
@@ -123,11 +123,11 @@ pub mod header {
 
 /// Method names tether handles at the protocol level.
 pub mod method {
-    /// Legacy handshake request.
+    /// Sessionful handshake request.
     pub const INITIALIZE: &str = "initialize";
-    /// Legacy handshake notification.
+    /// Sessionful handshake notification.
     pub const INITIALIZED: &str = "notifications/initialized";
-    /// Liveness check (legacy).
+    /// Liveness check (sessionful).
     pub const PING: &str = "ping";
     /// Cancels a request.
     pub const CANCELLED: &str = "notifications/cancelled";
@@ -193,9 +193,9 @@ mod tests {
 
     #[test]
     fn eras_and_features() {
-        assert_eq!(ProtocolVersion::V2026_07_28.era(), Era::Modern);
-        assert_eq!(ProtocolVersion::V2025_11_25.era(), Era::Legacy);
-        assert_eq!(ProtocolVersion::V2024_11_05.era(), Era::Legacy);
+        assert_eq!(ProtocolVersion::V2026_07_28.era(), Era::Stateless);
+        assert_eq!(ProtocolVersion::V2025_11_25.era(), Era::Sessionful);
+        assert_eq!(ProtocolVersion::V2024_11_05.era(), Era::Sessionful);
         let batches: Vec<_> = ProtocolVersion::ALL
             .into_iter()
             .filter(|v| v.allows_batches())

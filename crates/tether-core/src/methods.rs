@@ -21,9 +21,9 @@ pub struct MethodInfo {
     pub may_ask_input: bool,
 }
 
-const BOTH: &[Era] = &[Era::Legacy, Era::Modern];
-const SESSIONFUL: &[Era] = &[Era::Legacy];
-const STATELESS: &[Era] = &[Era::Modern];
+const BOTH: &[Era] = &[Era::Sessionful, Era::Stateless];
+const SESSIONFUL: &[Era] = &[Era::Sessionful];
+const STATELESS: &[Era] = &[Era::Stateless];
 
 const fn row(name: &'static str, eras: &'static [Era]) -> MethodInfo {
     MethodInfo {
@@ -125,11 +125,12 @@ mod tests {
 
     #[test]
     fn the_table_answers_for_each_column() {
-        assert!(!exists_in("ping", Era::Modern) && exists_in("ping", Era::Legacy));
+        assert!(!exists_in("ping", Era::Stateless) && exists_in("ping", Era::Sessionful));
         assert!(
-            !exists_in("tasks/list", Era::Modern) && !exists_in(tasks::method::GET, Era::Legacy)
+            !exists_in("tasks/list", Era::Stateless)
+                && !exists_in(tasks::method::GET, Era::Sessionful)
         );
-        assert!(exists_in("tools/call", Era::Modern) && exists_in("x/unknown", Era::Modern));
+        assert!(exists_in("tools/call", Era::Stateless) && exists_in("x/unknown", Era::Stateless));
         assert_eq!(mcp_name("resources/read"), Some("uri"));
         assert_eq!(mcp_name("tasks/cancel"), Some("taskId"));
         assert_eq!(mcp_name("tools/list"), None);

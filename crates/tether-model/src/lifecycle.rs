@@ -1,4 +1,4 @@
-//! The request lifecycle as a model: one keyed `tools/call` of a legacy session, from the
+//! The request lifecycle as a model: one keyed `tools/call` of a session, from the
 //! client's first attempt to what it says of the request, through the races of its life: the
 //! handler returning as it is cancelled, a store write that fails, a start that fails after the
 //! key was claimed, and the server restarting on its memory store (session, stream and key gone

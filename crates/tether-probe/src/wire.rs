@@ -197,7 +197,7 @@ impl Wire {
         Ok(response.status().as_u16())
     }
 
-    /// The legacy handshake at 2025-11-25.
+    /// The sessionful handshake at 2025-11-25.
     pub async fn initialize(&self) -> Result<(Session, Answer), ProbeError> {
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "tether-probe", "version": env!("CARGO_PKG_VERSION")}}});

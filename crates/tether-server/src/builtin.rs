@@ -11,9 +11,9 @@ use tether_core::param_headers::ParamHeader;
 use tether_core::tasks::TaskSupport;
 use tether_store::{CounterStore, MemoryStore, Retention};
 
-use crate::context::{Context, ContextError};
 use crate::handler::{Handler, HandlerFuture, ServerInfo};
-use crate::input::InputRequired;
+use crate::request::context::{Context, ContextError};
+use crate::request::input::InputRequired;
 use crate::session::LogLevel;
 use crate::tools::{ToolSet, invalid_argument, text_result};
 
@@ -72,7 +72,7 @@ impl BuiltinHandler {
         let mut tools = ToolSet::new();
         add_stream_tools(&mut tools, &counters);
         add_fixture_tools(&mut tools);
-        add_modern_fixture_tools(&mut tools);
+        add_stateless_fixture_tools(&mut tools);
         add_input_required_tools(&mut tools);
         add_task_tools(&mut tools);
         add_announcing_tools(&mut tools);
@@ -350,7 +350,7 @@ fn add_fixture_tools(tools: &mut ToolSet) {
 }
 
 /// Tools the 2026-07-28 conformance scenarios call.
-fn add_modern_fixture_tools(tools: &mut ToolSet) {
+fn add_stateless_fixture_tools(tools: &mut ToolSet) {
     let none = || schema(json!({}), &[]);
     tools.add(
         tool("test_missing_capability", "Needs the client's sampling capability.", none()),
@@ -376,7 +376,7 @@ fn add_modern_fixture_tools(tools: &mut ToolSet) {
         let params = json!({"message": "Your name?", "requestedSchema": {"type": "object", "properties": {"name": {"type": "string"}}}});
         match ctx.request("elicitation/create", params).await {
             Ok(answer) => Ok(elicitation_result(&answer)),
-            Err(ContextError::NoSession) => Ok(text_result("elicitation needs a legacy session; this request has none")),
+            Err(ContextError::NoSession) => Ok(text_result("elicitation needs a session; this request has none")),
             Err(err) => Err(context_error(err)),
         }
     });
@@ -724,7 +724,7 @@ fn add_input_required_tools(tools: &mut ToolSet) {
     );
 }
 
-fn resource_read(params: &Value, modern: bool) -> Result<Value, ErrorObject> {
+fn resource_read(params: &Value, stateless: bool) -> Result<Value, ErrorObject> {
     let uri = str_arg(params, "uri")?;
     let content = match uri {
         "test://static-text" => {
@@ -740,7 +740,7 @@ fn resource_read(params: &Value, modern: bool) -> Result<Value, ErrorObject> {
             _ => {
                 // SEP-2164 (2026-07-28): invalid params naming the uri; earlier revisions had
                 // a code of their own.
-                let code = if modern { code::INVALID_PARAMS } else { mcp_code::RESOURCE_NOT_FOUND };
+                let code = if stateless { code::INVALID_PARAMS } else { mcp_code::RESOURCE_NOT_FOUND };
                 let mut error = ErrorObject::with_reason(
                     code,
                     format!("resource {} not found", crate::excerpt::quoted(uri)),
@@ -830,8 +830,8 @@ impl Handler for BuiltinHandler {
                 "uriTemplate": "test://template/{id}/data", "name": "template", "description": "A templated resource",
                 "mimeType": "application/json"}]}))),
             "resources/read" => {
-                let modern = ctx.session().is_none_or(|s| s.protocol_version().era() == Era::Modern);
-                ready(resource_read(&params, modern))
+                let stateless = ctx.session().is_none_or(|s| s.protocol_version().era() == Era::Stateless);
+                ready(resource_read(&params, stateless))
             }
             "resources/subscribe" | "resources/unsubscribe" => ready(Ok(json!({}))),
             "prompts/list" => ready(Ok(prompts_list())),

@@ -8,7 +8,7 @@ use tether_core::jsonrpc::ErrorObject;
 use tether_core::param_headers::ParamHeader;
 use tether_core::tasks::TaskSupport;
 
-use crate::context::{Context, SessionHandle};
+use crate::request::context::{Context, SessionHandle};
 
 /// The future a handler returns.
 pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Value, ErrorObject>> + Send + 'static>>;
@@ -76,13 +76,13 @@ pub trait Handler: Send + Sync + 'static {
         TaskSupport::Never
     }
 
-    /// A legacy session was just initialized by this process (its `initialize` is answered
+    /// A session was just initialized by this process (its `initialize` is answered
     /// next). State that lives where a session began starts here: a gateway starts the
     /// session's upstream instance, and knows that a session it did not see start (begun before
     /// a restart, or at another replica) has no instance it could talk to. By default nothing.
     fn session_started(&self, _session: SessionHandle) {}
 
-    /// Whether this process can serve a live legacy session it did not start (one begun before
+    /// Whether this process can serve a live session it did not start (one begun before
     /// a restart, or at another replica), asked on the session's first request here. A handler
     /// whose per-session state lives only in the process that began the session (a gateway's
     /// upstream instance) says no unless that process is alive to serve it: the session then
@@ -93,7 +93,7 @@ pub trait Handler: Send + Sync + 'static {
         Box::pin(std::future::ready(true))
     }
 
-    /// A notification from the client of a legacy session, other than those tether acts on
+    /// A notification from the client of a session, other than those tether acts on
     /// itself (`notifications/initialized`, `notifications/cancelled`): for example
     /// `notifications/roots/list_changed`. By default ignored.
     fn notified(&self, _session: SessionHandle, _method: &str, _params: Value) {}

@@ -1,6 +1,6 @@
 //! tether's MCP Streamable HTTP server.
 //!
-//! One endpoint serves both protocol eras: the legacy revisions (2025-03-26, 2025-06-18,
+//! One endpoint serves both protocol eras: the sessionful revisions (2025-03-26, 2025-06-18,
 //! 2025-11-25) with sessions and resumable streams, and 2026-07-28 statelessly. Every event of a
 //! session carries a lineage id `{epoch}:{stream}:{seq}` and goes to the store before any client
 //! sees it, so a resume is answered exactly, with a 404 that says why the session is gone, or
@@ -20,16 +20,13 @@ pub mod builtin;
 mod clock;
 mod config;
 mod connection;
-mod context;
-mod dispatch;
 mod excerpt;
 mod handler;
 mod http;
-mod idempotency;
 mod ids;
-mod input;
 mod listen;
 mod reader;
+mod request;
 #[cfg(feature = "rmcp")]
 pub mod rmcp;
 mod server;
@@ -44,9 +41,9 @@ use tether_core::mcp::ProtocolVersion;
 pub use auth::{Authenticator, BearerToken, TokensError};
 pub use config::{ServerConfig, parse_duration};
 pub use connection::{ConnectionLimits, serve, serve_connection};
-pub use context::{Context, ContextError, SessionHandle};
 pub use handler::{AdoptFuture, Handler, HandlerFuture, ServerInfo};
-pub use input::InputRequired;
+pub use request::context::{Context, ContextError, SessionHandle};
+pub use request::input::InputRequired;
 pub use server::{Builder, Server};
 pub use session::LogLevel;
 

@@ -13,7 +13,7 @@ use tether_core::subscriptions::{self, Filter};
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::context::notification;
+use crate::request::context::notification;
 
 /// Announcements a slow subscriber may fall behind by before it misses some.
 const BACKLOG: usize = 256;

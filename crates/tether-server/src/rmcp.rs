@@ -2,7 +2,7 @@
 //! becomes a tether server, with exact resumption, 404s that say why and durable stores, by
 //! changing only its transport setup.
 //!
-//! The rmcp service is an upstream ([`crate::upstream`]) reached in this process: each legacy
+//! The rmcp service is an upstream ([`crate::upstream`]) reached in this process: each sessionful
 //! session drives one service of its own, started when the session is initialized, with the
 //! client's `initialize` params, and stopped when the process stops serving the session (a
 //! session begun in another process has no service here and ends as `upstream_lost`);
@@ -31,8 +31,8 @@ use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, Message, RequestId};
 use tokio::sync::mpsc;
 
-use crate::context::{Context, SessionHandle};
 use crate::handler::{AdoptFuture, Handler, HandlerFuture, ServerInfo};
+use crate::request::context::{Context, SessionHandle};
 use crate::upstream::{Connect, FromUpstream, LINK_QUEUE, Link, UpstreamHandler};
 
 /// A tether [`Handler`] that hands every request to an rmcp [`ServerHandler`].

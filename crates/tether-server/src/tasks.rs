@@ -23,9 +23,10 @@ use tether_store::{Store, StoreError, StoredTask, TaskLimits};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::context::notification;
-use crate::context::{Context, Input};
-use crate::{ServerState, idempotency, ids, now_ms};
+use crate::request::context::notification;
+use crate::request::context::{Context, Input};
+use crate::request::idempotency;
+use crate::{ServerState, ids, now_ms};
 
 /// What a request that may become a task carries until it does, and its task's id after.
 pub(crate) struct TaskSlot {
@@ -412,7 +413,7 @@ fn refused(id: &str, refusal: StreamRefusal) -> ErrorObject {
 /// The final response of a stream, decorated as every 2026-07-28 result is.
 fn response(shared: &ServerState, id: &RequestId, mut outcome: Result<Value, ErrorObject>) -> Bytes {
     if let Ok(result) = &mut outcome {
-        crate::dispatch::decorate_modern(method::STREAM, result, &shared.server_info());
+        crate::request::dispatch::decorate_stateless(method::STREAM, result, &shared.server_info());
     }
     Bytes::from(Message::Response(Response { id: Some(id.clone()), outcome }).to_vec())
 }
@@ -430,7 +431,8 @@ mod tests {
         let slot = Arc::new(TaskSlot::new(RequestId::Number(1), None, CancellationToken::new()));
         let creating = slot.creating.lock().await;
         let connection = CancellationToken::new();
-        let watcher = tokio::spawn(crate::dispatch::cancel_until_escalated(connection.clone(), Arc::clone(&slot)));
+        let watcher =
+            tokio::spawn(crate::request::dispatch::cancel_until_escalated(connection.clone(), Arc::clone(&slot)));
         connection.cancel();
         for _ in 0..10 {
             tokio::task::yield_now().await;
@@ -443,7 +445,7 @@ mod tests {
         let before = Arc::new(TaskSlot::new(RequestId::Number(2), None, CancellationToken::new()));
         let connection = CancellationToken::new();
         connection.cancel();
-        crate::dispatch::cancel_until_escalated(connection, Arc::clone(&before)).await;
+        crate::request::dispatch::cancel_until_escalated(connection, Arc::clone(&before)).await;
         assert!(before.cancel.is_cancelled(), "not a task yet: cancelled with its connection");
     }
 }

@@ -10,8 +10,8 @@ use tether_core::jsonrpc::{ErrorObject, code};
 use tether_core::param_headers::{self, ParamHeader};
 use tether_core::tasks::TaskSupport;
 
-use crate::context::Context;
 use crate::handler::HandlerFuture;
+use crate::request::context::Context;
 
 type ToolFn = Arc<dyn Fn(Context, Value) -> HandlerFuture + Send + Sync>;
 

@@ -39,7 +39,7 @@ enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Serve MCP over Streamable HTTP (all legacy revisions and 2026-07-28) with the built-in tools.
+    /// Serve MCP over Streamable HTTP (all sessionful revisions and 2026-07-28) with the built-in tools.
     Serve(serve::ServeArgs),
     /// Serve another MCP server with tether's guarantees: a stdio one, one child process per
     /// session (`tether gateway [serve's flags] -- COMMAND [ARGS...]`), or a Streamable HTTP

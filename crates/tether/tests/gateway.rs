@@ -36,15 +36,15 @@ fn start_before(flags: &[&str], upstream: &[&str]) -> (Process, String) {
     (process, url)
 }
 
-const LEGACY: &str = "2025-11-25";
+const SESSIONFUL: &str = "2025-11-25";
 
 /// How long a test waits for one answer.
 const TIMEOUT: Duration = Duration::from_secs(20);
 
-/// A legacy session, initialized; its id.
+/// A session, initialized; its id.
 fn initialize(url: &str) -> String {
     let body = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-        "protocolVersion": LEGACY, "capabilities": {"roots": {}},
+        "protocolVersion": SESSIONFUL, "capabilities": {"roots": {}},
         "clientInfo": {"name": "gateway-test", "version": "1"}}});
     let response = send(url, None, &body);
     assert_eq!(response.status, 200, "{}", response.body);
@@ -59,7 +59,7 @@ fn send(url: &str, session: Option<&str>, body: &Value) -> Exchanged {
     let mut headers = vec![
         ("Content-Type", "application/json"),
         ("Accept", "application/json, text/event-stream"),
-        ("MCP-Protocol-Version", LEGACY),
+        ("MCP-Protocol-Version", SESSIONFUL),
     ];
     if let Some(session) = session {
         headers.push(("Mcp-Session-Id", session));
@@ -181,7 +181,7 @@ fn ending_a_session_stops_its_child() {
     let deleted = exchange(
         &url,
         "DELETE",
-        &[("Mcp-Session-Id", session.as_str()), ("MCP-Protocol-Version", LEGACY)],
+        &[("Mcp-Session-Id", session.as_str()), ("MCP-Protocol-Version", SESSIONFUL)],
         "",
         |_| false,
         Duration::from_secs(10),
@@ -193,7 +193,7 @@ fn ending_a_session_stops_its_child() {
 #[test]
 fn a_2026_07_28_request_is_served_by_a_child_of_its_own() {
     let (_gateway, url) = gateway();
-    let modern = |tool: &str, arguments: Value| {
+    let stateless = |tool: &str, arguments: Value| {
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
             "name": tool, "arguments": arguments,
             "_meta": {"progressToken": "m", "io.modelcontextprotocol/protocolVersion": "2026-07-28",
@@ -209,11 +209,11 @@ fn a_2026_07_28_request_is_served_by_a_child_of_its_own() {
         assert_eq!(response.status, 200, "{}", response.body);
         messages(&response.body)
     };
-    let answer = modern("count", json!({"to": 3}));
+    let answer = stateless("count", json!({"to": 3}));
     assert_eq!(answer.iter().filter(|m| m["method"] == "notifications/progress").count(), 3, "{answer:?}");
     assert_eq!(result_text(&answer), "counted to 3");
     // Each request its own child, stopped once the request is answered.
-    let (first, second) = (result_text(&modern("pid", json!({}))), result_text(&modern("pid", json!({}))));
+    let (first, second) = (result_text(&stateless("pid", json!({}))), result_text(&stateless("pid", json!({}))));
     assert_ne!(first, second, "two requests shared a child");
     eventually("a request's child outlived it", || !alive(&first) && !alive(&second));
 }
@@ -287,7 +287,7 @@ fn max_sessions_bounds_the_children() {
     let pids = [result_text(&call(&url, &a, "pid", json!({}))), result_text(&call(&url, &b, "pid", json!({})))];
     // A third session is refused before any child starts for it.
     let body = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-        "protocolVersion": LEGACY, "capabilities": {}, "clientInfo": {"name": "gateway-test", "version": "1"}}});
+        "protocolVersion": SESSIONFUL, "capabilities": {}, "clientInfo": {"name": "gateway-test", "version": "1"}}});
     let refused = send(&url, None, &body);
     assert_eq!(refused.status, 503, "{}", refused.body);
     let error: Value = serde_json::from_str(&refused.body).expect("a JSON error");
@@ -365,7 +365,7 @@ fn a_request_reaching_another_replica_runs_on_its_sessions_child_there() {
     let headers = [
         ("Content-Type", "application/json"),
         ("Accept", "application/json, text/event-stream"),
-        ("MCP-Protocol-Version", LEGACY),
+        ("MCP-Protocol-Version", SESSIONFUL),
         ("Mcp-Session-Id", session.as_str()),
     ];
     let asked = exchange(&url_b, "POST", &headers, &body.to_string(), |body| body.contains("roots/list"), TIMEOUT);
@@ -380,7 +380,7 @@ fn a_request_reaching_another_replica_runs_on_its_sessions_child_there() {
     let event_id = event_id.expect("the request's event id");
     let resume = [
         ("Accept", "text/event-stream"),
-        ("MCP-Protocol-Version", LEGACY),
+        ("MCP-Protocol-Version", SESSIONFUL),
         ("Mcp-Session-Id", session.as_str()),
         ("Last-Event-ID", event_id.as_str()),
     ];

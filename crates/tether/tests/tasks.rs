@@ -11,7 +11,7 @@ use common::*;
 
 /// One 2026-07-28 request declaring the tasks extension, with the routing headers; its JSON
 /// response.
-fn modern(url: &str, method: &str, mut params: Value) -> Value {
+fn stateless(url: &str, method: &str, mut params: Value) -> Value {
     params["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
     params["_meta"]["io.modelcontextprotocol/clientCapabilities"] =
         json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
@@ -32,14 +32,14 @@ fn modern(url: &str, method: &str, mut params: Value) -> Value {
 
 /// Calls `tool` with `arguments` and returns the id of the task it became.
 fn create(url: &str, tool: &str, arguments: Value) -> String {
-    let created = modern(url, "tools/call", json!({"name": tool, "arguments": arguments}));
+    let created = stateless(url, "tools/call", json!({"name": tool, "arguments": arguments}));
     assert_eq!(created["result"]["resultType"], "task", "{created}");
     created["result"]["taskId"].as_str().expect("a task id").to_owned()
 }
 
 /// `tasks/get` of task `id`: its result.
 fn get(url: &str, id: &str) -> Value {
-    modern(url, "tasks/get", json!({"taskId": id}))["result"].clone()
+    stateless(url, "tasks/get", json!({"taskId": id}))["result"].clone()
 }
 
 /// Polls task `id` until its status is `status`, for at most ten seconds.
@@ -72,7 +72,7 @@ fn a_task_survives_kill_9_of_the_embedded_server_with_an_honest_status() {
     assert_eq!(aborted["status"], "failed", "a task whose process died is not working: {aborted}");
     assert_eq!(aborted["error"]["data"]["reason"], "request_aborted");
     assert!(aborted.get("result").is_none());
-    let cancel = modern(&url, "tasks/cancel", json!({"taskId": running}));
+    let cancel = stateless(&url, "tasks/cancel", json!({"taskId": running}));
     assert_eq!(cancel["result"]["resultType"], "complete");
     assert_eq!(get(&url, &running)["status"], "failed", "a final status never changes");
     drop(restarted);
@@ -85,14 +85,18 @@ fn a_re_sent_creation_gets_the_same_task_before_and_after_a_kill_9() {
     let (mut server, url) = serve(free_port(), &dir, &[]);
     let call = json!({"name": "slow_compute", "arguments": {"seconds": 1, "label": "once"},
         "_meta": {"io.tether/idempotencyKey": "create-once"}});
-    let first = modern(&url, "tools/call", call.clone())["result"]["taskId"].clone();
+    let first = stateless(&url, "tools/call", call.clone())["result"]["taskId"].clone();
     assert!(first.is_string(), "a task");
-    assert_eq!(modern(&url, "tools/call", call.clone())["result"]["taskId"], first, "re-sent: the same task");
+    assert_eq!(stateless(&url, "tools/call", call.clone())["result"]["taskId"], first, "re-sent: the same task");
     let id = first.as_str().expect("an id").to_owned();
     until(&url, &id, "completed");
     server.kill9();
     let (restarted, url) = serve(free_port(), &dir, &[]);
-    assert_eq!(modern(&url, "tools/call", call)["result"]["taskId"], first, "re-sent after the crash: the same task");
+    assert_eq!(
+        stateless(&url, "tools/call", call)["result"]["taskId"],
+        first,
+        "re-sent after the crash: the same task"
+    );
     assert_eq!(get(&url, &id)["result"]["content"][0]["text"], "once: computed in 1s", "its one run's result");
     drop(restarted);
     let _ = std::fs::remove_dir_all(&dir);
@@ -141,7 +145,7 @@ fn a_task_created_on_one_redis_replica_is_answered_and_cancelled_on_another() {
 
     let slow = create(&a, "slow_compute", json!({"seconds": 600, "label": "replicated"}));
     assert_eq!(get(&b, &slow)["status"], "working", "visible on the other replica");
-    let ack = modern(&b, "tasks/cancel", json!({"taskId": slow}));
+    let ack = stateless(&b, "tasks/cancel", json!({"taskId": slow}));
     assert_eq!(ack["result"], json!({"resultType": "complete", "_meta": ack["result"]["_meta"]}));
     assert_eq!(get(&a, &slow)["status"], "cancelled", "cancelled on b, seen on a");
 
@@ -149,7 +153,7 @@ fn a_task_created_on_one_redis_replica_is_answered_and_cancelled_on_another() {
     let waiting = until(&b, &asking, "input_required");
     let key = waiting["inputRequests"].as_object().and_then(|m| m.keys().next().cloned()).expect("an input request");
     let answer = json!({key: {"action": "accept", "content": {"confirm": true}}});
-    modern(&b, "tasks/update", json!({"taskId": asking, "inputResponses": answer}));
+    stateless(&b, "tasks/update", json!({"taskId": asking, "inputResponses": answer}));
     let done = until(&a, &asking, "completed");
     assert_eq!(done["result"]["content"][0]["text"], "Deleted report.txt", "a's run got b's answer");
     drop((replica_a, replica_b));

@@ -79,9 +79,9 @@ struct Scripted {
     call_id: Value,
     /// What plain GETs (the standalone stream) get, in turn; 405 once they run out.
     standalone: VecDeque<Resume>,
-    /// Whether the server speaks only 2026-07-28: it refuses the legacy `initialize` and
+    /// Whether the server speaks only 2026-07-28: it refuses the sessionful `initialize` and
     /// answers `server/discover`.
-    modern: bool,
+    stateless: bool,
     /// How many `server/discover`s to refuse first with -32022, naming 2026-07-28 as supported.
     refuse_discover: u32,
 }
@@ -125,7 +125,7 @@ async fn endpoint(
         Method::POST => {
             let message: Value = serde_json::from_str(&body).unwrap_or_default();
             match message["method"].as_str() {
-                Some("initialize") if state.modern => Response::builder()
+                Some("initialize") if state.stateless => Response::builder()
                     .status(StatusCode::BAD_REQUEST)
                     .header("content-type", "application/json")
                     .body(Body::from(
@@ -133,7 +133,7 @@ async fn endpoint(
                             .to_string(),
                     ))
                     .expect("response"),
-                Some("server/discover") if state.modern && state.refuse_discover > 0 => {
+                Some("server/discover") if state.stateless && state.refuse_discover > 0 => {
                     state.refuse_discover -= 1;
                     Response::builder()
                         .status(StatusCode::BAD_REQUEST)
@@ -145,7 +145,7 @@ async fn endpoint(
                         ))
                         .expect("response")
                 }
-                Some("server/discover") if state.modern => json(json!({"jsonrpc": "2.0", "id": message["id"],
+                Some("server/discover") if state.stateless => json(json!({"jsonrpc": "2.0", "id": message["id"],
                     "result": {"capabilities": {}, "serverInfo": {"name": "scripted", "version": "1"}}})),
                 Some("initialize") => {
                     state.initializes += 1;
@@ -224,7 +224,7 @@ impl Scripted {
             initializes: 0,
             call_id: Value::Null,
             standalone: VecDeque::new(),
-            modern: false,
+            stateless: false,
             refuse_discover: 0,
         }
     }
@@ -502,7 +502,7 @@ async fn a_2026_07_28_response_stream_delivers_its_notifications_and_result() {
     let empty = Frame { id: None, event: None, data: String::new() };
     let result = Frame { id: None, ..result(2) };
     let mut scripted = Scripted::new(vec![notification, empty, result], Vec::new());
-    scripted.modern = true;
+    scripted.stateless = true;
     let seen = run_with(
         scripted,
         |_| {},
@@ -517,7 +517,7 @@ async fn a_2026_07_28_response_stream_delivers_its_notifications_and_result() {
     .await;
     assert_eq!(seen.outcome.expect("the result")["done"], true);
     assert_eq!(seen.events, strings(&["message 1"]));
-    assert_eq!(seen.initializes, 0, "no session: the legacy handshake was refused");
+    assert_eq!(seen.initializes, 0, "no session: the sessionful handshake was refused");
 }
 
 /// A server that answers `initialize` without saying which version it speaks has no session
@@ -548,7 +548,7 @@ async fn an_initialize_result_without_a_protocol_version_is_refused() {
 async fn a_version_refusal_naming_2026_07_28_is_retried_once() {
     for (refusals, connects) in [(1, true), (2, false)] {
         let mut scripted = Scripted::new(Vec::new(), Vec::new());
-        scripted.modern = true;
+        scripted.stateless = true;
         scripted.refuse_discover = refusals;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));

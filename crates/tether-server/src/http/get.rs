@@ -1,4 +1,4 @@
-//! GET in the legacy era: open the standalone stream, or resume any stream with `Last-Event-ID`.
+//! GET in the sessionful era: open the standalone stream, or resume any stream with `Last-Event-ID`.
 
 use std::sync::Arc;
 

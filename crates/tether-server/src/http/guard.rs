@@ -120,12 +120,12 @@ pub(crate) fn get_media(headers: &HeaderMap) -> Result<(), Rejection> {
 /// What the `MCP-Protocol-Version` header says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum HeaderVersion {
-    /// No header: a legacy client from before 2025-06-18, or one relying on its session.
+    /// No header: a sessionful client from before 2025-06-18, or one relying on its session.
     Absent,
-    /// A supported legacy revision.
-    Legacy(ProtocolVersion),
-    /// A supported revision of the modern era (2026-07-28).
-    Modern(ProtocolVersion),
+    /// A supported sessionful revision.
+    Sessionful(ProtocolVersion),
+    /// A supported revision of the stateless era (2026-07-28).
+    Stateless(ProtocolVersion),
     /// Anything else, as sent.
     Unsupported(String),
 }
@@ -136,8 +136,8 @@ pub(crate) fn protocol_version(headers: &HeaderMap) -> Result<HeaderVersion, Rej
     let text = value.to_str().unwrap_or("");
     Ok(match text.parse::<ProtocolVersion>() {
         Ok(version) if crate::SUPPORTED_VERSIONS.contains(&version) => match version.era() {
-            Era::Legacy => HeaderVersion::Legacy(version),
-            Era::Modern => HeaderVersion::Modern(version),
+            Era::Sessionful => HeaderVersion::Sessionful(version),
+            Era::Stateless => HeaderVersion::Stateless(version),
         },
         _ => HeaderVersion::Unsupported(text.to_owned()),
     })

@@ -3,10 +3,10 @@
 mod delete;
 mod get;
 mod guard;
-mod modern;
 mod post;
 pub(crate) mod reject;
 mod sse;
+mod stateless;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +24,7 @@ use tether_store::{SessionEnd, SessionRecord, SessionStatus, StoreError};
 use tracing::Instrument as _;
 
 use crate::ServerState;
-use crate::context::SessionHandle;
+use crate::request::context::SessionHandle;
 use crate::session::SessionRuntime;
 use guard::HeaderVersion;
 use reject::{Refusal, Rejection};
@@ -52,17 +52,19 @@ async fn handle(shared: Arc<ServerState>, request: axum::extract::Request) -> Re
     guard::origin_and_host(&parts.uri, &parts.headers, &shared.config)?;
     let principal = guard::authenticate(&parts.headers, shared.auth.as_deref())?;
     let version = guard::protocol_version(&parts.headers)?;
-    let legacy = matches!(version, HeaderVersion::Absent | HeaderVersion::Legacy(_));
+    let sessionful = matches!(version, HeaderVersion::Absent | HeaderVersion::Sessionful(_));
     match (parts.method.clone(), version) {
         // An unsupported version is answered the 2026-07-28 way, which needs the body.
-        (Method::POST, HeaderVersion::Modern(v)) => modern::post(&shared, &parts.headers, body, principal, Ok(v)).await,
+        (Method::POST, HeaderVersion::Stateless(v)) => {
+            stateless::post(&shared, &parts.headers, body, principal, Ok(v)).await
+        }
         (Method::POST, HeaderVersion::Unsupported(v)) => {
-            modern::post(&shared, &parts.headers, body, principal, Err(&v)).await
+            stateless::post(&shared, &parts.headers, body, principal, Err(&v)).await
         }
         (Method::POST, _) => post::post(&shared, &parts.headers, body, principal).await,
         (Method::GET | Method::DELETE, HeaderVersion::Unsupported(v)) => Err(guard::unsupported_version(&v)),
         // 2026-07-28 has no GET stream and no sessions to delete.
-        (Method::GET | Method::DELETE, _) if !legacy => Err(Rejection::method_not_allowed("POST")),
+        (Method::GET | Method::DELETE, _) if !sessionful => Err(Rejection::method_not_allowed("POST")),
         (Method::GET, _) => get::get(&shared, &parts.headers, principal).await,
         (Method::DELETE, _) => delete::delete(&shared, &parts.headers, principal).await,
         _ => Err(Rejection::method_not_allowed("GET, POST, DELETE")),

@@ -1,4 +1,4 @@
-//! POST in the legacy era: `initialize`, requests, notifications and answers to the server's
+//! POST in the sessionful era: `initialize`, requests, notifications and answers to the server's
 //! requests, within a session.
 
 use std::sync::Arc;
@@ -15,9 +15,9 @@ use tether_store::{RelayedAnswer, RequestRecord, SessionRecord};
 use super::reject::{self, Refusal, Rejection};
 use super::sse::Connection;
 use super::{accepted, check_load, guard, json_response, live_session, read_body, session_headers, sse};
-use crate::context::FirstOutput;
-use crate::context::SessionHandle;
-use crate::dispatch::{self, Running, Started};
+use crate::request::context::SessionHandle;
+use crate::request::dispatch::{self, Running, StartedSessionful};
+use crate::request::output::FirstOutput;
 use crate::session::{LogLevel, SessionRuntime};
 use crate::{ServerState, ids, now_ms};
 use tether_store::RequestKey;
@@ -80,7 +80,7 @@ async fn initialize(
         params.get("protocolVersion").and_then(Value::as_str).and_then(|v| v.parse::<ProtocolVersion>().ok());
     let version = match requested {
         Some(v @ (ProtocolVersion::V2025_03_26 | ProtocolVersion::V2025_06_18 | ProtocolVersion::V2025_11_25)) => v,
-        _ => ProtocolVersion::LATEST_LEGACY,
+        _ => ProtocolVersion::LATEST_SESSIONFUL,
     };
     let random = |e: crate::ids::RandomError| Rejection::internal("random_failed", e.to_string());
     let now = now_ms();
@@ -107,7 +107,7 @@ async fn initialize(
     }
     capabilities["logging"] = json!({});
     capabilities["experimental"][meta::LINEAGE_CAPABILITY] = json!({"version": 1, "epoch": record.epoch.as_str()});
-    crate::idempotency::advertise(shared, &mut capabilities).await.map_err(Rejection::from)?;
+    crate::request::idempotency::advertise(shared, &mut capabilities).await.map_err(Rejection::from)?;
     let mut result = json!({
         "protocolVersion": version.as_str(),
         "capabilities": capabilities,
@@ -168,18 +168,18 @@ async fn respond(
     }
     check_load(shared, runtime)?;
     let id = request.id.clone();
-    let (stream, claimed) = match dispatch::start_legacy(shared, runtime, principal, request).await? {
+    let (stream, claimed) = match dispatch::start_sessionful(shared, runtime, principal, request).await? {
         // A keyed request is answered at once, as a stream: the client holds its claim before
         // the tool runs long, and can show it should it have to send the request again.
-        Started::Running(Running { stream, claimed: Some(claimed), .. }) => (stream, Some(claimed)),
-        Started::Running(Running { stream, first, claimed: None, .. }) => match first.await {
+        StartedSessionful::Running(Running { stream, claimed: Some(claimed), .. }) => (stream, Some(claimed)),
+        StartedSessionful::Running(Running { stream, first, claimed: None, .. }) => match first.await {
             Ok(FirstOutput::Final(bytes)) => return Ok(json_response(StatusCode::OK, bytes, headers)),
             Ok(FirstOutput::Event) | Err(_) => (stream, None),
         },
         // From its start, by the one rule: what is retained, the result included, and what is
         // gone said once (an ended request none of whose events is retained gets its error).
-        Started::Attach { stream } => (stream, None),
-        Started::Conflict(error) => {
+        StartedSessionful::Attach { stream } => (stream, None),
+        StartedSessionful::Conflict(error) => {
             let body = Message::Response(jsonrpc::Response::error(Some(id), error)).to_vec();
             return Ok(json_response(StatusCode::OK, body, headers));
         }

@@ -53,7 +53,7 @@ pub(crate) enum Refusal {
     RequestIdReused,
     /// Answered in the response.
     RequestHistoryExpired,
-    /// Answered in the response in legacy sessions; 400 in 2026-07-28.
+    /// Answered in the response in sessions; 400 in 2026-07-28.
     InvalidIdempotencyKey,
     /// Answered in the response.
     IdempotencyKeyReused,
@@ -352,10 +352,10 @@ impl From<StoreError> for Rejection {
     }
 }
 
-impl From<crate::dispatch::DispatchError> for Rejection {
+impl From<crate::request::dispatch::DispatchError> for Rejection {
     /// How a request that could not start is refused.
-    fn from(err: crate::dispatch::DispatchError) -> Rejection {
-        use crate::dispatch::DispatchError;
+    fn from(err: crate::request::dispatch::DispatchError) -> Rejection {
+        use crate::request::dispatch::DispatchError;
         match err {
             DispatchError::Store(err) => Rejection::from(err),
             DispatchError::Random(err) => Rejection::internal("random_failed", err.to_string()),

@@ -139,7 +139,7 @@ async fn write_trailer(
             return;
         }
     };
-    for response in request.map(|key| crate::dispatch::trailer(&key, &error)).unwrap_or_default() {
+    for response in request.map(|key| crate::request::dispatch::trailer(&key, &error)).unwrap_or_default() {
         encode(out, &OutgoingEvent { data: Some(&response), ..Default::default() });
     }
 }
@@ -206,13 +206,13 @@ impl Pump {
                     match ending {
                         Ending::Complete { response_lost: false } | Ending::Gone => {}
                         Ending::Complete { response_lost: true } => {
-                            let expired = crate::idempotency::history_expired();
+                            let expired = crate::request::idempotency::history_expired();
                             write_trailer(&mut out, &self.conn.shared, session, stream, expired).await;
                         }
                         Ending::Aborted(notice, tag) => {
                             crate::telemetry::resync_sent(notice.reason);
                             write_notice(&mut out, &self.id_prefix, &notice, tag);
-                            let aborted = crate::idempotency::aborted();
+                            let aborted = crate::request::idempotency::aborted();
                             write_trailer(&mut out, &self.conn.shared, session, stream, aborted).await;
                         }
                         // Nothing more is written from a history the client did not see; its

@@ -3,7 +3,7 @@
 //! HTTP) becomes a tether server, with exact resumption, 404s that say why, durable stores and
 //! idempotency keys, whatever the upstream itself does.
 //!
-//! Each legacy session gets an upstream instance of its own ([`Connect::connect`]), started when
+//! Each session gets an upstream instance of its own ([`Connect::connect`]), started when
 //! the session is initialized and initialized with the client's own `initialize` params; it is
 //! stopped when the process stops serving the session. On a store shared by replicas (Redis), a
 //! request that reaches a replica other than the one holding its session's instance is relayed
@@ -38,9 +38,9 @@ use tether_core::mcp::ProtocolVersion;
 use tether_store::{SessionEnd, Store};
 use tokio::sync::{mpsc, watch};
 
-use crate::context::{Context, SessionHandle};
 use crate::handler::{AdoptFuture, Handler, HandlerFuture, ServerInfo};
 use crate::http::reject::Refusal;
+use crate::request::context::{Context, SessionHandle};
 use peer::Peer;
 use relay::Relay;
 
@@ -250,11 +250,11 @@ fn end_session_when_stopped(peer: &Peer, session: SessionHandle) {
     });
 }
 
-/// The `initialize` params of an instance started outside any session: the newest legacy
+/// The `initialize` params of an instance started outside any session: the newest sessionful
 /// revision, and `capabilities` (a 2026-07-28 request's own, or none).
 fn client_params(capabilities: &Value) -> Value {
     json!({
-        "protocolVersion": ProtocolVersion::LATEST_LEGACY.as_str(),
+        "protocolVersion": ProtocolVersion::LATEST_SESSIONFUL.as_str(),
         "capabilities": capabilities,
         "clientInfo": {"name": "tether", "version": env!("CARGO_PKG_VERSION")},
     })

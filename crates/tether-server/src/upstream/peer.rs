@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::{FromUpstream, INITIALIZE_TIMEOUT, Link, aborted, cancelled, lock, lost, unavailable};
-use crate::context::{Context, SessionHandle};
+use crate::request::context::{Context, SessionHandle};
 
 /// A request of tether's that the upstream is running.
 struct Call {

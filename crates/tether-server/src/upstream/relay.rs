@@ -26,7 +26,7 @@ use tokio::sync::{broadcast, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::{ABORT_GRACE, Upstream, aborted, cancelled, lock, lost, unavailable};
-use crate::context::{Context, SessionHandle};
+use crate::request::context::{Context, SessionHandle};
 
 /// How often a replica waiting on a relayed call asks whether it still runs, and checks that
 /// the replica running it is alive.

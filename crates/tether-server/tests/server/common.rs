@@ -148,7 +148,7 @@ pub fn request(id: Value, method: &str, params: Value) -> Value {
 
 /// A 2026-07-28 POST of `method` with `params` as given (their `_meta` included), with the
 /// headers that version asks for: `Mcp-Name` from `params.name` or `params.taskId`.
-pub fn modern_post(client: &Client, id: Value, method: &str, params: Value) -> reqwest::RequestBuilder {
+pub fn stateless_post(client: &Client, id: Value, method: &str, params: Value) -> reqwest::RequestBuilder {
     let mut builder = client
         .http
         .post(&client.url)

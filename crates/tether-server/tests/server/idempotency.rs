@@ -167,7 +167,7 @@ fn keyed_2026(client: &Client, id: i64, steps: u64) -> reqwest::RequestBuilder {
     let mut params = keyed("slow", json!({"steps": steps}), KEY, Some("p"));
     params["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
     params["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({});
-    modern_post(client, json!(id), "tools/call", params)
+    stateless_post(client, json!(id), "tools/call", params)
 }
 
 #[tokio::test]

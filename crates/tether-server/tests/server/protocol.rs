@@ -1,4 +1,4 @@
-//! Legacy-era protocol rules and bad input.
+//! Sessionful-era protocol rules and bad input.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -34,7 +34,7 @@ async fn initialize_mints_a_session_with_epoch_and_lineage_capability() {
 }
 
 #[tokio::test]
-async fn unsupported_initialize_version_is_answered_with_the_latest_legacy_version() {
+async fn unsupported_initialize_version_is_answered_with_the_latest_sessionful_version() {
     let server = start(config()).await;
     let session = Client::new(&server).initialize("1999-01-01").await;
     assert_eq!(session.version, "2025-11-25");

@@ -42,7 +42,13 @@ impl Handler for Work {
 }
 
 /// A 2026-07-28 request, declaring tasks if `tasks`, with an idempotency key if `key`.
-fn modern(client: &Client, method: &str, mut params: Value, tasks: bool, key: Option<&str>) -> reqwest::RequestBuilder {
+fn stateless(
+    client: &Client,
+    method: &str,
+    mut params: Value,
+    tasks: bool,
+    key: Option<&str>,
+) -> reqwest::RequestBuilder {
     let capabilities = if tasks { json!({"extensions": {"io.modelcontextprotocol/tasks": {}}}) } else { json!({}) };
     params["_meta"] = json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
@@ -51,13 +57,13 @@ fn modern(client: &Client, method: &str, mut params: Value, tasks: bool, key: Op
     if let Some(key) = key {
         params["_meta"]["io.tether/idempotencyKey"] = json!(key);
     }
-    modern_post(client, json!(1), method, params)
+    stateless_post(client, json!(1), method, params)
 }
 
 /// Sends a request and reads its JSON response, within `WAIT`.
 async fn send(client: &Client, method: &str, params: Value, tasks: bool, key: Option<&str>) -> Value {
     let exchange = async {
-        let response = modern(client, method, params, tasks, key).send().await.expect(method);
+        let response = stateless(client, method, params, tasks, key).send().await.expect(method);
         json_body(response).await
     };
     tokio::time::timeout(WAIT, exchange).await.unwrap_or_else(|_| panic!("{method} was not answered in time"))
@@ -163,7 +169,7 @@ async fn stream(client: &Client, id: &str, after: Option<u64>) -> (Vec<Value>, V
     if let Some(after) = after {
         params["after"] = json!(after);
     }
-    let mut response = modern(client, "tasks/stream", params, true, None).send().await.expect("tasks/stream");
+    let mut response = stateless(client, "tasks/stream", params, true, None).send().await.expect("tasks/stream");
     if response.headers().get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"application/json")) {
         return (Vec::new(), json_body(response).await);
     }
@@ -240,7 +246,7 @@ async fn running_tasks_past_the_cap_are_refused_with_429() {
         let created = send(&client, "tools/call", call.clone(), true, None).await;
         ids.push(created["result"]["taskId"].as_str().unwrap_or_else(|| panic!("a task: {created}")).to_owned());
     }
-    let refused = modern(&client, "tools/call", call.clone(), true, None).send().await.expect("send");
+    let refused = stateless(&client, "tools/call", call.clone(), true, None).send().await.expect("send");
     assert_eq!(refused.status(), 429);
     let body = json_body(refused).await;
     assert_eq!(body["error"]["data"]["reason"], "too_many_tasks", "{body}");
@@ -261,14 +267,14 @@ async fn one_principal_cannot_reach_anothers_task_or_session() {
     let as_ = |token: &str, request: reqwest::RequestBuilder| request.bearer_auth(token);
     let call = json!({"name": "count", "arguments": {"to": 2, "interval_ms": 60_000}});
     let created =
-        json_body(as_("a1", modern(&client, "tools/call", call, true, None)).send().await.expect("send")).await;
+        json_body(as_("a1", stateless(&client, "tools/call", call, true, None)).send().await.expect("send")).await;
     let task = created["result"]["taskId"].as_str().unwrap_or_else(|| panic!("a task: {created}")).to_owned();
     for method in ["tasks/get", "tasks/cancel"] {
-        let theirs = as_("b2", modern(&client, method, json!({"taskId": task}), true, None));
+        let theirs = as_("b2", stateless(&client, method, json!({"taskId": task}), true, None));
         let body = json_body(theirs.send().await.expect("send")).await;
         assert_eq!(body["error"]["data"]["reason"], "unknown_task", "bob's {method}: {body}");
     }
-    let own = as_("a1", modern(&client, "tasks/get", json!({"taskId": task}), true, None));
+    let own = as_("a1", stateless(&client, "tasks/get", json!({"taskId": task}), true, None));
     assert_eq!(json_body(own.send().await.expect("send")).await["result"]["status"], "working", "not cancelled by bob");
 
     let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {

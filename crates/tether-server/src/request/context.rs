@@ -12,11 +12,13 @@ use tether_core::lineage::StreamName;
 use tether_core::mcp::method;
 
 use tether_store::{SessionEnd, Store, StoreError};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use crate::session::{LogLevel, SessionRuntime};
 use crate::tasks::TaskSlot;
+
+use super::output::{First, FirstOutput, Output, Sink};
 
 /// Why a context operation did not happen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -27,7 +29,7 @@ pub enum ContextError {
     /// The client is gone: its stream or session no longer exists.
     #[error("the request's stream is gone: {0}")]
     StreamGone(String),
-    /// Server-to-client requests need a legacy session (2026-07-28 has none).
+    /// Server-to-client requests need a session (2026-07-28 has none).
     #[error("server-to-client requests need a session")]
     NoSession,
     /// The client did not answer a server-to-client request in time.
@@ -75,25 +77,6 @@ impl From<StoreError> for ContextError {
     }
 }
 
-/// How the first output of a request looked, which decides JSON or SSE for its response.
-#[derive(Debug)]
-pub(crate) enum FirstOutput {
-    /// The result came before anything else: answer with JSON.
-    Final(Bytes),
-    /// Something came before the result: answer with SSE.
-    Event,
-}
-
-/// Where a request's messages go.
-pub(crate) enum Output {
-    /// Legacy sessions: into the store, durable before any client sees them. `ends_stream`: the
-    /// stream is the request's own and ends with its response; a batch's requests share one,
-    /// which the batch ends once all of them did.
-    Stored { store: Arc<dyn Store>, runtime: Arc<SessionRuntime>, stream: StreamName, ends_stream: bool },
-    /// 2026-07-28: straight to the one connection, which is the request's whole life.
-    Direct { tx: mpsc::Sender<(Bytes, bool)> },
-}
-
 /// What a request says about itself and its client.
 #[derive(Debug, Clone)]
 pub(crate) struct RequestMeta {
@@ -117,101 +100,6 @@ pub(crate) struct Input {
     pub state: Option<Value>,
 }
 
-/// One entry of a request's output, written to the store in order by the request's writer.
-struct Write {
-    /// The message; `None` only asks to be told when everything before it is written.
-    bytes: Option<Bytes>,
-    /// The message is the final response: the stream ends after it, if it is the request's own.
-    last: bool,
-    /// The final response is also the outcome of this idempotency key (the store's name).
-    record: Option<String>,
-    /// Told the outcome once the entry is durable (or failed).
-    done: Option<oneshot::Sender<Result<(), ContextError>>>,
-}
-
-/// Most entries a request's writer commits together.
-const MAX_WRITE_BATCH: usize = 256;
-/// Entries a handler may have queued before its sends wait for the store.
-const WRITE_QUEUE: usize = 1024;
-
-/// The sender that tells the POST how its response starts, until it is used.
-type FirstSender = Arc<Mutex<Option<oneshot::Sender<FirstOutput>>>>;
-
-/// Sends the first output's kind, if nobody has yet.
-fn signal_first(first: &FirstSender, kind: impl FnOnce() -> FirstOutput) {
-    if let Some(tx) = first.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
-        // The POST may have gone away; the output is in the store either way.
-        let _ = tx.send(kind());
-    }
-}
-
-/// Writes a request's output to the store in order. Whatever queued up while the previous
-/// batch was being written goes in one [`EventLog::append_batch`], so a handler never waits for
-/// a disk flush per notification; the client still sees nothing before it is durable,
-/// because delivery reads from the store. The POST learns how its response starts only once
-/// the first batch is durable, so the response goes out with its first events (and, for a
-/// short call, its end) at once. The first failure is kept and answered to every later entry.
-async fn write_output(
-    store: Arc<dyn Store>,
-    runtime: Arc<SessionRuntime>,
-    (stream, ends_stream): (StreamName, bool),
-    mut queue: mpsc::Receiver<Write>,
-    failure: Arc<Mutex<Option<ContextError>>>,
-    first_output: FirstSender,
-) {
-    let mut failed: Option<ContextError> = None;
-    while let Some(first) = queue.recv().await {
-        // One turn for the handler to queue what it sends right after (often its result), so
-        // that it joins this batch.
-        tokio::task::yield_now().await;
-        let mut batch = vec![first];
-        while batch.len() < MAX_WRITE_BATCH && batch.last().is_some_and(|w| !w.last) {
-            match queue.try_recv() {
-                Ok(write) => batch.push(write),
-                Err(_) => break,
-            }
-        }
-        let events: Vec<Bytes> = batch.iter().filter_map(|w| w.bytes.clone()).collect();
-        let last = batch.iter().any(|w| w.last);
-        // A lone final response, before anything else was written, is answered as JSON.
-        let only_response = (last && events.len() == 1).then(|| events[0].clone());
-        let count = events.len();
-        let record = batch.iter().find_map(|w| w.record.clone());
-        let started = std::time::Instant::now();
-        let outcome = match (&failed, record) {
-            (Some(err), _) => Err(err.clone()),
-            (None, _) if events.is_empty() => Ok(()),
-            (None, Some(key)) => store
-                .append_final(&runtime.id, &runtime.epoch, &stream, events, last && ends_stream, &key)
-                .await
-                .map(drop)
-                .map_err(ContextError::from),
-            (None, None) => store
-                .append_batch(&runtime.id, &runtime.epoch, &stream, events, last && ends_stream)
-                .await
-                .map(drop)
-                .map_err(ContextError::from),
-        };
-        if outcome.is_ok() && count > 0 {
-            crate::telemetry::store_latency("append", started.elapsed());
-            crate::telemetry::events_appended(count);
-        }
-        if outcome.is_ok() && batch.iter().any(|w| w.bytes.is_some()) {
-            signal_first(&first_output, || only_response.map_or(FirstOutput::Event, FirstOutput::Final));
-        }
-        if let (Err(err), None) = (&outcome, &failed) {
-            failed = Some(err.clone());
-            *failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(err.clone());
-        }
-        for write in batch {
-            if let Some(done) = write.done {
-                let _ = done.send(outcome.clone());
-            }
-        }
-    }
-}
-
-/// A notification, serialized.
 /// A notification's bytes; `Value::Null` params are left out (a notification without params).
 pub(crate) fn notification(method: &str, params: Value) -> Bytes {
     let params = (!params.is_null()).then_some(params);
@@ -254,7 +142,7 @@ async fn append_standalone(store: &dyn Store, runtime: &SessionRuntime, message:
     Ok(true)
 }
 
-/// A legacy session as this process serves it, for state a handler keeps per session (the rmcp
+/// A session as this process serves it, for state a handler keeps per session (the rmcp
 /// adapter runs one rmcp service per session): who the client is, a way to reach its standalone
 /// stream outside any request, and the moment the process stops serving it.
 #[derive(Clone)]
@@ -350,15 +238,11 @@ impl SessionHandle {
 /// What every clone of one request's [`Context`] shares: where its output goes, its metadata, its
 /// cancellation and the server.
 struct RequestState {
-    output: Output,
-    /// The queue of the request's writer (legacy sessions).
-    writes: Option<mpsc::Sender<Write>>,
-    /// The writer's first failure, reported to the handler's next send.
-    write_failure: Arc<Mutex<Option<ContextError>>>,
-    first: FirstSender,
+    output: Sink,
+    first: First,
     meta: RequestMeta,
     /// The current round's input: replaced between rounds when the server itself asks the
-    /// client (legacy sessions).
+    /// client (sessions).
     input: Mutex<Input>,
     cancel: CancellationToken,
     /// The request was never recorded (the store found its id sent before): nothing of it is
@@ -395,22 +279,11 @@ impl Context {
         server: Arc<crate::ServerState>,
         task: Option<Arc<TaskSlot>>,
     ) -> (Context, oneshot::Receiver<FirstOutput>) {
-        let (tx, rx) = oneshot::channel();
-        let first: FirstSender = Arc::new(Mutex::new(Some(tx)));
-        let write_failure = Arc::default();
-        let writes = match &output {
-            Output::Stored { store, runtime, stream, ends_stream } => {
-                let (writes, queue) = mpsc::channel(WRITE_QUEUE);
-                let (store, runtime, stream) = (Arc::clone(store), Arc::clone(runtime), (stream.clone(), *ends_stream));
-                let (failure, first) = (Arc::clone(&write_failure), Arc::clone(&first));
-                tokio::spawn(write_output(store, runtime, stream, queue, failure, first));
-                Some(writes)
-            }
-            Output::Direct { .. } => None,
-        };
+        let (first, rx) = First::new();
+        let output = Sink::open(output, &first);
         let input = Mutex::new(input);
         let void = std::sync::atomic::AtomicBool::new(false);
-        let shared = RequestState { output, writes, write_failure, first, meta, input, cancel, void, server, task };
+        let shared = RequestState { output, first, meta, input, cancel, void, server, task };
         (Context { shared: Arc::new(shared) }, rx)
     }
 
@@ -438,20 +311,14 @@ impl Context {
         Context::new(output, meta, Input::default(), cancel, server, None).0
     }
 
-    /// The session id, in a legacy session.
+    /// The session id, in a session.
     pub fn session_id(&self) -> Option<&str> {
-        match &self.shared.output {
-            Output::Stored { runtime, .. } => Some(runtime.id.as_str()),
-            Output::Direct { .. } => None,
-        }
+        self.shared.output.session().map(|runtime| runtime.id.as_str())
     }
 
-    /// The session stream the request's output goes to, in a legacy session.
-    pub(crate) fn stream(&self) -> Option<&tether_core::lineage::StreamName> {
-        match &self.shared.output {
-            Output::Stored { stream, .. } => Some(stream),
-            Output::Direct { .. } => None,
-        }
+    /// The session stream the request's output goes to, in a session.
+    pub(crate) fn stream(&self) -> Option<&StreamName> {
+        self.shared.output.stream()
     }
 
     /// The store, for the server's own bookkeeping around a handler; never handed to one: the
@@ -529,20 +396,9 @@ impl Context {
             // Made a task meanwhile, or cancelled before it could become one.
             return if slot.id().is_some() { Ok(true) } else { Err(ContextError::Cancelled) };
         };
-        crate::dispatch::decorate_modern(method::TOOLS_CALL, &mut created, &server.server_info());
+        crate::request::dispatch::decorate_stateless(method::TOOLS_CALL, &mut created, &server.server_info());
         let response = Message::Response(Response::result(slot.request_id.clone(), created)).to_vec();
-        if let Output::Direct { tx } = &self.shared.output {
-            match self.first_sender() {
-                Some(first) => {
-                    let _ = first.send(FirstOutput::Final(Bytes::from(response)));
-                }
-                // The connection went first (SSE): the response ends it. A client gone meanwhile
-                // re-sends its keyed request, or polls nothing: the task runs either way.
-                None => {
-                    let _ = tx.send((Bytes::from(response), true)).await;
-                }
-            }
-        }
+        self.shared.output.answer_now(Bytes::from(response), &self.shared.first).await;
         Ok(true)
     }
 
@@ -590,10 +446,7 @@ impl Context {
     /// Sends `notifications/message` at `level`, unless the client asked for less: a session's
     /// level is set by `logging/setLevel`; a 2026-07-28 request gets logs only if it asked.
     pub async fn log(&self, level: LogLevel, data: Value) -> Result<(), ContextError> {
-        let threshold = match &self.shared.output {
-            Output::Stored { runtime, .. } => Some(runtime.log_level()),
-            Output::Direct { .. } => self.shared.meta.log_level,
-        };
+        let threshold = self.shared.output.log_threshold(self.shared.meta.log_level);
         if threshold.is_none_or(|threshold| level < threshold) {
             return Ok(());
         }
@@ -608,7 +461,7 @@ impl Context {
     /// Sends a request to the client on this request's stream (sampling, elicitation, roots)
     /// and waits for the answer the client POSTs back (`Value::Null` params: none).
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, ContextError> {
-        let Output::Stored { runtime, .. } = &self.shared.output else { return Err(ContextError::NoSession) };
+        let Some(runtime) = self.shared.output.session() else { return Err(ContextError::NoSession) };
         let (id, answer) = runtime.register_client_request();
         let message = Message::Request(Request {
             id: RequestId::String(id.clone()),
@@ -642,14 +495,10 @@ impl Context {
         self.session().ok_or(ContextError::NoSession)?.broadcast(method, params).await
     }
 
-    /// The legacy session the request belongs to, as a handle that outlives the request.
+    /// The session the request belongs to, as a handle that outlives the request.
     pub fn session(&self) -> Option<SessionHandle> {
-        match &self.shared.output {
-            Output::Stored { runtime, .. } => {
-                Some(SessionHandle::new(Arc::clone(&self.shared.server), Arc::clone(runtime)))
-            }
-            Output::Direct { .. } => None,
-        }
+        let runtime = self.shared.output.session()?;
+        Some(SessionHandle::new(Arc::clone(&self.shared.server), Arc::clone(runtime)))
     }
 
     /// Announces a server-wide notification (`list_changed`, `resources/updated`): appended to
@@ -677,9 +526,8 @@ impl Context {
     /// Closes the client's connection to this request's stream without ending the stream
     /// (SEP-1699): the client resumes with `Last-Event-ID` after the announced `retry` delay.
     pub fn close_connection(&self) {
-        if let Output::Stored { runtime, stream, .. } = &self.shared.output {
+        if self.shared.output.close_connection() {
             self.signal(|| FirstOutput::Event);
-            runtime.kick(stream);
         }
     }
 
@@ -703,7 +551,7 @@ impl Context {
 
     /// Waits until everything sent so far is durable.
     pub(crate) async fn flush(&self) -> Result<(), ContextError> {
-        self.write(None, false, None).await
+        self.shared.output.flush().await
     }
 
     /// Sends the request's final response (a serialized JSON-RPC response). On a session stream
@@ -728,11 +576,7 @@ impl Context {
         if let Err(err) = self.flush().await {
             tracing::warn!(%err, "a request's output before its abort could not all be written");
         }
-        if let Output::Stored { store, runtime, stream, .. } = &self.shared.output
-            && let Err(err) = store.abort_stream(&runtime.id, &runtime.epoch, stream).await
-        {
-            tracing::warn!(%err, %stream, "could not end a request's stream that will not get its response");
-        }
+        self.shared.output.abort().await;
     }
 
     /// Sends `bytes`; `last` ends the stream, and on a session stream also records the response
@@ -747,24 +591,7 @@ impl Context {
             // The request was answered with its task: what the tool sends now is the task's.
             return self.record_in_task(&task, &bytes).await;
         }
-        match &self.shared.output {
-            // The writer tells the POST how the response starts.
-            Output::Stored { .. } if last => self.write(Some(bytes), true, record.map(str::to_owned)).await,
-            Output::Stored { .. } => {
-                self.queue(Write { bytes: Some(bytes), last: false, record: None, done: None }).await
-            }
-            Output::Direct { tx } => {
-                let mut first = self.first_sender();
-                if last && let Some(first) = first.take() {
-                    let _ = first.send(FirstOutput::Final(bytes));
-                    return Ok(());
-                }
-                if let Some(first) = first {
-                    let _ = first.send(FirstOutput::Event);
-                }
-                tx.send((bytes, last)).await.map_err(|_| ContextError::Cancelled)
-            }
-        }
+        self.shared.output.send(bytes, last, record, &self.shared.first).await
     }
 
     /// Marks the request as never recorded (see `RequestState::void`); it is cancelled too.
@@ -777,28 +604,8 @@ impl Context {
         self.shared.void.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Queues `write` for the request's writer; fails with the writer's first failure.
-    async fn queue(&self, write: Write) -> Result<(), ContextError> {
-        if let Some(err) = self.shared.write_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone() {
-            return Err(err);
-        }
-        let Some(writes) = &self.shared.writes else { return Err(ContextError::NoSession) };
-        writes.send(write).await.map_err(|_| ContextError::Cancelled)
-    }
-
-    /// Queues `bytes` (or nothing) and waits until it and everything before it is durable.
-    async fn write(&self, bytes: Option<Bytes>, last: bool, record: Option<String>) -> Result<(), ContextError> {
-        let (done, written) = oneshot::channel();
-        self.queue(Write { bytes, last, record, done: Some(done) }).await?;
-        written.await.map_err(|_| ContextError::Cancelled)?
-    }
-
-    fn first_sender(&self) -> Option<oneshot::Sender<FirstOutput>> {
-        self.shared.first.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
-    }
-
     fn signal(&self, first: impl FnOnce() -> FirstOutput) {
-        signal_first(&self.shared.first, first);
+        self.shared.first.signal(first);
     }
 }
 

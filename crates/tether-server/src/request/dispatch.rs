@@ -20,16 +20,17 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::ServerState;
-use crate::context::{Context, FirstOutput, Input, Output, RequestMeta};
 use crate::http::reject::Refusal;
-use crate::idempotency::{self, Answer, ClaimGuard, Keyed, Plan};
 use crate::ids;
-use crate::input::{self, Answerer};
+use crate::request::context::{Context, Input, RequestMeta};
+use crate::request::idempotency::{self, Answer, ClaimGuard, Keyed, Plan};
+use crate::request::input::{self, Answerer};
+use crate::request::output::{FirstOutput, Output};
 use crate::session::{LogLevel, SessionRuntime};
 use crate::tasks::{self, TaskSlot};
 
-/// How a legacy request started.
-pub(crate) enum Started {
+/// How a sessionful request started.
+pub(crate) enum StartedSessionful {
     /// It runs.
     Running(Running),
     /// Its id was used before in this incarnation with the same params: attach to that stream.
@@ -67,7 +68,7 @@ fn progress_token(params: &Value) -> Option<Value> {
 
 /// Adds what every 2026-07-28 result carries: `resultType`, the server's identity and, for
 /// list and read results, cache hints (tether does not promise any caching).
-pub(crate) fn decorate_modern(method: &str, result: &mut Value, server_info: &Value) {
+pub(crate) fn decorate_stateless(method: &str, result: &mut Value, server_info: &Value) {
     let Value::Object(map) = result else { return };
     map.entry("resultType").or_insert_with(|| json!("complete"));
     if tether_core::methods::is_cacheable(method) {
@@ -89,30 +90,30 @@ async fn detached<T: Send + 'static>(
     tokio::spawn(start).await.unwrap_or_else(|failed| Err(DispatchError::StartFailed(failed.to_string())))
 }
 
-/// Starts a request of a legacy session: recorded in the store with its own stream, so it is
+/// Starts a request of a session: recorded in the store with its own stream, so it is
 /// executed once however often its id is sent, and its output survives the connection. With an
 /// idempotency key, once however often it is sent at all (see [`idempotency`]).
-pub(crate) async fn start_legacy(
+pub(crate) async fn start_sessionful(
     shared: &Arc<ServerState>,
     runtime: &Arc<SessionRuntime>,
     principal: Option<&str>,
     request: Request,
-) -> Result<Started, DispatchError> {
+) -> Result<StartedSessionful, DispatchError> {
     let (shared, runtime, principal) = (Arc::clone(shared), Arc::clone(runtime), principal.map(str::to_owned));
-    detached(async move { start_legacy_here(&shared, &runtime, principal.as_deref(), request).await }).await
+    detached(async move { start_sessionful_here(&shared, &runtime, principal.as_deref(), request).await }).await
 }
 
-/// [`start_legacy`], in the task that records and starts the request.
-async fn start_legacy_here(
+/// [`start_sessionful`], in the task that records and starts the request.
+async fn start_sessionful_here(
     shared: &Arc<ServerState>,
     runtime: &Arc<SessionRuntime>,
     principal: Option<&str>,
     request: Request,
-) -> Result<Started, DispatchError> {
+) -> Result<StartedSessionful, DispatchError> {
     let stream = ids::stream_name('r')?;
     let entry = match Entry::of(shared, principal, request) {
         Ok(entry) => entry,
-        Err(error) => return Ok(Started::Conflict(error)),
+        Err(error) => return Ok(StartedSessionful::Conflict(error)),
     };
     if entry.pipelined()
         && let Some(begun) = shared.store.begin_request_pipelined(entry.store_record(runtime, &stream))
@@ -120,9 +121,9 @@ async fn start_legacy_here(
         return start_pipelined(shared, runtime, entry, stream, begun).await;
     }
     Ok(match record(shared, runtime, entry, &stream, true).await? {
-        Recorded::New(work) => Started::Running(run_recorded(shared, runtime, *work, stream, true).await?),
-        Recorded::Again { original, .. } => Started::Attach { stream: original },
-        Recorded::Conflict(error) => Started::Conflict(error),
+        Recorded::New(work) => StartedSessionful::Running(run_recorded(shared, runtime, *work, stream, true).await?),
+        Recorded::Again { original, .. } => StartedSessionful::Attach { stream: original },
+        Recorded::Conflict(error) => StartedSessionful::Conflict(error),
     })
 }
 
@@ -138,7 +139,7 @@ async fn start_pipelined(
     entry: Entry,
     stream: StreamName,
     begun: tether_store::StoreFuture<'static, BeginRequest>,
-) -> Result<Started, DispatchError> {
+) -> Result<StartedSessionful, DispatchError> {
     let Entry { key, request, .. } = entry;
     let cancel = CancellationToken::new();
     if runtime.closing() {
@@ -166,16 +167,18 @@ async fn start_pipelined(
             // The POST may have gone away; a request that runs runs to its end regardless.
             let _ = decided.send(begun);
         };
-        tokio::join!(run(&shared, run_ctx, request, Job::Run(None), cancel.clone(), None), decide);
+        tokio::join!(run(&shared, run_ctx, request, Job::Run(None), cancel.clone(), Finish::Sessionful), decide);
         if registered {
             runtime.finish_request(&key);
         }
     });
     let begun = decision.await.map_err(|_| StoreError::Backend("the request's task stopped".into()))??;
     Ok(match begun {
-        BeginRequest::Started => Started::Running(Running { stream, first, task, claimed: None }),
-        BeginRequest::Existing { stream: original, same_params: true } => Started::Attach { stream: original },
-        BeginRequest::Existing { same_params: false, .. } => Started::Conflict(id_reused(&id)),
+        BeginRequest::Started => StartedSessionful::Running(Running { stream, first, task, claimed: None }),
+        BeginRequest::Existing { stream: original, same_params: true } => {
+            StartedSessionful::Attach { stream: original }
+        }
+        BeginRequest::Existing { same_params: false, .. } => StartedSessionful::Conflict(id_reused(&id)),
     })
 }
 
@@ -234,7 +237,7 @@ pub(crate) enum DispatchError {
     /// The session ended before the request could start.
     #[error("the session ended")]
     SessionEnded,
-    /// A 2026-07-28 request's idempotency key is malformed (legacy sessions answer it in the
+    /// A 2026-07-28 request's idempotency key is malformed (sessions answer it in the
     /// response instead).
     #[error("{0}")]
     InvalidIdempotencyKey(String),
@@ -370,7 +373,7 @@ async fn record(
     })
 }
 
-/// The context of a request of a legacy session, writing to `stream` (which ends with its
+/// The context of a request of a session, writing to `stream` (which ends with its
 /// response if `ends_stream`), and the receiver of its first output's kind.
 fn context(
     shared: &Arc<ServerState>,
@@ -442,7 +445,7 @@ async fn run_recorded(
         if let Some(claim) = claim {
             claim.running();
         }
-        run(&shared, ctx, request, job, cancel, None).await;
+        run(&shared, ctx, request, job, cancel, Finish::Sessionful).await;
         runtime.finish_request(&key);
     });
     Ok(Running { stream, first, task, claimed })
@@ -504,7 +507,7 @@ async fn keyed_job(
 }
 
 /// How a 2026-07-28 request started.
-pub(crate) struct Direct {
+pub(crate) struct StartedStateless {
     /// Tells whether its first output was the result (JSON) or not (SSE).
     pub first: oneshot::Receiver<FirstOutput>,
     /// Whether closing its response stream cancels it: not for a keyed request, whose outcome
@@ -516,26 +519,26 @@ pub(crate) struct Direct {
 
 /// Starts a 2026-07-28 request: no session, output straight to the connection, cancelled when
 /// `cancel` fires (the response stream was closed). With an idempotency key, it is recorded
-/// like a legacy one, and runs once however often it is sent.
-pub(crate) async fn start_direct(
+/// like a sessionful one, and runs once however often it is sent.
+pub(crate) async fn start_stateless(
     shared: &Arc<ServerState>,
     principal: Option<&str>,
     request: Request,
     output: Output,
     cancel: CancellationToken,
-) -> Result<Direct, DispatchError> {
+) -> Result<StartedStateless, DispatchError> {
     let (shared, principal) = (Arc::clone(shared), principal.map(str::to_owned));
-    detached(async move { start_direct_here(&shared, principal.as_deref(), request, output, cancel).await }).await
+    detached(async move { start_stateless_here(&shared, principal.as_deref(), request, output, cancel).await }).await
 }
 
-/// [`start_direct`], in the task that records and starts the request.
-async fn start_direct_here(
+/// [`start_stateless`], in the task that records and starts the request.
+async fn start_stateless_here(
     shared: &Arc<ServerState>,
     principal: Option<&str>,
     request: Request,
     output: Output,
     cancel: CancellationToken,
-) -> Result<Direct, DispatchError> {
+) -> Result<StartedStateless, DispatchError> {
     let params = request.params.unwrap_or_else(|| json!({}));
     let keyed = Keyed::of(shared, principal, &request.method, &params)
         .map_err(|e| DispatchError::InvalidIdempotencyKey(e.message))?;
@@ -590,7 +593,10 @@ async fn start_direct_here(
         None => KeyedJob { job: Job::Run(None), acknowledged: None, claim: None },
     };
     let (ctx, first) = Context::new(output, meta, input, run_cancel.clone(), Arc::clone(shared), task);
-    let server_info = shared.server_info();
+    let finish = Finish::Stateless {
+        binding: input_required::binding(&request.method, &params),
+        server_info: shared.server_info(),
+    };
     let shared = Arc::clone(shared);
     let request = Request { params: Some(params), ..request };
     tokio::spawn(async move {
@@ -599,9 +605,9 @@ async fn start_direct_here(
         }
         // Once the run is over, nothing is left to cancel (and the linking task ends).
         let _over = run_cancel.clone().drop_guard();
-        run(&shared, ctx, request, job, run_cancel, Some(server_info)).await;
+        run(&shared, ctx, request, job, run_cancel, finish).await;
     });
-    Ok(Direct { first, cancel_on_close, claimed })
+    Ok(StartedStateless { first, cancel_on_close, claimed })
 }
 
 /// Cancels the run of a request that may become a task when its connection's `cancel` fires,
@@ -616,19 +622,28 @@ pub(crate) async fn cancel_until_escalated(connection: CancellationToken, slot: 
 /// How long a cancelled handler may run on before it is aborted.
 const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Runs `job` for `request` (whose params are set) and sends its outcome, recording it under the
-/// request's key if it ran.
+/// What a request's era makes of its handler's input requests and result.
+enum Finish {
+    /// A session's request: the server asks the client for the input a handler needs, in
+    /// rounds of its own, and the result goes out as the handler returned it.
+    Sessionful,
+    /// A 2026-07-28 request: a request for input is the result, its state sealed to `binding`
+    /// (SEP-2322), and the result carries the server's info (`server_info`).
+    Stateless { binding: String, server_info: Value },
+}
+
+/// Runs `job` for `request` (whose params are set) and sends its outcome, finished as its era
+/// says, recording it under the request's key if it ran.
 async fn run(
     shared: &ServerState,
     ctx: Context,
     request: Request,
     job: Job,
     cancel: CancellationToken,
-    modern_server_info: Option<Value>,
+    finish: Finish,
 ) {
     let Request { id, method, params } = request;
     let params = params.unwrap_or_default();
-    let binding = modern_server_info.is_some().then(|| input_required::binding(&method, &params));
     let span = tracing::info_span!(
         "mcp",
         %method,
@@ -638,7 +653,7 @@ async fn run(
     );
     async move {
         let (work, record): (crate::HandlerFuture, Option<Keyed>) = match job {
-            Job::Run(keyed) if binding.is_none() && tether_core::methods::may_ask_input(&method) => {
+            Job::Run(keyed) if matches!(finish, Finish::Sessionful) && tether_core::methods::may_ask_input(&method) => {
                 let handler = Arc::clone(&shared.handler);
                 (Box::pin(input::rounds(handler, ctx.clone(), method.clone(), params, Answerer::Session)), keyed)
             }
@@ -676,11 +691,11 @@ async fn run(
             return;
         }
         let mut outcome = outcome.unwrap_or_else(|| Err(idempotency::cancelled()));
-        if let Some(binding) = &binding {
+        if let Finish::Stateless { binding, server_info } = &finish {
             input::seal(shared, &method, binding, &mut outcome);
-        }
-        if let (Some(info), Ok(result)) = (&modern_server_info, &mut outcome) {
-            decorate_modern(&method, result, info);
+            if let Ok(result) = &mut outcome {
+                decorate_stateless(&method, result, server_info);
+            }
         }
         end(shared, &ctx, Response { id: Some(id), outcome }, record.map(|keyed| keyed.name)).await;
     }

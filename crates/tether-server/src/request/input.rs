@@ -1,7 +1,7 @@
 //! Multi round-trip requests (SEP-2322, 2026-07-28): what a handler returns to ask the client
 //! for input before it can finish ([`InputRequired`]: the requests it needs answered and the state
 //! it wants back), how the server opens a request's answers and state before the handler runs and
-//! seals the state after, and how a legacy session serves the same handler by asking the client
+//! seals the state after, and how a session serves the same handler by asking the client
 //! itself. The next round's handler reads the answers with
 //! [`Context::input_response`](crate::Context::input_response) and the state with
 //! [`Context::request_state`](crate::Context::request_state).
@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 use tether_core::input_required::{self, InputError, RESULT_TYPE, STATE};
 use tether_core::jsonrpc::{ErrorObject, code};
 
-use crate::context::{Context, Input};
+use crate::request::context::{Context, Input};
 use crate::{Handler, ServerState};
 
 /// An `InputRequiredResult` under construction.
@@ -112,7 +112,7 @@ pub(crate) fn seal(shared: &ServerState, method: &str, binding: &str, outcome: &
 /// the request through them (a 2026-07-28 request without a task answers its client instead).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Answerer {
-    /// A legacy session, whose client knows nothing of multi round-trip requests: the server
+    /// A session, whose client knows nothing of multi round-trip requests: the server
     /// asks the client itself (server-to-client requests on the request's stream), and the
     /// handler's state never leaves the server.
     Session,
@@ -152,7 +152,7 @@ pub(crate) async fn rounds(
     ))
 }
 
-/// Asks the client of a legacy session what `result` asks for: the answers, and the state.
+/// Asks the client of a session what `result` asks for: the answers, and the state.
 async fn ask_client(ctx: &Context, result: &Value) -> Result<Input, ErrorObject> {
     let mut responses = serde_json::Map::new();
     for (key, asked, asked_params) in input_required::requests(result) {

@@ -18,15 +18,15 @@ use tokio_util::sync::CancellationToken;
 
 use super::reject::{self, Refusal, Rejection};
 use super::{accepted, guard, json_response, read_body, sse};
-use crate::context::{FirstOutput, Output};
-use crate::dispatch::{self, decorate_modern};
 use crate::excerpt::quoted;
+use crate::request::dispatch::{self, decorate_stateless};
+use crate::request::output::{FirstOutput, Output};
 use crate::{Handler, SUPPORTED_VERSIONS, ServerState};
 
 /// Messages buffered between a 2026-07-28 handler and its connection.
 const DIRECT_BUFFER: usize = 64;
 
-/// Serves a POST whose `MCP-Protocol-Version` is a revision of the modern era (`Ok`), or a
+/// Serves a POST whose `MCP-Protocol-Version` is a revision of the stateless era (`Ok`), or a
 /// version this server does not support (`Err`, as sent): that one is refused the 2026-07-28
 /// way, with the request's id.
 pub(crate) async fn post(
@@ -60,21 +60,21 @@ pub(crate) async fn post(
         let info = shared.handler.info();
         let mut result = json!({
             "supportedVersions": SUPPORTED_VERSIONS.map(ProtocolVersion::as_str),
-            "capabilities": modern_capabilities(info.capabilities),
+            "capabilities": stateless_capabilities(info.capabilities),
         });
-        crate::idempotency::advertise(shared, &mut result["capabilities"])
+        crate::request::idempotency::advertise(shared, &mut result["capabilities"])
             .await
             .map_err(|e| Rejection::from(e).with_id(Some(id.clone())))?;
         if let Some(instructions) = info.instructions {
             result["instructions"] = json!(instructions);
         }
-        decorate_modern(method::SERVER_DISCOVER, &mut result, &shared.server_info());
+        decorate_stateless(method::SERVER_DISCOVER, &mut result, &shared.server_info());
         let body = Message::Response(jsonrpc::Response::result(id, result)).to_vec();
         return Ok(json_response(StatusCode::OK, body, []));
     }
     if request.method == subscriptions::LISTEN {
         let params = request.params.as_ref().unwrap_or(&Value::Null);
-        let capabilities = modern_capabilities(shared.handler.info().capabilities);
+        let capabilities = stateless_capabilities(shared.handler.info().capabilities);
         let filter = subscriptions::Filter::requested(params).honoured(&capabilities);
         let closed = CancellationToken::new();
         let rx = shared.listeners.open(&id, filter, closed.clone());
@@ -93,7 +93,7 @@ pub(crate) async fn post(
     if crate::tasks::serves(&request.method) {
         let mut outcome = crate::tasks::serve(shared, principal.as_deref(), &request).await;
         if let Ok(result) = &mut outcome {
-            decorate_modern(&request.method, result, &shared.server_info());
+            decorate_stateless(&request.method, result, &shared.server_info());
         }
         let body = Message::Response(jsonrpc::Response { id: Some(id), outcome }).to_vec();
         return Ok(json_response(status_of(&body), body, []));
@@ -101,9 +101,10 @@ pub(crate) async fn post(
     let (tx, rx) = mpsc::channel(DIRECT_BUFFER);
     let answer = tx.clone();
     let cancel = CancellationToken::new();
-    let direct = dispatch::start_direct(shared, principal.as_deref(), request, Output::Direct { tx }, cancel.clone())
-        .await
-        .map_err(|err| Rejection::from(err).with_id(Some(id)))?;
+    let direct =
+        dispatch::start_stateless(shared, principal.as_deref(), request, Output::Direct { tx }, cancel.clone())
+            .await
+            .map_err(|err| Rejection::from(err).with_id(Some(id)))?;
     // Until the response is handed over, dropping this future (the client went away) cancels
     // the request; afterwards the response body holds the guard. A keyed request runs on.
     let guard = if direct.cancel_on_close { cancel.drop_guard() } else { CancellationToken::new().drop_guard() };
@@ -143,7 +144,7 @@ fn status_of(response: &[u8]) -> StatusCode {
 
 /// The capabilities this era honours: the handler's (list changes and resource updates are
 /// delivered on `subscriptions/listen`), exactly-once execution if it is on, and tasks.
-fn modern_capabilities(mut capabilities: Value) -> Value {
+fn stateless_capabilities(mut capabilities: Value) -> Value {
     if let Value::Object(map) = &mut capabilities
         && let Value::Object(extensions) = map.entry("extensions").or_insert_with(|| json!({}))
     {
@@ -179,7 +180,7 @@ fn validate(
         Err(text) => text,
     };
     let Some(version) = request_meta.and_then(|m| m.get(meta::PROTOCOL_VERSION)) else {
-        // No per-request metadata at all: a legacy client with a version this server lacks.
+        // No per-request metadata at all: a sessionful client with a version this server lacks.
         return Err(match unsupported {
             Some(requested) if request_meta.is_none() => guard::unsupported_version(requested),
             _ => missing(meta::PROTOCOL_VERSION),

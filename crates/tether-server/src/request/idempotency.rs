@@ -17,9 +17,9 @@ use tether_core::lineage::{Digest, SessionId, StreamName, StreamState};
 use tether_core::mcp::{meta, method};
 use tether_store::{Claim, KeyClaim, KeyState, Store, StoreError};
 
-use crate::context::Context;
 use crate::http::reject::Refusal;
 use crate::reader::{Ending, Item, StreamReader};
+use crate::request::context::Context;
 use crate::{ServerState, now_ms};
 /// The longest pause between two looks at a running original's record.
 const MAX_POLL: Duration = Duration::from_millis(250);

@@ -15,19 +15,19 @@ fn meta() -> Value {
     json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}})
 }
 
-/// A modern request with matching headers.
-fn modern(client: &Client, id: i64, method: &str, mut params: Value) -> reqwest::RequestBuilder {
+/// A stateless request with matching headers.
+fn stateless(client: &Client, id: i64, method: &str, mut params: Value) -> reqwest::RequestBuilder {
     if params.get("_meta").is_none() {
         params["_meta"] = meta();
     }
-    modern_post(client, json!(id), method, params)
+    stateless_post(client, json!(id), method, params)
 }
 
 #[tokio::test]
 async fn server_discover_describes_the_server_without_a_session() {
     let server = start(config()).await;
     let client = Client::new(&server);
-    let response = modern(&client, 1, "server/discover", json!({})).send().await.expect("send");
+    let response = stateless(&client, 1, "server/discover", json!({})).send().await.expect("send");
     assert_eq!(response.status(), 200);
     assert!(!response.headers().contains_key("mcp-session-id"));
     let result = json_body(response).await["result"].clone();
@@ -52,7 +52,7 @@ async fn a_subscription_is_acknowledged_then_hears_only_what_it_asked_for() {
     let server = start(config()).await;
     let client = Client::new(&server);
     let listen = |id: i64, notifications: Value| {
-        modern(&client, id, "subscriptions/listen", json!({"_meta": meta(), "notifications": notifications})).send()
+        stateless(&client, id, "subscriptions/listen", json!({"_meta": meta(), "notifications": notifications})).send()
     };
     let mut tools = listen(1, json!({"toolsListChanged": true, "resourcesListChanged": true})).await.expect("listen");
     let mut prompts = listen(2, json!({"promptsListChanged": true})).await.expect("listen");
@@ -68,7 +68,7 @@ async fn a_subscription_is_acknowledged_then_hears_only_what_it_asked_for() {
         messages(&events(&mut prompts, 1).await)[0]["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
         2
     );
-    let call = |name: &str| modern(&client, 9, "tools/call", json!({"name": name, "arguments": {}})).send();
+    let call = |name: &str| stateless(&client, 9, "tools/call", json!({"name": name, "arguments": {}})).send();
     call("test_trigger_tool_change").await.expect("trigger");
     call("test_trigger_prompt_change").await.expect("trigger");
     let heard = messages(&events(&mut tools, 1).await);
@@ -82,7 +82,7 @@ async fn a_subscription_is_acknowledged_then_hears_only_what_it_asked_for() {
 async fn tool_calls_are_served_statelessly_with_result_type() {
     let server = start(config()).await;
     let client = Client::new(&server);
-    let response = modern(&client, 1, "tools/call", json!({"name": "test_simple_text", "arguments": {}}))
+    let response = stateless(&client, 1, "tools/call", json!({"name": "test_simple_text", "arguments": {}}))
         .header("mcp-session-id", "ignored")
         .send()
         .await
@@ -92,7 +92,7 @@ async fn tool_calls_are_served_statelessly_with_result_type() {
     let body = json_body(response).await;
     assert_eq!(body["result"]["resultType"], "complete");
     assert_eq!(body["result"]["content"][0]["text"], "This is a simple text response for testing.");
-    let list = json_body(modern(&client, 2, "tools/list", json!({})).send().await.expect("send")).await;
+    let list = json_body(stateless(&client, 2, "tools/list", json!({})).send().await.expect("send")).await;
     assert!(list["result"]["ttlMs"].is_u64() && list["result"]["tools"].is_array());
 }
 
@@ -102,7 +102,7 @@ async fn streamed_notifications_carry_no_ids() {
     let client = Client::new(&server);
     let params = json!({"name": "count", "arguments": {"to": 3}, "_meta": {
         "io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}, "progressToken": 5}});
-    let mut response = modern(&client, 1, "tools/call", params).send().await.expect("send");
+    let mut response = stateless(&client, 1, "tools/call", params).send().await.expect("send");
     assert_eq!(response.headers()["content-type"], "text/event-stream");
     let (events, ended) = drain(&mut response).await;
     assert!(ended);
@@ -118,9 +118,9 @@ async fn header_rules_are_enforced_with_minus_32020() {
     let client = Client::new(&server);
     let call = json!({"name": "test_simple_text", "arguments": {}});
     let cases = [
-        set(modern(&client, 1, "tools/list", json!({})), "mcp-method", "prompts/list"),
-        set(modern(&client, 2, "tools/call", call.clone()), "mcp-name", "wrong_tool_name"),
-        set(modern(&client, 3, "tools/list", json!({})), "mcp-method", "TOOLS/LIST"),
+        set(stateless(&client, 1, "tools/list", json!({})), "mcp-method", "prompts/list"),
+        set(stateless(&client, 2, "tools/call", call.clone()), "mcp-name", "wrong_tool_name"),
+        set(stateless(&client, 3, "tools/list", json!({})), "mcp-method", "TOOLS/LIST"),
     ];
     for (i, case) in cases.into_iter().enumerate() {
         let response = case.send().await.expect("send");
@@ -137,7 +137,7 @@ async fn header_rules_are_enforced_with_minus_32020() {
         .header("mcp-protocol-version", "2026-07-28")
         .body(request(json!(9), "tools/list", json!({"_meta": meta()})).to_string());
     assert_eq!(json_body(no_method.send().await.expect("send")).await["error"]["code"], -32020);
-    let padded = set(modern(&client, 4, "tools/call", call), "mcp-name", "  test_simple_text  ");
+    let padded = set(stateless(&client, 4, "tools/call", call), "mcp-name", "  test_simple_text  ");
     assert_eq!(padded.send().await.expect("send").status(), 200, "surrounding whitespace is not a mismatch");
 }
 
@@ -149,7 +149,7 @@ async fn tool_parameters_mirrored_in_headers_must_match_the_body() {
     let client = Client::new(&server);
     let call = |id, region: &str, headers: &[(&str, &str)]| {
         let params = json!({"name": "test_custom_headers", "arguments": {"region": region, "priority": 3}});
-        headers.iter().fold(modern(&client, id, "tools/call", params), |b, (name, value)| b.header(*name, *value))
+        headers.iter().fold(stateless(&client, id, "tools/call", params), |b, (name, value)| b.header(*name, *value))
     };
     let accepted = [
         call(1, "Hello", &[("mcp-param-region", "=?base64?SGVsbG8=?="), ("mcp-param-priority", "3")]),
@@ -183,7 +183,7 @@ async fn an_unknown_resource_is_invalid_params_with_its_uri() {
     let server = start(config()).await;
     let client = Client::new(&server);
     let uri = "test://nonexistent";
-    let response = modern(&client, 1, "resources/read", json!({"uri": uri})).header("mcp-name", uri).send().await;
+    let response = stateless(&client, 1, "resources/read", json!({"uri": uri})).header("mcp-name", uri).send().await;
     let body = json_body(response.expect("send")).await;
     assert_eq!(body["error"]["code"], -32602, "{body}");
     assert_eq!(body["error"]["data"]["uri"], uri);
@@ -200,7 +200,7 @@ async fn a_multi_round_request_carries_its_state_sealed() {
         if let (Value::Object(params), Value::Object(extra)) = (&mut params, extra) {
             params.extend(extra);
         }
-        modern(&client, id, "tools/call", params)
+        stateless(&client, id, "tools/call", params)
     };
     let first = json_body(call(1, json!({})).send().await.expect("send")).await;
     assert_eq!(first["result"]["resultType"], "input_required", "{first}");
@@ -216,7 +216,7 @@ async fn a_multi_round_request_carries_its_state_sealed() {
     assert_eq!(third["result"]["resultType"], "complete", "{third}");
     assert_eq!(third["result"]["content"][0]["text"], "Alice likes blue");
     // The state replayed with other arguments: the request it was issued for is another one.
-    let other_arguments = modern(
+    let other_arguments = stateless(
         &client,
         7,
         "tools/call",
@@ -239,7 +239,7 @@ async fn a_multi_round_request_carries_its_state_sealed() {
             (json!(-32602), json!("invalid_request_state"))
         );
     }
-    let elsewhere = modern(
+    let elsewhere = stateless(
         &client,
         6,
         "tools/call",
@@ -260,14 +260,15 @@ async fn request_states_are_shared_by_replicas_with_one_key() {
     let keyed = |byte| ServerConfig { request_state_key: Some(StateKey::new([byte; 32])), ..config() };
     let (a, b, other) = (start(keyed(9)).await, start(keyed(9)).await, start(keyed(10)).await);
     let params = json!({"name": "test_input_required_result_request_state", "arguments": {}});
-    let first = json_body(modern(&Client::new(&a), 1, "tools/call", params.clone()).send().await.expect("send")).await;
+    let first =
+        json_body(stateless(&Client::new(&a), 1, "tools/call", params.clone()).send().await.expect("send")).await;
     let state = first["result"]["requestState"].clone();
     let mut again = params;
     again["requestState"] = state;
     again["inputResponses"] = json!({"confirm": {"action": "accept", "content": {"ok": true}}});
-    let on_b = json_body(modern(&Client::new(&b), 2, "tools/call", again.clone()).send().await.expect("send")).await;
+    let on_b = json_body(stateless(&Client::new(&b), 2, "tools/call", again.clone()).send().await.expect("send")).await;
     assert_eq!(on_b["result"]["content"][0]["text"], "state-ok: confirmed", "{on_b}");
-    let on_other = json_body(modern(&Client::new(&other), 3, "tools/call", again).send().await.expect("send")).await;
+    let on_other = json_body(stateless(&Client::new(&other), 3, "tools/call", again).send().await.expect("send")).await;
     assert_eq!(on_other["error"]["data"]["reason"], "invalid_request_state");
 }
 
@@ -275,11 +276,15 @@ async fn request_states_are_shared_by_replicas_with_one_key() {
 async fn metadata_is_validated_in_order() {
     let server = start(config()).await;
     let client = Client::new(&server);
-    let no_version =
-        modern(&client, 101, "server/discover", json!({"_meta": {"io.modelcontextprotocol/clientCapabilities": {}}}));
+    let no_version = stateless(
+        &client,
+        101,
+        "server/discover",
+        json!({"_meta": {"io.modelcontextprotocol/clientCapabilities": {}}}),
+    );
     let body = json_body(no_version.send().await.expect("send")).await;
     assert_eq!((body["error"]["code"].clone(), body["id"].clone()), (json!(-32602), json!(101)));
-    let no_caps = modern(
+    let no_caps = stateless(
         &client,
         104,
         "server/discover",
@@ -287,9 +292,10 @@ async fn metadata_is_validated_in_order() {
     );
     assert_eq!(json_body(no_caps.send().await.expect("send")).await["error"]["code"], -32602);
     let mismatch_meta = json!({"_meta": {"io.modelcontextprotocol/protocolVersion": "v999.0.0", "io.modelcontextprotocol/clientCapabilities": {}}});
-    let mismatch = modern(&client, 302, "server/discover", mismatch_meta.clone());
+    let mismatch = stateless(&client, 302, "server/discover", mismatch_meta.clone());
     assert_eq!(json_body(mismatch.send().await.expect("send")).await["error"]["code"], -32020);
-    let unsupported = set(modern(&client, 301, "server/discover", mismatch_meta), "mcp-protocol-version", "v999.0.0");
+    let unsupported =
+        set(stateless(&client, 301, "server/discover", mismatch_meta), "mcp-protocol-version", "v999.0.0");
     let response = unsupported.send().await.expect("send");
     assert_eq!(response.status(), 400);
     let body = json_body(response).await;
@@ -304,7 +310,7 @@ async fn removed_and_unknown_methods_are_404_and_get_delete_405() {
     let server = start(config()).await;
     let client = Client::new(&server);
     for method in ["initialize", "ping", "logging/setLevel", "resources/subscribe", "unknown/method"] {
-        let response = modern(&client, 1, method, json!({})).send().await.expect("send");
+        let response = stateless(&client, 1, method, json!({})).send().await.expect("send");
         assert_eq!(response.status(), 404, "{method}");
         assert_eq!(json_body(response).await["error"]["code"], -32601, "{method}");
     }
@@ -331,7 +337,7 @@ async fn a_method_the_revision_lacks_is_unknown_before_its_headers_are_checked()
     let client = Client::new(&server);
     for method in ["ping", "tasks/list", "logging/setLevel"] {
         let response =
-            modern(&client, 2, method, json!({})).header("mcp-method", "tools/list").send().await.expect("send");
+            stateless(&client, 2, method, json!({})).header("mcp-method", "tools/list").send().await.expect("send");
         assert_eq!(response.status(), 404, "{method}");
         assert_eq!(json_body(response).await["error"]["code"], -32601, "{method}");
     }
@@ -341,7 +347,7 @@ async fn a_method_the_revision_lacks_is_unknown_before_its_headers_are_checked()
 async fn undeclared_client_capability_is_minus_32021() {
     let server = start(config()).await;
     let client = Client::new(&server);
-    let response = modern(&client, 401, "tools/call", json!({"name": "test_missing_capability", "arguments": {}}))
+    let response = stateless(&client, 401, "tools/call", json!({"name": "test_missing_capability", "arguments": {}}))
         .send()
         .await
         .expect("send");
@@ -356,12 +362,12 @@ async fn logs_are_sent_only_when_the_request_asks_for_a_level() {
     let server = start(config()).await;
     let client = Client::new(&server);
     let call = json!({"name": "test_logging_tool", "arguments": {}});
-    let quiet = modern(&client, 1, "tools/call", call.clone()).send().await.expect("send");
+    let quiet = stateless(&client, 1, "tools/call", call.clone()).send().await.expect("send");
     assert_eq!(quiet.headers()["content-type"], "application/json", "no log notification came first");
     let mut with_level = call;
     with_level["_meta"] = meta();
     with_level["_meta"]["io.modelcontextprotocol/logLevel"] = json!("info");
-    let mut loud = modern(&client, 2, "tools/call", with_level).send().await.expect("send");
+    let mut loud = stateless(&client, 2, "tools/call", with_level).send().await.expect("send");
     let got = messages(&drain(&mut loud).await.0);
     assert_eq!(got[0]["method"], "notifications/message");
 }
@@ -423,7 +429,7 @@ impl Handler for EndlessMayBecomeTask {
 async fn cancelled_by_closing(server: &TestServer, meta: Value, flag: &AtomicBool) -> bool {
     let client = Client::new(server);
     let call = json!({"name": "x", "arguments": {}, "_meta": meta});
-    let mut response = modern(&client, 1, "tools/call", call).send().await.expect("send");
+    let mut response = stateless(&client, 1, "tools/call", call).send().await.expect("send");
     assert_eq!(events(&mut response, 3).await.len(), 3);
     drop(response);
     for _ in 0..200 {
@@ -465,22 +471,25 @@ async fn a_mirrored_header_sent_twice_or_as_a_list_is_refused() {
     let cases = [
         (
             "two Mcp-Param-Region",
-            modern(&client, 1, "tools/call", custom.clone())
+            stateless(&client, 1, "tools/call", custom.clone())
                 .header("mcp-param-region", "us")
                 .header("mcp-param-region", "eu")
                 .header("mcp-param-priority", "3"),
         ),
-        ("two Mcp-Name", modern(&client, 2, "tools/call", simple.clone()).header("mcp-name", "test_simple_text")),
-        ("two Mcp-Method", modern(&client, 3, "tools/call", simple.clone()).header("mcp-method", "tools/call")),
+        ("two Mcp-Name", stateless(&client, 2, "tools/call", simple.clone()).header("mcp-name", "test_simple_text")),
+        ("two Mcp-Method", stateless(&client, 3, "tools/call", simple.clone()).header("mcp-method", "tools/call")),
         (
             "two MCP-Protocol-Version",
-            modern(&client, 4, "tools/call", simple.clone()).header("mcp-protocol-version", "2026-07-28"),
+            stateless(&client, 4, "tools/call", simple.clone()).header("mcp-protocol-version", "2026-07-28"),
         ),
         (
             "a listed MCP-Protocol-Version",
-            set(modern(&client, 5, "tools/call", simple.clone()), "mcp-protocol-version", "2026-07-28, 2025-06-18"),
+            set(stateless(&client, 5, "tools/call", simple.clone()), "mcp-protocol-version", "2026-07-28, 2025-06-18"),
         ),
-        ("a listed Mcp-Method", set(modern(&client, 6, "tools/call", simple), "mcp-method", "tools/call,tools/list")),
+        (
+            "a listed Mcp-Method",
+            set(stateless(&client, 6, "tools/call", simple), "mcp-method", "tools/call,tools/list"),
+        ),
     ];
     for (case, request) in cases {
         let response = request.send().await.expect("send");
@@ -502,7 +511,7 @@ async fn a_raw_utf8_mirrored_header_is_named_as_not_ascii() {
     let call = json!({"name": "test_custom_headers", "arguments": {"region": "Zürich", "priority": 3}});
     let value = reqwest::header::HeaderValue::from_bytes("Zürich".as_bytes()).expect("obs-text is a header value");
     let request =
-        modern(&client, 1, "tools/call", call).header("mcp-param-region", value).header("mcp-param-priority", "3");
+        stateless(&client, 1, "tools/call", call).header("mcp-param-region", value).header("mcp-param-priority", "3");
     let response = request.send().await.expect("send");
     assert_eq!(response.status(), 400);
     let message = json_body(response).await["error"]["message"].as_str().unwrap_or_default().to_owned();
@@ -518,7 +527,7 @@ async fn an_error_quotes_a_bounded_prefix_of_what_was_sent() {
     let params = json!({"taskId": id, "_meta": {
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}});
-    let response = modern(&client, 1, "tasks/get", params).send().await.expect("send");
+    let response = stateless(&client, 1, "tasks/get", params).send().await.expect("send");
     let body = json_body(response).await;
     assert_eq!(body["error"]["data"]["reason"], "unknown_task", "{}", &body.to_string()[..200]);
     assert!(body.to_string().len() < 1_000, "the error is {} bytes", body.to_string().len());
@@ -534,10 +543,10 @@ async fn a_task_update_with_invalid_input_responses_is_400() {
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}});
     let call = json!({"name": "count", "arguments": {"to": 2, "interval_ms": 60_000}, "_meta": meta.clone()});
-    let created = json_body(modern(&client, 1, "tools/call", call).send().await.expect("send")).await;
+    let created = json_body(stateless(&client, 1, "tools/call", call).send().await.expect("send")).await;
     let task = created["result"]["taskId"].as_str().unwrap_or_else(|| panic!("a task: {created}")).to_owned();
     let update = json!({"taskId": task, "inputResponses": "not an object", "_meta": meta});
-    let response = modern(&client, 2, "tasks/update", update).send().await.expect("send");
+    let response = stateless(&client, 2, "tasks/update", update).send().await.expect("send");
     assert_eq!(response.status(), 400);
     assert_eq!(json_body(response).await["error"]["data"]["reason"], "invalid_input_responses");
 }

@@ -1,0 +1,11 @@
+//! The request runtime: a request is recorded, run in a task of its own with a [`Context`]
+//! (`context`), its output sent to one sink (`output`), its outcome recorded under its
+//! idempotency key (`idempotency`), and the input it asks for gathered in rounds (`input`).
+//!
+//! [`Context`]: context::Context
+
+pub(crate) mod context;
+pub(crate) mod dispatch;
+pub(crate) mod idempotency;
+pub(crate) mod input;
+pub(crate) mod output;

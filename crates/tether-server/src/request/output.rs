@@ -1,0 +1,308 @@
+//! Where a request's output goes. A session's request writes to its stream in the store; a
+//! 2026-07-28 request writes straight to its one connection. Both are a [`Sink`] with the same
+//! operations, so a request's [`Context`](super::context::Context) never asks which era it
+//! serves, only what its sink can do.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use tether_core::lineage::StreamName;
+use tether_store::Store;
+use tokio::sync::{mpsc, oneshot};
+
+use super::context::ContextError;
+use crate::session::{LogLevel, SessionRuntime};
+
+/// How the first output of a request looked, which decides JSON or SSE for its response.
+#[derive(Debug)]
+pub(crate) enum FirstOutput {
+    /// The result came before anything else: answer with JSON.
+    Final(Bytes),
+    /// Something came before the result: answer with SSE.
+    Event,
+}
+
+/// Tells the POST how its response starts, once: whoever sends first decides.
+#[derive(Clone)]
+pub(crate) struct First(Arc<Mutex<Option<oneshot::Sender<FirstOutput>>>>);
+
+impl First {
+    /// A new signal, and the receiver the POST waits on.
+    pub(crate) fn new() -> (First, oneshot::Receiver<FirstOutput>) {
+        let (tx, rx) = oneshot::channel();
+        (First(Arc::new(Mutex::new(Some(tx)))), rx)
+    }
+
+    /// The sender, if nobody used it yet.
+    fn take(&self) -> Option<oneshot::Sender<FirstOutput>> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
+    }
+
+    /// Sends the first output's kind, if nobody has yet.
+    pub(crate) fn signal(&self, kind: impl FnOnce() -> FirstOutput) {
+        if let Some(tx) = self.take() {
+            // The POST may have gone away; the output is in the store either way.
+            let _ = tx.send(kind());
+        }
+    }
+}
+
+/// Where a request's messages go, as the code that starts the request names it.
+pub(crate) enum Output {
+    /// A session's request: into the store, durable before any client sees it. `ends_stream`:
+    /// the stream is the request's own and ends with its response; a batch's requests share
+    /// one, which the batch ends once all of them did.
+    Stored { store: Arc<dyn Store>, runtime: Arc<SessionRuntime>, stream: StreamName, ends_stream: bool },
+    /// A 2026-07-28 request: straight to the one connection, which is the request's whole life.
+    Direct { tx: mpsc::Sender<(Bytes, bool)> },
+}
+
+/// An [`Output`] opened for one request.
+pub(crate) enum Sink {
+    /// See [`Output::Stored`].
+    Stored(StoredSink),
+    /// See [`Output::Direct`].
+    Direct(DirectSink),
+}
+
+impl Sink {
+    /// Opens `output`; a stored one starts the request's writer, which signals `first`.
+    pub(crate) fn open(output: Output, first: &First) -> Sink {
+        match output {
+            Output::Stored { store, runtime, stream, ends_stream } => {
+                let (writes, queue) = mpsc::channel(WRITE_QUEUE);
+                let failure = Arc::default();
+                let writer = Writer {
+                    store: Arc::clone(&store),
+                    runtime: Arc::clone(&runtime),
+                    stream: stream.clone(),
+                    ends_stream,
+                    failure: Arc::clone(&failure),
+                    first: first.clone(),
+                };
+                tokio::spawn(writer.run(queue));
+                Sink::Stored(StoredSink { store, runtime, stream, writes, failure })
+            }
+            Output::Direct { tx } => Sink::Direct(DirectSink { tx }),
+        }
+    }
+
+    /// The session the output belongs to, if it has one.
+    pub(crate) fn session(&self) -> Option<&Arc<SessionRuntime>> {
+        match self {
+            Sink::Stored(sink) => Some(&sink.runtime),
+            Sink::Direct(_) => None,
+        }
+    }
+
+    /// The session stream the output is written to, if it is stored.
+    pub(crate) fn stream(&self) -> Option<&StreamName> {
+        match self {
+            Sink::Stored(sink) => Some(&sink.stream),
+            Sink::Direct(_) => None,
+        }
+    }
+
+    /// The least severe log level that is sent: the session's, or what the request `asked` for.
+    pub(crate) fn log_threshold(&self, asked: Option<LogLevel>) -> Option<LogLevel> {
+        match self {
+            Sink::Stored(sink) => Some(sink.runtime.log_level()),
+            Sink::Direct(_) => asked,
+        }
+    }
+
+    /// Sends `bytes`; `last` is the request's response, recorded under the idempotency key
+    /// `record` where the output is stored.
+    pub(crate) async fn send(
+        &self,
+        bytes: Bytes,
+        last: bool,
+        record: Option<&str>,
+        first: &First,
+    ) -> Result<(), ContextError> {
+        match self {
+            // The writer tells the POST how the response starts.
+            Sink::Stored(sink) if last => sink.write(Some(bytes), true, record.map(str::to_owned)).await,
+            Sink::Stored(sink) => sink.queue(Write { bytes: Some(bytes), last: false, record: None, done: None }).await,
+            Sink::Direct(sink) => sink.send(bytes, last, first).await,
+        }
+    }
+
+    /// Answers the request with `response` at once, ahead of the handler's end: a request
+    /// that became a task. Only a direct output has a request to answer so.
+    pub(crate) async fn answer_now(&self, response: Bytes, first: &First) {
+        if let Sink::Direct(sink) = self {
+            // A client gone meanwhile re-sends its keyed request, or polls nothing: the task
+            // runs either way.
+            let _ = sink.send(response, true, first).await;
+        }
+    }
+
+    /// Waits until everything sent so far is durable (at once where nothing is stored).
+    pub(crate) async fn flush(&self) -> Result<(), ContextError> {
+        match self {
+            Sink::Stored(sink) => sink.write(None, false, None).await,
+            Sink::Direct(_) => Ok(()),
+        }
+    }
+
+    /// Ends the output's stream as aborted: its readers end it with a `request_aborted` notice
+    /// instead of waiting for a response it will not get. A direct output ends with its
+    /// connection.
+    pub(crate) async fn abort(&self) {
+        if let Sink::Stored(sink) = self
+            && let Err(err) = sink.store.abort_stream(&sink.runtime.id, &sink.runtime.epoch, &sink.stream).await
+        {
+            tracing::warn!(%err, stream = %sink.stream, "could not end a request's stream that will not get its response");
+        }
+    }
+
+    /// Closes the client's connection to the output's stream without ending the stream
+    /// (SEP-1699). `false` where there is no stream to resume, so nothing to close.
+    pub(crate) fn close_connection(&self) -> bool {
+        match self {
+            Sink::Stored(sink) => {
+                sink.runtime.kick(&sink.stream);
+                true
+            }
+            Sink::Direct(_) => false,
+        }
+    }
+}
+
+/// A session stream, written in order by the request's [`Writer`].
+pub(crate) struct StoredSink {
+    store: Arc<dyn Store>,
+    runtime: Arc<SessionRuntime>,
+    stream: StreamName,
+    /// The writer's queue.
+    writes: mpsc::Sender<Write>,
+    /// The writer's first failure, reported to the handler's next send.
+    failure: Arc<Mutex<Option<ContextError>>>,
+}
+
+impl StoredSink {
+    /// Queues `write` for the writer; fails with the writer's first failure.
+    async fn queue(&self, write: Write) -> Result<(), ContextError> {
+        if let Some(err) = self.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone() {
+            return Err(err);
+        }
+        self.writes.send(write).await.map_err(|_| ContextError::Cancelled)
+    }
+
+    /// Queues `bytes` (or nothing) and waits until it and everything before it is durable.
+    async fn write(&self, bytes: Option<Bytes>, last: bool, record: Option<String>) -> Result<(), ContextError> {
+        let (done, written) = oneshot::channel();
+        self.queue(Write { bytes, last, record, done: Some(done) }).await?;
+        written.await.map_err(|_| ContextError::Cancelled)?
+    }
+}
+
+/// The one connection of a 2026-07-28 request: messages and whether each is the last.
+pub(crate) struct DirectSink {
+    tx: mpsc::Sender<(Bytes, bool)>,
+}
+
+impl DirectSink {
+    /// A response that comes first is the JSON answer; anything else makes the answer a stream.
+    async fn send(&self, bytes: Bytes, last: bool, first: &First) -> Result<(), ContextError> {
+        let mut sender = first.take();
+        if last && let Some(sender) = sender.take() {
+            let _ = sender.send(FirstOutput::Final(bytes));
+            return Ok(());
+        }
+        if let Some(sender) = sender {
+            let _ = sender.send(FirstOutput::Event);
+        }
+        self.tx.send((bytes, last)).await.map_err(|_| ContextError::Cancelled)
+    }
+}
+
+/// One entry of a request's output, written to the store in order by the request's writer.
+struct Write {
+    /// The message; `None` only asks to be told when everything before it is written.
+    bytes: Option<Bytes>,
+    /// The message is the final response: the stream ends after it, if it is the request's own.
+    last: bool,
+    /// The final response is also the outcome of this idempotency key (the store's name).
+    record: Option<String>,
+    /// Told the outcome once the entry is durable (or failed).
+    done: Option<oneshot::Sender<Result<(), ContextError>>>,
+}
+
+/// Most entries a request's writer commits together.
+const MAX_WRITE_BATCH: usize = 256;
+/// Entries a handler may have queued before its sends wait for the store.
+const WRITE_QUEUE: usize = 1024;
+
+/// Writes a request's output to the store in order. Whatever queued up while the previous
+/// batch was being written goes in one [`EventLog::append_batch`](tether_store::EventLog::append_batch),
+/// so a handler never waits for a disk flush per notification; the client still sees nothing
+/// before it is durable, because delivery reads from the store. The POST learns how its
+/// response starts only once the first batch is durable, so the response goes out with its
+/// first events (and, for a short call, its end) at once. The first failure is kept and
+/// answered to every later entry.
+struct Writer {
+    store: Arc<dyn Store>,
+    runtime: Arc<SessionRuntime>,
+    stream: StreamName,
+    ends_stream: bool,
+    failure: Arc<Mutex<Option<ContextError>>>,
+    first: First,
+}
+
+impl Writer {
+    async fn run(self, mut queue: mpsc::Receiver<Write>) {
+        let Writer { store, runtime, stream, ends_stream, failure, first: first_output } = self;
+        let mut failed: Option<ContextError> = None;
+        while let Some(first) = queue.recv().await {
+            // One turn for the handler to queue what it sends right after (often its result),
+            // so that it joins this batch.
+            tokio::task::yield_now().await;
+            let mut batch = vec![first];
+            while batch.len() < MAX_WRITE_BATCH && batch.last().is_some_and(|w| !w.last) {
+                match queue.try_recv() {
+                    Ok(write) => batch.push(write),
+                    Err(_) => break,
+                }
+            }
+            let events: Vec<Bytes> = batch.iter().filter_map(|w| w.bytes.clone()).collect();
+            let last = batch.iter().any(|w| w.last);
+            // A lone final response, before anything else was written, is answered as JSON.
+            let only_response = (last && events.len() == 1).then(|| events[0].clone());
+            let count = events.len();
+            let record = batch.iter().find_map(|w| w.record.clone());
+            let started = std::time::Instant::now();
+            let outcome = match (&failed, record) {
+                (Some(err), _) => Err(err.clone()),
+                (None, _) if events.is_empty() => Ok(()),
+                (None, Some(key)) => store
+                    .append_final(&runtime.id, &runtime.epoch, &stream, events, last && ends_stream, &key)
+                    .await
+                    .map(drop)
+                    .map_err(ContextError::from),
+                (None, None) => store
+                    .append_batch(&runtime.id, &runtime.epoch, &stream, events, last && ends_stream)
+                    .await
+                    .map(drop)
+                    .map_err(ContextError::from),
+            };
+            if outcome.is_ok() && count > 0 {
+                crate::telemetry::store_latency("append", started.elapsed());
+                crate::telemetry::events_appended(count);
+            }
+            if outcome.is_ok() && batch.iter().any(|w| w.bytes.is_some()) {
+                first_output.signal(|| only_response.map_or(FirstOutput::Event, FirstOutput::Final));
+            }
+            if let (Err(err), None) = (&outcome, &failed) {
+                failed = Some(err.clone());
+                *failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(err.clone());
+            }
+            for write in batch {
+                if let Some(done) = write.done {
+                    let _ = done.send(outcome.clone());
+                }
+            }
+        }
+    }
+}
