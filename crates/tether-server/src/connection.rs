@@ -129,8 +129,8 @@ impl Drop for Slot {
 /// The refusal of a connection over the limit: an HTTP/1.1 503 whose body is a JSON-RPC error.
 fn refusal() -> Vec<u8> {
     use tether_core::jsonrpc::{Message, Response};
-    let error = crate::http::reject::Refusal::TooManyConnections
-        .error("as many connections as allowed are open; try again later");
+    let error =
+        crate::refusal::Refusal::TooManyConnections.error("as many connections as allowed are open; try again later");
     let body = Message::Response(Response::error(None, error)).to_vec();
     let mut out = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n\

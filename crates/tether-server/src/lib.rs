@@ -26,6 +26,7 @@ mod http;
 mod ids;
 mod listen;
 mod reader;
+mod refusal;
 mod request;
 #[cfg(feature = "rmcp")]
 pub mod rmcp;

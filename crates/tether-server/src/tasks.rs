@@ -16,13 +16,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 use tether_core::input_required;
-use tether_core::jsonrpc::{ErrorObject, Message, Request, RequestId, Response, code};
+use tether_core::jsonrpc::{ErrorObject, Message, Request, RequestId, Response};
 use tether_core::mcp::meta;
 use tether_core::tasks::{self, StreamRefusal, TaskChange, TaskRecord, TaskStatus, method};
 use tether_store::{Store, StoreError, StoredTask, TaskLimits};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::ContextError;
+use crate::refusal::Refusal;
 use crate::request::context::notification;
 use crate::request::context::{Context, Input};
 use crate::request::idempotency;
@@ -133,7 +135,7 @@ impl Runners {
 }
 
 fn store_failed(err: StoreError) -> ErrorObject {
-    ErrorObject::with_reason(code::INTERNAL_ERROR, format!("the store failed: {err}"), "store_failed")
+    Refusal::StoreFailed.error(format!("the store failed: {err}"))
 }
 
 /// Turns the request of `slot` into a task: records it (with the response that created it as the
@@ -143,13 +145,13 @@ pub(crate) async fn create(
     shared: &Arc<ServerState>,
     slot: &TaskSlot,
     key: Option<&str>,
-) -> Result<Option<Value>, StoreError> {
+) -> Result<Option<Value>, ContextError> {
     let _creating = slot.creating.lock().await;
     // Already a task; or cancelled first (its connection ended), and then it never becomes one.
     if slot.id().is_some() || slot.cancel.is_cancelled() {
         return Ok(None);
     }
-    let id = ids::token().map_err(|err| StoreError::Backend(err.to_string()))?;
+    let id = ids::token().map_err(|err| ContextError::Random(err.to_string()))?;
     let config = &shared.config;
     let ttl = u64::try_from(config.task_ttl.as_millis()).unwrap_or(u64::MAX);
     let poll = u64::try_from(config.task_poll_interval.as_millis()).unwrap_or(u64::MAX).max(1);
@@ -161,7 +163,7 @@ pub(crate) async fn create(
         if let StoreError::TooManyTasks { principal } = err {
             crate::telemetry::task_refused(principal);
         }
-        return Err(err);
+        return Err(err.into());
     }
     locked(&shared.task_runners.running).insert(id.clone(), slot.cancel.clone());
     // Set before the response goes out: from then on the connection's end no longer cancels it.
@@ -200,11 +202,7 @@ async fn watch_cancel(
 pub(crate) async fn ask(ctx: &Context, id: &str, result: &Value) -> Result<Input, ErrorObject> {
     let requests = result.get("inputRequests").and_then(Value::as_object).cloned().unwrap_or_default();
     if requests.is_empty() {
-        return Err(ErrorObject::with_reason(
-            code::INTERNAL_ERROR,
-            "a task's input-required result must ask for input",
-            "input_required_invalid",
-        ));
+        return Err(Refusal::InputRequiredInvalid.error("a task's input-required result must ask for input"));
     }
     let state = result.get(input_required::STATE).cloned();
     let asked = ctx.task_runners().update(ctx.store().as_ref(), id, TaskChange::Ask { requests, state }).await;
@@ -268,9 +266,9 @@ async fn find(
         return Err(tasks::missing_capability(&format!("{} needs the tasks extension", request.method)));
     }
     let Some(id) = params.get("taskId").and_then(Value::as_str) else {
-        return Err(invalid("params.taskId must be a string".into(), "invalid_params"));
+        return Err(Refusal::InvalidTaskParams.error("params.taskId must be a string"));
     };
-    let unknown = || invalid(format!("no task {}", crate::excerpt::quoted(id)), "unknown_task");
+    let unknown = || Refusal::UnknownTask.error(format!("no task {}", crate::excerpt::quoted(id)));
     let task = shared.store.task(id, now_ms()).await.map_err(store_failed)?;
     let task = task.filter(|t| t.record.principal.as_deref() == principal).ok_or_else(unknown)?;
     let record = if task.abandoned && !task.record.task.status.is_final() {
@@ -281,10 +279,6 @@ async fn find(
         task.record
     };
     Ok((id.to_owned(), record))
-}
-
-fn invalid(message: String, reason: &str) -> ErrorObject {
-    ErrorObject::with_reason(code::INVALID_PARAMS, message, reason)
 }
 
 /// Serves `tasks/get`, `tasks/update` or `tasks/cancel` for `principal` (see [`find`]).
@@ -300,7 +294,7 @@ pub(crate) async fn serve(
     match request.method.as_str() {
         method::UPDATE => {
             let responses: Map<String, Value> = input_required::responses(params)
-                .map_err(|err| invalid(err.to_string(), "invalid_input_responses"))?
+                .map_err(|err| Refusal::InvalidInputResponses.error(err.to_string()))?
                 .cloned()
                 .unwrap_or_default();
             shared.task_runners.update(store, &id, TaskChange::Answer(responses)).await.map_err(store_failed)?;
@@ -333,7 +327,7 @@ pub(crate) async fn stream(
         Some(after) => Some(
             after
                 .as_u64()
-                .ok_or_else(|| invalid("params.after must be a non-negative integer".into(), "invalid_params"))?,
+                .ok_or_else(|| Refusal::InvalidTaskParams.error("params.after must be a non-negative integer"))?,
         ),
     };
     if let Err(refusal) = record.events_after(after) {
@@ -405,7 +399,7 @@ fn refused(id: &str, refusal: StreamRefusal) -> ErrorObject {
         StreamRefusal::Gone { earliest } => tasks::events_gone(id, earliest),
         StreamRefusal::Ahead { next } => {
             let id = crate::excerpt::quoted(id);
-            invalid(format!("task {id} has had {next} events: the cursor names none of them"), "cursor_ahead")
+            Refusal::CursorAhead.error(format!("task {id} has had {next} events: the cursor names none of them"))
         }
     }
 }

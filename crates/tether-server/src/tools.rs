@@ -6,11 +6,12 @@ use std::future::Future;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use tether_core::jsonrpc::{ErrorObject, code};
+use tether_core::jsonrpc::ErrorObject;
 use tether_core::param_headers::{self, ParamHeader};
 use tether_core::tasks::TaskSupport;
 
 use crate::handler::HandlerFuture;
+use crate::refusal::Refusal;
 use crate::request::context::Context;
 
 type ToolFn = Arc<dyn Fn(Context, Value) -> HandlerFuture + Send + Sync>;
@@ -124,11 +125,7 @@ impl ToolSet {
         match self.by_name.get(name) {
             Some(run) => run(ctx, args),
             None => {
-                let error = ErrorObject::with_reason(
-                    code::INVALID_PARAMS,
-                    format!("unknown tool {}", crate::excerpt::quoted(name)),
-                    "unknown_tool",
-                );
+                let error = Refusal::UnknownTool.error(format!("unknown tool {}", crate::excerpt::quoted(name)));
                 Box::pin(std::future::ready(Err(error)))
             }
         }
@@ -142,7 +139,7 @@ pub fn text_result(text: impl Into<String>) -> Value {
 
 /// An invalid-params error for a tool argument.
 pub fn invalid_argument(message: impl Into<String>) -> ErrorObject {
-    ErrorObject::with_reason(code::INVALID_PARAMS, message, "invalid_arguments")
+    Refusal::InvalidArguments.error(message)
 }
 
 #[cfg(test)]

@@ -6,9 +6,9 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, StatusCode};
 use tether_store::SessionEnd;
 
-use super::reject::Rejection;
 use super::{live_session, session_headers};
 use crate::ServerState;
+use crate::refusal::Rejection;
 
 pub(crate) async fn delete(
     shared: &Arc<ServerState>,

@@ -8,10 +8,10 @@ use tether_core::lineage::{EventId, InvalidReason, ServerDecision, decide_resume
 use tether_core::mcp::header;
 use tether_store::{SessionStatus, StreamPage};
 
-use super::reject::{Refusal, Rejection};
 use super::sse::{Connection, Prelude};
 use super::{check_load, guard, live_session, renew, session_headers, session_id, session_status, sse};
 use crate::reader::StreamReader;
+use crate::refusal::{Refusal, Rejection};
 use crate::{ServerState, ids, now_ms};
 
 pub(crate) async fn get(
@@ -34,7 +34,7 @@ async fn standalone(
 ) -> Result<Response, Rejection> {
     let (_, runtime) = live_session(shared, headers, principal).await?;
     check_load(shared, &runtime)?;
-    let stream = ids::stream_name('g').map_err(|e| Rejection::internal("random_failed", e.to_string()))?;
+    let stream = ids::stream_name('g').map_err(|e| Refusal::RandomFailed.with(e.to_string()))?;
     let Some(attachment) = runtime.attach_new_get_stream(&stream) else {
         return Err(Refusal::GetStreamAttached
             .with("the session's standalone stream is already open; resume it with Last-Event-ID instead"));
@@ -81,10 +81,7 @@ async fn resume(
         (SessionStatus::Live(record), ServerDecision::Replay { after, .. }) => (record, Ok(after)),
         (SessionStatus::Live(record), ServerDecision::Resync(notice)) => (record, Err(notice)),
         _ => {
-            return Err(Rejection::internal(
-                "decision_inconsistent",
-                "a resume was allowed for a session that is not live",
-            ));
+            return Err(Refusal::DecisionInconsistent.with("a resume was allowed for a session that is not live"));
         }
     };
     // Only a resume the decision allowed renews the session.

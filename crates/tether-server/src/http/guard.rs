@@ -6,10 +6,10 @@ use http::{HeaderMap, HeaderValue, Uri};
 use serde_json::json;
 use tether_core::mcp::{Era, ProtocolVersion, header};
 
-use super::reject::{Refusal, Rejection};
 use crate::auth::Authenticator;
 use crate::config::ServerConfig;
 use crate::excerpt::quoted;
+use crate::refusal::{Refusal, Rejection};
 
 fn is_loopback_host(host: &str) -> bool {
     // Strip a port, keeping bracketed IPv6 literals whole.

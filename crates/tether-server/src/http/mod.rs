@@ -4,7 +4,6 @@ mod delete;
 mod get;
 mod guard;
 mod post;
-pub(crate) mod reject;
 mod sse;
 mod stateless;
 
@@ -24,10 +23,10 @@ use tether_store::{SessionEnd, SessionRecord, SessionStatus, StoreError};
 use tracing::Instrument as _;
 
 use crate::ServerState;
+use crate::refusal::{Refusal, Rejection};
 use crate::request::context::SessionHandle;
 use crate::session::SessionRuntime;
 use guard::HeaderVersion;
-use reject::{Refusal, Rejection};
 
 pub(crate) fn router(path: &str, shared: Arc<ServerState>) -> Router {
     Router::new().route(path, axum::routing::any(endpoint)).with_state(shared)

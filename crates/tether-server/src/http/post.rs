@@ -8,13 +8,13 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
-use tether_core::jsonrpc::{self, Message, Notification, Request, RequestId, code};
+use tether_core::jsonrpc::{self, Message, Notification, Request, RequestId};
 use tether_core::mcp::{ProtocolVersion, meta, method};
 use tether_store::{RelayedAnswer, RequestRecord, SessionRecord};
 
-use super::reject::{self, Refusal, Rejection};
 use super::sse::Connection;
 use super::{accepted, check_load, guard, json_response, live_session, read_body, session_headers, sse};
+use crate::refusal::{self, Refusal, Rejection};
 use crate::request::context::SessionHandle;
 use crate::request::dispatch::{self, Running, StartedSessionful};
 use crate::request::output::FirstOutput;
@@ -30,7 +30,7 @@ pub(crate) async fn post(
 ) -> Result<Response, Rejection> {
     guard::post_media(headers)?;
     let bytes = read_body(body, &shared.config).await?;
-    let parsed = jsonrpc::parse_body(&bytes).map_err(|e| reject::unparsable(&e))?;
+    let parsed = jsonrpc::parse_body(&bytes).map_err(|e| refusal::unparsable(&e))?;
     let (messages, batch) = match parsed {
         jsonrpc::Body::Single(Message::Request(request)) if request.method == method::INITIALIZE => {
             return initialize(shared, request, principal).await;
@@ -82,7 +82,7 @@ async fn initialize(
         Some(v @ (ProtocolVersion::V2025_03_26 | ProtocolVersion::V2025_06_18 | ProtocolVersion::V2025_11_25)) => v,
         _ => ProtocolVersion::LATEST_SESSIONFUL,
     };
-    let random = |e: crate::ids::RandomError| Rejection::internal("random_failed", e.to_string());
+    let random = |e: crate::ids::RandomError| Refusal::RandomFailed.with(e.to_string());
     let now = now_ms();
     let ttl = u64::try_from(shared.config.session_idle_ttl.as_millis()).unwrap_or(u64::MAX);
     let record = SessionRecord {
@@ -173,7 +173,7 @@ async fn respond(
         // the tool runs long, and can show it should it have to send the request again.
         StartedSessionful::Running(Running { stream, claimed: Some(claimed), .. }) => (stream, Some(claimed)),
         StartedSessionful::Running(Running { stream, first, claimed: None, .. }) => match first.await {
-            Ok(FirstOutput::Final(bytes)) => return Ok(json_response(StatusCode::OK, bytes, headers)),
+            Ok(FirstOutput::Final(answer)) => return Ok(json_response(StatusCode::OK, answer.bytes, headers)),
             Ok(FirstOutput::Event) | Err(_) => (stream, None),
         },
         // From its start, by the one rule: what is retained, the result included, and what is
@@ -224,11 +224,7 @@ fn protocol_method(runtime: &SessionRuntime, request: &Request) -> Option<Result
                     runtime.set_log_level(level);
                     Ok(json!({}))
                 }
-                None => Err(jsonrpc::ErrorObject::with_reason(
-                    code::INVALID_PARAMS,
-                    "params.level must be a log level",
-                    "invalid_log_level",
-                )),
+                None => Err(Refusal::InvalidLogLevel.error("params.level must be a log level")),
             })
         }
         _ => None,
@@ -245,7 +241,7 @@ async fn respond_batch(
     requests: Vec<Request>,
 ) -> Result<Response, Rejection> {
     check_load(shared, runtime)?;
-    let stream = ids::stream_name('b').map_err(|e| Rejection::internal("random_failed", e.to_string()))?;
+    let stream = ids::stream_name('b').map_err(|e| Refusal::RandomFailed.with(e.to_string()))?;
     let ids: Vec<RequestId> = requests.iter().map(|r| r.id.clone()).collect();
     let key = RequestKey::Batch { stream: stream.clone(), ids };
     let stored_key = key.encode();
@@ -293,7 +289,7 @@ async fn respond_batch(
     let mut streamed = false;
     while let Some(first) = firsts.join_next().await {
         match first {
-            Ok((place, Ok(FirstOutput::Final(response)))) => answers[place] = Some(response),
+            Ok((place, Ok(FirstOutput::Final(answer)))) => answers[place] = Some(answer.bytes),
             _ => {
                 streamed = true;
                 break;

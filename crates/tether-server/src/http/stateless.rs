@@ -7,8 +7,8 @@ use axum::body::Body;
 use axum::response::Response;
 use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
-use tether_core::jsonrpc::{self, Message, Request, code};
-use tether_core::mcp::{self, ProtocolVersion, header, meta, method};
+use tether_core::jsonrpc::{self, Message, Request};
+use tether_core::mcp::{ProtocolVersion, header, meta, method};
 use tether_core::methods;
 use tether_core::param_headers;
 use tether_core::subscriptions;
@@ -16,11 +16,11 @@ use tether_core::tasks;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::reject::{self, Refusal, Rejection};
 use super::{accepted, guard, json_response, read_body, sse};
 use crate::excerpt::quoted;
+use crate::refusal::{self, Refusal, Rejection};
 use crate::request::dispatch::{self, decorate_stateless};
-use crate::request::output::{FirstOutput, Output};
+use crate::request::output::{Answer, FirstOutput, Output};
 use crate::{Handler, SUPPORTED_VERSIONS, ServerState};
 
 /// Messages buffered between a 2026-07-28 handler and its connection.
@@ -39,7 +39,7 @@ pub(crate) async fn post(
     let unsupported = version.err();
     guard::post_media(headers)?;
     let bytes = read_body(body, &shared.config).await?;
-    let message = jsonrpc::parse_message(&bytes).map_err(|e| reject::unparsable(&e))?;
+    let message = jsonrpc::parse_message(&bytes).map_err(|e| refusal::unparsable(&e))?;
     let request = match message {
         Message::Request(request) => request,
         _ if unsupported.is_some() => return Err(guard::unsupported_version(unsupported.unwrap_or_default())),
@@ -85,8 +85,9 @@ pub(crate) async fn post(
         return Ok(match crate::tasks::stream(shared, principal.as_deref(), &request, closed.clone()).await {
             Ok(rx) => sse::response(sse::direct_body(rx, closed.drop_guard(), shared.config.keep_alive), []),
             Err(error) => {
-                let body = Message::Response(jsonrpc::Response::error(Some(id), error)).to_vec();
-                json_response(status_of(&body), body, [])
+                let outcome = Err(error);
+                let status = Refusal::stateless_status(&outcome);
+                json_response(status, Message::Response(jsonrpc::Response { id: Some(id), outcome }).to_vec(), [])
             }
         });
     }
@@ -95,8 +96,9 @@ pub(crate) async fn post(
         if let Ok(result) = &mut outcome {
             decorate_stateless(&request.method, result, &shared.server_info());
         }
+        let status = Refusal::stateless_status(&outcome);
         let body = Message::Response(jsonrpc::Response { id: Some(id), outcome }).to_vec();
-        return Ok(json_response(status_of(&body), body, []));
+        return Ok(json_response(status, body, []));
     }
     let (tx, rx) = mpsc::channel(DIRECT_BUFFER);
     let answer = tx.clone();
@@ -113,7 +115,7 @@ pub(crate) async fn post(
     if let Some(claimed) = &direct.claimed {
         let first = direct.first;
         tokio::spawn(async move {
-            if let Ok(FirstOutput::Final(bytes)) = first.await {
+            if let Ok(FirstOutput::Final(Answer { bytes, .. })) = first.await {
                 let _ = answer.send((bytes, true)).await;
             }
         });
@@ -122,23 +124,8 @@ pub(crate) async fn post(
     }
     drop(answer);
     match direct.first.await {
-        Ok(FirstOutput::Final(bytes)) => Ok(json_response(status_of(&bytes), bytes, [])),
+        Ok(FirstOutput::Final(Answer { bytes, status })) => Ok(json_response(status, bytes, [])),
         Ok(FirstOutput::Event) | Err(_) => Ok(sse::response(sse::direct_body(rx, guard, shared.config.keep_alive), [])),
-    }
-}
-
-/// The HTTP status 2026-07-28 gives some JSON-RPC errors.
-fn status_of(response: &[u8]) -> StatusCode {
-    let error = jsonrpc::parse_message(response).ok().and_then(|m| match m {
-        Message::Response(jsonrpc::Response { outcome: Err(error), .. }) => Some(error),
-        _ => None,
-    });
-    let Some(error) = error else { return StatusCode::OK };
-    match error.code {
-        code::METHOD_NOT_FOUND => StatusCode::NOT_FOUND,
-        mcp::code::MISSING_REQUIRED_CLIENT_CAPABILITY => StatusCode::BAD_REQUEST,
-        // A refusal the dispatch made (too many tasks, invalid input responses) has its status.
-        _ => error.reason().and_then(Refusal::from_reason).map_or(StatusCode::OK, Refusal::status),
     }
 }
 

@@ -15,10 +15,11 @@ use tether_store::{SessionEnd, Store, StoreError};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use crate::refusal::Refusal;
 use crate::session::{LogLevel, SessionRuntime};
 use crate::tasks::TaskSlot;
 
-use super::output::{First, FirstOutput, Output, Sink};
+use super::output::{First, FirstOutput, Output, Part, Sink};
 
 /// Why a context operation did not happen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -32,6 +33,9 @@ pub enum ContextError {
     /// Server-to-client requests need a session (2026-07-28 has none).
     #[error("server-to-client requests need a session")]
     NoSession,
+    /// The OS random source failed while the server minted an id.
+    #[error("no id could be minted: {0}")]
+    Random(String),
     /// The client did not answer a server-to-client request in time.
     #[error("the client did not answer in time")]
     TimedOut,
@@ -58,12 +62,8 @@ impl ContextError {
     /// (HTTP 429 in 2026-07-28) for [`ContextError::TooManyTasks`], else an internal error.
     pub fn to_error(&self) -> tether_core::jsonrpc::ErrorObject {
         match self {
-            ContextError::TooManyTasks { .. } => crate::http::reject::Refusal::TooManyTasks.error(self.to_string()),
-            other => tether_core::jsonrpc::ErrorObject::with_reason(
-                tether_core::jsonrpc::code::INTERNAL_ERROR,
-                other.to_string(),
-                "context_failed",
-            ),
+            ContextError::TooManyTasks { .. } => Refusal::TooManyTasks.error(self.to_string()),
+            other => Refusal::ContextFailed.error(other.to_string()),
         }
     }
 }
@@ -440,7 +440,7 @@ impl Context {
     /// Sends `notifications/progress` if the request asked for progress; otherwise does nothing.
     pub async fn progress(&self, progress: f64, total: Option<f64>, message: Option<&str>) -> Result<(), ContextError> {
         let Some(token) = &self.shared.meta.progress_token else { return Ok(()) };
-        self.emit(progress_notification(token, progress, total, message), false, None).await
+        self.emit(progress_notification(token, progress, total, message), Part::Event).await
     }
 
     /// Sends `notifications/message` at `level`, unless the client asked for less: a session's
@@ -455,7 +455,7 @@ impl Context {
 
     /// Sends a notification related to this request, on its stream (`Value::Null` params: none).
     pub async fn notify(&self, method: &str, params: Value) -> Result<(), ContextError> {
-        self.emit(notification(method, params), false, None).await
+        self.emit(notification(method, params), Part::Event).await
     }
 
     /// Sends a request to the client on this request's stream (sampling, elicitation, roots)
@@ -468,7 +468,7 @@ impl Context {
             method: method.to_owned(),
             params: (!params.is_null()).then_some(params),
         });
-        if let Err(err) = self.emit(Bytes::from(message.to_vec()), false, None).await {
+        if let Err(err) = self.emit(Bytes::from(message.to_vec()), Part::Event).await {
             runtime.forget_client_request(&id);
             return Err(err);
         }
@@ -554,11 +554,17 @@ impl Context {
         self.shared.output.flush().await
     }
 
-    /// Sends the request's final response (a serialized JSON-RPC response). On a session stream
-    /// with `record`, the store records it as the outcome of that idempotency key in the same
-    /// step. Called once, by the dispatcher.
-    pub(crate) async fn respond(&self, response: Bytes, record: Option<&str>) -> Result<(), ContextError> {
-        self.emit(response, true, record).await
+    /// Sends the request's final response (a serialized JSON-RPC response), answered with
+    /// `status` on a 2026-07-28 connection. On a session stream with `record`, the store records
+    /// it as the outcome of that idempotency key in the same step. Called once, by the
+    /// dispatcher.
+    pub(crate) async fn respond(
+        &self,
+        response: Bytes,
+        status: http::StatusCode,
+        record: Option<&str>,
+    ) -> Result<(), ContextError> {
+        self.emit(response, Part::Response { record, status }).await
     }
 
     /// Ends the request's stream as aborted, for a request whose response the stream will not
@@ -579,11 +585,11 @@ impl Context {
         self.shared.output.abort().await;
     }
 
-    /// Sends `bytes`; `last` ends the stream, and on a session stream also records the response
-    /// under `record`. Once the request is cancelled only its response goes out: the one
-    /// terminal event its stream must get.
-    async fn emit(&self, bytes: Bytes, last: bool, record: Option<&str>) -> Result<(), ContextError> {
+    /// Sends `bytes`, `part` of the request's output. Once the request is cancelled only its
+    /// response goes out: the one terminal event its stream must get.
+    async fn emit(&self, bytes: Bytes, part: Part<'_>) -> Result<(), ContextError> {
         let cancelled = self.shared.cancel.is_cancelled();
+        let last = matches!(part, Part::Response { .. });
         if lifecycle::emit(cancelled, last) == lifecycle::Emit::Refuse || self.is_void() {
             return Err(ContextError::Cancelled);
         }
@@ -591,7 +597,7 @@ impl Context {
             // The request was answered with its task: what the tool sends now is the task's.
             return self.record_in_task(&task, &bytes).await;
         }
-        self.shared.output.send(bytes, last, record, &self.shared.first).await
+        self.shared.output.send(bytes, part, &self.shared.first).await
     }
 
     /// Marks the request as never recorded (see `RequestState::void`); it is cancelled too.

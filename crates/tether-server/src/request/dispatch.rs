@@ -9,7 +9,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tether_core::idempotency::Acknowledged;
 use tether_core::input_required::{self, InputError};
-use tether_core::jsonrpc::{ErrorObject, Message, Request, Response, code};
+use tether_core::jsonrpc::{ErrorObject, Message, Request, Response};
 use tether_core::lifecycle;
 use tether_core::lineage::{Digest, StreamName};
 use tether_core::mcp;
@@ -20,8 +20,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::ServerState;
-use crate::http::reject::Refusal;
 use crate::ids;
+use crate::refusal::Refusal;
 use crate::request::context::{Context, Input, RequestMeta};
 use crate::request::idempotency::{self, Answer, ClaimGuard, Keyed, Plan};
 use crate::request::input::{self, Answerer};
@@ -172,7 +172,7 @@ async fn start_pipelined(
             runtime.finish_request(&key);
         }
     });
-    let begun = decision.await.map_err(|_| StoreError::Backend("the request's task stopped".into()))??;
+    let begun = decision.await.map_err(|_| DispatchError::StartFailed("the request's task stopped".into()))??;
     Ok(match begun {
         BeginRequest::Started => StartedSessionful::Running(Running { stream, first, task, claimed: None }),
         BeginRequest::Existing { stream: original, same_params: true } => {
@@ -676,7 +676,7 @@ async fn run(
             Some(Ok(outcome)) => Some(outcome),
             Some(Err(Panicked)) => {
                 tracing::error!("handler panicked");
-                Some(Err(ErrorObject::with_reason(code::INTERNAL_ERROR, "the handler failed", "handler_panicked")))
+                Some(Err(Refusal::HandlerPanicked.error("the handler failed")))
             }
             None => {
                 // Give the handler a moment to notice the cancellation and clean up (nothing it
@@ -710,9 +710,10 @@ async fn run(
 /// instead, so that nobody waits for it, and the key gets the outcome on its own.
 async fn end(shared: &ServerState, ctx: &Context, response: Response, record: Option<String>) {
     let answer = if response.outcome.is_ok() { "result" } else { "error" };
+    let status = Refusal::stateless_status(&response.outcome);
     let response = Bytes::from(Message::Response(response).to_vec());
     let stored = ctx.stream().is_some();
-    let written = ctx.respond(response.clone(), record.as_deref().filter(|_| stored)).await;
+    let written = ctx.respond(response.clone(), status, record.as_deref().filter(|_| stored)).await;
     if let Err(err) = &written {
         tracing::debug!(%err, "final response not delivered");
     }
@@ -815,7 +816,7 @@ mod tests {
 
     #[test]
     fn a_trailer_ends_every_request_of_the_stream() {
-        let error = ErrorObject::with_reason(-32000, "gone", "request_aborted");
+        let error = Refusal::RequestAborted.error("gone");
         let stream = StreamName::parse("b1").expect("a stream name");
         let responses =
             trailer(&RequestKey::Batch { stream, ids: vec![RequestId::Number(1), RequestId::Number(2)] }, &error);

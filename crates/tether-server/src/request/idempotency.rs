@@ -12,13 +12,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::{Value, json};
 use tether_core::idempotency::{Acknowledged, IdempotencyKey};
-use tether_core::jsonrpc::{self, ErrorObject, Message, RequestId, code};
+use tether_core::jsonrpc::{self, ErrorObject, Message, RequestId};
 use tether_core::lineage::{Digest, SessionId, StreamName, StreamState};
 use tether_core::mcp::{meta, method};
 use tether_store::{Claim, KeyClaim, KeyState, Store, StoreError};
 
-use crate::http::reject::Refusal;
 use crate::reader::{Ending, Item, StreamReader};
+use crate::refusal::Refusal;
 use crate::request::context::Context;
 use crate::{ServerState, now_ms};
 /// The longest pause between two looks at a running original's record.
@@ -261,13 +261,10 @@ async fn await_outcome(store: &Arc<dyn Store>, name: &str) -> Result<Value, Erro
             Ok(Some(KeyState::Running { abandoned: true, .. })) => return Err(aborted()),
             Ok(Some(KeyState::Running { abandoned: false, .. })) => {}
             Ok(None) => {
-                return Err(ErrorObject::with_reason(
-                    code::INTERNAL_ERROR,
-                    "the record of this idempotency key was forgotten while its request ran",
-                    "idempotency_record_lost",
-                ));
+                return Err(Refusal::IdempotencyRecordLost
+                    .error("the record of this idempotency key was forgotten while its request ran"));
             }
-            Err(err) => return Err(ErrorObject::with_reason(code::INTERNAL_ERROR, err.to_string(), "store_failed")),
+            Err(err) => return Err(Refusal::StoreFailed.error(err.to_string())),
         }
         tokio::time::sleep(pause).await;
         pause = next_pause(pause);
@@ -369,7 +366,7 @@ pub(crate) fn encode(outcome: &Result<Value, ErrorObject>) -> Bytes {
 fn decode(bytes: &[u8]) -> Result<Value, ErrorObject> {
     match jsonrpc::parse_message(bytes) {
         Ok(Message::Response(response)) => response.outcome,
-        _ => Err(ErrorObject::with_reason(code::INTERNAL_ERROR, "the recorded outcome is unreadable", "store_failed")),
+        _ => Err(Refusal::StoreFailed.error("the recorded outcome is unreadable")),
     }
 }
 

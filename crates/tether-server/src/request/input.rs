@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 use tether_core::input_required::{self, InputError, RESULT_TYPE, STATE};
-use tether_core::jsonrpc::{ErrorObject, code};
+use tether_core::jsonrpc::ErrorObject;
 
+use crate::refusal::Refusal;
 use crate::request::context::{Context, Input};
 use crate::{Handler, ServerState};
 
@@ -89,8 +90,7 @@ pub(crate) fn seal(shared: &ServerState, method: &str, binding: &str, outcome: &
         return;
     }
     let Value::Object(result) = result else { return };
-    let failure =
-        |message: String| Err(ErrorObject::with_reason(code::INTERNAL_ERROR, message, "input_required_invalid"));
+    let failure = |message: String| Err(Refusal::InputRequiredInvalid.error(message));
     if !tether_core::methods::may_ask_input(method) {
         *outcome = failure(format!("a {method} result cannot ask for input"));
         return;
@@ -145,20 +145,18 @@ pub(crate) async fn rounds(
         };
         ctx.next_round(input);
     }
-    Err(ErrorObject::with_reason(
-        code::INTERNAL_ERROR,
-        format!("the handler still asked for input after {} rounds", input_required::MAX_ROUNDS),
-        "input_required_invalid",
-    ))
+    Err(Refusal::InputRequiredInvalid
+        .error(format!("the handler still asked for input after {} rounds", input_required::MAX_ROUNDS)))
 }
 
 /// Asks the client of a session what `result` asks for: the answers, and the state.
 async fn ask_client(ctx: &Context, result: &Value) -> Result<Input, ErrorObject> {
     let mut responses = serde_json::Map::new();
     for (key, asked, asked_params) in input_required::requests(result) {
-        let answer = ctx.request(asked, asked_params).await.map_err(|err| {
-            ErrorObject::with_reason(code::INTERNAL_ERROR, format!("asking the client failed: {err}"), "input_failed")
-        })?;
+        let answer = ctx
+            .request(asked, asked_params)
+            .await
+            .map_err(|err| Refusal::InputFailed.error(format!("asking the client failed: {err}")))?;
         responses.insert(key.to_owned(), answer);
     }
     Ok(Input { responses, state: result.get(input_required::STATE).cloned() })

@@ -6,6 +6,7 @@
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use http::StatusCode;
 use tether_core::lineage::StreamName;
 use tether_store::Store;
 use tokio::sync::{mpsc, oneshot};
@@ -17,9 +18,29 @@ use crate::session::{LogLevel, SessionRuntime};
 #[derive(Debug)]
 pub(crate) enum FirstOutput {
     /// The result came before anything else: answer with JSON.
-    Final(Bytes),
+    Final(Answer),
     /// Something came before the result: answer with SSE.
     Event,
+}
+
+/// A request's response, serialized, and the HTTP status a 2026-07-28 connection answers it
+/// with (a session's POST answers every response 200, and ignores it).
+#[derive(Debug, Clone)]
+pub(crate) struct Answer {
+    /// The JSON-RPC response.
+    pub bytes: Bytes,
+    /// See [`Refusal::stateless_status`](crate::refusal::Refusal::stateless_status).
+    pub status: StatusCode,
+}
+
+/// What a message sent is to its request: the response ends it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Part<'a> {
+    /// A notification or a request to the client.
+    Event,
+    /// The final response, recorded as the outcome of the idempotency key `record` where the
+    /// output is stored, answered with `status` where it is direct.
+    Response { record: Option<&'a str>, status: StatusCode },
 }
 
 /// Tells the POST how its response starts, once: whoever sends first decides.
@@ -111,20 +132,17 @@ impl Sink {
         }
     }
 
-    /// Sends `bytes`; `last` is the request's response, recorded under the idempotency key
-    /// `record` where the output is stored.
-    pub(crate) async fn send(
-        &self,
-        bytes: Bytes,
-        last: bool,
-        record: Option<&str>,
-        first: &First,
-    ) -> Result<(), ContextError> {
-        match self {
+    /// Sends `bytes`, which are `part` of the request's output.
+    pub(crate) async fn send(&self, bytes: Bytes, part: Part<'_>, first: &First) -> Result<(), ContextError> {
+        match (self, part) {
             // The writer tells the POST how the response starts.
-            Sink::Stored(sink) if last => sink.write(Some(bytes), true, record.map(str::to_owned)).await,
-            Sink::Stored(sink) => sink.queue(Write { bytes: Some(bytes), last: false, record: None, done: None }).await,
-            Sink::Direct(sink) => sink.send(bytes, last, first).await,
+            (Sink::Stored(sink), Part::Response { record, .. }) => {
+                sink.write(Some(bytes), true, record.map(str::to_owned)).await
+            }
+            (Sink::Stored(sink), Part::Event) => {
+                sink.queue(Write { bytes: Some(bytes), last: false, record: None, done: None }).await
+            }
+            (Sink::Direct(sink), part) => sink.send(bytes, part, first).await,
         }
     }
 
@@ -134,7 +152,7 @@ impl Sink {
         if let Sink::Direct(sink) = self {
             // A client gone meanwhile re-sends its keyed request, or polls nothing: the task
             // runs either way.
-            let _ = sink.send(response, true, first).await;
+            let _ = sink.send(response, Part::Response { record: None, status: StatusCode::OK }, first).await;
         }
     }
 
@@ -205,15 +223,16 @@ pub(crate) struct DirectSink {
 
 impl DirectSink {
     /// A response that comes first is the JSON answer; anything else makes the answer a stream.
-    async fn send(&self, bytes: Bytes, last: bool, first: &First) -> Result<(), ContextError> {
+    async fn send(&self, bytes: Bytes, part: Part<'_>, first: &First) -> Result<(), ContextError> {
         let mut sender = first.take();
-        if last && let Some(sender) = sender.take() {
-            let _ = sender.send(FirstOutput::Final(bytes));
+        if let (Part::Response { status, .. }, Some(sender)) = (part, sender.take()) {
+            let _ = sender.send(FirstOutput::Final(Answer { bytes, status }));
             return Ok(());
         }
         if let Some(sender) = sender {
             let _ = sender.send(FirstOutput::Event);
         }
+        let last = matches!(part, Part::Response { .. });
         self.tx.send((bytes, last)).await.map_err(|_| ContextError::Cancelled)
     }
 }
@@ -292,7 +311,11 @@ impl Writer {
                 crate::telemetry::events_appended(count);
             }
             if outcome.is_ok() && batch.iter().any(|w| w.bytes.is_some()) {
-                first_output.signal(|| only_response.map_or(FirstOutput::Event, FirstOutput::Final));
+                first_output.signal(|| {
+                    only_response.map_or(FirstOutput::Event, |bytes| {
+                        FirstOutput::Final(Answer { bytes, status: StatusCode::OK })
+                    })
+                });
             }
             if let (Err(err), None) = (&outcome, &failed) {
                 failed = Some(err.clone());

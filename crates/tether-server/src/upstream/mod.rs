@@ -33,13 +33,13 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
-use tether_core::jsonrpc::{ErrorObject, Message, Notification, RequestId, code};
+use tether_core::jsonrpc::{ErrorObject, Message, Notification, RequestId};
 use tether_core::mcp::ProtocolVersion;
 use tether_store::{SessionEnd, Store};
 use tokio::sync::{mpsc, watch};
 
 use crate::handler::{AdoptFuture, Handler, HandlerFuture, ServerInfo};
-use crate::http::reject::Refusal;
+use crate::refusal::Refusal;
 use crate::request::context::{Context, SessionHandle};
 use peer::Peer;
 use relay::Relay;
@@ -318,11 +318,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// The upstream could not be started or reached.
 fn unavailable(upstream: &str, detail: impl std::fmt::Display) -> ErrorObject {
-    ErrorObject::with_reason(
-        code::INTERNAL_ERROR,
-        format!("the upstream server ({upstream}) is unavailable: {detail}"),
-        "upstream_unavailable",
-    )
+    Refusal::UpstreamUnavailable.error(format!("the upstream server ({upstream}) is unavailable: {detail}"))
 }
 
 /// The upstream stopped while the request ran: whether it took effect there is unknown.
@@ -337,9 +333,6 @@ fn cancelled() -> ErrorObject {
 
 /// The upstream had stopped before the request could be sent: it did not run.
 fn lost(upstream: &str) -> ErrorObject {
-    ErrorObject::with_reason(
-        crate::http::reject::SERVER_ERROR,
-        format!("the upstream server ({upstream}) had stopped: the request was not sent; start a new session"),
-        "upstream_lost",
-    )
+    Refusal::SessionInvalid(tether_core::lineage::InvalidReason::UpstreamLost)
+        .error(format!("the upstream server ({upstream}) had stopped: the request was not sent; start a new session"))
 }

@@ -6,12 +6,13 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
-use tether_core::jsonrpc::{ErrorObject, Message, Notification, Request, RequestId, Response, code};
+use tether_core::jsonrpc::{ErrorObject, Message, Notification, Request, RequestId, Response};
 use tether_core::mcp::method;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::{FromUpstream, INITIALIZE_TIMEOUT, Link, aborted, cancelled, lock, lost, unavailable};
+use crate::refusal::Refusal;
 use crate::request::context::{Context, SessionHandle};
 
 /// A request of tether's that the upstream is running.
@@ -61,11 +62,7 @@ impl Peer {
                         let _ = to_upstream.try_send(Message::Response(Response {
                             id: Some(request.id.clone()),
                             outcome: answer_locally(&request).unwrap_or_else(|| {
-                                Err(ErrorObject::with_reason(
-                                    code::INTERNAL_ERROR,
-                                    "not before initialization",
-                                    "not_initialized",
-                                ))
+                                Err(Refusal::UpstreamNotInitialized.error("not before initialization"))
                             }),
                         }));
                     }
@@ -237,14 +234,10 @@ impl Router {
                 Some(ctx) => {
                     ctx.request(&request.method, request.params.unwrap_or(Value::Null)).await.map_err(|err| match err {
                         crate::ContextError::Client { code, message } => ErrorObject { code, message, data: None },
-                        err => ErrorObject::with_reason(code::INTERNAL_ERROR, err.to_string(), "client_request_failed"),
+                        err => Refusal::ClientRequestFailed.error(err.to_string()),
                     })
                 }
-                None => Err(ErrorObject::with_reason(
-                    code::INTERNAL_ERROR,
-                    "no request is running whose stream could carry this request",
-                    "no_stream",
-                )),
+                None => Err(Refusal::NoStream.error("no request is running whose stream could carry this request")),
             };
             // A stopped instance no longer waits for the answer.
             let _ = to_upstream.send(Message::Response(Response { id: Some(request.id), outcome })).await;

@@ -24,9 +24,7 @@ impl Handler for Work {
         let runs = Arc::clone(&self.0);
         Box::pin(async move {
             let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
-            let escalated = ctx.escalate().await.map_err(|e| {
-                tether_core::jsonrpc::ErrorObject::with_reason(-32603, e.to_string(), "escalate_failed")
-            })?;
+            let escalated = ctx.escalate().await.map_err(|e| e.to_error())?;
             for note in 0..params["arguments"]["notes"].as_u64().unwrap_or(0) {
                 let _ = ctx.notify("notifications/progress", json!({"progressToken": "t", "progress": note})).await;
             }

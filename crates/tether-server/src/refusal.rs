@@ -1,4 +1,8 @@
-//! Refusals: an HTTP status with a JSON-RPC error body whose `error.data.reason` says why.
+//! The catalogue of every error tether answers on its own: a refusal of a request (an HTTP
+//! status with a JSON-RPC error body), or an error answered in a response (a request that could
+//! not end as its handler would have it). Each is named once, with its status, JSON-RPC code and
+//! `error.data.reason`; nothing else in the server makes an error with a reason. (What a handler
+//! answers is the handler's.)
 
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
@@ -64,11 +68,58 @@ pub(crate) enum Refusal {
     /// Answered in the response: the idempotency records no longer hold the key's claim they
     /// acknowledged; nothing runs.
     RecordsRegressed,
+    /// A method the endpoint does not serve (405 with `Allow`).
+    MethodNotAllowed,
+    /// The OS random source failed while minting an id (500).
+    RandomFailed,
+    /// A request could not be started (500).
+    StartFailed,
+    /// The store failed in a way that is not the backend's (500).
+    StoreError,
+    /// The resume decision and the session's record disagree (500).
+    DecisionInconsistent,
+    /// Answered in the response: the handler panicked.
+    HandlerPanicked,
+    /// Answered in the response: the store failed while the request's outcome was read or
+    /// written.
+    StoreFailed,
+    /// Answered in the response: an operation of the request's context failed.
+    ContextFailed,
+    /// Answered in the response: the handler's input-required result is not one (no requests,
+    /// too many rounds, or a method that may not ask).
+    InputRequiredInvalid,
+    /// Answered in the response: asking the client for input failed.
+    InputFailed,
+    /// Answered in the response: the record of an idempotency key was forgotten while its
+    /// request ran.
+    IdempotencyRecordLost,
+    /// Answered in the response: `logging/setLevel` without a log level.
+    InvalidLogLevel,
+    /// Answered in the response: `tools/call` of a tool the [`ToolSet`](crate::tools::ToolSet)
+    /// lacks.
+    UnknownTool,
+    /// Answered in the response: a tool's arguments do not match its schema.
+    InvalidArguments,
+    /// Answered in the response: malformed params of a task method.
+    InvalidTaskParams,
+    /// Answered in the response: a task id no task of the principal has.
+    UnknownTask,
+    /// Answered in the response: a `tasks/stream` cursor past the task's events.
+    CursorAhead,
+    /// Answered in the response: the upstream behind a gateway could not be started or reached.
+    UpstreamUnavailable,
+    /// Answered to the upstream: a request it sent before it was initialized.
+    UpstreamNotInitialized,
+    /// Answered to the upstream: its request to the client failed.
+    ClientRequestFailed,
+    /// Answered to the upstream: a request to the client outside any request, which no stream
+    /// could carry.
+    NoStream,
 }
 
 impl Refusal {
     /// Every refusal.
-    pub const ALL: [Refusal; 40] = [
+    pub const ALL: [Refusal; 61] = [
         Refusal::ParseError,
         Refusal::InvalidMessage,
         Refusal::BatchNotAllowed,
@@ -109,6 +160,27 @@ impl Refusal {
         Refusal::RequestAborted,
         Refusal::RequestCancelled,
         Refusal::RecordsRegressed,
+        Refusal::MethodNotAllowed,
+        Refusal::RandomFailed,
+        Refusal::StartFailed,
+        Refusal::StoreError,
+        Refusal::DecisionInconsistent,
+        Refusal::HandlerPanicked,
+        Refusal::StoreFailed,
+        Refusal::ContextFailed,
+        Refusal::InputRequiredInvalid,
+        Refusal::InputFailed,
+        Refusal::IdempotencyRecordLost,
+        Refusal::InvalidLogLevel,
+        Refusal::UnknownTool,
+        Refusal::InvalidArguments,
+        Refusal::InvalidTaskParams,
+        Refusal::UnknownTask,
+        Refusal::CursorAhead,
+        Refusal::UpstreamUnavailable,
+        Refusal::UpstreamNotInitialized,
+        Refusal::ClientRequestFailed,
+        Refusal::NoStream,
     ];
 
     /// The HTTP status it is answered with (200 for the errors answered in the response).
@@ -140,13 +212,33 @@ impl Refusal {
             }
             Refusal::TooManyStreams | Refusal::TooManyTasks => StatusCode::TOO_MANY_REQUESTS,
             Refusal::GetStreamAttached => StatusCode::CONFLICT,
+            Refusal::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Refusal::RandomFailed | Refusal::StartFailed | Refusal::StoreError | Refusal::DecisionInconsistent => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
             Refusal::RequestIdReused
             | Refusal::RequestHistoryExpired
             | Refusal::InvalidIdempotencyKey
             | Refusal::IdempotencyKeyReused
             | Refusal::RequestAborted
             | Refusal::RequestCancelled
-            | Refusal::RecordsRegressed => StatusCode::OK,
+            | Refusal::RecordsRegressed
+            | Refusal::HandlerPanicked
+            | Refusal::StoreFailed
+            | Refusal::ContextFailed
+            | Refusal::InputRequiredInvalid
+            | Refusal::InputFailed
+            | Refusal::IdempotencyRecordLost
+            | Refusal::InvalidLogLevel
+            | Refusal::UnknownTool
+            | Refusal::InvalidArguments
+            | Refusal::InvalidTaskParams
+            | Refusal::UnknownTask
+            | Refusal::CursorAhead
+            | Refusal::UpstreamUnavailable
+            | Refusal::UpstreamNotInitialized
+            | Refusal::ClientRequestFailed
+            | Refusal::NoStream => StatusCode::OK,
         }
     }
 
@@ -162,7 +254,28 @@ impl Refusal {
             | Refusal::BodyUnreadable
             | Refusal::ResponseNotAllowed
             | Refusal::RequestIdReused
-            | Refusal::RequestHistoryExpired => code::INVALID_REQUEST,
+            | Refusal::RequestHistoryExpired
+            | Refusal::MethodNotAllowed => code::INVALID_REQUEST,
+            Refusal::RandomFailed
+            | Refusal::StartFailed
+            | Refusal::StoreError
+            | Refusal::DecisionInconsistent
+            | Refusal::HandlerPanicked
+            | Refusal::StoreFailed
+            | Refusal::ContextFailed
+            | Refusal::InputRequiredInvalid
+            | Refusal::InputFailed
+            | Refusal::IdempotencyRecordLost
+            | Refusal::UpstreamUnavailable
+            | Refusal::UpstreamNotInitialized
+            | Refusal::ClientRequestFailed
+            | Refusal::NoStream => code::INTERNAL_ERROR,
+            Refusal::InvalidLogLevel
+            | Refusal::UnknownTool
+            | Refusal::InvalidArguments
+            | Refusal::InvalidTaskParams
+            | Refusal::UnknownTask
+            | Refusal::CursorAhead => code::INVALID_PARAMS,
             Refusal::SessionInvalid(_) => SESSION_INVALID,
             Refusal::UnsupportedProtocolVersion => tether_core::mcp::code::UNSUPPORTED_PROTOCOL_VERSION,
             Refusal::InvalidIdempotencyKey
@@ -188,6 +301,18 @@ impl Refusal {
             | Refusal::RequestAborted
             | Refusal::RequestCancelled
             | Refusal::RecordsRegressed => SERVER_ERROR,
+        }
+    }
+
+    /// The HTTP status of a 2026-07-28 response whose outcome is `outcome`: 200 for a result;
+    /// for an error, 404 for an unknown method, 400 for a missing capability, a catalogue
+    /// error's own status, and 200 for any other (a handler's).
+    pub fn stateless_status(outcome: &Result<Value, ErrorObject>) -> StatusCode {
+        let Err(error) = outcome else { return StatusCode::OK };
+        match error.code {
+            code::METHOD_NOT_FOUND => StatusCode::NOT_FOUND,
+            tether_core::mcp::code::MISSING_REQUIRED_CLIENT_CAPABILITY => StatusCode::BAD_REQUEST,
+            _ => error.reason().and_then(Refusal::from_reason).map_or(StatusCode::OK, Refusal::status),
         }
     }
 
@@ -234,15 +359,37 @@ impl Refusal {
             Refusal::RequestAborted => "request_aborted",
             Refusal::RequestCancelled => "request_cancelled",
             Refusal::RecordsRegressed => "records_regressed",
+            Refusal::MethodNotAllowed => "method_not_allowed",
+            Refusal::RandomFailed => "random_failed",
+            Refusal::StartFailed => "start_failed",
+            Refusal::StoreError => "store_error",
+            Refusal::DecisionInconsistent => "decision_inconsistent",
+            Refusal::HandlerPanicked => "handler_panicked",
+            Refusal::StoreFailed => "store_failed",
+            Refusal::ContextFailed => "context_failed",
+            Refusal::InputRequiredInvalid => "input_required_invalid",
+            Refusal::InputFailed => "input_failed",
+            Refusal::IdempotencyRecordLost => "idempotency_record_lost",
+            Refusal::InvalidLogLevel => "invalid_log_level",
+            Refusal::UnknownTool => "unknown_tool",
+            Refusal::InvalidArguments => "invalid_arguments",
+            Refusal::InvalidTaskParams => "invalid_params",
+            Refusal::UnknownTask => "unknown_task",
+            Refusal::CursorAhead => "cursor_ahead",
+            Refusal::UpstreamUnavailable => "upstream_unavailable",
+            Refusal::UpstreamNotInitialized => "not_initialized",
+            Refusal::ClientRequestFailed => "client_request_failed",
+            Refusal::NoStream => "no_stream",
         }
     }
 
     /// The refusal, saying `message`.
     pub fn with(self, message: impl Into<String>) -> Rejection {
-        Rejection::new(self.status(), self.code(), self.reason(), message)
+        Rejection::new(self, message)
     }
 
     /// The JSON-RPC error it answers a request with, saying `message`.
+    #[allow(clippy::disallowed_methods, reason = "the one place an error gets its reason")]
     pub fn error(self, message: impl Into<String>) -> ErrorObject {
         ErrorObject::with_reason(self.code(), message, self.reason())
     }
@@ -263,9 +410,15 @@ pub(crate) struct Rejection {
 }
 
 impl Rejection {
-    /// A refusal outside the catalogue: a handler's, or a failure on the server's side.
-    pub fn new(status: StatusCode, code: i64, reason: &str, message: impl Into<String>) -> Rejection {
-        Rejection { status, error: ErrorObject::with_reason(code, message, reason), id: None, headers: Vec::new() }
+    /// The refusal `refusal`, saying `message`.
+    fn new(refusal: Refusal, message: impl Into<String>) -> Rejection {
+        Rejection { status: refusal.status(), error: refusal.error(message), id: None, headers: Vec::new() }
+    }
+
+    /// A refusal whose error is not the catalogue's (a missing capability, which tether-core
+    /// names), with `status`.
+    pub fn of_error(status: StatusCode, error: ErrorObject) -> Rejection {
+        Rejection { status, error, id: None, headers: Vec::new() }
     }
 
     /// 404: the session cannot be used, with the reason.
@@ -283,20 +436,11 @@ impl Rejection {
         Refusal::SessionInvalid(reason).with(message)
     }
 
-    /// 500: something on the server's side failed; nothing the client sent was wrong.
-    pub fn internal(reason: &str, message: impl Into<String>) -> Rejection {
-        Rejection::new(StatusCode::INTERNAL_SERVER_ERROR, code::INTERNAL_ERROR, reason, message)
-    }
-
     /// 405 with the allowed methods.
     pub fn method_not_allowed(allow: &'static str) -> Rejection {
-        Rejection::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            code::INVALID_REQUEST,
-            "method_not_allowed",
-            "method not allowed",
-        )
-        .with_header(http::header::ALLOW, HeaderValue::from_static(allow))
+        Refusal::MethodNotAllowed
+            .with("method not allowed")
+            .with_header(http::header::ALLOW, HeaderValue::from_static(allow))
     }
 
     /// The same refusal with another status (an error answered in the response in one era, by
@@ -347,7 +491,7 @@ impl From<StoreError> for Rejection {
                 tracing::error!(%message, "store backend failed");
                 Refusal::StoreUnavailable.with("the store is unavailable")
             }
-            other => Rejection::internal("store_error", other.to_string()),
+            other => Refusal::StoreError.with(other.to_string()),
         }
     }
 }
@@ -358,18 +502,15 @@ impl From<crate::request::dispatch::DispatchError> for Rejection {
         use crate::request::dispatch::DispatchError;
         match err {
             DispatchError::Store(err) => Rejection::from(err),
-            DispatchError::Random(err) => Rejection::internal("random_failed", err.to_string()),
+            DispatchError::Random(err) => Refusal::RandomFailed.with(err.to_string()),
             DispatchError::SessionEnded => Rejection::session_invalid(InvalidReason::Terminated),
-            DispatchError::StartFailed(message) => Rejection::internal("start_failed", message),
+            DispatchError::StartFailed(message) => Refusal::StartFailed.with(message),
             DispatchError::InvalidIdempotencyKey(message) => {
                 Refusal::InvalidIdempotencyKey.with(message).with_status(StatusCode::BAD_REQUEST)
             }
-            DispatchError::TasksRequired(_) => Rejection {
-                status: StatusCode::BAD_REQUEST,
-                error: tether_core::tasks::missing_capability(&err.to_string()),
-                id: None,
-                headers: Vec::new(),
-            },
+            DispatchError::TasksRequired(_) => {
+                Rejection::of_error(StatusCode::BAD_REQUEST, tether_core::tasks::missing_capability(&err.to_string()))
+            }
             DispatchError::InvalidInput(err) => match err {
                 InputError::Responses(_) => Refusal::InvalidInputResponses.with(err.to_string()),
                 InputError::State | InputError::Expired => Refusal::InvalidRequestState.with(err.to_string()),
@@ -393,7 +534,7 @@ mod tests {
 
     /// The rows of docs/PROTOCOL.md's table of errors: status, code and reasons of each.
     fn documented() -> Vec<(u16, i64, Vec<String>)> {
-        let doc = include_str!("../../../../docs/PROTOCOL.md");
+        let doc = include_str!("../../../docs/PROTOCOL.md");
         let table = doc.split("## Errors").nth(1).and_then(|s| s.split("\n## ").next()).expect("an Errors section");
         table
             .lines()
