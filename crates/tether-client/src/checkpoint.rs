@@ -20,16 +20,7 @@ pub struct StreamCursor {
     pub digest: Digest,
 }
 
-/// Where the client is in a task's event stream (SEP-2694's shape): the last event it checked
-/// and handed on, and its digest, which the next event must chain to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskCursor {
-    /// The event's `seq`: the stream resumes `after` it.
-    pub seq: u64,
-    /// The event's digest (in the file: lowercase hex).
-    #[serde(with = "as_text")]
-    pub digest: Digest,
-}
+pub use tether_core::lineage::TaskCursor;
 
 /// Ids and digests are text in the file, as on the wire.
 mod as_text {

@@ -51,29 +51,7 @@ pub enum DivergenceReason {
     },
 }
 
-/// How a task's event stream broke.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TaskStreamBreak {
-    /// The server no longer keeps the events after the cursor (`events_gone`).
-    EventsGone {
-        /// The cursor (`None`: from the start).
-        after: Option<u64>,
-        /// The oldest event it keeps, if it said.
-        earliest: Option<u64>,
-    },
-    /// An event came out of order.
-    Gap {
-        /// The seq that had to come next.
-        expected: u64,
-        /// The seq that came.
-        got: u64,
-    },
-    /// An event's digest does not chain to the previous event's: another history.
-    Digest {
-        /// The event's seq.
-        seq: u64,
-    },
-}
+pub use tether_core::lineage::TaskStreamBreak;
 
 impl DivergenceReason {
     /// The stable name of the reason, as `tether watch` prints it and the
@@ -90,6 +68,7 @@ impl DivergenceReason {
             DivergenceReason::TaskStream { broke: TaskStreamBreak::EventsGone { .. }, .. } => "task_events_gone",
             DivergenceReason::TaskStream { broke: TaskStreamBreak::Gap { .. }, .. } => "task_gap",
             DivergenceReason::TaskStream { broke: TaskStreamBreak::Digest { .. }, .. } => "task_digest_mismatch",
+            DivergenceReason::TaskStream { broke: TaskStreamBreak::EndedEarly { .. }, .. } => "task_ended_early",
         }
     }
 }
@@ -125,6 +104,9 @@ impl fmt::Display for DivergenceReason {
                 TaskStreamBreak::Digest { seq } => {
                     write!(f, "task {task_id}: event {seq} does not chain to the event before it")
                 }
+                TaskStreamBreak::EndedEarly { after } => {
+                    write!(f, "task {task_id}: the stream ended after event {after:?}, before the task's final status")
+                }
             },
         }
     }
@@ -150,6 +132,7 @@ mod tests {
             },
             DivergenceReason::TaskStream { task_id: "t".into(), broke: TaskStreamBreak::Gap { expected: 4, got: 6 } },
             DivergenceReason::TaskStream { task_id: "t".into(), broke: TaskStreamBreak::Digest { seq: 4 } },
+            DivergenceReason::TaskStream { task_id: "t".into(), broke: TaskStreamBreak::EndedEarly { after: Some(4) } },
         ];
         let kinds: Vec<&str> = reasons.iter().map(DivergenceReason::kind).collect();
         assert_eq!(
@@ -164,7 +147,8 @@ mod tests {
                 "not_a_stream",
                 "task_events_gone",
                 "task_gap",
-                "task_digest_mismatch"
+                "task_digest_mismatch",
+                "task_ended_early"
             ]
         );
     }

@@ -1,10 +1,10 @@
 //! Following a task (SEP-2663) to its outcome. A 2026-07-28 call the server answered with a
 //! `CreateTaskResult` is followed on the task's event stream (`tasks/stream`, tether's
 //! `io.tether/task-streams`) where the server offers one, else by polling `tasks/get`. On the
-//! stream every event is checked as a lineage event is: its `seq` must be the next one and its
-//! digest must chain to the previous event's; a gap, a digest that does not chain, or
-//! `events_gone` is a divergence, reported, after which the task's canonical state (`tasks/get`)
-//! is followed instead. A cut stream is resumed after the last event checked. Either way input
+//! stream every event, refusal and end is judged by [`TaskStreamValidator`]: its `seq` must be
+//! the next one and its digest must chain to the previous event's; a gap, a digest that does not
+//! chain, `events_gone`, or an end before the task's final status is a divergence, reported,
+//! after which the task's canonical state (`tasks/get`) is followed instead. A cut stream is resumed after the last event checked. Either way input
 //! requests are answered through the hooks with `tasks/update`, statuses are checked in order (a
 //! finished task never changes again), and a task the server forgets was lost, not finished.
 
@@ -14,15 +14,14 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tether_core::input_required;
 use tether_core::jsonrpc::{self, ErrorObject, Message, Notification, Response, code};
-use tether_core::lineage::Digest;
+use tether_core::lineage::{TaskStreamBreak, TaskStreamValidator};
 use tether_core::tasks::{self, NOTIFICATION_EVENT, STATUS_EVENT, TaskEvent, TaskStatus, method};
 
 use crate::backoff::Attempts;
 use crate::client::{Client, InFlight};
-use crate::divergence::TaskStreamBreak;
 use crate::http::Reply;
 use crate::session::parse_response;
-use crate::{Ack, ClientError, ClientEvent, DivergenceReason, RequestError, TaskCursor};
+use crate::{Ack, ClientError, ClientEvent, DivergenceReason, RequestError};
 
 /// The shortest and longest pause between two polls, whatever the server asks.
 const POLL_BOUNDS: (u64, u64) = (20, 5_000);
@@ -164,13 +163,6 @@ enum Read {
     Broke(TaskStreamBreak),
 }
 
-/// Where a task stream stands: the last event checked, and its digest.
-#[derive(Default)]
-struct Cursor {
-    seq: Option<u64>,
-    digest: Option<Digest>,
-}
-
 /// Follows the task `created` announced until it finishes: its result, or why it has none.
 pub(crate) async fn follow(
     client: &Client,
@@ -204,17 +196,15 @@ async fn follow_task(followed: &mut Followed<'_>, created: &Value, pause: Durati
         let seen = if created.get("status").is_some() { created.clone() } else { followed.get().await? };
         return followed.poll(seen, pause).await;
     }
-    let mut cursor = client
-        .task_cursor(&followed.id)
-        .map_or_else(Cursor::default, |at| Cursor { seq: Some(at.seq), digest: Some(at.digest) });
+    let mut validator = TaskStreamValidator::new(followed.id.clone(), client.task_cursor(&followed.id));
     loop {
-        match read_stream(followed, &mut cursor).await? {
+        match read_stream(followed, &mut validator).await? {
             Read::Finished(status) => {
                 let detailed = followed.get().await?;
                 return followed.outcome(&detailed, status);
             }
             Read::Cut => {
-                let progress = cursor.seq.map(|seq| seq.to_string());
+                let progress = validator.after().map(|seq| seq.to_string());
                 followed.pause(progress.as_deref(), RequestError::Cancelled).await?;
             }
             Read::Broke(broke) => {
@@ -227,25 +217,41 @@ async fn follow_task(followed: &mut Followed<'_>, created: &Value, pause: Durati
     }
 }
 
-/// Opens the task's stream after `cursor` and checks and handles its events until it ends.
-async fn read_stream(followed: &mut Followed<'_>, cursor: &mut Cursor) -> Result<Read, RequestError> {
+/// What the stream's end says: its response, or the error that refused or ended it. A stream
+/// that ends (or whose cursor the server does not reach, `cursor_ahead`) before the task's final
+/// status, and one whose events are gone, broke; a task the server does not know was lost.
+fn ended(
+    followed: &Followed<'_>,
+    validator: &TaskStreamValidator,
+    outcome: Result<Value, ErrorObject>,
+) -> Result<Read, RequestError> {
+    match outcome {
+        Err(error) if error.code == tasks::EVENTS_GONE => {
+            let earliest = error.data.as_ref().and_then(|d| d.get("earliestSeq")).and_then(Value::as_u64);
+            Ok(Read::Broke(validator.gone(earliest)))
+        }
+        Ok(_) => Ok(validator.response().map_or_else(Read::Broke, |()| Read::Cut)),
+        Err(error) if error.reason() == Some(tasks::CURSOR_AHEAD) => {
+            Ok(validator.response().map_or_else(Read::Broke, |()| Read::Cut))
+        }
+        Err(error) if error.code == code::INVALID_PARAMS => Err(followed.lost(&error)),
+        Err(error) => Err(RequestError::Rpc(error)),
+    }
+}
+
+/// Opens the task's stream after the last event `validator` checked, and checks and handles its
+/// events until it ends.
+async fn read_stream(followed: &mut Followed<'_>, validator: &mut TaskStreamValidator) -> Result<Read, RequestError> {
     let mut params = json!({"taskId": followed.id});
-    if let Some(seq) = cursor.seq {
+    if let Some(seq) = validator.after() {
         params["after"] = json!(seq);
     }
     let mut reader = match followed.client.post_stateless(method::STREAM, params).await {
         Ok(Reply::Sse(reader)) => reader,
         Ok(Reply::Json(body) | Reply::Refused(body)) => {
             return match parse_response(&body) {
-                Ok(Response { outcome: Err(error), .. }) if error.code == tasks::EVENTS_GONE => {
-                    let earliest = error.data.as_ref().and_then(|d| d.get("earliestSeq")).and_then(Value::as_u64);
-                    Ok(Read::Broke(TaskStreamBreak::EventsGone { after: cursor.seq, earliest }))
-                }
-                Ok(Response { outcome: Err(error), .. }) if error.code == code::INVALID_PARAMS => {
-                    Err(followed.lost(&error))
-                }
-                Ok(Response { outcome: Err(error), .. }) => Err(RequestError::Rpc(error)),
-                _ => Ok(Read::Cut),
+                Ok(Response { outcome, .. }) => ended(followed, validator, outcome),
+                Err(_) => Ok(Read::Cut),
             };
         }
         Ok(Reply::Accepted) => return Err(protocol("tasks/stream was answered with 202".into())),
@@ -262,24 +268,17 @@ async fn read_stream(followed: &mut Followed<'_>, cursor: &mut Cursor) -> Result
         };
         let params = match message {
             Message::Notification(Notification { method, params: Some(params) }) if method == method::EVENT => params,
-            // The response ends the stream; a finished task's last event came before it.
-            Message::Response(_) => return Ok(Read::Cut),
+            // The response ends the stream, after the task's final event, which ends the read.
+            Message::Response(Response { outcome, .. }) => return ended(followed, validator, outcome),
             _ => continue,
         };
         let Some(event) = TaskEvent::from_params(&params) else {
             return Err(protocol(format!("an unreadable task event: {params}")));
         };
-        let expected = cursor.seq.map_or(0, |seq| seq + 1);
-        if event.seq != expected {
-            return Ok(Read::Broke(TaskStreamBreak::Gap { expected, got: event.seq }));
+        if let Err(broke) = validator.accept(&event) {
+            return Ok(Read::Broke(broke));
         }
-        let chained =
-            TaskEvent::digest_of(&followed.id, cursor.digest.as_ref(), event.seq, &event.kind, &event.payload);
-        if event.digest != chained {
-            return Ok(Read::Broke(TaskStreamBreak::Digest { seq: event.seq }));
-        }
-        *cursor = Cursor { seq: Some(event.seq), digest: Some(event.digest) };
-        followed.client.task_moved(&followed.id, Some(TaskCursor { seq: event.seq, digest: event.digest }));
+        followed.client.task_moved(&followed.id, validator.cursor());
         match event.kind.as_str() {
             STATUS_EVENT => {
                 let payload = &event.payload;

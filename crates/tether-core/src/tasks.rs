@@ -308,6 +308,17 @@ impl TaskEvent {
         Digest::of(&before, event.to_string().as_bytes())
     }
 
+    /// The status it carries, if it is a status event.
+    pub fn status(&self) -> Option<TaskStatus> {
+        if self.kind != STATUS_EVENT {
+            return None;
+        }
+        self.payload
+            .get("status")
+            .and_then(Value::as_str)
+            .and_then(TaskStatus::parse)
+    }
+
     /// The params of the `notifications/tasks/event` that delivers it.
     pub fn params(&self, task: &str) -> Value {
         json!({
@@ -364,6 +375,10 @@ pub fn events_gone(task: &str, earliest: u64) -> ErrorObject {
 
 /// The code of [`events_gone`].
 pub const EVENTS_GONE: i64 = -32010;
+
+/// The `data.reason` of a `tasks/stream` refused because its cursor names an event the task's
+/// history does not hold (-32602): the server's history is shorter than what its client saw.
+pub const CURSOR_AHEAD: &str = "cursor_ahead";
 
 /// A change to a task, applied by [`TaskRecord::apply`].
 #[derive(Debug, Clone, PartialEq)]

@@ -6,7 +6,9 @@
 //! model checks the decision code that ships, not a re-implementation of it.
 //!
 //! [`lifecycle`] models a request's life, from the client's first attempt to what it says of
-//! the request, over [`tether_core::lifecycle`]'s decisions.
+//! the request, over [`tether_core::lifecycle`]'s decisions. [`task_stream`] models a task's
+//! event stream over a store that goes back in time, judged by
+//! [`tether_core::lineage::TaskStreamValidator`].
 //!
 //! [`checker`] visits every reachable state breadth-first and checks the properties of
 //! [`protocol`] in each; deliberately broken variants of the server and the client show that
@@ -15,3 +17,4 @@
 pub mod checker;
 pub mod lifecycle;
 pub mod protocol;
+pub mod task_stream;

@@ -375,7 +375,7 @@ impl Refusal {
             Refusal::InvalidArguments => "invalid_arguments",
             Refusal::InvalidTaskParams => "invalid_params",
             Refusal::UnknownTask => "unknown_task",
-            Refusal::CursorAhead => "cursor_ahead",
+            Refusal::CursorAhead => tether_core::tasks::CURSOR_AHEAD,
             Refusal::UpstreamUnavailable => "upstream_unavailable",
             Refusal::UpstreamNotInitialized => "not_initialized",
             Refusal::ClientRequestFailed => "client_request_failed",

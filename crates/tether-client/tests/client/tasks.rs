@@ -26,6 +26,12 @@ enum Fault {
     Digest,
     /// The stream is refused with `events_gone`.
     Gone,
+    /// The stream's response comes before the task's final status event, on every connection
+    /// (a server whose history ends before the follower's: its store went back).
+    EndedEarly,
+    /// The stream is refused with `cursor_ahead`: the server's history does not reach the
+    /// cursor.
+    Ahead,
 }
 
 /// The task's events: working, a notification, working again, completed; each chained.
@@ -71,8 +77,15 @@ async fn serve(State(script): State<Arc<Script>>, body: String) -> Response {
         "tasks/get" => json(json!({"resultType": "complete", "taskId": TASK, "status": "completed",
             "createdAt": "2026-12-02T00:00:00Z", "lastUpdatedAt": "2026-12-02T00:00:01Z", "ttlMs": null,
             "result": {"content": [{"type": "text", "text": "done"}]}})),
-        "tasks/stream" if matches!(script.fault, Fault::Gone) => {
-            let error = tasks::events_gone(TASK, 7);
+        "tasks/stream" if matches!(script.fault, Fault::Gone | Fault::Ahead) => {
+            let error = match script.fault {
+                Fault::Gone => tasks::events_gone(TASK, 7),
+                _ => tether_core::jsonrpc::ErrorObject {
+                    code: -32602,
+                    message: "the cursor names no event".into(),
+                    data: Some(json!({"reason": tasks::CURSOR_AHEAD})),
+                },
+            };
             let body = json!({"jsonrpc": "2.0", "id": id, "error": {"code": error.code, "message": error.message, "data": error.data}});
             Response::builder()
                 .header("content-type", "application/json")
@@ -86,8 +99,13 @@ async fn serve(State(script): State<Arc<Script>>, body: String) -> Response {
                     events.remove(1);
                 }
                 Fault::Digest => events[1].digest = Digest::of("another", b"history"),
-                Fault::Gone => {}
+                Fault::EndedEarly => {
+                    events.pop();
+                }
+                Fault::Gone | Fault::Ahead => {}
             }
+            let after = request["params"]["after"].as_u64();
+            events.retain(|event| after.is_none_or(|after| event.seq > after));
             let mut body = String::new();
             for event in &events {
                 let message = json!({"jsonrpc": "2.0", "method": tasks::method::EVENT, "params": event.params(TASK)});
@@ -152,6 +170,21 @@ async fn a_gap_in_a_task_stream_is_a_divergence_and_the_task_state_decides() {
 async fn an_event_that_does_not_chain_is_a_divergence() {
     let (divergences, _, result) = follow(Fault::Digest).await;
     assert_eq!(broke(&divergences), [TaskStreamBreak::Digest { seq: 1 }]);
+    assert_eq!(result["content"][0]["text"], "done");
+}
+
+#[tokio::test]
+async fn a_stream_that_ends_before_the_task_s_final_status_is_a_divergence_not_a_cut() {
+    let (divergences, seen, result) = follow(Fault::EndedEarly).await;
+    assert_eq!(broke(&divergences), [TaskStreamBreak::EndedEarly { after: Some(2) }]);
+    assert_eq!(result["content"][0]["text"], "done");
+    assert_eq!(seen.iter().filter(|m| *m == "tasks/stream").count(), 1, "not resumed as a cut: {seen:?}");
+}
+
+#[tokio::test]
+async fn a_cursor_the_server_s_history_does_not_reach_is_a_divergence_not_a_lost_task() {
+    let (divergences, _, result) = follow(Fault::Ahead).await;
+    assert_eq!(broke(&divergences), [TaskStreamBreak::EndedEarly { after: None }]);
     assert_eq!(result["content"][0]["text"], "done");
 }
 

@@ -5,13 +5,14 @@
 //! ([`Digest`]). The two decision procedures are pure functions: the server's
 //! [`decide_resume`] (seed 004) with [`next_after`], the rule every reader of a stored stream
 //! follows, and the client's [`client_verdict`] with the per-event [`StreamValidator`]
-//! (seed 000).
+//! (seed 000). A task's event stream is judged the same way, by [`TaskStreamValidator`].
 
 mod client;
 mod digest;
 mod id;
 mod resync;
 mod server;
+mod task_stream;
 
 pub use client::{
     Accepted, Checkpoint, Divergence, FirstEvent, Reconnect, StreamValidator, Unverifiable,
@@ -27,3 +28,4 @@ pub use server::{
     HistoryRewritten, InvalidReason, Next, ServerDecision, SessionLookup, StreamAt, StreamRange,
     StreamState, check_position, check_session, decide_resume, next_after,
 };
+pub use task_stream::{TaskCursor, TaskStreamBreak, TaskStreamValidator};
