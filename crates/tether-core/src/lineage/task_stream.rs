@@ -230,6 +230,13 @@ mod tests {
         let mut validator = TaskStreamValidator::new("t", Some(cursor));
         validator.accept(&events[1]).expect("the next event");
         assert_eq!(
+            validator.cursor(),
+            Some(TaskCursor {
+                seq: 1,
+                digest: events[1].digest
+            })
+        );
+        assert_eq!(
             validator.gone(Some(5)),
             TaskStreamBreak::EventsGone {
                 after: Some(1),
