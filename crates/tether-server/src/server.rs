@@ -5,7 +5,7 @@ use std::sync::{Arc, Once, Weak};
 use std::time::Duration;
 
 use tether_core::input_required::StateKey;
-use tether_store::{MemoryStore, Store, StoreError};
+use tether_store::{MemoryStore, Store};
 
 use crate::session::Sessions;
 use crate::{Authenticator, Handler, ServerConfig, http, ids, now_ms, telemetry};
@@ -189,34 +189,7 @@ async fn sweep(shared: Weak<ServerState>) {
         ticker.tick().await;
         let Some(shared) = shared.upgrade() else { return };
         let now = now_ms();
-        // Open streams and running requests are activity: renew those sessions first. Only a
-        // session the store says is gone ends here; a store hiccup is retried next sweep.
-        for runtime in shared.sessions.active() {
-            match shared.store.touch_session(&runtime.id, &runtime.epoch, now).await {
-                Ok(()) => {}
-                Err(StoreError::SessionGone) => shared.sessions.retire(&runtime),
-                Err(err) => tracing::warn!(%err, session = %runtime.id, "could not renew an active session"),
-            }
-        }
-        // Idle runtimes of sessions that ended elsewhere (another replica expired or deleted
-        // them) are dropped, so they neither leak nor count against the session limit.
-        for runtime in shared.sessions.idle() {
-            let status = shared.store.session(&runtime.id, now).await;
-            let live = matches!(&status, Ok(tether_store::SessionStatus::Live(r)) if r.epoch == runtime.epoch);
-            if !live && status.is_ok() {
-                shared.sessions.retire(&runtime);
-            }
-        }
-        match shared.store.sweep(now).await {
-            Ok(expired) => {
-                for id in &expired {
-                    tracing::debug!(session = %id, "session expired");
-                    shared.sessions.remove(id);
-                }
-                telemetry::sessions_expired(expired.len());
-            }
-            Err(err) => tracing::warn!(%err, "store sweep failed"),
-        }
+        crate::session::service::sweep(&shared, now).await;
         if let Ok(Some(bytes)) = shared.store.retained_bytes().await {
             telemetry::bytes_retained(bytes);
         }

@@ -4,22 +4,20 @@ use std::sync::Arc;
 
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, StatusCode};
-use tether_store::SessionEnd;
 
 use super::{live_session, session_headers};
 use crate::ServerState;
 use crate::refusal::Rejection;
+use crate::session::service;
 
 pub(crate) async fn delete(
     shared: &Arc<ServerState>,
     headers: &HeaderMap,
     principal: Option<String>,
 ) -> Result<Response, Rejection> {
-    let (record, runtime) = live_session(shared, headers, principal.as_deref()).await?;
-    shared.store.end_session(&record.id, &record.epoch, SessionEnd::Terminated).await.map_err(Rejection::from)?;
-    shared.sessions.remove(&record.id);
-    crate::telemetry::session_terminated();
-    tracing::debug!(session = %record.id, "session terminated by the client");
+    let record = live_session(shared, headers, principal.as_deref()).await?;
+    let runtime = service::follow(shared, &record);
+    service::terminate(shared, &record).await?;
     let mut response = StatusCode::OK.into_response();
     response.headers_mut().extend(session_headers(&runtime));
     Ok(response)

@@ -9,9 +9,10 @@ use tether_core::mcp::header;
 use tether_store::{SessionStatus, StreamPage};
 
 use super::sse::{Connection, Prelude};
-use super::{check_load, guard, live_session, renew, session_headers, session_id, session_status, sse};
+use super::{check_load, guard, live_session, session_headers, session_id, session_status, sse};
 use crate::reader::StreamReader;
 use crate::refusal::{Refusal, Rejection};
+use crate::session::service;
 use crate::{ServerState, ids, now_ms};
 
 pub(crate) async fn get(
@@ -32,7 +33,8 @@ async fn standalone(
     headers: &HeaderMap,
     principal: Option<&str>,
 ) -> Result<Response, Rejection> {
-    let (_, runtime) = live_session(shared, headers, principal).await?;
+    let record = live_session(shared, headers, principal).await?;
+    let runtime = service::follow(shared, &record);
     check_load(shared, &runtime)?;
     let stream = ids::stream_name('g').map_err(|e| Refusal::RandomFailed.with(e.to_string()))?;
     let Some(attachment) = runtime.attach_new_get_stream(&stream) else {
@@ -73,8 +75,7 @@ async fn resume(
     crate::telemetry::resume(&decision);
     let (record, after) = match (status, decision) {
         (SessionStatus::Live(record), ServerDecision::SessionInvalid(InvalidReason::HistoryRewritten)) => {
-            let runtime = shared.sessions.runtime(&record, &shared.process_token);
-            super::end_rewritten(shared, runtime, &cursor.stream).await;
+            service::end_rewritten(shared, &service::follow(shared, &record), &cursor.stream).await;
             return Err(Rejection::session_invalid(InvalidReason::HistoryRewritten));
         }
         (_, ServerDecision::SessionInvalid(reason)) => return Err(Rejection::session_invalid(reason)),
@@ -85,8 +86,8 @@ async fn resume(
         }
     };
     // Only a resume the decision allowed renews the session.
-    renew(shared, &record, now).await?;
-    let runtime = shared.sessions.runtime(&record, &shared.process_token);
+    service::renew(shared, &record, now).await?;
+    let runtime = service::follow(shared, &record);
     let headers = session_headers(&runtime);
     let after = match after {
         Ok(after) => after,

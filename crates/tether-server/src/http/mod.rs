@@ -8,7 +8,6 @@ mod sse;
 mod stateless;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -17,15 +16,14 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};
-use tether_core::lineage::{InvalidReason, SessionId, StreamName, check_session};
+use tether_core::lineage::{InvalidReason, SessionId, check_session};
 use tether_core::mcp::header;
-use tether_store::{SessionEnd, SessionRecord, SessionStatus, StoreError};
+use tether_store::{SessionRecord, SessionStatus};
 use tracing::Instrument as _;
 
 use crate::ServerState;
 use crate::refusal::{Refusal, Rejection};
-use crate::request::context::SessionHandle;
-use crate::session::SessionRuntime;
+use crate::session::{SessionRuntime, service};
 use guard::HeaderVersion;
 
 pub(crate) fn router(path: &str, shared: Arc<ServerState>) -> Router {
@@ -128,12 +126,12 @@ pub(crate) async fn session_status(
     })
 }
 
-/// The live session a request names, renewed, with its runtime; 400 or 404 otherwise.
+/// The live session a request names, renewed; 400 or 404 otherwise.
 pub(crate) async fn live_session(
     shared: &Arc<ServerState>,
     headers: &HeaderMap,
     principal: Option<&str>,
-) -> Result<(SessionRecord, Arc<SessionRuntime>), Rejection> {
+) -> Result<SessionRecord, Rejection> {
     let now = crate::now_ms();
     let id = session_id(headers)?;
     let status = session_status(shared, &id, principal, now).await?;
@@ -141,72 +139,8 @@ pub(crate) async fn live_session(
     let SessionStatus::Live(record) = status else {
         return Err(Rejection::session_invalid(InvalidReason::UnknownSession));
     };
-    renew(shared, &record, now).await?;
-    let runtime = match shared.sessions.get(&record.id).filter(|serving| serving.epoch == record.epoch) {
-        Some(runtime) => runtime,
-        None => adopt(shared, &record).await?,
-    };
-    Ok((record, runtime))
-}
-
-/// Starts serving a live session this process did not start (it began before a restart, or at
-/// another replica), if the handler can; if not, the session ends as `upstream_lost` and the
-/// request gets that 404.
-async fn adopt(shared: &Arc<ServerState>, record: &SessionRecord) -> Result<Arc<SessionRuntime>, Rejection> {
-    let runtime = shared.sessions.runtime(record, &shared.process_token);
-    let session = SessionHandle::new(Arc::clone(shared), Arc::clone(&runtime));
-    if shared.handler.adopts(&session).await {
-        return Ok(runtime);
-    }
-    session.end(SessionEnd::UpstreamLost, Duration::ZERO).await;
-    Err(Rejection::session_invalid(InvalidReason::UpstreamLost))
-}
-
-/// Ends a session whose store went back in time under it: what a client saw of `stream` (a
-/// resume's cursor, or what a connection sent) is not what the store holds. From then on every
-/// request naming the session, on every replica, is told `history_rewritten`, and its client
-/// starts a new one instead of going on from a history that is not the one it saw.
-pub(crate) async fn end_rewritten(shared: &Arc<ServerState>, runtime: Arc<SessionRuntime>, stream: &StreamName) {
-    tracing::warn!(
-        session = %runtime.id,
-        %stream,
-        "the store no longer holds what a client saw of this stream (it went back in time: a restored backup, \
-         a failover to a replica that lagged); the session ends as history_rewritten"
-    );
-    SessionHandle::new(Arc::clone(shared), runtime).end(SessionEnd::HistoryRewritten, Duration::ZERO).await;
-}
-
-/// How recently a renewal makes another one needless: a busy session is written once a
-/// second, not once a request (a tenth of its idle timeout if that is shorter).
-const RENEWAL_INTERVAL_MS: u64 = 1_000;
-
-/// Renews a session that was just found live, unless it was renewed within the renewal
-/// interval (it then lives at least its idle timeout less that interval). If it ended in
-/// between, the reason is decided again from what the store now says; a store failure is a
-/// 503, not a lost session.
-pub(crate) async fn renew(shared: &ServerState, record: &SessionRecord, now: u64) -> Result<(), Rejection> {
-    if !renewal_due(record, now) {
-        return Ok(());
-    }
-    match shared.store.touch_session(&record.id, &record.epoch, now).await {
-        Ok(()) => Ok(()),
-        Err(StoreError::SessionGone) => {
-            let status = shared.store.session(&record.id, now).await.map_err(Rejection::from)?;
-            let reason = match check_session(status.lookup(), now) {
-                // Live again under the same id: another incarnation replaced ours.
-                Ok(_) => InvalidReason::IncarnationMismatch,
-                Err(reason) => reason,
-            };
-            Err(Rejection::session_invalid(reason))
-        }
-        Err(err) => Err(Rejection::from(err)),
-    }
-}
-
-/// Whether `record` was last renewed longer ago than the renewal interval.
-fn renewal_due(record: &SessionRecord, now: u64) -> bool {
-    let interval = RENEWAL_INTERVAL_MS.min(record.idle_ttl_ms / 10);
-    record.expires_at_ms.saturating_add(interval) < now.saturating_add(record.idle_ttl_ms)
+    service::renew(shared, &record, now).await?;
+    Ok(record)
 }
 
 /// 429 when a session has too many open streams and running requests.
@@ -249,21 +183,4 @@ pub(crate) async fn read_body(body: Body, config: &crate::ServerConfig) -> Resul
     tokio::time::timeout(config.body_timeout, read).await.unwrap_or_else(|_| {
         Err(Refusal::BodyTimeout.with(format!("the request body took longer than {:?} to arrive", config.body_timeout)))
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::session::test_record as record;
-
-    #[test]
-    fn a_session_is_renewed_once_per_interval_not_per_request() {
-        // Renewed at 10,000 with a 60 s timeout: not again within the second, then again.
-        assert!(!renewal_due(&record(60_000, 70_000), 10_000));
-        assert!(!renewal_due(&record(60_000, 70_000), 11_000));
-        assert!(renewal_due(&record(60_000, 70_000), 11_001));
-        // A short timeout renews within a tenth of it.
-        assert!(!renewal_due(&record(200, 1_200), 1_020));
-        assert!(renewal_due(&record(200, 1_200), 1_021));
-    }
 }

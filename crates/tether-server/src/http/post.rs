@@ -18,7 +18,7 @@ use crate::refusal::{self, Refusal, Rejection};
 use crate::request::context::SessionHandle;
 use crate::request::dispatch::{self, Running, StartedSessionful};
 use crate::request::output::FirstOutput;
-use crate::session::{LogLevel, SessionRuntime};
+use crate::session::{LogLevel, SessionRuntime, service};
 use crate::{ServerState, ids, now_ms};
 use tether_store::RequestKey;
 
@@ -43,7 +43,8 @@ pub(crate) async fn post(
             (messages, true)
         }
     };
-    let (_, runtime) = live_session(shared, headers, principal.as_deref()).await?;
+    let record = live_session(shared, headers, principal.as_deref()).await?;
+    let runtime = service::serve(shared, &record).await?;
     if batch && !runtime.version.allows_batches() {
         return Err(Refusal::BatchNotAllowed.with(format!(
             "JSON-RPC batches are only accepted in 2025-03-26 sessions; this one is {}",
@@ -94,12 +95,7 @@ async fn initialize(
         idle_ttl_ms: ttl,
         expires_at_ms: now.saturating_add(ttl),
     };
-    // The store admits it against every live session it holds, of every replica sharing it.
-    let max = shared.config.max_sessions;
-    shared.store.create_session(record.clone(), max).await.map_err(Rejection::from)?;
-    let runtime = shared.sessions.runtime(&record, &shared.process_token);
-    crate::telemetry::session_created();
-    shared.handler.session_started(SessionHandle::new(Arc::clone(shared), Arc::clone(&runtime)));
+    let runtime = service::begin(shared, &record).await.map_err(Rejection::from)?;
     let info = shared.handler.info();
     let mut capabilities = info.capabilities;
     if !capabilities.is_object() {

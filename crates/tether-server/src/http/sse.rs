@@ -219,7 +219,7 @@ impl Pump {
                         // resume is told the session is gone, and why.
                         Ending::Rewritten => {
                             let runtime = Arc::clone(&self.conn.runtime);
-                            super::end_rewritten(&self.conn.shared, runtime, stream).await;
+                            crate::session::service::end_rewritten(&self.conn.shared, &runtime, stream).await;
                         }
                     }
                 }

@@ -217,21 +217,7 @@ impl SessionHandle {
     /// runs after it is cancelled with the session. Ending a session that already ended, or was
     /// replaced by another incarnation, does nothing.
     pub async fn end(&self, why: SessionEnd, grace: Duration) {
-        // From now on nothing new starts: the grace is for what runs.
-        self.runtime.close();
-        let deadline = tokio::time::Instant::now() + grace;
-        while self.runtime.running() > 0 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        match self.server.store.end_session(&self.runtime.id, &self.runtime.epoch, why).await {
-            Ok(()) => {
-                crate::telemetry::session_ended_by_server(why);
-                tracing::info!(session = %self.runtime.id, ?why, "session ended by the server");
-            }
-            Err(err) => tracing::debug!(session = %self.runtime.id, %err, "the session had already ended"),
-        }
-        // Whatever happened in the store, this process stops serving this incarnation.
-        self.server.sessions.retire(&self.runtime);
+        crate::session::service::end(&self.server, &self.runtime, why, grace).await;
     }
 }
 

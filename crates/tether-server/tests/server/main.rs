@@ -1,5 +1,6 @@
 //! Black-box tests of `tether-server` over real loopback HTTP.
 
+mod adoption;
 mod common;
 mod connections;
 mod idempotency;

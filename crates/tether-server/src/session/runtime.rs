@@ -85,6 +85,10 @@ pub(crate) struct SessionRuntime {
     stopped: tokio::sync::Notify,
     next_request: AtomicU64,
     request_prefix: String,
+    /// Whether this process can serve the session's requests: decided once, by the process
+    /// that began it (yes) or by the handler when the process first serves one of them
+    /// (`Handler::adopts`). Reading its streams needs no decision.
+    pub adoption: tokio::sync::OnceCell<bool>,
     state: Mutex<RuntimeState>,
 }
 
@@ -123,6 +127,7 @@ impl SessionRuntime {
             stopped: tokio::sync::Notify::new(),
             next_request: AtomicU64::new(0),
             request_prefix,
+            adoption: tokio::sync::OnceCell::new(),
             state: Mutex::new(RuntimeState {
                 inflight: HashMap::new(),
                 pending: HashMap::new(),
@@ -346,75 +351,6 @@ impl Drop for Attachment {
     }
 }
 
-/// The runtimes of the sessions this process has served.
-#[derive(Debug, Default)]
-pub(crate) struct Sessions {
-    map: Mutex<IdMap<SessionId, Arc<SessionRuntime>>>,
-}
-
-impl Sessions {
-    fn lock(&self) -> MutexGuard<'_, IdMap<SessionId, Arc<SessionRuntime>>> {
-        self.map.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// The runtime of a live session record, made if this process has none yet (or has one of
-    /// an older incarnation).
-    pub fn runtime(&self, record: &SessionRecord, request_prefix: &str) -> Arc<SessionRuntime> {
-        let mut map = self.lock();
-        if let Some(runtime) = map.get(&record.id)
-            && runtime.epoch == record.epoch
-        {
-            return Arc::clone(runtime);
-        }
-        let runtime = Arc::new(SessionRuntime::new(record, request_prefix.to_owned()));
-        if let Some(older) = map.insert(record.id.clone(), Arc::clone(&runtime)) {
-            older.end();
-        }
-        crate::telemetry::sessions_live(map.len());
-        runtime
-    }
-
-    /// The runtime of a session this process serves, if any.
-    pub fn get(&self, id: &SessionId) -> Option<Arc<SessionRuntime>> {
-        self.lock().get(id).cloned()
-    }
-
-    /// Forgets a session and ends its in-process state.
-    pub fn remove(&self, id: &SessionId) {
-        let mut map = self.lock();
-        if let Some(runtime) = map.remove(id) {
-            runtime.end();
-            crate::telemetry::sessions_live(map.len());
-        }
-    }
-
-    /// Ends `runtime` and forgets it, unless another incarnation of its session replaced it
-    /// here meanwhile: that one is left serving.
-    pub fn retire(&self, runtime: &Arc<SessionRuntime>) {
-        runtime.end();
-        let mut map = self.lock();
-        if map.get(&runtime.id).is_some_and(|serving| Arc::ptr_eq(serving, runtime)) {
-            map.remove(&runtime.id);
-            crate::telemetry::sessions_live(map.len());
-        }
-    }
-
-    /// Every runtime.
-    pub fn all(&self) -> Vec<Arc<SessionRuntime>> {
-        self.lock().values().cloned().collect()
-    }
-
-    /// The runtimes with running requests or open connections.
-    pub fn active(&self) -> Vec<Arc<SessionRuntime>> {
-        self.lock().values().filter(|r| r.is_active()).cloned().collect()
-    }
-
-    /// The runtimes with nothing running.
-    pub fn idle(&self) -> Vec<Arc<SessionRuntime>> {
-        self.lock().values().filter(|r| !r.is_active()).cloned().collect()
-    }
-}
-
 /// A 2025-11-25 session record for unit tests: session `s`, one fixed incarnation.
 #[cfg(test)]
 pub(crate) fn test_record(idle_ttl_ms: u64, expires_at_ms: u64) -> SessionRecord {
@@ -492,19 +428,6 @@ mod tests {
         assert_eq!(runtime.load(), 2);
         runtime.finish_request(&RequestKey::of(&RequestId::Number(1)));
         assert_eq!(runtime.load(), 2, "two connections once the request finished");
-    }
-
-    #[test]
-    fn retiring_an_incarnation_leaves_the_one_that_replaced_it_serving() {
-        let sessions = Sessions::default();
-        let older = sessions.runtime(&test_record(1, 1), "p");
-        let newer =
-            SessionRecord { epoch: Epoch::parse("FFFFFFFFFFFFFFFFFFFFFF").expect("epoch"), ..test_record(1, 1) };
-        let newer = sessions.runtime(&newer, "p");
-        sessions.retire(&older);
-        assert!(sessions.get(&older.id).is_some_and(|serving| Arc::ptr_eq(&serving, &newer)), "still served");
-        sessions.retire(&newer);
-        assert!(sessions.get(&newer.id).is_none());
     }
 
     #[tokio::test]
