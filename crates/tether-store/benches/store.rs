@@ -52,7 +52,12 @@ fn stores(rt: &tokio::runtime::Runtime) -> (RedisServer, Backends) {
     let sqlite = SqliteStore::open(&dir, retention, "bench").expect("open");
     let server = rt.block_on(RedisServer::start());
     let redis = rt
-        .block_on(RedisStore::open(&server.url, retention, "bench", tether_store::RedisDurability::Unchecked))
+        .block_on(RedisStore::open(
+            &server.url,
+            retention,
+            &tether_store::ReplicaId::parse("bench").expect("replica"),
+            tether_store::RedisDurability::Unchecked,
+        ))
         .expect("redis");
     (
         server,

@@ -438,15 +438,15 @@ impl Relay for FaultyStore {
         self.inner.announcements()
     }
 
-    fn session_replica(&self, session: &SessionId) -> StoreFuture<'_, Option<String>> {
+    fn session_replica(&self, session: &SessionId) -> StoreFuture<'_, Option<crate::ReplicaId>> {
         self.inner.session_replica(session)
     }
 
-    fn replica_alive(&self, replica: &str, now_ms: u64) -> StoreFuture<'_, bool> {
+    fn replica_alive(&self, replica: &crate::ReplicaId, now_ms: u64) -> StoreFuture<'_, bool> {
         self.inner.replica_alive(replica, now_ms)
     }
 
-    fn send_to_replica(&self, to: &str, body: Bytes) -> StoreFuture<'_, bool> {
+    fn send_to_replica(&self, to: &crate::ReplicaId, body: Bytes) -> StoreFuture<'_, bool> {
         self.inner.send_to_replica(to, body)
     }
 

@@ -13,6 +13,7 @@ mod memory;
 mod queue;
 mod record;
 mod redis;
+mod replica;
 mod request_key;
 mod sqlite;
 mod tags;
@@ -30,6 +31,7 @@ pub use record::{
     StoredEvent, StreamPage,
 };
 pub use redis::{RedisDurability, RedisStore};
+pub use replica::{InvalidReplicaId, ReplicaId};
 pub use request_key::{MalformedKey, RequestKey};
 pub use sqlite::SqliteStore;
 
@@ -91,8 +93,8 @@ pub struct RelayedAnswer {
 /// A message one replica sent another ([`Relay::send_to_replica`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplicaMessage {
-    /// The replica that sent it, named as [`Relay::session_replica`] names replicas.
-    pub from: String,
+    /// The replica that sent it.
+    pub from: ReplicaId,
     /// What it sent.
     pub body: Bytes,
 }
@@ -417,13 +419,13 @@ pub trait Relay: Send + Sync {
 
     /// The replica that created `session`, where state of it that is kept in no store lives (a
     /// gateway's upstream instance); `None` for stores that serve a single process.
-    fn session_replica(&self, _session: &SessionId) -> StoreFuture<'_, Option<String>> {
+    fn session_replica(&self, _session: &SessionId) -> StoreFuture<'_, Option<ReplicaId>> {
         Box::pin(std::future::ready(Ok(None)))
     }
 
     /// Whether the replica named `replica` heartbeat within the request lease before `now_ms`.
     /// One that did not is gone: the sweep aborts its requests, and nothing it held is reachable.
-    fn replica_alive(&self, _replica: &str, _now_ms: u64) -> StoreFuture<'_, bool> {
+    fn replica_alive(&self, _replica: &ReplicaId, _now_ms: u64) -> StoreFuture<'_, bool> {
         Box::pin(std::future::ready(Ok(false)))
     }
 
@@ -431,7 +433,7 @@ pub trait Relay: Send + Sync {
     /// listen (it is gone, or the store serves a single process). At most once: a receiver whose
     /// connection to the store drops meanwhile misses it, so whoever waits on an answer asks
     /// again.
-    fn send_to_replica(&self, _to: &str, _body: Bytes) -> StoreFuture<'_, bool> {
+    fn send_to_replica(&self, _to: &ReplicaId, _body: Bytes) -> StoreFuture<'_, bool> {
         Box::pin(std::future::ready(Ok(false)))
     }
 

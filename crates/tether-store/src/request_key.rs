@@ -6,6 +6,8 @@ use serde_json::Value;
 use tether_core::jsonrpc::RequestId;
 use tether_core::lineage::StreamName;
 
+use crate::ReplicaId;
+
 /// The key a request runs under in its session. Keys of different kinds never meet: `1` and
 /// `"1"` are two requests, each batch has its own key, and a re-sent request relaying its
 /// original is tracked apart from every request, whatever its id.
@@ -31,7 +33,7 @@ pub enum RequestKey {
     /// A call another replica relayed to the upstream this one holds.
     Relayed {
         /// The replica the call came from.
-        replica: String,
+        replica: ReplicaId,
         /// The call's number at that replica.
         call: u64,
     },
@@ -103,7 +105,8 @@ impl RequestKey {
             "u" => {
                 let (call, replica) = rest.split_once(':').ok_or_else(malformed)?;
                 let call = call.parse().map_err(|_| malformed())?;
-                Ok(RequestKey::Relayed { replica: replica.to_owned(), call })
+                let replica = ReplicaId::parse(replica).map_err(|_| malformed())?;
+                Ok(RequestKey::Relayed { replica, call })
             }
             _ => Err(malformed()),
         }
@@ -152,7 +155,7 @@ mod tests {
                 ids: vec![RequestId::Number(1), RequestId::String("b:2".into())],
             },
             RequestKey::Resent { id: RequestId::String("x:y".into()), stream: stream("b1") },
-            RequestKey::Relayed { replica: "r:1".into(), call: 9 },
+            RequestKey::Relayed { replica: ReplicaId::parse("r:1").expect("replica"), call: 9 },
         ];
         for key in keys {
             assert_eq!(RequestKey::parse(&key.encode()), Ok(key.clone()), "{key}");
@@ -168,7 +171,9 @@ mod tests {
         assert_eq!(RequestKey::Batch { stream: stream("b1"), ids: batch.clone() }.request_ids(), batch);
         let resent = RequestKey::Resent { id: RequestId::Number(4), stream: stream("r2") };
         assert_eq!(resent.request_ids(), [RequestId::Number(4)]);
-        assert!(RequestKey::Relayed { replica: "a".into(), call: 1 }.request_ids().is_empty());
+        assert!(
+            RequestKey::Relayed { replica: ReplicaId::parse("a").expect("replica"), call: 1 }.request_ids().is_empty()
+        );
     }
 
     /// A client may name a request `"x in b1"`: the key of a re-sent `"x"` relayed on `b1` is

@@ -278,7 +278,12 @@ fn redis_matches_the_model() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let server = rt.block_on(RedisServer::start());
     let store = rt
-        .block_on(RedisStore::open(&server.url, retention(), "model", tether_store::RedisDurability::Unchecked))
+        .block_on(RedisStore::open(
+            &server.url,
+            retention(),
+            &tether_store::ReplicaId::parse("model").expect("replica"),
+            tether_store::RedisDurability::Unchecked,
+        ))
         .expect("connect");
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(64));
     let checked = AtomicU64::new(0);

@@ -8,12 +8,17 @@ use tether_store::{EventLog, KeyRecords, Relay, ReplicaMessage, SessionStore};
 
 use bytes::Bytes;
 use tether_core::lineage::StreamState;
-use tether_store::{BeginRequest, Claim, KeyState, RedisStore, SessionRecord, TaskLimits};
+use tether_store::{BeginRequest, Claim, KeyState, RedisStore, ReplicaId, SessionRecord, TaskLimits};
 use tether_testkit::RedisServer;
+
+/// The replica named `name`.
+fn replica(name: &str) -> ReplicaId {
+    ReplicaId::parse(name).expect("a replica name")
+}
 
 /// A store of replica `owner` on `server`, which keeps what Redis keeps.
 async fn open(server: &RedisServer, owner: &str) -> RedisStore {
-    RedisStore::open(&server.url, suite::retention(), owner, tether_store::RedisDurability::Unchecked)
+    RedisStore::open(&server.url, suite::retention(), &replica(owner), tether_store::RedisDurability::Unchecked)
         .await
         .expect("connect")
 }
@@ -58,26 +63,26 @@ async fn a_session_names_the_replica_that_began_it_and_replicas_reach_each_other
     let b = open(&server, "replica-b").await;
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("held", suite::epoch('E'), 0) };
     a.create_session(record, usize::MAX).await.expect("create on a");
-    assert_eq!(b.session_replica(&suite::sid("held")).await, Ok(Some("replica-a".to_owned())));
+    assert_eq!(b.session_replica(&suite::sid("held")).await, Ok(Some(replica("replica-a"))));
     assert_eq!(b.session_replica(&suite::sid("unknown")).await, Ok(None));
 
     // Alive while its heartbeat is within the lease.
     let lease = suite::retention().lease_ms;
-    assert_eq!(b.replica_alive("replica-a", 1_000).await, Ok(false), "never heartbeat");
+    assert_eq!(b.replica_alive(&replica("replica-a"), 1_000).await, Ok(false), "never heartbeat");
     a.sweep(1_000).await.expect("heartbeat");
-    assert_eq!(b.replica_alive("replica-a", 1_000 + lease).await, Ok(true));
-    assert_eq!(b.replica_alive("replica-a", 1_000 + lease + 1).await, Ok(false));
+    assert_eq!(b.replica_alive(&replica("replica-a"), 1_000 + lease).await, Ok(true));
+    assert_eq!(b.replica_alive(&replica("replica-a"), 1_000 + lease + 1).await, Ok(false));
 
     // A message reaches the replica it names, stamped with its sender, and no other.
     let (mut to_a, mut to_b) = (a.replica_messages().expect("a listens"), b.replica_messages().expect("b listens"));
-    assert_eq!(b.send_to_replica("replica-a", Bytes::from_static(b"hello a")).await, Ok(true));
+    assert_eq!(b.send_to_replica(&replica("replica-a"), Bytes::from_static(b"hello a")).await, Ok(true));
     let received = tokio::time::timeout(Duration::from_secs(5), to_a.recv()).await.expect("in time").expect("open");
-    assert_eq!(received, ReplicaMessage { from: "replica-b".to_owned(), body: Bytes::from_static(b"hello a") });
+    assert_eq!(received, ReplicaMessage { from: replica("replica-b"), body: Bytes::from_static(b"hello a") });
     assert!(to_b.try_recv().is_err(), "b heard a message for a");
     // Nobody listens as a replica that is gone.
     drop(a);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while b.send_to_replica("replica-a", Bytes::from_static(b"anyone?")).await != Ok(false) {
+    while b.send_to_replica(&replica("replica-a"), Bytes::from_static(b"anyone?")).await != Ok(false) {
         assert!(std::time::Instant::now() < deadline, "a gone replica still receives");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

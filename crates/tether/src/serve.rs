@@ -277,6 +277,7 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
                 },
                 RedisDurabilityArg::None => RedisDurability::Unchecked,
             };
+            let owner = tether_store::ReplicaId::parse(&owner).context("this replica's name")?;
             let store = RedisStore::open(&args.redis_url, config.retention, &owner, durability)
                 .await
                 .with_context(|| format!("opening the redis store at {}", args.redis_url))?;

@@ -186,6 +186,27 @@ impl FromStr for StreamName {
     }
 }
 
+/// Ids travel as their text in serialized messages (between replicas), parsed again where they
+/// are read, so a malformed one is refused there rather than carried on.
+macro_rules! serde_as_text {
+    ($($id:ident),*) => {$(
+        impl serde::Serialize for $id {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $id {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<$id, D::Error> {
+                let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+                $id::parse(&text).map_err(serde::de::Error::custom)
+            }
+        }
+    )*};
+}
+
+serde_as_text!(Epoch, SessionId, StreamName);
+
 /// What the store drew for one stored event: 64 random bits, written as the fourth part of the
 /// event's id.
 ///
@@ -381,6 +402,26 @@ impl fmt::Display for ObservedId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_travel_as_their_text_and_are_parsed_again_on_arrival() {
+        let session = SessionId::parse("s-1").expect("session");
+        let text = serde_json::to_string(&(
+            &session,
+            Epoch::from_entropy([7; 16]),
+            StreamName::parse("r1").expect("stream"),
+        ))
+        .expect("serializes");
+        let (back, epoch, stream): (SessionId, Epoch, StreamName) =
+            serde_json::from_str(&text).expect("parses");
+        assert_eq!(
+            (back, epoch, stream.as_str()),
+            (session, Epoch::from_entropy([7; 16]), "r1")
+        );
+        assert!(serde_json::from_str::<StreamName>("\"not a token\"").is_err());
+        assert!(serde_json::from_str::<Epoch>("\"short\"").is_err());
+        assert!(serde_json::from_str::<SessionId>("\"\"").is_err());
+    }
 
     const EPOCH: &str = "AAAAAAAAAAAAAAAAAAAAAA";
 

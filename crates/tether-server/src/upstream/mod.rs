@@ -198,10 +198,14 @@ impl Upstream {
     }
 
     /// The session this process started under `id`, if it is incarnation `epoch`.
-    fn serving(&self, id: &str, epoch: &str) -> Option<SessionHandle> {
+    fn serving(
+        &self,
+        id: &tether_core::lineage::SessionId,
+        epoch: &tether_core::lineage::Epoch,
+    ) -> Option<SessionHandle> {
         lock(&self.sessions)
-            .get(id)
-            .filter(|(serving, _)| serving.runtime().epoch.as_str() == epoch)
+            .get(id.as_str())
+            .filter(|(serving, _)| &serving.runtime().epoch == epoch)
             .map(|(serving, _)| serving.clone())
     }
 

@@ -20,8 +20,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::Value;
 use tether_core::jsonrpc::{ErrorObject, Notification};
-use tether_core::lineage::{StreamName, StreamState};
-use tether_store::{ReplicaMessage, RequestKey, SessionEnd, Store};
+use tether_core::lineage::{Epoch, SessionId, StreamName, StreamState};
+use tether_store::{ReplicaId, ReplicaMessage, RequestKey, SessionEnd, Store};
 use tokio::sync::{broadcast, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -40,9 +40,9 @@ enum Envelope {
     Call {
         /// The call, numbered by the sender.
         call: u64,
-        session: String,
-        epoch: String,
-        stream: String,
+        session: SessionId,
+        epoch: Epoch,
+        stream: StreamName,
         method: String,
         params: Value,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -62,8 +62,8 @@ enum Envelope {
     },
     /// A notification from the session's client, for its instance.
     Notify {
-        session: String,
-        epoch: String,
+        session: SessionId,
+        epoch: Epoch,
         method: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         params: Option<Value>,
@@ -98,7 +98,7 @@ pub(super) struct Relay {
     waiting: Waiting,
     next_call: AtomicU64,
     /// Calls run here for other replicas, by sender and number, with what cancels them.
-    serving: Mutex<HashMap<(String, u64), CancellationToken>>,
+    serving: Mutex<HashMap<(ReplicaId, u64), CancellationToken>>,
     _listening: DropGuard,
 }
 
@@ -131,7 +131,7 @@ impl Relay {
             Ok(None) => return Err(lost(describe)),
             Err(err) => return Err(unavailable(describe, err)),
         };
-        let stream = ctx.stream().map(StreamName::to_string).ok_or_else(|| lost(describe))?;
+        let stream = ctx.stream().cloned().ok_or_else(|| lost(describe))?;
         let call = self.next_call.fetch_add(1, Ordering::Relaxed);
         let (done, outcome) = oneshot::channel();
         lock(&self.waiting).insert(call, done);
@@ -141,8 +141,8 @@ impl Relay {
         let runtime = session.runtime();
         let request = Envelope::Call {
             call,
-            session: runtime.id.to_string(),
-            epoch: runtime.epoch.to_string(),
+            session: runtime.id.clone(),
+            epoch: runtime.epoch.clone(),
             stream,
             method,
             params,
@@ -156,7 +156,7 @@ impl Relay {
         &self,
         ctx: &Context,
         session: &SessionHandle,
-        (holder, call): (&str, u64),
+        (holder, call): (&ReplicaId, u64),
         request: &Envelope,
         mut outcome: oneshot::Receiver<Result<Value, ErrorObject>>,
         describe: &str,
@@ -202,29 +202,29 @@ impl Relay {
     /// Relays a notification of `session`'s client to the replica holding its instance.
     pub(super) fn notify(&self, session: &SessionHandle, notification: Notification) {
         let runtime = session.runtime();
-        let (id, epoch) = (runtime.id.clone(), runtime.epoch.to_string());
+        let (id, epoch) = (runtime.id.clone(), runtime.epoch.clone());
         let Notification { method, params } = notification;
         let store = Arc::clone(&self.store);
         tokio::spawn(async move {
             let Ok(Some(holder)) = store.session_replica(&id).await else { return };
-            let notify = Envelope::Notify { session: id.to_string(), epoch, method, params };
+            let notify = Envelope::Notify { session: id, epoch, method, params };
             if let Err(err) = send(store.as_ref(), &holder, &notify).await {
                 tracing::debug!(%err, "could not relay a notification");
             }
         });
     }
 
-    async fn send(&self, to: &str, envelope: &Envelope) -> Result<bool, tether_store::StoreError> {
+    async fn send(&self, to: &ReplicaId, envelope: &Envelope) -> Result<bool, tether_store::StoreError> {
         send(self.store.as_ref(), to, envelope).await
     }
 
     /// Whether `replica` is alive; a store that cannot say is taken at its word next time.
-    async fn alive(&self, replica: &str) -> bool {
+    async fn alive(&self, replica: &ReplicaId) -> bool {
         self.store.replica_alive(replica, crate::now_ms()).await.unwrap_or(true)
     }
 }
 
-async fn send(store: &dyn Store, to: &str, envelope: &Envelope) -> Result<bool, tether_store::StoreError> {
+async fn send(store: &dyn Store, to: &ReplicaId, envelope: &Envelope) -> Result<bool, tether_store::StoreError> {
     let body = serde_json::to_vec(envelope)
         .expect("an envelope serializes: every key is a string, every value a `Value` or a primitive");
     store.send_to_replica(to, Bytes::from(body)).await
@@ -246,8 +246,8 @@ pub(super) async fn holder_alive(session: SessionHandle) -> bool {
 
 /// Ends `session`, whose instance was lost with the replica `holder`, once the requests running
 /// here have recorded their outcomes.
-fn end_session(session: SessionHandle, holder: &str) {
-    tracing::warn!(session = session.id(), holder, "the replica holding the session's upstream is gone");
+fn end_session(session: SessionHandle, holder: &ReplicaId) {
+    tracing::warn!(session = session.id(), %holder, "the replica holding the session's upstream is gone");
     tokio::spawn(async move { session.end(SessionEnd::UpstreamLost, ABORT_GRACE).await });
 }
 
@@ -291,10 +291,9 @@ async fn listen(upstream: Weak<Upstream>, mut messages: broadcast::Receiver<Repl
 }
 
 impl Relay {
-    fn received(&self, upstream: &Arc<Upstream>, from: String, envelope: Envelope) {
+    fn received(&self, upstream: &Arc<Upstream>, from: ReplicaId, envelope: Envelope) {
         match envelope {
             Envelope::Call { call, session, epoch, stream, method, params, progress_token } => {
-                let Ok(stream) = StreamName::parse(&stream) else { return };
                 let serving = upstream.serving(&session, &epoch);
                 self.serve(upstream, serving, (from, call), (stream, progress_token), method, params);
             }
@@ -337,7 +336,7 @@ impl Relay {
         &self,
         upstream: &Arc<Upstream>,
         session: Option<SessionHandle>,
-        (from, call): (String, u64),
+        (from, call): (ReplicaId, u64),
         (stream, progress_token): (StreamName, Option<Value>),
         method: String,
         params: Value,
@@ -378,7 +377,7 @@ impl Relay {
     }
 
     /// Sends `envelope` to `to`, in the background.
-    fn reply(&self, to: String, envelope: Envelope) {
+    fn reply(&self, to: ReplicaId, envelope: Envelope) {
         let store = Arc::clone(&self.store);
         tokio::spawn(async move {
             if let Err(err) = send(store.as_ref(), &to, &envelope).await {

@@ -26,8 +26,8 @@ use crate::record::{
     StoredEvent, StreamPage,
 };
 use crate::{
-    CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, ReplicaMessage, RequestKey, SessionStore,
-    StoreError, StoreFuture, StoredTask, TaskLimits, TaskStore,
+    CounterStore, EventLog, HeadWatch, KeyRecords, Relay, RelayedAnswer, ReplicaId, ReplicaMessage, RequestKey,
+    SessionStore, StoreError, StoreFuture, StoredTask, TaskLimits, TaskStore,
 };
 use tether_core::idempotency::Acknowledged;
 use tether_core::tasks::{TaskChange, TaskRecord};
@@ -622,8 +622,9 @@ async fn listen(client: redis::Client, mut pubsub: redis::aio::PubSub, to: Liste
             if message.get_channel_name() == mine {
                 let payload = message.get_payload_bytes();
                 let mut parts = payload.splitn(2, |b| *b == SEP as u8);
-                if let (Some(from), Some(body)) = (parts.next(), parts.next()) {
-                    let from = String::from_utf8_lossy(from).into_owned();
+                if let (Some(from), Some(body)) = (parts.next(), parts.next())
+                    && let Ok(from) = ReplicaId::parse(&String::from_utf8_lossy(from))
+                {
                     let _ = replica_messages.send(ReplicaMessage { from, body: Bytes::copy_from_slice(body) });
                 }
                 continue;
@@ -682,9 +683,10 @@ impl RedisStore {
     pub async fn open(
         url: &str,
         retention: Retention,
-        owner: &str,
+        owner: &ReplicaId,
         durability: RedisDurability,
     ) -> Result<RedisStore, StoreError> {
+        let owner = owner.as_str();
         let client = redis::Client::open(url).map_err(backend)?;
         let config =
             redis::aio::ConnectionManagerConfig::new().set_response_timeout(Some(durability.response_timeout()));
@@ -1716,21 +1718,22 @@ impl Relay for RedisStore {
         Some(self.announcements.subscribe())
     }
 
-    fn session_replica(&self, session: &SessionId) -> StoreFuture<'_, Option<String>> {
+    fn session_replica(&self, session: &SessionId) -> StoreFuture<'_, Option<ReplicaId>> {
         let key = meta(session.as_str());
         Box::pin(async move {
             let replica: Option<String> = self.conn().hget(key, "replica").await.map_err(backend)?;
-            Ok(replica.filter(|replica| !replica.is_empty()))
+            // A record without a replica (or with a name no replica could have) has no holder.
+            Ok(replica.and_then(|replica| ReplicaId::parse(&replica).ok()))
         })
     }
 
-    fn replica_alive(&self, replica: &str, now_ms: u64) -> StoreFuture<'_, bool> {
-        let replica = replica.to_owned();
+    fn replica_alive(&self, replica: &ReplicaId, now_ms: u64) -> StoreFuture<'_, bool> {
+        let replica = replica.as_str().to_owned();
         Box::pin(async move { self.owner_alive(&mut self.conn(), &replica, now_ms).await })
     }
 
-    fn send_to_replica(&self, to: &str, body: Bytes) -> StoreFuture<'_, bool> {
-        let channel = replica_channel(to);
+    fn send_to_replica(&self, to: &ReplicaId, body: Bytes) -> StoreFuture<'_, bool> {
+        let channel = replica_channel(to.as_str());
         Box::pin(async move {
             let mut payload = format!("{}{SEP}", self.owner).into_bytes();
             payload.extend_from_slice(&body);
