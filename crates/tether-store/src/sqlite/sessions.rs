@@ -1,0 +1,248 @@
+//! Sessions in the embedded store ([`SessionStore`]).
+
+use super::*;
+
+pub(super) fn live_epoch(txn: &Connection, session: &str) -> Result<Option<String>, StoreError> {
+    query_row(txn, "SELECT epoch FROM sessions WHERE id = ?1 AND ended IS NULL", [session], |r| r.get(0))
+        .optional()
+        .map_err(backend)
+}
+
+pub(super) fn check_live(txn: &Connection, session: &str, epoch: &str) -> Result<(), StoreError> {
+    match live_epoch(txn, session)? {
+        Some(current) if current == epoch => Ok(()),
+        _ => Err(StoreError::SessionGone),
+    }
+}
+
+impl SessionStore for SqliteStore {
+    fn create_session(&self, record: SessionRecord, max_live: usize) -> StoreFuture<'_, ()> {
+        let created = record.clone();
+        let then = move |mirror: &Mirror, (): &()| {
+            let id = created.id.clone();
+            mirror.set_session(id.as_str(), SessionStatus::Live(created));
+        };
+        self.run_with(move |txn| {
+            let live: i64 =
+                query_row(txn, "SELECT CAST(value AS INTEGER) FROM meta WHERE name = 'live_sessions'", [], |r| r.get(0))
+                    .map_err(backend)?;
+            if as_u64(live) >= u64::try_from(max_live).unwrap_or(u64::MAX) {
+                return Err(StoreError::TooManySessions);
+            }
+            let client = record.client.to_string();
+            let inserted = execute(txn,
+                    "INSERT OR IGNORE INTO sessions (id, epoch, principal, protocol_version, client, idle_ttl_ms, expires_at_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    params![
+                        record.id.as_str(),
+                        record.epoch.as_str(),
+                        record.principal,
+                        record.protocol_version.as_str(),
+                        client,
+                        as_i64(record.idle_ttl_ms),
+                        as_i64(record.expires_at_ms)
+                    ],
+                )
+                .map_err(backend)?;
+            if inserted == 0 { Err(StoreError::DuplicateSession) } else { Ok(()) }
+        }, then)
+    }
+
+    fn session(&self, id: &SessionId, _now_ms: u64) -> StoreFuture<'_, SessionStatus> {
+        if let Some(status) = self.mirror.session(id.as_str()) {
+            return Box::pin(std::future::ready(Ok(status)));
+        }
+        let generation = self.mirror.session_generation();
+        let (key, id) = (id.as_str().to_owned(), id.clone());
+        let read = self.query(move |txn| {
+            let row = query_row(txn,
+                    "SELECT epoch, principal, protocol_version, client, idle_ttl_ms, expires_at_ms, ended FROM sessions WHERE id = ?1",
+                    [id.as_str()],
+                    |r| {
+                        Ok((
+                            r.get::<_, String>(0)?,
+                            r.get::<_, Option<String>>(1)?,
+                            r.get::<_, String>(2)?,
+                            r.get::<_, String>(3)?,
+                            r.get::<_, i64>(4)?,
+                            r.get::<_, i64>(5)?,
+                            r.get::<_, Option<i64>>(6)?,
+                        ))
+                    },
+                )
+                .optional()
+                .map_err(backend)?;
+            let Some((epoch, principal, version, client, ttl, expires, ended)) = row else {
+                return Ok(SessionStatus::Unknown);
+            };
+            Ok(match ended {
+                Some(TERMINATED) => SessionStatus::Ended(SessionEnd::Terminated),
+                Some(UPSTREAM_LOST) => SessionStatus::Ended(SessionEnd::UpstreamLost),
+                Some(HISTORY_REWRITTEN) => SessionStatus::Ended(SessionEnd::HistoryRewritten),
+                Some(_) => SessionStatus::Ended(SessionEnd::Expired),
+                None => SessionStatus::Live(SessionRecord {
+                    id,
+                    epoch: Epoch::parse(&epoch).map_err(backend)?,
+                    principal,
+                    protocol_version: version.parse::<ProtocolVersion>().map_err(backend)?,
+                    client: Arc::new(serde_json::from_str(&client).map_err(backend)?),
+                    idle_ttl_ms: as_u64(ttl),
+                    expires_at_ms: as_u64(expires),
+                }),
+            })
+        });
+        Box::pin(async move {
+            let status = read.await?;
+            // Unknown ids are not kept: anyone can make up as many as they like.
+            if status != SessionStatus::Unknown {
+                self.mirror.offer_session(&key, &status, generation);
+            }
+            Ok(status)
+        })
+    }
+
+    fn touch_session(&self, id: &SessionId, epoch: &Epoch, now_ms: u64) -> StoreFuture<'_, ()> {
+        let (id, epoch) = (id.as_str().to_owned(), epoch.to_string());
+        let renewed_id = id.clone();
+        let then = move |mirror: &Mirror, (): &()| mirror.touched(&renewed_id, now_ms);
+        self.run_with(
+            move |txn| {
+                let renewed = execute(
+                    txn,
+                    "UPDATE sessions SET expires_at_ms = ?3 + idle_ttl_ms \
+                     WHERE id = ?1 AND epoch = ?2 AND ended IS NULL AND expires_at_ms > ?3",
+                    params![id, epoch, as_i64(now_ms)],
+                )
+                .map_err(backend)?;
+                if renewed == 0 { Err(StoreError::SessionGone) } else { Ok(()) }
+            },
+            then,
+        )
+    }
+
+    fn end_session(&self, id: &SessionId, epoch: &Epoch, end: SessionEnd) -> StoreFuture<'_, ()> {
+        let (session, epoch) = (id.as_str().to_owned(), epoch.to_string());
+        let code = match end {
+            SessionEnd::Terminated => TERMINATED,
+            SessionEnd::Expired => EXPIRED,
+            SessionEnd::UpstreamLost => UPSTREAM_LOST,
+            SessionEnd::HistoryRewritten => HISTORY_REWRITTEN,
+        };
+        let id_ = id.as_str().to_owned();
+        let then = move |mirror: &Mirror, (): &()| {
+            mirror.set_session(&id_, SessionStatus::Ended(end));
+            mirror.forget_streams_of(&id_);
+        };
+        let ended = self.run_with(
+            move |txn| {
+                check_live(txn, &session, &epoch)?;
+                execute(txn, "UPDATE sessions SET ended = ?2 WHERE id = ?1", params![session, code])
+                    .map_err(backend)?;
+                for table in ["events", "streams", "tombstones", "requests"] {
+                    execute(txn, &format!("DELETE FROM {table} WHERE session = ?1"), [&session]).map_err(backend)?;
+                }
+                Ok(())
+            },
+            then,
+        );
+        let session = id.as_str().to_owned();
+        Box::pin(async move {
+            ended.await?;
+            self.heads.forget_session(&session);
+            Ok(())
+        })
+    }
+
+    fn set_standalone_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
+        let (session, epoch, stream) = (session.as_str().to_owned(), epoch.to_string(), stream.to_string());
+        self.run(move |txn| {
+            check_live(txn, &session, &epoch)?;
+            execute(txn, "UPDATE sessions SET standalone = ?2 WHERE id = ?1", params![session, stream])
+                .map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn standalone_stream(&self, session: &SessionId) -> StoreFuture<'_, Option<StreamName>> {
+        let session = session.as_str().to_owned();
+        self.query(move |txn| {
+            let name: Option<Option<String>> =
+                query_row(txn, "SELECT standalone FROM sessions WHERE id = ?1 AND ended IS NULL", [session], |r| {
+                    r.get(0)
+                })
+                .optional()
+                .map_err(backend)?;
+            name.flatten().map(|n| StreamName::parse(&n).map_err(backend)).transpose()
+        })
+    }
+
+    fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<SessionId>> {
+        let retention = self.retention;
+        let swept = self.run_with(move |txn| {
+            let now = as_i64(now_ms);
+            let mut expired = txn
+                .prepare("UPDATE sessions SET ended = 2, ended_at_ms = ?1 WHERE ended IS NULL AND expires_at_ms <= ?1 RETURNING id")
+                .map_err(backend)?;
+            let expired: Vec<String> =
+                expired.query_map([now], |r| r.get(0)).map_err(backend)?.collect::<Result<_, _>>().map_err(backend)?;
+            for id in &expired {
+                for table in ["events", "streams", "tombstones", "requests"] {
+                    execute(txn, &format!("DELETE FROM {table} WHERE session = ?1"), [id]).map_err(backend)?;
+                }
+            }
+            execute(txn, "UPDATE sessions SET ended_at_ms = ?1 WHERE ended IS NOT NULL AND ended_at_ms IS NULL", [now])
+                .map_err(backend)?;
+            let tombstones = execute(txn, "DELETE FROM sessions WHERE ended IS NOT NULL AND ended_at_ms <= ?1", [now - as_i64(retention.tombstone_ms)])
+                .map_err(backend)?;
+            execute(txn, "UPDATE streams SET ended_at_ms = ?1 WHERE state != 0 AND ended_at_ms IS NULL", [now]).map_err(backend)?;
+            execute(txn, "INSERT INTO meta (name, value) VALUES ('swept_at', ?1) ON CONFLICT (name) DO UPDATE SET value = excluded.value", [now.to_string()]).map_err(backend)?;
+            let cutoff = now - as_i64(retention.ended_stream_ms);
+            drop_events_where(txn, "state != 0 AND ended_at_ms <= ?1", [cutoff])?;
+            let dropped = bury(txn, "state != 0 AND ended_at_ms <= ?1", [cutoff])?;
+            let mut freed: HashMap<&str, i64> = HashMap::new();
+            for (session, _, bytes) in &dropped {
+                *freed.entry(session).or_default() += bytes;
+            }
+            for (session, bytes) in freed {
+                add_session_bytes(txn, session, -bytes)?;
+            }
+            let deleted: Vec<(String, String)> = dropped.into_iter().map(|(session, stream, _)| (session, stream)).collect();
+            forget_keys(txn, now, &retention)?;
+            execute(txn, "DELETE FROM tasks WHERE forget_at_ms <= ?1", [now]).map_err(backend)?;
+            // Past the bound, the finished tasks due first.
+            execute(
+                txn,
+                "DELETE FROM tasks WHERE id IN (SELECT id FROM tasks WHERE forget_at_ms IS NOT NULL \
+                 ORDER BY forget_at_ms DESC LIMIT -1 OFFSET ?1)",
+                [as_i64(u64::try_from(retention.max_finished_tasks).unwrap_or(u64::MAX))],
+            )
+            .map_err(backend)?;
+            Ok((expired, deleted, tombstones > 0))
+        }, |mirror: &Mirror, (expired, deleted, tombstones): &(Vec<String>, Vec<(String, String)>, bool)| {
+            for id in expired {
+                mirror.forget_session(id);
+            }
+            for (session, stream) in deleted {
+                mirror.forget_stream(session, stream);
+            }
+            if *tombstones {
+                // Tombstones past their time are gone from the table.
+                mirror.forget_ended_sessions();
+            }
+        });
+        Box::pin(async move {
+            let (expired, ..) = swept.await?;
+            for id in &expired {
+                self.heads.forget_session(id);
+            }
+            // Watches of streams that retention dropped end with the stream.
+            for (session, stream) in self.heads.followed() {
+                let Ok(id) = SessionId::parse(&session) else { continue };
+                if matches!(self.stream_range(&id, &stream).await, Ok(None)) {
+                    self.heads.forget(&session, &stream);
+                }
+            }
+            expired.iter().map(|id| SessionId::parse(id).map_err(backend)).collect()
+        })
+    }
+}
