@@ -178,21 +178,45 @@ async fn watch_cancel(
     store: Arc<dyn Store>,
     id: String,
     cancel: CancellationToken,
-    mut changed: watch::Receiver<u64>,
+    changed: watch::Receiver<u64>,
     every: std::time::Duration,
 ) {
-    loop {
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            _ = changed.changed() => {}
-            () = tokio::time::sleep(every) => {}
-        }
+    let mut wait = StoreWait::new(changed, every, cancel.clone().cancelled_owned());
+    while wait.next().await {
         if let Ok(Some(task)) = store.task(&id, now_ms()).await
             && task.record.task.status.is_final()
         {
             cancel.cancel();
             return;
         }
+    }
+}
+
+/// The wait of a loop that looks at the store until it says what the loop waits for: the next
+/// look comes when a change is announced (by this process, or relayed from another replica), or
+/// after `every` in case an announcement was lost, unless `stop` came first.
+struct StoreWait<S> {
+    changed: watch::Receiver<u64>,
+    every: std::time::Duration,
+    stop: std::pin::Pin<Box<S>>,
+}
+
+impl<S: Future<Output = ()>> StoreWait<S> {
+    fn new(mut changed: watch::Receiver<u64>, every: std::time::Duration, stop: S) -> StoreWait<S> {
+        changed.mark_unchanged();
+        StoreWait { changed, every, stop: Box::pin(stop) }
+    }
+
+    /// Waits for the next look: `false` once `stop` came. A change announced during the look
+    /// that follows wakes the wait after it.
+    async fn next(&mut self) -> bool {
+        tokio::select! {
+            _ = self.changed.changed() => {}
+            () = tokio::time::sleep(self.every) => {}
+            () = &mut self.stop => return false,
+        }
+        self.changed.mark_unchanged();
+        true
     }
 }
 
@@ -215,9 +239,8 @@ pub(crate) async fn ask(ctx: &Context, id: &str, result: &Value) -> Result<Input
 
 /// Waits until every input request of task `id` is answered: the answers and the state.
 async fn answers(ctx: &Context, id: &str) -> Result<Input, ErrorObject> {
-    let (mut changed, every) = (ctx.task_runners().watch(id), ctx.task_poll_interval());
+    let mut wait = StoreWait::new(ctx.task_runners().watch(id), ctx.task_poll_interval(), ctx.cancelled());
     loop {
-        changed.mark_unchanged();
         let task = ctx.store().task(id, now_ms()).await.map_err(store_failed)?;
         let Some(StoredTask { record, .. }) = task else { return Err(idempotency::cancelled()) };
         match record.task.status {
@@ -227,10 +250,8 @@ async fn answers(ctx: &Context, id: &str) -> Result<Input, ErrorObject> {
             TaskStatus::InputRequired => {}
             _ => return Err(idempotency::cancelled()),
         }
-        tokio::select! {
-            _ = changed.changed() => {}
-            () = tokio::time::sleep(every) => {}
-            () = ctx.cancelled() => return Err(idempotency::cancelled()),
+        if !wait.next().await {
+            return Err(idempotency::cancelled());
         }
     }
 }
@@ -351,44 +372,41 @@ async fn send_events(
     shared: &ServerState,
     id: &str,
     (mut cursor, request_id): (Option<u64>, &RequestId),
-    mut changes: watch::Receiver<u64>,
+    changes: watch::Receiver<u64>,
     tx: &mpsc::Sender<(Bytes, bool)>,
     closed: &CancellationToken,
 ) {
+    let mut wait = StoreWait::new(changes, shared.config.task_poll_interval, closed.cancelled());
     loop {
-        {
-            let current = match shared.store.task(id, now_ms()).await {
-                Ok(Some(task)) => task.record,
-                // Forgotten (its ttl passed) or unreadable: nothing more to send.
-                Ok(None) | Err(_) => return,
-            };
-            let events: Vec<Bytes> = match current.events_after(cursor) {
-                Ok(events) => events
-                    .map(|event| {
-                        cursor = Some(event.seq);
-                        notification(tasks::method::EVENT, event.params(id))
-                    })
-                    .collect(),
-                Err(refusal) => {
-                    let error = refused(id, refusal);
-                    let _ = tx.send((response(shared, request_id, Err(error)), true)).await;
-                    return;
-                }
-            };
-            for event in events {
-                if tx.send((event, false)).await.is_err() {
-                    return;
-                }
-            }
-            if current.task.status.is_final() {
-                let _ = tx.send((response(shared, request_id, Ok(json!({"resultType": "complete"}))), true)).await;
+        let current = match shared.store.task(id, now_ms()).await {
+            Ok(Some(task)) => task.record,
+            // Forgotten (its ttl passed) or unreadable: nothing more to send.
+            Ok(None) | Err(_) => return,
+        };
+        let events: Vec<Bytes> = match current.events_after(cursor) {
+            Ok(events) => events
+                .map(|event| {
+                    cursor = Some(event.seq);
+                    notification(tasks::method::EVENT, event.params(id))
+                })
+                .collect(),
+            Err(refusal) => {
+                let error = refused(id, refusal);
+                let _ = tx.send((response(shared, request_id, Err(error)), true)).await;
                 return;
             }
-            tokio::select! {
-                _ = changes.changed() => {}
-                () = tokio::time::sleep(shared.config.task_poll_interval) => {}
-                () = closed.cancelled() => return,
+        };
+        for event in events {
+            if tx.send((event, false)).await.is_err() {
+                return;
             }
+        }
+        if current.task.status.is_final() {
+            let _ = tx.send((response(shared, request_id, Ok(json!({"resultType": "complete"}))), true)).await;
+            return;
+        }
+        if !wait.next().await {
+            return;
         }
     }
 }
