@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use tether_examples::rmcp_counter::{Counter, Stats};
+use tether_gateway::rmcp::RmcpHandler;
 use tether_server::Builder;
-use tether_server::rmcp::RmcpHandler;
 use tether_store::{Retention, SqliteStore};
 
 #[tokio::main]

@@ -22,7 +22,7 @@ use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
 use tether_client::rmcp::TetherTransport;
 use tether_client::{Backoff, ClientConfig, ClientEvent, ResumeVerdict};
 use tether_examples::rmcp_counter::{Counter, Stats};
-use tether_server::rmcp::RmcpHandler;
+use tether_gateway::rmcp::RmcpHandler;
 use tether_server::{Builder, ServerConfig};
 use tether_store::{Retention, SqliteStore};
 use tether_testkit::proxy;

@@ -84,7 +84,7 @@ pub async fn bridge(
     let (mut link, mut from_server, mut events) = MessageLink::new(config);
     // Bounded: an application that stops reading stdout holds the server's messages back, not
     // the bridge's memory.
-    let (to_client, to_client_rx) = mpsc::channel::<Message>(tether_server::upstream::LINK_QUEUE);
+    let (to_client, to_client_rx) = mpsc::channel::<Message>(crate::upstream::LINK_QUEUE);
     let writer = tokio::spawn(write_messages(to_client_rx, output));
     let (lines_tx, mut lines) = mpsc::channel::<Vec<u8>>(64);
     tokio::spawn(read_lines(input, lines_tx));

@@ -6,10 +6,10 @@
 //! stops, the downstream session ends as `upstream_lost` and its running requests with
 //! `request_aborted`.
 
+use crate::upstream::{Connect, FromUpstream, LINK_QUEUE, Link};
 use futures_util::future::BoxFuture;
 use tether_client::link::{FromServer, MessageLink};
 use tether_client::{ClientConfig, ClientEvent, DivergenceReason};
-use tether_server::upstream::{Connect, FromUpstream, LINK_QUEUE, Link};
 use tokio::sync::mpsc;
 
 use crate::Tasks;

@@ -1,5 +1,6 @@
-//! tether's guarantees for MCP servers written in any language: the upstreams
-//! [`tether_server::upstream::UpstreamHandler`] serves over tether's transport.
+//! tether's guarantees for MCP servers written in any language: [`upstream::UpstreamHandler`]
+//! serves an upstream MCP server over tether's transport, its requests relayed between replicas
+//! by [`tether_server::relay`].
 //!
 //! - [`stdio::Command`] starts a stdio MCP server as a child process per instance: one child per
 //!   downstream session (and per 2026-07-28 request), its stderr logged, killed when the session
@@ -8,13 +9,18 @@
 //! - [`http::Remote`] reaches a Streamable HTTP server through tether's client, one upstream
 //!   session per instance, every reconnect proven.
 //!
+//! - With feature `rmcp`, [`rmcp`] hosts an rmcp `ServerHandler` in the same process.
+//!
 //! And the other way round, [`connect::bridge`] gives a stdio MCP client (a desktop
 //! application) tether's client in front of a Streamable HTTP server.
 
 pub mod connect;
 pub mod http;
 mod lines;
+#[cfg(feature = "rmcp")]
+pub mod rmcp;
 pub mod stdio;
+pub mod upstream;
 
 pub use lines::MAX_LINE_BYTES;
 

@@ -3,9 +3,9 @@
 
 use std::process::Stdio;
 
+use crate::upstream::{Connect, FromUpstream, LINK_QUEUE, Link};
 use futures_util::future::BoxFuture;
 use tether_core::jsonrpc;
-use tether_server::upstream::{Connect, FromUpstream, LINK_QUEUE, Link};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Child;
 use tokio::sync::mpsc;

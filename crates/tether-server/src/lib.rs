@@ -27,15 +27,13 @@ mod ids;
 mod listen;
 mod reader;
 mod refusal;
+pub mod relay;
 mod request;
-#[cfg(feature = "rmcp")]
-pub mod rmcp;
 mod server;
 mod session;
 mod tasks;
 mod telemetry;
 pub mod tools;
-pub mod upstream;
 
 use tether_core::mcp::ProtocolVersion;
 
@@ -43,6 +41,7 @@ pub use auth::{Authenticator, BearerToken, TokensError};
 pub use config::{ServerConfig, parse_duration};
 pub use connection::{ConnectionLimits, serve, serve_connection};
 pub use handler::{AdoptFuture, Handler, HandlerFuture, ServerInfo};
+pub use refusal::Refusal;
 pub use request::context::{Context, ContextError, SessionHandle};
 pub use request::input::InputRequired;
 pub use server::{Builder, Server};

@@ -18,30 +18,52 @@ use tether_store::StoreError;
 /// errors in docs/PROTOCOL.md is tested against this list. (What a handler answers is the
 /// handler's.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
+pub enum Refusal {
+    /// The body is not JSON.
     ParseError,
+    /// The body is not a valid JSON-RPC message.
     InvalidMessage,
+    /// A batch outside a 2025-03-26 session.
     BatchNotAllowed,
+    /// `initialize` inside a batch.
     InitializeInBatch,
+    /// A request of a session without `Mcp-Session-Id`.
     MissingSessionId,
+    /// The session cannot be used, and why (404).
     SessionInvalid(InvalidReason),
+    /// A `Last-Event-ID` that is not an event id of this server.
     MalformedCursor,
+    /// An `MCP-Protocol-Version` this server does not speak.
     UnsupportedProtocolVersion,
+    /// `Accept` lacks a type the response needs.
     NotAcceptable,
+    /// `Content-Type` is not JSON.
     UnsupportedMediaType,
+    /// The body is over the configured size.
     BodyTooLarge,
+    /// The body took longer than the body timeout to arrive.
     BodyTimeout,
+    /// The client broke the body off.
     BodyUnreadable,
+    /// An `Origin` the server does not allow.
     OriginNotAllowed,
+    /// A `Host` other than loopback while the server is bound to loopback.
     HostNotAllowed,
+    /// Missing or wrong credentials.
     Unauthorized,
+    /// As many sessions as allowed are live.
     TooManySessions,
+    /// As many connections as allowed are open.
     TooManyConnections,
+    /// A session has as many open streams and running requests as allowed.
     TooManyStreams,
     /// As many tasks as allowed run already, in all or of the principal.
     TooManyTasks,
+    /// A second plain GET while the standalone stream is attached.
     GetStreamAttached,
+    /// The store failed (logged).
     StoreUnavailable,
+    /// A response sent in 2026-07-28, which has no server requests.
     ResponseNotAllowed,
     /// 2026-07-28: a request without a required `_meta` field.
     MissingMeta,
@@ -307,7 +329,7 @@ impl Refusal {
     /// The HTTP status of a 2026-07-28 response whose outcome is `outcome`: 200 for a result;
     /// for an error, 404 for an unknown method, 400 for a missing capability, a catalogue
     /// error's own status, and 200 for any other (a handler's).
-    pub fn stateless_status(outcome: &Result<Value, ErrorObject>) -> StatusCode {
+    pub(crate) fn stateless_status(outcome: &Result<Value, ErrorObject>) -> StatusCode {
         let Err(error) = outcome else { return StatusCode::OK };
         match error.code {
             code::METHOD_NOT_FOUND => StatusCode::NOT_FOUND,
@@ -384,7 +406,7 @@ impl Refusal {
     }
 
     /// The refusal, saying `message`.
-    pub fn with(self, message: impl Into<String>) -> Rejection {
+    pub(crate) fn with(self, message: impl Into<String>) -> Rejection {
         Rejection::new(self, message)
     }
 

@@ -23,12 +23,6 @@ pub(crate) fn session_ended_by_server(why: tether_store::SessionEnd) {
     metrics::counter!("tether_sessions_ended_by_server_total", "reason" => reason).increment(1);
 }
 
-/// An upstream instance (a gateway's child process or upstream session, an rmcp service)
-/// started (`1`) or stopped (`-1`).
-pub(crate) fn upstream_instances(delta: f64) {
-    metrics::gauge!("tether_upstream_instances").increment(delta);
-}
-
 /// Sessions expired by a sweep.
 pub(crate) fn sessions_expired(count: usize) {
     metrics::counter!("tether_sessions_expired_total").increment(count as u64);
@@ -95,11 +89,6 @@ pub(crate) fn connections_open(delta: f64) {
 pub(crate) fn task_refused(principal: bool) {
     let cap = if principal { "per_principal" } else { "total" };
     metrics::counter!("tether_tasks_refused_total", "cap" => cap).increment(1);
-}
-
-/// A client's notification to an upstream that is not reading was dropped.
-pub(crate) fn upstream_notification_dropped() {
-    metrics::counter!("tether_upstream_notifications_dropped_total").increment(1);
 }
 
 /// A connection over `max_connections` was refused.

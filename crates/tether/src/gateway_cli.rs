@@ -3,8 +3,8 @@
 use anyhow::Context as _;
 use clap::Args;
 use tether_client::ClientConfig;
+use tether_gateway::upstream::{Connect, UpstreamHandler};
 use tether_gateway::{http, stdio};
-use tether_server::upstream::{Connect, UpstreamHandler};
 
 use crate::client_cli::PolicyArg;
 use crate::serve::{self, Answering, ServeArgs};

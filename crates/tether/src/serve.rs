@@ -212,7 +212,7 @@ pub enum Answering {
     /// The built-in tools.
     Builtin,
     /// An upstream server (`tether gateway`).
-    Upstream(tether_server::upstream::UpstreamHandler),
+    Upstream(tether_gateway::upstream::UpstreamHandler),
 }
 
 pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {

@@ -172,6 +172,11 @@ impl SessionHandle {
         self.runtime.id.as_str()
     }
 
+    /// The session's incarnation: another incarnation under the same id is another session.
+    pub fn epoch(&self) -> &tether_core::lineage::Epoch {
+        &self.runtime.epoch
+    }
+
     /// What this process keeps of the session.
     pub(crate) fn runtime(&self) -> &Arc<SessionRuntime> {
         &self.runtime
@@ -319,7 +324,8 @@ impl Context {
         self.shared.meta.progress_token.is_some()
     }
 
-    pub(crate) fn progress_token(&self) -> Option<&Value> {
+    /// The request's `_meta.progressToken`, if it has one.
+    pub fn progress_token(&self) -> Option<&Value> {
         self.shared.meta.progress_token.as_ref()
     }
 

@@ -11,9 +11,10 @@ use tether_core::mcp::method;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::{FromUpstream, INITIALIZE_TIMEOUT, Link, aborted, cancelled, lock, lost, unavailable};
-use crate::refusal::Refusal;
-use crate::request::context::{Context, SessionHandle};
+use tether_server::relay::{aborted, cancelled, lost, unavailable};
+use tether_server::{Context, ContextError, Refusal, SessionHandle};
+
+use super::{FromUpstream, INITIALIZE_TIMEOUT, Link, lock};
 
 /// A request of tether's that the upstream is running.
 struct Call {
@@ -77,7 +78,7 @@ impl Peer {
 
         let (stop, gone) = (CancellationToken::new(), CancellationToken::new());
         let router = Router { to_upstream: to_upstream.clone(), calls: Calls::default(), session, describe };
-        crate::telemetry::upstream_instances(1.0);
+        metrics::gauge!("tether_upstream_instances").increment(1.0);
         let peer = Peer {
             to_upstream,
             calls: Arc::clone(&router.calls),
@@ -112,7 +113,7 @@ impl Peer {
     pub(super) fn notify(&self, notification: Notification) {
         let sent = self.to_upstream.try_send(Message::Notification(notification));
         if let Err(mpsc::error::TrySendError::Full(_)) = sent {
-            crate::telemetry::upstream_notification_dropped();
+            metrics::counter!("tether_upstream_notifications_dropped_total").increment(1);
             tracing::warn!(upstream = %self.describe, "the upstream is not reading: a notification to it was dropped");
         }
     }
@@ -146,7 +147,7 @@ impl Peer {
 
 impl Drop for Peer {
     fn drop(&mut self) {
-        crate::telemetry::upstream_instances(-1.0);
+        metrics::gauge!("tether_upstream_instances").decrement(1.0);
     }
 }
 
@@ -233,7 +234,7 @@ impl Router {
             let outcome = match ctx {
                 Some(ctx) => {
                     ctx.request(&request.method, request.params.unwrap_or(Value::Null)).await.map_err(|err| match err {
-                        crate::ContextError::Client { code, message } => ErrorObject { code, message, data: None },
+                        ContextError::Client { code, message } => ErrorObject { code, message, data: None },
                         err => Refusal::ClientRequestFailed.error(err.to_string()),
                     })
                 }

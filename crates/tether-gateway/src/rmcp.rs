@@ -14,7 +14,7 @@
 //! # #[derive(Clone, Default)] struct MyServer;
 //! # impl rmcp::ServerHandler for MyServer {}
 //! # async fn run() -> std::io::Result<()> {
-//! let server = tether_server::Builder::new(tether_server::rmcp::RmcpHandler::new(MyServer::default)).build();
+//! let server = tether_server::Builder::new(tether_gateway::rmcp::RmcpHandler::new(MyServer::default)).build();
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8808").await?;
 //! tether_server::serve(listener, server.router("/mcp"), tether_server::ConnectionLimits::default()).await
 //! # }
@@ -31,8 +31,8 @@ use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, Message, RequestId};
 use tokio::sync::mpsc;
 
-use crate::handler::{AdoptFuture, Handler, HandlerFuture, ServerInfo};
-use crate::request::context::{Context, SessionHandle};
+use tether_server::{AdoptFuture, Context, Handler, HandlerFuture, ServerInfo, SessionHandle};
+
 use crate::upstream::{Connect, FromUpstream, LINK_QUEUE, Link, UpstreamHandler};
 
 /// A tether [`Handler`] that hands every request to an rmcp [`ServerHandler`].

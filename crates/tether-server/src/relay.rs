@@ -1,16 +1,16 @@
-//! Requests between replicas sharing a store (Redis). A session's upstream instance lives in the
-//! replica that began the session; a request naming it that reaches another replica is sent to
-//! that one ([`Relay::call`]), which runs it on the instance with a context writing to the
-//! request's stream in the store ([`Context::relayed`]). So whatever the instance sends while the
-//! request runs (progress, notifications, requests to the client) reaches the client through
-//! the replica it reads from, as any output does; the client's answers reach the instance as
-//! answers are relayed between replicas anyway; the outcome comes back here, and this replica
-//! answers the request.
+//! Requests between replicas sharing a store (Redis), for a handler whose state of a session
+//! lives only in the process that began the session (a [`Holder`]: a gateway's upstream
+//! instance). A request naming the session that reaches another replica is sent to that one
+//! ([`Relay::call`]), which runs it on the state it holds ([`Holder::run`]) with a context
+//! writing to the request's stream in the store. So whatever the state sends while the request
+//! runs (progress, notifications, requests to the client) reaches the client through the replica
+//! it reads from, as any output does; the client's answers reach it as answers are relayed
+//! between replicas anyway; the outcome comes back here, and this replica answers the request.
 //!
 //! The store delivers messages between replicas at most once, so a replica waiting on an
 //! outcome probes for it: a call the holder does not know (lost on the way, or finished and its
-//! outcome lost) ends as `request_aborted`. A holder whose heartbeat lapsed is gone, with its
-//! instance: its calls end as `request_aborted` and its session as `upstream_lost`.
+//! outcome lost) ends as `request_aborted`. A holder whose heartbeat lapsed is gone, with what
+//! it held: its calls end as `request_aborted` and its session as `upstream_lost`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,8 +25,64 @@ use tether_store::{ReplicaId, ReplicaMessage, RequestKey, SessionEnd, Store};
 use tokio::sync::{broadcast, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::{ABORT_GRACE, Upstream, aborted, cancelled, lock, lost, unavailable};
+use futures_util::future::BoxFuture;
+
+use crate::refusal::Refusal;
 use crate::request::context::{Context, SessionHandle};
+
+/// How long a session's running requests get to record their outcome once what held its state
+/// is gone.
+pub const ABORT_GRACE: Duration = Duration::from_secs(2);
+
+/// State of sessions that lives only in the process that began them, reached from the other
+/// replicas sharing the store through a [`Relay`].
+pub trait Holder: Send + Sync + 'static {
+    /// Names what is held, in errors and logs (`the upstream server (…)`).
+    fn describe(&self) -> String;
+
+    /// The session this process holds state of, if it is session `id` in incarnation `epoch`.
+    fn holding(&self, id: &SessionId, epoch: &Epoch) -> Option<SessionHandle>;
+
+    /// Runs a call another replica relayed on the state of `session`, its output going to
+    /// `ctx`: the outcome, and whether the state is gone (the session then ends, once the
+    /// replica answering the call has recorded its outcome).
+    fn run(
+        &self,
+        session: SessionHandle,
+        ctx: Context,
+        method: String,
+        params: Value,
+    ) -> BoxFuture<'static, (Result<Value, ErrorObject>, bool)>;
+
+    /// A notification of `session`'s client that another replica received.
+    fn notify(&self, session: SessionHandle, notification: Notification);
+}
+
+/// The state could not be started or reached.
+pub fn unavailable(describe: &str, detail: impl std::fmt::Display) -> ErrorObject {
+    Refusal::UpstreamUnavailable.error(format!("{describe} is unavailable: {detail}"))
+}
+
+/// The state stopped while the request ran: whether it took effect there is unknown.
+pub fn aborted(describe: &str) -> ErrorObject {
+    Refusal::RequestAborted.error(format!("{describe} stopped before answering"))
+}
+
+/// The request was cancelled by its client.
+pub fn cancelled() -> ErrorObject {
+    Refusal::RequestCancelled.error("the request was cancelled")
+}
+
+/// The state had stopped before the request could be sent: it did not run.
+pub fn lost(describe: &str) -> ErrorObject {
+    Refusal::SessionInvalid(tether_core::lineage::InvalidReason::UpstreamLost)
+        .error(format!("{describe} had stopped: the request was not sent; start a new session"))
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Maps of handles only: still consistent after a panic elsewhere.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// How often a replica waiting on a relayed call asks whether it still runs, and checks that
 /// the replica running it is alive.
@@ -91,9 +147,19 @@ impl Drop for Forget<'_> {
     }
 }
 
-/// This process's side of the relay: the calls it sent and waits on, and those it runs for
-/// other replicas.
-pub(super) struct Relay {
+/// This process's side of the relay of one [`Holder`]: the calls it sent and waits on, and
+/// those it runs for other replicas. What other replicas send this process (the store's owner
+/// name) is taken to be this relay's: one relay per store.
+pub struct Relay(Arc<Shared>);
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay").finish_non_exhaustive()
+    }
+}
+
+struct Shared {
+    holder: Weak<dyn Holder>,
     store: Arc<dyn Store>,
     waiting: Waiting,
     next_call: AtomicU64,
@@ -103,29 +169,54 @@ pub(super) struct Relay {
 }
 
 impl Relay {
-    /// Starts listening to what other replicas send, if `store` is shared by replicas.
-    pub(super) fn start(upstream: &Arc<Upstream>, store: &Arc<dyn Store>) -> Option<Relay> {
+    /// Starts the relay of `holder` on the store `session`'s server uses, listening to what
+    /// other replicas send, if the store is shared by replicas (`None` otherwise).
+    pub fn start(holder: Weak<dyn Holder>, session: &SessionHandle) -> Option<Relay> {
+        let store = &session.server().store;
         let messages = store.replica_messages()?;
         let stop = CancellationToken::new();
-        tokio::spawn(listen(Arc::downgrade(upstream), messages, stop.clone()));
-        Some(Relay {
+        let shared = Arc::new(Shared {
+            holder,
             store: Arc::clone(store),
             waiting: Mutex::default(),
             next_call: AtomicU64::new(1),
             serving: Mutex::default(),
-            _listening: stop.drop_guard(),
-        })
+            _listening: stop.clone().drop_guard(),
+        });
+        tokio::spawn(listen(Arc::downgrade(&shared), messages, stop));
+        Some(Relay(shared))
     }
 
-    /// Runs a request of `session`, whose instance another replica holds, there.
-    pub(super) async fn call(
+    /// Runs a request of `session`, whose state another replica holds, there.
+    pub async fn call(
         &self,
         ctx: Context,
         session: &SessionHandle,
         method: String,
         params: Value,
-        describe: &str,
     ) -> Result<Value, ErrorObject> {
+        self.0.call(ctx, session, method, params).await
+    }
+
+    /// Relays a notification of `session`'s client to the replica holding its state.
+    pub fn notify(&self, session: &SessionHandle, notification: Notification) {
+        self.0.notify(session, notification);
+    }
+}
+
+impl Shared {
+    fn describe(&self) -> String {
+        self.holder.upgrade().map_or_else(|| "the session's state".to_owned(), |holder| holder.describe())
+    }
+
+    async fn call(
+        &self,
+        ctx: Context,
+        session: &SessionHandle,
+        method: String,
+        params: Value,
+    ) -> Result<Value, ErrorObject> {
+        let describe = &self.describe();
         let holder = match self.store.session_replica(&session.runtime().id).await {
             Ok(Some(holder)) => holder,
             Ok(None) => return Err(lost(describe)),
@@ -167,7 +258,7 @@ impl Relay {
             Ok(false) if self.alive(holder).await => {
                 return Err(unavailable(
                     describe,
-                    "the replica holding the session's upstream did not receive the request",
+                    "the replica holding the session's state did not receive the request",
                 ));
             }
             Ok(false) => {
@@ -199,8 +290,7 @@ impl Relay {
         }
     }
 
-    /// Relays a notification of `session`'s client to the replica holding its instance.
-    pub(super) fn notify(&self, session: &SessionHandle, notification: Notification) {
+    fn notify(&self, session: &SessionHandle, notification: Notification) {
         let runtime = session.runtime();
         let (id, epoch) = (runtime.id.clone(), runtime.epoch.clone());
         let Notification { method, params } = notification;
@@ -232,7 +322,7 @@ async fn send(store: &dyn Store, to: &ReplicaId, envelope: &Envelope) -> Result<
 
 /// Whether the replica holding `session`'s instance is alive to serve it (a store that cannot
 /// say now is taken at its word: the request finds out).
-pub(super) async fn holder_alive(session: SessionHandle) -> bool {
+pub async fn holder_alive(session: SessionHandle) -> bool {
     let store = &session.server().store;
     match store.session_replica(&session.runtime().id).await {
         Ok(Some(holder)) => store.replica_alive(&holder, crate::now_ms()).await.unwrap_or(true),
@@ -247,7 +337,7 @@ pub(super) async fn holder_alive(session: SessionHandle) -> bool {
 /// Ends `session`, whose instance was lost with the replica `holder`, once the requests running
 /// here have recorded their outcomes.
 fn end_session(session: SessionHandle, holder: &ReplicaId) {
-    tracing::warn!(session = session.id(), %holder, "the replica holding the session's upstream is gone");
+    tracing::warn!(session = session.id(), %holder, "the replica holding the session's state is gone");
     tokio::spawn(async move { session.end(SessionEnd::UpstreamLost, ABORT_GRACE).await });
 }
 
@@ -265,8 +355,8 @@ async fn recorded(session: &SessionHandle, stream: &StreamName) {
     let _ = tokio::time::timeout(ABORT_GRACE, ended).await;
 }
 
-/// Hands what other replicas send to `upstream` until it is gone.
-async fn listen(upstream: Weak<Upstream>, mut messages: broadcast::Receiver<ReplicaMessage>, stop: CancellationToken) {
+/// Hands what other replicas send to the relay until it is gone.
+async fn listen(relay: Weak<Shared>, mut messages: broadcast::Receiver<ReplicaMessage>, stop: CancellationToken) {
     loop {
         let message = tokio::select! {
             () = stop.cancelled() => return,
@@ -281,21 +371,21 @@ async fn listen(upstream: Weak<Upstream>, mut messages: broadcast::Receiver<Repl
             }
             Err(broadcast::error::RecvError::Closed) => return,
         };
-        let Some(upstream) = upstream.upgrade() else { return };
-        let Some(Some(relay)) = upstream.relay.get() else { return };
+        let Some(relay) = relay.upgrade() else { return };
+        let Some(holder) = relay.holder.upgrade() else { return };
         match serde_json::from_slice::<Envelope>(&body) {
-            Ok(envelope) => relay.received(&upstream, from, envelope),
+            Ok(envelope) => relay.received(&relay, &holder, from, envelope),
             Err(err) => tracing::debug!(%err, %from, "an unreadable message from another replica"),
         }
     }
 }
 
-impl Relay {
-    fn received(&self, upstream: &Arc<Upstream>, from: ReplicaId, envelope: Envelope) {
+impl Shared {
+    fn received(&self, this: &Arc<Shared>, holder: &Arc<dyn Holder>, from: ReplicaId, envelope: Envelope) {
         match envelope {
             Envelope::Call { call, session, epoch, stream, method, params, progress_token } => {
-                let serving = upstream.serving(&session, &epoch);
-                self.serve(upstream, serving, (from, call), (stream, progress_token), method, params);
+                let holding = holder.holding(&session, &epoch);
+                self.serve(this, holder, holding, (from, call), (stream, progress_token), method, params);
             }
             Envelope::Cancel { call } => {
                 if let Some(cancel) = lock(&self.serving).get(&(from, call)) {
@@ -305,7 +395,7 @@ impl Relay {
             Envelope::Probe { call } => {
                 if !lock(&self.serving).contains_key(&(from.clone(), call)) {
                     // Not running here: it never arrived, or its outcome was sent and lost.
-                    let done = Envelope::done(call, Err(aborted(&upstream.connect.describe())));
+                    let done = Envelope::done(call, Err(aborted(&holder.describe())));
                     self.reply(from, done);
                 }
             }
@@ -314,7 +404,7 @@ impl Relay {
                     (Some(result), None) => Ok(result),
                     (_, error) => Err(error
                         .and_then(|error| ErrorObject::from_value(error).ok())
-                        .unwrap_or_else(|| aborted(&upstream.connect.describe()))),
+                        .unwrap_or_else(|| aborted(&holder.describe()))),
                 };
                 if let Some(done) = lock(&self.waiting).remove(&call) {
                     // The caller may have given up meanwhile.
@@ -322,26 +412,27 @@ impl Relay {
                 }
             }
             Envelope::Notify { session, epoch, method, params } => {
-                let peer = upstream.serving(&session, &epoch).and_then(|session| upstream.started_peer(&session));
-                if let Some(peer) = peer {
-                    peer.notify(Notification { method, params });
+                if let Some(session) = holder.holding(&session, &epoch) {
+                    holder.notify(session, Notification { method, params });
                 }
             }
         }
     }
 
-    /// Runs a call another replica relayed on the instance of `session` (if this process holds
+    /// Runs a call another replica relayed on the state of `session` (if this process holds
     /// it), and sends back its outcome once its output is durable.
+    #[allow(clippy::too_many_arguments)]
     fn serve(
         &self,
-        upstream: &Arc<Upstream>,
+        this: &Arc<Shared>,
+        holder: &Arc<dyn Holder>,
         session: Option<SessionHandle>,
         (from, call): (ReplicaId, u64),
         (stream, progress_token): (StreamName, Option<Value>),
         method: String,
         params: Value,
     ) {
-        let describe = upstream.connect.describe();
+        let describe = holder.describe();
         let cancel = CancellationToken::new();
         // Counted as running in the session, so ending it waits for the call's outcome.
         let key = RequestKey::Relayed { replica: from.clone(), call };
@@ -350,18 +441,14 @@ impl Relay {
             return self.reply(from, Envelope::done(call, Err(lost(&describe))));
         };
         lock(&self.serving).insert((from.clone(), call), cancel.clone());
-        let upstream = Arc::clone(upstream);
+        let (relay, holder) = (Arc::clone(this), Arc::clone(holder));
         tokio::spawn(async move {
             let ctx = Context::relayed(&session, stream.clone(), progress_token, cancel);
-            let (outcome, stopped) = match upstream.session_peer(&session).await {
-                Ok(peer) => (peer.call(ctx.clone(), method, params).await, peer.gone.is_cancelled()),
-                Err(error) => (Err(error), true),
-            };
+            let (outcome, stopped) = holder.run(session.clone(), ctx.clone(), method, params).await;
             // Its output is in the stream before the replica that answers it learns its outcome.
             if let Err(err) = ctx.flush().await {
                 tracing::debug!(%err, "a relayed call's output was not all written");
             }
-            let Some(Some(relay)) = upstream.relay.get() else { return };
             // Sent before it stops counting as running, so a probe never overtakes it.
             if let Err(err) = relay.send(&from, &Envelope::done(call, outcome)).await {
                 tracing::warn!(%err, "could not send a relayed call's outcome back");

@@ -7,7 +7,7 @@
 //! the session is initialized and initialized with the client's own `initialize` params; it is
 //! stopped when the process stops serving the session. On a store shared by replicas (Redis), a
 //! request that reaches a replica other than the one holding its session's instance is relayed
-//! to that one and runs there (`relay`). A session whose instance is out of reach (begun before
+//! to that one and runs there ([`tether_server::relay`]). A session whose instance is out of reach (begun before
 //! a restart, or at a replica that is gone) ends as `upstream_lost` ([`Handler::adopts`])
 //! rather than being served from reset state. If the upstream stops first, its running requests
 //! end with a `request_aborted` error and the session ends as [`SessionEnd::UpstreamLost`]:
@@ -25,7 +25,6 @@
 //! answered here.
 
 mod peer;
-mod relay;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -35,20 +34,16 @@ use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{ErrorObject, Message, Notification, RequestId};
 use tether_core::mcp::ProtocolVersion;
-use tether_store::{SessionEnd, Store};
+use tether_store::SessionEnd;
 use tokio::sync::{mpsc, watch};
 
-use crate::handler::{AdoptFuture, Handler, HandlerFuture, ServerInfo};
-use crate::refusal::Refusal;
-use crate::request::context::{Context, SessionHandle};
 use peer::Peer;
-use relay::Relay;
+use tether_core::lineage::{Epoch, SessionId};
+use tether_server::relay::{self, ABORT_GRACE, Holder, Relay, lost, unavailable};
+use tether_server::{AdoptFuture, Context, Handler, HandlerFuture, ServerInfo, SessionHandle};
 
 /// How long an upstream may take to answer `initialize`.
 const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How long a session's running requests get to record their outcome once its upstream stopped.
-const ABORT_GRACE: Duration = Duration::from_secs(2);
 
 /// A message from the upstream.
 #[derive(Debug)]
@@ -137,12 +132,12 @@ impl UpstreamHandler {
     /// is started and initialized to learn its `serverInfo`, capabilities and instructions, then
     /// stopped.
     pub async fn discover(connect: impl Connect) -> Result<UpstreamHandler, ErrorObject> {
-        let describe = connect.describe();
+        let describe = described(&connect);
         let link = connect.connect().await.map_err(|err| unavailable(&describe, err))?;
-        let (_peer, initialized) = Peer::start(link, client_params(&json!({})), None, describe.clone()).await?;
+        let (_peer, initialized) = Peer::start(link, client_params(&json!({})), None, describe).await?;
         let text = |pointer: &str| initialized.pointer(pointer).and_then(Value::as_str).map(str::to_owned);
         let info = ServerInfo {
-            name: text("/serverInfo/name").unwrap_or(describe),
+            name: text("/serverInfo/name").unwrap_or_else(|| connect.describe()),
             version: text("/serverInfo/version").unwrap_or_default(),
             instructions: text("/instructions"),
             capabilities: initialized.get("capabilities").cloned().unwrap_or_else(|| json!({})),
@@ -154,7 +149,7 @@ impl UpstreamHandler {
 impl Upstream {
     /// Starts and initializes one instance.
     async fn start(&self, client: Value, session: Option<SessionHandle>) -> Result<Peer, ErrorObject> {
-        let describe = self.connect.describe();
+        let describe = self.describe();
         let link = self.connect.connect().await.map_err(|err| unavailable(&describe, err))?;
         Ok(Peer::start(link, client, session, describe).await?.0)
     }
@@ -163,15 +158,14 @@ impl Upstream {
     /// session ends as `upstream_lost`.
     fn start_session(self: &Arc<Self>, session: SessionHandle) {
         // Other replicas may relay the session's requests here from now on.
-        self.relay(&session.server().store);
+        self.relay(&session);
         let (started, starting) = watch::channel(None);
         lock(&self.sessions).insert(session.id().to_owned(), (session.clone(), starting));
         self.forget_when_ended(&session);
         let upstream = Arc::clone(self);
         tokio::spawn(async move {
             let peer = async {
-                let client =
-                    session.client_params().await.map_err(|err| unavailable(&upstream.connect.describe(), err))?;
+                let client = session.client_params().await.map_err(|err| unavailable(&upstream.describe(), err))?;
                 let peer = Arc::new(upstream.start(client, Some(session.clone())).await?);
                 end_session_when_stopped(&peer, session.clone());
                 Ok::<_, ErrorObject>(peer)
@@ -186,36 +180,20 @@ impl Upstream {
         });
     }
 
-    /// Requests to and from the other replicas sharing `store`; `None` if it serves a single
-    /// process.
-    fn relay(self: &Arc<Self>, store: &Arc<dyn Store>) -> Option<&Relay> {
-        self.relay.get_or_init(|| Relay::start(self, store)).as_ref()
+    /// Requests to and from the other replicas sharing the store `session`'s server uses;
+    /// `None` if it serves a single process.
+    fn relay(self: &Arc<Self>, session: &SessionHandle) -> Option<&Relay> {
+        self.relay
+            .get_or_init(|| {
+                let holder: Arc<dyn Holder> = Arc::clone(self) as Arc<dyn Holder>;
+                Relay::start(Arc::downgrade(&holder), session)
+            })
+            .as_ref()
     }
 
     /// How `session`'s instance is started here, if this process started it.
     fn starting(&self, session: &SessionHandle) -> Option<Starting> {
         lock(&self.sessions).get(session.id()).filter(|(serving, _)| serving.same(session)).map(|(_, s)| s.clone())
-    }
-
-    /// The session this process started under `id`, if it is incarnation `epoch`.
-    fn serving(
-        &self,
-        id: &tether_core::lineage::SessionId,
-        epoch: &tether_core::lineage::Epoch,
-    ) -> Option<SessionHandle> {
-        lock(&self.sessions)
-            .get(id.as_str())
-            .filter(|(serving, _)| &serving.runtime().epoch == epoch)
-            .map(|(serving, _)| serving.clone())
-    }
-
-    /// The instance of `session`, once started. A session this process did not start has none.
-    async fn session_peer(&self, session: &SessionHandle) -> Result<Arc<Peer>, ErrorObject> {
-        let gone = || lost(&self.connect.describe());
-        let mut starting = self.starting(session).ok_or_else(gone)?;
-        // Started at `initialize`: wait for it to be up (or to have failed).
-        let started = starting.wait_for(Option::is_some).await.map_err(|_| gone())?;
-        started.clone().unwrap_or_else(|| Err(gone()))
     }
 
     /// The instance of `session` if it is up here now.
@@ -273,13 +251,13 @@ impl Handler for UpstreamHandler {
         let upstream = Arc::clone(&self.upstream);
         Box::pin(async move {
             let peer = match ctx.session() {
-                Some(session) if upstream.starting(&session).is_some() => upstream.session_peer(&session).await?,
+                Some(session) if upstream.starting(&session).is_some() => {
+                    session_peer(upstream.starting(&session), &upstream.describe()).await?
+                }
                 // Begun at another replica, which holds its instance.
-                Some(session) => match upstream.relay(&session.server().store) {
-                    Some(relay) => {
-                        return relay.call(ctx, &session, method, params, &upstream.connect.describe()).await;
-                    }
-                    None => return Err(lost(&upstream.connect.describe())),
+                Some(session) => match upstream.relay(&session) {
+                    Some(relay) => return relay.call(ctx, &session, method, params).await,
+                    None => return Err(lost(&upstream.describe())),
                 },
                 // 2026-07-28: the request is the whole exchange.
                 None => Arc::new(upstream.start(client_params(ctx.client_capabilities()), None).await?),
@@ -302,7 +280,7 @@ impl Handler for UpstreamHandler {
         let params = (!params.is_null()).then_some(params);
         let notification = Notification { method: method.to_owned(), params };
         if self.upstream.starting(&session).is_none() {
-            if let Some(relay) = self.upstream.relay(&session.server().store) {
+            if let Some(relay) = self.upstream.relay(&session) {
                 relay.notify(&session, notification);
             }
             return;
@@ -320,23 +298,50 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The upstream could not be started or reached.
-fn unavailable(upstream: &str, detail: impl std::fmt::Display) -> ErrorObject {
-    Refusal::UpstreamUnavailable.error(format!("the upstream server ({upstream}) is unavailable: {detail}"))
+/// The instance a session's `starting` starts, once started. A session this process did not
+/// start has none.
+async fn session_peer(starting: Option<Starting>, describe: &str) -> Result<Arc<Peer>, ErrorObject> {
+    let gone = || lost(describe);
+    let mut starting = starting.ok_or_else(gone)?;
+    // Started at `initialize`: wait for it to be up (or to have failed).
+    let started = starting.wait_for(Option::is_some).await.map_err(|_| gone())?;
+    started.clone().unwrap_or_else(|| Err(gone()))
 }
 
-/// The upstream stopped while the request ran: whether it took effect there is unknown.
-fn aborted(upstream: &str) -> ErrorObject {
-    Refusal::RequestAborted.error(format!("the upstream server ({upstream}) stopped before answering"))
+/// How errors and logs name the upstream `connect` reaches.
+fn described(connect: &dyn Connect) -> String {
+    format!("the upstream server ({})", connect.describe())
 }
 
-/// The request was cancelled by its client.
-fn cancelled() -> ErrorObject {
-    Refusal::RequestCancelled.error("the request was cancelled")
-}
+impl Holder for Upstream {
+    fn describe(&self) -> String {
+        described(self.connect.as_ref())
+    }
 
-/// The upstream had stopped before the request could be sent: it did not run.
-fn lost(upstream: &str) -> ErrorObject {
-    Refusal::SessionInvalid(tether_core::lineage::InvalidReason::UpstreamLost)
-        .error(format!("the upstream server ({upstream}) had stopped: the request was not sent; start a new session"))
+    fn holding(&self, id: &SessionId, epoch: &Epoch) -> Option<SessionHandle> {
+        lock(&self.sessions).get(id.as_str()).filter(|(serving, _)| serving.epoch() == epoch).map(|(s, _)| s.clone())
+    }
+
+    fn run(
+        &self,
+        session: SessionHandle,
+        ctx: Context,
+        method: String,
+        params: Value,
+    ) -> BoxFuture<'static, (Result<Value, ErrorObject>, bool)> {
+        let starting = self.starting(&session);
+        let describe = self.describe();
+        Box::pin(async move {
+            match session_peer(starting, &describe).await {
+                Ok(peer) => (peer.call(ctx, method, params).await, peer.gone.is_cancelled()),
+                Err(error) => (Err(error), true),
+            }
+        })
+    }
+
+    fn notify(&self, session: SessionHandle, notification: Notification) {
+        if let Some(peer) = self.started_peer(&session) {
+            peer.notify(notification);
+        }
+    }
 }
