@@ -268,11 +268,6 @@ pub(crate) async fn finish(shared: &ServerState, id: &str, outcome: Option<Resul
     shared.task_runners.unwatched(id);
 }
 
-/// Whether `method` is one of the extension's that tether serves itself.
-pub(crate) fn serves(name: &str) -> bool {
-    matches!(name, method::GET | method::UPDATE | method::CANCEL)
-}
-
 /// Task `taskId` of a `tasks/*` request, for `principal`: refused (-32021) to a request that
 /// does not declare the extension, and (-32602) for a task that does not exist or is someone
 /// else's. A task whose process is gone is failed (`request_aborted`) when read.

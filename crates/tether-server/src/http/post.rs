@@ -10,6 +10,7 @@ use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, Message, Notification, Request, RequestId};
 use tether_core::mcp::{ProtocolVersion, meta, method};
+use tether_core::methods::{self, ServedBy};
 use tether_store::{RelayedAnswer, RequestRecord, SessionRecord};
 
 use super::sse::Connection;
@@ -209,8 +210,11 @@ impl Drop for BatchEnd {
     }
 }
 
-/// Requests the protocol layer answers itself.
+/// Requests the protocol layer answers itself (`initialize` is answered before a session exists).
 fn protocol_method(runtime: &SessionRuntime, request: &Request) -> Option<Result<Value, jsonrpc::ErrorObject>> {
+    if methods::served_by(&request.method) != ServedBy::Protocol {
+        return None;
+    }
     match request.method.as_str() {
         method::PING => Some(Ok(json!({}))),
         "logging/setLevel" => {

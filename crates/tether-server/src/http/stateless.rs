@@ -9,7 +9,7 @@ use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, Message, Request};
 use tether_core::mcp::{ProtocolVersion, header, meta, method};
-use tether_core::methods;
+use tether_core::methods::{self, ServedBy};
 use tether_core::param_headers;
 use tether_core::subscriptions;
 use tether_core::tasks;
@@ -56,7 +56,9 @@ pub(crate) async fn post(
         return Err(method_not_found(&request.method).with_id(Some(id)));
     }
     validate(headers, &request, version, shared.handler.as_ref()).map_err(|r| r.with_id(Some(id.clone())))?;
-    if request.method == method::SERVER_DISCOVER {
+    let served_by = methods::served_by(&request.method);
+    // The one method of this era the protocol has the transport answer.
+    if served_by == ServedBy::Protocol {
         let info = shared.handler.info();
         let mut result = json!({
             "supportedVersions": SUPPORTED_VERSIONS.map(ProtocolVersion::as_str),
@@ -72,7 +74,7 @@ pub(crate) async fn post(
         let body = Message::Response(jsonrpc::Response::result(id, result)).to_vec();
         return Ok(json_response(StatusCode::OK, body, []));
     }
-    if request.method == subscriptions::LISTEN {
+    if served_by == ServedBy::Subscriptions {
         let params = request.params.as_ref().unwrap_or(&Value::Null);
         let capabilities = stateless_capabilities(shared.handler.info().capabilities);
         let filter = subscriptions::Filter::requested(params).honoured(&capabilities);
@@ -80,7 +82,7 @@ pub(crate) async fn post(
         let rx = shared.listeners.open(&id, filter, closed.clone());
         return Ok(sse::response(sse::direct_body(rx, closed.drop_guard(), shared.config.keep_alive), []));
     }
-    if request.method == tasks::method::STREAM {
+    if served_by == ServedBy::Tasks && request.method == tasks::method::STREAM {
         let closed = CancellationToken::new();
         return Ok(match crate::tasks::stream(shared, principal.as_deref(), &request, closed.clone()).await {
             Ok(rx) => sse::response(sse::direct_body(rx, closed.drop_guard(), shared.config.keep_alive), []),
@@ -91,7 +93,7 @@ pub(crate) async fn post(
             }
         });
     }
-    if crate::tasks::serves(&request.method) {
+    if served_by == ServedBy::Tasks {
         let mut outcome = crate::tasks::serve(shared, principal.as_deref(), &request).await;
         if let Ok(result) = &mut outcome {
             decorate_stateless(&request.method, result, &shared.server_info());
