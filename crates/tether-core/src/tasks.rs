@@ -129,11 +129,64 @@ impl TaskStatus {
     }
 }
 
+/// A task's id: minted by the server that created the task, opaque to clients, parsed once
+/// where it enters (a request's `taskId`, a store record, an announcement between replicas).
+/// Shared, not copied, when cloned.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskId(std::sync::Arc<str>);
+
+/// A task id that is empty, too long, or holds control characters.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a task id is 1 to {} bytes without control characters",
+    TaskId::MAX_LEN
+)]
+pub struct InvalidTaskId;
+
+impl TaskId {
+    /// Longest task id accepted.
+    pub const MAX_LEN: usize = 256;
+
+    /// Parses a task id.
+    pub fn parse(s: &str) -> Result<TaskId, InvalidTaskId> {
+        if (1..=Self::MAX_LEN).contains(&s.len()) && !s.chars().any(char::is_control) {
+            Ok(TaskId(std::sync::Arc::from(s)))
+        } else {
+            Err(InvalidTaskId)
+        }
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for TaskId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::str::FromStr for TaskId {
+    type Err = InvalidTaskId;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        TaskId::parse(s)
+    }
+}
+
+/// Maps keyed by task id are looked up by the text a request or a record holds.
+impl std::borrow::Borrow<str> for TaskId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 /// A task as `CreateTaskResult` and `tasks/get` show it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Task {
     /// Its id: the server's, opaque to the client.
-    pub id: String,
+    pub id: TaskId,
     /// Where it stands.
     pub status: TaskStatus,
     /// A human-readable word on the status, if any.
@@ -154,7 +207,7 @@ impl Task {
     /// `tasks/get`, the result, error or input requests its status carries.
     pub fn to_wire(&self) -> Map<String, Value> {
         let mut fields = Map::new();
-        fields.insert("taskId".into(), json!(self.id));
+        fields.insert("taskId".into(), json!(self.id.as_str()));
         fields.insert("status".into(), json!(self.status.as_str()));
         if let Some(message) = &self.status_message {
             fields.insert("statusMessage".into(), json!(message));
@@ -414,7 +467,7 @@ pub struct TaskRecordError(String);
 impl TaskRecord {
     /// A task created at `now_ms`, working.
     pub fn new(
-        id: String,
+        id: TaskId,
         principal: Option<String>,
         now_ms: u64,
         ttl_ms: Option<u64>,
@@ -466,7 +519,7 @@ impl TaskRecord {
     fn record_event(&mut self, kind: &str, payload: Value) {
         let previous = self.events.back().map(|event| event.digest);
         let event = TaskEvent::chained(
-            &self.task.id,
+            self.task.id.as_str(),
             previous.as_ref(),
             self.next_seq,
             kind,
@@ -608,7 +661,7 @@ impl TaskRecord {
     pub fn to_json(&self) -> Value {
         let task = &self.task;
         let mut fields = Map::new();
-        fields.insert("id".into(), json!(task.id));
+        fields.insert("id".into(), json!(task.id.as_str()));
         fields.insert("status".into(), json!(task.status.as_str()));
         fields.insert("statusMessage".into(), json!(task.status_message));
         fields.insert("createdAtMs".into(), json!(task.created_at_ms));
@@ -673,7 +726,9 @@ impl TaskRecord {
         };
         Ok(TaskRecord {
             task: Task {
-                id: text("id").ok_or_else(|| bad("id"))?.to_owned(),
+                id: text("id")
+                    .and_then(|id| TaskId::parse(id).ok())
+                    .ok_or_else(|| bad("id"))?,
                 status,
                 status_message: text("statusMessage").map(str::to_owned),
                 created_at_ms: number("createdAtMs").ok_or_else(|| bad("createdAtMs"))?,
@@ -710,6 +765,22 @@ impl TaskRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_task_id_is_bounded_text_without_control_characters() {
+        let id = TaskId::parse("Tk-1_ä").expect("a task id");
+        assert_eq!(
+            (id.as_str(), id.to_string()),
+            ("Tk-1_ä", "Tk-1_ä".to_owned())
+        );
+        assert_eq!("t".parse::<TaskId>(), TaskId::parse("t"));
+        for bad in ["", "a\nb", "a\u{7f}", &"t".repeat(TaskId::MAX_LEN + 1)] {
+            assert_eq!(TaskId::parse(bad), Err(InvalidTaskId), "{bad:?}");
+        }
+        assert!(TaskId::parse(&"t".repeat(TaskId::MAX_LEN)).is_ok());
+        let map: std::collections::HashMap<TaskId, u8> = [(id.clone(), 1)].into();
+        assert_eq!(map.get("Tk-1_ä"), Some(&1), "looked up by its text");
+    }
 
     #[test]
     fn a_call_becomes_a_task_only_where_both_sides_allow_it() {
@@ -768,7 +839,7 @@ mod tests {
     #[test]
     fn a_created_task_has_the_wire_fields_and_none_of_the_old_ones() {
         let task = Task {
-            id: "t1".into(),
+            id: TaskId::parse("t1").expect("a task id"),
             status: TaskStatus::Working,
             status_message: None,
             created_at_ms: 1_764_633_600_123,
@@ -808,7 +879,7 @@ mod tests {
 
     fn record() -> TaskRecord {
         TaskRecord::new(
-            "t1".into(),
+            TaskId::parse("t1").expect("a task id"),
             Some("alice".into()),
             1_000,
             Some(60_000),
@@ -931,7 +1002,8 @@ mod tests {
         );
         assert_eq!(TaskRecord::from_json(&task.to_json()), Ok(task));
         let done = {
-            let mut done = TaskRecord::new("t2".into(), None, 5, None, None);
+            let mut done =
+                TaskRecord::new(TaskId::parse("t2").expect("a task id"), None, 5, None, None);
             done.apply(
                 TaskChange::Finish(Ok(json!({"content": [{"type": "text", "text": "hi"}]}))),
                 6,

@@ -170,7 +170,7 @@ fn relayed_announcement(shared: &ServerState, announcement: Option<bytes::Bytes>
 
 /// A task another replica changed: what waits on it here looks again (on a gap, everything
 /// waiting on a task does; the polls would find it too, later).
-fn relayed_task_change(shared: &ServerState, id: Option<String>) {
+fn relayed_task_change(shared: &ServerState, id: Option<tether_core::tasks::TaskId>) {
     match id {
         Some(id) => shared.task_runners.changed(&id),
         None => shared.task_runners.changed_all(),

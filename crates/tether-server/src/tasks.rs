@@ -18,7 +18,7 @@ use serde_json::{Map, Value, json};
 use tether_core::input_required;
 use tether_core::jsonrpc::{ErrorObject, Message, Request, RequestId, Response};
 use tether_core::mcp::meta;
-use tether_core::tasks::{self, StreamRefusal, TaskChange, TaskRecord, TaskStatus, method};
+use tether_core::tasks::{self, StreamRefusal, TaskChange, TaskId, TaskRecord, TaskStatus, method};
 use tether_store::{Store, StoreError, StoredTask, TaskLimits};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -38,7 +38,7 @@ pub(crate) struct TaskSlot {
     pub principal: Option<String>,
     /// The request's (then the task's) cancellation.
     pub cancel: CancellationToken,
-    id: OnceLock<String>,
+    id: OnceLock<TaskId>,
     /// Held while the task is being created, so two escalations create one task.
     creating: tokio::sync::Mutex<()>,
 }
@@ -59,8 +59,8 @@ impl TaskSlot {
     }
 
     /// The task's id, once the request became one.
-    pub fn id(&self) -> Option<&str> {
-        self.id.get().map(String::as_str)
+    pub fn id(&self) -> Option<&TaskId> {
+        self.id.get()
     }
 }
 
@@ -69,8 +69,8 @@ impl TaskSlot {
 /// store announces, at another replica. A change wakes only what waits on that task.
 #[derive(Default)]
 pub(crate) struct Runners {
-    running: Mutex<HashMap<String, CancellationToken>>,
-    watched: Mutex<HashMap<String, watch::Sender<u64>>>,
+    running: Mutex<HashMap<TaskId, CancellationToken>>,
+    watched: Mutex<HashMap<TaskId, watch::Sender<u64>>>,
 }
 
 /// Locks plain data, changed in single statements: consistent after a panic elsewhere.
@@ -83,7 +83,7 @@ impl Runners {
     pub async fn update(
         &self,
         store: &dyn Store,
-        id: &str,
+        id: &TaskId,
         change: TaskChange,
     ) -> Result<Option<(StoredTask, bool)>, StoreError> {
         let updated = store.update_task(id, change, now_ms()).await;
@@ -94,12 +94,12 @@ impl Runners {
     }
 
     /// A watch of task `id`'s changes, for a wait on it (run or stream).
-    pub fn watch(&self, id: &str) -> watch::Receiver<u64> {
-        locked(&self.watched).entry(id.to_owned()).or_insert_with(|| watch::Sender::new(0)).subscribe()
+    pub fn watch(&self, id: &TaskId) -> watch::Receiver<u64> {
+        locked(&self.watched).entry(id.clone()).or_insert_with(|| watch::Sender::new(0)).subscribe()
     }
 
     /// Task `id` changed: what waits on it looks again. A counter nobody watches any more goes.
-    pub fn changed(&self, id: &str) {
+    pub fn changed(&self, id: &TaskId) {
         let mut watched = locked(&self.watched);
         match watched.get(id) {
             Some(counter) if counter.receiver_count() > 0 => counter.send_modify(|n| *n = n.wrapping_add(1)),
@@ -119,7 +119,7 @@ impl Runners {
     }
 
     /// Forgets task `id`'s counter if nothing watches it any more.
-    fn unwatched(&self, id: &str) {
+    fn unwatched(&self, id: &TaskId) {
         let mut watched = locked(&self.watched);
         if watched.get(id).is_some_and(|counter| counter.receiver_count() == 0) {
             watched.remove(id);
@@ -127,7 +127,7 @@ impl Runners {
     }
 
     /// Cancels the run of task `id`, if it runs here.
-    fn cancel(&self, id: &str) {
+    fn cancel(&self, id: &TaskId) {
         if let Some(token) = locked(&self.running).get(id) {
             token.cancel();
         }
@@ -151,7 +151,8 @@ pub(crate) async fn create(
     if slot.id().is_some() || slot.cancel.is_cancelled() {
         return Ok(None);
     }
-    let id = ids::token().map_err(|err| ContextError::Random(err.to_string()))?;
+    let token = ids::token().map_err(|err| ContextError::Random(err.to_string()))?;
+    let id = TaskId::parse(&token).map_err(|err| ContextError::Random(err.to_string()))?;
     let config = &shared.config;
     let ttl = u64::try_from(config.task_ttl.as_millis()).unwrap_or(u64::MAX);
     let poll = u64::try_from(config.task_poll_interval.as_millis()).unwrap_or(u64::MAX).max(1);
@@ -176,7 +177,7 @@ pub(crate) async fn create(
 /// Cancels a running task's run once the store says it is over (cancelled at another replica).
 async fn watch_cancel(
     store: Arc<dyn Store>,
-    id: String,
+    id: TaskId,
     cancel: CancellationToken,
     changed: watch::Receiver<u64>,
     every: std::time::Duration,
@@ -223,7 +224,7 @@ impl<S: Future<Output = ()>> StoreWait<S> {
 /// Parks task `id` on what `result` (a handler's input-required result) asks for, until
 /// `tasks/update` has answered every request (here or at another replica): the answers and the
 /// state for the handler's next round.
-pub(crate) async fn ask(ctx: &Context, id: &str, result: &Value) -> Result<Input, ErrorObject> {
+pub(crate) async fn ask(ctx: &Context, id: &TaskId, result: &Value) -> Result<Input, ErrorObject> {
     let requests = result.get("inputRequests").and_then(Value::as_object).cloned().unwrap_or_default();
     if requests.is_empty() {
         return Err(Refusal::InputRequiredInvalid.error("a task's input-required result must ask for input"));
@@ -238,7 +239,7 @@ pub(crate) async fn ask(ctx: &Context, id: &str, result: &Value) -> Result<Input
 }
 
 /// Waits until every input request of task `id` is answered: the answers and the state.
-async fn answers(ctx: &Context, id: &str) -> Result<Input, ErrorObject> {
+async fn answers(ctx: &Context, id: &TaskId) -> Result<Input, ErrorObject> {
     let mut wait = StoreWait::new(ctx.task_runners().watch(id), ctx.task_poll_interval(), ctx.cancelled());
     loop {
         let task = ctx.store().task(id, now_ms()).await.map_err(store_failed)?;
@@ -259,10 +260,10 @@ async fn answers(ctx: &Context, id: &str) -> Result<Input, ErrorObject> {
 /// Records how a task's run ended: its outcome, or (`None`) that it stopped because it was
 /// cancelled. The first final change wins: a task cancelled while its tool finished stays
 /// cancelled.
-pub(crate) async fn finish(shared: &ServerState, id: &str, outcome: Option<Result<Value, ErrorObject>>) {
+pub(crate) async fn finish(shared: &ServerState, id: &TaskId, outcome: Option<Result<Value, ErrorObject>>) {
     let change = outcome.map_or(TaskChange::Cancel, TaskChange::Finish);
     if let Err(err) = shared.task_runners.update(shared.store.as_ref(), id, change).await {
-        tracing::error!(%err, task = id, "could not record how a task ended");
+        tracing::error!(%err, task = %id, "could not record how a task ended");
     }
     locked(&shared.task_runners.running).remove(id);
     shared.task_runners.unwatched(id);
@@ -275,7 +276,7 @@ async fn find(
     shared: &ServerState,
     principal: Option<&str>,
     request: &Request,
-) -> Result<(String, TaskRecord), ErrorObject> {
+) -> Result<(TaskId, TaskRecord), ErrorObject> {
     let params = request.params.as_ref().unwrap_or(&Value::Null);
     let capabilities = params.get("_meta").and_then(|m| m.get(meta::CLIENT_CAPABILITIES)).unwrap_or(&Value::Null);
     if !tasks::declares_tasks(capabilities) {
@@ -285,16 +286,18 @@ async fn find(
         return Err(Refusal::InvalidTaskParams.error("params.taskId must be a string"));
     };
     let unknown = || Refusal::UnknownTask.error(format!("no task {}", crate::excerpt::quoted(id)));
-    let task = shared.store.task(id, now_ms()).await.map_err(store_failed)?;
+    // An id this server could not have minted names none of its tasks.
+    let id = TaskId::parse(id).map_err(|_| unknown())?;
+    let task = shared.store.task(&id, now_ms()).await.map_err(store_failed)?;
     let task = task.filter(|t| t.record.principal.as_deref() == principal).ok_or_else(unknown)?;
     let record = if task.abandoned && !task.record.task.status.is_final() {
         let aborted = TaskChange::Finish(Err(idempotency::aborted()));
-        let updated = shared.task_runners.update(shared.store.as_ref(), id, aborted).await.map_err(store_failed)?;
+        let updated = shared.task_runners.update(shared.store.as_ref(), &id, aborted).await.map_err(store_failed)?;
         updated.ok_or_else(unknown)?.0.record
     } else {
         task.record
     };
-    Ok((id.to_owned(), record))
+    Ok((id, record))
 }
 
 /// Serves `tasks/get`, `tasks/update` or `tasks/cancel` for `principal` (see [`find`]).
@@ -365,7 +368,7 @@ pub(crate) async fn stream(
 /// (to request `request_id`) once the task has finished; stops when the stream is `closed`.
 async fn send_events(
     shared: &ServerState,
-    id: &str,
+    id: &TaskId,
     (mut cursor, request_id): (Option<u64>, &RequestId),
     changes: watch::Receiver<u64>,
     tx: &mpsc::Sender<(Bytes, bool)>,
@@ -382,7 +385,7 @@ async fn send_events(
             Ok(events) => events
                 .map(|event| {
                     cursor = Some(event.seq);
-                    notification(tasks::method::EVENT, event.params(id))
+                    notification(tasks::method::EVENT, event.params(id.as_str()))
                 })
                 .collect(),
             Err(refusal) => {
@@ -407,11 +410,11 @@ async fn send_events(
 }
 
 /// The error a stream that cannot start (or go on) at its cursor ends with.
-fn refused(id: &str, refusal: StreamRefusal) -> ErrorObject {
+fn refused(id: &TaskId, refusal: StreamRefusal) -> ErrorObject {
     match refusal {
-        StreamRefusal::Gone { earliest } => tasks::events_gone(id, earliest),
+        StreamRefusal::Gone { earliest } => tasks::events_gone(id.as_str(), earliest),
         StreamRefusal::Ahead { next } => {
-            let id = crate::excerpt::quoted(id);
+            let id = crate::excerpt::quoted(id.as_str());
             Refusal::CursorAhead.error(format!("task {id} has had {next} events: the cursor names none of them"))
         }
     }
@@ -444,7 +447,7 @@ mod tests {
         for _ in 0..10 {
             tokio::task::yield_now().await;
         }
-        let _ = slot.id.set("t1".into());
+        let _ = slot.id.set(TaskId::parse("t1").expect("a task id"));
         drop(creating);
         watcher.await.expect("the watcher ends");
         assert!(!slot.cancel.is_cancelled(), "the task runs on without its connection");

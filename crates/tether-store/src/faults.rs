@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange};
-use tether_core::tasks::{TaskChange, TaskRecord};
+use tether_core::tasks::{TaskChange, TaskId, TaskRecord};
 use tokio::sync::{broadcast, watch};
 
 use crate::{
@@ -408,15 +408,15 @@ impl TaskStore for FaultyStore {
         self.inner.create_task(record, key, limits)
     }
 
-    fn task(&self, id: &str, now_ms: u64) -> StoreFuture<'_, Option<StoredTask>> {
+    fn task(&self, id: &TaskId, now_ms: u64) -> StoreFuture<'_, Option<StoredTask>> {
         self.inner.task(id, now_ms)
     }
 
-    fn update_task(&self, id: &str, change: TaskChange, now_ms: u64) -> StoreFuture<'_, Option<(StoredTask, bool)>> {
+    fn update_task(&self, id: &TaskId, change: TaskChange, now_ms: u64) -> StoreFuture<'_, Option<(StoredTask, bool)>> {
         self.inner.update_task(id, change, now_ms)
     }
 
-    fn task_changes(&self) -> Option<broadcast::Receiver<String>> {
+    fn task_changes(&self) -> Option<broadcast::Receiver<TaskId>> {
         self.inner.task_changes()
     }
 }

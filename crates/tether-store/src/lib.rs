@@ -23,7 +23,7 @@ use std::pin::Pin;
 
 use bytes::Bytes;
 use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange};
-use tether_core::tasks::{TaskChange, TaskRecord};
+use tether_core::tasks::{TaskChange, TaskId, TaskRecord};
 
 pub use memory::MemoryStore;
 pub use record::{
@@ -380,15 +380,15 @@ pub trait TaskStore: Send + Sync {
     fn create_task(&self, record: TaskRecord, key: Option<(String, Bytes)>, limits: TaskLimits) -> StoreFuture<'_, ()>;
 
     /// The task with id `id`, if it exists and has not been forgotten.
-    fn task(&self, id: &str, now_ms: u64) -> StoreFuture<'_, Option<StoredTask>>;
+    fn task(&self, id: &TaskId, now_ms: u64) -> StoreFuture<'_, Option<StoredTask>>;
 
     /// Applies `change` to task `id` at `now_ms` ([`TaskRecord::apply`]) in one atomic step: the
     /// task as it is afterwards, and whether it changed; `None` if there is no such task.
-    fn update_task(&self, id: &str, change: TaskChange, now_ms: u64) -> StoreFuture<'_, Option<(StoredTask, bool)>>;
+    fn update_task(&self, id: &TaskId, change: TaskChange, now_ms: u64) -> StoreFuture<'_, Option<(StoredTask, bool)>>;
 
     /// The ids of tasks changed by other processes sharing the store, as they change (a hint:
     /// whoever waits on a task reads it again); `None` for stores that serve a single process.
-    fn task_changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+    fn task_changes(&self) -> Option<tokio::sync::broadcast::Receiver<TaskId>> {
         None
     }
 }

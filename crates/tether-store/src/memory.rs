@@ -29,7 +29,7 @@ use crate::{
     StoreFuture, StoredTask, TaskLimits, TaskStore,
 };
 use tether_core::idempotency::Acknowledged;
-use tether_core::tasks::{TaskChange, TaskRecord};
+use tether_core::tasks::{TaskChange, TaskId, TaskRecord};
 
 /// A [`Store`](crate::Store) held in process memory, bounded by its [`Retention`].
 #[derive(Debug)]
@@ -44,7 +44,7 @@ pub struct MemoryStore {
 /// The tasks, by id, and how many of them run, in all and by principal.
 #[derive(Debug, Default)]
 struct Tasks {
-    records: HashMap<String, TaskRecord>,
+    records: HashMap<TaskId, TaskRecord>,
     running: HashMap<Option<String>, usize>,
     running_total: usize,
 }
@@ -638,12 +638,12 @@ impl TaskStore for MemoryStore {
         }
     }
 
-    fn task(&self, id: &str, _now_ms: u64) -> StoreFuture<'_, Option<StoredTask>> {
+    fn task(&self, id: &TaskId, _now_ms: u64) -> StoreFuture<'_, Option<StoredTask>> {
         // One process: every task here is this process's.
         ready(Ok(self.tasks().records.get(id).map(|record| StoredTask { record: record.clone(), abandoned: false })))
     }
 
-    fn update_task(&self, id: &str, change: TaskChange, now_ms: u64) -> StoreFuture<'_, Option<(StoredTask, bool)>> {
+    fn update_task(&self, id: &TaskId, change: TaskChange, now_ms: u64) -> StoreFuture<'_, Option<(StoredTask, bool)>> {
         let mut tasks = self.tasks();
         let Some(record) = tasks.records.get_mut(id) else { return ready(Ok(None)) };
         let was_running = !record.task.status.is_final();
@@ -822,7 +822,7 @@ impl MemoryStore {
 /// first.
 fn forget_tasks(tasks: &mut Tasks, now_ms: u64, max_finished: usize) {
     tasks.records.retain(|_, task| task.forget_at_ms().is_none_or(|at| at > now_ms));
-    let mut finished: Vec<(u64, String)> =
+    let mut finished: Vec<(u64, TaskId)> =
         tasks.records.iter().filter_map(|(id, task)| task.forget_at_ms().map(|at| (at, id.clone()))).collect();
     if finished.len() <= max_finished {
         return;

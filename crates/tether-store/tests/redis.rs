@@ -246,23 +246,27 @@ async fn a_task_is_read_and_changed_from_any_replica_and_abandoned_with_its_owne
     let a = open(&server, "replica-a").await;
     let b = open(&server, "replica-b").await;
     let lease = suite::retention().lease_ms;
-    a.create_task(TaskRecord::new("live".into(), None, 1_000, None, None), None, TaskLimits::NONE)
+    a.create_task(TaskRecord::new(suite::tid("live"), None, 1_000, None, None), None, TaskLimits::NONE)
         .await
         .expect("create");
-    dead.create_task(TaskRecord::new("orphan".into(), None, 1_000, None, None), None, TaskLimits::NONE)
+    dead.create_task(TaskRecord::new(suite::tid("orphan"), None, 1_000, None, None), None, TaskLimits::NONE)
         .await
         .expect("create");
     drop(dead);
-    let seen = b.task("live", 1_000 + lease).await.expect("read").expect("visible on b");
+    let seen = b.task(&suite::tid("live"), 1_000 + lease).await.expect("read").expect("visible on b");
     assert!(!seen.abandoned);
-    let (cancelled, changed) = b.update_task("live", TaskChange::Cancel, 1_100).await.expect("cancel").expect("exists");
+    let (cancelled, changed) =
+        b.update_task(&suite::tid("live"), TaskChange::Cancel, 1_100).await.expect("cancel").expect("exists");
     assert!(changed);
     assert_eq!(cancelled.record.task.status, TaskStatus::Cancelled);
     let finish = TaskChange::Finish(Ok(serde_json::json!({"content": []})));
-    let (after, changed) = a.update_task("live", finish, 1_200).await.expect("finish").expect("exists");
+    let (after, changed) = a.update_task(&suite::tid("live"), finish, 1_200).await.expect("finish").expect("exists");
     assert_eq!((after.record.task.status, changed), (TaskStatus::Cancelled, false), "b's cancel won on a");
-    assert!(!a.task("orphan", 1_000 + lease).await.expect("read").expect("exists").abandoned, "its lease still runs");
-    assert!(b.task("orphan", 1_001 + lease).await.expect("read").expect("exists").abandoned);
+    assert!(
+        !a.task(&suite::tid("orphan"), 1_000 + lease).await.expect("read").expect("exists").abandoned,
+        "its lease still runs"
+    );
+    assert!(b.task(&suite::tid("orphan"), 1_001 + lease).await.expect("read").expect("exists").abandoned);
 }
 
 #[tokio::test]

@@ -154,22 +154,22 @@ async fn a_task_the_previous_process_left_running_is_abandoned_and_a_finished_on
     {
         let dead = open(&dir, "dead");
         for id in ["running", "done"] {
-            dead.create_task(TaskRecord::new(id.into(), None, 1_000, None, None), None, TaskLimits::NONE)
+            dead.create_task(TaskRecord::new(suite::tid(id), None, 1_000, None, None), None, TaskLimits::NONE)
                 .await
                 .expect("create");
         }
         let finish = TaskChange::Finish(Ok(serde_json::json!({"content": []})));
-        dead.update_task("done", finish, 1_100).await.expect("finish").expect("exists");
-        let running = dead.task("running", 1_200).await.expect("read").expect("exists");
+        dead.update_task(&suite::tid("done"), finish, 1_100).await.expect("finish").expect("exists");
+        let running = dead.task(&suite::tid("running"), 1_200).await.expect("read").expect("exists");
         assert!(!running.abandoned, "its own process runs it");
     }
     let survivor = open(&dir, "survivor");
-    let running = survivor.task("running", 2_000).await.expect("read").expect("kept across the restart");
+    let running = survivor.task(&suite::tid("running"), 2_000).await.expect("read").expect("kept across the restart");
     assert!(running.abandoned, "its process is gone");
-    let done = survivor.task("done", 2_000).await.expect("read").expect("kept across the restart");
+    let done = survivor.task(&suite::tid("done"), 2_000).await.expect("read").expect("kept across the restart");
     assert_eq!((done.record.task.status, done.abandoned), (TaskStatus::Completed, true));
     let (after, changed) =
-        survivor.update_task("running", TaskChange::Cancel, 2_100).await.expect("cancel").expect("exists");
+        survivor.update_task(&suite::tid("running"), TaskChange::Cancel, 2_100).await.expect("cancel").expect("exists");
     assert!(changed && after.abandoned, "a change keeps the owner: it is still not this process's to run");
     drop(survivor);
     std::fs::remove_dir_all(&dir).expect("cleanup");

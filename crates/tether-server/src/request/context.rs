@@ -10,6 +10,7 @@ use tether_core::jsonrpc::{Message, Notification, Request, RequestId, Response};
 use tether_core::lifecycle;
 use tether_core::lineage::StreamName;
 use tether_core::mcp::method;
+use tether_core::tasks::TaskId;
 
 use tether_store::{SessionEnd, Store, StoreError};
 use tokio::sync::oneshot;
@@ -396,7 +397,7 @@ impl Context {
 
     /// Records a notification the tool sent after its request became task `task` as an event of
     /// the task (its stream carries it).
-    async fn record_in_task(&self, task: &str, bytes: &[u8]) -> Result<(), ContextError> {
+    async fn record_in_task(&self, task: &TaskId, bytes: &[u8]) -> Result<(), ContextError> {
         let Ok(Message::Notification(notification)) = tether_core::jsonrpc::parse_message(bytes) else {
             return Ok(());
         };
@@ -420,8 +421,8 @@ impl Context {
     }
 
     /// The task this request became, if it did.
-    pub(crate) fn task_id(&self) -> Option<String> {
-        self.shared.task.as_ref().and_then(|slot| slot.id()).map(str::to_owned)
+    pub(crate) fn task_id(&self) -> Option<TaskId> {
+        self.shared.task.as_ref().and_then(|slot| slot.id()).cloned()
     }
 
     /// How often a task's run looks for changes no announcement told it of.

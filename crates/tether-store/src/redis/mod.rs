@@ -45,7 +45,7 @@ use crate::{
     SessionStore, StoreError, StoreFuture, StoredTask, TaskLimits, TaskStore,
 };
 use tether_core::idempotency::Acknowledged;
-use tether_core::tasks::{TaskChange, TaskRecord};
+use tether_core::tasks::{TaskChange, TaskId, TaskRecord};
 
 /// The channel appends and stream ends are announced on.
 const NOTIFY: &str = "tether:notify";
@@ -106,7 +106,7 @@ pub struct RedisStore {
     run_id: Mutex<String>,
     held: Mutex<Held>,
     answers: tokio::sync::broadcast::Sender<RelayedAnswer>,
-    task_changes: tokio::sync::broadcast::Sender<String>,
+    task_changes: tokio::sync::broadcast::Sender<TaskId>,
     announcements: tokio::sync::broadcast::Sender<Bytes>,
     replica_messages: tokio::sync::broadcast::Sender<ReplicaMessage>,
     retention: Retention,

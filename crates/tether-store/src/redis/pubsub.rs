@@ -20,7 +20,7 @@ pub(super) struct Listeners {
     pub(super) owner: String,
     pub(super) heads: Arc<Heads>,
     pub(super) answers: tokio::sync::broadcast::Sender<RelayedAnswer>,
-    pub(super) task_changes: tokio::sync::broadcast::Sender<String>,
+    pub(super) task_changes: tokio::sync::broadcast::Sender<TaskId>,
     pub(super) announcements: tokio::sync::broadcast::Sender<Bytes>,
     pub(super) replica_messages: tokio::sync::broadcast::Sender<ReplicaMessage>,
 }
@@ -55,7 +55,9 @@ pub(super) async fn listen(client: redis::Client, mut pubsub: redis::aio::PubSub
                 continue;
             }
             if message.get_channel_name() == TASK_CHANGES {
-                if let Ok(id) = message.get_payload::<String>() {
+                if let Ok(id) = message.get_payload::<String>()
+                    && let Ok(id) = TaskId::parse(&id)
+                {
                     let _ = task_changes.send(id);
                 }
                 continue;

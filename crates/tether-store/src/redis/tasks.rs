@@ -52,7 +52,7 @@ impl TaskStore for RedisStore {
             let mut conn = self.conn();
             // The heartbeat first, in the same step: the task is never without a live owner.
             // Held before it is created: a task is never owned here without being held.
-            let id = record.task.id.clone();
+            let id = record.task.id.as_str().to_owned();
             self.held().tasks.insert(id.clone());
             let mut create = scripts().task_create.key(RUNNING_TASKS);
             create
@@ -84,17 +84,17 @@ impl TaskStore for RedisStore {
         })
     }
 
-    fn task(&self, id: &str, now_ms: u64) -> StoreFuture<'_, Option<StoredTask>> {
-        let id = id.to_owned();
+    fn task(&self, id: &TaskId, now_ms: u64) -> StoreFuture<'_, Option<StoredTask>> {
+        let id = id.as_str().to_owned();
         Box::pin(async move { Ok(self.read_task(&mut self.conn(), &id, now_ms).await?.map(|(_, task)| task)) })
     }
 
-    fn task_changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+    fn task_changes(&self) -> Option<tokio::sync::broadcast::Receiver<TaskId>> {
         Some(self.task_changes.subscribe())
     }
 
-    fn update_task(&self, id: &str, change: TaskChange, now_ms: u64) -> StoreFuture<'_, Option<(StoredTask, bool)>> {
-        let id = id.to_owned();
+    fn update_task(&self, id: &TaskId, change: TaskChange, now_ms: u64) -> StoreFuture<'_, Option<(StoredTask, bool)>> {
+        let id = id.as_str().to_owned();
         Box::pin(async move {
             let mut conn = self.conn();
             for _ in 0..TASK_SWAPS {

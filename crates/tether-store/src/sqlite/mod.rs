@@ -54,7 +54,7 @@ use crate::{
     StoreFuture, StoredTask, TaskLimits, TaskStore,
 };
 use tether_core::idempotency::Acknowledged;
-use tether_core::tasks::{TaskChange, TaskRecord};
+use tether_core::tasks::{TaskChange, TaskId, TaskRecord};
 
 /// Most operations committed in one transaction.
 const MAX_BATCH: usize = 512;

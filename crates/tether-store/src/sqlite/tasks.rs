@@ -24,7 +24,7 @@ pub(super) fn put_task(txn: &Connection, record: &TaskRecord, owner: &str) -> Re
          ON CONFLICT (id) DO UPDATE SET record = excluded.record, forget_at_ms = excluded.forget_at_ms, \
          running_principal = excluded.running_principal",
         params![
-            record.task.id,
+            record.task.id.as_str(),
             owner,
             record.to_json().to_string(),
             record.forget_at_ms().map(as_i64),
@@ -89,13 +89,13 @@ impl TaskStore for SqliteStore {
         })
     }
 
-    fn task(&self, id: &str, _now_ms: u64) -> StoreFuture<'_, Option<StoredTask>> {
-        let (id, owner) = (id.to_owned(), self.owner.clone());
+    fn task(&self, id: &TaskId, _now_ms: u64) -> StoreFuture<'_, Option<StoredTask>> {
+        let (id, owner) = (id.as_str().to_owned(), self.owner.clone());
         self.query(move |txn| task_in(txn, &id, &owner))
     }
 
-    fn update_task(&self, id: &str, change: TaskChange, now_ms: u64) -> StoreFuture<'_, Option<(StoredTask, bool)>> {
-        let (id, owner) = (id.to_owned(), self.owner.clone());
+    fn update_task(&self, id: &TaskId, change: TaskChange, now_ms: u64) -> StoreFuture<'_, Option<(StoredTask, bool)>> {
+        let (id, owner) = (id.as_str().to_owned(), self.owner.clone());
         self.run(move |txn| {
             let Some(mut stored) = task_in(txn, &id, &owner)? else { return Ok(None) };
             let changed = stored.record.apply(change, now_ms);

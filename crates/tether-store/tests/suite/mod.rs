@@ -44,6 +44,11 @@ pub async fn ack(store: &dyn Store, position: u64) -> Acknowledged {
     Acknowledged { records: store.records().await.expect("records"), position }
 }
 
+/// A task id.
+pub fn tid(id: &str) -> tether_core::tasks::TaskId {
+    tether_core::tasks::TaskId::parse(id).expect("a task id")
+}
+
 pub fn sid(id: &str) -> SessionId {
     SessionId::parse(id).expect("valid session id")
 }
@@ -858,26 +863,27 @@ pub async fn a_task_is_created_with_its_keys_outcome_and_changed_in_one_step(sto
     use tether_core::tasks::{TaskChange, TaskRecord, TaskStatus};
     let key = KeyClaim { stream: None, ..claim("k", "d", 1_000) };
     assert_eq!(store.claim_key(key).await, Ok(Claim::Claimed(ack(store, 1).await)));
-    let created = TaskRecord::new("t1".into(), Some("alice".into()), 1_000, Some(60_000), Some(250));
+    let created = TaskRecord::new(tid("t1"), Some("alice".into()), 1_000, Some(60_000), Some(250));
     let outcome = Bytes::from_static(b"{\"result\":{\"taskId\":\"t1\"}}");
     store.create_task(created.clone(), Some(("k".into(), outcome.clone())), TaskLimits::NONE).await.expect("create");
     assert_eq!(store.key_state("k", 1_000).await, Ok(Some(KeyState::Finished(outcome))));
-    let read = store.task("t1", 1_000).await.expect("read").expect("the task exists");
+    let read = store.task(&tid("t1"), 1_000).await.expect("read").expect("the task exists");
     assert_eq!((read.record, read.abandoned), (created, false));
-    assert_eq!(store.task("t2", 1_000).await, Ok(None));
-    assert_eq!(store.update_task("t2", TaskChange::Cancel, 1_000).await, Ok(None));
+    assert_eq!(store.task(&tid("t2"), 1_000).await, Ok(None));
+    assert_eq!(store.update_task(&tid("t2"), TaskChange::Cancel, 1_000).await, Ok(None));
     let asked = serde_json::json!({"a": {"method": "elicitation/create"}});
     let ask = TaskChange::Ask { requests: asked.as_object().cloned().unwrap_or_default(), state: None };
-    let (after, changed) = store.update_task("t1", ask, 1_100).await.expect("ask").expect("exists");
+    let (after, changed) = store.update_task(&tid("t1"), ask, 1_100).await.expect("ask").expect("exists");
     assert!(changed);
     assert_eq!(after.record.task.status, TaskStatus::InputRequired);
-    let (after, changed) = store.update_task("t1", TaskChange::Cancel, 1_200).await.expect("cancel").expect("exists");
+    let (after, changed) =
+        store.update_task(&tid("t1"), TaskChange::Cancel, 1_200).await.expect("cancel").expect("exists");
     assert!(changed);
     assert_eq!(after.record.task.status, TaskStatus::Cancelled);
     let late = TaskChange::Finish(Ok(serde_json::json!({"content": []})));
-    let (after, changed) = store.update_task("t1", late, 1_300).await.expect("finish").expect("exists");
+    let (after, changed) = store.update_task(&tid("t1"), late, 1_300).await.expect("finish").expect("exists");
     assert!(!changed, "a cancelled task does not complete");
-    let read = store.task("t1", 1_300).await.expect("read").expect("the task exists");
+    let read = store.task(&tid("t1"), 1_300).await.expect("read").expect("the task exists");
     assert_eq!(read.record, after.record);
     assert_eq!((read.record.task.status, read.record.task.last_updated_at_ms), (TaskStatus::Cancelled, 1_200));
 }
@@ -888,19 +894,19 @@ pub async fn running_tasks_are_capped_in_all_and_per_principal(store: &dyn Store
     use tether_core::tasks::{TaskChange, TaskRecord};
     let limits = TaskLimits { total: 3, per_principal: 2 };
     let task = |id: &str, principal: Option<&str>| {
-        TaskRecord::new(id.into(), principal.map(str::to_owned), 1_000, Some(60_000), None)
+        TaskRecord::new(tid(id), principal.map(str::to_owned), 1_000, Some(60_000), None)
     };
     for (id, principal) in [("a1", Some("alice")), ("a2", Some("alice")), ("b1", Some("bob"))] {
         store.create_task(task(id, principal), None, limits).await.expect("within the caps");
     }
     let refused = store.create_task(task("a3", Some("alice")), None, limits).await;
     assert_eq!(refused, Err(StoreError::TooManyTasks { principal: true }), "alice's two");
-    assert_eq!(store.task("a3", 1_000).await, Ok(None), "nothing created");
+    assert_eq!(store.task(&tid("a3"), 1_000).await, Ok(None), "nothing created");
     let refused = store.create_task(task("n1", None), None, limits).await;
     assert_eq!(refused, Err(StoreError::TooManyTasks { principal: false }), "three in all");
     let finish = TaskChange::Finish(Ok(serde_json::json!({"content": []})));
-    store.update_task("a1", finish, 1_100).await.expect("finish").expect("exists");
-    store.update_task("a1", TaskChange::Cancel, 1_200).await.expect("no change").expect("exists");
+    store.update_task(&tid("a1"), finish, 1_100).await.expect("finish").expect("exists");
+    store.update_task(&tid("a1"), TaskChange::Cancel, 1_200).await.expect("no change").expect("exists");
     store.create_task(task("a3", Some("alice")), None, limits).await.expect("a1 made room");
     let refused = store.create_task(task("n1", None), None, limits).await;
     assert_eq!(
@@ -914,17 +920,17 @@ pub async fn running_tasks_are_capped_in_all_and_per_principal(store: &dyn Store
 pub async fn finished_tasks_past_the_bound_are_forgotten_due_first(store: &dyn Store) {
     use tether_core::tasks::{TaskChange, TaskRecord};
     for (id, created) in [("a", 1_000), ("b", 1_001), ("c", 1_002), ("running", 1_003)] {
-        let task = TaskRecord::new(id.into(), None, created, Some(60_000), None);
+        let task = TaskRecord::new(tid(id), None, created, Some(60_000), None);
         store.create_task(task, None, TaskLimits::NONE).await.expect("create");
     }
     for id in ["c", "a", "b"] {
         let finish = TaskChange::Finish(Ok(serde_json::json!({"content": []})));
-        store.update_task(id, finish, 1_100).await.expect("finish").expect("exists");
+        store.update_task(&tid(id), finish, 1_100).await.expect("finish").expect("exists");
     }
     store.sweep(1_200).await.expect("sweep");
-    assert_eq!(store.task("a", 1_200).await, Ok(None), "due first (created first), past the two kept");
+    assert_eq!(store.task(&tid("a"), 1_200).await, Ok(None), "due first (created first), past the two kept");
     for id in ["b", "c", "running"] {
-        assert!(store.task(id, 1_200).await.expect("read").is_some(), "{id} is kept");
+        assert!(store.task(&tid(id), 1_200).await.expect("read").is_some(), "{id} is kept");
     }
 }
 
@@ -934,17 +940,17 @@ pub async fn a_finished_task_is_forgotten_after_its_ttl(store: &dyn Store) {
     use tether_core::tasks::{TaskChange, TaskRecord};
     for id in ["done", "running"] {
         store
-            .create_task(TaskRecord::new(id.into(), None, 1_000, Some(1_000), None), None, TaskLimits::NONE)
+            .create_task(TaskRecord::new(tid(id), None, 1_000, Some(1_000), None), None, TaskLimits::NONE)
             .await
             .expect("create");
     }
     let finish = TaskChange::Finish(Ok(serde_json::json!({"content": []})));
-    store.update_task("done", finish, 1_500).await.expect("finish").expect("exists");
+    store.update_task(&tid("done"), finish, 1_500).await.expect("finish").expect("exists");
     store.sweep(1_999).await.expect("sweep");
-    assert!(store.task("done", 1_999).await.expect("read").is_some(), "within its ttl");
+    assert!(store.task(&tid("done"), 1_999).await.expect("read").is_some(), "within its ttl");
     store.sweep(2_000).await.expect("sweep");
-    assert_eq!(store.task("done", 2_000).await, Ok(None));
-    assert!(store.task("running", 2_000).await.expect("read").is_some(), "a running task is kept");
+    assert_eq!(store.task(&tid("done"), 2_000).await, Ok(None));
+    assert!(store.task(&tid("running"), 2_000).await.expect("read").is_some(), "a running task is kept");
 }
 
 /// Declares one `#[tokio::test]` per suite case, each with a fresh store from `$make`; with
