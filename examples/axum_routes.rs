@@ -3,7 +3,7 @@
 //! `cargo run -p tether-examples --example axum_routes`.
 
 use axum::routing::get;
-use tether_server::builtin::BuiltinHandler;
+use tether_builtin::BuiltinHandler;
 use tether_server::{Builder, ServerConfig};
 
 #[tokio::main]

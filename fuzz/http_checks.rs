@@ -41,7 +41,7 @@ static PANICKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::
 async fn exchange(input: &[u8]) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-    let server = tether_server::Builder::new(tether_server::builtin::BuiltinHandler::in_memory()).build();
+    let server = tether_server::Builder::new(tether_builtin::BuiltinHandler::in_memory()).build();
     let app = server.router("/mcp").route_layer(axum::middleware::from_fn(router_errors_are_jsonrpc));
     let (session, epoch) = initialize(app.clone()).await;
     let input = replace(&replace(input, SESSION_MARK, session.as_bytes()), EPOCH_MARK, epoch.as_bytes());

@@ -39,7 +39,7 @@ use tokio::sync::{mpsc, watch};
 
 use peer::Peer;
 use tether_core::lineage::{Epoch, SessionId};
-use tether_server::relay::{self, ABORT_GRACE, Holder, Relay, lost, unavailable};
+use tether_server::relay::{self, ABORT_GRACE, Held, Holder, Relay, lost, unavailable};
 use tether_server::{AdoptFuture, Context, Handler, HandlerFuture, ServerInfo, SessionHandle};
 
 /// How long an upstream may take to answer `initialize`.
@@ -328,13 +328,16 @@ impl Holder for Upstream {
         ctx: Context,
         method: String,
         params: Value,
-    ) -> BoxFuture<'static, (Result<Value, ErrorObject>, bool)> {
+    ) -> BoxFuture<'static, (Result<Value, ErrorObject>, Held)> {
         let starting = self.starting(&session);
         let describe = self.describe();
         Box::pin(async move {
             match session_peer(starting, &describe).await {
-                Ok(peer) => (peer.call(ctx, method, params).await, peer.gone.is_cancelled()),
-                Err(error) => (Err(error), true),
+                Ok(peer) => {
+                    let outcome = peer.call(ctx, method, params).await;
+                    (outcome, if peer.gone.is_cancelled() { Held::Gone } else { Held::Kept })
+                }
+                Err(error) => (Err(error), Held::Gone),
             }
         })
     }

@@ -6,8 +6,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::{Value, json};
+use tether_builtin::BuiltinHandler;
 use tether_probe::{ProbeConfig, Report, Verdict, run};
-use tether_server::{Builder, builtin::BuiltinHandler};
+use tether_server::Builder;
 
 struct Served {
     url: String,

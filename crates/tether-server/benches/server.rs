@@ -11,10 +11,11 @@ use tether_store::{EventLog, SessionStore};
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
+use tether_builtin::BuiltinHandler;
 use tether_core::lineage::{Epoch, SessionId, StreamName};
 use tether_core::mcp::ProtocolVersion;
 use tether_core::sse::{Encoder, OutgoingEvent};
-use tether_server::{Builder, builtin::BuiltinHandler};
+use tether_server::Builder;
 use tether_store::{MemoryStore, Retention, SessionRecord, SqliteStore, Store};
 
 fn event_path(c: &mut Criterion) {

@@ -2,11 +2,11 @@
 //! a client (or an upstream) sends.
 
 /// The most characters of a client's text an error quotes.
-const MAX_CHARS: usize = 64;
+pub const MAX_CHARS: usize = 64;
 
 /// `text` quoted as `{:?}` would quote it, cut to [`MAX_CHARS`] characters and marked with its
 /// length when cut.
-pub(crate) fn quoted(text: &str) -> String {
+pub fn quoted(text: &str) -> String {
     match text.char_indices().nth(MAX_CHARS) {
         None => format!("{text:?}"),
         Some((end, _)) => format!("{:?}… ({} bytes)", &text[..end], text.len()),

@@ -16,11 +16,10 @@
 //! ```
 
 mod auth;
-pub mod builtin;
 mod clock;
 mod config;
 mod connection;
-mod excerpt;
+pub mod excerpt;
 mod handler;
 mod http;
 mod ids;

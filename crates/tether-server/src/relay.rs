@@ -18,14 +18,13 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use serde_json::Value;
 use tether_core::jsonrpc::{ErrorObject, Notification};
 use tether_core::lineage::{Epoch, SessionId, StreamName, StreamState};
 use tether_store::{ReplicaId, ReplicaMessage, RequestKey, SessionEnd, Store};
 use tokio::sync::{broadcast, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
-
-use futures_util::future::BoxFuture;
 
 use crate::refusal::Refusal;
 use crate::request::context::{Context, SessionHandle};
@@ -44,18 +43,27 @@ pub trait Holder: Send + Sync + 'static {
     fn holding(&self, id: &SessionId, epoch: &Epoch) -> Option<SessionHandle>;
 
     /// Runs a call another replica relayed on the state of `session`, its output going to
-    /// `ctx`: the outcome, and whether the state is gone (the session then ends, once the
-    /// replica answering the call has recorded its outcome).
+    /// `ctx`: the outcome, and what is left of the state.
     fn run(
         &self,
         session: SessionHandle,
         ctx: Context,
         method: String,
         params: Value,
-    ) -> BoxFuture<'static, (Result<Value, ErrorObject>, bool)>;
+    ) -> BoxFuture<'static, (Result<Value, ErrorObject>, Held)>;
 
     /// A notification of `session`'s client that another replica received.
     fn notify(&self, session: SessionHandle, notification: Notification);
+}
+
+/// What is left of a session's state after a relayed call ran on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// It is still held: the session goes on.
+    Kept,
+    /// It is gone: the session ends, once the replica answering the call has recorded the
+    /// call's outcome.
+    Gone,
 }
 
 /// The state could not be started or reached.
@@ -444,7 +452,7 @@ impl Shared {
         let (relay, holder) = (Arc::clone(this), Arc::clone(holder));
         tokio::spawn(async move {
             let ctx = Context::relayed(&session, stream.clone(), progress_token, cancel);
-            let (outcome, stopped) = holder.run(session.clone(), ctx.clone(), method, params).await;
+            let (outcome, held) = holder.run(session.clone(), ctx.clone(), method, params).await;
             // Its output is in the stream before the replica that answers it learns its outcome.
             if let Err(err) = ctx.flush().await {
                 tracing::debug!(%err, "a relayed call's output was not all written");
@@ -454,7 +462,7 @@ impl Shared {
                 tracing::warn!(%err, "could not send a relayed call's outcome back");
             }
             lock(&relay.serving).remove(&(from, call));
-            if stopped {
+            if held == Held::Gone {
                 // The session ends once nothing runs in it: not before the replica answering the
                 // call has recorded that it was cut short.
                 recorded(&session, &stream).await;

@@ -200,9 +200,31 @@ async fn sweep(shared: Weak<ServerState>) {
 mod tests {
     use super::*;
 
+    /// A handler that serves nothing: the test is about the server's own tasks.
+    struct Nothing;
+
+    impl Handler for Nothing {
+        fn info(&self) -> crate::ServerInfo {
+            crate::ServerInfo {
+                name: "nothing".into(),
+                version: "0".into(),
+                instructions: None,
+                capabilities: serde_json::json!({}),
+            }
+        }
+
+        fn call(&self, _ctx: crate::Context, method: String, _params: serde_json::Value) -> crate::HandlerFuture {
+            Box::pin(std::future::ready(Err(tether_core::jsonrpc::ErrorObject {
+                code: tether_core::jsonrpc::code::METHOD_NOT_FOUND,
+                message: method,
+                data: None,
+            })))
+        }
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn the_background_tasks_start_once_however_many_routers_are_made() {
-        let server = Builder::new(crate::builtin::BuiltinHandler::in_memory()).build();
+        let server = Builder::new(Nothing).build();
         let metrics = tokio::runtime::Handle::current().metrics();
         let before = metrics.num_alive_tasks();
         let _first = server.router("/mcp");

@@ -7,8 +7,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
+use tether_builtin::BuiltinHandler;
 use tether_core::input_required::StateKey;
-use tether_server::{BearerToken, Builder, ConnectionLimits, ServerConfig, builtin::BuiltinHandler, parse_duration};
+use tether_server::{BearerToken, Builder, ConnectionLimits, ServerConfig, parse_duration};
 use tether_store::{CounterStore, KeyRecords as _, MemoryStore, RedisDurability, RedisStore, SqliteStore, Store};
 
 /// What an acknowledged write must survive, with the `redis` store.

@@ -7,10 +7,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use tether_builtin::BuiltinHandler;
 use tether_client::{Backoff, Client, ClientConfig, ClientEvent};
 use tether_core::jsonrpc::Message;
 use tether_core::lineage::EventId;
-use tether_server::{Builder, ServerConfig, builtin::BuiltinHandler};
+use tether_server::{Builder, ServerConfig};
 
 use tether_testkit::proxy;
 

@@ -4,9 +4,10 @@
 use std::sync::Arc;
 
 use serde_json::{Value, json};
+use tether_builtin::BuiltinHandler;
 use tether_client::{Client, ClientConfig, HookFuture, ServerRequests};
 use tether_core::mcp::ProtocolVersion;
-use tether_server::{Builder, builtin::BuiltinHandler};
+use tether_server::Builder;
 
 /// A user who is Ada, likes teal, and whose model always says "Bonjour".
 struct Ada;

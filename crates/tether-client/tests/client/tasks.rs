@@ -214,7 +214,8 @@ fn counts(
 
 #[tokio::test]
 async fn a_restarted_client_follows_a_task_on_from_its_checkpoint_exactly() {
-    use tether_server::{Builder, builtin::BuiltinHandler};
+    use tether_builtin::BuiltinHandler;
+    use tether_server::Builder;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
     let app = Builder::new(BuiltinHandler::in_memory()).build().router("/mcp");

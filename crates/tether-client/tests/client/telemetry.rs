@@ -2,8 +2,9 @@
 //! and, for a keyed call, a re-issue; each is counted once.
 
 use serde_json::json;
+use tether_builtin::BuiltinHandler;
 use tether_client::{Client, ClientConfig, ClientEvent};
-use tether_server::{Builder, builtin::BuiltinHandler};
+use tether_server::Builder;
 
 #[tokio::test(flavor = "current_thread")]
 async fn divergences_reinitializations_and_reissues_are_counted() {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Value, json};
-use tether_server::builtin::BuiltinHandler;
+use tether_builtin::BuiltinHandler;
 use tether_server::{AdoptFuture, Builder, Context, Handler, HandlerFuture, ServerInfo, SessionHandle};
 use tether_store::{MemoryStore, Retention, Store};
 

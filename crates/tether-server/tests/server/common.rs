@@ -5,8 +5,9 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tether_builtin::BuiltinHandler;
 use tether_core::sse::{Decoder, Event};
-use tether_server::{Builder, ServerConfig, builtin::BuiltinHandler};
+use tether_server::{Builder, ServerConfig};
 use tokio::task::JoinHandle;
 
 /// Upper bound on any single wait in a test.

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use serde_json::json;
-use tether_server::{Builder, ConnectionLimits, builtin::BuiltinHandler};
+use tether_builtin::BuiltinHandler;
+use tether_server::{Builder, ConnectionLimits};
 use tokio::io::AsyncReadExt as _;
 
 use crate::common::*;

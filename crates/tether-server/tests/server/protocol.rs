@@ -4,7 +4,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tether_server::{Authenticator, BearerToken, Builder, ServerConfig, builtin::BuiltinHandler};
+use tether_builtin::BuiltinHandler;
+use tether_server::{Authenticator, BearerToken, Builder, ServerConfig};
 
 use crate::common::*;
 

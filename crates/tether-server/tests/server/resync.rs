@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tether_builtin::BuiltinHandler;
 use tether_core::lineage::SessionId;
 use tether_core::sse::Event;
-use tether_server::{Builder, ServerConfig, builtin::BuiltinHandler};
+use tether_server::{Builder, ServerConfig};
 use tether_store::{MemoryStore, Retention, SqliteStore, Store};
 
 use crate::common::*;

@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tether_builtin::BuiltinHandler;
 use tether_core::tasks::TaskSupport;
-use tether_server::{Builder, Context, Handler, HandlerFuture, ServerInfo, builtin::BuiltinHandler};
+use tether_server::{Builder, Context, Handler, HandlerFuture, ServerInfo};
 
 use crate::common::*;
 

@@ -1,9 +1,6 @@
 //! The tools, resources and prompts `tether serve` offers: the conformance fixture set and
 //! tools that exercise streaming, resumption and side effects.
 
-// A handler's own errors, which the transport's catalogue does not name.
-#![allow(clippy::disallowed_methods)]
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,13 +9,10 @@ use tether_core::jsonrpc::{ErrorObject, code};
 use tether_core::mcp::{Era, code as mcp_code};
 use tether_core::param_headers::ParamHeader;
 use tether_core::tasks::TaskSupport;
+use tether_server::excerpt::quoted;
+use tether_server::tools::{ToolSet, invalid_argument, text_result};
+use tether_server::{Context, ContextError, Handler, HandlerFuture, InputRequired, LogLevel, Refusal, ServerInfo};
 use tether_store::{CounterStore, MemoryStore, Retention};
-
-use crate::handler::{Handler, HandlerFuture, ServerInfo};
-use crate::request::context::{Context, ContextError};
-use crate::request::input::InputRequired;
-use crate::session::LogLevel;
-use crate::tools::{ToolSet, invalid_argument, text_result};
 
 /// A 1×1 PNG.
 const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==";
@@ -209,7 +203,7 @@ fn add_stream_tools(tools: &mut ToolSet, counters: &Arc<dyn CounterStore>) {
             let ms = u64_arg(&args, "ms", 0, 3_600_000)?;
             tokio::select! {
                 () = sleep_ms(ms) => Ok(text_result(format!("slept {ms} ms"))),
-                () = ctx.cancelled() => Err(crate::refusal::Refusal::RequestCancelled.error("cancelled while it slept")),
+                () = ctx.cancelled() => Err(Refusal::RequestCancelled.error("cancelled while it slept")),
             }
         },
     );
@@ -431,10 +425,7 @@ fn elicited(ctx: &Context, key: &str) -> Result<Option<Value>, ErrorObject> {
     match answer.get("action").and_then(Value::as_str) {
         Some("accept") => Ok(Some(answer.get("content").cloned().unwrap_or_else(|| json!({})))),
         Some("decline" | "cancel") => Ok(Some(json!({}))),
-        _ => Err(invalid_argument(format!(
-            "inputResponses[{}] is not an elicitation result",
-            crate::excerpt::quoted(key)
-        ))),
+        _ => Err(invalid_argument(format!("inputResponses[{}] is not an elicitation result", quoted(key)))),
     }
 }
 
@@ -744,11 +735,8 @@ fn resource_read(params: &Value, stateless: bool) -> Result<Value, ErrorObject> 
                 // SEP-2164 (2026-07-28): invalid params naming the uri; earlier revisions had
                 // a code of their own.
                 let code = if stateless { code::INVALID_PARAMS } else { mcp_code::RESOURCE_NOT_FOUND };
-                let mut error = ErrorObject::with_reason(
-                    code,
-                    format!("resource {} not found", crate::excerpt::quoted(uri)),
-                    "resource_not_found",
-                );
+                let mut error =
+                    ErrorObject::with_reason(code, format!("resource {} not found", quoted(uri)), "resource_not_found");
                 if let Some(Value::Object(data)) = &mut error.data {
                     data.insert("uri".into(), json!(uri));
                 }
@@ -803,7 +791,7 @@ fn prompt_get(ctx: &Context, params: &Value) -> Result<Value, ErrorObject> {
             user(json!({"type": "image", "data": PNG, "mimeType": "image/png"})),
             user(json!({"type": "text", "text": "Please analyze the image above."})),
         ],
-        _ => return Err(invalid_argument(format!("unknown prompt {}", crate::excerpt::quoted(name)))),
+        _ => return Err(invalid_argument(format!("unknown prompt {}", quoted(name)))),
     };
     Ok(json!({"messages": messages}))
 }
@@ -842,7 +830,7 @@ impl Handler for BuiltinHandler {
             "completion/complete" => ready(Ok(json!({"completion": {"values": [], "total": 0, "hasMore": false}}))),
             _ => ready(Err(ErrorObject::with_reason(
                 code::METHOD_NOT_FOUND,
-                format!("method {} not found", crate::excerpt::quoted(&method)),
+                format!("method {} not found", quoted(&method)),
                 "method_not_found",
             ))),
         }
