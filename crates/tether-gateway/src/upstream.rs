@@ -3,18 +3,19 @@
 //! HTTP) becomes a tether server, with exact resumption, 404s that say why, durable stores and
 //! idempotency keys, whatever the upstream itself does.
 //!
-//! Each session gets an upstream instance of its own ([`Connect::connect`]), started when
-//! the session is initialized and initialized with the client's own `initialize` params; it is
+//! Each session gets an upstream instance of its own ([`Connect::connect`]), started when the
+//! session is initialized and initialized with the client's own `initialize` params; it is
 //! stopped when the process stops serving the session. On a store shared by replicas (Redis), a
 //! request that reaches a replica other than the one holding its session's instance is relayed
-//! to that one and runs there ([`tether_server::relay`]). A session whose instance is out of reach (begun before
-//! a restart, or at a replica that is gone) ends as `upstream_lost` ([`Handler::adopts`])
-//! rather than being served from reset state. If the upstream stops first, its running requests
-//! end with a `request_aborted` error and the session ends as [`SessionEnd::UpstreamLost`]:
-//! later requests naming it get 404 `upstream_lost`, so the client starts a new session instead
-//! of talking to nothing. A 2026-07-28 request, which has no session, gets an instance of its own, initialized
-//! with the capabilities the request declares and stopped when it ends: an upstream written for
-//! one client per connection keeps per-connection state, which no two requests may share.
+//! to that one and runs there ([`tether_server::relay`]). A session whose instance is out of
+//! reach (begun before a restart, or at a replica that is gone) ends as `upstream_lost`
+//! ([`Handler::adopts`]) rather than being served from reset state. If the upstream stops
+//! first, its running requests end with a `request_aborted` error and the session ends as
+//! [`SessionEnd::UpstreamLost`]: later requests naming it get 404 `upstream_lost`, so the client
+//! starts a new session instead of talking to nothing. A 2026-07-28 request, which has no
+//! session, gets an instance of its own, initialized with the capabilities the request declares
+//! and stopped when it ends: an upstream written for one client per connection keeps
+//! per-connection state, which no two requests may share.
 //!
 //! Requests go to the upstream under ids of tether's own; its answers, progress (routed by
 //! token), notifications and requests to the client (sampling, elicitation, roots) come back to
