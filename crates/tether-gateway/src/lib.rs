@@ -9,7 +9,7 @@
 //! - [`http::Remote`] reaches a Streamable HTTP server through tether's client, one upstream
 //!   session per instance, every reconnect proven.
 //!
-//! - With feature `rmcp`, [`rmcp`] hosts an rmcp `ServerHandler` in the same process.
+//! - With feature `rmcp`, `rmcp::RmcpHandler` hosts an rmcp `ServerHandler` in the same process.
 //!
 //! And the other way round, [`connect::bridge`] gives a stdio MCP client (a desktop
 //! application) tether's client in front of a Streamable HTTP server.
