@@ -254,6 +254,34 @@ async fn a_gap_before_several_pages_of_retained_events_is_said_once() {
     }
 }
 
+/// A keyed request that answers first in a batch records its outcome without ending the stream
+/// the batch's requests share: the slower request's notifications and response still follow.
+#[tokio::test]
+async fn a_keyed_request_answering_first_leaves_its_batch_s_stream_open_for_the_others() {
+    for kind in KINDS {
+        let (server, _store) = server(kind, 10_000, Duration::from_secs(300)).await;
+        let client = Client::new(&server);
+        let session = client.initialize("2025-03-26").await;
+        let call = |id: Value, to: u64, interval: u64, key: Option<&str>| {
+            let mut params = json!({"name": "count", "arguments": {"to": to, "interval_ms": interval}, "_meta": {"progressToken": id.to_string()}});
+            if let Some(key) = key {
+                params["_meta"]["io.tether/idempotencyKey"] = json!(key);
+            }
+            request(id, "tools/call", params)
+        };
+        let batch = json!([call(json!(1), 1, 0, Some("key-first")), call(json!(2), 3, 100, None)]);
+        let (events, ended) = drain(&mut client.post(Some(&session), &batch).send().await.expect("send")).await;
+        assert!(ended, "{kind:?}");
+        let messages = messages(&events);
+        let mut answered: Vec<String> =
+            messages.iter().filter(|m| m.get("result").is_some()).map(|m| m["id"].to_string()).collect();
+        answered.sort();
+        assert_eq!(answered, ["1", "2"], "both results, the slower one after the keyed one's: {kind:?} {messages:?}");
+        let progress = messages.iter().filter(|m| m["method"] == "notifications/progress").count();
+        assert_eq!(progress, 4, "every notification of both calls: {kind:?} {messages:?}");
+    }
+}
+
 /// A keyed request whose original ran in a batch gets the original's outcome, not the answer of
 /// another request of the batch; and so does a batch's request whose id was sent before.
 #[tokio::test]
