@@ -254,6 +254,12 @@ async fn a_gap_before_several_pages_of_retained_events_is_said_once() {
     }
 }
 
+/// `call` with the idempotency key `key`.
+fn keyed(mut call: Value, key: &str) -> Value {
+    call["params"]["_meta"]["io.tether/idempotencyKey"] = json!(key);
+    call
+}
+
 /// A keyed request that answers first in a batch records its outcome without ending the stream
 /// the batch's requests share: the slower request's notifications and response still follow.
 #[tokio::test]
@@ -262,14 +268,7 @@ async fn a_keyed_request_answering_first_leaves_its_batch_s_stream_open_for_the_
         let (server, _store) = server(kind, 10_000, Duration::from_secs(300)).await;
         let client = Client::new(&server);
         let session = client.initialize("2025-03-26").await;
-        let call = |id: Value, to: u64, interval: u64, key: Option<&str>| {
-            let mut params = json!({"name": "count", "arguments": {"to": to, "interval_ms": interval}, "_meta": {"progressToken": id.to_string()}});
-            if let Some(key) = key {
-                params["_meta"]["io.tether/idempotencyKey"] = json!(key);
-            }
-            request(id, "tools/call", params)
-        };
-        let batch = json!([call(json!(1), 1, 0, Some("key-first")), call(json!(2), 3, 100, None)]);
+        let batch = json!([keyed(counting(1, 1, 0), "key-first"), counting(2, 3, 100)]);
         let (events, ended) = drain(&mut client.post(Some(&session), &batch).send().await.expect("send")).await;
         assert!(ended, "{kind:?}");
         let messages = messages(&events);
@@ -290,19 +289,12 @@ async fn a_request_answered_from_a_batch_gets_its_own_requests_outcome() {
         let (server, _store) = server(kind, 10_000, Duration::from_secs(300)).await;
         let client = Client::new(&server);
         let session = client.initialize("2025-03-26").await;
-        let slow = |id: Value, to: u64, interval: u64, key: Option<&str>| {
-            let mut params = json!({"name": "count", "arguments": {"to": to, "interval_ms": interval}, "_meta": {"progressToken": "p"}});
-            if let Some(key) = key {
-                params["_meta"]["io.tether/idempotencyKey"] = json!(key);
-            }
-            request(id, "tools/call", params)
-        };
         // The keyed request is the batch's slowest; another of its requests answers in between.
-        let batch = json!([slow(json!(1), 3, 300, Some("key-a")), slow(json!(2), 2, 200, None)]);
+        let batch = json!([keyed(counting(1, 3, 300), "key-a"), counting(2, 2, 200)]);
         let mut answer = client.post(Some(&session), &batch).send().await.expect("send");
         let again = tokio::spawn({
             let (http, url, session, call) =
-                (client.http.clone(), client.url.clone(), session.clone(), slow(json!(3), 3, 300, Some("key-a")));
+                (client.http.clone(), client.url.clone(), session.clone(), keyed(counting(3, 3, 300), "key-a"));
             async move {
                 let client = Client { http, url };
                 json_body(client.post(Some(&session), &call).send().await.expect("send")).await
@@ -316,9 +308,9 @@ async fn a_request_answered_from_a_batch_gets_its_own_requests_outcome() {
             "{kind:?}"
         );
         // A batch re-sending an id of an earlier batch whose last answer was another request's.
-        let first = json!([slow(json!(10), 1, 0, None), slow(json!(11), 3, 100, None)]);
+        let first = json!([counting(10, 1, 0), counting(11, 3, 100)]);
         drain(&mut client.post(Some(&session), &first).send().await.expect("send")).await;
-        let second = json!([slow(json!(10), 1, 0, None)]);
+        let second = json!([counting(10, 1, 0)]);
         let body = json_body(client.post(Some(&session), &second).send().await.expect("send")).await;
         let answer = &body.as_array().expect("a JSON array")[0];
         assert_eq!(
