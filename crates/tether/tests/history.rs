@@ -199,7 +199,20 @@ fn a_redis_restarted_from_an_older_snapshot_is_told_to_clients_for_stream_ids_an
     });
     // Back to the snapshot: events 4..=7 and key k-2 are gone, the session and k-1 remain.
     rt.block_on(redis.restart());
+    serving_again(&url);
     after_the_rollback(&url, &session, &held, 1);
+}
+
+/// Waits until the replica at `url` answers again after its Redis restarted (its connection to
+/// Redis comes back on the next command): a new session's `initialize` gets a 200.
+fn serving_again(url: &str) {
+    let deadline = Instant::now() + WAIT;
+    let json = [("Content-Type", "application/json"), ("Accept", "application/json, text/event-stream")];
+    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    while exchange(url, "POST", &json, init, |_| false, WAIT).status != 200 {
+        assert!(Instant::now() < deadline, "the replica never served again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]
@@ -214,16 +227,8 @@ fn a_redis_restarted_empty_under_a_running_replica_is_other_records() {
     assert_eq!(value(&one), 1);
     rt.block_on(redis.restart());
     // The replica, still running, names the records Redis has now: others.
-    let deadline = Instant::now() + WAIT;
-    let (fresh, now) = loop {
-        let json = [("Content-Type", "application/json"), ("Accept", "application/json, text/event-stream")];
-        let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
-        if exchange(&url, "POST", &json, init, |_| false, WAIT).status == 200 {
-            break initialize(&url);
-        }
-        assert!(Instant::now() < deadline, "the replica never served again");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    serving_again(&url);
+    let (fresh, now) = initialize(&url);
     assert_ne!(now, records, "records that lost every claim are other records");
     let (again, _) = keyed_add(&url, &fresh, 3, "k-1", claim.as_deref());
     assert_eq!(reason(&again), "records_regressed", "{again}");
