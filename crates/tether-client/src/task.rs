@@ -230,9 +230,9 @@ fn ended(
             let earliest = error.data.as_ref().and_then(|d| d.get("earliestSeq")).and_then(Value::as_u64);
             Ok(Read::Broke(validator.gone(earliest)))
         }
-        Ok(_) => Ok(validator.response().map_or_else(Read::Broke, |()| Read::Cut)),
+        Ok(_) => Ok(validator.ended().map_or_else(Read::Broke, |()| Read::Cut)),
         Err(error) if error.reason() == Some(tasks::CURSOR_AHEAD) => {
-            Ok(validator.response().map_or_else(Read::Broke, |()| Read::Cut))
+            Ok(validator.ended().map_or_else(Read::Broke, |()| Read::Cut))
         }
         Err(error) if error.code == code::INVALID_PARAMS => Err(followed.lost(&error)),
         Err(error) => Err(RequestError::Rpc(error)),
@@ -282,8 +282,7 @@ async fn read_stream(followed: &mut Followed<'_>, validator: &mut TaskStreamVali
         match event.kind.as_str() {
             STATUS_EVENT => {
                 let payload = &event.payload;
-                let status = payload.get("status").and_then(Value::as_str).and_then(TaskStatus::parse);
-                let Some(status) = status else {
+                let Some(status) = event.status() else {
                     return Err(protocol(format!("a status event without a status: {payload}")));
                 };
                 followed.status(status, payload.get("statusMessage").and_then(Value::as_str))?;

@@ -348,6 +348,25 @@ impl TaskEvent {
         }
     }
 
+    /// The events of task `task` from its first, each `(kind, payload)` chained to the one
+    /// before: a whole history as a server would send it.
+    pub fn chain<K: AsRef<str>>(
+        task: &str,
+        events: impl IntoIterator<Item = (K, Value)>,
+    ) -> Vec<TaskEvent> {
+        let mut previous: Option<Digest> = None;
+        events
+            .into_iter()
+            .zip(0u64..)
+            .map(|((kind, payload), seq)| {
+                let event =
+                    TaskEvent::chained(task, previous.as_ref(), seq, kind.as_ref(), payload);
+                previous = Some(event.digest);
+                event
+            })
+            .collect()
+    }
+
     /// The digest event `seq` of task `task` must carry after `previous`.
     pub fn digest_of(
         task: &str,

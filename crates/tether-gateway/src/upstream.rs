@@ -252,13 +252,13 @@ impl Handler for UpstreamHandler {
         let upstream = Arc::clone(&self.upstream);
         Box::pin(async move {
             let peer = match ctx.session() {
-                Some(session) if upstream.starting(&session).is_some() => {
-                    session_peer(upstream.starting(&session), &upstream.describe()).await?
-                }
-                // Begun at another replica, which holds its instance.
-                Some(session) => match upstream.relay(&session) {
-                    Some(relay) => return relay.call(ctx, &session, method, params).await,
-                    None => return Err(lost(&upstream.describe())),
+                Some(session) => match upstream.starting(&session) {
+                    Some(starting) => session_peer(starting, &upstream.describe()).await?,
+                    // Begun at another replica, which holds its instance.
+                    None => match upstream.relay(&session) {
+                        Some(relay) => return relay.call(ctx, &session, method, params).await,
+                        None => return Err(lost(&upstream.describe())),
+                    },
                 },
                 // 2026-07-28: the request is the whole exchange.
                 None => Arc::new(upstream.start(client_params(ctx.client_capabilities()), None).await?),
@@ -299,11 +299,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The instance a session's `starting` starts, once started. A session this process did not
-/// start has none.
-async fn session_peer(starting: Option<Starting>, describe: &str) -> Result<Arc<Peer>, ErrorObject> {
+/// The instance `starting` starts, once started.
+async fn session_peer(mut starting: Starting, describe: &str) -> Result<Arc<Peer>, ErrorObject> {
     let gone = || lost(describe);
-    let mut starting = starting.ok_or_else(gone)?;
     // Started at `initialize`: wait for it to be up (or to have failed).
     let started = starting.wait_for(Option::is_some).await.map_err(|_| gone())?;
     started.clone().unwrap_or_else(|| Err(gone()))
@@ -333,7 +331,12 @@ impl Holder for Upstream {
         let starting = self.starting(&session);
         let describe = self.describe();
         Box::pin(async move {
-            match session_peer(starting, &describe).await {
+            // A session this process did not start has no instance here.
+            let peer = match starting {
+                Some(starting) => session_peer(starting, &describe).await,
+                None => Err(lost(&describe)),
+            };
+            match peer {
                 Ok(peer) => {
                     let outcome = peer.call(ctx, method, params).await;
                     (outcome, if peer.gone.is_cancelled() { Held::Gone } else { Held::Kept })

@@ -164,7 +164,7 @@ impl TaskStream {
         state.client = match reply {
             Reply::Gone { earliest } => Client::Broke(state.validator.gone(Some(earliest))),
             Reply::Complete if self.client == ClientVariant::ResumesAfterResponse => Client::Connecting,
-            _ => match state.validator.response() {
+            _ => match state.validator.ended() {
                 Ok(()) => Client::Finished,
                 Err(broke) => Client::Broke(broke),
             },
@@ -188,18 +188,11 @@ enum Reply {
 
 /// The events of `history`, each chained to the one before as the server chains them.
 fn chain(history: &[Event]) -> Vec<TaskEvent> {
-    let mut previous = None;
-    history
-        .iter()
-        .enumerate()
-        .map(|(seq, event)| {
-            let status = if event.last { "completed" } else { "working" };
-            let payload = json!({"status": status, "run": event.run});
-            let chained = TaskEvent::chained(TASK, previous.as_ref(), seq as u64, STATUS_EVENT, payload);
-            previous = Some(chained.digest);
-            chained
-        })
-        .collect()
+    let payloads = history.iter().map(|event| {
+        let status = if event.last { "completed" } else { "working" };
+        (STATUS_EVENT, json!({"status": status, "run": event.run}))
+    });
+    TaskEvent::chain(TASK, payloads)
 }
 
 impl Model for TaskStream {

@@ -2,6 +2,7 @@
 
 use tether_core::input_required::StateKey;
 use tether_core::lineage::{Epoch, SessionId, StreamName, base64url, push_base64url};
+use tether_core::tasks::TaskId;
 
 /// The OS random source failed; nothing safe can be minted.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -57,6 +58,11 @@ pub fn state_key() -> Result<StateKey, RandomError> {
 /// A process-unique token for ids of server-to-client requests.
 pub fn token() -> Result<String, RandomError> {
     Ok(base64url(&random::<9>()?))
+}
+
+/// A fresh task id: a [`token`], which is always a valid one.
+pub fn task_id() -> Result<TaskId, RandomError> {
+    TaskId::parse(&token()?).map_err(|e| RandomError(e.to_string()))
 }
 
 #[cfg(test)]

@@ -151,8 +151,7 @@ pub(crate) async fn create(
     if slot.id().is_some() || slot.cancel.is_cancelled() {
         return Ok(None);
     }
-    let token = ids::token().map_err(|err| ContextError::Random(err.to_string()))?;
-    let id = TaskId::parse(&token).map_err(|err| ContextError::Random(err.to_string()))?;
+    let id = ids::task_id().map_err(|err| ContextError::Random(err.to_string()))?;
     let config = &shared.config;
     let ttl = u64::try_from(config.task_ttl.as_millis()).unwrap_or(u64::MAX);
     let poll = u64::try_from(config.task_poll_interval.as_millis()).unwrap_or(u64::MAX).max(1);

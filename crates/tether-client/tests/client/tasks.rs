@@ -42,16 +42,7 @@ fn events() -> Vec<TaskEvent> {
         (tasks::NOTIFICATION_EVENT, json!({"method": "notifications/message", "params": {"data": {"n": 2}}})),
         (STATUS_EVENT, json!({"status": "completed"})),
     ];
-    let mut previous: Option<Digest> = None;
-    payloads
-        .into_iter()
-        .enumerate()
-        .map(|(seq, (kind, payload))| {
-            let event = TaskEvent::chained(TASK, previous.as_ref(), seq as u64, kind, payload);
-            previous = Some(event.digest);
-            event
-        })
-        .collect()
+    TaskEvent::chain(TASK, payloads)
 }
 
 struct Script {

@@ -119,9 +119,10 @@ impl TaskStreamValidator {
         }
     }
 
-    /// The stream's response came: the end of a stream whose final status event was checked,
-    /// else a history that ends where the follower's does not.
-    pub fn response(&self) -> Result<(), TaskStreamBreak> {
+    /// The server ended the stream: with its response, or by refusing the cursor as past its
+    /// history (`cursor_ahead`). The end of a stream whose final status event was checked; else
+    /// a history that ends where the follower's does not.
+    pub fn ended(&self) -> Result<(), TaskStreamBreak> {
         if self.finished {
             Ok(())
         } else {
@@ -165,16 +166,7 @@ mod tests {
             ),
             (STATUS_EVENT, json!({"status": "completed"})),
         ];
-        let mut previous: Option<Digest> = None;
-        payloads
-            .into_iter()
-            .enumerate()
-            .map(|(seq, (kind, payload))| {
-                let event = TaskEvent::chained(task, previous.as_ref(), seq as u64, kind, payload);
-                previous = Some(event.digest);
-                event
-            })
-            .collect()
+        TaskEvent::chain(task, payloads)
     }
 
     #[test]
@@ -182,7 +174,7 @@ mod tests {
         let mut validator = TaskStreamValidator::new("t", None);
         for event in history("t") {
             assert_eq!(
-                validator.response(),
+                validator.ended(),
                 Err(TaskStreamBreak::EndedEarly {
                     after: validator.after()
                 })
@@ -191,7 +183,7 @@ mod tests {
         }
         assert!(validator.finished());
         assert_eq!(validator.after(), Some(2));
-        assert_eq!(validator.response(), Ok(()));
+        assert_eq!(validator.ended(), Ok(()));
     }
 
     #[test]

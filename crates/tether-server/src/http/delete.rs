@@ -16,9 +16,8 @@ pub(crate) async fn delete(
     principal: Option<String>,
 ) -> Result<Response, Rejection> {
     let record = live_session(shared, headers, principal.as_deref()).await?;
-    let runtime = service::follow(shared, &record);
     service::terminate(shared, &record).await?;
     let mut response = StatusCode::OK.into_response();
-    response.headers_mut().extend(session_headers(&runtime));
+    response.headers_mut().extend(session_headers(&record.id, &record.epoch));
     Ok(response)
 }

@@ -44,7 +44,7 @@ async fn standalone(
     let store = &shared.store;
     store.open_stream(&runtime.id, &runtime.epoch, &stream).await.map_err(Rejection::from)?;
     store.set_standalone_stream(&runtime.id, &runtime.epoch, &stream).await.map_err(Rejection::from)?;
-    let headers = session_headers(&runtime);
+    let headers = session_headers(&runtime.id, &runtime.epoch);
     let connection = Connection::fresh(shared, runtime, stream, attachment);
     Ok(sse::response(connection.into_body(), headers))
 }
@@ -88,7 +88,7 @@ async fn resume(
     // Only a resume the decision allowed renews the session.
     service::renew(shared, &record, now).await?;
     let runtime = service::follow(shared, &record);
-    let headers = session_headers(&runtime);
+    let headers = session_headers(&runtime.id, &runtime.epoch);
     let after = match after {
         Ok(after) => after,
         Err(notice) => {

@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};
-use tether_core::lineage::{InvalidReason, SessionId, check_session};
+use tether_core::lineage::{Epoch, InvalidReason, SessionId, check_session};
 use tether_core::mcp::header;
 use tether_store::{SessionRecord, SessionStatus};
 use tracing::Instrument as _;
@@ -69,13 +69,13 @@ async fn handle(shared: Arc<ServerState>, request: axum::extract::Request) -> Re
 }
 
 /// The headers that tie a response to its session: the id echo and the replay epoch.
-pub(crate) fn session_headers(runtime: &SessionRuntime) -> [(HeaderName, HeaderValue); 2] {
+pub(crate) fn session_headers(id: &SessionId, epoch: &Epoch) -> [(HeaderName, HeaderValue); 2] {
     // Checked once, at compile time, instead of on every response.
     const SESSION_ID: HeaderName = HeaderName::from_static(header::SESSION_ID);
     const REPLAY_EPOCH: HeaderName = HeaderName::from_static(header::REPLAY_EPOCH);
     // Session ids and epochs are base64url tokens the server minted: always valid header values.
     let value = |s: &str| HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static(""));
-    [(SESSION_ID, value(runtime.id.as_str())), (REPLAY_EPOCH, value(runtime.epoch.as_str()))]
+    [(SESSION_ID, value(id.as_str())), (REPLAY_EPOCH, value(epoch.as_str()))]
 }
 
 /// A JSON response body with extra headers.

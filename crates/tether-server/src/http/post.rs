@@ -60,7 +60,7 @@ pub(crate) async fn post(
             Message::Response(response) => answer(shared, &runtime, response).await,
         }
     }
-    let headers = session_headers(&runtime);
+    let headers = session_headers(&runtime.id, &runtime.epoch);
     match (batch, requests.len()) {
         (_, 0) => Ok(accepted(headers)),
         (false, _) => {
@@ -115,7 +115,7 @@ async fn initialize(
     }
     let body = Message::Response(jsonrpc::Response::result(request.id, result)).to_vec();
     tracing::debug!(session = %record.id, %version, "session created");
-    Ok(json_response(StatusCode::OK, body, session_headers(&runtime)))
+    Ok(json_response(StatusCode::OK, body, session_headers(&runtime.id, &runtime.epoch)))
 }
 
 /// A client notification: tether acts on cancellations and the end of the handshake; the
@@ -158,7 +158,7 @@ async fn respond(
     principal: Option<&str>,
     request: Request,
 ) -> Result<Response, Rejection> {
-    let headers = session_headers(runtime);
+    let headers = session_headers(&runtime.id, &runtime.epoch);
     if let Some(outcome) = protocol_method(runtime, &request) {
         let body = Message::Response(jsonrpc::Response { id: Some(request.id), outcome }).to_vec();
         return Ok(json_response(StatusCode::OK, body, headers));
@@ -296,7 +296,7 @@ async fn respond_batch(
             }
         }
     }
-    let headers = session_headers(runtime);
+    let headers = session_headers(&runtime.id, &runtime.epoch);
     if streamed {
         let attachment = runtime.attach(&stream);
         let connection = Connection::fresh(shared, Arc::clone(runtime), stream, attachment);

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::response::Response;
-use http::{HeaderMap, StatusCode};
+use http::HeaderMap;
 use serde_json::{Value, json};
-use tether_core::jsonrpc::{self, Message, Request};
+use tether_core::jsonrpc::{self, ErrorObject, Message, Request, RequestId};
 use tether_core::mcp::{ProtocolVersion, header, meta, method};
 use tether_core::methods::{self, ServedBy};
 use tether_core::param_headers;
@@ -56,51 +56,46 @@ pub(crate) async fn post(
         return Err(method_not_found(&request.method).with_id(Some(id)));
     }
     validate(headers, &request, version, shared.handler.as_ref()).map_err(|r| r.with_id(Some(id.clone())))?;
-    let served_by = methods::served_by(&request.method);
-    // The one method of this era the protocol has the transport answer.
-    if served_by == ServedBy::Protocol {
-        let info = shared.handler.info();
-        let mut result = json!({
-            "supportedVersions": SUPPORTED_VERSIONS.map(ProtocolVersion::as_str),
-            "capabilities": stateless_capabilities(info.capabilities),
-        });
-        crate::request::idempotency::advertise(shared, &mut result["capabilities"])
-            .await
-            .map_err(|e| Rejection::from(e).with_id(Some(id.clone())))?;
-        if let Some(instructions) = info.instructions {
-            result["instructions"] = json!(instructions);
-        }
-        decorate_stateless(method::SERVER_DISCOVER, &mut result, &shared.server_info());
-        let body = Message::Response(jsonrpc::Response::result(id, result)).to_vec();
-        return Ok(json_response(StatusCode::OK, body, []));
-    }
-    if served_by == ServedBy::Subscriptions {
-        let params = request.params.as_ref().unwrap_or(&Value::Null);
-        let capabilities = stateless_capabilities(shared.handler.info().capabilities);
-        let filter = subscriptions::Filter::requested(params).honoured(&capabilities);
-        let closed = CancellationToken::new();
-        let rx = shared.listeners.open(&id, filter, closed.clone());
-        return Ok(sse::response(sse::direct_body(rx, closed.drop_guard(), shared.config.keep_alive), []));
-    }
-    if served_by == ServedBy::Tasks && request.method == tasks::method::STREAM {
-        let closed = CancellationToken::new();
-        return Ok(match crate::tasks::stream(shared, principal.as_deref(), &request, closed.clone()).await {
-            Ok(rx) => sse::response(sse::direct_body(rx, closed.drop_guard(), shared.config.keep_alive), []),
-            Err(error) => {
-                let outcome = Err(error);
-                let status = Refusal::stateless_status(&outcome);
-                json_response(status, Message::Response(jsonrpc::Response { id: Some(id), outcome }).to_vec(), [])
+    match methods::served_by(&request.method) {
+        // `server/discover`: the one method of this era the protocol has the transport answer.
+        ServedBy::Protocol => {
+            let info = shared.handler.info();
+            let mut result = json!({
+                "supportedVersions": SUPPORTED_VERSIONS.map(ProtocolVersion::as_str),
+                "capabilities": stateless_capabilities(info.capabilities),
+            });
+            crate::request::idempotency::advertise(shared, &mut result["capabilities"])
+                .await
+                .map_err(|e| Rejection::from(e).with_id(Some(id.clone())))?;
+            if let Some(instructions) = info.instructions {
+                result["instructions"] = json!(instructions);
             }
-        });
-    }
-    if served_by == ServedBy::Tasks {
-        let mut outcome = crate::tasks::serve(shared, principal.as_deref(), &request).await;
-        if let Ok(result) = &mut outcome {
-            decorate_stateless(&request.method, result, &shared.server_info());
+            decorate_stateless(method::SERVER_DISCOVER, &mut result, &shared.server_info());
+            return Ok(answered(id, Ok(result)));
         }
-        let status = Refusal::stateless_status(&outcome);
-        let body = Message::Response(jsonrpc::Response { id: Some(id), outcome }).to_vec();
-        return Ok(json_response(status, body, []));
+        ServedBy::Subscriptions => {
+            let params = request.params.as_ref().unwrap_or(&Value::Null);
+            let capabilities = stateless_capabilities(shared.handler.info().capabilities);
+            let filter = subscriptions::Filter::requested(params).honoured(&capabilities);
+            let closed = CancellationToken::new();
+            let rx = shared.listeners.open(&id, filter, closed.clone());
+            return Ok(sse::response(sse::direct_body(rx, closed.drop_guard(), shared.config.keep_alive), []));
+        }
+        ServedBy::Tasks if request.method == tasks::method::STREAM => {
+            let closed = CancellationToken::new();
+            return Ok(match crate::tasks::stream(shared, principal.as_deref(), &request, closed.clone()).await {
+                Ok(rx) => sse::response(sse::direct_body(rx, closed.drop_guard(), shared.config.keep_alive), []),
+                Err(error) => answered(id, Err(error)),
+            });
+        }
+        ServedBy::Tasks => {
+            let mut outcome = crate::tasks::serve(shared, principal.as_deref(), &request).await;
+            if let Ok(result) = &mut outcome {
+                decorate_stateless(&request.method, result, &shared.server_info());
+            }
+            return Ok(answered(id, outcome));
+        }
+        ServedBy::Handler => {}
     }
     let (tx, rx) = mpsc::channel(DIRECT_BUFFER);
     let answer = tx.clone();
@@ -129,6 +124,13 @@ pub(crate) async fn post(
         Ok(FirstOutput::Final(Answer { bytes, status })) => Ok(json_response(status, bytes, [])),
         Ok(FirstOutput::Event) | Err(_) => Ok(sse::response(sse::direct_body(rx, guard, shared.config.keep_alive), [])),
     }
+}
+
+/// The JSON answer to request `id` that the transport answers itself, with the status its
+/// outcome has in this era.
+fn answered(id: RequestId, outcome: Result<Value, ErrorObject>) -> Response {
+    let status = Refusal::stateless_status(&outcome);
+    json_response(status, Message::Response(jsonrpc::Response { id: Some(id), outcome }).to_vec(), [])
 }
 
 /// The capabilities this era honours: the handler's (list changes and resource updates are

@@ -421,8 +421,8 @@ impl Context {
     }
 
     /// The task this request became, if it did.
-    pub(crate) fn task_id(&self) -> Option<TaskId> {
-        self.shared.task.as_ref().and_then(|slot| slot.id()).cloned()
+    pub(crate) fn task_id(&self) -> Option<&TaskId> {
+        self.shared.task.as_ref().and_then(|slot| slot.id())
     }
 
     /// How often a task's run looks for changes no announcement told it of.
@@ -588,7 +588,7 @@ impl Context {
         }
         if let Some(task) = self.task_id() {
             // The request was answered with its task: what the tool sends now is the task's.
-            return self.record_in_task(&task, &bytes).await;
+            return self.record_in_task(task, &bytes).await;
         }
         self.shared.output.send(bytes, part, &self.shared.first).await
     }

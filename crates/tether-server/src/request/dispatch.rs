@@ -687,7 +687,7 @@ async fn run(
         };
         if let Some(task) = ctx.task_id() {
             // The request was answered with its task: the outcome is the task's.
-            tasks::finish(shared, &task, outcome).await;
+            tasks::finish(shared, task, outcome).await;
             return;
         }
         let mut outcome = outcome.unwrap_or_else(|| Err(idempotency::cancelled()));

@@ -139,7 +139,7 @@ pub(crate) async fn rounds(
         let input = match answerer {
             Answerer::Session => ask_client(&ctx, &result).await?,
             Answerer::Task => match ctx.task_id() {
-                Some(task) => crate::tasks::ask(&ctx, &task, &result).await?,
+                Some(task) => crate::tasks::ask(&ctx, task, &result).await?,
                 None => return Ok(result),
             },
         };

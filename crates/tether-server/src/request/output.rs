@@ -278,45 +278,29 @@ impl Writer {
             // One turn for the handler to queue what it sends right after (often its result),
             // so that it joins this batch.
             tokio::task::yield_now().await;
-            let mut batch = vec![first];
-            while batch.len() < MAX_WRITE_BATCH && batch.last().is_some_and(|w| !w.last) {
-                match queue.try_recv() {
-                    Ok(write) => batch.push(write),
-                    Err(_) => break,
-                }
-            }
-            let events: Vec<Bytes> = batch.iter().filter_map(|w| w.bytes.clone()).collect();
-            let last = batch.iter().any(|w| w.last);
-            // A lone final response, before anything else was written, is answered as JSON.
-            let only_response = (last && events.len() == 1).then(|| events[0].clone());
-            let count = events.len();
-            let record = batch.iter().find_map(|w| w.record.clone());
-            let started = std::time::Instant::now();
-            let outcome = match (&failed, record) {
+            let batch = take_batch(first, &mut queue);
+            let outcome = match (&failed, commit_of(&batch, ends_stream)) {
                 (Some(err), _) => Err(err.clone()),
-                (None, _) if events.is_empty() => Ok(()),
-                (None, Some(key)) => store
-                    .append_final(&runtime.id, &runtime.epoch, &stream, events, last && ends_stream, &key)
-                    .await
-                    .map(drop)
-                    .map_err(ContextError::from),
-                (None, None) => store
-                    .append_batch(&runtime.id, &runtime.epoch, &stream, events, last && ends_stream)
-                    .await
-                    .map(drop)
-                    .map_err(ContextError::from),
+                (None, Commit::Wait) => Ok(()),
+                (None, Commit::Append { events, end, record, only_response }) => {
+                    let (count, started) = (events.len(), std::time::Instant::now());
+                    let appended = match record {
+                        Some(key) => store.append_final(&runtime.id, &runtime.epoch, &stream, events, end, &key).await,
+                        None => store.append_batch(&runtime.id, &runtime.epoch, &stream, events, end).await,
+                    };
+                    let appended = appended.map(drop).map_err(ContextError::from);
+                    if appended.is_ok() {
+                        crate::telemetry::store_latency("append", started.elapsed());
+                        crate::telemetry::events_appended(count);
+                        first_output.signal(|| {
+                            only_response.map_or(FirstOutput::Event, |bytes| {
+                                FirstOutput::Final(Answer { bytes, status: StatusCode::OK })
+                            })
+                        });
+                    }
+                    appended
+                }
             };
-            if outcome.is_ok() && count > 0 {
-                crate::telemetry::store_latency("append", started.elapsed());
-                crate::telemetry::events_appended(count);
-            }
-            if outcome.is_ok() && batch.iter().any(|w| w.bytes.is_some()) {
-                first_output.signal(|| {
-                    only_response.map_or(FirstOutput::Event, |bytes| {
-                        FirstOutput::Final(Answer { bytes, status: StatusCode::OK })
-                    })
-                });
-            }
             if let (Err(err), None) = (&outcome, &failed) {
                 failed = Some(err.clone());
                 *failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(err.clone());
@@ -327,5 +311,95 @@ impl Writer {
                 }
             }
         }
+    }
+}
+
+/// The writes that go to the store with `first`: whatever is queued already, up to
+/// [`MAX_WRITE_BATCH`], and nothing after the final response.
+fn take_batch(first: Write, queue: &mut mpsc::Receiver<Write>) -> Vec<Write> {
+    let mut batch = vec![first];
+    while batch.len() < MAX_WRITE_BATCH && batch.last().is_some_and(|w| !w.last) {
+        match queue.try_recv() {
+            Ok(write) => batch.push(write),
+            Err(_) => break,
+        }
+    }
+    batch
+}
+
+/// What one batch of writes asks of the store.
+#[derive(Debug, PartialEq)]
+enum Commit {
+    /// Nothing to write: the batch only waits for what came before it.
+    Wait,
+    /// Its events, in one step: the stream ends after them if `end`, and the outcome of the
+    /// idempotency key `record` is recorded with them. `only_response`: the batch is the
+    /// request's response alone, so its POST is answered with it as JSON.
+    Append { events: Vec<Bytes>, end: bool, record: Option<String>, only_response: Option<Bytes> },
+}
+
+/// What `batch` asks of the store, for a stream that ends with the request's response if
+/// `ends_stream` (a batch's requests share one that does not).
+fn commit_of(batch: &[Write], ends_stream: bool) -> Commit {
+    let events: Vec<Bytes> = batch.iter().filter_map(|w| w.bytes.clone()).collect();
+    if events.is_empty() {
+        return Commit::Wait;
+    }
+    let last = batch.iter().any(|w| w.last);
+    let only_response = (last && events.len() == 1).then(|| events[0].clone());
+    let record = batch.iter().find_map(|w| w.record.clone());
+    Commit::Append { events, end: last && ends_stream, record, only_response }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(text: &'static str) -> Write {
+        Write { bytes: Some(Bytes::from_static(text.as_bytes())), last: false, record: None, done: None }
+    }
+
+    fn response(record: Option<&str>) -> Write {
+        Write {
+            bytes: Some(Bytes::from_static(b"response")),
+            last: true,
+            record: record.map(str::to_owned),
+            done: None,
+        }
+    }
+
+    fn flush() -> Write {
+        Write { bytes: None, last: false, record: None, done: None }
+    }
+
+    #[test]
+    fn a_batch_holds_at_most_the_cap_and_nothing_after_the_response() {
+        let (tx, mut queue) = mpsc::channel(MAX_WRITE_BATCH * 2);
+        for _ in 0..MAX_WRITE_BATCH + 10 {
+            tx.try_send(event("e")).expect("queued");
+        }
+        assert_eq!(take_batch(event("first"), &mut queue).len(), MAX_WRITE_BATCH);
+
+        let (tx, mut queue) = mpsc::channel(8);
+        for write in [event("e"), response(None), event("after")] {
+            tx.try_send(write).expect("queued");
+        }
+        assert_eq!(take_batch(event("first"), &mut queue).len(), 3, "first, event, response");
+        assert_eq!(take_batch(event("next"), &mut queue).len(), 2, "the next batch takes what followed");
+    }
+
+    #[test]
+    fn a_batch_ends_its_own_stream_with_the_response_and_a_shared_one_never() {
+        let Commit::Append { end, record, only_response, events } = commit_of(&[event("e"), response(Some("k"))], true)
+        else {
+            panic!("events to append")
+        };
+        assert_eq!((end, record.as_deref(), only_response, events.len()), (true, Some("k"), None, 2));
+        let shared = commit_of(&[response(Some("k"))], false);
+        let Commit::Append { end, only_response, .. } = shared else { panic!("events to append") };
+        assert_eq!((end, only_response), (false, Some(Bytes::from_static(b"response"))));
+        let Commit::Append { end, .. } = commit_of(&[event("e")], true) else { panic!("events to append") };
+        assert!(!end, "a stream ends only with the response");
+        assert_eq!(commit_of(&[flush()], true), Commit::Wait, "a flush alone writes nothing");
     }
 }

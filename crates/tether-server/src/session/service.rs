@@ -104,8 +104,8 @@ pub(crate) fn follow(shared: &ServerState, record: &SessionRecord) -> Arc<Sessio
 /// the request gets that 404.
 pub(crate) async fn serve(shared: &Arc<ServerState>, record: &SessionRecord) -> Result<Arc<SessionRuntime>, Rejection> {
     let runtime = follow(shared, record);
-    let session = SessionHandle::new(Arc::clone(shared), Arc::clone(&runtime));
-    let adopted = *runtime.adoption.get_or_init(|| shared.handler.adopts(&session)).await;
+    let adopt = || shared.handler.adopts(&SessionHandle::new(Arc::clone(shared), Arc::clone(&runtime)));
+    let adopted = *runtime.adoption.get_or_init(adopt).await;
     if adopted {
         return Ok(runtime);
     }
