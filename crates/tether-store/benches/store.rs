@@ -1,15 +1,17 @@
-//! Store throughput: durable appends (group commit under concurrency) and replay of 10,000
-//! retained events, for each backend.
+//! Store throughput: durable appends (group commit under concurrency), replay of 10,000
+//! retained events, and a task's event (which rewrites the task's record, its kept events
+//! included) against a stream's, for each backend.
 //!
 //! `cargo bench -p tether-store --bench store`
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use tether_core::lineage::{Epoch, SessionId, StreamName};
 use tether_core::mcp::ProtocolVersion;
-use tether_store::{MemoryStore, RedisStore, Retention, SessionRecord, SqliteStore, Store};
+use tether_core::tasks::{MAX_EVENTS, TaskChange, TaskId, TaskRecord};
+use tether_store::{MemoryStore, RedisStore, Retention, SessionRecord, SqliteStore, Store, TaskLimits};
 use tether_testkit::RedisServer;
 
 const WRITERS: usize = 256;
@@ -138,5 +140,55 @@ fn replay(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, append, replay);
+/// One event at a time, as a tool reports progress: a stream's append, and a task's event on a
+/// new task and on one that keeps [`MAX_EVENTS`] events already (every event rewrites the
+/// task's record, its kept events included).
+fn task_event(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let mut group = c.benchmark_group("one_event");
+    group.sample_size(20);
+    let (_server, stores) = stores(&rt);
+    let notify = || TaskChange::Notify {
+        method: "notifications/progress".into(),
+        params: serde_json::json!({"progressToken": "t", "progress": 1, "total": 100}),
+    };
+    for (name, store) in stores {
+        let (e, stream) = (epoch(), StreamName::parse("one").expect("stream"));
+        rt.block_on(async {
+            store.create_session(record("one"), usize::MAX).await.expect("session");
+            store.open_stream(&sid("one"), &e, &stream).await.expect("stream");
+        });
+        group.bench_function(format!("{name}_stream_append"), |b| {
+            b.iter(|| rt.block_on(store.append(&sid("one"), &e, &stream, payload(), false)).expect("append"))
+        });
+        let create = |id: &TaskId| {
+            let record = TaskRecord::new(id.clone(), None, 0, None, None);
+            rt.block_on(store.create_task(record, None, TaskLimits::NONE)).expect("task");
+        };
+        let mut fresh = 0u64;
+        group.bench_function(format!("{name}_task_event_first"), |b| {
+            b.iter_batched(
+                || {
+                    fresh += 1;
+                    let id = TaskId::parse(&format!("first-{fresh}")).expect("task id");
+                    create(&id);
+                    id
+                },
+                |id| rt.block_on(store.update_task(&id, notify(), 0)).expect("event"),
+                BatchSize::PerIteration,
+            )
+        });
+        let full = TaskId::parse("full").expect("task id");
+        create(&full);
+        for _ in 0..MAX_EVENTS {
+            rt.block_on(store.update_task(&full, notify(), 0)).expect("event");
+        }
+        group.bench_function(format!("{name}_task_event_keeping_{MAX_EVENTS}"), |b| {
+            b.iter(|| rt.block_on(store.update_task(&full, notify(), 0)).expect("event"))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, append, replay, task_event);
 criterion_main!(benches);

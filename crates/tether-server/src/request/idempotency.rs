@@ -396,8 +396,12 @@ mod tests {
         assert!(matches!(store.claim_key(claim).await, Ok(Claim::Claimed(_))));
         store.fail(Call::FinishKey, 0, FINISH_TRIES - 1);
         let outcome = encode(&Ok(json!({"done": true})));
+        let started = tokio::time::Instant::now();
         finish(&store, "k", outcome.clone()).await;
         assert_eq!(store.calls(Call::FinishKey), FINISH_TRIES, "tried until the store took it");
+        // The pauses double from 50 ms up to a second: about five seconds of tries in all.
+        let pauses = [50, 100, 200, 400, 800, 1_000, 1_000, 1_000, 1_000];
+        assert_eq!(started.elapsed(), Duration::from_millis(pauses.iter().sum()));
         assert_eq!(store.key_state("k", 2).await, Ok(Some(KeyState::Finished(outcome))));
     }
 

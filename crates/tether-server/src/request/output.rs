@@ -402,4 +402,41 @@ mod tests {
         assert!(!end, "a stream ends only with the response");
         assert_eq!(commit_of(&[flush()], true), Commit::Wait, "a flush alone writes nothing");
     }
+
+    /// A flush returns once what was sent before it is durable, not when it is queued: a
+    /// relayed call's output must be in its stream before the replica that answers the call
+    /// learns its outcome and ends the stream with the response.
+    #[tokio::test]
+    async fn a_flush_returns_once_what_was_sent_before_it_is_durable() {
+        use std::time::Duration;
+
+        use tether_store::faults::{Call, FaultyStore};
+        use tether_store::{EventLog as _, MemoryStore, Retention, SessionStore as _};
+
+        let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new(Retention::default()))));
+        let record = crate::session::test_record(u64::MAX / 4, u64::MAX / 4);
+        store.create_session(record.clone(), 1).await.expect("session");
+        let stream = StreamName::parse("relayed").expect("stream");
+        store.open_stream(&record.id, &record.epoch, &stream).await.expect("stream");
+        let runtime = Arc::new(SessionRuntime::new(&record, "p".into()));
+        let (first, _answer) = First::new();
+        let output = Output::Stored {
+            store: Arc::clone(&store) as Arc<dyn Store>,
+            runtime,
+            stream: stream.clone(),
+            ends_stream: true,
+        };
+        let sink = Sink::open(output, &first);
+        let hold = store.hold_next(Call::AppendBatch);
+        sink.send(Bytes::from_static(b"progress"), Part::Event, &first).await.expect("queued");
+        let flushed = sink.flush();
+        tokio::pin!(flushed);
+        tokio::time::timeout(Duration::from_secs(5), hold.reached()).await.expect("the writer appends");
+        let early = tokio::time::timeout(Duration::from_millis(50), &mut flushed).await;
+        assert!(early.is_err(), "the flush returned before the event was durable");
+        hold.release();
+        flushed.await.expect("flushed");
+        let events = store.read(&record.id, &stream, 0, 10).await.expect("read");
+        assert_eq!(events.iter().map(|e| e.data.clone()).collect::<Vec<_>>(), [Bytes::from_static(b"progress")]);
+    }
 }
