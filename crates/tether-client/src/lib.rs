@@ -171,7 +171,8 @@ impl std::fmt::Debug for Ack {
 pub enum ClientEvent {
     /// A notification (or server request) delivered on a stream, after validation.
     Message {
-        /// Its event id, if it had one.
+        /// Its event id, if it had one; a task's event has
+        /// [`TaskEvent::delivery_id`](tether_core::tasks::TaskEvent::delivery_id).
         id: Option<String>,
         /// The request whose stream carried it (the id of the attempt it came on); `None` on
         /// the standalone stream and a task's.

@@ -297,7 +297,8 @@ async fn read_stream(followed: &mut Followed<'_>, validator: &mut TaskStreamVali
                 let method = event.payload.get("method").and_then(Value::as_str).unwrap_or_default().to_owned();
                 let params = event.payload.get("params").cloned().filter(|p| !p.is_null());
                 let message = Message::Notification(Notification { method, params });
-                followed.client.emit(ClientEvent::Message { id: None, origin: None, message, ack: Ack::none() });
+                let id = Some(event.delivery_id(&followed.id));
+                followed.client.emit(ClientEvent::Message { id, origin: None, message, ack: Ack::none() });
             }
             _ => {}
         }

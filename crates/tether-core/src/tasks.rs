@@ -391,6 +391,14 @@ impl TaskEvent {
             .and_then(TaskStatus::parse)
     }
 
+    /// The id under which a client delivers it beside a stream's events, for whoever reads
+    /// them to deduplicate on: `task/{task}/{seq}`, one per event of every task (the seq is what
+    /// follows the last `/`), and never one of tether's SSE event ids, which have no `/` before
+    /// their first `:`.
+    pub fn delivery_id(&self, task: &str) -> String {
+        format!("task/{task}/{}", self.seq)
+    }
+
     /// The params of the `notifications/tasks/event` that delivers it.
     pub fn params(&self, task: &str) -> Value {
         json!({

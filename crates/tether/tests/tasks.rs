@@ -116,6 +116,10 @@ fn tether_task_follows_a_task_another_process_created_to_its_result() {
         .filter_map(|l| l["message"]["params"]["data"]["count"].as_u64())
         .collect();
     assert_eq!(counts, (1..=12).collect::<Vec<u64>>(), "the task's events from its first: {lines:?}");
+    // Each carries its own id to deduplicate on: event 0 is the task's first status.
+    let ids: Vec<&str> = lines.iter().filter(|l| l["event"] == "message").filter_map(|l| l["id"].as_str()).collect();
+    let expected: Vec<String> = (1..=12).map(|seq| format!("task/{id}/{seq}")).collect();
+    assert_eq!(ids, expected, "{lines:?}");
     let statuses: Vec<&str> =
         lines.iter().filter(|l| l["event"] == "task").filter_map(|l| l["status"].as_str()).collect();
     assert_eq!(statuses, ["working", "completed"]);
