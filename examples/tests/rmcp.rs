@@ -208,7 +208,10 @@ async fn a_2026_07_28_request_gets_an_rmcp_service_of_its_own() {
         "name": "count", "arguments": {"to": 3},
         "_meta": {"progressToken": "p", "io.modelcontextprotocol/protocolVersion": "2026-07-28",
                   "io.modelcontextprotocol/clientCapabilities": {}}}});
-    let response = reqwest::Client::new()
+    let response = tether_client::tls::Trust::platform()
+        .http_client()
+        .build()
+        .expect("client")
         .post(format!("http://{addr}/mcp"))
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")

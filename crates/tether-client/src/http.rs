@@ -174,7 +174,7 @@ impl http_body::Body for Announced {
 }
 
 fn transport(err: reqwest::Error) -> ClientError {
-    ClientError::Transport(err.to_string())
+    ClientError::Transport(crate::tls::describe(&err))
 }
 
 async fn classify(response: reqwest::Response) -> Result<(Head, Reply), ClientError> {

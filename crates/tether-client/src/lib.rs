@@ -25,6 +25,7 @@ pub mod link;
 pub mod rmcp;
 mod session;
 mod task;
+pub mod tls;
 
 pub use backoff::Backoff;
 pub use checkpoint::{CheckpointError, CheckpointFile, StreamCursor, TaskCursor};
@@ -82,6 +83,8 @@ pub struct ClientConfig {
     /// is given up as never sent: nothing of it reached the server, so it did not run. Also how
     /// long a GET (which changes nothing) may wait for its stream's head before it is tried again.
     pub unsent_timeout: std::time::Duration,
+    /// Which https servers are trusted: the platform's roots, and any authority added.
+    pub trust: tls::Trust,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -107,6 +110,7 @@ impl ClientConfig {
             headers: Vec::new(),
             reinitialize: true,
             unsent_timeout: std::time::Duration::from_secs(30),
+            trust: tls::Trust::platform(),
         }
     }
 }

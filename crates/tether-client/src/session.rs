@@ -105,12 +105,14 @@ impl Session {
                 .map_err(|e| ClientError::Transport(format!("header {name} value: {e}")))?;
             headers.append(name, value);
         }
-        let http = reqwest::Client::builder()
+        let http = config
+            .trust
+            .http_client()
             .default_headers(headers)
             .tcp_nodelay(true)
             .tcp_keepalive(std::time::Duration::from_secs(30))
             .build()
-            .map_err(|e| ClientError::Transport(e.to_string()))?;
+            .map_err(|e| ClientError::Transport(crate::tls::describe(&e)))?;
         let mut prefix = [0u8; 6];
         getrandom::fill(&mut prefix)
             .map_err(|e| ClientError::Transport(format!("no randomness for request ids: {e}")))?;

@@ -52,6 +52,8 @@ pub struct ProbeConfig {
     /// Arguments for the streaming tool that make it send more events than the server retains
     /// per stream; enables the evicted-cursor check.
     pub evict_arguments: Option<Value>,
+    /// Which https servers are trusted (the platform's roots, and any authority added).
+    pub trust: tether_client::tls::Trust,
 }
 
 /// The checks so far, shown to `progress` as each one finishes.
@@ -74,7 +76,7 @@ impl<F: FnMut(&Check)> Recorder<F> {
 /// Runs every check against the server and returns the report; `progress` sees each check as
 /// it finishes (for a progress display).
 pub async fn run(config: ProbeConfig, progress: impl FnMut(&Check)) -> Result<Report, ProbeError> {
-    let wire = Wire::new(&config.url)?;
+    let wire = Wire::new(&config.url, &config.trust)?;
     let (session, handshake) = wire.initialize().await?;
     let mut out = Recorder { checks: Vec::new(), progress };
     out.push(checks::session_id(&session, &handshake));

@@ -84,8 +84,9 @@ pub(crate) struct Wire {
 }
 
 impl Wire {
-    pub fn new(url: &str) -> Result<Wire, ProbeError> {
-        let http = reqwest::Client::builder()
+    pub fn new(url: &str, trust: &tether_client::tls::Trust) -> Result<Wire, ProbeError> {
+        let http = trust
+            .http_client()
             .tcp_nodelay(true)
             .pool_max_idle_per_host(0)
             .build()
@@ -162,7 +163,11 @@ impl Wire {
         for (name, value) in extra {
             request = request.header(*name, *value);
         }
-        let response = request.body(body.to_string()).send().await.map_err(|e| ProbeError::Transport(e.to_string()))?;
+        let response = request
+            .body(body.to_string())
+            .send()
+            .await
+            .map_err(|e| ProbeError::Transport(tether_client::tls::describe(&e)))?;
         read(response, max_events, read_for).await
     }
 
@@ -183,7 +188,7 @@ impl Wire {
         if let Some(cursor) = cursor {
             request = request.header(header::LAST_EVENT_ID, cursor);
         }
-        let response = request.send().await.map_err(|e| ProbeError::Transport(e.to_string()))?;
+        let response = request.send().await.map_err(|e| ProbeError::Transport(tether_client::tls::describe(&e)))?;
         read(response, max_events, read_for).await
     }
 
@@ -193,7 +198,7 @@ impl Wire {
         if let Some(id) = &session.id {
             request = request.header(header::SESSION_ID, id);
         }
-        let response = request.send().await.map_err(|e| ProbeError::Transport(e.to_string()))?;
+        let response = request.send().await.map_err(|e| ProbeError::Transport(tether_client::tls::describe(&e)))?;
         Ok(response.status().as_u16())
     }
 

@@ -36,8 +36,14 @@ fn evicting() -> Option<Value> {
 }
 
 async fn probe_evicting(url: &str, evict_arguments: Option<Value>) -> Report {
-    let config =
-        ProbeConfig { url: url.to_owned(), tool: None, restart_command: None, replicas: Vec::new(), evict_arguments };
+    let config = ProbeConfig {
+        url: url.to_owned(),
+        tool: None,
+        restart_command: None,
+        replicas: Vec::new(),
+        evict_arguments,
+        trust: Default::default(),
+    };
     tokio::time::timeout(std::time::Duration::from_secs(60), run(config, |_| {}))
         .await
         .expect("probe finishes")

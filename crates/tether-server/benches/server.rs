@@ -70,7 +70,7 @@ fn server_with(rt: &tokio::runtime::Runtime, store: Arc<dyn Store>) -> (String, 
         let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
         let app = Builder::new(BuiltinHandler::in_memory()).store(store).build().router("/mcp");
         tokio::spawn(async move { tether_server::serve(listener, app, tether_server::ConnectionLimits::default()).await });
-        let client = reqwest::Client::new();
+        let client = http_client();
         let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}});
         let response = client
             .post(&url)
@@ -94,7 +94,7 @@ fn tool_call(c: &mut Criterion) {
     let embedded = SqliteStore::open(&dir, Retention::default(), "bench").expect("embedded store");
     let stores: [(&str, Arc<dyn Store>); 2] =
         [("memory", Arc::new(MemoryStore::new(Retention::default()))), ("embedded", Arc::new(embedded))];
-    let client = reqwest::Client::new();
+    let client = http_client();
     let mut id = 0u64;
     let mut group = c.benchmark_group("server_tool_call");
     group.throughput(Throughput::Elements(1));
@@ -138,3 +138,9 @@ fn tool_call(c: &mut Criterion) {
 
 criterion_group!(benches, event_path, tool_call);
 criterion_main!(benches);
+
+/// An HTTP client: TLS is built with every client, and needs the process's provider.
+fn http_client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}

@@ -8,7 +8,8 @@
 //! next event is not idle: a long SSE stream is never cut for being quiet, and the request's body
 //! is the router's to bound. At `max_connections`, one more is answered 503 and closed instead of
 //! waiting for a slot. HTTP/1.1 and HTTP/2 with prior knowledge (h2c) are served on the same
-//! port; TLS, and so h2 negotiated by ALPN, is left to a proxy in front.
+//! port, or, with TLS ([`serve_tls`]), HTTP/1.1 and HTTP/2 negotiated by ALPN; a TLS handshake
+//! is held to the header timeout.
 
 use std::io;
 use std::pin::Pin;
@@ -28,6 +29,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tower::ServiceExt as _;
+
+use crate::tls::ServerTls;
 
 /// Limits on connections, applied before any request reaches the router.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +78,27 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// ever: an error accepting a connection (such as running out of descriptors) is logged, at most
 /// once a second, and accepting goes on after a pause.
 pub async fn serve(listener: TcpListener, app: axum::Router, limits: ConnectionLimits) -> io::Result<()> {
+    accept(listener, app, limits, None).await
+}
+
+/// [`serve`] over TLS: each connection's handshake, with `tls`'s certificate, must finish within
+/// the header timeout. A connection over the limit is closed unanswered, since the refusal
+/// [`serve`] writes would have to follow a handshake the server is too busy to spend.
+pub async fn serve_tls(
+    listener: TcpListener,
+    app: axum::Router,
+    limits: ConnectionLimits,
+    tls: ServerTls,
+) -> io::Result<()> {
+    accept(listener, app, limits, Some(tls)).await
+}
+
+async fn accept(
+    listener: TcpListener,
+    app: axum::Router,
+    limits: ConnectionLimits,
+    tls: Option<ServerTls>,
+) -> io::Result<()> {
     let open = Arc::new(AtomicUsize::new(0));
     let refusing = Arc::new(AtomicUsize::new(0));
     let mut logged: Option<Instant> = None;
@@ -95,15 +119,24 @@ pub async fn serve(listener: TcpListener, app: axum::Router, limits: ConnectionL
         }
         let Some(slot) = Slot::take(&open, limits.max_connections) else {
             crate::telemetry::connection_refused();
-            if let Some(refusal) = Slot::take(&refusing, MAX_REFUSING) {
+            if tls.is_none()
+                && let Some(refusal) = Slot::take(&refusing, MAX_REFUSING)
+            {
                 tokio::spawn(refuse(tcp, refusal));
             }
             continue;
         };
-        let app = app.clone();
+        let (app, tls) = (app.clone(), tls.clone());
         tokio::spawn(async move {
             crate::telemetry::connections_open(1.0);
-            serve_connection(tcp, app, limits).await;
+            match tls {
+                None => serve_connection(tcp, app, limits).await,
+                Some(tls) => match tokio::time::timeout(limits.header_timeout, tls.acceptor().accept(tcp)).await {
+                    Ok(Ok(stream)) => serve_connection(stream, app, limits).await,
+                    Ok(Err(err)) => tracing::debug!(%err, "TLS handshake failed"),
+                    Err(_) => crate::telemetry::connection_expired(Expiry::Head),
+                },
+            }
             crate::telemetry::connections_open(-1.0);
             drop(slot);
         });

@@ -32,19 +32,21 @@ mod server;
 mod session;
 mod tasks;
 mod telemetry;
+mod tls;
 pub mod tools;
 
 use tether_core::mcp::ProtocolVersion;
 
 pub use auth::{Authenticator, BearerToken, TokensError};
 pub use config::{ServerConfig, parse_duration};
-pub use connection::{ConnectionLimits, serve, serve_connection};
+pub use connection::{ConnectionLimits, serve, serve_connection, serve_tls};
 pub use handler::{AdoptFuture, Handler, HandlerFuture, ServerInfo};
 pub use refusal::Refusal;
 pub use request::context::{Context, ContextError, SessionHandle};
 pub use request::input::InputRequired;
 pub use server::{Builder, Server};
 pub use session::LogLevel;
+pub use tls::{ServerTls, TlsError};
 
 pub(crate) use clock::now_ms;
 pub(crate) use server::ServerState;

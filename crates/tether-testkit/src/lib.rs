@@ -1,6 +1,8 @@
-//! Test support shared by tether's crates: real faults on real sockets, real Redis processes.
+//! Test support shared by tether's crates: real faults on real sockets, real Redis processes, a
+//! certificate authority for real TLS.
 
 pub mod proxy;
 mod redis;
+pub mod tls;
 
 pub use redis::RedisServer;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
+use tether_client::tls::Trust;
 use tether_client::{Client, ClientConfig, ClientEvent, DefaultHooks, Policy, RequestError};
 use tether_core::mcp::ProtocolVersion;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -67,6 +68,16 @@ pub struct ClientArgs {
     /// 2026-07-28 (stateless, no handshake).
     #[arg(long, default_value = "2025-11-25")]
     protocol_version: ProtocolVersion,
+    /// Also trust the certificate authorities in this PEM file for an https URL (the platform's
+    /// roots, or `SSL_CERT_FILE`, are trusted too).
+    #[arg(long, value_name = "FILE", value_parser = parse_ca_cert)]
+    ca_cert: Option<Trust>,
+}
+
+/// `--ca-cert FILE`: the platform's roots and the authorities in FILE, read when the command
+/// starts so that a wrong file is a usage error.
+pub fn parse_ca_cert(path: &str) -> Result<Trust, String> {
+    Trust::platform().with_ca_file(std::path::Path::new(path)).map_err(|err| err.to_string())
 }
 
 impl ClientArgs {
@@ -77,6 +88,7 @@ impl ClientArgs {
         config.reinitialize = !self.exit_on_divergence;
         config.protocol_version = self.protocol_version;
         config.backoff.max_attempts_without_progress = self.retries;
+        config.trust = self.ca_cert.clone().unwrap_or_default();
         config
     }
 

@@ -6,7 +6,9 @@ use clap::Args;
 use tether_client::ClientConfig;
 use tether_gateway::connect;
 
-use crate::client_cli::PolicyArg;
+use tether_client::tls::Trust;
+
+use crate::client_cli::{PolicyArg, parse_ca_cert};
 
 #[derive(Debug, Args)]
 pub struct ConnectArgs {
@@ -19,6 +21,9 @@ pub struct ConnectArgs {
     /// replaces the session, `trust` goes on.
     #[arg(long, value_enum, default_value = "strict")]
     policy: PolicyArg,
+    /// Also trust the certificate authorities in this PEM file for an https URL.
+    #[arg(long, value_name = "FILE", value_parser = parse_ca_cert)]
+    ca_cert: Option<Trust>,
 }
 
 /// `Name: value`.
@@ -33,6 +38,7 @@ pub async fn run(args: ConnectArgs) -> ExitCode {
     let mut config = ClientConfig::new(&args.url);
     config.headers = args.headers;
     config.policy = args.policy.into();
+    config.trust = args.ca_cert.unwrap_or_default();
     let counts = connect::bridge(config, tokio::io::stdin(), tokio::io::stdout()).await;
     eprintln!("{}", serde_json::json!({"event": "counts", "counts": counts}));
     if counts.pending() == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }

@@ -6,7 +6,9 @@ use tether_client::ClientConfig;
 use tether_gateway::upstream::{Connect, UpstreamHandler};
 use tether_gateway::{http, stdio};
 
-use crate::client_cli::PolicyArg;
+use tether_client::tls::Trust;
+
+use crate::client_cli::{PolicyArg, parse_ca_cert};
 use crate::serve::{self, Answering, ServeArgs};
 
 #[derive(Debug, Args)]
@@ -20,6 +22,9 @@ pub struct GatewayArgs {
     /// leads to: `strict` ends the downstream session (`upstream_lost`), `trust` goes on.
     #[arg(long, value_enum, default_value = "strict", requires = "upstream")]
     upstream_policy: PolicyArg,
+    /// Also trust the certificate authorities in this PEM file for an https upstream.
+    #[arg(long, value_name = "FILE", value_parser = parse_ca_cert, requires = "upstream")]
+    ca_cert: Option<Trust>,
     /// The stdio MCP server to start for each session: a program and its arguments, after `--`.
     #[arg(last = true, value_name = "COMMAND", required_unless_present = "upstream")]
     command: Vec<String>,
@@ -30,6 +35,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         (Some(url), _) => {
             let mut config = ClientConfig::new(url);
             config.policy = args.upstream_policy.into();
+            config.trust = args.ca_cert.clone().unwrap_or_default();
             discover(http::Remote::new(config)).await?
         }
         (None, Some((program, rest))) => discover(stdio::Command::new(program.clone(), rest.iter().cloned())).await?,

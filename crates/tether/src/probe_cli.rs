@@ -45,6 +45,9 @@ pub struct ProbeArgs {
     /// `--max-events-per-stream 10`, `--evict-args '{"to": 40}'`).
     #[arg(long)]
     evict_args: Option<String>,
+    /// Also trust the certificate authorities in this PEM file for an https URL.
+    #[arg(long, value_name = "FILE", value_parser = crate::client_cli::parse_ca_cert)]
+    ca_cert: Option<tether_client::tls::Trust>,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
@@ -77,6 +80,7 @@ pub async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         restart_command: args.restart_cmd,
         replicas: args.replicas,
         evict_arguments,
+        trust: args.ca_cert.unwrap_or_default(),
     };
     let report = tether_probe::run(config, progress).await;
     if terminal {

@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use tether_builtin::BuiltinHandler;
 use tether_core::input_required::StateKey;
-use tether_server::{BearerToken, Builder, ConnectionLimits, ServerConfig, parse_duration};
+use tether_server::{BearerToken, Builder, ConnectionLimits, ServerConfig, ServerTls, parse_duration};
 use tether_store::{CounterStore, KeyRecords as _, MemoryStore, RedisDurability, RedisStore, SqliteStore, Store};
 
 /// What an acknowledged write must survive, with the `redis` store.
@@ -40,6 +40,13 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8808")]
     listen: SocketAddr,
+    /// Serve https with the certificate chain in this PEM file (the server's certificate first),
+    /// HTTP/2 and HTTP/1.1 offered by ALPN; needs --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, a PEM file.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Path of the MCP endpoint.
     #[arg(long, default_value = "/mcp")]
     path: String,
@@ -301,17 +308,27 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
         });
         builder = builder.authenticator(BearerToken::with_principals(tokens).context("--auth-token")?);
     }
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(ServerTls::from_pem_files(cert, key).context("--tls-cert, --tls-key")?),
+        _ => None,
+    };
     let server = builder.build();
     let listener = bind(args.listen).with_context(|| format!("binding {}", args.listen))?;
     let local = listener.local_addr()?;
-    println!("listening on http://{local}{}", args.path);
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    println!("listening on {scheme}://{local}{}", args.path);
     if let Some(addr) = args.metrics {
         let scrape = serve_metrics(addr).await?;
         println!("metrics on http://{scrape}/metrics");
     }
     let app = server.router(&args.path);
     tokio::select! {
-        served = tether_server::serve(listener, app, limits) => served.context("serving"),
+        served = async {
+            match tls {
+                Some(tls) => tether_server::serve_tls(listener, app, limits, tls).await,
+                None => tether_server::serve(listener, app, limits).await,
+            }
+        } => served.context("serving"),
         _ = tokio::signal::ctrl_c() => Ok(()),
     }
 }

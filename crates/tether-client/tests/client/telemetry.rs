@@ -23,7 +23,10 @@ async fn divergences_reinitializations_and_reissues_are_counted() {
     let (client, mut events) = Client::connect(ClientConfig::new(url.clone())).await.expect("connect");
     let first = client.session_id().expect("a session");
     // The session ends behind the client's back.
-    let deleted = reqwest::Client::new()
+    let deleted = tether_client::tls::Trust::platform()
+        .http_client()
+        .build()
+        .expect("client")
         .delete(&url)
         .header("mcp-session-id", &first)
         .header("mcp-protocol-version", "2025-11-25")

@@ -78,9 +78,15 @@ pub struct Client {
     pub url: String,
 }
 
+/// An HTTP client builder: TLS is built with every client, and needs the process's provider.
+pub fn http_client() -> reqwest::ClientBuilder {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+}
+
 impl Client {
     pub fn new(server: &TestServer) -> Client {
-        Client { http: reqwest::Client::builder().build().expect("client"), url: server.url.clone() }
+        Client { http: http_client().build().expect("client"), url: server.url.clone() }
     }
 
     /// A POST with the headers a conforming client sends.

@@ -55,8 +55,11 @@ async fn a_stream_whose_client_stops_reading_is_closed_after_the_send_timeout() 
 async fn an_http2_client_that_never_opens_its_window_loses_its_connection() {
     let limits = ConnectionLimits { max_connections: 1, ..limits() };
     let server = start_limited(Builder::new(BuiltinHandler::in_memory()).config(config()), limits).await;
-    let http =
-        reqwest::Client::builder().http2_prior_knowledge().http2_initial_stream_window_size(0).build().expect("client");
+    let http = crate::common::http_client()
+        .http2_prior_knowledge()
+        .http2_initial_stream_window_size(0)
+        .build()
+        .expect("client");
     let stalled = Client { http, url: server.url.clone() };
     let init = request(
         json!(1),

@@ -245,7 +245,7 @@ async fn an_absolute_form_target_is_checked_as_the_host() {
 #[tokio::test]
 async fn http2_cleartext_is_served_with_its_authority_checked() {
     let server = start(config()).await;
-    let http = reqwest::Client::builder().http2_prior_knowledge().build().expect("client");
+    let http = crate::common::http_client().http2_prior_knowledge().build().expect("client");
     let client = Client { http, url: server.url.clone() };
     let session = client.initialize("2025-11-25").await;
     let ping = request(json!(2), "ping", json!({}));
@@ -255,7 +255,7 @@ async fn http2_cleartext_is_served_with_its_authority_checked() {
     let addr: std::net::SocketAddr =
         client.url.trim_start_matches("http://").trim_end_matches("/mcp").parse().expect("addr");
     let http =
-        reqwest::Client::builder().http2_prior_knowledge().resolve("evil.example", addr).build().expect("client");
+        crate::common::http_client().http2_prior_knowledge().resolve("evil.example", addr).build().expect("client");
     let foreign = Client { http, url: format!("http://evil.example:{}/mcp", addr.port()) };
     let refused = foreign.post(Some(&session), &ping).send().await.expect("send");
     assert_eq!((refused.version(), refused.status().as_u16()), (reqwest::Version::HTTP_2, 403));

@@ -1,0 +1,187 @@
+//! TLS end to end on loopback, with a certificate authority the test makes: `tether serve` with
+//! `--tls-cert`/`--tls-key`, reached by `call`, `connect` and `gateway --upstream https://…`
+//! that are given the authority with `--ca-cert`; a server whose authority is not given is
+//! refused with the reason; HTTP/2 is negotiated by ALPN.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read as _, Write as _};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Process, free_port, parse, serve, temp_dir, tether};
+use serde_json::{Value, json};
+use tether_testkit::tls::Authority;
+
+/// `tether serve` over TLS with a certificate of `authority`; its https URL.
+fn serve_tls(dir: &Path, authority: &Authority) -> (Process, String) {
+    let issued = authority.issue(dir, "server");
+    let (cert, key) = (issued.certificate.to_str().expect("utf-8"), issued.key.to_str().expect("utf-8"));
+    let (process, url) = serve(free_port(), &dir.join("data"), &["--tls-cert", cert, "--tls-key", key]);
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    (process, url)
+}
+
+/// The JSON lines `tether ARGS…` printed, and its stderr, once it exits (killed after `within`).
+fn run(args: &[&str], within: Duration) -> (bool, Vec<Value>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tether");
+    let deadline = Instant::now() + within;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("tether {args:?} ran past {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (mut out, mut err) = (String::new(), String::new());
+    child.stdout.take().expect("stdout").read_to_string(&mut out).expect("stdout");
+    child.stderr.take().expect("stderr").read_to_string(&mut err).expect("stderr");
+    let lines: Vec<String> = out.lines().map(str::to_owned).collect();
+    (status.success(), parse(&lines), err)
+}
+
+fn greeting(lines: &[Value]) -> Option<&str> {
+    lines.iter().find(|line| line["event"] == "result")?["result"]["content"][0]["text"].as_str()
+}
+
+#[test]
+fn call_reaches_an_https_server_whose_authority_it_is_given() {
+    let dir = temp_dir("tls-call");
+    let authority = Authority::new("tether test CA");
+    let ca = authority.write(&dir.join("ca.pem"));
+    let (_server, url) = serve_tls(&dir, &authority);
+    let ca = ca.to_str().expect("utf-8");
+    let args = ["call", &url, "greet", "--args", r#"{"name": "tls"}"#, "--ca-cert", ca, "--timeout", "20s"];
+    let (ok, lines, err) = run(&args, Duration::from_secs(30));
+    assert!(ok, "{lines:?} {err}");
+    assert_eq!(greeting(&lines), Some("Hello, tls!"), "{lines:?}");
+    // 2026-07-28 too: stateless requests over the same TLS.
+    let args = [&args[..], &["--protocol-version", "2026-07-28"]].concat();
+    let (ok, lines, err) = run(&args, Duration::from_secs(30));
+    assert!(ok, "{lines:?} {err}");
+    assert_eq!(greeting(&lines), Some("Hello, tls!"), "{lines:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_server_whose_authority_is_not_trusted_is_refused_with_the_reason() {
+    let dir = temp_dir("tls-untrusted");
+    let (authority, stranger) = (Authority::new("tether test CA"), Authority::new("another CA"));
+    let other = stranger.write(&dir.join("other.pem"));
+    let (_server, url) = serve_tls(&dir, &authority);
+    for trust in [vec![], vec!["--ca-cert", other.to_str().expect("utf-8")]] {
+        let args = [&["call", &url, "greet", "--retries", "0", "--timeout", "20s"][..], &trust].concat();
+        let (ok, lines, err) = run(&args, Duration::from_secs(30));
+        assert!(!ok, "{lines:?}");
+        assert!(greeting(&lines).is_none(), "{lines:?}");
+        assert!(err.contains("UnknownIssuer"), "the reason is named: {err}");
+    }
+    let missing = dir.join("missing.pem");
+    let (ok, _, err) =
+        run(&["call", &url, "greet", "--ca-cert", missing.to_str().expect("utf-8")], Duration::from_secs(10));
+    assert!(!ok);
+    assert!(err.contains("--ca-cert") && err.contains("missing.pem"), "a usage error naming the file: {err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn connect_bridges_a_desktop_client_to_an_https_server() {
+    let dir = temp_dir("tls-connect");
+    let authority = Authority::new("tether test CA");
+    let ca = authority.write(&dir.join("ca.pem"));
+    let (_server, url) = serve_tls(&dir, &authority);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
+        .args(["connect", &url, "--ca-cert", ca.to_str().expect("utf-8")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn tether connect");
+    let killer = Killed(&mut child);
+    let mut stdin = killer.0.stdin.take().expect("stdin");
+    let (tx, lines) = std::sync::mpsc::channel();
+    let stdout = killer.0.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(serde_json::from_str::<Value>(&line).expect("a JSON-RPC message per line"));
+        }
+    });
+    let mut send = |message: Value| writeln!(stdin, "{message}").expect("write a line");
+    send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "desktop", "version": "1"}}}));
+    let answer = lines.recv_timeout(Duration::from_secs(20)).expect("initialize answered");
+    assert!(answer["result"]["serverInfo"].is_object(), "{answer}");
+    send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    send(
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "greet", "arguments": {"name": "desk"}}}),
+    );
+    let answer = lines.recv_timeout(Duration::from_secs(20)).expect("the call answered");
+    assert_eq!(answer["result"]["content"][0]["text"], "Hello, desk!", "{answer}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A child killed and reaped when the test ends, however it ends.
+struct Killed<'a>(&'a mut std::process::Child);
+
+impl Drop for Killed<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_gateway_fronts_an_https_upstream() {
+    let dir = temp_dir("tls-gateway");
+    let authority = Authority::new("tether test CA");
+    let ca = authority.write(&dir.join("ca.pem"));
+    let (_server, upstream) = serve_tls(&dir, &authority);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let ca = ca.to_str().expect("utf-8");
+    let gateway_args = ["gateway", "--store", "memory", "--listen", &listen, "--upstream", &upstream, "--ca-cert", ca];
+    let gateway = tether(&gateway_args);
+    let first = gateway.line(Duration::from_secs(30)).expect("tether gateway started");
+    let url = first.strip_prefix("listening on ").expect("listening line").to_owned();
+    let (ok, lines, err) =
+        run(&["call", &url, "greet", "--args", r#"{"name": "gate"}"#, "--timeout", "20s"], Duration::from_secs(30));
+    assert!(ok, "{lines:?} {err}");
+    assert_eq!(greeting(&lines), Some("Hello, gate!"), "{lines:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn http2_is_negotiated_by_alpn() {
+    let dir = temp_dir("tls-alpn");
+    let authority = Authority::new("tether test CA");
+    let ca = authority.write(&dir.join("ca.pem"));
+    let (_server, url) = serve_tls(&dir, &authority);
+    let trust = tether_client::tls::Trust::platform().with_ca_file(&ca).expect("the authority");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let version = runtime.block_on(async {
+        let http = trust.http_client().build().expect("an HTTP client");
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}).to_string();
+        let response = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .body(body)
+            .timeout(Duration::from_secs(20))
+            .send()
+            .await
+            .expect("an answer");
+        format!("{:?}", response.version())
+    });
+    assert_eq!(version, "HTTP/2.0");
+    let _ = std::fs::remove_dir_all(&dir);
+}
