@@ -316,7 +316,9 @@ impl Client {
         let post = inner.endpoint.post(&session, body, headers).instrument(tracing::debug_span!("attempt", id = %id));
         match post.await {
             // Nothing of it was written: it did not run.
-            Err(ClientError::NotSent(why)) => inner.resolve(&key, Err(RequestError::NotExecuted(why))),
+            Err(ClientError::NotSent(why) | ClientError::Untrusted(why)) => {
+                inner.resolve(&key, Err(RequestError::NotExecuted(why)))
+            }
             Err(err) => inner
                 .resolve(&key, Err(RequestError::OutcomeUnknown(format!("the request may not have arrived: {err}")))),
             Ok((head, reply)) => {

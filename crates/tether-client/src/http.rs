@@ -174,6 +174,9 @@ impl http_body::Body for Announced {
 }
 
 fn transport(err: reqwest::Error) -> ClientError {
+    if crate::tls::is_untrusted(&err) {
+        return ClientError::Untrusted(crate::tls::describe(&err));
+    }
     ClientError::Transport(crate::tls::describe(&err))
 }
 

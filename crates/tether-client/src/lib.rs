@@ -279,6 +279,10 @@ pub enum ClientError {
     /// The request was never written: the HTTP client did not start sending it in time.
     #[error("not sent: {0}")]
     NotSent(String),
+    /// The server's TLS certificate is not trusted (an unknown issuer, expired, for another
+    /// name): nothing was sent, and trying again cannot help.
+    #[error("untrusted server: {0}")]
+    Untrusted(String),
 }
 
 /// Why a request has no result.

@@ -413,7 +413,7 @@ impl Session {
     /// to a replica that never had the session, or it expired): then the handshake starts over,
     /// at most `HANDSHAKE_ATTEMPTS` times.
     /// A server that cannot be reached is tried again within the reconnect backoff: a restart
-    /// must not end the client.
+    /// must not end the client. One whose certificate is not trusted is not tried again.
     pub async fn initialize(self: &Arc<Self>) -> Result<String, ClientError> {
         let mut attempt = 1;
         let mut unreachable = Attempts::new(self.config.backoff);
@@ -535,7 +535,9 @@ impl Session {
                     Ok(response) => response,
                     Err(_) => return Ok(None),
                 },
-                Err(err @ (ClientError::Transport(_) | ClientError::NotSent(_))) => return Err(err),
+                Err(err @ (ClientError::Transport(_) | ClientError::NotSent(_) | ClientError::Untrusted(_))) => {
+                    return Err(err);
+                }
                 _ => return Ok(None),
             };
             match response.outcome {

@@ -87,6 +87,24 @@ pub fn describe(err: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
+/// Whether `err` failed because the server's certificate is not trusted: a failure no retry
+/// mends. The TLS error sits inside the connection's I/O errors, whose
+/// [`source`](std::error::Error::source) skips the error they wrap.
+pub(crate) fn is_untrusted(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(err);
+    while let Some(err) = cause {
+        let tls = err.downcast_ref::<rustls::Error>();
+        if matches!(tls, Some(rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented)) {
+            return true;
+        }
+        cause = match err.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref) {
+            Some(wrapped) => Some(wrapped),
+            None => err.source(),
+        };
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,5 +138,17 @@ mod tests {
         }
         let err = Outer(std::io::Error::other("invalid peer certificate: UnknownIssuer"));
         assert_eq!(describe(&err), "error sending request: invalid peer certificate: UnknownIssuer");
+    }
+
+    #[test]
+    fn only_a_certificate_the_client_cannot_trust_is_untrusted() {
+        let certificate = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        // As the HTTP client reports it: an I/O error around the handshake's I/O error.
+        let handshake = std::io::Error::new(std::io::ErrorKind::InvalidData, certificate);
+        assert!(is_untrusted(&std::io::Error::other(handshake)), "under the connection's I/O errors");
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(!is_untrusted(&refused));
+        let handshake = std::io::Error::other(rustls::Error::HandshakeNotComplete);
+        assert!(!is_untrusted(&handshake), "a broken handshake may mend");
     }
 }

@@ -159,6 +159,7 @@ mod tests {
         ];
         for key in keys {
             assert_eq!(RequestKey::parse(&key.encode()), Ok(key.clone()), "{key}");
+            assert_eq!(key.to_string(), key.encode(), "logs show the text the store holds");
         }
         assert_eq!(RequestKey::of(&RequestId::Number(7)).encode(), "n:7", "the text earlier versions stored");
         assert_eq!(RequestKey::of(&RequestId::String("7".into())).encode(), "s:7");
