@@ -6,7 +6,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read as _, Write as _};
-use std::path::Path;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -14,13 +14,36 @@ use common::{Process, free_port, parse, serve, temp_dir, tether};
 use serde_json::{Value, json};
 use tether_testkit::tls::Authority;
 
-/// `tether serve` over TLS with a certificate of `authority`; its https URL.
-fn serve_tls(dir: &Path, authority: &Authority) -> (Process, String) {
-    let issued = authority.issue(dir, "server");
-    let (cert, key) = (issued.certificate.to_str().expect("utf-8"), issued.key.to_str().expect("utf-8"));
-    let (process, url) = serve(free_port(), &dir.join("data"), &["--tls-cert", cert, "--tls-key", key]);
-    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
-    (process, url)
+/// A test's directory, a certificate authority whose certificate is `ca` in it, and `tether
+/// serve` over TLS at `url` with a certificate the authority issued. The directory goes with it.
+struct Secured {
+    dir: PathBuf,
+    ca: PathBuf,
+    url: String,
+    _server: Process,
+}
+
+impl Secured {
+    fn start(name: &str) -> Secured {
+        let dir = temp_dir(name);
+        let authority = Authority::new("tether test CA");
+        let ca = authority.write(&dir.join("ca.pem"));
+        let issued = authority.issue(&dir, "server");
+        let (cert, key) = (issued.certificate.to_str().expect("utf-8"), issued.key.to_str().expect("utf-8"));
+        let (server, url) = serve(free_port(), &dir.join("data"), &["--tls-cert", cert, "--tls-key", key]);
+        assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+        Secured { dir, ca, url, _server: server }
+    }
+
+    fn ca(&self) -> &str {
+        self.ca.to_str().expect("utf-8")
+    }
+}
+
+impl Drop for Secured {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// The JSON lines `tether ARGS…` printed, and its stderr, once it exits (killed after `within`).
@@ -58,12 +81,9 @@ fn greeting(lines: &[Value]) -> Option<&str> {
 
 #[test]
 fn call_reaches_an_https_server_whose_authority_it_is_given() {
-    let dir = temp_dir("tls-call");
-    let authority = Authority::new("tether test CA");
-    let ca = authority.write(&dir.join("ca.pem"));
-    let (_server, url) = serve_tls(&dir, &authority);
-    let ca = ca.to_str().expect("utf-8");
-    let args = ["call", &url, "greet", "--args", r#"{"name": "tls"}"#, "--ca-cert", ca, "--timeout", "20s"];
+    let secured = Secured::start("tls-call");
+    let args =
+        ["call", &secured.url, "greet", "--args", r#"{"name": "tls"}"#, "--ca-cert", secured.ca(), "--timeout", "20s"];
     let (ok, lines, err) = run(&args, Duration::from_secs(30));
     assert!(ok, "{lines:?} {err}");
     assert_eq!(greeting(&lines), Some("Hello, tls!"), "{lines:?}");
@@ -72,39 +92,32 @@ fn call_reaches_an_https_server_whose_authority_it_is_given() {
     let (ok, lines, err) = run(&args, Duration::from_secs(30));
     assert!(ok, "{lines:?} {err}");
     assert_eq!(greeting(&lines), Some("Hello, tls!"), "{lines:?}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_server_whose_authority_is_not_trusted_is_refused_with_the_reason() {
-    let dir = temp_dir("tls-untrusted");
-    let (authority, stranger) = (Authority::new("tether test CA"), Authority::new("another CA"));
-    let other = stranger.write(&dir.join("other.pem"));
-    let (_server, url) = serve_tls(&dir, &authority);
+    let secured = Secured::start("tls-untrusted");
+    let other = Authority::new("another CA").write(&secured.dir.join("other.pem"));
     for trust in [vec![], vec!["--ca-cert", other.to_str().expect("utf-8")]] {
-        let args = [&["call", &url, "greet", "--timeout", "20s"][..], &trust].concat();
+        let args = [&["call", &secured.url, "greet", "--timeout", "20s"][..], &trust].concat();
         let (ok, lines, err) = run(&args, Duration::from_secs(30));
         assert!(!ok, "{lines:?}");
         assert!(greeting(&lines).is_none(), "{lines:?}");
         assert!(err.contains("UnknownIssuer"), "the reason is named: {err}");
         assert!(!err.contains("trying the handshake again"), "no retry can mend it: {err}");
     }
-    let missing = dir.join("missing.pem");
+    let missing = secured.dir.join("missing.pem");
     let (ok, _, err) =
-        run(&["call", &url, "greet", "--ca-cert", missing.to_str().expect("utf-8")], Duration::from_secs(10));
+        run(&["call", &secured.url, "greet", "--ca-cert", missing.to_str().expect("utf-8")], Duration::from_secs(10));
     assert!(!ok);
     assert!(err.contains("--ca-cert") && err.contains("missing.pem"), "a usage error naming the file: {err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn connect_bridges_a_desktop_client_to_an_https_server() {
-    let dir = temp_dir("tls-connect");
-    let authority = Authority::new("tether test CA");
-    let ca = authority.write(&dir.join("ca.pem"));
-    let (_server, url) = serve_tls(&dir, &authority);
+    let secured = Secured::start("tls-connect");
     let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
-        .args(["connect", &url, "--ca-cert", ca.to_str().expect("utf-8")])
+        .args(["connect", &secured.url, "--ca-cert", secured.ca()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -130,7 +143,6 @@ fn connect_bridges_a_desktop_client_to_an_https_server() {
     );
     let answer = lines.recv_timeout(Duration::from_secs(20)).expect("the call answered");
     assert_eq!(answer["result"]["content"][0]["text"], "Hello, desk!", "{answer}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A child killed and reaped when the test ends, however it ends.
@@ -145,13 +157,10 @@ impl Drop for Killed<'_> {
 
 #[test]
 fn a_gateway_fronts_an_https_upstream() {
-    let dir = temp_dir("tls-gateway");
-    let authority = Authority::new("tether test CA");
-    let ca = authority.write(&dir.join("ca.pem"));
-    let (_server, upstream) = serve_tls(&dir, &authority);
+    let secured = Secured::start("tls-gateway");
     let listen = format!("127.0.0.1:{}", free_port());
-    let ca = ca.to_str().expect("utf-8");
-    let gateway_args = ["gateway", "--store", "memory", "--listen", &listen, "--upstream", &upstream, "--ca-cert", ca];
+    let upstream = ["--upstream", &secured.url, "--ca-cert", secured.ca()];
+    let gateway_args = [&["gateway", "--store", "memory", "--listen", &listen][..], &upstream].concat();
     let gateway = tether(&gateway_args);
     let first = gateway.line(Duration::from_secs(30)).expect("tether gateway started");
     let url = first.strip_prefix("listening on ").expect("listening line").to_owned();
@@ -159,22 +168,18 @@ fn a_gateway_fronts_an_https_upstream() {
         run(&["call", &url, "greet", "--args", r#"{"name": "gate"}"#, "--timeout", "20s"], Duration::from_secs(30));
     assert!(ok, "{lines:?} {err}");
     assert_eq!(greeting(&lines), Some("Hello, gate!"), "{lines:?}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn http2_is_negotiated_by_alpn() {
-    let dir = temp_dir("tls-alpn");
-    let authority = Authority::new("tether test CA");
-    let ca = authority.write(&dir.join("ca.pem"));
-    let (_server, url) = serve_tls(&dir, &authority);
-    let trust = tether_client::tls::Trust::platform().with_ca_file(&ca).expect("the authority");
+    let secured = Secured::start("tls-alpn");
+    let trust = tether_client::tls::Trust::platform().with_ca_file(&secured.ca).expect("the authority");
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let version = runtime.block_on(async {
         let http = trust.http_client().build().expect("an HTTP client");
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}).to_string();
         let response = http
-            .post(&url)
+            .post(&secured.url)
             .header("content-type", "application/json")
             .header("accept", "application/json, text/event-stream")
             .header("mcp-protocol-version", "2026-07-28")
@@ -186,5 +191,4 @@ fn http2_is_negotiated_by_alpn() {
         format!("{:?}", response.version())
     });
     assert_eq!(version, "HTTP/2.0");
-    let _ = std::fs::remove_dir_all(&dir);
 }
