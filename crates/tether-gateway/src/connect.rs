@@ -11,12 +11,13 @@
 //! was refused with its session, so it never ran), `outcome_unknown` (it may have run),
 //! `request_aborted` (the server died under it).
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use serde_json::json;
 use tether_client::link::{FromServer, MessageLink};
 use tether_client::{ClientConfig, ClientEvent};
-use tether_core::jsonrpc::{self, ErrorObject, Message, Notification, Response, code};
+use tether_core::jsonrpc::{self, ErrorObject, Message, Notification, RequestId, Response, code};
 use tether_core::mcp::method;
 use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio::sync::mpsc;
@@ -75,9 +76,13 @@ impl Counts {
 
 /// Carries messages between the stdio client on `input`/`output` and the server `config`
 /// names, until the client closes its input (and what it asked is answered, for at most a
-/// minute) or the client can no longer reach the server.
+/// minute) or the client can no longer reach the server. With `timeout`, each of the stdio
+/// client's requests is answered within it: one the server has not answered by then is
+/// answered `outcome_unknown` (it may have run) and cancelled, and an `initialize` that could
+/// not connect is answered `connect_failed`.
 pub async fn bridge(
     config: ClientConfig,
+    timeout: Option<Duration>,
     input: impl AsyncRead + Unpin + Send + 'static,
     output: impl AsyncWrite + Unpin + Send + 'static,
 ) -> Counts {
@@ -92,16 +97,37 @@ pub async fn bridge(
     let mut input_open = true;
     let drained = tokio::time::sleep(Duration::MAX);
     tokio::pin!(drained);
+    let mut deadlines = Deadlines::default();
     loop {
         if !input_open && counts.pending() == 0 {
             break;
         }
+        let overdue = deadlines.next();
         tokio::select! {
             line = lines.recv(), if input_open => match line {
                 Some(line) => match jsonrpc::parse_message(&line) {
+                    Ok(Message::Request(request)) if request.method == method::INITIALIZE => {
+                        counts.requests += 1;
+                        let id = request.id.clone();
+                        let connected = link.send(Message::Request(request));
+                        let Some(timeout) = timeout else {
+                            let _ = connected.await;
+                            continue;
+                        };
+                        if tokio::time::timeout(timeout, connected).await.is_err() {
+                            let why = format!("could not connect to the server within {timeout:?}");
+                            let error = ErrorObject::with_reason(code::INTERNAL_ERROR, why, "connect_failed");
+                            let response = Response { id: Some(id), outcome: Err(error) };
+                            counts.answered(&response);
+                            let _ = to_client.send(Message::Response(response)).await;
+                        }
+                    }
                     Ok(message) => {
-                        if matches!(message, Message::Request(_)) {
+                        if let Message::Request(request) = &message {
                             counts.requests += 1;
+                            if let Some(timeout) = timeout {
+                                deadlines.add(request.id.clone(), tokio::time::Instant::now() + timeout);
+                            }
                         }
                         if link.send(message).await.is_err() {
                             tracing::warn!("the server can no longer be reached");
@@ -120,12 +146,31 @@ pub async fn bridge(
             message = from_server.recv() => match message {
                 Some(FromServer { message, .. }) => {
                     match &message {
-                        Message::Response(response) => counts.answered(response),
+                        Message::Response(response) => {
+                            if response.id.as_ref().is_some_and(|id| !deadlines.answered(id)) {
+                                // Answered already, as overdue.
+                                continue;
+                            }
+                            counts.answered(response);
+                        }
                         _ => counts.from_server += 1,
                     }
                     let _ = to_client.send(message).await;
                 }
                 None => break,
+            },
+            id = overdue => {
+                deadlines.expire(&id);
+                let why = format!("no answer from the server within {timeout:?}: the request may have run");
+                let error = ErrorObject::with_reason(code::INTERNAL_ERROR, why, "outcome_unknown");
+                let response = Response { id: Some(id.clone()), outcome: Err(error) };
+                counts.answered(&response);
+                let _ = to_client.send(Message::Response(response)).await;
+                let cancel = Notification {
+                    method: method::CANCELLED.into(),
+                    params: Some(json!({"requestId": id, "reason": "no answer within the bridge's timeout"})),
+                };
+                let _ = link.send(Message::Notification(cancel)).await;
             },
             event = events.recv() => match event {
                 Some(event) => {
@@ -145,6 +190,62 @@ pub async fn bridge(
     drop(to_client);
     let _ = writer.await;
     counts
+}
+
+/// When each of the stdio client's requests must be answered, under a timeout.
+#[derive(Default)]
+struct Deadlines {
+    /// Requests waiting for their answer, with when it must come.
+    waiting: Vec<(tokio::time::Instant, RequestId)>,
+    /// The newest requests answered as overdue (at most [`MAX_OVERDUE`]): an answer the server
+    /// had already sent when the request was cancelled is dropped.
+    overdue: VecDeque<RequestId>,
+}
+
+/// Most overdue requests remembered: a cancelled request gets no answer, so only those in
+/// flight at their cancellation are ever looked up.
+const MAX_OVERDUE: usize = 1_024;
+
+impl Deadlines {
+    fn add(&mut self, id: RequestId, at: tokio::time::Instant) {
+        self.waiting.push((at, id));
+    }
+
+    /// Whether the server's answer to `id` is to be delivered: `false` if the request was
+    /// answered as overdue already.
+    fn answered(&mut self, id: &RequestId) -> bool {
+        self.waiting.retain(|(_, waiting)| waiting != id);
+        match self.overdue.iter().position(|overdue| overdue == id) {
+            Some(index) => {
+                self.overdue.remove(index);
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// Resolves with the request whose deadline passes first (never, if none waits).
+    fn next(&self) -> impl Future<Output = RequestId> + use<> {
+        let first = self.waiting.iter().min_by_key(|(at, _)| *at).cloned();
+        async move {
+            match first {
+                Some((at, id)) => {
+                    tokio::time::sleep_until(at).await;
+                    id
+                }
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    /// Takes `id` as answered overdue.
+    fn expire(&mut self, id: &RequestId) {
+        self.waiting.retain(|(_, waiting)| waiting != id);
+        if self.overdue.len() == MAX_OVERDUE {
+            self.overdue.pop_front();
+        }
+        self.overdue.push_back(id.clone());
+    }
 }
 
 /// Counts what tether observed, and tells the stdio client when its session was replaced.
@@ -201,5 +302,31 @@ async fn read_lines(input: impl AsyncRead + Unpin, lines: mpsc::Sender<Vec<u8>>)
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_overdue_request_is_answered_once_and_the_earliest_deadline_goes_first() {
+        let now = tokio::time::Instant::now();
+        let mut deadlines = Deadlines::default();
+        deadlines.add(RequestId::Number(1), now + Duration::from_secs(2));
+        deadlines.add(RequestId::Number(2), now + Duration::from_secs(1));
+        assert_eq!(deadlines.next().await, RequestId::Number(2));
+        deadlines.expire(&RequestId::Number(2));
+        assert!(!deadlines.answered(&RequestId::Number(2)), "its late answer is dropped");
+        assert!(deadlines.answered(&RequestId::Number(1)), "answered in time");
+        assert!(
+            tokio::time::timeout(Duration::from_secs(60), deadlines.next()).await.is_err(),
+            "nothing waits any more"
+        );
+        for id in 0..=MAX_OVERDUE as i64 {
+            deadlines.expire(&RequestId::Number(id));
+        }
+        assert_eq!(deadlines.overdue.len(), MAX_OVERDUE, "bounded");
+        assert!(deadlines.answered(&RequestId::Number(0)), "the oldest is forgotten");
     }
 }

@@ -21,6 +21,15 @@ pub struct ConnectArgs {
     /// replaces the session, `trust` goes on.
     #[arg(long, value_enum, default_value = "strict")]
     policy: PolicyArg,
+    /// Answer each request within this long (`30s`, `2m`): one the server has not answered by
+    /// then is answered with an error whose reason is `outcome_unknown` (it may have run), and
+    /// an `initialize` that could not connect with `connect_failed`.
+    #[arg(long, value_parser = tether_server::parse_duration)]
+    timeout: Option<std::time::Duration>,
+    /// How many reconnects of a stream, re-sends of a keyed request or connection attempts in a
+    /// row without progress before giving up (the delays between them grow to 10 s).
+    #[arg(long, default_value_t = 8)]
+    retries: u32,
     /// Also trust the certificate authorities in this PEM file for an https URL.
     #[arg(long, value_name = "FILE", value_parser = parse_ca_cert)]
     ca_cert: Option<Trust>,
@@ -39,7 +48,8 @@ pub async fn run(args: ConnectArgs) -> ExitCode {
     config.headers = args.headers;
     config.policy = args.policy.into();
     config.trust = args.ca_cert.unwrap_or_default();
-    let counts = connect::bridge(config, tokio::io::stdin(), tokio::io::stdout()).await;
+    config.backoff.max_attempts_without_progress = args.retries;
+    let counts = connect::bridge(config, args.timeout, tokio::io::stdin(), tokio::io::stdout()).await;
     eprintln!("{}", serde_json::json!({"event": "counts", "counts": counts}));
     if counts.pending() == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }

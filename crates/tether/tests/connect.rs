@@ -31,8 +31,13 @@ impl Drop for Bridge {
 
 impl Bridge {
     fn start(url: &str) -> Bridge {
+        Bridge::start_with(url, &[])
+    }
+
+    /// `tether connect URL FLAGS…`.
+    fn start_with(url: &str, flags: &[&str]) -> Bridge {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
-            .args(["connect", url])
+            .args([&["connect", url][..], flags].concat())
             // What the client goes through, for a failure to show.
             .env("RUST_LOG", "warn,tether_gateway=debug,tether_client=debug")
             .stdin(Stdio::piped())
@@ -230,5 +235,35 @@ fn requests_without_params_are_forwarded_without_them() {
     let (answers, _) = answers(&bridge, 1..3, Duration::from_secs(20));
     assert_eq!(answers[0]["result"], json!({}), "{}", answers[0]);
     assert!(answers[1]["result"]["tools"].is_array(), "{}", answers[1]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With `--timeout`, a request the server does not answer in time is answered `outcome_unknown`
+/// and cancelled, the bridge goes on serving, and the server's late answer (if any) is never
+/// delivered; an `initialize` that cannot connect is answered `connect_failed`.
+#[test]
+fn with_a_timeout_every_request_is_answered_within_it() {
+    let dir = temp_dir("connect-timeout");
+    let port = free_port();
+    let _server = serve(port, &dir, &["--store", "memory"]).0;
+    let mut bridge = Bridge::start_with(&format!("http://127.0.0.1:{port}/mcp"), &["--timeout", "1s"]);
+    bridge.initialize();
+    bridge.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "sleep", "arguments": {"ms": 3000}}}));
+    let (answers_1, _) = answers(&bridge, 1..2, Duration::from_secs(20));
+    assert_eq!(answers_1[0]["error"]["data"]["reason"], "outcome_unknown", "{}", answers_1[0]);
+    bridge.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}));
+    let (answers_2, _) = answers(&bridge, 2..3, Duration::from_secs(20));
+    assert_eq!(answers_2[0]["result"], json!({}), "{}", answers_2[0]);
+    // Past the tool's own end: its answer never reaches the client.
+    let late: Vec<Value> = bridge.lines.recv_timeout(Duration::from_secs(4)).into_iter().collect();
+    assert!(late.iter().all(|line| line["id"] != 1), "answered once: {late:?}");
+
+    let closed = free_port();
+    let mut unreachable = Bridge::start_with(&format!("http://127.0.0.1:{closed}/mcp"), &["--timeout", "1s"]);
+    unreachable.send(&json!({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "desktop", "version": "1"}}}));
+    let answer = unreachable.lines.recv_timeout(Duration::from_secs(20)).expect("initialize answered");
+    assert_eq!(answer["error"]["data"]["reason"], "connect_failed", "{answer}");
     let _ = std::fs::remove_dir_all(&dir);
 }
