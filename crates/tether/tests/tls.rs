@@ -25,12 +25,18 @@ struct Secured {
 
 impl Secured {
     fn start(name: &str) -> Secured {
+        Secured::start_with(name, &[])
+    }
+
+    /// With `flags` for `tether serve`.
+    fn start_with(name: &str, flags: &[&str]) -> Secured {
         let dir = temp_dir(name);
         let authority = Authority::new("tether test CA");
         let ca = authority.write(&dir.join("ca.pem"));
         let issued = authority.issue(&dir, "server");
         let (cert, key) = (issued.certificate.to_str().expect("utf-8"), issued.key.to_str().expect("utf-8"));
-        let (server, url) = serve(free_port(), &dir.join("data"), &["--tls-cert", cert, "--tls-key", key]);
+        let tls = ["--tls-cert", cert, "--tls-key", key];
+        let (server, url) = serve(free_port(), &dir.join("data"), &[&tls[..], flags].concat());
         assert!(url.starts_with("https://127.0.0.1:"), "{url}");
         Secured { dir, ca, url, _server: server }
     }
@@ -116,8 +122,42 @@ fn a_server_whose_authority_is_not_trusted_is_refused_with_the_reason() {
 #[test]
 fn connect_bridges_a_desktop_client_to_an_https_server() {
     let secured = Secured::start("tls-connect");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
-        .args(["connect", &secured.url, "--ca-cert", secured.ca()])
+    let args = ["connect", &secured.url, "--ca-cert", secured.ca()];
+    desktop_session(Command::new(env!("CARGO_BIN_EXE_tether")).args(args));
+}
+
+/// The README's desktop-client entry, as written: its command and arguments, with the example
+/// URL and token replaced by this test's, and the test's authority as `SSL_CERT_FILE` (as a
+/// machine that trusts a private CA would have it).
+#[test]
+fn the_readme_s_desktop_client_entry_works_as_written() {
+    let readme = include_str!("../../../README.md");
+    let block = readme
+        .split("```json\n")
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next())
+        .find(|block| block.contains("mcpServers"))
+        .expect("the README's desktop-client entry");
+    let entry: Value = serde_json::from_str(block).expect("the entry is JSON");
+    let server = entry["mcpServers"].as_object().and_then(|servers| servers.values().next()).expect("a server");
+    assert_eq!(server["command"], "tether", "{server}");
+    let secured = Secured::start_with("tls-readme", &["--auth-token", "readme-token"]);
+    let args: Vec<String> = server["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|arg| {
+            let arg = arg.as_str().expect("a string");
+            arg.replace("https://mcp.example.com/mcp", &secured.url).replace("${MCP_TOKEN}", "readme-token")
+        })
+        .collect();
+    assert!(args.contains(&secured.url), "the entry names an https URL: {args:?}");
+    desktop_session(Command::new(env!("CARGO_BIN_EXE_tether")).args(&args).env("SSL_CERT_FILE", &secured.ca));
+}
+
+/// Plays a desktop application over `bridge`'s stdio: initializes, calls `greet`.
+fn desktop_session(bridge: &mut Command) {
+    let mut child = bridge
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -138,9 +178,8 @@ fn connect_bridges_a_desktop_client_to_an_https_server() {
     let answer = lines.recv_timeout(Duration::from_secs(20)).expect("initialize answered");
     assert!(answer["result"]["serverInfo"].is_object(), "{answer}");
     send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-    send(
-        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "greet", "arguments": {"name": "desk"}}}),
-    );
+    let call = json!({"name": "greet", "arguments": {"name": "desk"}});
+    send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call}));
     let answer = lines.recv_timeout(Duration::from_secs(20)).expect("the call answered");
     assert_eq!(answer["result"]["content"][0]["text"], "Hello, desk!", "{answer}");
 }
