@@ -161,7 +161,8 @@ pub async fn bridge(
             },
             id = overdue => {
                 deadlines.expire(&id);
-                let why = format!("no answer from the server within {timeout:?}: the request may have run");
+                let within = timeout.map(|timeout| format!(" within {timeout:?}")).unwrap_or_default();
+                let why = format!("no answer from the server{within}: the request may have run");
                 let error = ErrorObject::with_reason(code::INTERNAL_ERROR, why, "outcome_unknown");
                 let response = Response { id: Some(id.clone()), outcome: Err(error) };
                 counts.answered(&response);

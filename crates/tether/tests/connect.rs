@@ -252,6 +252,8 @@ fn with_a_timeout_every_request_is_answered_within_it() {
         "params": {"name": "sleep", "arguments": {"ms": 3000}}}));
     let (answers_1, _) = answers(&bridge, 1..2, Duration::from_secs(20));
     assert_eq!(answers_1[0]["error"]["data"]["reason"], "outcome_unknown", "{}", answers_1[0]);
+    let said = answers_1[0]["error"]["message"].as_str().unwrap_or_default();
+    assert!(said.contains("no answer from the server within 1s"), "{said}");
     bridge.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}));
     let (answers_2, _) = answers(&bridge, 2..3, Duration::from_secs(20));
     assert_eq!(answers_2[0]["result"], json!({}), "{}", answers_2[0]);
