@@ -231,3 +231,25 @@ fn http2_is_negotiated_by_alpn() {
     });
     assert_eq!(version, "HTTP/2.0");
 }
+
+/// A certificate and key that cannot serve TLS stop `serve` at start, saying which and why.
+#[test]
+fn serve_refuses_a_certificate_it_cannot_use() {
+    let dir = temp_dir("tls-refused");
+    let authority = Authority::new("tether test CA");
+    let (one, other) = (authority.issue(&dir, "one"), authority.issue(&dir, "other"));
+    let empty = dir.join("empty.pem");
+    std::fs::write(&empty, "").expect("write");
+    let path = |path: &PathBuf| path.to_str().expect("utf-8").to_owned();
+    let listen = format!("127.0.0.1:{}", free_port());
+    for (cert, key, said) in [
+        (path(&one.certificate), path(&other.key), "cannot serve TLS"),
+        (path(&empty), path(&one.key), "empty.pem holds no readable PEM certificate"),
+        (path(&one.certificate), path(&empty), "empty.pem holds no readable PEM private key"),
+    ] {
+        let args = ["serve", "--store", "memory", "--listen", &listen, "--tls-cert", &cert, "--tls-key", &key];
+        let (ok, _, err) = run(&args, Duration::from_secs(20));
+        assert!(!ok && err.contains(said), "{said}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
