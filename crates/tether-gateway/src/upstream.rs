@@ -133,7 +133,14 @@ impl UpstreamHandler {
     /// is started and initialized to learn its `serverInfo`, capabilities and instructions, then
     /// stopped.
     pub async fn discover(connect: impl Connect) -> Result<UpstreamHandler, ErrorObject> {
-        let describe = described(&connect);
+        let info = UpstreamHandler::info_of(&connect).await?;
+        Ok(UpstreamHandler::new(connect, info))
+    }
+
+    /// How the upstream `connect` reaches presents itself (its `serverInfo`, capabilities and
+    /// instructions): one instance is started and initialized to learn it, then stopped.
+    pub async fn info_of(connect: &impl Connect) -> Result<ServerInfo, ErrorObject> {
+        let describe = described(connect);
         let link = connect.connect().await.map_err(|err| unavailable(&describe, err))?;
         let (_peer, initialized) = Peer::start(link, client_params(&json!({})), None, describe).await?;
         let text = |pointer: &str| initialized.pointer(pointer).and_then(Value::as_str).map(str::to_owned);
@@ -143,7 +150,7 @@ impl UpstreamHandler {
             instructions: text("/instructions"),
             capabilities: initialized.get("capabilities").cloned().unwrap_or_else(|| json!({})),
         };
-        Ok(UpstreamHandler::new(connect, info))
+        Ok(info)
     }
 }
 

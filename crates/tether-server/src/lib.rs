@@ -44,7 +44,7 @@ pub use handler::{AdoptFuture, Handler, HandlerFuture, ServerInfo};
 pub use refusal::Refusal;
 pub use request::context::{Context, ContextError, SessionHandle};
 pub use request::input::InputRequired;
-pub use server::{Builder, Server};
+pub use server::{Builder, Server, until_ready};
 pub use session::LogLevel;
 pub use tls::{ServerTls, TlsError};
 

@@ -63,6 +63,8 @@ pub enum Refusal {
     GetStreamAttached,
     /// The store failed (logged).
     StoreUnavailable,
+    /// The handler is not ready yet: a gateway still reaching its upstream.
+    NotReady,
     /// A response sent in 2026-07-28, which has no server requests.
     ResponseNotAllowed,
     /// 2026-07-28: a request without a required `_meta` field.
@@ -141,7 +143,7 @@ pub enum Refusal {
 
 impl Refusal {
     /// Every refusal.
-    pub const ALL: [Refusal; 61] = [
+    pub const ALL: [Refusal; 62] = [
         Refusal::ParseError,
         Refusal::InvalidMessage,
         Refusal::BatchNotAllowed,
@@ -169,6 +171,7 @@ impl Refusal {
         Refusal::TooManyTasks,
         Refusal::GetStreamAttached,
         Refusal::StoreUnavailable,
+        Refusal::NotReady,
         Refusal::ResponseNotAllowed,
         Refusal::MissingMeta,
         Refusal::HeaderMismatch,
@@ -229,7 +232,7 @@ impl Refusal {
             Refusal::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Refusal::OriginNotAllowed | Refusal::HostNotAllowed => StatusCode::FORBIDDEN,
             Refusal::Unauthorized => StatusCode::UNAUTHORIZED,
-            Refusal::TooManySessions | Refusal::TooManyConnections | Refusal::StoreUnavailable => {
+            Refusal::TooManySessions | Refusal::TooManyConnections | Refusal::StoreUnavailable | Refusal::NotReady => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Refusal::TooManyStreams | Refusal::TooManyTasks => StatusCode::TOO_MANY_REQUESTS,
@@ -320,6 +323,7 @@ impl Refusal {
             | Refusal::TooManyTasks
             | Refusal::GetStreamAttached
             | Refusal::StoreUnavailable
+            | Refusal::NotReady
             | Refusal::RequestAborted
             | Refusal::RequestCancelled
             | Refusal::RecordsRegressed => SERVER_ERROR,
@@ -368,6 +372,7 @@ impl Refusal {
             Refusal::TooManyTasks => "too_many_tasks",
             Refusal::GetStreamAttached => "get_stream_attached",
             Refusal::StoreUnavailable => "store_unavailable",
+            Refusal::NotReady => "not_ready",
             Refusal::ResponseNotAllowed => "response_not_allowed",
             Refusal::MissingMeta => "missing_meta",
             Refusal::HeaderMismatch => "header_mismatch",

@@ -121,6 +121,27 @@ impl Server {
     }
 }
 
+/// A router for a server whose handler is not ready yet (a gateway still reaching its
+/// upstream): every request is answered 503 `not_ready` with `Retry-After`, until `ready` holds
+/// the server's own router, which serves everything from then on.
+pub fn until_ready(ready: Arc<std::sync::OnceLock<axum::Router>>) -> axum::Router {
+    use axum::response::IntoResponse as _;
+    use tower::ServiceExt as _;
+    let serve = tower::service_fn(move |request: axum::extract::Request| {
+        let ready = Arc::clone(&ready);
+        async move {
+            match ready.get() {
+                Some(router) => router.clone().oneshot(request).await,
+                None => Ok(crate::Refusal::NotReady
+                    .with("the server is starting and cannot answer yet; try again shortly")
+                    .with_header(::http::header::RETRY_AFTER, ::http::HeaderValue::from_static("1"))
+                    .into_response()),
+            }
+        }
+    });
+    axum::Router::new().fallback_service(serve)
+}
+
 /// Hands what the store relays from other replicas to `handle` until the server or the relay is
 /// gone; `None` when some were dropped because this process fell behind.
 async fn deliver<T: Clone>(

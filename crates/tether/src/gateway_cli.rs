@@ -3,10 +3,9 @@
 use anyhow::Context as _;
 use clap::Args;
 use tether_client::ClientConfig;
+use tether_client::tls::Trust;
 use tether_gateway::upstream::{Connect, UpstreamHandler};
 use tether_gateway::{http, stdio};
-
-use tether_client::tls::Trust;
 
 use crate::client_cli::{PolicyArg, parse_ca_cert};
 use crate::serve::{self, Answering, ServeArgs};
@@ -22,6 +21,11 @@ pub struct GatewayArgs {
     /// leads to: `strict` ends the downstream session (`upstream_lost`), `trust` goes on.
     #[arg(long, value_enum, default_value = "strict", requires = "upstream")]
     upstream_policy: PolicyArg,
+    /// Listen at once and answer 503 `not_ready` (with `Retry-After`) until the upstream is
+    /// reached, trying again meanwhile; give up (exit 1) if it is not reached within this long.
+    /// Without it, the upstream is reached before anything listens.
+    #[arg(long, value_name = "DURATION", value_parser = tether_server::parse_duration)]
+    upstream_wait: Option<std::time::Duration>,
     /// Also trust the certificate authorities in this PEM file for an https upstream.
     #[arg(long, value_name = "FILE", value_parser = parse_ca_cert, requires = "upstream")]
     ca_cert: Option<Trust>,
@@ -31,24 +35,51 @@ pub struct GatewayArgs {
 }
 
 pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
-    let upstream = match (&args.upstream, args.command.split_first()) {
-        (Some(url), _) => {
-            let mut config = ClientConfig::new(url);
-            config.policy = args.upstream_policy.into();
-            config.trust = args.ca_cert.clone().unwrap_or_default();
-            discover(http::Remote::new(config)).await?
-        }
-        (None, Some((program, rest))) => discover(stdio::Command::new(program.clone(), rest.iter().cloned())).await?,
-        (None, None) => anyhow::bail!("give the upstream: --upstream URL, or -- COMMAND [ARGS...]"),
-    };
-    serve::run(args.serve, Answering::Upstream(upstream)).await
+    let wait = args.upstream_wait;
+    let reached: std::pin::Pin<Box<dyn Future<Output = anyhow::Result<UpstreamHandler>> + Send>> =
+        match (&args.upstream, args.command.split_first()) {
+            (Some(url), _) => {
+                let mut config = ClientConfig::new(url);
+                config.policy = args.upstream_policy.into();
+                config.trust = args.ca_cert.clone().unwrap_or_default();
+                // While waiting, each attempt is one try, so that each is logged and the wait
+                // notices the upstream as soon as it answers.
+                let mut probe = config.clone();
+                if wait.is_some() {
+                    probe.backoff.max_attempts_without_progress = 0;
+                }
+                Box::pin(reach(http::Remote::new(config), http::Remote::new(probe), wait.is_some()))
+            }
+            (None, Some((program, rest))) => {
+                let command = stdio::Command::new(program.clone(), rest.iter().cloned());
+                Box::pin(reach(command.clone(), command, wait.is_some()))
+            }
+            (None, None) => anyhow::bail!("give the upstream: --upstream URL, or -- COMMAND [ARGS...]"),
+        };
+    serve::run(args.serve, Answering::Upstream { reached, wait }).await
 }
 
-/// Starts one instance of the upstream to learn who it is.
-async fn discover(connect: impl Connect) -> anyhow::Result<UpstreamHandler> {
+/// Serves the upstream `connect` reaches, once an instance started by `probe` said who it is;
+/// each attempt is logged. With `again`, tries until one answers (the caller bounds the wait),
+/// else once.
+async fn reach(connect: impl Connect, probe: impl Connect, again: bool) -> anyhow::Result<UpstreamHandler> {
     let describe = connect.describe();
-    UpstreamHandler::discover(connect)
-        .await
-        .map_err(|error| anyhow::anyhow!("{}", error.message))
-        .with_context(|| format!("starting the upstream `{describe}`"))
+    let mut pause = std::time::Duration::from_millis(500);
+    let mut attempt = 0u32;
+    loop {
+        attempt = attempt.saturating_add(1);
+        tracing::info!(upstream = %describe, attempt, "reaching the upstream");
+        match UpstreamHandler::info_of(&probe).await {
+            Ok(info) => return Ok(UpstreamHandler::new(connect, info)),
+            Err(error) if again => {
+                tracing::warn!(upstream = %describe, attempt, reason = %error.message, ?pause, "the upstream is out of reach; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(5));
+            }
+            Err(error) => {
+                return Err(anyhow::anyhow!("{}", error.message))
+                    .with_context(|| format!("starting the upstream `{describe}`"));
+            }
+        }
+    }
 }

@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use tether_builtin::BuiltinHandler;
 use tether_core::input_required::StateKey;
+use tether_gateway::upstream::UpstreamHandler;
 use tether_server::{BearerToken, Builder, ConnectionLimits, ServerConfig, ServerTls, parse_duration};
 use tether_store::{CounterStore, KeyRecords as _, MemoryStore, RedisDurability, RedisStore, SqliteStore, Store};
 
@@ -219,8 +220,14 @@ fn max_connections_for(descriptors: u64) -> usize {
 pub enum Answering {
     /// The built-in tools.
     Builtin,
-    /// An upstream server (`tether gateway`).
-    Upstream(tether_gateway::upstream::UpstreamHandler),
+    /// An upstream server (`tether gateway`), once `reached` has reached it. With `wait`, the
+    /// server listens before that, answering 503 `not_ready`, and gives up after `wait`.
+    Upstream {
+        /// Reaches the upstream, or says why it could not.
+        reached: std::pin::Pin<Box<dyn Future<Output = anyhow::Result<UpstreamHandler>> + Send>>,
+        /// How long to serve `not_ready` while the upstream is out of reach.
+        wait: Option<Duration>,
+    },
 }
 
 pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
@@ -296,23 +303,46 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
             both(store)
         }
     };
-    let builder = match answering {
-        Answering::Builtin => Builder::new(BuiltinHandler::new(counters)),
-        Answering::Upstream(upstream) => Builder::new(upstream),
+    let authenticator = match args.auth_token.is_empty() {
+        true => None,
+        false => {
+            let tokens = args.auth_token.iter().map(|given| match given.split_once(':') {
+                Some((principal, token)) => (principal.to_owned(), token.to_owned()),
+                None => ("bearer".to_owned(), given.clone()),
+            });
+            Some(BearerToken::with_principals(tokens).context("--auth-token")?)
+        }
     };
-    let mut builder = builder.config(config).store(store);
-    if !args.auth_token.is_empty() {
-        let tokens = args.auth_token.iter().map(|given| match given.split_once(':') {
-            Some((principal, token)) => (principal.to_owned(), token.to_owned()),
-            None => ("bearer".to_owned(), given.clone()),
-        });
-        builder = builder.authenticator(BearerToken::with_principals(tokens).context("--auth-token")?);
-    }
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(ServerTls::from_pem_files(cert, key).context("--tls-cert, --tls-key")?),
         _ => None,
     };
-    let server = builder.build();
+    let path = args.path.clone();
+    let router = move |builder: Builder| {
+        let mut builder = builder.config(config).store(store);
+        if let Some(authenticator) = authenticator {
+            builder = builder.authenticator(authenticator);
+        }
+        builder.build().router(&path)
+    };
+    // Without a wait, the upstream is reached before anything listens.
+    let (app, waiting) = match answering {
+        Answering::Builtin => (router(Builder::new(BuiltinHandler::new(counters))), None),
+        Answering::Upstream { reached, wait: None } => (router(Builder::new(reached.await?)), None),
+        Answering::Upstream { reached, wait: Some(wait) } => {
+            let ready = Arc::new(std::sync::OnceLock::new());
+            let became_ready = Arc::clone(&ready);
+            let waiting = async move {
+                let upstream = tokio::time::timeout(wait, reached)
+                    .await
+                    .map_err(|_| anyhow::anyhow!("the upstream was not reached within --upstream-wait {wait:?}"))??;
+                let _ = became_ready.set(router(Builder::new(upstream)));
+                tracing::info!("the upstream is reached: serving");
+                std::future::pending::<anyhow::Result<()>>().await
+            };
+            (tether_server::until_ready(ready), Some(waiting))
+        }
+    };
     let listener = bind(args.listen).with_context(|| format!("binding {}", args.listen))?;
     let local = listener.local_addr()?;
     let scheme = if tls.is_some() { "https" } else { "http" };
@@ -321,7 +351,12 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
         let scrape = serve_metrics(addr).await?;
         println!("metrics on http://{scrape}/metrics");
     }
-    let app = server.router(&args.path);
+    let waiting = async move {
+        match waiting {
+            Some(waiting) => waiting.await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         served = async {
             match tls {
@@ -329,6 +364,7 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
                 None => tether_server::serve(listener, app, limits).await,
             }
         } => served.context("serving"),
+        gave_up = waiting => gave_up,
         _ = tokio::signal::ctrl_c() => Ok(()),
     }
 }

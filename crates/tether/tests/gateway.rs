@@ -279,6 +279,31 @@ fn an_http_upstream_carries_requests_both_ways_and_its_lost_session_ends_the_dow
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// With `--upstream-wait`, a gateway started before its upstream listens at once and answers
+/// 503 `not_ready` with `Retry-After`, trying the upstream again meanwhile; once the upstream
+/// is up, it serves as any gateway does.
+#[test]
+fn a_gateway_waiting_for_its_upstream_answers_not_ready_until_it_is_reached() {
+    let dir = temp_dir("gateway-upstream-wait");
+    let upstream_port = free_port();
+    let upstream_url = format!("http://127.0.0.1:{upstream_port}/mcp");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let flags = ["--store", "memory", "--listen", &listen, "--upstream-wait", "60s"];
+    let (_gateway, url) = start_before(&flags, &["--upstream", &upstream_url]);
+    let body = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": SESSIONFUL, "capabilities": {}, "clientInfo": {"name": "gateway-test", "version": "1"}}});
+    let refused = send(&url, None, &body);
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert!(refused.headers.iter().any(|(name, _)| name == "retry-after"), "{:?}", refused.headers);
+    let error: Value = serde_json::from_str(&refused.body).expect("a JSON error");
+    assert_eq!(error["error"]["data"]["reason"], "not_ready", "{error}");
+    let _upstream = serve(upstream_port, &dir, &["--store", "memory"]);
+    eventually("the gateway reached its upstream", || send(&url, None, &body).status == 200);
+    let session = initialize(&url);
+    assert_eq!(result_text(&call(&url, &session, "count", json!({"to": 2}))), "counted to 2");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn max_sessions_bounds_the_children() {
     let listen = format!("127.0.0.1:{}", free_port());
