@@ -5,7 +5,10 @@
 //! sends.
 //!
 //! The application's `initialize` connects a tether [`Client`] with the application's name,
-//! protocol version and capabilities, and is answered with the server's own answer. From then
+//! protocol version and capabilities, and is answered with the server's own answer; a
+//! 2026-07-28 application, which has no handshake, connects it with its first `server/discover`
+//! (what its `_meta` declares), answered with the server's discovery. A request sent before
+//! either is answered at once with reason `not_initialized`. From then
 //! on its requests are tether requests (so a `tools/call` carries an idempotency key and is
 //! re-issued until its real outcome arrives, when the server offers it); notifications from
 //! every stream reach the application once each, in order, after validation; the server's
@@ -19,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{ErrorObject, Message, Notification, Request, RequestId, Response, code};
-use tether_core::mcp::{Era, ProtocolVersion, method};
+use tether_core::mcp::{self, Era, ProtocolVersion, method};
 use tokio::sync::{OnceCell, mpsc, oneshot};
 
 use crate::{Client, ClientConfig, ClientEvent, HookFuture, RequestError, ServerRequests};
@@ -164,19 +167,21 @@ impl ServerRequests for AppHooks {
 }
 
 impl MessageLink {
-    /// Connects for the application's `initialize` and answers it with the server's answer.
+    /// Connects for the application's handshake and answers it with the server's answer: an
+    /// `initialize` (its name, protocol version and capabilities become the client's), or at
+    /// 2026-07-28 a first `server/discover` (its `_meta` says the same; the client then speaks
+    /// 2026-07-28, and the answer is the server's discovery result).
     fn initialize(&mut self, id: RequestId, params: Value) -> impl Future<Output = ()> + Send + 'static {
+        let hello = Hello::of(&params);
         let config = self.config.take().map(|mut config| {
-            if let Some(name) = params.pointer("/clientInfo/name").and_then(Value::as_str) {
-                config.name = name.to_owned();
+            if let Some(name) = hello.name {
+                config.name = name;
             }
-            if let Some(version) = params.get("protocolVersion").and_then(Value::as_str).and_then(|v| v.parse().ok())
-                && ProtocolVersion::era(version) == Era::Sessionful
-            {
+            if let Some(version) = hello.version {
                 config.protocol_version = version;
             }
             config.hooks = Arc::new(AppHooks {
-                capabilities: params.get("capabilities").cloned().unwrap_or_else(|| json!({})),
+                capabilities: hello.capabilities,
                 to_pump: self.to_pump.clone(),
                 answers: Arc::clone(&self.answers),
                 next_id: std::sync::atomic::AtomicI64::new(1),
@@ -201,6 +206,44 @@ impl MessageLink {
                 },
             };
             deliver(&to_app, Message::Response(Response { id: Some(id), outcome }), None);
+        }
+    }
+}
+
+/// What an application's handshake says of it: an `initialize`'s params, or the `_meta` of a
+/// 2026-07-28 `server/discover`.
+struct Hello {
+    name: Option<String>,
+    /// The revision to speak, if the application named one tether speaks.
+    version: Option<ProtocolVersion>,
+    capabilities: Value,
+}
+
+impl Hello {
+    fn of(params: &Value) -> Hello {
+        if let Some(meta) = params.get("_meta").filter(|meta| meta.get(mcp::meta::PROTOCOL_VERSION).is_some()) {
+            return Hello {
+                name: meta
+                    .get(mcp::meta::CLIENT_INFO)
+                    .and_then(|info| info.get("name"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+                version: meta
+                    .get(mcp::meta::PROTOCOL_VERSION)
+                    .and_then(Value::as_str)
+                    .and_then(|v| v.parse().ok())
+                    .filter(|version: &ProtocolVersion| version.era() == Era::Stateless),
+                capabilities: meta.get(mcp::meta::CLIENT_CAPABILITIES).cloned().unwrap_or_else(|| json!({})),
+            };
+        }
+        Hello {
+            name: params.pointer("/clientInfo/name").and_then(Value::as_str).map(str::to_owned),
+            version: params
+                .get("protocolVersion")
+                .and_then(Value::as_str)
+                .and_then(|v| v.parse().ok())
+                .filter(|version: &ProtocolVersion| version.era() == Era::Sessionful),
+            capabilities: params.get("capabilities").cloned().unwrap_or_else(|| json!({})),
         }
     }
 }
@@ -257,8 +300,10 @@ impl MessageLink {
         let key = request.id.to_value().to_string();
         let (to_pump, running) = (self.to_pump.clone(), Arc::clone(&self.running));
         let Some(client) = self.client.get().cloned() else {
-            let error = ErrorObject::with_reason(code::INTERNAL_ERROR, "not initialized", "not_initialized");
-            let _ = to_pump.send(Message::Response(Response { id: Some(request.id), outcome: Err(error) }));
+            // The pump starts with the handshake: this answer goes to the application directly.
+            let why = "the link is not connected yet: send initialize (or, at 2026-07-28, server/discover) first";
+            let error = ErrorObject::with_reason(code::INTERNAL_ERROR, why, "not_initialized");
+            deliver(&self.to_app, Message::Response(Response { id: Some(request.id), outcome: Err(error) }), None);
             return;
         };
         let (cancel, cancelled) = oneshot::channel::<()>();
@@ -301,6 +346,10 @@ impl MessageLink {
     pub fn send(&mut self, message: Message) -> impl Future<Output = Result<(), NotConnected>> + Send + 'static {
         let waits = match message {
             Message::Request(request) if request.method == method::INITIALIZE => {
+                Waits::Initialize(self.initialize(request.id, request.params.unwrap_or(Value::Null)))
+            }
+            // A 2026-07-28 application has no handshake: its first discovery connects the link.
+            Message::Request(request) if request.method == method::SERVER_DISCOVER && self.config.is_some() => {
                 Waits::Initialize(self.initialize(request.id, request.params.unwrap_or(Value::Null)))
             }
             Message::Request(request) => {

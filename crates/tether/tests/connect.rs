@@ -269,3 +269,27 @@ fn with_a_timeout_every_request_is_answered_within_it() {
     assert_eq!(answer["error"]["data"]["reason"], "connect_failed", "{answer}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A 2026-07-28 stdio client has no `initialize`: its first `server/discover` connects the
+/// bridge and is answered with the server's discovery, and its requests go through. A request
+/// sent before any handshake is answered at once, never left waiting.
+#[test]
+fn a_2026_07_28_client_discovers_and_calls_through_connect() {
+    let dir = temp_dir("connect-stateless");
+    let port = free_port();
+    let _server = serve(port, &dir, &["--store", "memory"]).0;
+    let mut bridge = Bridge::start(&format!("http://127.0.0.1:{port}/mcp"));
+    let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "desktop", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {}});
+    bridge.send(&json!({"jsonrpc": "2.0", "id": 0, "method": "tools/list"}));
+    let (early, _) = answers(&bridge, 0..1, Duration::from_secs(20));
+    assert_eq!(early[0]["error"]["data"]["reason"], "not_initialized", "{}", early[0]);
+    bridge.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": meta}}));
+    bridge.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "greet", "arguments": {"name": "stateless"}, "_meta": meta}}));
+    let (answered, _) = answers(&bridge, 1..3, Duration::from_secs(20));
+    assert!(answered[0]["result"]["capabilities"].is_object(), "the server's discovery: {}", answered[0]);
+    assert_eq!(answered[1]["result"]["content"][0]["text"], "Hello, stateless!", "{}", answered[1]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
