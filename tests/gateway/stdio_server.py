@@ -10,6 +10,10 @@ thread of its own, so calls overlap as they would on a real server. Tools:
 - crash {delay_ms}: exits the process (status 3) after the delay, as a crash would.
 - add {amount}: adds to the counter kept in the file $COUNT_FILE and returns its new value.
 - heard {}: the methods of the notifications received from the client, in order, one per line.
+- client {}: the name and version of the client, as its `initialize` said.
+
+As the Python SDK and FastMCP do, a request carrying a 2026-07-28 `_meta` envelope is refused:
+this server speaks the handshake era.
 """
 import json
 import os
@@ -22,6 +26,7 @@ answers = {}  # id of a request to the client -> [threading.Event, answer]
 answers_lock = threading.Lock()
 cancelled = set()
 heard = []
+client = {}
 next_id = [0]
 count_lock = threading.Lock()
 
@@ -73,6 +78,8 @@ def call_tool(request):
         os._exit(3)
     if name == "heard":
         return text("\n".join(heard))
+    if name == "client":
+        return text(f"{client.get('name')} {client.get('version')}")
     if name == "add":
         path = os.environ["COUNT_FILE"]
         with count_lock:
@@ -91,14 +98,20 @@ def call_tool(request):
 
 TOOLS = [
     {"name": name, "inputSchema": {"type": "object"}}
-    for name in ("count", "roots", "pid", "crash", "add", "heard")
+    for name in ("count", "roots", "pid", "crash", "add", "heard", "client")
 ]
 
 
 def handle(request):
     method = request["method"]
+    meta = (request.get("params") or {}).get("_meta") or {}
+    if "io.modelcontextprotocol/protocolVersion" in meta:
+        send({"jsonrpc": "2.0", "id": request["id"],
+              "error": {"code": -32600, "message": "this connection serves the handshake protocol era"}})
+        return
     try:
         if method == "initialize":
+            client.update(request["params"].get("clientInfo") or {})
             result = {"protocolVersion": request["params"]["protocolVersion"],
                       "capabilities": {"tools": {}},
                       "serverInfo": {"name": "stdio-test-server", "version": "1.0.0"}}

@@ -168,6 +168,14 @@ pub mod meta {
     pub const LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
     /// Per-request client info (2026-07-28).
     pub const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
+    /// The fields by which a 2026-07-28 request carries what a session holds in the sessionful
+    /// revisions: a request handed to a server of a sessionful revision goes without them.
+    pub const ENVELOPE: [&str; 4] = [
+        PROTOCOL_VERSION,
+        CLIENT_CAPABILITIES,
+        CLIENT_INFO,
+        LOG_LEVEL,
+    ];
     /// The experimental capability under which a tether server offers exactly-once execution
     /// of requests carrying an [`IDEMPOTENCY_KEY`].
     pub const IDEMPOTENCY_CAPABILITY: &str = "io.tether/idempotency";

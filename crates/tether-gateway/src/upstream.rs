@@ -34,7 +34,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{ErrorObject, Message, Notification, RequestId};
-use tether_core::mcp::ProtocolVersion;
+use tether_core::mcp::{ProtocolVersion, meta};
 use tether_store::SessionEnd;
 use tokio::sync::{mpsc, watch};
 
@@ -142,7 +142,7 @@ impl UpstreamHandler {
     pub async fn info_of(connect: &impl Connect) -> Result<ServerInfo, ErrorObject> {
         let describe = described(connect);
         let link = connect.connect().await.map_err(|err| unavailable(&describe, err))?;
-        let (_peer, initialized) = Peer::start(link, client_params(&json!({})), None, describe).await?;
+        let (_peer, initialized) = Peer::start(link, client_params(&json!({}), None), None, describe).await?;
         let text = |pointer: &str| initialized.pointer(pointer).and_then(Value::as_str).map(str::to_owned);
         let info = ServerInfo {
             name: text("/serverInfo/name").unwrap_or_else(|| connect.describe()),
@@ -241,13 +241,34 @@ fn end_session_when_stopped(peer: &Peer, session: SessionHandle) {
 }
 
 /// The `initialize` params of an instance started outside any session: the newest sessionful
-/// revision, and `capabilities` (a 2026-07-28 request's own, or none).
-fn client_params(capabilities: &Value) -> Value {
+/// revision, and the client's `capabilities` and `info` (a 2026-07-28 request's own; tether's
+/// and none when the gateway starts one to learn who the upstream is).
+fn client_params(capabilities: &Value, info: Option<&Value>) -> Value {
+    let tether = json!({"name": "tether", "version": env!("CARGO_PKG_VERSION")});
     json!({
         "protocolVersion": ProtocolVersion::LATEST_SESSIONFUL.as_str(),
         "capabilities": capabilities,
-        "clientInfo": {"name": "tether", "version": env!("CARGO_PKG_VERSION")},
+        "clientInfo": info.filter(|info| info.is_object()).unwrap_or(&tether),
     })
+}
+
+/// A 2026-07-28 request as an instance of a sessionful revision takes it: the `initialize`
+/// params its envelope declares (the client's info and capabilities), and its params without
+/// that envelope, which such servers refuse.
+fn to_sessionful(capabilities: &Value, mut params: Value) -> (Value, Value) {
+    let info = params.get("_meta").and_then(|fields| fields.get(meta::CLIENT_INFO)).cloned();
+    let initialize = client_params(capabilities, info.as_ref());
+    if let Some(fields) = params.get_mut("_meta").and_then(Value::as_object_mut) {
+        for field in meta::ENVELOPE {
+            fields.remove(field);
+        }
+        if fields.is_empty()
+            && let Some(params) = params.as_object_mut()
+        {
+            params.remove("_meta");
+        }
+    }
+    (initialize, params)
 }
 
 impl Handler for UpstreamHandler {
@@ -258,17 +279,20 @@ impl Handler for UpstreamHandler {
     fn call(&self, ctx: Context, method: String, params: Value) -> HandlerFuture {
         let upstream = Arc::clone(&self.upstream);
         Box::pin(async move {
-            let peer = match ctx.session() {
+            let (peer, params) = match ctx.session() {
                 Some(session) => match upstream.starting(&session) {
-                    Some(starting) => session_peer(starting, &upstream.describe()).await?,
+                    Some(starting) => (session_peer(starting, &upstream.describe()).await?, params),
                     // Begun at another replica, which holds its instance.
                     None => match upstream.relay(&session) {
                         Some(relay) => return relay.call(ctx, &session, method, params).await,
                         None => return Err(lost(&upstream.describe())),
                     },
                 },
-                // 2026-07-28: the request is the whole exchange.
-                None => Arc::new(upstream.start(client_params(ctx.client_capabilities()), None).await?),
+                // 2026-07-28: the request is the whole exchange, with an instance of its own.
+                None => {
+                    let (initialize, params) = to_sessionful(ctx.client_capabilities(), params);
+                    (Arc::new(upstream.start(initialize, None).await?), params)
+                }
             };
             peer.call(ctx, method, params).await
         })

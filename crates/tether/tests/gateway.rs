@@ -197,7 +197,8 @@ fn a_2026_07_28_request_is_served_by_a_child_of_its_own() {
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
             "name": tool, "arguments": arguments,
             "_meta": {"progressToken": "m", "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                      "io.modelcontextprotocol/clientCapabilities": {}}}});
+                      "io.modelcontextprotocol/clientCapabilities": {},
+                      "io.modelcontextprotocol/clientInfo": {"name": "desk-2026", "version": "7"}}}});
         let headers = [
             ("Content-Type", "application/json"),
             ("Accept", "application/json, text/event-stream"),
@@ -212,6 +213,9 @@ fn a_2026_07_28_request_is_served_by_a_child_of_its_own() {
     let answer = stateless("count", json!({"to": 3}));
     assert_eq!(answer.iter().filter(|m| m["method"] == "notifications/progress").count(), 3, "{answer:?}");
     assert_eq!(result_text(&answer), "counted to 3");
+    // The child, of the handshake era, gets that era's request (it refuses the 2026-07-28
+    // envelope, as the Python SDK does) and was initialized as the real client.
+    assert_eq!(result_text(&stateless("client", json!({}))), "desk-2026 7");
     // Each request its own child, stopped once the request is answered.
     let (first, second) = (result_text(&stateless("pid", json!({}))), result_text(&stateless("pid", json!({}))));
     assert_ne!(first, second, "two requests shared a child");
