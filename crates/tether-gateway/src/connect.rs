@@ -316,10 +316,14 @@ mod tests {
         let mut deadlines = Deadlines::default();
         deadlines.add(RequestId::Number(1), now + Duration::from_secs(2));
         deadlines.add(RequestId::Number(2), now + Duration::from_secs(1));
+        deadlines.add(RequestId::Number(3), now + Duration::from_secs(3));
         assert_eq!(deadlines.next().await, RequestId::Number(2));
         deadlines.expire(&RequestId::Number(2));
-        assert!(!deadlines.answered(&RequestId::Number(2)), "its late answer is dropped");
+        assert_eq!(deadlines.next().await, RequestId::Number(1), "the expired one waits no more, the others do");
         assert!(deadlines.answered(&RequestId::Number(1)), "answered in time");
+        assert_eq!(deadlines.next().await, RequestId::Number(3), "the answered one waits no more, the others do");
+        assert!(!deadlines.answered(&RequestId::Number(2)), "its late answer is dropped");
+        assert!(deadlines.answered(&RequestId::Number(3)));
         assert!(
             tokio::time::timeout(Duration::from_secs(60), deadlines.next()).await.is_err(),
             "nothing waits any more"
