@@ -12,6 +12,8 @@ import sys
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from py_checks import check_count, check_tools
+
 
 async def main(url: str) -> int:
     failures = []
@@ -19,24 +21,8 @@ async def main(url: str) -> int:
         async with ClientSession(read, write) as session:
             init = await session.initialize()
             print("protocolVersion:", init.protocol_version)
-            tools = [t.name for t in (await session.list_tools()).tools]
-            print("tools:", len(tools))
-            for needed in ("count", "test_reconnection"):
-                if needed not in tools:
-                    failures.append(f"tool {needed} missing")
-
-            progress = []
-
-            async def on_progress(value, total, message):
-                progress.append(value)
-
-            result = await asyncio.wait_for(
-                session.call_tool("count", {"to": 5}, progress_callback=on_progress), 30
-            )
-            text = result.content[0].text
-            print("count:", text, "progress:", progress)
-            if text != "counted to 5" or progress != [1, 2, 3, 4, 5]:
-                failures.append(f"count: {text!r} with progress {progress}")
+            await check_tools(session, ("count", "test_reconnection"), failures)
+            await check_count(session, failures)
 
             result = await asyncio.wait_for(session.call_tool("test_reconnection", {}), 30)
             text = result.content[0].text

@@ -14,6 +14,8 @@ import time
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
+from py_checks import check_count, check_tools
+
 # The SDK waits ten seconds for an answer it never gets before falling back: a handshake
 # slower than this is that stall, not a slow machine.
 HANDSHAKE_STALL = 5.0
@@ -30,23 +32,8 @@ async def main(tether: str, url: str) -> int:
             print(f"handshake: {took:.2f} s")
             if took > HANDSHAKE_STALL:
                 failures.append(f"the handshake stalled for {took:.1f} s")
-            tools = [t.name for t in (await session.list_tools()).tools]
-            print("tools:", len(tools))
-            if "count" not in tools:
-                failures.append("tool count missing")
-
-            progress = []
-
-            async def on_progress(value, total, message):
-                progress.append(value)
-
-            result = await asyncio.wait_for(
-                session.call_tool("count", {"to": 5}, progress_callback=on_progress), 30
-            )
-            text = result.content[0].text
-            print("count:", text, "progress:", progress)
-            if text != "counted to 5" or progress != [1, 2, 3, 4, 5]:
-                failures.append(f"count: {text!r} with progress {progress}")
+            await check_tools(session, ("count",), failures)
+            await check_count(session, failures)
     for failure in failures:
         print("FAIL:", failure)
     print(f"python sdk stdio client: {3 - len(failures)} passed, {len(failures)} failed")

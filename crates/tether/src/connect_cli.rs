@@ -4,9 +4,8 @@ use std::process::ExitCode;
 
 use clap::Args;
 use tether_client::ClientConfig;
-use tether_gateway::connect;
-
 use tether_client::tls::Trust;
+use tether_gateway::connect;
 
 use crate::client_cli::{PolicyArg, parse_ca_cert};
 

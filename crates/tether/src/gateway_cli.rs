@@ -36,26 +36,25 @@ pub struct GatewayArgs {
 
 pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let wait = args.upstream_wait;
-    let reached: std::pin::Pin<Box<dyn Future<Output = anyhow::Result<UpstreamHandler>> + Send>> =
-        match (&args.upstream, args.command.split_first()) {
-            (Some(url), _) => {
-                let mut config = ClientConfig::new(url);
-                config.policy = args.upstream_policy.into();
-                config.trust = args.ca_cert.clone().unwrap_or_default();
-                // While waiting, each attempt is one try, so that each is logged and the wait
-                // notices the upstream as soon as it answers.
-                let mut probe = config.clone();
-                if wait.is_some() {
-                    probe.backoff.max_attempts_without_progress = 0;
-                }
-                Box::pin(reach(http::Remote::new(config), http::Remote::new(probe), wait.is_some()))
+    let reached: serve::Reaching = match (&args.upstream, args.command.split_first()) {
+        (Some(url), _) => {
+            let mut config = ClientConfig::new(url);
+            config.policy = args.upstream_policy.into();
+            config.trust = args.ca_cert.clone().unwrap_or_default();
+            // While waiting, each attempt is one try, so that each is logged and the wait
+            // notices the upstream as soon as it answers.
+            let mut probe = config.clone();
+            if wait.is_some() {
+                probe.backoff.max_attempts_without_progress = 0;
             }
-            (None, Some((program, rest))) => {
-                let command = stdio::Command::new(program.clone(), rest.iter().cloned());
-                Box::pin(reach(command.clone(), command, wait.is_some()))
-            }
-            (None, None) => anyhow::bail!("give the upstream: --upstream URL, or -- COMMAND [ARGS...]"),
-        };
+            Box::pin(reach(http::Remote::new(config), http::Remote::new(probe), wait.is_some()))
+        }
+        (None, Some((program, rest))) => {
+            let command = stdio::Command::new(program.clone(), rest.iter().cloned());
+            Box::pin(reach(command.clone(), command, wait.is_some()))
+        }
+        (None, None) => anyhow::bail!("give the upstream: --upstream URL, or -- COMMAND [ARGS...]"),
+    };
     serve::run(args.serve, Answering::Upstream { reached, wait }).await
 }
 

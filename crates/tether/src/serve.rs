@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -216,6 +217,9 @@ fn max_connections_for(descriptors: u64) -> usize {
     usize::try_from(descriptors.saturating_sub(reserve)).unwrap_or(usize::MAX).max(1)
 }
 
+/// Reaching a gateway's upstream: its handler, or why it could not be reached.
+pub type Reaching = Pin<Box<dyn Future<Output = anyhow::Result<UpstreamHandler>> + Send>>;
+
 /// What answers the requests `serve` takes.
 pub enum Answering {
     /// The built-in tools.
@@ -224,7 +228,7 @@ pub enum Answering {
     /// server listens before that, answering 503 `not_ready`, and gives up after `wait`.
     Upstream {
         /// Reaches the upstream, or says why it could not.
-        reached: std::pin::Pin<Box<dyn Future<Output = anyhow::Result<UpstreamHandler>> + Send>>,
+        reached: Reaching,
         /// How long to serve `not_ready` while the upstream is out of reach.
         wait: Option<Duration>,
     },
@@ -303,15 +307,14 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
             both(store)
         }
     };
-    let authenticator = match args.auth_token.is_empty() {
-        true => None,
-        false => {
-            let tokens = args.auth_token.iter().map(|given| match given.split_once(':') {
-                Some((principal, token)) => (principal.to_owned(), token.to_owned()),
-                None => ("bearer".to_owned(), given.clone()),
-            });
-            Some(BearerToken::with_principals(tokens).context("--auth-token")?)
-        }
+    let authenticator = if args.auth_token.is_empty() {
+        None
+    } else {
+        let tokens = args.auth_token.iter().map(|given| match given.split_once(':') {
+            Some((principal, token)) => (principal.to_owned(), token.to_owned()),
+            None => ("bearer".to_owned(), given.clone()),
+        });
+        Some(BearerToken::with_principals(tokens).context("--auth-token")?)
     };
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(ServerTls::from_pem_files(cert, key).context("--tls-cert, --tls-key")?),
@@ -325,10 +328,12 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
         }
         builder.build().router(&path)
     };
-    // Without a wait, the upstream is reached before anything listens.
+    // Without a wait, the upstream is reached before anything listens, and nothing is waited for.
+    type Waiting = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
+    let never = || -> Waiting { Box::pin(std::future::pending()) };
     let (app, waiting) = match answering {
-        Answering::Builtin => (router(Builder::new(BuiltinHandler::new(counters))), None),
-        Answering::Upstream { reached, wait: None } => (router(Builder::new(reached.await?)), None),
+        Answering::Builtin => (router(Builder::new(BuiltinHandler::new(counters))), never()),
+        Answering::Upstream { reached, wait: None } => (router(Builder::new(reached.await?)), never()),
         Answering::Upstream { reached, wait: Some(wait) } => {
             let ready = Arc::new(std::sync::OnceLock::new());
             let became_ready = Arc::clone(&ready);
@@ -340,7 +345,8 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
                 tracing::info!("the upstream is reached: serving");
                 std::future::pending::<anyhow::Result<()>>().await
             };
-            (tether_server::until_ready(ready), Some(waiting))
+            let waiting: Waiting = Box::pin(waiting);
+            (tether_server::until_ready(ready), waiting)
         }
     };
     let listener = bind(args.listen).with_context(|| format!("binding {}", args.listen))?;
@@ -351,12 +357,6 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
         let scrape = serve_metrics(addr).await?;
         println!("metrics on http://{scrape}/metrics");
     }
-    let waiting = async move {
-        match waiting {
-            Some(waiting) => waiting.await,
-            None => std::future::pending().await,
-        }
-    };
     tokio::select! {
         served = async {
             match tls {
