@@ -3,7 +3,7 @@
 //! by [`tether_server::relay`].
 //!
 //! - [`stdio::Command`] starts a stdio MCP server as a child process per instance: one child per
-//!   downstream session (and per 2026-07-28 request), its stderr logged, killed when the session
+//!   downstream session (and one kept per client for 2026-07-28 requests), its stderr logged, killed when the session
 //!   ends; a child that exits ends its session as `upstream_lost` and its running requests with
 //!   `request_aborted`.
 //! - [`http::Remote`] reaches a Streamable HTTP server through tether's client, one upstream

@@ -13,9 +13,10 @@
 //! first, its running requests end with a `request_aborted` error and the session ends as
 //! [`SessionEnd::UpstreamLost`]: later requests naming it get 404 `upstream_lost`, so the client
 //! starts a new session instead of talking to nothing. A 2026-07-28 request, which has no
-//! session, gets an instance of its own, initialized with the capabilities the request declares
-//! and stopped when it ends: an upstream written for one client per connection keeps
-//! per-connection state, which no two requests may share.
+//! session, is served by an instance initialized as the client the request declares (its info
+//! and capabilities), one request at a time: an idle one kept from an earlier request of the
+//! same client, else a new one, at most [`UpstreamHandler::stateless_instances`] alive at once
+//! (`pool`).
 //!
 //! Requests go to the upstream under ids of tether's own; its answers, progress (routed by
 //! token), notifications and requests to the client (sampling, elicitation, roots) come back to
@@ -26,8 +27,10 @@
 //! answered here.
 
 mod peer;
+mod pool;
 
 use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -39,9 +42,14 @@ use tether_store::SessionEnd;
 use tokio::sync::{mpsc, watch};
 
 use peer::Peer;
+use pool::{Lease, Place, Pool};
 use tether_core::lineage::{Epoch, SessionId};
 use tether_server::relay::{self, ABORT_GRACE, Held, Holder, Relay, lost, unavailable};
 use tether_server::{AdoptFuture, Context, Handler, HandlerFuture, ServerInfo, SessionHandle};
+
+/// How many instances serve 2026-07-28 requests at most, unless
+/// [`UpstreamHandler::stateless_instances`] says otherwise.
+pub const STATELESS_INSTANCES: NonZeroUsize = NonZeroUsize::new(4).expect("4 is not 0");
 
 /// How long an upstream may take to answer `initialize`.
 const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -114,6 +122,8 @@ struct Upstream {
     /// Requests to and from the other replicas, from the first that needed it; `None` if the
     /// store serves a single process.
     relay: OnceLock<Option<Relay>>,
+    /// The instances that serve 2026-07-28 requests.
+    pool: Arc<Pool>,
 }
 
 impl std::fmt::Debug for UpstreamHandler {
@@ -125,8 +135,21 @@ impl std::fmt::Debug for UpstreamHandler {
 impl UpstreamHandler {
     /// Serves the upstream `connect` reaches, presenting it as `info` says.
     pub fn new(connect: impl Connect, info: ServerInfo) -> UpstreamHandler {
-        let upstream = Upstream { connect: Box::new(connect), sessions: Mutex::default(), relay: OnceLock::new() };
+        let upstream = Upstream {
+            connect: Box::new(connect),
+            sessions: Mutex::default(),
+            relay: OnceLock::new(),
+            pool: Pool::new(STATELESS_INSTANCES),
+        };
         UpstreamHandler { info, upstream: Arc::new(upstream) }
+    }
+
+    /// Serves 2026-07-28 requests with at most `limit` instances alive at once
+    /// ([`STATELESS_INSTANCES`] by default): a request past it waits for an instance to be
+    /// returned, or takes the place of an idle one initialized as another client.
+    pub fn stateless_instances(self, limit: NonZeroUsize) -> UpstreamHandler {
+        self.upstream.pool.set_limit(limit);
+        self
     }
 
     /// Serves the upstream `connect` reaches, presenting it as it presents itself: one instance
@@ -160,6 +183,18 @@ impl Upstream {
         let describe = self.describe();
         let link = self.connect.connect().await.map_err(|err| unavailable(&describe, err))?;
         Ok(Peer::start(link, client, session, describe).await?.0)
+    }
+
+    /// An instance initialized with `client` (a 2026-07-28 request's declared client) to serve
+    /// one request: an idle one of the same client, else a new one once the pool has a place.
+    async fn lease(&self, client: Value, ctx: &Context) -> Result<Lease, ErrorObject> {
+        match self.pool.place(client, ctx.cancelled()).await? {
+            Place::Reused(lease) => Ok(lease),
+            Place::Start(reserved) => {
+                let peer = self.start(reserved.client().clone(), None).await?;
+                Ok(reserved.started(peer))
+            }
+        }
     }
 
     /// Starts the instance of a session this process just initialized; if it cannot start, the
@@ -279,22 +314,22 @@ impl Handler for UpstreamHandler {
     fn call(&self, ctx: Context, method: String, params: Value) -> HandlerFuture {
         let upstream = Arc::clone(&self.upstream);
         Box::pin(async move {
-            let (peer, params) = match ctx.session() {
-                Some(session) => match upstream.starting(&session) {
-                    Some(starting) => (session_peer(starting, &upstream.describe()).await?, params),
-                    // Begun at another replica, which holds its instance.
-                    None => match upstream.relay(&session) {
-                        Some(relay) => return relay.call(ctx, &session, method, params).await,
-                        None => return Err(lost(&upstream.describe())),
-                    },
-                },
-                // 2026-07-28: the request is the whole exchange, with an instance of its own.
-                None => {
-                    let (initialize, params) = to_sessionful(ctx.client_capabilities(), params);
-                    (Arc::new(upstream.start(initialize, None).await?), params)
-                }
+            let Some(session) = ctx.session() else {
+                // 2026-07-28: the request is the whole exchange, on an instance of the pool.
+                let (initialize, params) = to_sessionful(ctx.client_capabilities(), params);
+                let lease = upstream.lease(initialize, &ctx).await?;
+                let outcome = lease.peer().call(ctx.clone(), method, params).await;
+                lease.finish(!ctx.is_cancelled());
+                return outcome;
             };
-            peer.call(ctx, method, params).await
+            match upstream.starting(&session) {
+                Some(starting) => session_peer(starting, &upstream.describe()).await?.call(ctx, method, params).await,
+                // Begun at another replica, which holds its instance.
+                None => match upstream.relay(&session) {
+                    Some(relay) => relay.call(ctx, &session, method, params).await,
+                    None => Err(lost(&upstream.describe())),
+                },
+            }
         })
     }
 

@@ -29,13 +29,18 @@ pub struct GatewayArgs {
     /// Also trust the certificate authorities in this PEM file for an https upstream.
     #[arg(long, value_name = "FILE", value_parser = parse_ca_cert, requires = "upstream")]
     ca_cert: Option<Trust>,
+    /// The most upstream instances (child processes, upstream sessions) that serve 2026-07-28
+    /// requests at once: each is kept between the requests of one client, and a request past
+    /// the bound waits for one.
+    #[arg(long, value_name = "N", default_value_t = tether_gateway::upstream::STATELESS_INSTANCES)]
+    stateless_instances: std::num::NonZeroUsize,
     /// The stdio MCP server to start for each session: a program and its arguments, after `--`.
     #[arg(last = true, value_name = "COMMAND", required_unless_present = "upstream")]
     command: Vec<String>,
 }
 
 pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
-    let wait = args.upstream_wait;
+    let (wait, pool) = (args.upstream_wait, args.stateless_instances);
     let reached: serve::Reaching = match (&args.upstream, args.command.split_first()) {
         (Some(url), _) => {
             let mut config = ClientConfig::new(url);
@@ -47,11 +52,11 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
             if wait.is_some() {
                 probe.backoff.max_attempts_without_progress = 0;
             }
-            Box::pin(reach(http::Remote::new(config), http::Remote::new(probe), wait.is_some()))
+            Box::pin(reach(http::Remote::new(config), http::Remote::new(probe), wait.is_some(), pool))
         }
         (None, Some((program, rest))) => {
             let command = stdio::Command::new(program.clone(), rest.iter().cloned());
-            Box::pin(reach(command.clone(), command, wait.is_some()))
+            Box::pin(reach(command.clone(), command, wait.is_some(), pool))
         }
         (None, None) => anyhow::bail!("give the upstream: --upstream URL, or -- COMMAND [ARGS...]"),
     };
@@ -60,8 +65,13 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
 
 /// Serves the upstream `connect` reaches, once an instance started by `probe` said who it is;
 /// each attempt is logged. With `again`, tries until one answers (the caller bounds the wait),
-/// else once.
-async fn reach(connect: impl Connect, probe: impl Connect, again: bool) -> anyhow::Result<UpstreamHandler> {
+/// else once. At most `pool` instances serve 2026-07-28 requests.
+async fn reach(
+    connect: impl Connect,
+    probe: impl Connect,
+    again: bool,
+    pool: std::num::NonZeroUsize,
+) -> anyhow::Result<UpstreamHandler> {
     let describe = connect.describe();
     let mut pause = std::time::Duration::from_millis(500);
     let mut attempt = 0u32;
@@ -69,7 +79,7 @@ async fn reach(connect: impl Connect, probe: impl Connect, again: bool) -> anyho
         attempt = attempt.saturating_add(1);
         tracing::info!(upstream = %describe, attempt, "reaching the upstream");
         match UpstreamHandler::info_of(&probe).await {
-            Ok(info) => return Ok(UpstreamHandler::new(connect, info)),
+            Ok(info) => return Ok(UpstreamHandler::new(connect, info).stateless_instances(pool)),
             Err(error) if again => {
                 tracing::warn!(upstream = %describe, attempt, reason = %error.message, ?pause, "the upstream is out of reach; trying again");
                 tokio::time::sleep(pause).await;

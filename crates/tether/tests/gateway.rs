@@ -191,14 +191,15 @@ fn ending_a_session_stops_its_child() {
 }
 
 #[test]
-fn a_2026_07_28_request_is_served_by_a_child_of_its_own() {
-    let (_gateway, url) = gateway();
-    let stateless = |tool: &str, arguments: Value| {
+fn a_2026_07_28_request_is_served_by_a_child_kept_for_its_client() {
+    let (gateway, url) =
+        start(&["--store", "memory", "--listen", &format!("127.0.0.1:{}", free_port()), "--stateless-instances", "2"]);
+    let stateless = |client: &str, tool: &str, arguments: Value| {
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
             "name": tool, "arguments": arguments,
             "_meta": {"progressToken": "m", "io.modelcontextprotocol/protocolVersion": "2026-07-28",
                       "io.modelcontextprotocol/clientCapabilities": {},
-                      "io.modelcontextprotocol/clientInfo": {"name": "desk-2026", "version": "7"}}}});
+                      "io.modelcontextprotocol/clientInfo": {"name": client, "version": "7"}}}});
         let headers = [
             ("Content-Type", "application/json"),
             ("Accept", "application/json, text/event-stream"),
@@ -210,16 +211,27 @@ fn a_2026_07_28_request_is_served_by_a_child_of_its_own() {
         assert_eq!(response.status, 200, "{}", response.body);
         messages(&response.body)
     };
-    let answer = stateless("count", json!({"to": 3}));
+    let answer = stateless("desk", "count", json!({"to": 3}));
     assert_eq!(answer.iter().filter(|m| m["method"] == "notifications/progress").count(), 3, "{answer:?}");
     assert_eq!(result_text(&answer), "counted to 3");
     // The child, of the handshake era, gets that era's request (it refuses the 2026-07-28
     // envelope, as the Python SDK does) and was initialized as the real client.
-    assert_eq!(result_text(&stateless("client", json!({}))), "desk-2026 7");
-    // Each request its own child, stopped once the request is answered.
-    let (first, second) = (result_text(&stateless("pid", json!({}))), result_text(&stateless("pid", json!({}))));
-    assert_ne!(first, second, "two requests shared a child");
-    eventually("a request's child outlived it", || !alive(&first) && !alive(&second));
+    assert_eq!(result_text(&stateless("desk", "client", json!({}))), "desk 7");
+    // The same client's requests share its child, kept between them; another client gets one
+    // of its own, initialized as that client.
+    let desk = result_text(&stateless("desk", "pid", json!({})));
+    assert_eq!(result_text(&stateless("desk", "pid", json!({}))), desk, "a request of the same client started a child");
+    assert_eq!(result_text(&stateless("laptop", "client", json!({}))), "laptop 7");
+    let laptop = result_text(&stateless("laptop", "pid", json!({})));
+    assert_ne!(laptop, desk, "two clients shared a child");
+    // Past the bound (2), a third client's child takes the place of the longest idle one.
+    let phone = result_text(&stateless("phone", "pid", json!({})));
+    eventually("the longest idle child outlived its place", || !alive(&desk));
+    let mut children = children_of(gateway.child.id());
+    children.sort();
+    let mut kept = vec![laptop, phone];
+    kept.sort();
+    assert_eq!(children, kept, "the children past the bound");
 }
 
 #[test]
