@@ -14,6 +14,7 @@ Tool `count(to, interval_ms=30)` sends `to` progress notifications (log notifica
 call carries no progress token), `interval_ms` apart, then returns `counted to {to}`.
 
 Usage: fastmcp_server.py PORT   (binds 127.0.0.1 only, path /mcp)
+       fastmcp_server.py stdio  (the same server on stdio, for `tether gateway -- ...`)
 """
 
 import asyncio
@@ -41,6 +42,9 @@ async def count(to: int, ctx: Context, interval_ms: int = 30) -> str:
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "stdio":
+        server.run(transport="stdio", show_banner=False)
+        sys.exit(0)
     port = int(sys.argv[1])
     app = server.http_app(path="/mcp", transport="http", event_store=EventStore(), retry_interval=100)
     print(f"listening on http://127.0.0.1:{port}/mcp", flush=True)

@@ -1,10 +1,12 @@
 """A Streamable HTTP MCP server built on the official Python SDK (`pip install mcp`), with an
 in-memory event store of our own (the wheel ships none), for interop tests.
 
-Tool `count(to)` sends `to` log notifications on the request's stream and closes that stream
-half-way (SEP-1699), so the client must resume with Last-Event-ID.
+Tool `count(to)` sends `to` notifications on the request's stream (progress when the call has a
+progress token, else log messages) and closes that stream half-way (SEP-1699), so the client
+must resume with Last-Event-ID.
 
 Usage: py_server.py PORT   (binds 127.0.0.1 only)
+       py_server.py stdio  (the same server on stdio, for `tether gateway -- ...`)
 """
 
 import asyncio
@@ -43,9 +45,15 @@ server = MCPServer("py-interop")
 
 @server.tool()
 async def count(to: int, ctx: Context) -> str:
-    """Counts, closing the stream half-way."""
+    """Counts, closing the stream half-way: progress when the call has a progress token, else
+    log messages."""
+    meta = ctx.request_context.meta or {}
+    progress = meta.get("progress_token") is not None
     for i in range(1, to + 1):
-        await ctx.log("info", {"count": i})
+        if progress:
+            await ctx.report_progress(i, to)
+        else:
+            await ctx.log("info", {"count": i})
         if i == (to + 1) // 2 and ctx.request_context.close_sse_stream is not None:
             await ctx.request_context.close_sse_stream()
         await asyncio.sleep(0.02)
@@ -53,6 +61,9 @@ async def count(to: int, ctx: Context) -> str:
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "stdio":
+        server.run("stdio")
+        sys.exit(0)
     port = int(sys.argv[1])
     print(f"listening on http://127.0.0.1:{port}/mcp", flush=True)
     server.run("streamable-http", host="127.0.0.1", port=port, event_store=MemoryEventStore(), retry_interval=100)

@@ -33,6 +33,18 @@ pub(crate) struct InFlight {
     request: Mutex<Option<RequestId>>,
     task: Mutex<Option<String>>,
     on_attempt: Option<OnAttempt>,
+    input: Input,
+}
+
+/// Who answers what a 2026-07-28 server asks before it completes a request (SEP-2322).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Input {
+    /// The configured hooks, round after round, until the result is complete.
+    #[default]
+    Hooks,
+    /// Whoever sent the request: its `input_required` result is its outcome. A 2026-07-28
+    /// application behind a link runs its own rounds.
+    Caller,
 }
 
 impl InFlight {
@@ -115,19 +127,21 @@ impl Client {
         params: Value,
         cancelled: impl Future<Output = ()>,
     ) -> Result<Value, RequestError> {
-        self.request_traced(method, params, cancelled, None).await
+        self.request_traced(method, params, cancelled, None, Input::Hooks).await
     }
 
     /// [`Client::request_cancellable`], telling `on_attempt` the id of each attempt as it goes
     /// out: what the server sends on that attempt's stream arrives with it as its origin.
+    /// `input` says who answers what the server asks before it completes the request.
     pub(crate) async fn request_traced(
         &self,
         method: &str,
         params: Value,
         cancelled: impl Future<Output = ()>,
         on_attempt: Option<OnAttempt>,
+        input: Input,
     ) -> Result<Value, RequestError> {
-        let in_flight = InFlight { on_attempt, ..InFlight::default() };
+        let in_flight = InFlight { on_attempt, input, ..InFlight::default() };
         {
             let sent = self.send(method, params, Keying::Auto, Some(&in_flight));
             tokio::pin!(sent);
@@ -180,7 +194,7 @@ impl Client {
             if result.get("resultType").and_then(Value::as_str) == Some(tasks::RESULT_TYPE) {
                 return crate::task::follow(self, &result, in_flight).await;
             }
-            if !input_required::asks(&result) {
+            if !input_required::asks(&result) || in_flight.is_some_and(|f| f.input == Input::Caller) {
                 return Ok(result);
             }
             let mut answers = serde_json::Map::new();
@@ -406,6 +420,12 @@ impl Client {
         let params = (!params.is_null()).then_some(params);
         let body = Message::Notification(Notification { method: method.to_owned(), params }).to_vec();
         self.inner.endpoint.post(&self.inner.session(), body, HeaderMap::new()).await.map(|_| ())
+    }
+
+    /// Whether the client speaks 2026-07-28 to its server (which has no sessions), rather than a
+    /// revision of the handshake era.
+    pub fn is_stateless(&self) -> bool {
+        self.inner.is_stateless()
     }
 
     /// The server's answer to the current session's `initialize` (`protocolVersion`,

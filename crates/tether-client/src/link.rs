@@ -7,8 +7,16 @@
 //! The application's `initialize` connects a tether [`Client`] with the application's name,
 //! protocol version and capabilities, and is answered with the server's own answer; a
 //! 2026-07-28 application, which has no handshake, connects it with its first `server/discover`
-//! (what its `_meta` declares), answered with the server's discovery. A request sent before
-//! either is answered at once with reason `not_initialized`. From then
+//! or, when it skips discovery, its first request (what their `_meta` declares). A request
+//! without that envelope sent before any handshake is answered at once with reason
+//! `not_initialized`; a handshake that fails leaves the link unconnected, to be tried again.
+//!
+//! The application and the server need not speak the same era ([`tether_core::translate`]):
+//! a 2026-07-28 application's requests to a server of the handshake era go in a session without
+//! their envelope, its discovery is answered from the session's `initialize` result, and its
+//! results are marked complete; a handshake-era application is answered in the revision it
+//! asked for by a server of 2026-07-28 only, whose input rounds reach it as the server's
+//! requests. A 2026-07-28 application runs its own input rounds. From then
 //! on its requests are tether requests (so a `tools/call` carries an idempotency key and is
 //! re-issued until its real outcome arrives, when the server offers it); notifications from
 //! every stream reach the application once each, in order, after validation; the server's
@@ -18,13 +26,15 @@
 //! reason `outcome_unknown`, never in silence.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{ErrorObject, Message, Notification, Request, RequestId, Response, code};
 use tether_core::mcp::{self, Era, ProtocolVersion, method};
+use tether_core::translate;
 use tokio::sync::{OnceCell, mpsc, oneshot};
 
+use crate::client::Input;
 use crate::{Client, ClientConfig, ClientEvent, HookFuture, RequestError, ServerRequests};
 
 /// The server's requests waiting for the application's answer, by the id the application saw.
@@ -48,17 +58,31 @@ pub struct FromServer {
 /// [`MessageLink::send`]; what the server sends it comes out of the receiver
 /// [`MessageLink::new`] returns.
 pub struct MessageLink {
-    /// Until the application's `initialize` arrives.
-    config: Option<ClientConfig>,
-    client: Arc<OnceCell<Client>>,
-    to_app: mpsc::UnboundedSender<FromServer>,
+    /// Until the application's handshake connects the client; put back if it fails, so the
+    /// application may try again.
+    unconnected: Arc<Mutex<Option<Unconnected>>>,
+    requests: Requests,
     events: mpsc::UnboundedSender<ClientEvent>,
+    answers: Answers,
+}
+
+/// What connecting the client takes.
+struct Unconnected {
+    config: ClientConfig,
+    /// The pump's end of the requests' queue: the pump starts once the client is connected.
+    pump_rx: mpsc::UnboundedReceiver<Message>,
+}
+
+/// What runs the application's requests once the client is connected.
+#[derive(Clone)]
+struct Requests {
+    client: Arc<OnceCell<Client>>,
+    /// The revision the application speaks, from its handshake on.
+    app: Arc<OnceLock<ProtocolVersion>>,
+    to_app: mpsc::UnboundedSender<FromServer>,
     /// Responses to the application's requests and the server's requests, handed over by the
     /// pump behind the notifications that preceded them on their streams.
     to_pump: mpsc::UnboundedSender<Message>,
-    /// The pump's end of `to_pump`, until `initialize` starts the pump.
-    pump_rx: Option<mpsc::UnboundedReceiver<Message>>,
-    answers: Answers,
     origins: Origins,
     /// The application's requests in flight, so it can cancel them.
     running: Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>,
@@ -91,32 +115,43 @@ impl MessageLink {
         let (to_app, from_server) = mpsc::unbounded_channel();
         let (events, events_rx) = mpsc::unbounded_channel();
         let (to_pump, pump_rx) = mpsc::unbounded_channel();
-        let link = MessageLink {
-            config: Some(config),
+        let requests = Requests {
             client: Arc::default(),
+            app: Arc::default(),
             to_app,
-            events,
             to_pump,
-            pump_rx: Some(pump_rx),
-            answers: Answers::default(),
             origins: Origins::default(),
             running: Arc::default(),
+        };
+        let link = MessageLink {
+            unconnected: Arc::new(Mutex::new(Some(Unconnected { config, pump_rx }))),
+            requests,
+            events,
+            answers: Answers::default(),
         };
         (link, from_server, events_rx)
     }
 
     /// The tether client, once the application has initialized.
     pub fn client(&self) -> Option<Client> {
-        self.client.get().cloned()
+        self.requests.client.get().cloned()
+    }
+
+    /// Whether the application's handshake has yet to connect the client.
+    fn connecting(&self) -> bool {
+        lock(&self.unconnected).is_some()
     }
 }
 
 /// What a message the application sends still has to wait for.
-enum Waits<I> {
+enum Waits {
     Nothing,
-    Initialize(I),
+    /// The client connecting for the application's handshake, then what follows it.
+    Connect(BoxedWait),
     Notify(Option<Client>, Notification),
 }
+
+type BoxedWait = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Hands `message` to the application; a dropped receiver means it has stopped, and nothing is
 /// waiting.
@@ -167,85 +202,116 @@ impl ServerRequests for AppHooks {
 }
 
 impl MessageLink {
-    /// Connects for the application's handshake and answers it with the server's answer: an
-    /// `initialize` (its name, protocol version and capabilities become the client's), or at
-    /// 2026-07-28 a first `server/discover` (its `_meta` says the same; the client then speaks
-    /// 2026-07-28, and the answer is the server's discovery result).
-    fn initialize(&mut self, id: RequestId, params: Value) -> impl Future<Output = ()> + Send + 'static {
-        let hello = Hello::of(&params);
-        let config = self.config.take().map(|mut config| {
-            if let Some(name) = hello.name {
-                config.name = name;
+    /// Connects the client as the application's handshake (`params`) declares it, starting the
+    /// pump; resolves to the server's answer in the application's revision. A handshake that
+    /// fails leaves the link as it was, for the application to try again.
+    fn connect(&mut self, params: &Value) -> impl Future<Output = Result<Value, ErrorObject>> + Send + 'static {
+        let hello = Hello::of(params);
+        let unconnected = lock(&self.unconnected).take().map(|Unconnected { mut config, pump_rx }| {
+            if let Some(name) = &hello.name {
+                config.name = name.clone();
             }
             if let Some(version) = hello.version {
                 config.protocol_version = version;
             }
             config.hooks = Arc::new(AppHooks {
-                capabilities: hello.capabilities,
-                to_pump: self.to_pump.clone(),
+                capabilities: hello.capabilities.clone(),
+                to_pump: self.requests.to_pump.clone(),
                 answers: Arc::clone(&self.answers),
                 next_id: std::sync::atomic::AtomicI64::new(1),
             });
-            config
+            Unconnected { config, pump_rx }
         });
-        let (cell, to_app, events) = (Arc::clone(&self.client), self.to_app.clone(), self.events.clone());
-        let origins = Arc::clone(&self.origins);
-        let pump_rx = self.pump_rx.take();
+        let (requests, events) = (self.requests.clone(), self.events.clone());
+        // Put back unless connected: a failed handshake, or one whose wait was dropped.
+        let mut pending = Pending { slot: Arc::clone(&self.unconnected), unconnected };
         async move {
-            let outcome = match config.zip(pump_rx) {
-                None => Err(ErrorObject::with_reason(code::INVALID_REQUEST, "already initialized", "initialized")),
-                Some((config, pump_rx)) => match Client::connect(config).await {
-                    Ok((client, client_events)) => {
-                        tokio::spawn(pump(client_events, pump_rx, to_app.clone(), events, origins));
-                        client.follow_standalone().await;
-                        let server = client.server();
-                        let _ = cell.set(client);
-                        Ok(server)
-                    }
-                    Err(err) => Err(ErrorObject::with_reason(code::INTERNAL_ERROR, err.to_string(), "connect_failed")),
-                },
+            let Some(config) = pending.unconnected.as_ref().map(|u| u.config.clone()) else {
+                return Err(ErrorObject::with_reason(code::INVALID_REQUEST, "already initialized", "initialized"));
             };
-            deliver(&to_app, Message::Response(Response { id: Some(id), outcome }), None);
+            let (client, client_events) = Client::connect(config)
+                .await
+                .map_err(|err| ErrorObject::with_reason(code::INTERNAL_ERROR, err.to_string(), "connect_failed"))?;
+            if let Some(Unconnected { pump_rx, .. }) = pending.unconnected.take() {
+                let to_app = requests.to_app.clone();
+                tokio::spawn(pump(client_events, pump_rx, to_app, events, Arc::clone(&requests.origins)));
+            }
+            client.follow_standalone().await;
+            let server = client.server();
+            let _ = requests.app.set(hello.speaks);
+            let answer = match (hello.speaks.era(), client.is_stateless()) {
+                (Era::Stateless, false) => translate::discover_result(&server),
+                (Era::Sessionful, true) => translate::initialize_result(&server, hello.speaks),
+                _ => server,
+            };
+            let _ = requests.client.set(client);
+            Ok(answer)
+        }
+    }
+}
+
+/// What connecting takes, while a handshake connects: given back to the link when dropped
+/// unconnected.
+struct Pending {
+    slot: Arc<Mutex<Option<Unconnected>>>,
+    unconnected: Option<Unconnected>,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(unconnected) = self.unconnected.take() {
+            *lock(&self.slot) = Some(unconnected);
         }
     }
 }
 
 /// What an application's handshake says of it: an `initialize`'s params, or the `_meta` of a
-/// 2026-07-28 `server/discover`.
+/// 2026-07-28 request (its `server/discover`, or its first request when it skips discovery).
 struct Hello {
     name: Option<String>,
-    /// The revision to speak, if the application named one tether speaks.
+    /// The revision the client is to speak, if the application named one tether speaks.
     version: Option<ProtocolVersion>,
+    /// The revision the application speaks: what it named, else the newest of its era.
+    speaks: ProtocolVersion,
     capabilities: Value,
 }
 
 impl Hello {
     fn of(params: &Value) -> Hello {
-        if let Some(meta) = params.get("_meta").filter(|meta| meta.get(mcp::meta::PROTOCOL_VERSION).is_some()) {
+        if let Some(meta) = stateless_envelope(params) {
+            let version = meta
+                .get(mcp::meta::PROTOCOL_VERSION)
+                .and_then(Value::as_str)
+                .and_then(|v| v.parse().ok())
+                .filter(|version: &ProtocolVersion| version.era() == Era::Stateless);
             return Hello {
                 name: meta
                     .get(mcp::meta::CLIENT_INFO)
                     .and_then(|info| info.get("name"))
                     .and_then(Value::as_str)
                     .map(str::to_owned),
-                version: meta
-                    .get(mcp::meta::PROTOCOL_VERSION)
-                    .and_then(Value::as_str)
-                    .and_then(|v| v.parse().ok())
-                    .filter(|version: &ProtocolVersion| version.era() == Era::Stateless),
+                version,
+                speaks: version.unwrap_or(ProtocolVersion::LATEST),
                 capabilities: meta.get(mcp::meta::CLIENT_CAPABILITIES).cloned().unwrap_or_else(|| json!({})),
             };
         }
+        let version = params
+            .get("protocolVersion")
+            .and_then(Value::as_str)
+            .and_then(|v| v.parse().ok())
+            .filter(|version: &ProtocolVersion| version.era() == Era::Sessionful);
         Hello {
             name: params.pointer("/clientInfo/name").and_then(Value::as_str).map(str::to_owned),
-            version: params
-                .get("protocolVersion")
-                .and_then(Value::as_str)
-                .and_then(|v| v.parse().ok())
-                .filter(|version: &ProtocolVersion| version.era() == Era::Sessionful),
+            version,
+            speaks: version.unwrap_or(ProtocolVersion::LATEST_SESSIONFUL),
             capabilities: params.get("capabilities").cloned().unwrap_or_else(|| json!({})),
         }
     }
+}
+
+/// The `_meta` of a request that carries the 2026-07-28 envelope.
+fn stateless_envelope(params: &Value) -> Option<&Value> {
+    params.get("_meta").filter(|meta| meta.get(mcp::meta::PROTOCOL_VERSION).is_some())
 }
 
 /// Hands the application the client's notifications (acknowledging them once handed over),
@@ -293,10 +359,13 @@ async fn pump(
     }
 }
 
-impl MessageLink {
+impl Requests {
     /// Sends one of the application's requests; its outcome reaches it through the pump. Its
-    /// `notifications/cancelled` cancels the request on the server, and it gets no answer.
-    fn start(&mut self, request: Request) {
+    /// `notifications/cancelled` cancels the request on the server, and it gets no answer. A
+    /// 2026-07-28 application's request to a server of the handshake era goes without its
+    /// envelope, in the session, and its result comes back marked complete; its
+    /// `server/discover` is answered here, from the session's `initialize` result.
+    fn start(&self, request: Request) {
         let key = request.id.to_value().to_string();
         let (to_pump, running) = (self.to_pump.clone(), Arc::clone(&self.running));
         let Some(client) = self.client.get().cloned() else {
@@ -306,11 +375,24 @@ impl MessageLink {
             deliver(&self.to_app, Message::Response(Response { id: Some(request.id), outcome: Err(error) }), None);
             return;
         };
+        let modern_app = self.app.get().is_some_and(|app| app.era() == Era::Stateless);
+        let translated = modern_app && !client.is_stateless();
+        // A 2026-07-28 application runs its own input rounds; one of the handshake era answers
+        // the server's requests instead, which the hooks turn into rounds.
+        let input = if modern_app { Input::Caller } else { Input::Hooks };
+        if translated && request.method == method::SERVER_DISCOVER {
+            let outcome = Ok(translate::discover_result(&client.server()));
+            let _ = to_pump.send(Message::Response(Response { id: Some(request.id), outcome }));
+            return;
+        }
         let (cancel, cancelled) = oneshot::channel::<()>();
         lock(&self.running).insert(key.clone(), cancel);
         let origins = Arc::clone(&self.origins);
         tokio::spawn(async move {
-            let params = request.params.unwrap_or(Value::Null);
+            let mut params = request.params.unwrap_or(Value::Null);
+            if translated {
+                translate::strip_envelope(&mut params);
+            }
             // A dropped sender (the transport closed) cancels too.
             let cancelled = async move { drop(cancelled.await) };
             let (app_id, attempts) = (request.id.clone(), Arc::clone(&origins));
@@ -318,20 +400,23 @@ impl MessageLink {
                 tracing::debug!(request = %app_id, %attempt, "sending the application's request");
                 lock(&attempts).insert(attempt.clone(), app_id.clone());
             });
-            let outcome = client.request_traced(&request.method, params, cancelled, Some(on_attempt)).await;
+            let outcome = client.request_traced(&request.method, params, cancelled, Some(on_attempt), input).await;
             lock(&running).remove(&key);
             if outcome == Err(RequestError::CancelledByCaller) {
                 lock(&origins).retain(|_, app_id| *app_id != request.id);
             } else {
+                let mut outcome = outcome.map_err(request_error);
+                if let (true, Ok(result)) = (translated, &mut outcome) {
+                    translate::stateless_result(&request.method, result, &translate::server_info(&client.server()));
+                }
                 // The pump is gone only when the client is.
-                let outcome = outcome.map_err(request_error);
                 let _ = to_pump.send(Message::Response(Response { id: Some(request.id), outcome }));
             }
         });
     }
 
     /// Stops waiting for the request the application cancels.
-    fn cancel(&mut self, params: Option<&Value>) {
+    fn cancel(&self, params: Option<&Value>) {
         let id = params.and_then(|p| p.get("requestId")).map(Value::to_string);
         if let Some(cancel) = id.and_then(|id| lock(&self.running).remove(&id)) {
             let _ = cancel.send(());
@@ -345,24 +430,45 @@ impl MessageLink {
     /// sends it, not when it gets round to polling the futures (rmcp polls several).
     pub fn send(&mut self, message: Message) -> impl Future<Output = Result<(), NotConnected>> + Send + 'static {
         let waits = match message {
-            Message::Request(request) if request.method == method::INITIALIZE => {
-                Waits::Initialize(self.initialize(request.id, request.params.unwrap_or(Value::Null)))
+            Message::Request(request)
+                if request.method == method::INITIALIZE
+                    // A 2026-07-28 application has no handshake: its first discovery connects the link.
+                    || (request.method == method::SERVER_DISCOVER && self.connecting()) =>
+            {
+                let (to_app, id) = (self.requests.to_app.clone(), request.id);
+                let connected = self.connect(request.params.as_ref().unwrap_or(&Value::Null));
+                Waits::Connect(Box::pin(async move {
+                    let outcome = connected.await;
+                    deliver(&to_app, Message::Response(Response { id: Some(id), outcome }), None);
+                }) as BoxedWait)
             }
-            // A 2026-07-28 application has no handshake: its first discovery connects the link.
-            Message::Request(request) if request.method == method::SERVER_DISCOVER && self.config.is_some() => {
-                Waits::Initialize(self.initialize(request.id, request.params.unwrap_or(Value::Null)))
+            // Nor does one that skips discovery: its first request connects the link, then runs.
+            Message::Request(request)
+                if self.connecting() && request.params.as_ref().and_then(stateless_envelope).is_some() =>
+            {
+                let requests = self.requests.clone();
+                let connected = self.connect(request.params.as_ref().unwrap_or(&Value::Null));
+                Waits::Connect(Box::pin(async move {
+                    match connected.await {
+                        Ok(_) => requests.start(request),
+                        Err(error) => {
+                            let response = Response { id: Some(request.id), outcome: Err(error) };
+                            deliver(&requests.to_app, Message::Response(response), None);
+                        }
+                    }
+                }) as BoxedWait)
             }
             Message::Request(request) => {
-                self.start(request);
+                self.requests.start(request);
                 Waits::Nothing
             }
             // tether sent its own.
             Message::Notification(n) if n.method == method::INITIALIZED => Waits::Nothing,
             Message::Notification(n) if n.method == method::CANCELLED => {
-                self.cancel(n.params.as_ref());
+                self.requests.cancel(n.params.as_ref());
                 Waits::Nothing
             }
-            Message::Notification(n) => Waits::Notify(self.client.get().cloned(), n),
+            Message::Notification(n) => Waits::Notify(self.client(), n),
             Message::Response(Response { id: Some(RequestId::Number(id)), outcome }) => {
                 if let Some(waiting) = lock(&self.answers).remove(&id) {
                     let _ = waiting.send(outcome);
@@ -377,8 +483,8 @@ impl MessageLink {
         async move {
             match waits {
                 Waits::Nothing => Ok(()),
-                Waits::Initialize(initialize) => {
-                    initialize.await;
+                Waits::Connect(connect) => {
+                    connect.await;
                     Ok(())
                 }
                 Waits::Notify(client, Notification { method, params }) => {
@@ -391,10 +497,10 @@ impl MessageLink {
 
     /// Stops every request in flight and ends the session.
     pub async fn close(&mut self) {
-        for (_, cancel) in lock(&self.running).drain() {
+        for (_, cancel) in lock(&self.requests.running).drain() {
             let _ = cancel.send(());
         }
-        if let Some(client) = self.client.get() {
+        if let Some(client) = self.requests.client.get() {
             client.close().await;
         }
     }

@@ -435,16 +435,27 @@ impl Session {
     }
 
     async fn handshake(self: &Arc<Self>) -> Result<String, ClientError> {
-        if self.config.protocol_version.era() == Era::Stateless {
-            let server = self.stateless_server().await?.ok_or_else(|| {
-                ClientError::Protocol("the server does not answer server/discover the 2026-07-28 way".into())
-            })?;
-            self.become_stateless(server);
-            return Ok(String::new());
+        let mut version = self.config.protocol_version;
+        if version.era() == Era::Stateless {
+            match self.stateless_server().await? {
+                Some(server) => {
+                    self.become_stateless(server);
+                    return Ok(String::new());
+                }
+                // Tasks exist only in 2026-07-28: a session would run the call as a plain one.
+                None if self.config.tasks => {
+                    return Err(ClientError::Protocol(
+                        "the server does not answer server/discover the 2026-07-28 way, and only that revision has tasks"
+                            .into(),
+                    ));
+                }
+                // A server of the handshake era only: spoken to in its newest revision.
+                None => version = ProtocolVersion::LATEST_SESSIONFUL,
+            }
         }
         let id = self.next_id();
         let params = json!({
-            "protocolVersion": self.config.protocol_version.as_str(),
+            "protocolVersion": version.as_str(),
             "capabilities": self.config.hooks.capabilities(),
             "clientInfo": {"name": self.config.name, "version": env!("CARGO_PKG_VERSION")},
         });

@@ -168,6 +168,8 @@ pub mod meta {
     pub const LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
     /// Per-request client info (2026-07-28).
     pub const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
+    /// The server's info on a 2026-07-28 result (the handshake era's `serverInfo`).
+    pub const SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
     /// The fields by which a 2026-07-28 request carries what a session holds in the sessionful
     /// revisions: a request handed to a server of a sessionful revision goes without them.
     pub const ENVELOPE: [&str; 4] = [

@@ -106,31 +106,36 @@ pub async fn bridge(
         tokio::select! {
             line = lines.recv(), if input_open => match line {
                 Some(line) => match jsonrpc::parse_message(&line) {
-                    Ok(Message::Request(request)) if request.method == method::INITIALIZE => {
-                        counts.requests += 1;
-                        let id = request.id.clone();
-                        let connected = link.send(Message::Request(request));
-                        let Some(timeout) = timeout else {
-                            let _ = connected.await;
+                    Ok(message) => {
+                        let request = match &message {
+                            Message::Request(request) => Some(request.id.clone()),
+                            _ => None,
+                        };
+                        counts.requests += u64::from(request.is_some());
+                        // A handshake, or a 2026-07-28 request that comes first, connects the
+                        // link and waits for it here: within the timeout too.
+                        let sent = link.send(message);
+                        let (Some(id), Some(timeout)) = (request, timeout) else {
+                            if sent.await.is_err() {
+                                tracing::warn!("the server can no longer be reached");
+                            }
                             continue;
                         };
-                        if tokio::time::timeout(timeout, connected).await.is_err() {
-                            let why = format!("could not connect to the server within {timeout:?}");
-                            let error = ErrorObject::with_reason(code::INTERNAL_ERROR, why, "connect_failed");
-                            let response = Response { id: Some(id), outcome: Err(error) };
-                            counts.answered(&response);
-                            let _ = to_client.send(Message::Response(response)).await;
-                        }
-                    }
-                    Ok(message) => {
-                        if let Message::Request(request) = &message {
-                            counts.requests += 1;
-                            if let Some(timeout) = timeout {
-                                deadlines.add(request.id.clone(), tokio::time::Instant::now() + timeout);
+                        let deadline = tokio::time::Instant::now() + timeout;
+                        match tokio::time::timeout_at(deadline, sent).await {
+                            Ok(Ok(())) => deadlines.add(id, deadline),
+                            Ok(Err(_)) => {
+                                deadlines.add(id, deadline);
+                                tracing::warn!("the server can no longer be reached");
                             }
-                        }
-                        if link.send(message).await.is_err() {
-                            tracing::warn!("the server can no longer be reached");
+                            Err(_) => {
+                                deadlines.expire(&id);
+                                let why = format!("could not connect to the server within {timeout:?}");
+                                let error = ErrorObject::with_reason(code::INTERNAL_ERROR, why, "connect_failed");
+                                let response = Response { id: Some(id), outcome: Err(error) };
+                                counts.answered(&response);
+                                let _ = to_client.send(Message::Response(response)).await;
+                            }
                         }
                     }
                     Err(err) => {

@@ -37,7 +37,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{ErrorObject, Message, Notification, RequestId};
-use tether_core::mcp::{ProtocolVersion, meta};
+use tether_core::translate;
 use tether_store::SessionEnd;
 use tokio::sync::{mpsc, watch};
 
@@ -165,7 +165,8 @@ impl UpstreamHandler {
     pub async fn info_of(connect: &impl Connect) -> Result<ServerInfo, ErrorObject> {
         let describe = described(connect);
         let link = connect.connect().await.map_err(|err| unavailable(&describe, err))?;
-        let (_peer, initialized) = Peer::start(link, client_params(&json!({}), None), None, describe).await?;
+        let client = translate::initialize_params(&json!({}), &tether_client());
+        let (_peer, initialized) = Peer::start(link, client, None, describe).await?;
         let text = |pointer: &str| initialized.pointer(pointer).and_then(Value::as_str).map(str::to_owned);
         let info = ServerInfo {
             name: text("/serverInfo/name").unwrap_or_else(|| connect.describe()),
@@ -275,34 +276,18 @@ fn end_session_when_stopped(peer: &Peer, session: SessionHandle) {
     });
 }
 
-/// The `initialize` params of an instance started outside any session: the newest sessionful
-/// revision, and the client's `capabilities` and `info` (a 2026-07-28 request's own; tether's
-/// and none when the gateway starts one to learn who the upstream is).
-fn client_params(capabilities: &Value, info: Option<&Value>) -> Value {
-    let tether = json!({"name": "tether", "version": env!("CARGO_PKG_VERSION")});
-    json!({
-        "protocolVersion": ProtocolVersion::LATEST_SESSIONFUL.as_str(),
-        "capabilities": capabilities,
-        "clientInfo": info.filter(|info| info.is_object()).unwrap_or(&tether),
-    })
+/// How tether names itself to an instance it starts for no client: to learn who the upstream
+/// is, or for a 2026-07-28 request that names no client.
+fn tether_client() -> Value {
+    json!({"name": "tether", "version": env!("CARGO_PKG_VERSION")})
 }
 
 /// A 2026-07-28 request as an instance of a sessionful revision takes it: the `initialize`
 /// params its envelope declares (the client's info and capabilities), and its params without
 /// that envelope, which such servers refuse.
-fn to_sessionful(capabilities: &Value, mut params: Value) -> (Value, Value) {
-    let info = params.get("_meta").and_then(|fields| fields.get(meta::CLIENT_INFO)).cloned();
-    let initialize = client_params(capabilities, info.as_ref());
-    if let Some(fields) = params.get_mut("_meta").and_then(Value::as_object_mut) {
-        for field in meta::ENVELOPE {
-            fields.remove(field);
-        }
-        if fields.is_empty()
-            && let Some(params) = params.as_object_mut()
-        {
-            params.remove("_meta");
-        }
-    }
+fn to_sessionful(mut params: Value) -> (Value, Value) {
+    let initialize = translate::initialize_params(&params, &tether_client());
+    translate::strip_envelope(&mut params);
     (initialize, params)
 }
 
@@ -316,7 +301,7 @@ impl Handler for UpstreamHandler {
         Box::pin(async move {
             let Some(session) = ctx.session() else {
                 // 2026-07-28: the request is the whole exchange, on an instance of the pool.
-                let (initialize, params) = to_sessionful(ctx.client_capabilities(), params);
+                let (initialize, params) = to_sessionful(params);
                 let lease = upstream.lease(initialize, &ctx).await?;
                 let outcome = lease.peer().call(ctx.clone(), method, params).await;
                 lease.finish(!ctx.is_cancelled());

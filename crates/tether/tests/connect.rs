@@ -291,5 +291,17 @@ fn a_2026_07_28_client_discovers_and_calls_through_connect() {
     let (answered, _) = answers(&bridge, 1..3, Duration::from_secs(20));
     assert!(answered[0]["result"]["capabilities"].is_object(), "the server's discovery: {}", answered[0]);
     assert_eq!(answered[1]["result"]["content"][0]["text"], "Hello, stateless!", "{}", answered[1]);
+
+    // A client pinned to 2026-07-28 skips discovery: its first request connects the bridge.
+    let mut pinned = Bridge::start(&format!("http://127.0.0.1:{port}/mcp"));
+    pinned.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "greet", "arguments": {"name": "pinned"}, "_meta": meta}}));
+    let (first, _) = answers(&pinned, 1..2, Duration::from_secs(20));
+    assert_eq!(first[0]["result"]["content"][0]["text"], "Hello, pinned!", "{}", first[0]);
+    // It runs its own input rounds: what the server asks comes back to it as asked.
+    pinned.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "test_input_required_result_elicitation", "arguments": {}, "_meta": meta}}));
+    let (asked, _) = answers(&pinned, 2..3, Duration::from_secs(20));
+    assert_eq!(asked[0]["result"]["resultType"], "input_required", "{}", asked[0]);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -147,6 +147,9 @@ async fn endpoint(
                 }
                 Some("server/discover") if state.stateless => json(json!({"jsonrpc": "2.0", "id": message["id"],
                     "result": {"capabilities": {}, "serverInfo": {"name": "scripted", "version": "1"}}})),
+                // A server of the handshake era only knows no such method.
+                Some("server/discover") => json(json!({"jsonrpc": "2.0", "id": message["id"],
+                    "error": {"code": -32601, "message": "Method not found"}})),
                 Some("initialize") => {
                     state.initializes += 1;
                     json(json!({"jsonrpc": "2.0", "id": message["id"], "result": {"protocolVersion": "2025-11-25",
@@ -542,11 +545,43 @@ async fn an_initialize_result_without_a_protocol_version_is_refused() {
     assert!(matches!(connected, Err(ClientError::Protocol(_))), "{:?}", connected.err());
 }
 
+/// A client set to speak 2026-07-28 to a server of the handshake era only (which knows no
+/// `server/discover`) speaks that era's newest revision to it, in a session; unless it wants
+/// tasks, which only 2026-07-28 has: then connecting fails rather than run calls as plain ones.
+#[tokio::test]
+async fn a_2026_07_28_client_speaks_the_handshake_era_to_a_server_that_knows_no_other() {
+    let seen = run_with(
+        Scripted::new(vec![result(1)], Vec::new()),
+        |config| config.protocol_version = tether_core::mcp::ProtocolVersion::V2026_07_28,
+        |client| async move {
+            assert!(!client.is_stateless(), "it speaks 2026-07-28 to a server that does not");
+            Some(client.call_tool("count", json!({})).await)
+        },
+    )
+    .await;
+    assert_eq!(seen.outcome.expect("the result")["done"], true);
+    assert_eq!(seen.initializes, 1, "a session was initialized");
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
+    let scripted = Arc::new(Mutex::new(Scripted::new(Vec::new(), Vec::new())));
+    let app = axum::Router::new().route("/mcp", axum::routing::any(endpoint)).with_state(Arc::clone(&scripted));
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let mut config = ClientConfig::new(url);
+    config.protocol_version = tether_core::mcp::ProtocolVersion::V2026_07_28;
+    config.tasks = true;
+    let connected = Client::connect(config).await;
+    server.abort();
+    assert!(matches!(connected, Err(ClientError::Protocol(_))), "{:?}", connected.err());
+    assert_eq!(scripted.lock().expect("state").initializes, 0, "no session for a client that wants tasks");
+}
+
 /// SEP-2575: a server that refuses the version it then names as supported is asked once more;
-/// twice refused, the client gives up instead of asking forever.
+/// twice refused, the client tries the handshake, and once the server refuses that too, asks
+/// for discovery twice more. Refused throughout, it gives up instead of asking forever.
 #[tokio::test]
 async fn a_version_refusal_naming_2026_07_28_is_retried_once() {
-    for (refusals, connects) in [(1, true), (2, false)] {
+    for (refusals, connects) in [(1, true), (4, false)] {
         let mut scripted = Scripted::new(Vec::new(), Vec::new());
         scripted.stateless = true;
         scripted.refuse_discover = refusals;

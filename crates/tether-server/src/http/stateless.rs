@@ -19,9 +19,10 @@ use tokio_util::sync::CancellationToken;
 use super::{accepted, guard, json_response, read_body, sse};
 use crate::excerpt::quoted;
 use crate::refusal::{self, Refusal, Rejection};
-use crate::request::dispatch::{self, decorate_stateless};
+use crate::request::dispatch;
 use crate::request::output::{Answer, FirstOutput, Output};
 use crate::{Handler, SUPPORTED_VERSIONS, ServerState};
+use tether_core::translate;
 
 /// Messages buffered between a 2026-07-28 handler and its connection.
 const DIRECT_BUFFER: usize = 64;
@@ -70,7 +71,7 @@ pub(crate) async fn post(
             if let Some(instructions) = info.instructions {
                 result["instructions"] = json!(instructions);
             }
-            decorate_stateless(method::SERVER_DISCOVER, &mut result, &shared.server_info());
+            translate::stateless_result(method::SERVER_DISCOVER, &mut result, &shared.server_info());
             return Ok(answered(id, Ok(result)));
         }
         ServedBy::Subscriptions => {
@@ -91,7 +92,7 @@ pub(crate) async fn post(
         ServedBy::Tasks => {
             let mut outcome = crate::tasks::serve(shared, principal.as_deref(), &request).await;
             if let Ok(result) = &mut outcome {
-                decorate_stateless(&request.method, result, &shared.server_info());
+                translate::stateless_result(&request.method, result, &shared.server_info());
             }
             return Ok(answered(id, outcome));
         }

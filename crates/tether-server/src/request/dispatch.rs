@@ -66,21 +66,6 @@ fn progress_token(params: &Value) -> Option<Value> {
     params.get("_meta")?.get("progressToken").filter(|t| t.is_string() || t.is_number()).cloned()
 }
 
-/// Adds what every 2026-07-28 result carries: `resultType`, the server's identity and, for
-/// list and read results, cache hints (tether does not promise any caching).
-pub(crate) fn decorate_stateless(method: &str, result: &mut Value, server_info: &Value) {
-    let Value::Object(map) = result else { return };
-    map.entry("resultType").or_insert_with(|| json!("complete"));
-    if tether_core::methods::is_cacheable(method) {
-        map.entry("ttlMs").or_insert_with(|| json!(0));
-        map.entry("cacheScope").or_insert_with(|| json!("private"));
-    }
-    let meta = map.entry("_meta").or_insert_with(|| json!({}));
-    if let Value::Object(meta) = meta {
-        meta.entry("io.modelcontextprotocol/serverInfo").or_insert_with(|| server_info.clone());
-    }
-}
-
 /// Runs `start`, which records a request and starts it, in a task of its own and waits for it:
 /// a client that goes away meanwhile drops only the wait, never a request half started (its
 /// key claimed and nothing running it).
@@ -694,7 +679,7 @@ async fn run(
         if let Finish::Stateless { binding, server_info } = &finish {
             input::seal(shared, &method, binding, &mut outcome);
             if let Ok(result) = &mut outcome {
-                decorate_stateless(&method, result, server_info);
+                tether_core::translate::stateless_result(&method, result, server_info);
             }
         }
         end(shared, &ctx, Response { id: Some(id), outcome }, record.map(|keyed| keyed.name)).await;
