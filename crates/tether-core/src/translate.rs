@@ -90,13 +90,16 @@ pub fn server_info(initialized: &Value) -> Value {
 
 /// The `initialize` result a handshake-era client gets from a server that speaks only
 /// 2026-07-28, given what its `server/discover` said: the revision the client asked for
-/// (`asked`), and the server's capabilities, instructions and info.
+/// (`asked`), and the server's capabilities, instructions and info (in `_meta`, or where early
+/// drafts put it, beside the capabilities).
 pub fn initialize_result(discovered: &Value, asked: ProtocolVersion) -> Value {
     let mut result = json!({
         "protocolVersion": asked.as_str(),
         "capabilities": discovered.get("capabilities").filter(|c| c.is_object()).cloned().unwrap_or_else(|| json!({})),
         "serverInfo": server_info(&json!({
-            "serverInfo": discovered.pointer(&format!("/_meta/{}", meta::SERVER_INFO.replace('/', "~1")))
+            "serverInfo": discovered
+                .pointer(&format!("/_meta/{}", meta::SERVER_INFO.replace('/', "~1")))
+                .or_else(|| discovered.get("serverInfo"))
         })),
     });
     if let Some(instructions) = discovered.get("instructions").filter(|i| i.is_string()) {

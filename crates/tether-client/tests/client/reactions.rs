@@ -597,3 +597,28 @@ async fn a_version_refusal_naming_2026_07_28_is_retried_once() {
         assert_eq!(connected.is_ok(), connects, "{refusals} refusals");
     }
 }
+
+/// An application of the handshake era, linked to a server of 2026-07-28 only (which refuses
+/// `initialize`), is answered in the revision it asked for, with what the server's discovery
+/// said of it: an answer naming 2026-07-28 is one such an application refuses.
+#[tokio::test]
+async fn a_handshake_application_linked_to_a_2026_07_28_server_is_answered_in_its_own_revision() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
+    let mut scripted = Scripted::new(Vec::new(), Vec::new());
+    scripted.stateless = true;
+    let app =
+        axum::Router::new().route("/mcp", axum::routing::any(endpoint)).with_state(Arc::new(Mutex::new(scripted)));
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let (mut link, mut from_server, _events) = tether_client::link::MessageLink::new(ClientConfig::new(url));
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "desktop", "version": "1"}}});
+    let message = tether_core::jsonrpc::parse_message(initialize.to_string().as_bytes()).expect("a message");
+    link.send(message).await.expect("sent");
+    let answer = tokio::time::timeout(Duration::from_secs(10), from_server.recv()).await.expect("answered");
+    server.abort();
+    let Some(Message::Response(response)) = answer.map(|from| from.message) else { panic!("a response") };
+    let result = response.outcome.expect("initialized");
+    assert_eq!(result["protocolVersion"], "2025-06-18", "{result}");
+    assert_eq!(result["serverInfo"]["name"], "scripted", "{result}");
+}
