@@ -364,7 +364,8 @@ impl Requests {
     /// `notifications/cancelled` cancels the request on the server, and it gets no answer. A
     /// 2026-07-28 application's request to a server of the handshake era goes without its
     /// envelope, in the session, and its result comes back marked complete; its
-    /// `server/discover` is answered here, from the session's `initialize` result.
+    /// `server/discover` is answered here, from the session's `initialize` result. Every result a
+    /// 2026-07-28 application gets says what that revision's results say.
     fn start(&self, request: Request) {
         let key = request.id.to_value().to_string();
         let (to_pump, running) = (self.to_pump.clone(), Arc::clone(&self.running));
@@ -406,7 +407,8 @@ impl Requests {
                 lock(&origins).retain(|_, app_id| *app_id != request.id);
             } else {
                 let mut outcome = outcome.map_err(request_error);
-                if let (true, Ok(result)) = (translated, &mut outcome) {
+                // Also a task's result, which the client put together from the task's record.
+                if let (true, Ok(result)) = (modern_app, &mut outcome) {
                     translate::stateless_result(&request.method, result, &translate::server_info(&client.server()));
                 }
                 // The pump is gone only when the client is.

@@ -79,10 +79,13 @@ pub fn discover_result(initialized: &Value) -> Value {
     result
 }
 
-/// The `serverInfo` of an `initialize` result; a server that names none is "unnamed".
-pub fn server_info(initialized: &Value) -> Value {
-    initialized
-        .get("serverInfo")
+/// The server's info in an `initialize` result (`serverInfo`) or a `server/discover` result (in
+/// its `_meta`, or where early drafts put it, as in `initialize`); a server that names none is
+/// "unnamed".
+pub fn server_info(answer: &Value) -> Value {
+    answer
+        .pointer(&format!("/_meta/{}", meta::SERVER_INFO.replace('/', "~1")))
+        .or_else(|| answer.get("serverInfo"))
         .filter(|info| info.is_object())
         .cloned()
         .unwrap_or_else(|| json!({"name": "unnamed", "version": "0"}))
@@ -90,17 +93,12 @@ pub fn server_info(initialized: &Value) -> Value {
 
 /// The `initialize` result a handshake-era client gets from a server that speaks only
 /// 2026-07-28, given what its `server/discover` said: the revision the client asked for
-/// (`asked`), and the server's capabilities, instructions and info (in `_meta`, or where early
-/// drafts put it, beside the capabilities).
+/// (`asked`), and the server's capabilities, instructions and info.
 pub fn initialize_result(discovered: &Value, asked: ProtocolVersion) -> Value {
     let mut result = json!({
         "protocolVersion": asked.as_str(),
         "capabilities": discovered.get("capabilities").filter(|c| c.is_object()).cloned().unwrap_or_else(|| json!({})),
-        "serverInfo": server_info(&json!({
-            "serverInfo": discovered
-                .pointer(&format!("/_meta/{}", meta::SERVER_INFO.replace('/', "~1")))
-                .or_else(|| discovered.get("serverInfo"))
-        })),
+        "serverInfo": server_info(discovered),
     });
     if let Some(instructions) = discovered.get("instructions").filter(|i| i.is_string()) {
         result["instructions"] = instructions.clone();

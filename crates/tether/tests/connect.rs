@@ -92,6 +92,13 @@ impl Bridge {
     }
 }
 
+/// The `_meta` envelope of a 2026-07-28 desktop client's requests.
+fn stateless_meta() -> Value {
+    json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "desktop", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {}})
+}
+
 fn add(id: u64) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
            "params": {"name": "counter_add", "arguments": {"key": "connect", "amount": 1}}})
@@ -126,9 +133,32 @@ fn value(answer: &Value) -> Option<i64> {
 
 #[test]
 fn keyed_calls_through_connect_survive_cuts_and_a_kill_9_exactly_once() {
+    keyed_calls_survive_cuts_and_a_kill_9(Revision::Handshake);
+}
+
+/// The same through a 2026-07-28 client: its calls, each a request of its own without a
+/// session, are keyed and re-issued by the bridge as a session's are.
+#[test]
+fn keyed_2026_07_28_calls_through_connect_survive_cuts_and_a_kill_9_exactly_once() {
+    keyed_calls_survive_cuts_and_a_kill_9(Revision::Stateless);
+}
+
+/// What the stdio client speaks.
+#[derive(Clone, Copy)]
+enum Revision {
+    /// `initialize`, then requests in the session.
+    Handshake,
+    /// 2026-07-28: `server/discover`, then requests carrying the `_meta` envelope.
+    Stateless,
+}
+
+fn keyed_calls_survive_cuts_and_a_kill_9(revision: Revision) {
     const CALLS: u64 = 100;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
-    let dir = temp_dir("connect-kill");
+    let dir = temp_dir(match revision {
+        Revision::Handshake => "connect-kill",
+        Revision::Stateless => "connect-kill-2026",
+    });
     let port = free_port();
     let args = ["--sse-retry", "50ms"];
     let (mut server, direct) = serve(port, &dir, &args);
@@ -136,7 +166,24 @@ fn keyed_calls_through_connect_survive_cuts_and_a_kill_9_exactly_once() {
     // The handshake goes through whole; the calls meet the cuts.
     proxy.cutting.store(false, Ordering::Relaxed);
     let mut bridge = Bridge::start(&format!("http://{}/mcp", proxy.addr));
-    bridge.initialize();
+    let add = |id| match revision {
+        Revision::Handshake => add(id),
+        Revision::Stateless => {
+            let mut call = add(id);
+            call["params"]["_meta"] = stateless_meta();
+            call
+        }
+    };
+    match revision {
+        Revision::Handshake => bridge.initialize(),
+        Revision::Stateless => {
+            bridge.send(&json!({"jsonrpc": "2.0", "id": "discover", "method": "server/discover",
+                "params": {"_meta": stateless_meta()}}));
+            let answer = bridge.lines.recv_timeout(Duration::from_secs(20)).expect("discovery answered");
+            let versions = answer["result"]["supportedVersions"].as_array().cloned().unwrap_or_default();
+            assert!(versions.contains(&json!("2026-07-28")), "{answer}");
+        }
+    }
     proxy.cutting.store(true, Ordering::Relaxed);
     for id in 0..CALLS / 2 {
         bridge.send(&add(id));
@@ -303,5 +350,14 @@ fn a_2026_07_28_client_discovers_and_calls_through_connect() {
         "params": {"name": "test_input_required_result_elicitation", "arguments": {}, "_meta": meta}}));
     let (asked, _) = answers(&pinned, 2..3, Duration::from_secs(20));
     assert_eq!(asked[0]["result"]["resultType"], "input_required", "{}", asked[0]);
+    // A client that takes tasks gets its call's real result: the bridge follows the task the
+    // server made of it, on the task's fenced stream.
+    let mut tasks = meta.clone();
+    tasks["io.modelcontextprotocol/clientCapabilities"] = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    pinned.send(&json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "slow_compute", "arguments": {"seconds": 1, "label": "bridged"}, "_meta": tasks}}));
+    let (computed, _) = answers(&pinned, 3..4, Duration::from_secs(30));
+    assert_eq!(computed[0]["result"]["content"][0]["text"], "bridged: computed in 1s", "{}", computed[0]);
+    assert_eq!(computed[0]["result"]["resultType"], "complete", "a 2026-07-28 result: {}", computed[0]);
     let _ = std::fs::remove_dir_all(&dir);
 }
