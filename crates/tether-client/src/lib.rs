@@ -85,6 +85,10 @@ pub struct ClientConfig {
     pub unsent_timeout: std::time::Duration,
     /// Which https servers are trusted: the platform's roots, and any authority added.
     pub trust: tls::Trust,
+    /// How long connecting (the handshake, its retries included) may take: past it, connecting
+    /// fails with the last attempt's cause (connection refused, DNS, TLS) rather than trying on.
+    /// Without it, the retry budget of [`ClientConfig::backoff`] alone bounds it.
+    pub connect_timeout: Option<std::time::Duration>,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -111,6 +115,7 @@ impl ClientConfig {
             reinitialize: true,
             unsent_timeout: std::time::Duration::from_secs(30),
             trust: tls::Trust::platform(),
+            connect_timeout: None,
         }
     }
 }

@@ -417,11 +417,21 @@ impl Session {
     pub async fn initialize(self: &Arc<Self>) -> Result<String, ClientError> {
         let mut attempt = 1;
         let mut unreachable = Attempts::new(self.config.backoff);
+        let timeout = self.config.connect_timeout;
+        let give_up = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
         loop {
-            match self.handshake().await {
+            let outcome = match give_up {
+                Some(at) => tokio::time::timeout_at(at, self.handshake()).await.unwrap_or_else(|_| {
+                    Err(ClientError::Transport(format!("the server did not answer the handshake within {timeout:?}")))
+                }),
+                None => self.handshake().await,
+            };
+            match outcome {
                 Err(ClientError::Refused { status: 404, .. }) if attempt < HANDSHAKE_ATTEMPTS => attempt += 1,
                 Err(ClientError::Transport(err) | ClientError::NotSent(err)) => {
-                    match unreachable.next_delay(None, None) {
+                    let delay = unreachable.next_delay(None, None);
+                    // A wait that would end past the timeout is no attempt: the cause is now.
+                    match delay.filter(|delay| give_up.is_none_or(|at| tokio::time::Instant::now() + *delay < at)) {
                         Some(delay) => {
                             tracing::debug!(%err, ?delay, "server unreachable; trying the handshake again");
                             tokio::time::sleep(delay).await;

@@ -79,13 +79,17 @@ impl Counts {
 /// minute) or the client can no longer reach the server. With `timeout`, each of the stdio
 /// client's requests is answered within it: one the server has not answered by then is
 /// answered `outcome_unknown` (it may have run) and cancelled, and an `initialize` that could
-/// not connect is answered `connect_failed`.
+/// not connect is answered `connect_failed`, with the cause (connection refused, DNS, TLS).
 pub async fn bridge(
-    config: ClientConfig,
+    mut config: ClientConfig,
     timeout: Option<Duration>,
     input: impl AsyncRead + Unpin + Send + 'static,
     output: impl AsyncWrite + Unpin + Send + 'static,
 ) -> Counts {
+    // A handshake that cannot succeed in time fails with its cause, not only with the time.
+    if config.connect_timeout.is_none() {
+        config.connect_timeout = timeout;
+    }
     let (mut link, mut from_server, mut events) = MessageLink::new(config);
     // Bounded: an application that stops reading stdout holds the server's messages back, not
     // the bridge's memory.

@@ -89,6 +89,7 @@ impl ClientArgs {
         config.protocol_version = self.protocol_version;
         config.backoff.max_attempts_without_progress = self.retries;
         config.trust = self.ca_cert.clone().unwrap_or_default();
+        config.connect_timeout = self.timeout;
         config
     }
 

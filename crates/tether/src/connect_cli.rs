@@ -22,7 +22,8 @@ pub struct ConnectArgs {
     policy: PolicyArg,
     /// Answer each request within this long (`30s`, `2m`): one the server has not answered by
     /// then is answered with an error whose reason is `outcome_unknown` (it may have run), and
-    /// an `initialize` that could not connect with `connect_failed`.
+    /// an `initialize` that could not connect with `connect_failed` and the cause (connection
+    /// refused, DNS, TLS).
     #[arg(long, value_parser = tether_server::parse_duration)]
     timeout: Option<std::time::Duration>,
     /// How many reconnects of a stream, re-sends of a keyed request or connection attempts in a

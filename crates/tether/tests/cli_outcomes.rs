@@ -200,6 +200,26 @@ fn timeouts_a_failed_tool_and_giving_up_have_their_exit_codes() {
     let last = lines.last().expect("a line");
     assert_eq!(last["event"], "gave_up", "{lines:?}");
     assert_ne!(last["reason"], "timed out", "{lines:?}");
+    // Down from the start: connecting gives up by the timeout, however many retries are left,
+    // and says why.
+    let mut down = std::process::Command::new(env!("CARGO_BIN_EXE_tether"))
+        .args(["call", &url, "greet", "--timeout", "1s", "--retries", "20"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn tether call");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = down.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "still connecting past its timeout");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut down.stderr.take().expect("stderr"), &mut said).expect("stderr read");
+    assert_eq!(status.code(), Some(1), "{said}");
+    assert!(said.contains("Connection refused"), "the cause: {said}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -314,6 +314,8 @@ fn with_a_timeout_every_request_is_answered_within_it() {
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "desktop", "version": "1"}}}));
     let answer = unreachable.lines.recv_timeout(Duration::from_secs(20)).expect("initialize answered");
     assert_eq!(answer["error"]["data"]["reason"], "connect_failed", "{answer}");
+    let said = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(said.contains("Connection refused"), "the cause: {said}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
