@@ -65,6 +65,8 @@ pub enum Refusal {
     StoreUnavailable,
     /// The handler is not ready yet: a gateway still reaching its upstream.
     NotReady,
+    /// The server is draining before it stops: it starts no new session or 2026-07-28 request.
+    Draining,
     /// A response sent in 2026-07-28, which has no server requests.
     ResponseNotAllowed,
     /// 2026-07-28: a request without a required `_meta` field.
@@ -143,7 +145,7 @@ pub enum Refusal {
 
 impl Refusal {
     /// Every refusal.
-    pub const ALL: [Refusal; 62] = [
+    pub const ALL: [Refusal; 63] = [
         Refusal::ParseError,
         Refusal::InvalidMessage,
         Refusal::BatchNotAllowed,
@@ -172,6 +174,7 @@ impl Refusal {
         Refusal::GetStreamAttached,
         Refusal::StoreUnavailable,
         Refusal::NotReady,
+        Refusal::Draining,
         Refusal::ResponseNotAllowed,
         Refusal::MissingMeta,
         Refusal::HeaderMismatch,
@@ -232,9 +235,11 @@ impl Refusal {
             Refusal::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Refusal::OriginNotAllowed | Refusal::HostNotAllowed => StatusCode::FORBIDDEN,
             Refusal::Unauthorized => StatusCode::UNAUTHORIZED,
-            Refusal::TooManySessions | Refusal::TooManyConnections | Refusal::StoreUnavailable | Refusal::NotReady => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Refusal::TooManySessions
+            | Refusal::TooManyConnections
+            | Refusal::StoreUnavailable
+            | Refusal::NotReady
+            | Refusal::Draining => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::TooManyStreams | Refusal::TooManyTasks => StatusCode::TOO_MANY_REQUESTS,
             Refusal::GetStreamAttached => StatusCode::CONFLICT,
             Refusal::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -324,6 +329,7 @@ impl Refusal {
             | Refusal::GetStreamAttached
             | Refusal::StoreUnavailable
             | Refusal::NotReady
+            | Refusal::Draining
             | Refusal::RequestAborted
             | Refusal::RequestCancelled
             | Refusal::RecordsRegressed => SERVER_ERROR,
@@ -373,6 +379,7 @@ impl Refusal {
             Refusal::GetStreamAttached => "get_stream_attached",
             Refusal::StoreUnavailable => "store_unavailable",
             Refusal::NotReady => "not_ready",
+            Refusal::Draining => "draining",
             Refusal::ResponseNotAllowed => "response_not_allowed",
             Refusal::MissingMeta => "missing_meta",
             Refusal::HeaderMismatch => "header_mismatch",

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tether_core::input_required::StateKey;
 use tether_store::{MemoryStore, Store};
 
+use crate::drain::Drain;
 use crate::session::Sessions;
 use crate::{Authenticator, Handler, ServerConfig, http, ids, now_ms, telemetry};
 
@@ -26,6 +27,8 @@ pub(crate) struct ServerState {
     pub task_runners: crate::tasks::Runners,
     /// The open `subscriptions/listen` streams of 2026-07-28 clients.
     pub listeners: crate::listen::Listeners,
+    /// Whether the server drains, and the requests it runs.
+    pub drain: Arc<Drain>,
 }
 
 impl ServerState {
@@ -42,12 +45,20 @@ pub struct Builder {
     store: Option<Arc<dyn Store>>,
     config: ServerConfig,
     auth: Option<Arc<dyn Authenticator>>,
+    drain: Option<Arc<Drain>>,
 }
 
 impl Builder {
     /// A server for `handler` with the default config and an in-memory store.
     pub fn new(handler: impl Handler) -> Builder {
-        Builder { handler: Arc::new(handler), store: None, config: ServerConfig::default(), auth: None }
+        Builder { handler: Arc::new(handler), store: None, config: ServerConfig::default(), auth: None, drain: None }
+    }
+
+    /// Drains when `drain` begins: whoever stops the server holds it too (a server built
+    /// without one gets its own, [`Server::drain`]).
+    pub fn drain(mut self, drain: Arc<Drain>) -> Builder {
+        self.drain = Some(drain);
+        self
     }
 
     /// Uses `store` for sessions, events and request records.
@@ -85,6 +96,7 @@ impl Builder {
             process_token,
             task_runners: crate::tasks::Runners::default(),
             listeners: crate::listen::Listeners::default(),
+            drain: self.drain.unwrap_or_default(),
         };
         Server { shared: Arc::new(shared), background: Once::new() }
     }
@@ -98,6 +110,11 @@ pub struct Server {
 }
 
 impl Server {
+    /// How the server drains: begin it to stop taking new work, and wait for what runs.
+    pub fn drain(&self) -> Arc<Drain> {
+        Arc::clone(&self.shared.drain)
+    }
+
     /// An axum router serving the MCP endpoint at `path`. The first call also starts the
     /// background sweep that expires idle sessions and drops old history (and, on a store
     /// shared by replicas, the delivery of what other replicas relay: answers, announcements,

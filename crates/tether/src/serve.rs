@@ -11,7 +11,9 @@ use clap::{Args, ValueEnum};
 use tether_builtin::BuiltinHandler;
 use tether_core::input_required::StateKey;
 use tether_gateway::upstream::UpstreamHandler;
-use tether_server::{BearerToken, Builder, ConnectionLimits, ServerConfig, ServerTls, parse_duration};
+use tether_server::{
+    BearerToken, Builder, ConnectionLimits, Drain, ServerConfig, ServerTls, health_router, parse_duration,
+};
 use tether_store::{CounterStore, KeyRecords as _, MemoryStore, RedisDurability, RedisStore, SqliteStore, Store};
 
 /// What an acknowledged write must survive, with the `redis` store.
@@ -145,14 +147,20 @@ pub struct ServeArgs {
     /// How long a request body may take to arrive; a slower one gets 408.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     body_timeout: Duration,
-    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464).
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464), with `/healthz`
+    /// and `/readyz` beside them.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
+    /// On SIGTERM or SIGINT, how long requests still running may take to finish (no new session
+    /// or 2026-07-28 request is taken meanwhile, and `/readyz` answers 503) before the process
+    /// exits; a second signal exits at once.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    drain_timeout: Duration,
 }
 
 /// Installs the Prometheus recorder behind the libraries' `metrics` calls and serves its text at
-/// `/metrics` on `addr`; returns the bound address.
-async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
+/// `/metrics` on `addr`, with the probes of `drain` beside it; returns the bound address.
+async fn serve_metrics(addr: SocketAddr, drain: Arc<Drain>) -> anyhow::Result<SocketAddr> {
     // Store latencies as histograms (Prometheus can aggregate those across replicas), from 100 µs
     // to 1 s.
     let buckets = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
@@ -172,13 +180,15 @@ async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
             upkeep.run_upkeep();
         }
     });
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let handle = handle.clone();
-            async move { handle.render() }
-        }),
-    );
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let handle = handle.clone();
+                async move { handle.render() }
+            }),
+        )
+        .merge(health_router(drain));
     tokio::spawn(async move {
         if let Err(err) = axum::serve(listener, app).await {
             eprintln!("tether serve: the metrics endpoint stopped: {err}");
@@ -321,8 +331,10 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
         _ => None,
     };
     let path = args.path.clone();
+    let drain = Drain::new();
+    let draining = Arc::clone(&drain);
     let router = move |builder: Builder| {
-        let mut builder = builder.config(config).store(store);
+        let mut builder = builder.config(config).store(store).drain(draining);
         if let Some(authenticator) = authenticator {
             builder = builder.authenticator(authenticator);
         }
@@ -349,14 +361,17 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
             (tether_server::until_ready(ready), waiting)
         }
     };
+    // The probes answer whatever the MCP endpoint does meanwhile (a gateway still waiting).
+    let app = health_router(Arc::clone(&drain)).merge(app);
     let listener = bind(args.listen).with_context(|| format!("binding {}", args.listen))?;
     let local = listener.local_addr()?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!("listening on {scheme}://{local}{}", args.path);
     if let Some(addr) = args.metrics {
-        let scrape = serve_metrics(addr).await?;
+        let scrape = serve_metrics(addr, Arc::clone(&drain)).await?;
         println!("metrics on http://{scrape}/metrics");
     }
+    let mut signals = Signals::new()?;
     tokio::select! {
         served = async {
             match tls {
@@ -365,7 +380,47 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
             }
         } => served.context("serving"),
         gave_up = waiting => gave_up,
-        _ = tokio::signal::ctrl_c() => Ok(()),
+        () = drained(&drain, &mut signals, args.drain_timeout) => Ok(()),
+    }
+}
+
+/// SIGTERM (what Kubernetes, systemd and `docker stop` send) and SIGINT.
+struct Signals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            terminate: signal(SignalKind::terminate()).context("listening for SIGTERM")?,
+            interrupt: signal(SignalKind::interrupt()).context("listening for SIGINT")?,
+        })
+    }
+
+    /// The next of either; its name.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.terminate.recv() => "SIGTERM",
+            _ = self.interrupt.recv() => "SIGINT",
+        }
+    }
+}
+
+/// Resolves once the process may exit: after the first signal, `drain` begins (while the caller
+/// goes on serving what runs) and lasts until no request runs, `timeout` passes, or a second
+/// signal comes.
+async fn drained(drain: &Drain, signals: &mut Signals, timeout: Duration) {
+    let signal = signals.next().await;
+    tracing::info!(signal, running = drain.running(), ?timeout, "draining before exit");
+    drain.begin();
+    tokio::select! {
+        finished = tokio::time::timeout(timeout, drain.idle()) => match finished {
+            Ok(()) => tracing::info!("drained: every request finished"),
+            Err(_) => tracing::warn!(running = drain.running(), "the drain timed out: what still runs is cut off"),
+        },
+        again = signals.next() => tracing::warn!(signal = again, running = drain.running(), "a second signal: exiting at once"),
     }
 }
 

@@ -34,6 +34,7 @@ pub(crate) async fn post(
     let parsed = jsonrpc::parse_body(&bytes).map_err(|e| refusal::unparsable(&e))?;
     let (messages, batch) = match parsed {
         jsonrpc::Body::Single(Message::Request(request)) if request.method == method::INITIALIZE => {
+            shared.drain.admit()?;
             return initialize(shared, request, principal).await;
         }
         jsonrpc::Body::Single(message) => (vec![message], false),

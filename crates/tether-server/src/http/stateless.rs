@@ -50,6 +50,11 @@ pub(crate) async fn post(
         }
     };
     let id = request.id.clone();
+    // New work waits for another replica, or this one back; what concerns tasks already
+    // running is still answered.
+    if !matches!(methods::served_by(&request.method), ServedBy::Tasks) {
+        shared.drain.admit().map_err(|r| r.with_id(Some(id.clone())))?;
+    }
     if let Ok(version) = version
         && !methods::exists_in(&request.method, version.era())
     {

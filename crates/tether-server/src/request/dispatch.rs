@@ -627,6 +627,7 @@ async fn run(
     cancel: CancellationToken,
     finish: Finish,
 ) {
+    let _running = shared.drain.start();
     let Request { id, method, params } = request;
     let params = params.unwrap_or_default();
     let span = tracing::info_span!(
