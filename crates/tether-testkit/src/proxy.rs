@@ -52,7 +52,8 @@ impl Rng {
 }
 
 /// Proxies each new connection to the next of `upstreams` in turn (a round-robin balancer when
-/// there are several); once `cutting` is set, each SSE response is cut after between `min` and
+/// there are several), or the one after it if that one refuses the connection; once `cutting`
+/// is set, each SSE response is cut after between `min` and
 /// `max` bytes of its body.
 pub async fn start(upstreams: Vec<SocketAddr>, seed: u64, min: u64, max: u64) -> Proxy {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
@@ -70,7 +71,6 @@ pub async fn start(upstreams: Vec<SocketAddr>, seed: u64, min: u64, max: u64) ->
             if cut_all.load(Ordering::Relaxed) {
                 continue;
             }
-            let upstream = upstreams[turn % upstreams.len().max(1)];
             let budget = min + rng.below(max - min + 1);
             let faults = Faults {
                 cuts: Arc::clone(&c),
@@ -78,8 +78,18 @@ pub async fn start(upstreams: Vec<SocketAddr>, seed: u64, min: u64, max: u64) ->
                 partitioned: Arc::clone(&cut_all),
                 cut_responses: Arc::clone(&any),
             };
+            let upstreams = upstreams.clone();
             tokio::spawn(async move {
-                let Ok(server) = TcpStream::connect(upstream).await else { return };
+                // Past an upstream that refuses the connection (it is down), as a balancer's
+                // health checks would take it out of the rotation.
+                let mut server = None;
+                for next in 0..upstreams.len() {
+                    if let Ok(connected) = TcpStream::connect(upstreams[(turn + next) % upstreams.len()]).await {
+                        server = Some(connected);
+                        break;
+                    }
+                }
+                let Some(server) = server else { return };
                 let _ = client.set_nodelay(true);
                 let _ = server.set_nodelay(true);
                 relay(client, server, budget, faults).await;

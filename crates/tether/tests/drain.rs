@@ -4,29 +4,10 @@
 
 mod common;
 
-use std::process::ExitStatus;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use serde_json::{Value, json};
-
-/// Sends `signal` (`TERM`, `INT`) to process `pid`.
-fn signal(pid: u32, signal: &str) {
-    let status = std::process::Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status();
-    assert!(status.expect("kill runs").success(), "kill -{signal} {pid}");
-}
-
-/// Waits (bounded) for `process` to exit.
-fn exited(process: &mut Process, within: Duration) -> ExitStatus {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(status) = process.child.try_wait().expect("wait") {
-            return status;
-        }
-        assert!(Instant::now() < deadline, "still running {within:?} after the signal");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// The status of `GET base + path`.
 fn status_of(base: &str, path: &str) -> u16 {
@@ -50,7 +31,7 @@ fn sigterm_drains_a_call_in_flight_to_its_result_and_refuses_new_sessions_meanwh
     let mut call = tether(&["call", &url, "sleep", "--args", r#"{"ms": 3000}"#, "--retries", "0"]);
     // Until the call runs: the server has its session by then.
     std::thread::sleep(Duration::from_millis(800));
-    signal(server.child.id(), "TERM");
+    server.signal("TERM");
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(status_of(&base, "/readyz"), 503, "not ready while draining");
     assert_eq!(status_of(&base, "/healthz"), 200, "alive while draining");
@@ -62,9 +43,9 @@ fn sigterm_drains_a_call_in_flight_to_its_result_and_refuses_new_sessions_meanwh
     assert_eq!(error["error"]["data"]["reason"], "draining", "{error}");
 
     let lines = parse(&call.rest(Duration::from_secs(20)));
-    assert_eq!(exited(&mut call, Duration::from_secs(10)).code(), Some(0), "{lines:?}");
+    assert_eq!(call.exit_within(Duration::from_secs(10)).code(), Some(0), "{lines:?}");
     assert_eq!(lines.last().map(|l| l["event"].clone()), Some(json!("result")), "{lines:?}");
-    assert_eq!(exited(&mut server, Duration::from_secs(20)).code(), Some(0), "drained, then exited 0");
+    assert_eq!(server.exit_within(Duration::from_secs(20)).code(), Some(0), "drained, then exited 0");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -75,10 +56,10 @@ fn a_second_signal_exits_at_once_whatever_still_runs() {
     let (mut server, url) = serve(port, &dir, &["--drain-timeout", "120s"]);
     let _call = tether(&["call", &url, "sleep", "--args", r#"{"ms": 60000}"#]);
     std::thread::sleep(Duration::from_millis(800));
-    signal(server.child.id(), "TERM");
+    server.signal("TERM");
     std::thread::sleep(Duration::from_millis(300));
     assert!(server.child.try_wait().expect("wait").is_none(), "the drain waits for the call");
-    signal(server.child.id(), "INT");
-    assert_eq!(exited(&mut server, Duration::from_secs(20)).code(), Some(0));
+    server.signal("INT");
+    assert_eq!(server.exit_within(Duration::from_secs(20)).code(), Some(0));
     let _ = std::fs::remove_dir_all(&dir);
 }

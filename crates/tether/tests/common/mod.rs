@@ -47,6 +47,24 @@ impl Process {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// Sends the process `signal` (`TERM`, `INT`), as an orchestrator stopping it would.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill").args([&format!("-{signal}"), &self.child.id().to_string()]).status();
+        assert!(status.expect("kill runs").success(), "kill -{signal} {}", self.child.id());
+    }
+
+    /// Waits for the process to exit, failing the test past `within`; its status.
+    pub fn exit_within(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "still running after {within:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 /// Runs `tether ARGS...` with its stdout read line by line.
