@@ -35,6 +35,7 @@ impl Drain {
     /// Begins draining: readiness turns false, and no new work is started from now on.
     pub fn begin(&self) {
         if !self.draining.swap(true, Ordering::SeqCst) {
+            crate::telemetry::draining();
             tracing::info!(running = self.running(), "draining: no new sessions or requests are taken");
         }
     }
@@ -68,7 +69,8 @@ impl Drain {
 
     /// Counts one request as running until the returned guard is dropped.
     pub(crate) fn start(self: &Arc<Self>) -> Running {
-        self.running.fetch_add(1, Ordering::SeqCst);
+        let running = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        crate::telemetry::requests_running(running);
         Running(Arc::clone(self))
     }
 
@@ -88,7 +90,8 @@ pub(crate) struct Running(Arc<Drain>);
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.0.running.fetch_sub(1, Ordering::SeqCst);
+        let running = self.0.running.fetch_sub(1, Ordering::SeqCst) - 1;
+        crate::telemetry::requests_running(running);
         self.0.ended.notify_waiters();
     }
 }

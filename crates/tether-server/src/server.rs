@@ -122,6 +122,7 @@ impl Server {
     /// the server are dropped.
     pub fn router(&self, path: &str) -> axum::Router {
         self.background.call_once(|| {
+            telemetry::describe();
             tokio::spawn(sweep(Arc::downgrade(&self.shared)));
             let shared = || Arc::downgrade(&self.shared);
             if let Some(answers) = self.shared.store.relayed_answers() {

@@ -54,7 +54,7 @@ pub(crate) fn resume(decision: &ServerDecision) {
     let (branch, reason) = match decision {
         ServerDecision::Replay { starts, .. } => match starts.resync_reason() {
             Some(reason) => ("resync", reason.as_str()),
-            None => ("replay", ""),
+            None => ("replay", "none"),
         },
         ServerDecision::SessionInvalid(reason) => ("session_invalid", InvalidReason::as_str(*reason)),
         ServerDecision::Resync(notice) => ("resync", notice.reason.as_str()),
@@ -76,7 +76,104 @@ pub(crate) fn store_latency(op: &'static str, took: Duration) {
 
 /// Event bytes the store retains, when it can tell.
 pub(crate) fn bytes_retained(bytes: u64) {
-    metrics::gauge!("tether_bytes_retained").set(bytes as f64);
+    metrics::gauge!("tether_retained_bytes").set(bytes as f64);
+}
+
+/// A request ended (its terminal event written, or its task finished): `outcome` `result` or
+/// `error`, and how long it ran. The method is named only if it is one of the protocol's (else
+/// `other`), so a client cannot grow the label set.
+pub(crate) fn request_finished(method: &str, outcome: &'static str, took: Duration) {
+    let method = tether_core::methods::info(method).map_or("other", |info| info.name);
+    metrics::counter!("tether_requests_total", "method" => method, "outcome" => outcome).increment(1);
+    metrics::histogram!("tether_request_duration_seconds", "method" => method).record(took.as_secs_f64());
+}
+
+/// Requests running now.
+pub(crate) fn requests_running(running: usize) {
+    metrics::gauge!("tether_requests_running").set(running as f64);
+}
+
+/// The server began draining (`1`), before it stops.
+pub(crate) fn draining() {
+    metrics::gauge!("tether_draining").set(1.0);
+}
+
+/// The counters and gauges without labels, and what each answers.
+const PLAIN: [(&str, &str); 16] = [
+    ("tether_sessions_created_total", "Sessions created by initialize."),
+    ("tether_sessions_terminated_total", "Sessions ended by the client's DELETE."),
+    ("tether_sessions_expired_total", "Sessions expired after their idle TTL."),
+    ("tether_events_appended_total", "Events made durable in the store."),
+    ("tether_events_replayed_total", "Events written on connections that resumed a stream."),
+    ("tether_connections_refused_total", "Connections refused past --max-connections."),
+    ("tether_sessions_live", "Sessions this process serves."),
+    ("tether_streams_live", "Open SSE connections."),
+    ("tether_retained_bytes", "Event bytes the store retains (memory and embedded stores)."),
+    ("tether_connections_open", "Open connections."),
+    ("tether_requests_running", "Requests running now, from their start to their terminal event."),
+    ("tether_draining", "1 once the server drains before it stops (SIGTERM), else 0."),
+    (
+        "tether_upstream_instances",
+        "Upstream instances (child processes, upstream sessions) running behind tether gateway.",
+    ),
+    ("tether_build_info", "1, labelled with the version that runs."),
+    (
+        "tether_resumes_total",
+        "Resumes (Last-Event-ID) by how they were decided: replay, session_invalid or resync, and why.",
+    ),
+    ("tether_resyncs_sent_total", "resync events written, by reason."),
+];
+
+/// Describes every metric (the `# HELP` lines of a Prometheus scrape) and makes the series known
+/// in advance present from the start, at zero: a dashboard sees a rate of 0, not nothing. Called
+/// when the first router is made, after the application installed its recorder.
+pub(crate) fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    for (name, help) in PLAIN {
+        if name.ends_with("_total") {
+            describe_counter!(name, help);
+        } else {
+            describe_gauge!(name, help);
+        }
+    }
+    describe_counter!("tether_requests_total", "Requests that ended, by method and outcome (result or error).");
+    describe_histogram!(
+        "tether_request_duration_seconds",
+        metrics::Unit::Seconds,
+        "How long requests ran, from their start to their terminal event, by method."
+    );
+    describe_histogram!(
+        "tether_store_seconds",
+        metrics::Unit::Seconds,
+        "How long store operations took, by operation."
+    );
+    describe_counter!("tether_sessions_ended_by_server_total", "Sessions the server ended, by reason.");
+    describe_counter!("tether_tasks_refused_total", "Calls refused as tasks past the cap, by cap.");
+    describe_counter!("tether_connections_expired_total", "Connections closed for doing nothing too long, by reason.");
+    for name in PLAIN.iter().map(|(name, _)| *name).filter(|name| name.ends_with("_total")) {
+        if name != "tether_resumes_total" && name != "tether_resyncs_sent_total" {
+            metrics::counter!(name).increment(0);
+        }
+    }
+    for reason in [ResyncReason::Evicted, ResyncReason::UnknownStream, ResyncReason::RequestAborted] {
+        metrics::counter!("tether_resyncs_sent_total", "reason" => reason.as_str()).increment(0);
+    }
+    let requests = tether_core::methods::METHODS.iter().map(|info| info.name);
+    for method in requests.filter(|name| !name.starts_with("notifications/")) {
+        for outcome in ["result", "error"] {
+            metrics::counter!("tether_requests_total", "method" => method, "outcome" => outcome).increment(0);
+        }
+    }
+    for cap in ["total", "per_principal"] {
+        metrics::counter!("tether_tasks_refused_total", "cap" => cap).increment(0);
+    }
+    metrics::counter!("tether_resumes_total", "branch" => "replay", "reason" => "none").increment(0);
+    metrics::gauge!("tether_sessions_live").increment(0.0);
+    metrics::gauge!("tether_streams_live").increment(0.0);
+    metrics::gauge!("tether_connections_open").increment(0.0);
+    metrics::gauge!("tether_requests_running").increment(0.0);
+    metrics::gauge!("tether_draining").increment(0.0);
+    metrics::gauge!("tether_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
 }
 
 /// Connections open now (`delta` is +1 or -1).

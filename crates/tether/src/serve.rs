@@ -164,8 +164,15 @@ async fn serve_metrics(addr: SocketAddr, drain: Arc<Drain>) -> anyhow::Result<So
     // Store latencies as histograms (Prometheus can aggregate those across replicas), from 100 µs
     // to 1 s.
     let buckets = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
+    // Requests, from a millisecond to a minute.
+    let requests = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Full("tether_store_seconds".into()), &buckets)
+        .context("metric buckets")?
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full("tether_request_duration_seconds".into()),
+            &requests,
+        )
         .context("metric buckets")?
         .install_recorder()
         .context("installing the metrics recorder")?;
@@ -340,6 +347,11 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
         }
         builder.build().router(&path)
     };
+    // Installed before the server is made, which describes its metrics to the recorder.
+    let scrape = match args.metrics {
+        Some(addr) => Some(serve_metrics(addr, Arc::clone(&drain)).await?),
+        None => None,
+    };
     // Without a wait, the upstream is reached before anything listens, and nothing is waited for.
     type Waiting = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
     let never = || -> Waiting { Box::pin(std::future::pending()) };
@@ -367,8 +379,7 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
     let local = listener.local_addr()?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!("listening on {scheme}://{local}{}", args.path);
-    if let Some(addr) = args.metrics {
-        let scrape = serve_metrics(addr, Arc::clone(&drain)).await?;
+    if let Some(scrape) = scrape {
         println!("metrics on http://{scrape}/metrics");
     }
     let mut signals = Signals::new()?;

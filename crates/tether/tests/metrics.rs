@@ -40,6 +40,22 @@ fn counters_follow_a_scripted_scenario() {
     let (server, url) = serve(port, &dir, &["--metrics", "127.0.0.1:0", "--sse-retry", "10ms"]);
     let scrape = server.line(Duration::from_secs(10)).expect("metrics line");
     let scrape = scrape.strip_prefix("metrics on http://").and_then(|s| s.strip_suffix("/metrics")).expect("address");
+    // Before any traffic: every metric described, the series known in advance at zero.
+    let (_, fresh) = get(scrape, "/metrics", &[]);
+    for help in ["# HELP tether_requests_total ", "# HELP tether_sessions_created_total ", "# HELP tether_draining "] {
+        assert!(fresh.contains(help), "{help} missing from:\n{fresh}");
+    }
+    let zero = samples(&fresh);
+    for series in [
+        "tether_sessions_created_total",
+        r#"tether_requests_total{method="tools/call",outcome="error"}"#,
+        r#"tether_resyncs_sent_total{reason="evicted"}"#,
+        "tether_requests_running",
+        "tether_draining",
+    ] {
+        assert_eq!(zero.get(series), Some(&0.0), "{series} at zero from the start:\n{fresh}");
+    }
+    assert_eq!(zero.get(&format!(r#"tether_build_info{{version="{}"}}"#, env!("CARGO_PKG_VERSION"))), Some(&1.0));
 
     // 1. A call on a clean line: 3 notifications and the result.
     let plain = parse(&tether(&["call", &url, "count", "--args", r#"{"to": 3}"#]).rest(Duration::from_secs(30)));
@@ -78,12 +94,19 @@ fn counters_follow_a_scripted_scenario() {
     assert_eq!(value("tether_sessions_live"), 0.0);
     assert_eq!(value("tether_events_appended_total"), 4.0 + 51.0, "each notification and result, once");
     // A reconnect cut again before its first event is a replay the client never saw continue.
-    assert!(value(r#"tether_resumes_total{branch="replay",reason=""}"#) >= resumed as f64);
+    assert!(value(r#"tether_resumes_total{branch="replay",reason="none"}"#) >= resumed as f64);
     assert_eq!(value(r#"tether_resumes_total{branch="session_invalid",reason="unknown_session"}"#), 1.0);
     assert!(value("tether_events_replayed_total") >= 1.0);
     assert_eq!(value("tether_streams_live"), 0.0, "every connection closed");
     assert!(value(r#"tether_store_seconds_count{op="append"}"#) >= 2.0);
     assert_eq!(value(r#"tether_store_seconds_count{op="begin_request"}"#), 2.0, "each call began once");
+    // Both calls ran once each, and their time is in the histogram; the method of each request
+    // is one of the protocol's.
+    assert_eq!(value(r#"tether_requests_total{method="tools/call",outcome="result"}"#), 2.0);
+    assert_eq!(value(r#"tether_request_duration_seconds_count{method="tools/call"}"#), 2.0);
+    assert!(value(r#"tether_request_duration_seconds_bucket{method="tools/call",le="60"}"#) >= 2.0);
+    assert_eq!(value("tether_requests_running"), 0.0);
+    assert!(seen.keys().any(|name| name.starts_with("tether_retained_bytes")), "{text}");
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

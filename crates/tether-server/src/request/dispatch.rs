@@ -628,6 +628,7 @@ async fn run(
     finish: Finish,
 ) {
     let _running = shared.drain.start();
+    let began = std::time::Instant::now();
     let Request { id, method, params } = request;
     let params = params.unwrap_or_default();
     let span = tracing::info_span!(
@@ -671,6 +672,8 @@ async fn run(
                 None
             }
         };
+        let ended = if matches!(outcome, Some(Ok(_))) { "result" } else { "error" };
+        crate::telemetry::request_finished(&method, ended, began.elapsed());
         if let Some(task) = ctx.task_id() {
             // The request was answered with its task: the outcome is the task's.
             tasks::finish(shared, task, outcome).await;
