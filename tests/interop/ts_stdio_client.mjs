@@ -46,15 +46,16 @@ console.log("tools:", tools.length);
 if (!tools.includes("count")) failures.push("tool count missing");
 if (serverKind === "tether") {
   const progress = [];
-  // Apart: the SDK hands notifications to their handlers a microtask late, so progress read in
-  // the same chunk as its response finds the handler gone (typescript-sdk#2580), however the
-  // bridge orders them.
+  // The SDK hands notifications to their handlers a microtask late, so progress read in the same
+  // chunk as its response finds the handler gone (typescript-sdk#2580), however the bridge
+  // orders them: the notifications are spaced apart, but the last one is sent right before the
+  // result and may be lost that way. Any other loss, repeat or reordering is the bridge's.
   const counted = await client.callTool({ name: "count", arguments: { to: 5, interval_ms: 30 } }, {
     onprogress: (p) => progress.push(p.progress),
     timeout: 30000,
   });
   console.log("count:", counted.content[0].text, "progress:", progress);
-  if (counted.content[0].text !== "counted to 5" || progress.join() !== "1,2,3,4,5") {
+  if (counted.content[0].text !== "counted to 5" || !["1,2,3,4,5", "1,2,3,4"].includes(progress.join())) {
     failures.push(`count: ${counted.content[0].text} with progress ${progress}`);
   }
   if (modern) {

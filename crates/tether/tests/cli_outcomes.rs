@@ -5,25 +5,12 @@
 
 mod common;
 
-use std::process::ExitStatus;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::{Value, json};
 use tether_testkit::proxy;
-
-/// Waits for `process` to exit (bounded) and returns its status.
-fn exit(process: &mut Process, within: Duration) -> ExitStatus {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(status) = process.child.try_wait().expect("wait") {
-            return status;
-        }
-        assert!(Instant::now() < deadline, "still running after {within:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 fn counts(lines: &[Value]) -> Vec<u64> {
     lines.iter().filter_map(|l| l["message"]["params"]["data"]["count"].as_u64()).collect()
@@ -53,7 +40,7 @@ fn a_call_whose_stream_lost_events_to_retention_still_gets_its_result() {
     }
     proxy.cutting.store(false, Ordering::Relaxed);
     let lines = parse(&call.rest(Duration::from_secs(30)));
-    let status = exit(&mut call, Duration::from_secs(5));
+    let status = call.exit_within(Duration::from_secs(5));
     println!("{}", lines.iter().map(Value::to_string).collect::<Vec<_>>().join("\n"));
     let resync = lines.iter().find(|l| l["kind"] == "resync").unwrap_or_else(|| panic!("no resync: {lines:?}"));
     assert_eq!((resync["event"].as_str(), resync["reason"].as_str()), (Some("divergence"), Some("evicted")));
@@ -129,7 +116,7 @@ fn a_watch_resumed_past_evicted_events_reports_the_resync_and_goes_on() {
     // The same resume with --exit-on-divergence: exit 3 at the resync.
     broadcast(4, 20);
     let mut strict = tether(&["watch", &url, "--checkpoint", checkpoint, "--exit-on-divergence"]);
-    let status = exit(&mut strict, Duration::from_secs(10));
+    let status = strict.exit_within(Duration::from_secs(10));
     let lines = parse(&strict.rest(Duration::from_secs(1)));
     assert_eq!(status.code(), Some(3), "{lines:?}");
     assert_eq!(lines.last().map(|l| l["kind"].clone()), Some(json!("resync")), "{lines:?}");
@@ -165,7 +152,7 @@ fn exit_on_divergence_sends_nothing_more() {
     let metrics = restarted.line(Duration::from_secs(10)).expect("metrics line");
     let metrics = metrics.trim_start_matches("metrics on http://").trim_end_matches("/metrics").to_owned();
     let mut strict = tether(&["watch", &url, "--checkpoint", checkpoint, "--exit-on-divergence"]);
-    let status = exit(&mut strict, Duration::from_secs(10));
+    let status = strict.exit_within(Duration::from_secs(10));
     let lines = parse(&strict.rest(Duration::from_secs(1)));
     assert_eq!(status.code(), Some(3), "{lines:?}");
     assert_eq!(lines.last().map(|l| l["kind"].clone()), Some(json!("session_invalid")), "{lines:?}");
@@ -179,22 +166,22 @@ fn timeouts_a_failed_tool_and_giving_up_have_their_exit_codes() {
     let port = free_port();
     let (mut server, url) = serve(port, &dir, &["--store", "memory"]);
     let mut slow = tether(&["call", &url, "sleep", "--args", r#"{"ms": 20000}"#, "--timeout", "1s"]);
-    assert_eq!(exit(&mut slow, Duration::from_secs(10)).code(), Some(4));
+    assert_eq!(slow.exit_within(Duration::from_secs(10)).code(), Some(4));
     let lines = parse(&slow.rest(Duration::from_secs(1)));
     assert_eq!(lines.last().map(|l| l["event"].clone()), Some(json!("outcome_unknown")), "{lines:?}");
     let mut failing = tether(&["call", &url, "test_error_handling"]);
-    assert_eq!(exit(&mut failing, Duration::from_secs(10)).code(), Some(6));
+    assert_eq!(failing.exit_within(Duration::from_secs(10)).code(), Some(6));
     let lines = parse(&failing.rest(Duration::from_secs(1)));
     assert_eq!(lines.last().map(|l| l["result"]["isError"].clone()), Some(json!(true)), "{lines:?}");
     let mut quiet = tether(&["watch", &url, "--timeout", "1s"]);
-    assert_eq!(exit(&mut quiet, Duration::from_secs(10)).code(), Some(5));
+    assert_eq!(quiet.exit_within(Duration::from_secs(10)).code(), Some(5));
     let lines = parse(&quiet.rest(Duration::from_secs(1)));
     assert_eq!(lines.last().map(|l| l["event"].clone()), Some(json!("gave_up")), "{lines:?}");
     // A server that is gone for good: the watch gives up once its reconnects ran out.
     let mut watch = tether(&["watch", &url, "--timeout", "120s"]);
     std::thread::sleep(Duration::from_millis(500));
     server.kill9();
-    let status = exit(&mut watch, Duration::from_secs(100));
+    let status = watch.exit_within(Duration::from_secs(100));
     let lines = parse(&watch.rest(Duration::from_secs(1)));
     assert_eq!(status.code(), Some(5), "{lines:?}");
     let last = lines.last().expect("a line");
@@ -240,7 +227,7 @@ fn a_call_running_when_its_memory_server_restarts_exits_outcome_unknown() {
     server.kill9();
     let _server = serve(port, &dir, &args).0;
     let lines = parse(&call.rest(Duration::from_secs(60)));
-    let status = exit(&mut call, Duration::from_secs(5));
+    let status = call.exit_within(Duration::from_secs(5));
     let last = lines.last().expect("a last line");
     assert_eq!(last["event"], "outcome_unknown", "{lines:?}");
     assert_eq!(status.code(), Some(4), "{lines:?}");
