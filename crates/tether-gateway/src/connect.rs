@@ -127,18 +127,16 @@ pub async fn bridge(
                         };
                         let deadline = tokio::time::Instant::now() + timeout;
                         match tokio::time::timeout_at(deadline, sent).await {
-                            Ok(Ok(())) => deadlines.add(id, deadline),
-                            Ok(Err(_)) => {
+                            Ok(sent) => {
                                 deadlines.add(id, deadline);
-                                tracing::warn!("the server can no longer be reached");
+                                if sent.is_err() {
+                                    tracing::warn!("the server can no longer be reached");
+                                }
                             }
                             Err(_) => {
                                 deadlines.expire(&id);
                                 let why = format!("could not connect to the server within {timeout:?}");
-                                let error = ErrorObject::with_reason(code::INTERNAL_ERROR, why, "connect_failed");
-                                let response = Response { id: Some(id), outcome: Err(error) };
-                                counts.answered(&response);
-                                let _ = to_client.send(Message::Response(response)).await;
+                                let _ = to_client.send(own_answer(&mut counts, id, why, "connect_failed")).await;
                             }
                         }
                     }
@@ -172,10 +170,7 @@ pub async fn bridge(
                 deadlines.expire(&id);
                 let within = timeout.map(|timeout| format!(" within {timeout:?}")).unwrap_or_default();
                 let why = format!("no answer from the server{within}: the request may have run");
-                let error = ErrorObject::with_reason(code::INTERNAL_ERROR, why, "outcome_unknown");
-                let response = Response { id: Some(id.clone()), outcome: Err(error) };
-                counts.answered(&response);
-                let _ = to_client.send(Message::Response(response)).await;
+                let _ = to_client.send(own_answer(&mut counts, id.clone(), why, "outcome_unknown")).await;
                 let cancel = Notification {
                     method: method::CANCELLED.into(),
                     params: Some(json!({"requestId": id, "reason": "no answer within the bridge's timeout"})),
@@ -200,6 +195,14 @@ pub async fn bridge(
     drop(to_client);
     let _ = writer.await;
     counts
+}
+
+/// The bridge's own answer to the stdio client's request `id`, counted: an error saying `why`,
+/// with `reason`.
+fn own_answer(counts: &mut Counts, id: RequestId, why: String, reason: &str) -> Message {
+    let response = Response { id: Some(id), outcome: Err(ErrorObject::with_reason(code::INTERNAL_ERROR, why, reason)) };
+    counts.answered(&response);
+    Message::Response(response)
 }
 
 /// When each of the stdio client's requests must be answered, under a timeout.

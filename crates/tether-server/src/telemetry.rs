@@ -99,7 +99,7 @@ pub(crate) fn draining() {
 }
 
 /// The counters and gauges without labels, and what each answers.
-const PLAIN: [(&str, &str); 16] = [
+const PLAIN: [(&str, &str); 13] = [
     ("tether_sessions_created_total", "Sessions created by initialize."),
     ("tether_sessions_terminated_total", "Sessions ended by the client's DELETE."),
     ("tether_sessions_expired_total", "Sessions expired after their idle TTL."),
@@ -116,12 +116,6 @@ const PLAIN: [(&str, &str); 16] = [
         "tether_upstream_instances",
         "Upstream instances (child processes, upstream sessions) running behind tether gateway.",
     ),
-    ("tether_build_info", "1, labelled with the version that runs."),
-    (
-        "tether_resumes_total",
-        "Resumes (Last-Event-ID) by how they were decided: replay, session_invalid or resync, and why.",
-    ),
-    ("tether_resyncs_sent_total", "resync events written, by reason."),
 ];
 
 /// Describes every metric (the `# HELP` lines of a Prometheus scrape) and makes the series known
@@ -150,10 +144,14 @@ pub(crate) fn describe() {
     describe_counter!("tether_sessions_ended_by_server_total", "Sessions the server ended, by reason.");
     describe_counter!("tether_tasks_refused_total", "Calls refused as tasks past the cap, by cap.");
     describe_counter!("tether_connections_expired_total", "Connections closed for doing nothing too long, by reason.");
+    describe_counter!(
+        "tether_resumes_total",
+        "Resumes (Last-Event-ID) by how they were decided: replay, session_invalid or resync, and why."
+    );
+    describe_counter!("tether_resyncs_sent_total", "resync events written, by reason.");
+    describe_gauge!("tether_build_info", "1, labelled with the version that runs.");
     for name in PLAIN.iter().map(|(name, _)| *name).filter(|name| name.ends_with("_total")) {
-        if name != "tether_resumes_total" && name != "tether_resyncs_sent_total" {
-            metrics::counter!(name).increment(0);
-        }
+        metrics::counter!(name).increment(0);
     }
     for reason in [ResyncReason::Evicted, ResyncReason::UnknownStream, ResyncReason::RequestAborted] {
         metrics::counter!("tether_resyncs_sent_total", "reason" => reason.as_str()).increment(0);
