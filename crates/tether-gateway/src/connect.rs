@@ -24,6 +24,10 @@ use tokio::sync::mpsc;
 
 use crate::lines::{LinesEnded, next_line, write_messages};
 
+/// How long past the timeout a connecting request waits for the handshake to fail with its
+/// cause before the bridge answers `connect_failed` without one.
+const CONNECT_GRACE: Duration = Duration::from_millis(500);
+
 /// How long requests still running get to finish once the stdio client closed its input.
 const DRAIN: Duration = Duration::from_secs(60);
 
@@ -126,7 +130,9 @@ pub async fn bridge(
                             continue;
                         };
                         let deadline = tokio::time::Instant::now() + timeout;
-                        match tokio::time::timeout_at(deadline, sent).await {
+                        // The handshake gives up by the deadline itself, with its cause; this
+                        // wait, a moment longer, only backs it up.
+                        match tokio::time::timeout_at(deadline + CONNECT_GRACE, sent).await {
                             Ok(sent) => {
                                 deadlines.add(id, deadline);
                                 if sent.is_err() {
