@@ -143,7 +143,8 @@ pub struct CallArgs {
 pub struct TaskArgs {
     #[command(flatten)]
     client: ClientArgs,
-    /// The task's id.
+    /// The task's id. It may begin with `-`, as a random id can.
+    #[arg(allow_hyphen_values = true)]
     task_id: String,
 }
 

@@ -128,6 +128,20 @@ fn tether_task_follows_a_task_another_process_created_to_its_result() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A task id is random and may begin with `-`: `tether task` takes it as the id, not as a flag.
+#[test]
+fn tether_task_takes_an_id_that_begins_with_a_dash() {
+    let dir = temp_dir("tasks-dash");
+    let (server, url) = serve(free_port(), &dir, &[]);
+    let mut follow = tether(&["task", &url, "-eUnknown", "--timeout", "10s"]);
+    let lines = parse(&follow.rest(Duration::from_secs(15)));
+    assert_eq!(follow.exit_within(Duration::from_secs(5)).code(), Some(4), "{lines:?}");
+    let reason = lines.last().and_then(|l| l["reason"].as_str()).unwrap_or_default();
+    assert!(reason.contains("no task \"-eUnknown\""), "the server was asked for that task: {lines:?}");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_task_created_on_one_redis_replica_is_answered_and_cancelled_on_another() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");

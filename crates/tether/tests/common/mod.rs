@@ -183,6 +183,7 @@ pub fn exchange(
     stream.write_all(request.as_bytes()).expect("send");
     let mut raw = Vec::new();
     let mut buf = [0u8; 8192];
+    let mut failed = None;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -193,7 +194,10 @@ pub fn exchange(
             Ok(0) => break,
             Ok(n) => raw.extend_from_slice(&buf[..n]),
             Err(err) if matches!(err.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-            Err(_) => break,
+            Err(err) => {
+                failed = Some(err);
+                break;
+            }
         }
         if let Some(response) = split_response(&raw)
             && enough(&response.body)
@@ -201,7 +205,10 @@ pub fn exchange(
             break;
         }
     }
-    split_response(&raw).expect("an HTTP response")
+    let waited = timeout.saturating_sub(deadline.saturating_duration_since(Instant::now()));
+    split_response(&raw).unwrap_or_else(|| {
+        panic!("no HTTP response to {method} {path} after {waited:?} ({failed:?}): {:?}", String::from_utf8_lossy(&raw))
+    })
 }
 
 fn split_response(raw: &[u8]) -> Option<Exchanged> {
