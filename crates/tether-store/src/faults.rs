@@ -200,6 +200,10 @@ impl SessionStore for FaultyStore {
     fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<SessionId>> {
         self.inner.sweep(now_ms)
     }
+
+    fn leave(&self) -> StoreFuture<'_, ()> {
+        self.inner.leave()
+    }
 }
 
 /// The owned copy of a request's record, for a call that outlives its borrow.

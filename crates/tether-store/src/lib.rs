@@ -144,6 +144,14 @@ pub trait SessionStore: Send + Sync {
     /// past their time, and the oldest finished ones past the count bound, are forgotten.
     /// Returns the ids of sessions it expired.
     fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<SessionId>>;
+
+    /// This process stops serving (a drain ended): what it still runs ends aborted, its keys and
+    /// tasks read as abandoned, and where processes share the store it is gone to the others at
+    /// once, not after the request lease. It heartbeats no more. A store that serves a single
+    /// process finds what was left running when it is next opened, and does nothing here.
+    fn leave(&self) -> StoreFuture<'_, ()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
 
 /// The event log: streams, their events, and the request records that open them. A keyed

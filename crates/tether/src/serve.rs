@@ -338,6 +338,7 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
         _ => None,
     };
     let path = args.path.clone();
+    let leaving = Arc::clone(&store);
     let drain = Drain::new();
     let draining = Arc::clone(&drain);
     let router = move |builder: Builder| {
@@ -383,7 +384,7 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
         println!("metrics on http://{scrape}/metrics");
     }
     let mut signals = Signals::new()?;
-    tokio::select! {
+    let ended = tokio::select! {
         served = async {
             match tls {
                 Some(tls) => tether_server::serve_tls(listener, app, limits, tls).await,
@@ -392,8 +393,22 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
         } => served.context("serving"),
         gave_up = waiting => gave_up,
         () = drained(&drain, &mut signals, args.drain_timeout) => Ok(()),
+    };
+    match tokio::time::timeout(LEAVE_TIMEOUT, leaving.leave()).await {
+        Ok(Ok(())) => tracing::info!("left the store"),
+        Ok(Err(err)) => {
+            tracing::warn!(%err, "could not leave the store: the others learn of it after the request lease")
+        }
+        Err(_) => tracing::warn!(
+            ?LEAVE_TIMEOUT,
+            "leaving the store timed out: the others learn of it after the request lease"
+        ),
     }
+    ended
 }
+
+/// How long leaving the store may take at exit.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// SIGTERM (what Kubernetes, systemd and `docker stop` send) and SIGINT.
 struct Signals {

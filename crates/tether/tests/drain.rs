@@ -1,6 +1,8 @@
 //! `tether serve` stopped by SIGTERM, as a rolling deploy stops it: it drains. `/readyz` turns
 //! 503 at once, a new session is refused 503 `draining` with `Retry-After`, a call in flight
 //! finishes with its real result before the process exits 0, and a second signal exits at once.
+//! On Redis, a replica whose drain timed out leaves the store: what it still ran is
+//! `request_aborted` at the other replicas at once.
 
 mod common;
 
@@ -61,5 +63,53 @@ fn a_second_signal_exits_at_once_whatever_still_runs() {
     assert!(server.child.try_wait().expect("wait").is_none(), "the drain waits for the call");
     server.signal("INT");
     assert_eq!(server.exit_within(Duration::from_secs(20)).code(), Some(0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A replica on Redis whose drain times out leaves the store on its way out: the call it still
+/// ran ends `request_aborted` for a client resuming at another replica at once, not after the
+/// request lease (a minute here) in which the others would wait for its heartbeat to lapse.
+#[test]
+fn a_replica_past_its_drain_timeout_hands_what_it_ran_over_as_request_aborted_at_once() {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let redis = runtime.block_on(tether_testkit::RedisServer::start());
+    let dir = temp_dir("drain-leave");
+    let args = [
+        "--store",
+        "redis",
+        "--redis-url",
+        redis.url.as_str(),
+        "--redis-durability",
+        "none",
+        "--request-lease",
+        "60s",
+        "--drain-timeout",
+        "1s",
+    ];
+    let (mut leaving, a) = serve(free_port(), &dir.join("a"), &args);
+    let (_staying, b) = serve(free_port(), &dir.join("b"), &args);
+    let session = raw_session(&a);
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+        ("Mcp-Session-Id", session.as_str()),
+        ("MCP-Protocol-Version", "2025-11-25"),
+    ];
+    // Keyed, so that it is answered as a stream at once, its priming event a place to resume from.
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "sleep", "arguments": {"ms": 120_000}, "_meta": {"io.tether/idempotencyKey": "drain-leave"}}});
+    let started =
+        exchange(&a, "POST", &headers, &call.to_string(), |body| !sse_events(body).is_empty(), Duration::from_secs(10));
+    let primed = sse_events(&started.body)[0].0.clone().expect("the priming event's id");
+    leaving.signal("TERM");
+    assert_eq!(leaving.exit_within(Duration::from_secs(20)).code(), Some(0), "exited once the drain timed out");
+
+    let mut resuming = headers.to_vec();
+    resuming[1] = ("Accept", "text/event-stream");
+    resuming.push(("Last-Event-ID", primed.as_str()));
+    let resumed = exchange(&b, "GET", &resuming, "", |body| answer_of(body).is_some(), Duration::from_secs(20));
+    let answer = answer_of(&resumed.body).unwrap_or_else(|| panic!("no answer within 20 s: {}", resumed.body));
+    assert_eq!(answer["id"], 7, "{answer}");
+    assert_eq!(answer["error"]["data"]["reason"], "request_aborted", "{answer}");
     let _ = std::fs::remove_dir_all(&dir);
 }

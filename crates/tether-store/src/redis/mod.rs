@@ -111,8 +111,19 @@ pub struct RedisStore {
     replica_messages: tokio::sync::broadcast::Sender<ReplicaMessage>,
     retention: Retention,
     owner: String,
+    /// Set once this process left ([`SessionStore::leave`]): it heartbeats no more.
+    left: std::sync::atomic::AtomicBool,
     heads: Arc<Heads>,
     listener: tokio::task::JoinHandle<()>,
+}
+
+/// What [`RedisStore::give_up`] gives up of what this process owns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GiveUp {
+    /// What it no longer holds (after Redis restarted or failed over).
+    Unheld,
+    /// All of it: the process leaves.
+    All,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -194,6 +205,7 @@ impl RedisStore {
             replica_messages,
             retention,
             owner: owner.to_owned(),
+            left: std::sync::atomic::AtomicBool::new(false),
             heads,
             listener,
         })
@@ -228,22 +240,25 @@ impl RedisStore {
             now,
             "Redis restarted or failed over: giving up what this replica owns there but no longer runs"
         );
-        self.give_up_unheld(conn).await
+        self.give_up(conn, GiveUp::Unheld).await
     }
 
-    /// Gives up what the store says this process owns but this process does not hold: request
-    /// streams end aborted, idempotency keys and tasks read as abandoned.
-    async fn give_up_unheld(&self, conn: &mut ConnectionManager) -> Result<(), StoreError> {
+    /// Gives up what the store says this process owns (all of it, or what this process does not
+    /// hold): request streams end aborted, idempotency keys and tasks read as abandoned.
+    async fn give_up(&self, conn: &mut ConnectionManager, what: GiveUp) -> Result<(), StoreError> {
         let streams: Vec<String> = conn.smembers(owned_key(&self.owner)).await.map_err(backend)?;
         let keys: Vec<String> = conn.smembers(owned_keys_key(&self.owner)).await.map_err(backend)?;
         let tasks: Vec<String> = conn.smembers(owned_tasks_key(&self.owner)).await.map_err(backend)?;
-        let (streams, keys, tasks) = {
-            let held = self.held();
-            (
-                streams.into_iter().filter(|m| !held.streams.contains(m)).collect::<Vec<_>>(),
-                keys.into_iter().filter(|k| !held.keys.contains(k)).collect::<Vec<_>>(),
-                tasks.into_iter().filter(|t| !held.tasks.contains(t)).collect::<Vec<_>>(),
-            )
+        let (streams, keys, tasks) = match what {
+            GiveUp::All => (streams, keys, tasks),
+            GiveUp::Unheld => {
+                let held = self.held();
+                (
+                    streams.into_iter().filter(|m| !held.streams.contains(m)).collect::<Vec<_>>(),
+                    keys.into_iter().filter(|k| !held.keys.contains(k)).collect::<Vec<_>>(),
+                    tasks.into_iter().filter(|t| !held.tasks.contains(t)).collect::<Vec<_>>(),
+                )
+            }
         };
         for member in &streams {
             let Some((session, stream)) = member.split_once(SEP) else { continue };
@@ -272,12 +287,18 @@ impl RedisStore {
             self.stop_counting(conn, task).await?;
         }
         if !(streams.is_empty() && keys.is_empty() && tasks.is_empty()) {
-            tracing::warn!(
-                streams = streams.len(),
-                keys = keys.len(),
-                tasks = tasks.len(),
-                "gave up what Redis says this replica runs but it no longer does"
-            );
+            let (streams, keys, tasks) = (streams.len(), keys.len(), tasks.len());
+            match what {
+                GiveUp::Unheld => {
+                    tracing::warn!(
+                        streams,
+                        keys,
+                        tasks,
+                        "gave up what Redis says this replica runs but it no longer does"
+                    )
+                }
+                GiveUp::All => tracing::warn!(streams, keys, tasks, "leaving: gave up what this replica still ran"),
+            }
         }
         Ok(())
     }

@@ -152,10 +152,23 @@ impl SessionStore for RedisStore {
         })
     }
 
+    fn leave(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            self.left.store(true, std::sync::atomic::Ordering::SeqCst);
+            let mut conn = self.conn();
+            self.give_up(&mut conn, GiveUp::All).await?;
+            let _: i64 = conn.hdel(OWNERS, &self.owner).await.map_err(backend)?;
+            Ok(())
+        })
+    }
+
     fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<SessionId>> {
         Box::pin(async move {
             let mut conn = self.conn();
             self.notice_restart(&mut conn).await?;
+            if self.left.load(std::sync::atomic::Ordering::SeqCst) {
+                return Ok(Vec::new());
+            }
             let _: i64 = conn.hset(OWNERS, &self.owner, now_ms).await.map_err(backend)?;
             // Sessions past their deadline: each is re-checked atomically before it expires.
             let due: Vec<String> = conn.zrangebyscore(SESSIONS, "-inf", now_ms).await.map_err(backend)?;
