@@ -7,11 +7,13 @@
 //! every message of the sessions it serves (answers to its own questions, cancellations),
 //! goes on; [`Drain::idle`] resolves once no request runs.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use axum::Router;
 use axum::http::StatusCode;
+use tether_store::Store;
 use tokio::sync::Notify;
 
 use crate::refusal::{Refusal, Rejection};
@@ -96,19 +98,82 @@ impl Drop for Running {
     }
 }
 
+/// What `/readyz` checks before it tells a balancer to route new work here: the server is not
+/// draining, has started (a gateway has reached its upstream), and its store answers.
+#[derive(Clone)]
+pub struct Readiness {
+    drain: Arc<Drain>,
+    store: Option<Arc<dyn Store>>,
+    started: Option<Arc<OnceLock<Router>>>,
+}
+
+/// Why `/readyz` answers 503.
+#[derive(Debug, thiserror::Error)]
+pub enum NotReady {
+    /// The drain has begun.
+    #[error("draining")]
+    Draining,
+    /// The server is still starting (see [`until_ready`](crate::until_ready)).
+    #[error("starting")]
+    Starting,
+    /// The store did not answer, or not within [`STORE_CHECK_TIMEOUT`].
+    #[error("the store does not answer: {0}")]
+    Store(String),
+}
+
+/// How long `/readyz` waits for the store to answer.
+pub const STORE_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl Readiness {
+    /// Ready while `drain` has not begun.
+    pub fn new(drain: Arc<Drain>) -> Readiness {
+        Readiness { drain, store: None, started: None }
+    }
+
+    /// Ready only while `store` answers too.
+    pub fn store(mut self, store: Arc<dyn Store>) -> Readiness {
+        self.store = Some(store);
+        self
+    }
+
+    /// Ready only once `started` holds the server's router, as [`until_ready`](crate::until_ready)
+    /// serves it.
+    pub fn started(mut self, started: Arc<OnceLock<Router>>) -> Readiness {
+        self.started = Some(started);
+        self
+    }
+
+    /// Whether a balancer may route new work here now, and if not, why.
+    pub async fn check(&self) -> Result<(), NotReady> {
+        if !self.drain.is_ready() {
+            return Err(NotReady::Draining);
+        }
+        if self.started.as_ref().is_some_and(|started| started.get().is_none()) {
+            return Err(NotReady::Starting);
+        }
+        if let Some(store) = &self.store {
+            match tokio::time::timeout(STORE_CHECK_TIMEOUT, store.reachable()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => return Err(NotReady::Store(err.to_string())),
+                Err(_) => return Err(NotReady::Store(format!("no answer within {STORE_CHECK_TIMEOUT:?}"))),
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `/healthz` and `/readyz` for probes: the first answers 200 while the process serves
-/// (liveness), the second 200 while `drain` has not begun and 503 once it has (readiness: route
-/// no new work here).
-pub fn health_router(drain: Arc<Drain>) -> Router {
+/// (liveness), the second 200 while `readiness` holds and 503 with the reason once it does not
+/// (route no new work here).
+pub fn health_router(readiness: Readiness) -> Router {
     Router::new().route("/healthz", axum::routing::get(|| async { "ok\n" })).route(
         "/readyz",
         axum::routing::get(move || {
-            let drain = Arc::clone(&drain);
+            let readiness = readiness.clone();
             async move {
-                if drain.is_ready() {
-                    (StatusCode::OK, "ready\n")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+                match readiness.check().await {
+                    Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
+                    Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
                 }
             }
         }),

@@ -41,7 +41,7 @@ use tether_core::mcp::ProtocolVersion;
 pub use auth::{Authenticator, BearerToken, TokensError};
 pub use config::{ServerConfig, parse_duration};
 pub use connection::{ConnectionLimits, serve, serve_connection, serve_tls};
-pub use drain::{Drain, health_router};
+pub use drain::{Drain, NotReady, Readiness, health_router};
 pub use handler::{AdoptFuture, Handler, HandlerFuture, ServerInfo};
 pub use refusal::Refusal;
 pub use request::context::{Context, ContextError, SessionHandle};

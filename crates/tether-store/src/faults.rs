@@ -204,6 +204,10 @@ impl SessionStore for FaultyStore {
     fn leave(&self) -> StoreFuture<'_, ()> {
         self.inner.leave()
     }
+
+    fn reachable(&self) -> StoreFuture<'_, ()> {
+        self.inner.reachable()
+    }
 }
 
 /// The owned copy of a request's record, for a call that outlives its borrow.

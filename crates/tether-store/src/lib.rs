@@ -152,6 +152,12 @@ pub trait SessionStore: Send + Sync {
     fn leave(&self) -> StoreFuture<'_, ()> {
         Box::pin(std::future::ready(Ok(())))
     }
+
+    /// Whether the store answers now, for a readiness probe: a round trip to Redis, a read of the
+    /// embedded store (which fails for good once a flush to disk failed).
+    fn reachable(&self) -> StoreFuture<'_, ()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
 
 /// The event log: streams, their events, and the request records that open them. A keyed

@@ -12,7 +12,7 @@ use tether_builtin::BuiltinHandler;
 use tether_core::input_required::StateKey;
 use tether_gateway::upstream::UpstreamHandler;
 use tether_server::{
-    BearerToken, Builder, ConnectionLimits, Drain, ServerConfig, ServerTls, health_router, parse_duration,
+    BearerToken, Builder, ConnectionLimits, Drain, Readiness, ServerConfig, ServerTls, health_router, parse_duration,
 };
 use tether_store::{CounterStore, KeyRecords as _, MemoryStore, RedisDurability, RedisStore, SqliteStore, Store};
 
@@ -159,8 +159,8 @@ pub struct ServeArgs {
 }
 
 /// Installs the Prometheus recorder behind the libraries' `metrics` calls and serves its text at
-/// `/metrics` on `addr`, with the probes of `drain` beside it; returns the bound address.
-async fn serve_metrics(addr: SocketAddr, drain: Arc<Drain>) -> anyhow::Result<SocketAddr> {
+/// `/metrics` on `addr`, with the probes of `readiness` beside it; returns the bound address.
+async fn serve_metrics(addr: SocketAddr, readiness: Readiness) -> anyhow::Result<SocketAddr> {
     // Store latencies as histograms (Prometheus can aggregate those across replicas), from 100 µs
     // to 1 s.
     let buckets = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
@@ -195,7 +195,7 @@ async fn serve_metrics(addr: SocketAddr, drain: Arc<Drain>) -> anyhow::Result<So
                 async move { handle.render() }
             }),
         )
-        .merge(health_router(drain));
+        .merge(health_router(readiness));
     tokio::spawn(async move {
         if let Err(err) = axum::serve(listener, app).await {
             eprintln!("tether serve: the metrics endpoint stopped: {err}");
@@ -341,6 +341,12 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
     let leaving = Arc::clone(&store);
     let drain = Drain::new();
     let draining = Arc::clone(&drain);
+    // A gateway that waits for its upstream is not ready until it has reached it.
+    let started = Arc::new(std::sync::OnceLock::new());
+    let mut readiness = Readiness::new(Arc::clone(&drain)).store(Arc::clone(&store));
+    if matches!(answering, Answering::Upstream { wait: Some(_), .. }) {
+        readiness = readiness.started(Arc::clone(&started));
+    }
     let router = move |builder: Builder| {
         let mut builder = builder.config(config).store(store).drain(draining);
         if let Some(authenticator) = authenticator {
@@ -350,7 +356,7 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
     };
     // Installed before the server is made, which describes its metrics to the recorder.
     let scrape = match args.metrics {
-        Some(addr) => Some(serve_metrics(addr, Arc::clone(&drain)).await?),
+        Some(addr) => Some(serve_metrics(addr, readiness.clone()).await?),
         None => None,
     };
     // Without a wait, the upstream is reached before anything listens, and nothing is waited for.
@@ -360,8 +366,7 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
         Answering::Builtin => (router(Builder::new(BuiltinHandler::new(counters))), never()),
         Answering::Upstream { reached, wait: None } => (router(Builder::new(reached.await?)), never()),
         Answering::Upstream { reached, wait: Some(wait) } => {
-            let ready = Arc::new(std::sync::OnceLock::new());
-            let became_ready = Arc::clone(&ready);
+            let became_ready = Arc::clone(&started);
             let waiting = async move {
                 let upstream = tokio::time::timeout(wait, reached)
                     .await
@@ -371,11 +376,11 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
                 std::future::pending::<anyhow::Result<()>>().await
             };
             let waiting: Waiting = Box::pin(waiting);
-            (tether_server::until_ready(ready), waiting)
+            (tether_server::until_ready(started), waiting)
         }
     };
     // The probes answer whatever the MCP endpoint does meanwhile (a gateway still waiting).
-    let app = health_router(Arc::clone(&drain)).merge(app);
+    let app = health_router(readiness).merge(app);
     let listener = bind(args.listen).with_context(|| format!("binding {}", args.listen))?;
     let local = listener.local_addr()?;
     let scheme = if tls.is_some() { "https" } else { "http" };

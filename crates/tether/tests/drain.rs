@@ -113,3 +113,29 @@ fn a_replica_past_its_drain_timeout_hands_what_it_ran_over_as_request_aborted_at
     assert_eq!(answer["error"]["data"]["reason"], "request_aborted", "{answer}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `/readyz` asks the store: with its Redis gone, the replica is not ready (503, saying why),
+/// though alive; with Redis back, it is ready again.
+#[test]
+fn readyz_says_503_while_the_store_does_not_answer() {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let mut redis = runtime.block_on(tether_testkit::RedisServer::start());
+    let dir = temp_dir("drain-readyz-store");
+    let port = free_port();
+    let args = ["--store", "redis", "--redis-url", redis.url.as_str(), "--redis-durability", "none"];
+    let (_server, _) = serve(port, &dir, &args);
+    let base = format!("http://127.0.0.1:{port}");
+    assert_eq!(status_of(&base, "/readyz"), 200);
+    runtime.block_on(redis.kill());
+    let unready = exchange(&format!("{base}/readyz"), "GET", &[], "", |_| false, Duration::from_secs(10));
+    assert_eq!(unready.status, 503, "{}", unready.body);
+    assert!(unready.body.starts_with("the store does not answer"), "{}", unready.body);
+    assert_eq!(status_of(&base, "/healthz"), 200, "alive all the same");
+    runtime.block_on(redis.restart());
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while status_of(&base, "/readyz") != 200 {
+        assert!(std::time::Instant::now() < deadline, "not ready again with Redis back");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

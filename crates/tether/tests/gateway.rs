@@ -297,7 +297,7 @@ fn an_http_upstream_carries_requests_both_ways_and_its_lost_session_ends_the_dow
 
 /// With `--upstream-wait`, a gateway started before its upstream listens at once and answers
 /// 503 `not_ready` with `Retry-After`, trying the upstream again meanwhile; once the upstream
-/// is up, it serves as any gateway does.
+/// is up, it serves as any gateway does. `/readyz` says 503 `starting` until then.
 #[test]
 fn a_gateway_waiting_for_its_upstream_answers_not_ready_until_it_is_reached() {
     let dir = temp_dir("gateway-upstream-wait");
@@ -313,8 +313,12 @@ fn a_gateway_waiting_for_its_upstream_answers_not_ready_until_it_is_reached() {
     assert!(refused.headers.iter().any(|(name, _)| name == "retry-after"), "{:?}", refused.headers);
     let error: Value = serde_json::from_str(&refused.body).expect("a JSON error");
     assert_eq!(error["error"]["data"]["reason"], "not_ready", "{error}");
+    let readyz = || exchange(&format!("http://{listen}/readyz"), "GET", &[], "", |_| false, Duration::from_secs(10));
+    let waiting = readyz();
+    assert_eq!((waiting.status, waiting.body.as_str()), (503, "starting\n"), "not ready until the upstream is reached");
     let _upstream = serve(upstream_port, &dir, &["--store", "memory"]);
     eventually("the gateway reached its upstream", || send(&url, None, &body).status == 200);
+    assert_eq!(readyz().status, 200);
     let session = initialize(&url);
     assert_eq!(result_text(&call(&url, &session, "count", json!({"to": 2}))), "counted to 2");
     let _ = std::fs::remove_dir_all(&dir);

@@ -162,6 +162,13 @@ impl SessionStore for RedisStore {
         })
     }
 
+    fn reachable(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let _: String = redis::cmd("PING").query_async(&mut self.conn()).await.map_err(backend)?;
+            Ok(())
+        })
+    }
+
     fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<SessionId>> {
         Box::pin(async move {
             let mut conn = self.conn();

@@ -176,6 +176,10 @@ impl SessionStore for SqliteStore {
         })
     }
 
+    fn reachable(&self) -> StoreFuture<'_, ()> {
+        self.query(|txn| query_row(txn, "SELECT 1", [], |r| r.get::<_, i64>(0)).map(drop).map_err(backend))
+    }
+
     fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<SessionId>> {
         let retention = self.retention;
         let swept = self.run_with(move |txn| {
