@@ -322,10 +322,15 @@ impl Client {
         // An abandoned wait (the caller dropped this future) leaves nothing waiting behind.
         let _waiting = inner.waiting(&key);
         inner.persist();
-        let (body, headers) = match era {
+        // The trace context in `_meta` goes in the HTTP header too, for what traces HTTP.
+        let trace = request.params.as_ref().and_then(tether_core::trace_context::TraceContext::from_meta);
+        let (body, mut headers) = match era {
             Era::Sessionful => (Message::Request(request).to_vec(), HeaderMap::new()),
             Era::Stateless => inner.stateless_request(request),
         };
+        if let Some(value) = trace.and_then(|trace| reqwest::header::HeaderValue::from_str(&trace.traceparent()).ok()) {
+            headers.insert(tether_core::trace_context::TRACEPARENT, value);
+        }
         // What the HTTP client logs while the attempt goes out carries its id.
         let post = inner.endpoint.post(&session, body, headers).instrument(tracing::debug_span!("attempt", id = %id));
         match post.await {

@@ -63,9 +63,10 @@ impl Trust {
     }
 }
 
-/// Makes ring the process's rustls provider, unless the application installed one first: the
-/// HTTP client takes the process's provider, and there is none by default.
-fn install_provider() {
+/// Makes ring the process's rustls provider, unless the application installed one first: an
+/// HTTP client takes the process's provider, and there is none by default. Call it before
+/// building an HTTP client other than through [`Trust::http_client`].
+pub fn install_provider() {
     // An error only says a provider is installed already, which is what this ensures.
     let _ = rustls::crypto::ring::default_provider().install_default();
 }

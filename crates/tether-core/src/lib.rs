@@ -8,6 +8,7 @@
 //! - [`tasks`]: when a call becomes a task, task statuses and their wire shape (SEP-2663).
 //! - [`date`]: UTC calendar dates and RFC 3339 timestamps; [`base64`]: both RFC 4648 encodings.
 //! - [`translate`]: a message of one protocol era as the other reads it, for bridges between them.
+//! - [`trace_context`]: W3C trace context, as `_meta` and the `traceparent` header carry it.
 //! - [`lifecycle`]: how a request ends: its terminal event and what a client may say of it.
 //! - [`lineage`]: event ids, digests, and the two resumption decisions every other crate
 //!   calls instead of deciding for itself.
@@ -25,4 +26,5 @@ pub mod param_headers;
 pub mod sse;
 pub mod subscriptions;
 pub mod tasks;
+pub mod trace_context;
 pub mod translate;

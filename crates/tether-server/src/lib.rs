@@ -35,6 +35,7 @@ mod tasks;
 mod telemetry;
 mod tls;
 pub mod tools;
+pub mod trace;
 
 use tether_core::mcp::ProtocolVersion;
 

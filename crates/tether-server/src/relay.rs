@@ -201,8 +201,12 @@ impl Relay {
         ctx: Context,
         session: &SessionHandle,
         method: String,
-        params: Value,
+        mut params: Value,
     ) -> Result<Value, ErrorObject> {
+        // The replica holding the state runs it as a child of this request's trace context.
+        if let Some(trace) = ctx.trace_context() {
+            trace.inject(&mut params);
+        }
         self.0.call(ctx, session, method, params).await
     }
 

@@ -156,6 +156,12 @@ pub struct ServeArgs {
     /// exits; a second signal exits at once.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     drain_timeout: Duration,
+    /// Export OpenTelemetry spans (one per MCP request, with the MCP semantic conventions) and
+    /// the conventions' metrics over OTLP/HTTP to this collector (`/v1/traces` and `/v1/metrics`
+    /// are added). Without it, the standard `OTEL_EXPORTER_OTLP_ENDPOINT` variables are
+    /// honoured; with neither, nothing is exported.
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
 }
 
 /// Installs the Prometheus recorder behind the libraries' `metrics` calls and serves its text at
@@ -252,6 +258,11 @@ pub enum Answering {
 }
 
 pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
+    let service = match answering {
+        Answering::Builtin => "tether",
+        Answering::Upstream { .. } => "tether-gateway",
+    };
+    let otel = crate::otel::install(args.otlp_endpoint.as_deref(), service)?;
     let mut config = ServerConfig {
         session_idle_ttl: args.session_idle_ttl,
         sse_retry: args.sse_retry,
@@ -408,6 +419,9 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
             ?LEAVE_TIMEOUT,
             "leaving the store timed out: the others learn of it after the request lease"
         ),
+    }
+    if let Some(otel) = otel {
+        let _ = tokio::task::spawn_blocking(move || otel.shutdown()).await;
     }
     ended
 }

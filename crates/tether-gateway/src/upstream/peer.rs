@@ -118,8 +118,12 @@ impl Peer {
         }
     }
 
-    /// Runs one request of tether's on the instance; a cancelled request is cancelled there too.
-    pub(super) async fn call(&self, ctx: Context, method: String, params: Value) -> Result<Value, ErrorObject> {
+    /// Runs one request of tether's on the instance, as a child of the request's trace context;
+    /// a cancelled request is cancelled there too.
+    pub(super) async fn call(&self, ctx: Context, method: String, mut params: Value) -> Result<Value, ErrorObject> {
+        if let Some(trace) = ctx.trace_context() {
+            trace.inject(&mut params);
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (done, outcome) = oneshot::channel();
         lock(&self.calls).insert(id, Call { ctx: ctx.clone(), done });

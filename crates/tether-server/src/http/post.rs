@@ -56,7 +56,10 @@ pub(crate) async fn post(
     let mut requests = Vec::new();
     for message in messages {
         match message {
-            Message::Request(request) => requests.push(request),
+            Message::Request(mut request) => {
+                crate::trace::adopt_header(headers, &mut request);
+                requests.push(request);
+            }
             Message::Notification(notification) => notify(shared, &runtime, notification),
             Message::Response(response) => answer(shared, &runtime, response).await,
         }

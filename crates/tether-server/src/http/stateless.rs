@@ -103,6 +103,8 @@ pub(crate) async fn post(
         }
         ServedBy::Handler => {}
     }
+    let mut request = request;
+    crate::trace::adopt_header(headers, &mut request);
     let (tx, rx) = mpsc::channel(DIRECT_BUFFER);
     let answer = tx.clone();
     let cancel = CancellationToken::new();

@@ -11,6 +11,7 @@ use tether_core::lifecycle;
 use tether_core::lineage::StreamName;
 use tether_core::mcp::method;
 use tether_core::tasks::TaskId;
+use tether_core::trace_context::TraceContext;
 
 use tether_store::{SessionEnd, Store, StoreError};
 use tokio::sync::oneshot;
@@ -243,6 +244,8 @@ struct RequestState {
     server: Arc<crate::ServerState>,
     /// A 2026-07-28 `tools/call` that may become a task ([`Context::escalate`]).
     task: Option<Arc<TaskSlot>>,
+    /// The trace context the handler works in, set as its run starts.
+    trace: std::sync::OnceLock<TraceContext>,
 }
 
 /// A JSON number, integral when the value is (progress counts are usually whole).
@@ -275,7 +278,8 @@ impl Context {
         let output = Sink::open(output, &first);
         let input = Mutex::new(input);
         let void = std::sync::atomic::AtomicBool::new(false);
-        let shared = RequestState { output, first, meta, input, cancel, void, server, task };
+        let trace = std::sync::OnceLock::new();
+        let shared = RequestState { output, first, meta, input, cancel, void, server, task, trace };
         (Context { shared: Arc::new(shared) }, rx)
     }
 
@@ -301,6 +305,23 @@ impl Context {
         let output = Output::Stored { store: Arc::clone(&server.store), runtime, stream, ends_stream: false };
         // Nobody here waits to learn how the response starts: the receiving replica decides.
         Context::new(output, meta, Input::default(), cancel, server, None).0
+    }
+
+    /// The trace context the handler works in: its own span's when the server exports traces
+    /// ([`trace`](crate::trace)), else the one the request carried (in `_meta`, or its HTTP
+    /// `traceparent` header). A handler calling elsewhere passes it on
+    /// ([`TraceContext::inject`]), so the callee's spans join the caller's trace.
+    pub fn trace_context(&self) -> Option<&TraceContext> {
+        self.shared.trace.get()
+    }
+
+    pub(crate) fn set_trace_context(&self, trace: TraceContext) {
+        let _ = self.shared.trace.set(trace);
+    }
+
+    /// The protocol version the request speaks: its session's, or 2026-07-28 without one.
+    pub(crate) fn protocol_version(&self) -> tether_core::mcp::ProtocolVersion {
+        self.shared.output.session().map_or(tether_core::mcp::ProtocolVersion::LATEST, |runtime| runtime.version)
     }
 
     /// The session id, in a session.

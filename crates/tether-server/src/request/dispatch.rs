@@ -638,6 +638,12 @@ async fn run(
         session = ctx.session_id().unwrap_or_default(),
         stream = ctx.stream().map(StreamName::as_str).unwrap_or_default(),
     );
+    let mut otel = crate::trace::RequestSpan::start(&method, &params, &id, ctx.session_id(), ctx.protocol_version());
+    let handling = otel.as_ref().map(|span| span.child("tether.handler"));
+    let trace = handling.as_ref().map(crate::trace::ChildSpan::trace_context);
+    if let Some(trace) = trace.or_else(|| tether_core::trace_context::TraceContext::from_meta(&params)) {
+        ctx.set_trace_context(trace);
+    }
     async move {
         let (work, record): (crate::HandlerFuture, Option<Keyed>) = match job {
             Job::Run(keyed) if matches!(finish, Finish::Sessionful) && tether_core::methods::may_ask_input(&method) => {
@@ -672,8 +678,14 @@ async fn run(
                 None
             }
         };
+        drop(handling);
         let ended = if matches!(outcome, Some(Ok(_))) { "result" } else { "error" };
         crate::telemetry::request_finished(&method, ended, began.elapsed());
+        if let Some(span) = &mut otel {
+            span.record(outcome.as_ref());
+        }
+        // Dropped before the request's span, which ends once the outcome is written.
+        let _writing = otel.as_ref().map(|span| span.child("tether.store.write"));
         if let Some(task) = ctx.task_id() {
             // The request was answered with its task: the outcome is the task's.
             tasks::finish(shared, task, outcome).await;

@@ -78,6 +78,8 @@ pub(crate) struct SessionRuntime {
     pub id: SessionId,
     pub epoch: Epoch,
     pub version: ProtocolVersion,
+    /// When this process began serving the session.
+    pub began: std::time::Instant,
     /// The capabilities the client declared in `initialize`.
     pub client_capabilities: Value,
     /// Woken when this process stops serving the session (`state.ended`). A `Notify` lives
@@ -119,6 +121,7 @@ impl SessionRuntime {
             id: record.id.clone(),
             epoch: record.epoch.clone(),
             version: record.protocol_version,
+            began: std::time::Instant::now(),
             client_capabilities: record
                 .client
                 .get("capabilities")

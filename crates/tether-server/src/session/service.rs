@@ -46,13 +46,13 @@ impl Sessions {
         self.lock().get(id).cloned()
     }
 
-    /// Forgets a session and ends its in-process state.
-    fn remove(&self, id: &SessionId) {
+    /// Forgets a session and ends its in-process state, which it returns.
+    fn remove(&self, id: &SessionId) -> Option<Arc<SessionRuntime>> {
         let mut map = self.lock();
-        if let Some(runtime) = map.remove(id) {
-            runtime.end();
-            telemetry::sessions_live(map.len());
-        }
+        let runtime = map.remove(id)?;
+        runtime.end();
+        telemetry::sessions_live(map.len());
+        Some(runtime)
     }
 
     /// Ends `runtime` and forgets it, unless another incarnation of its session replaced it
@@ -160,6 +160,7 @@ pub(crate) async fn end(shared: &ServerState, runtime: &Arc<SessionRuntime>, why
     match shared.store.end_session(&runtime.id, &runtime.epoch, why).await {
         Ok(()) => {
             telemetry::session_ended_by_server(why);
+            crate::trace::session_ended(runtime.version, runtime.began.elapsed(), Some(why.reason().as_str()));
             tracing::info!(session = %runtime.id, ?why, "session ended by the server");
         }
         Err(err) => tracing::debug!(session = %runtime.id, %err, "the session had already ended"),
@@ -171,7 +172,9 @@ pub(crate) async fn end(shared: &ServerState, runtime: &Arc<SessionRuntime>, why
 /// Ends live session `record` at its client's request (DELETE): 404 `terminated` from then on.
 pub(crate) async fn terminate(shared: &ServerState, record: &SessionRecord) -> Result<(), Rejection> {
     shared.store.end_session(&record.id, &record.epoch, SessionEnd::Terminated).await.map_err(Rejection::from)?;
-    shared.sessions.remove(&record.id);
+    if let Some(runtime) = shared.sessions.remove(&record.id) {
+        crate::trace::session_ended(runtime.version, runtime.began.elapsed(), None);
+    }
     telemetry::session_terminated();
     tracing::debug!(session = %record.id, "session terminated by the client");
     Ok(())
@@ -216,7 +219,9 @@ pub(crate) async fn sweep(shared: &ServerState, now: u64) {
         Ok(expired) => {
             for id in &expired {
                 tracing::debug!(session = %id, "session expired");
-                shared.sessions.remove(id);
+                if let Some(runtime) = shared.sessions.remove(id) {
+                    crate::trace::session_ended(runtime.version, runtime.began.elapsed(), Some("expired"));
+                }
             }
             telemetry::sessions_expired(expired.len());
         }
