@@ -3,7 +3,7 @@
 //! `mcp.server.operation.duration` and `mcp.server.session.duration` metrics.
 //!
 //! A request's span is the child of the trace context its `params._meta` carries (SEP-414), or,
-//! without one, of its HTTP `traceparent` header ([`adopt_header`] puts that in `_meta`). The
+//! without one, of its HTTP `traceparent` header (which is put in `_meta` for it). The
 //! handler works in its own span's context ([`Context::trace_context`](crate::Context::trace_context)),
 //! which a handler calling elsewhere (a gateway) passes on.
 //!
