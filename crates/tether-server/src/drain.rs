@@ -116,13 +116,13 @@ pub enum NotReady {
     /// The server is still starting (see [`until_ready`](crate::until_ready)).
     #[error("starting")]
     Starting,
-    /// The store did not answer, or not within [`STORE_CHECK_TIMEOUT`].
+    /// The store did not answer, or not within two seconds.
     #[error("the store does not answer: {0}")]
     Store(String),
 }
 
 /// How long `/readyz` waits for the store to answer.
-pub const STORE_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+const STORE_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl Readiness {
     /// Ready while `drain` has not begun.
