@@ -54,6 +54,26 @@ pub enum DivergenceReason {
 pub use tether_core::lineage::TaskStreamBreak;
 
 impl DivergenceReason {
+    /// Every kind [`DivergenceReason::kind`] names, for metrics present from the start.
+    pub(crate) const KINDS: [&'static str; 16] = [
+        "session_invalid",
+        "session_changed",
+        "epoch_changed",
+        "gap",
+        "replay_reset",
+        "digest_mismatch",
+        "non_monotonic",
+        "resync",
+        "unverifiable",
+        "undecodable",
+        "no_checkpoint",
+        "not_a_stream",
+        "task_events_gone",
+        "task_gap",
+        "task_digest_mismatch",
+        "task_ended_early",
+    ];
+
     /// The stable name of the reason, as `tether watch` prints it and the
     /// `tether_client_divergences_total` metric labels it.
     pub fn kind(&self) -> &'static str {

@@ -25,6 +25,7 @@ pub mod link;
 pub mod rmcp;
 mod session;
 mod task;
+mod telemetry;
 pub mod tls;
 
 pub use backoff::Backoff;
@@ -32,6 +33,7 @@ pub use checkpoint::{CheckpointError, CheckpointFile, StreamCursor, TaskCursor};
 pub use client::Client;
 pub use divergence::{DivergenceReason, TaskStreamBreak};
 pub use hooks::{DefaultHooks, HookFuture, ServerRequests};
+pub use telemetry::describe_metrics;
 
 use std::path::PathBuf;
 use std::sync::Arc;

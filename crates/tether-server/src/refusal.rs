@@ -504,6 +504,7 @@ impl Rejection {
 
 impl IntoResponse for Rejection {
     fn into_response(self) -> Response {
+        crate::telemetry::refused(self.status, self.error.reason());
         let body = Message::Response(tether_core::jsonrpc::Response::error(self.id, self.error)).to_vec();
         let mut response =
             (self.status, [(CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response();

@@ -165,7 +165,11 @@ pub(crate) async fn create(
         }
         return Err(err.into());
     }
-    locked(&shared.task_runners.running).insert(id.clone(), slot.cancel.clone());
+    {
+        let mut running = locked(&shared.task_runners.running);
+        running.insert(id.clone(), slot.cancel.clone());
+        crate::telemetry::tasks_running(running.len());
+    }
     // Set before the response goes out: from then on the connection's end no longer cancels it.
     let _ = slot.id.set(id.clone());
     let changed = shared.task_runners.watch(&id);
@@ -260,11 +264,21 @@ async fn answers(ctx: &Context, id: &TaskId) -> Result<Input, ErrorObject> {
 /// cancelled. The first final change wins: a task cancelled while its tool finished stays
 /// cancelled.
 pub(crate) async fn finish(shared: &ServerState, id: &TaskId, outcome: Option<Result<Value, ErrorObject>>) {
+    let status = match &outcome {
+        Some(Ok(_)) => "completed",
+        Some(Err(_)) => "failed",
+        None => "cancelled",
+    };
     let change = outcome.map_or(TaskChange::Cancel, TaskChange::Finish);
     if let Err(err) = shared.task_runners.update(shared.store.as_ref(), id, change).await {
         tracing::error!(%err, task = %id, "could not record how a task ended");
     }
-    locked(&shared.task_runners.running).remove(id);
+    crate::telemetry::task_ended(status);
+    {
+        let mut running = locked(&shared.task_runners.running);
+        running.remove(id);
+        crate::telemetry::tasks_running(running.len());
+    }
     shared.task_runners.unwatched(id);
 }
 

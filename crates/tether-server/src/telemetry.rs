@@ -2,9 +2,118 @@
 //! a recorder; `tether serve --metrics` installs a Prometheus one). Names and labels are decided
 //! here, once.
 
+use std::collections::HashSet;
+use std::sync::{LazyLock, RwLock};
 use std::time::Duration;
 
+use serde_json::Value;
+use tether_core::jsonrpc::ErrorObject;
 use tether_core::lineage::{InvalidReason, ResyncReason, ServerDecision};
+
+/// The target of the access log: a line per request and per session ended, with its duration.
+/// `tether`'s default filter leaves it out; `RUST_LOG=info` shows it.
+pub const ACCESS: &str = "tether_access";
+
+/// The most tool names a metric is labelled with; calls of any other tool count as `other`.
+const MAX_TOOL_LABELS: usize = 256;
+
+/// The tools a metric may name: those the server itself listed (a `tools/list` result) or
+/// answered with a result that is no error, so a client naming tools that do not exist cannot grow the label
+/// set, and at most [`MAX_TOOL_LABELS`] of them.
+static TOOLS: LazyLock<RwLock<HashSet<String>>> = LazyLock::new(RwLock::default);
+
+fn known_tool(name: &str) -> bool {
+    TOOLS.read().unwrap_or_else(|poisoned| poisoned.into_inner()).contains(name)
+}
+
+fn learn_tools<'a>(names: impl Iterator<Item = &'a str>) {
+    let mut tools = TOOLS.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+    for name in names {
+        if tools.len() >= MAX_TOOL_LABELS {
+            return;
+        }
+        if !tools.contains(name) {
+            tools.insert(name.to_owned());
+        }
+    }
+}
+
+/// A request ended with `outcome` (`None`: cancelled) after `took`: a `tools/list` result
+/// teaches the tool labels, and a `tools/call` of `tool` is counted by tool and how it ended
+/// (`result`, `tool_error` for a result with `isError`, `error`).
+pub(crate) fn tool_outcome(
+    method: &str,
+    tool: Option<&str>,
+    outcome: Option<&Result<Value, ErrorObject>>,
+    took: Duration,
+) {
+    match method {
+        tether_core::mcp::method::TOOLS_LIST => {
+            if let Some(Ok(result)) = outcome
+                && let Some(listed) = result.get("tools").and_then(Value::as_array)
+            {
+                learn_tools(listed.iter().filter_map(|tool| tool.get("name")?.as_str()));
+            }
+        }
+        tether_core::mcp::method::TOOLS_CALL => {
+            let Some(tool) = tool else { return };
+            let ended = match outcome {
+                // Some servers answer a tool they do not have with `isError`: only a result
+                // without it shows the tool exists.
+                Some(Ok(result)) if result.get("isError").and_then(Value::as_bool) == Some(true) => "tool_error",
+                Some(Ok(_)) => {
+                    if !known_tool(tool) {
+                        learn_tools(std::iter::once(tool));
+                    }
+                    "result"
+                }
+                _ => "error",
+            };
+            let label = if known_tool(tool) { tool.to_owned() } else { "other".to_owned() };
+            metrics::counter!("tether_tool_calls_total", "tool" => label.clone(), "outcome" => ended).increment(1);
+            metrics::histogram!("tether_tool_call_duration_seconds", "tool" => label).record(took.as_secs_f64());
+        }
+        _ => {}
+    }
+}
+
+/// This process stopped serving the session of `runtime`: its client ended it (`None`), or the
+/// server did, for `reason`. Logged on [`ACCESS`] and recorded as the conventions' session
+/// duration.
+pub(crate) fn session_over(runtime: &crate::session::SessionRuntime, reason: Option<&'static str>) {
+    let lasted = runtime.began.elapsed();
+    tracing::info!(
+        target: ACCESS,
+        session = %runtime.id,
+        version = runtime.version.as_str(),
+        ended = reason.unwrap_or("terminated"),
+        duration_s = lasted.as_secs_f64(),
+        "session ended"
+    );
+    crate::trace::session_ended(runtime.version, lasted, reason);
+}
+
+/// A keyed request was answered from its idempotency record, without running again.
+pub(crate) fn idempotent_replay() {
+    metrics::counter!("tether_idempotent_replays_total").increment(1);
+}
+
+/// A task this process ran ended `status` (`completed`, `failed`, `cancelled`).
+pub(crate) fn task_ended(status: &'static str) {
+    metrics::counter!("tether_tasks_ended_total", "status" => status).increment(1);
+}
+
+/// Tasks this process runs now.
+pub(crate) fn tasks_running(running: usize) {
+    metrics::gauge!("tether_tasks_running").set(running as f64);
+}
+
+/// A request was refused at the HTTP layer with `status`, for `reason`.
+pub(crate) fn refused(status: http::StatusCode, reason: Option<&str>) {
+    let reason = reason.unwrap_or("none").to_owned();
+    metrics::counter!("tether_http_refusals_total", "status" => status.as_str().to_owned(), "reason" => reason)
+        .increment(1);
+}
 
 /// A session was created by `initialize`.
 pub(crate) fn session_created() {
@@ -99,7 +208,7 @@ pub(crate) fn draining() {
 }
 
 /// The counters and gauges without labels, and what each answers.
-const PLAIN: [(&str, &str); 13] = [
+const PLAIN: [(&str, &str); 15] = [
     ("tether_sessions_created_total", "Sessions created by initialize."),
     ("tether_sessions_terminated_total", "Sessions ended by the client's DELETE."),
     ("tether_sessions_expired_total", "Sessions expired after their idle TTL."),
@@ -112,6 +221,8 @@ const PLAIN: [(&str, &str); 13] = [
     ("tether_connections_open", "Open connections."),
     ("tether_requests_running", "Requests running now, from their start to their terminal event."),
     ("tether_draining", "1 once the server drains before it stops (SIGTERM), else 0."),
+    ("tether_idempotent_replays_total", "Keyed requests answered from their record, without running again."),
+    ("tether_tasks_running", "Tasks this process runs now."),
     (
         "tether_upstream_instances",
         "Upstream instances (child processes, upstream sessions) running behind tether gateway.",
@@ -150,6 +261,17 @@ pub(crate) fn describe() {
     );
     describe_counter!("tether_resyncs_sent_total", "resync events written, by reason.");
     describe_gauge!("tether_build_info", "1, labelled with the version that runs.");
+    describe_counter!(
+        "tether_tool_calls_total",
+        "tools/call requests that ended, by tool (the server's own, else other) and outcome (result, tool_error, error)."
+    );
+    describe_histogram!(
+        "tether_tool_call_duration_seconds",
+        metrics::Unit::Seconds,
+        "How long tools/call requests ran, by tool."
+    );
+    describe_counter!("tether_tasks_ended_total", "Tasks this process ran that ended, by status.");
+    describe_counter!("tether_http_refusals_total", "Requests refused at the HTTP layer, by status and reason.");
     for name in PLAIN.iter().map(|(name, _)| *name).filter(|name| name.ends_with("_total")) {
         metrics::counter!(name).increment(0);
     }
@@ -162,6 +284,9 @@ pub(crate) fn describe() {
             metrics::counter!("tether_requests_total", "method" => method, "outcome" => outcome).increment(0);
         }
     }
+    for status in ["completed", "failed", "cancelled"] {
+        metrics::counter!("tether_tasks_ended_total", "status" => status).increment(0);
+    }
     for cap in ["total", "per_principal"] {
         metrics::counter!("tether_tasks_refused_total", "cap" => cap).increment(0);
     }
@@ -171,6 +296,7 @@ pub(crate) fn describe() {
     metrics::gauge!("tether_connections_open").increment(0.0);
     metrics::gauge!("tether_requests_running").increment(0.0);
     metrics::gauge!("tether_draining").increment(0.0);
+    metrics::gauge!("tether_tasks_running").increment(0.0);
     metrics::gauge!("tether_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
 }
 

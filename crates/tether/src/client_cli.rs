@@ -117,6 +117,10 @@ async fn until(deadline: Option<tokio::time::Instant>) {
 pub struct WatchArgs {
     #[command(flatten)]
     client: ClientArgs,
+    /// Serve the client's Prometheus metrics (divergences, resyncs, re-initializations) at
+    /// `http://ADDR/metrics` while it watches.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Args)]
@@ -217,6 +221,15 @@ async fn connect(config: ClientConfig) -> Result<(Client, UnboundedReceiver<Clie
 
 /// `tether watch`: follow the standalone stream and print what arrives.
 pub async fn watch(args: WatchArgs) -> ExitCode {
+    if let Some(addr) = args.metrics {
+        match crate::serve::serve_metrics(addr, None).await {
+            Ok(bound) => {
+                tether_client::describe_metrics();
+                print(json!({"event": "metrics", "url": format!("http://{bound}/metrics")}));
+            }
+            Err(err) => return gave_up(&format!("--metrics: {err:#}")),
+        }
+    }
     let (client, mut events) = match connect(args.client.config()).await {
         Ok(connected) => connected,
         Err(code) => return code,

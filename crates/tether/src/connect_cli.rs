@@ -33,6 +33,10 @@ pub struct ConnectArgs {
     /// Also trust the certificate authorities in this PEM file for an https URL.
     #[arg(long, value_name = "FILE", value_parser = parse_ca_cert)]
     ca_cert: Option<Trust>,
+    /// Serve the client's Prometheus metrics (divergences, resyncs, re-initializations,
+    /// re-sends) at `http://ADDR/metrics`.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 /// `Name: value`.
@@ -44,6 +48,19 @@ fn parse_header(text: &str) -> Result<(String, String), String> {
 /// Bridges stdin and stdout to the server; prints what it carried to stderr as one JSON line
 /// when the client closes stdin.
 pub async fn run(args: ConnectArgs) -> ExitCode {
+    if let Some(addr) = args.metrics {
+        match crate::serve::serve_metrics(addr, None).await {
+            Ok(bound) => {
+                tether_client::describe_metrics();
+                // Standard output is the client's: what tether says goes to standard error.
+                eprintln!("{}", serde_json::json!({"event": "metrics", "url": format!("http://{bound}/metrics")}));
+            }
+            Err(err) => {
+                eprintln!("{}", serde_json::json!({"event": "error", "message": format!("--metrics: {err:#}")}));
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let mut config = ClientConfig::new(&args.url);
     config.headers = args.headers;
     config.policy = args.policy.into();

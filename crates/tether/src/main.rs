@@ -6,6 +6,7 @@ mod connect_cli;
 mod gateway_cli;
 mod otel;
 mod probe_cli;
+mod process_metrics;
 mod serve;
 
 use std::process::ExitCode;
@@ -24,7 +25,8 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// How log lines on stderr are written (levels and targets from `RUST_LOG`, default `warn`,
-    /// and `info` for what the command itself says at start).
+    /// and `info` for what tether itself says of its state; `RUST_LOG=info` adds the access log,
+    /// a line per request and per session ended, with its duration).
     #[arg(long, global = true, value_enum, default_value = "text")]
     log_format: LogFormat,
 }
@@ -68,8 +70,11 @@ fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     let logs = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn,tether=info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| format!("warn,tether=info,{}=off", tether_server::ACCESS_LOG).into()),
         )
+        // Colour only for a person at a terminal, never in a file or a collector's pipe.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match cli.log_format {
         LogFormat::Text => logs.init(),

@@ -165,23 +165,22 @@ pub struct ServeArgs {
 }
 
 /// Installs the Prometheus recorder behind the libraries' `metrics` calls and serves its text at
-/// `/metrics` on `addr`, with the probes of `readiness` beside it; returns the bound address.
-async fn serve_metrics(addr: SocketAddr, readiness: Readiness) -> anyhow::Result<SocketAddr> {
+/// `/metrics` on `addr`, with the probes of `readiness` beside it if given; returns the bound
+/// address.
+pub async fn serve_metrics(addr: SocketAddr, readiness: Option<Readiness>) -> anyhow::Result<SocketAddr> {
     // Store latencies as histograms (Prometheus can aggregate those across replicas), from 100 µs
     // to 1 s.
     let buckets = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
-    // Requests, from a millisecond to a minute.
+    // Requests and tool calls, from a millisecond to a minute.
     let requests = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Full("tether_store_seconds".into()), &buckets)
         .context("metric buckets")?
-        .set_buckets_for_metric(
-            metrics_exporter_prometheus::Matcher::Full("tether_request_duration_seconds".into()),
-            &requests,
-        )
+        .set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Suffix("_duration_seconds".into()), &requests)
         .context("metric buckets")?
         .install_recorder()
         .context("installing the metrics recorder")?;
+    crate::process_metrics::describe();
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
     let bound = listener.local_addr()?;
     let upkeep = handle.clone();
@@ -193,15 +192,19 @@ async fn serve_metrics(addr: SocketAddr, readiness: Readiness) -> anyhow::Result
             upkeep.run_upkeep();
         }
     });
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            axum::routing::get(move || {
-                let handle = handle.clone();
-                async move { handle.render() }
-            }),
-        )
-        .merge(health_router(readiness));
+    let mut app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let handle = handle.clone();
+            async move {
+                crate::process_metrics::record();
+                handle.render()
+            }
+        }),
+    );
+    if let Some(readiness) = readiness {
+        app = app.merge(health_router(readiness));
+    }
     tokio::spawn(async move {
         if let Err(err) = axum::serve(listener, app).await {
             eprintln!("tether serve: the metrics endpoint stopped: {err}");
@@ -367,7 +370,7 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
     };
     // Installed before the server is made, which describes its metrics to the recorder.
     let scrape = match args.metrics {
-        Some(addr) => Some(serve_metrics(addr, readiness.clone()).await?),
+        Some(addr) => Some(serve_metrics(addr, Some(readiness.clone())).await?),
         None => None,
     };
     // Without a wait, the upstream is reached before anything listens, and nothing is waited for.

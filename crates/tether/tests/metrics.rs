@@ -52,6 +52,8 @@ fn counters_follow_a_scripted_scenario() {
         r#"tether_resyncs_sent_total{reason="evicted"}"#,
         "tether_requests_running",
         "tether_draining",
+        "tether_idempotent_replays_total",
+        r#"tether_tasks_ended_total{status="failed"}"#,
     ] {
         assert_eq!(zero.get(series), Some(&0.0), "{series} at zero from the start:\n{fresh}");
     }
@@ -83,30 +85,122 @@ fn counters_follow_a_scripted_scenario() {
         ],
     );
     assert!(status.contains("404"), "{status}");
+    // 4. A tool the server does not have: counted as `other`, whatever its name.
+    let unknown = parse(&tether(&["call", &url, "no_such_tool"]).rest(Duration::from_secs(30)));
+    assert_ne!(unknown.last().expect("outcome")["event"], "result", "{unknown:?}");
 
     let (status, text) = get(scrape, "/metrics", &[]);
     assert!(status.contains("200"), "{status}");
     let seen = samples(&text);
     let value = |name: &str| seen.get(name).copied().unwrap_or_else(|| panic!("{name} missing from:\n{text}"));
     println!("scraped after the scenario:\n{text}");
-    assert_eq!(value("tether_sessions_created_total"), 2.0);
-    assert_eq!(value("tether_sessions_terminated_total"), 2.0, "both calls ended their session with DELETE");
+    assert_eq!(value("tether_sessions_created_total"), 3.0);
+    assert_eq!(value("tether_sessions_terminated_total"), 3.0, "every call ended its session with DELETE");
     assert_eq!(value("tether_sessions_live"), 0.0);
-    assert_eq!(value("tether_events_appended_total"), 4.0 + 51.0, "each notification and result, once");
+    assert_eq!(value("tether_events_appended_total"), 4.0 + 51.0 + 1.0, "each notification and outcome, once");
     // A reconnect cut again before its first event is a replay the client never saw continue.
     assert!(value(r#"tether_resumes_total{branch="replay",reason="none"}"#) >= resumed as f64);
     assert_eq!(value(r#"tether_resumes_total{branch="session_invalid",reason="unknown_session"}"#), 1.0);
     assert!(value("tether_events_replayed_total") >= 1.0);
     assert_eq!(value("tether_streams_live"), 0.0, "every connection closed");
     assert!(value(r#"tether_store_seconds_count{op="append"}"#) >= 2.0);
-    assert_eq!(value(r#"tether_store_seconds_count{op="begin_request"}"#), 2.0, "each call began once");
-    // Both calls ran once each, and their time is in the histogram; the method of each request
-    // is one of the protocol's.
+    assert_eq!(value(r#"tether_store_seconds_count{op="begin_request"}"#), 3.0, "each call began once");
+    // Each call ran once, and its time is in the histogram; the method of each request is one of
+    // the protocol's.
     assert_eq!(value(r#"tether_requests_total{method="tools/call",outcome="result"}"#), 2.0);
-    assert_eq!(value(r#"tether_request_duration_seconds_count{method="tools/call"}"#), 2.0);
-    assert!(value(r#"tether_request_duration_seconds_bucket{method="tools/call",le="60"}"#) >= 2.0);
+    assert_eq!(value(r#"tether_requests_total{method="tools/call",outcome="error"}"#), 1.0);
+    assert_eq!(value(r#"tether_request_duration_seconds_count{method="tools/call"}"#), 3.0);
+    assert!(value(r#"tether_request_duration_seconds_bucket{method="tools/call",le="60"}"#) >= 3.0);
     assert_eq!(value("tether_requests_running"), 0.0);
+    // By tool: only the server's own tools are named.
+    assert_eq!(value(r#"tether_tool_calls_total{tool="count",outcome="result"}"#), 2.0);
+    assert_eq!(value(r#"tether_tool_call_duration_seconds_count{tool="count"}"#), 2.0);
+    assert_eq!(value(r#"tether_tool_calls_total{tool="other",outcome="error"}"#), 1.0);
+    assert!(value(r#"tether_tool_call_duration_seconds_bucket{tool="count",le="60"}"#) >= 2.0);
+    assert!(!text.contains("no_such_tool"), "a client's tool name is no label");
+    assert_eq!(value(r#"tether_http_refusals_total{status="404",reason="unknown_session"}"#), 1.0);
+    // The process, as every Prometheus client library exports it.
+    for name in ["process_resident_memory_bytes", "process_open_fds", "process_max_fds", "process_start_time_seconds"] {
+        assert!(value(name) > 0.0, "{name}");
+    }
+    assert!(text.contains("# HELP process_cpu_seconds_total "), "{text}");
     assert!(seen.keys().any(|name| name.starts_with("tether_retained_bytes")), "{text}");
     drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// At `RUST_LOG=info`, each request and each session ended logs one line with its duration (the
+/// access log); by default, it does not.
+#[test]
+fn the_access_log_has_a_line_per_request_and_session_at_info() {
+    use std::process::{Command, Stdio};
+    let logged = |filter: Option<&str>| -> String {
+        let dir = temp_dir("metrics-access-log");
+        let port = free_port();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tether"));
+        command.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir", dir.to_str().expect("utf-8")]);
+        command.env_remove("RUST_LOG").stdout(Stdio::null()).stderr(Stdio::piped());
+        if let Some(filter) = filter {
+            command.env("RUST_LOG", filter);
+        }
+        let mut server = command.spawn().expect("tether serve");
+        let url = format!("http://127.0.0.1:{port}/mcp");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "tether serve never listened");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let call = parse(&tether(&["call", &url, "count", "--args", r#"{"to": 1}"#]).rest(Duration::from_secs(30)));
+        assert_eq!(call.last().expect("outcome")["event"], "result");
+        let _ = server.kill();
+        let _ = server.wait();
+        let mut stderr = String::new();
+        let _ = server.stderr.take().expect("stderr").read_to_string(&mut stderr);
+        let _ = std::fs::remove_dir_all(&dir);
+        stderr
+    };
+    let info = logged(Some("info"));
+    let request = info.lines().find(|l| l.contains("request ended")).unwrap_or_else(|| panic!("{info}"));
+    for field in ["method=tools/call", "tool=\"count\"", "outcome=\"result\"", "duration_ms="] {
+        assert!(request.contains(field), "{field} in {request}");
+    }
+    let session = info.lines().find(|l| l.contains("session ended")).unwrap_or_else(|| panic!("{info}"));
+    assert!(session.contains("duration_s=") && session.contains("terminated"), "{session}");
+    let quiet = logged(None);
+    assert!(!quiet.contains("request ended"), "not by default: {quiet}");
+}
+
+/// `tether watch --metrics`: the client's own counters, described and at zero from the start;
+/// when its server restarts without its sessions (the memory store), the divergence and the
+/// re-initialization it led to are counted.
+#[test]
+fn a_watch_exposes_the_divergences_it_saw() {
+    let dir = temp_dir("metrics-watch");
+    let port = free_port();
+    let (mut server, url) = serve(port, &dir, &["--store", "memory", "--sse-retry", "100ms"]);
+    let watch = tether(&["watch", &url, "--metrics", "127.0.0.1:0"]);
+    let first = parse(&[watch.line(Duration::from_secs(20)).expect("the metrics line")]);
+    let scrape = first[0]["url"].as_str().expect("a metrics url").to_owned();
+    let authority = scrape.trim_start_matches("http://").trim_end_matches("/metrics").to_owned();
+    let (_, fresh) = get(&authority, "/metrics", &[]);
+    assert!(fresh.contains("# HELP tether_client_divergences_total "), "{fresh}");
+    assert_eq!(samples(&fresh).get("tether_client_reinitializations_total"), Some(&0.0), "{fresh}");
+    // Until the watch holds its session's stream, then the server forgets it.
+    std::thread::sleep(Duration::from_millis(500));
+    server.kill9();
+    let (_restarted, _) = serve(port, &dir, &["--store", "memory", "--sse-retry", "100ms"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, text) = get(&authority, "/metrics", &[]);
+        let seen = samples(&text);
+        if seen.get(r#"tether_client_divergences_total{kind="session_invalid"}"#) == Some(&1.0)
+            && seen.get("tether_client_reinitializations_total") == Some(&1.0)
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no divergence counted:\n{text}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(watch);
     let _ = std::fs::remove_dir_all(&dir);
 }

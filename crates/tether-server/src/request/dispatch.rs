@@ -638,6 +638,9 @@ async fn run(
         session = ctx.session_id().unwrap_or_default(),
         stream = ctx.stream().map(StreamName::as_str).unwrap_or_default(),
     );
+    let tool = (method == mcp::method::TOOLS_CALL)
+        .then(|| params.get("name").and_then(Value::as_str).map(str::to_owned))
+        .flatten();
     let mut otel = crate::trace::RequestSpan::start(&method, &params, &id, ctx.session_id(), ctx.protocol_version());
     let handling = otel.as_ref().map(|span| span.child("tether.handler"));
     let trace = handling.as_ref().map(crate::trace::ChildSpan::trace_context);
@@ -655,7 +658,10 @@ async fn run(
                 (Box::pin(input::rounds(handler, ctx.clone(), method.clone(), params, Answerer::Task)), keyed)
             }
             Job::Run(keyed) => (shared.handler.call(ctx.clone(), method.clone(), params), keyed),
-            Job::Answer(answer, keyed) => (Box::pin(idempotency::answer(ctx.clone(), keyed, answer)), None),
+            Job::Answer(answer, keyed) => {
+                crate::telemetry::idempotent_replay();
+                (Box::pin(idempotency::answer(ctx.clone(), keyed, answer)), None)
+            }
         };
         let mut work = CatchPanic(Some(work));
         // A handler that finished is answered with what it returned, even if a cancellation
@@ -680,7 +686,19 @@ async fn run(
         };
         drop(handling);
         let ended = if matches!(outcome, Some(Ok(_))) { "result" } else { "error" };
-        crate::telemetry::request_finished(&method, ended, began.elapsed());
+        let took = began.elapsed();
+        crate::telemetry::request_finished(&method, ended, took);
+        crate::telemetry::tool_outcome(&method, tool.as_deref(), outcome.as_ref(), took);
+        tracing::info!(
+            target: crate::telemetry::ACCESS,
+            %method,
+            tool = tool.as_deref().unwrap_or_default(),
+            request = %id,
+            session = ctx.session_id().unwrap_or_default(),
+            outcome = ended,
+            duration_ms = took.as_secs_f64() * 1000.0,
+            "request ended"
+        );
         if let Some(span) = &mut otel {
             span.record(outcome.as_ref());
         }

@@ -160,7 +160,7 @@ pub(crate) async fn end(shared: &ServerState, runtime: &Arc<SessionRuntime>, why
     match shared.store.end_session(&runtime.id, &runtime.epoch, why).await {
         Ok(()) => {
             telemetry::session_ended_by_server(why);
-            crate::trace::session_ended(runtime.version, runtime.began.elapsed(), Some(why.reason().as_str()));
+            telemetry::session_over(runtime, Some(why.reason().as_str()));
             tracing::info!(session = %runtime.id, ?why, "session ended by the server");
         }
         Err(err) => tracing::debug!(session = %runtime.id, %err, "the session had already ended"),
@@ -173,7 +173,7 @@ pub(crate) async fn end(shared: &ServerState, runtime: &Arc<SessionRuntime>, why
 pub(crate) async fn terminate(shared: &ServerState, record: &SessionRecord) -> Result<(), Rejection> {
     shared.store.end_session(&record.id, &record.epoch, SessionEnd::Terminated).await.map_err(Rejection::from)?;
     if let Some(runtime) = shared.sessions.remove(&record.id) {
-        crate::trace::session_ended(runtime.version, runtime.began.elapsed(), None);
+        telemetry::session_over(&runtime, None);
     }
     telemetry::session_terminated();
     tracing::debug!(session = %record.id, "session terminated by the client");
@@ -220,7 +220,7 @@ pub(crate) async fn sweep(shared: &ServerState, now: u64) {
             for id in &expired {
                 tracing::debug!(session = %id, "session expired");
                 if let Some(runtime) = shared.sessions.remove(id) {
-                    crate::trace::session_ended(runtime.version, runtime.began.elapsed(), Some("expired"));
+                    telemetry::session_over(&runtime, Some("expired"));
                 }
             }
             telemetry::sessions_expired(expired.len());
