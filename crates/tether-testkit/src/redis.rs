@@ -46,16 +46,45 @@ async fn spawn(port: u16, dir: &Path, args: &[String]) -> Option<Child> {
         .spawn()
         .expect("redis-server is installed (scripts/test installs it)");
     for _ in 0..1_000 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-            return Some(child);
-        }
         if matches!(child.try_wait(), Ok(Some(_))) {
             return None;
+        }
+        // Whatever answers on the port must be this process: another test's server (or any
+        // listener) that took the port first would otherwise be used, and killed under this test.
+        match serving_pid(port).await {
+            Some(pid) if Some(pid) == child.id() => return Some(child),
+            Some(_) => {
+                let _ = child.start_kill();
+                return None;
+            }
+            None => {}
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let _ = child.start_kill();
     None
+}
+
+/// The `process_id` of the Redis answering `INFO server` on `port`, if one does.
+async fn serving_pid(port: u16) -> Option<u32> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    stream.write_all(b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n").await.ok()?;
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let read = async {
+        while !reply.windows(11).any(|w| w == b"process_id:") || !reply.ends_with(b"\r\n") {
+            let n = stream.read(&mut chunk).await.ok()?;
+            if n == 0 || reply.len() > 64 << 10 {
+                return None;
+            }
+            reply.extend_from_slice(&chunk[..n]);
+        }
+        Some(())
+    };
+    tokio::time::timeout(Duration::from_secs(2), read).await.ok()??;
+    let text = String::from_utf8_lossy(&reply);
+    text.lines().find_map(|line| line.strip_prefix("process_id:"))?.trim().parse().ok()
 }
 
 impl RedisServer {
@@ -121,5 +150,21 @@ impl RedisServer {
             }
         }
         panic!("redis-server did not start again on port {}", self.port);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A port another server already answers on is no start: before, the other one was taken
+    /// for this test's, and a test saw its store reset when the other test ended.
+    #[tokio::test]
+    async fn a_port_another_server_answers_on_is_not_taken_for_ours() {
+        let other = RedisServer::start().await;
+        let dir = fresh_dir();
+        let args = vec!["--save".to_owned(), String::new()];
+        assert!(spawn(other.port, &dir, &args).await.is_none());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
