@@ -13,7 +13,7 @@ mod wire;
 
 use serde_json::{Value, json};
 
-pub use report::{Check, Report, Verdict};
+pub use report::{Check, Conclusion, Counts, Report, ServerIdentity, Verdict};
 
 use checks::StreamingCall;
 use wire::Wire;
@@ -114,7 +114,18 @@ pub async fn run(config: ProbeConfig, progress: impl FnMut(&Check)) -> Result<Re
         }),
     }
     let _ = wire.delete(&session).await;
-    Ok(Report { target: config.url, requests: wire.sent(), checks: out.checks })
+    let info = handshake.response(1).and_then(|m| m.get("result")?.get("serverInfo").cloned()).unwrap_or_default();
+    let text = |key: &str| info.get(key).and_then(serde_json::Value::as_str).map(str::to_owned);
+    let server = ServerIdentity { name: text("name"), version: text("version"), protocol: session.version.clone() };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    Ok(Report {
+        target: config.url,
+        server,
+        tether: env!("CARGO_PKG_VERSION"),
+        date: tether_core::date::rfc3339(u64::try_from(now).unwrap_or(u64::MAX)),
+        requests: wire.sent(),
+        checks: out.checks,
+    })
 }
 
 /// The call the resumption checks use: the configured one, or the server's `count` tool.

@@ -56,11 +56,76 @@ pub struct Check {
     pub signature: Option<&'static str>,
 }
 
+/// What the server said of itself when the probe initialized a session.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ServerIdentity {
+    /// `serverInfo.name`, if it gave one.
+    pub name: Option<String>,
+    /// `serverInfo.version`, if it gave one.
+    pub version: Option<String>,
+    /// The protocol revision it answered with.
+    pub protocol: String,
+}
+
+/// What a whole run concludes, and so the probe's exit status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Conclusion {
+    /// Nothing failed, and a check of resumption itself passed (exit 0).
+    Pass,
+    /// A check failed (exit 2).
+    Fail,
+    /// Nothing failed, but resumption could not be tested, or no check of it passed: the server
+    /// cannot be called safe to resume (exit 3).
+    Inconclusive,
+}
+
+impl Conclusion {
+    /// As printed at the top of a report.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Conclusion::Pass => "PASS",
+            Conclusion::Fail => "FAIL",
+            Conclusion::Inconclusive => "INCONCLUSIVE",
+        }
+    }
+}
+
+/// How many checks ended each way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    /// Checks that passed.
+    pub pass: usize,
+    /// Checks that warned.
+    pub warn: usize,
+    /// Checks that failed.
+    pub fail: usize,
+    /// Checks that did not apply.
+    #[serde(rename = "n/a")]
+    pub not_applicable: usize,
+}
+
+impl std::fmt::Display for Counts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} pass, {} warn, {} fail, {} n/a", self.pass, self.warn, self.fail, self.not_applicable)
+    }
+}
+
+/// The checks that test resumption itself: one of them must pass for the run to pass.
+const RESUMPTION: [&str; 5] =
+    ["mid-stream-resume", "result-recoverable", "replica-resume", "restart", "evicted-cursor"];
+
 /// Everything one probe run found.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     /// The server probed.
     pub target: String,
+    /// What the server said of itself.
+    pub server: ServerIdentity,
+    /// The tether version that probed.
+    pub tether: &'static str,
+    /// When the probe ran (RFC 3339, UTC).
+    pub date: String,
     /// Requests the probe sent.
     pub requests: u32,
     /// The checks, in the order they ran.
@@ -68,15 +133,71 @@ pub struct Report {
 }
 
 impl Report {
-    /// Whether any check failed (the probe's exit status 2).
+    /// Whether any check failed.
     pub fn failed(&self) -> bool {
         self.checks.iter().any(|c| c.verdict == Verdict::Fail)
     }
 
-    /// JSON with a stable shape: `{target, requests, checks: [{id, title, verdict, evidence, signature?}]}`.
+    /// How many checks ended each way.
+    pub fn counts(&self) -> Counts {
+        let count = |v| self.checks.iter().filter(|c| c.verdict == v).count();
+        Counts {
+            pass: count(Verdict::Pass),
+            warn: count(Verdict::Warn),
+            fail: count(Verdict::Fail),
+            not_applicable: count(Verdict::NotApplicable),
+        }
+    }
+
+    /// What the run concludes.
+    pub fn conclusion(&self) -> Conclusion {
+        if self.failed() {
+            Conclusion::Fail
+        } else if self.checks.iter().any(|c| RESUMPTION.contains(&c.id) && c.verdict == Verdict::Pass) {
+            Conclusion::Pass
+        } else {
+            Conclusion::Inconclusive
+        }
+    }
+
+    /// The one line a reader needs: the conclusion, why, and the counts.
+    pub fn verdict_line(&self) -> String {
+        let counts = self.counts();
+        let why = match self.conclusion() {
+            Conclusion::Pass => "resuming a stream here is safe".to_owned(),
+            Conclusion::Fail => {
+                let failed: Vec<&str> =
+                    self.checks.iter().filter(|c| c.verdict == Verdict::Fail).map(|c| c.id).collect();
+                format!("failed: {}", failed.join(", "))
+            }
+            Conclusion::Inconclusive
+                if !self.checks.iter().any(|c| RESUMPTION.contains(&c.id) && c.verdict != Verdict::NotApplicable) =>
+            {
+                "resumption could not be tested (give --tool a tool that streams notifications)".to_owned()
+            }
+            Conclusion::Inconclusive => {
+                "no check of resumption passed: a client cannot prove it resumed continuously".to_owned()
+            }
+        };
+        format!("{}: {why} ({counts})", self.conclusion().as_str())
+    }
+
+    /// Who answered and who asked, when: `server NAME VERSION (protocol P), tether V, DATE`.
+    pub fn identity_line(&self) -> String {
+        let name = self.server.name.as_deref().unwrap_or("(unnamed)");
+        let version = self.server.version.as_deref().map(|v| format!(" {v}")).unwrap_or_default();
+        format!("server {name}{version} (protocol {}), tether {}, {}", self.server.protocol, self.tether, self.date)
+    }
+
+    /// JSON with a stable shape: `{conclusion, verdict, counts, target, server, tether, date,
+    /// requests, checks: [{id, title, verdict, evidence, signature?}]}`.
     pub fn to_json(&self) -> String {
         // Strings, numbers and enums only: serialization cannot fail.
-        serde_json::to_string_pretty(self).unwrap_or_default()
+        let mut value = serde_json::to_value(self).unwrap_or_default();
+        value["conclusion"] = serde_json::json!(self.conclusion());
+        value["verdict"] = serde_json::json!(self.verdict_line());
+        value["counts"] = serde_json::json!(self.counts());
+        serde_json::to_string_pretty(&value).unwrap_or_default()
     }
 
     /// A plain-text table.
@@ -90,7 +211,15 @@ impl Report {
     }
 
     fn table(&self, colour: bool) -> String {
-        let mut out = format!("tether probe {} ({} requests)\n", self.target, self.requests);
+        let verdict = self.verdict_line();
+        let verdict = match (colour, self.conclusion()) {
+            (false, _) => verdict,
+            (true, Conclusion::Pass) => Verdict::Pass.paint(&verdict),
+            (true, Conclusion::Fail) => Verdict::Fail.paint(&verdict),
+            (true, Conclusion::Inconclusive) => Verdict::Warn.paint(&verdict),
+        };
+        let mut out =
+            format!("{verdict}\ntether probe {} ({} requests)\n{}\n", self.target, self.requests, self.identity_line());
         for check in &self.checks {
             let verdict = format!("{:<5}", check.verdict.as_str());
             let verdict = if colour { check.verdict.paint(&verdict) } else { verdict };
@@ -104,20 +233,18 @@ impl Report {
                 }
             }
         }
-        let count = |v| self.checks.iter().filter(|c| c.verdict == v).count();
-        out.push_str(&format!(
-            "{} pass, {} warn, {} fail, {} n/a\n",
-            count(Verdict::Pass),
-            count(Verdict::Warn),
-            count(Verdict::Fail),
-            count(Verdict::NotApplicable)
-        ));
+        out.push_str(&format!("{}\n", self.counts()));
         out
     }
 
     /// A Markdown table with the evidence of every check that did not pass.
     pub fn to_markdown(&self) -> String {
-        let mut out = format!("# tether probe: {}\n\n| verdict | check | what |\n|---|---|---|\n", self.target);
+        let mut out = format!(
+            "# tether probe: {}\n\n**{}**\n\n{}\n\n| verdict | check | what |\n|---|---|---|\n",
+            self.target,
+            self.verdict_line(),
+            self.identity_line()
+        );
         for check in &self.checks {
             out.push_str(&format!("| {} | `{}` | {} |\n", check.verdict.as_str(), check.id, check.title));
         }
@@ -161,8 +288,17 @@ impl Report {
              <style>body{{font:15px/1.4 system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}}\
              table{{border-collapse:collapse;width:100%}}td{{border-top:1px solid #ddd;padding:.4rem;vertical-align:top}}\
              .pass{{color:#186a3b}}.warn{{color:#9a6700}}.fail{{color:#b00020;font-weight:bold}}.na{{color:#777}}\
-             .sig{{margin:.2rem 0;font-style:italic}}ul{{margin:.2rem 0;padding-left:1.2rem}}</style></head>\n\
-             <body><h1>tether probe</h1><p><code>{target}</code>: {requests} requests</p>\n<table>\n{rows}</table></body></html>\n",
+             .sig{{margin:.2rem 0;font-style:italic}}ul{{margin:.2rem 0;padding-left:1.2rem}}\
+             .verdict{{font-size:1.3rem;padding:.6rem;border:2px solid currentColor}}</style></head>\n\
+             <body><h1>tether probe</h1><p class=\"verdict {class}\" id=verdict>{verdict}</p>\n\
+             <p><code>{target}</code>: {requests} requests<br>{identity}</p>\n<table>\n{rows}</table></body></html>\n",
+            class = match self.conclusion() {
+                Conclusion::Pass => "pass",
+                Conclusion::Fail => "fail",
+                Conclusion::Inconclusive => "warn",
+            },
+            verdict = escape(&self.verdict_line()),
+            identity = escape(&self.identity_line()),
             target = escape(&self.target),
             requests = self.requests,
         )

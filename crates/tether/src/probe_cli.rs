@@ -10,6 +10,8 @@ use tether_probe::{Check, ProbeConfig};
 
 /// Exit status when a check failed.
 const EXIT_FAILED: u8 = 2;
+/// Exit status when nothing failed but resumption could not be tested, or only warned.
+const EXIT_INCONCLUSIVE: u8 = 3;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum Format {
@@ -56,7 +58,7 @@ pub struct ProbeArgs {
     out: Option<PathBuf>,
 }
 
-/// Runs the probe; exit status 0 if nothing failed, 2 if a check failed.
+/// Runs the probe; exit status 0 if it passed, 2 if a check failed, 3 if it was inconclusive.
 pub async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
     let tool = match args.tool {
         Some(name) => Some((name, serde_json::from_str(&args.args).context("--args is not JSON")?)),
@@ -95,9 +97,18 @@ pub async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         Format::Json => report.to_json() + "\n",
         Format::Markdown => report.to_markdown(),
     };
+    let elsewhere = args.out.is_some() || !matches!(args.format, Format::Table);
     match args.out {
         Some(path) => std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?,
         None => print!("{text}"),
     }
-    Ok(if report.failed() { ExitCode::from(EXIT_FAILED) } else { ExitCode::SUCCESS })
+    if elsewhere {
+        // The verdict where a person running it sees it, whatever the report went to.
+        eprintln!("{}", report.verdict_line());
+    }
+    Ok(match report.conclusion() {
+        tether_probe::Conclusion::Pass => ExitCode::SUCCESS,
+        tether_probe::Conclusion::Fail => ExitCode::from(EXIT_FAILED),
+        tether_probe::Conclusion::Inconclusive => ExitCode::from(EXIT_INCONCLUSIVE),
+    })
 }

@@ -158,3 +158,36 @@ fn memory_replicas_without_shared_history_are_refused_explicitly() {
     assert!(evidence(&report, "replica-resume").contains("HTTP 404"), "{report:#}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The verdict at a glance: a conclusion with counts and the server's identity at the top of
+/// every report, and an exit status of its own when resumption could not be tested (a tool that
+/// streams nothing): 3, not the 0 of a pass.
+#[test]
+fn a_probe_that_could_not_test_resumption_is_inconclusive_not_a_pass() {
+    let dir = temp_dir("probe-inconclusive");
+    let (_server, url) = serve(free_port(), &dir, &["--store", "memory"]);
+    let (code, report) = probe(&[&url, "--tool", "sleep", "--args", r#"{"ms": 10}"#]);
+    assert_eq!(code, Some(3), "{report:#}");
+    assert_eq!(report["conclusion"], "inconclusive", "{report:#}");
+    assert!(report["verdict"].as_str().is_some_and(|v| v.starts_with("INCONCLUSIVE: ")), "{report:#}");
+    assert_eq!(report["counts"]["fail"], 0);
+    assert_eq!(report["server"]["name"], "tether");
+    assert_eq!(report["server"]["protocol"], "2025-11-25");
+    assert_eq!(report["tether"], env!("CARGO_PKG_VERSION"));
+    let (code, passing) = probe(&[&url]);
+    assert_eq!((code, passing["conclusion"].as_str()), (Some(0), Some("pass")), "{passing:#}");
+    let counts = &passing["counts"];
+    let checks = passing["checks"].as_array().map_or(0, Vec::len) as u64;
+    let counted: u64 = ["pass", "warn", "fail", "n/a"].iter().filter_map(|k| counts[*k].as_u64()).sum();
+    assert_eq!(counted, checks, "{counts}");
+    for format in ["table", "markdown", "html"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_tether"))
+            .args(["probe", &url, "--format", format])
+            .output()
+            .expect("run tether probe");
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(text.contains("PASS: resuming a stream here is safe"), "{format}: {text}");
+        assert!(text.contains(&format!("tether {}", env!("CARGO_PKG_VERSION"))), "{format}: {text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
