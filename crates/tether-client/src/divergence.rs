@@ -98,7 +98,7 @@ impl fmt::Display for DivergenceReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DivergenceReason::Refused { status, detail } => write!(f, "request answered {status}: {detail}"),
-            DivergenceReason::Lineage(divergence) => write!(f, "{divergence:?}"),
+            DivergenceReason::Lineage(divergence) => write!(f, "{divergence}"),
             DivergenceReason::Unverifiable(Unverifiable::OpaqueIds) => {
                 f.write_str("event ids carry no order (neither lineage ids nor integers)")
             }
@@ -116,7 +116,10 @@ impl fmt::Display for DivergenceReason {
             }
             DivergenceReason::TaskStream { task_id, broke } => match broke {
                 TaskStreamBreak::EventsGone { after, earliest } => {
-                    write!(f, "task {task_id}: the events after {after:?} are gone (the oldest kept is {earliest:?})")
+                    let after = after.map_or_else(|| "its start".to_owned(), |a| format!("event {a}"));
+                    let kept =
+                        earliest.map_or_else(|| "none is kept".to_owned(), |e| format!("the oldest kept is {e}"));
+                    write!(f, "task {task_id}: the events after {after} are gone ({kept})")
                 }
                 TaskStreamBreak::Gap { expected, got } => {
                     write!(f, "task {task_id}: event {got} came where {expected} had to")
@@ -125,7 +128,8 @@ impl fmt::Display for DivergenceReason {
                     write!(f, "task {task_id}: event {seq} does not chain to the event before it")
                 }
                 TaskStreamBreak::EndedEarly { after } => {
-                    write!(f, "task {task_id}: the stream ended after event {after:?}, before the task's final status")
+                    let after = after.map_or_else(|| "its start".to_owned(), |a| format!("event {a}"));
+                    write!(f, "task {task_id}: the stream ended after {after}, before the task's final status")
                 }
             },
         }

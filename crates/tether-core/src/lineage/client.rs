@@ -99,6 +99,63 @@ pub enum Divergence {
     Resync(Option<ResyncNotice>),
 }
 
+impl std::fmt::Display for Divergence {
+    /// What was seen, in words, for a person.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let or_none = |value: &Option<String>| value.clone().unwrap_or_else(|| "none".to_owned());
+        match self {
+            Divergence::SessionInvalid { status } => {
+                write!(f, "the resume was answered {status}: the session is gone")
+            }
+            Divergence::SessionChanged { expected, got } => {
+                write!(f, "the server answered for session {got}, not {expected}")
+            }
+            Divergence::EpochChanged { expected, got } => write!(
+                f,
+                "the replay epoch changed from {} to {}: the session's history restarted",
+                or_none(expected),
+                or_none(got)
+            ),
+            Divergence::Gap { lost } => {
+                write!(f, "events {}..={} were skipped", lost.from, lost.to)
+            }
+            Divergence::ReplayReset { last, got } => {
+                write!(
+                    f,
+                    "event {got} came after the cursor at {last}: the stream started over"
+                )
+            }
+            Divergence::DigestMismatch { id } => {
+                write!(f, "event {id} came back with other content")
+            }
+            Divergence::NonMonotonic {
+                after,
+                got: Some(got),
+            } => write!(f, "event {got} came where {after} was due"),
+            Divergence::NonMonotonic { after, got: None } => {
+                write!(f, "an event without an id came where {after} was due")
+            }
+            Divergence::Resync(Some(notice)) => match notice.lost {
+                Some(lost) => write!(
+                    f,
+                    "the server cannot resume stream {} from here: events {}..={} are gone ({})",
+                    notice.stream,
+                    lost.from,
+                    lost.to,
+                    notice.reason.as_str()
+                ),
+                None => write!(
+                    f,
+                    "the server cannot resume stream {} from here ({})",
+                    notice.stream,
+                    notice.reason.as_str()
+                ),
+            },
+            Divergence::Resync(None) => f.write_str("the server cannot resume from this cursor"),
+        }
+    }
+}
+
 impl Divergence {
     /// The stable name of the divergence kind, as `tether watch` prints it.
     pub fn kind(&self) -> &'static str {
@@ -411,6 +468,49 @@ fn check_next(
 mod tests {
     use super::*;
     use crate::lineage::id::{Epoch, EventId, StreamName};
+
+    #[test]
+    fn a_divergence_is_told_in_words_not_in_debug_form() {
+        let notice = ResyncNotice {
+            reason: ResyncReason::Evicted,
+            stream: "r1".into(),
+            after: 3,
+            lost: Some(SeqRange { from: 4, to: 9 }),
+            head: 12,
+        };
+        for divergence in [
+            Divergence::SessionInvalid { status: 404 },
+            Divergence::SessionChanged {
+                expected: "a".into(),
+                got: "b".into(),
+            },
+            Divergence::EpochChanged {
+                expected: Some("e1".into()),
+                got: None,
+            },
+            Divergence::Gap {
+                lost: SeqRange { from: 4, to: 9 },
+            },
+            Divergence::ReplayReset { last: 7, got: 1 },
+            Divergence::DigestMismatch { id: "x".into() },
+            Divergence::NonMonotonic {
+                after: "x".into(),
+                got: None,
+            },
+            Divergence::Resync(Some(notice)),
+            Divergence::Resync(None),
+        ] {
+            let text = divergence.to_string();
+            assert!(
+                !text.contains('{') && !text.contains("Some(") && !text.contains("None"),
+                "{text}"
+            );
+        }
+        assert_eq!(
+            Divergence::SessionInvalid { status: 404 }.to_string(),
+            "the resume was answered 404: the session is gone"
+        );
+    }
 
     const SESSION: &str = "sess-1";
 
