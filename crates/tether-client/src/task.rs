@@ -35,6 +35,9 @@ struct Followed<'a> {
     client: &'a Client,
     id: String,
     last: Option<TaskStatus>,
+    /// Whether the server ever showed this task: it created it for this client, or an earlier
+    /// run followed it (a checkpointed cursor).
+    shown: bool,
     answered: HashSet<String>,
     retries: Attempts,
 }
@@ -102,7 +105,12 @@ impl Followed<'_> {
         Ok(())
     }
 
+    /// The server says it does not know the task: lost, if it ever showed it (what became of it
+    /// is unknown); else the id names no task there, which is the server's error to tell.
     fn lost(&self, error: &ErrorObject) -> RequestError {
+        if !self.shown && self.last.is_none() {
+            return RequestError::Rpc(error.clone());
+        }
         RequestError::OutcomeUnknown(format!("the server no longer knows task {}: {}", self.id, error.message))
     }
 
@@ -178,8 +186,9 @@ pub(crate) async fn follow(
     let pause =
         created.get("pollIntervalMs").and_then(Value::as_u64).unwrap_or(500).clamp(POLL_BOUNDS.0, POLL_BOUNDS.1);
     let pause = Duration::from_millis(pause);
-    let mut followed =
-        Followed { client, id, last: None, answered: HashSet::new(), retries: Attempts::new(client.config().backoff) };
+    let shown = created.get("status").is_some() || client.task_cursor(&id).is_some();
+    let retries = Attempts::new(client.config().backoff);
+    let mut followed = Followed { client, id, last: None, shown, answered: HashSet::new(), retries };
     let outcome = follow_task(&mut followed, created, pause).await;
     // Only a task that ended (or was lost) is forgotten: a follower that was dropped leaves its
     // cursor for the next one.

@@ -54,6 +54,8 @@ pub struct ProbeConfig {
     pub evict_arguments: Option<Value>,
     /// Which https servers are trusted (the platform's roots, and any authority added).
     pub trust: tether_client::tls::Trust,
+    /// Headers sent with every request (`Authorization`, say).
+    pub headers: Vec<(String, String)>,
 }
 
 /// The checks so far, shown to `progress` as each one finishes.
@@ -76,7 +78,7 @@ impl<F: FnMut(&Check)> Recorder<F> {
 /// Runs every check against the server and returns the report; `progress` sees each check as
 /// it finishes (for a progress display).
 pub async fn run(config: ProbeConfig, progress: impl FnMut(&Check)) -> Result<Report, ProbeError> {
-    let wire = Wire::new(&config.url, &config.trust)?;
+    let wire = Wire::new(&config.url, &config.trust, &config.headers)?;
     let (session, handshake) = wire.initialize().await?;
     let mut out = Recorder { checks: Vec::new(), progress };
     out.push(checks::session_id(&session, &handshake));

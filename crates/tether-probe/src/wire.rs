@@ -84,9 +84,18 @@ pub(crate) struct Wire {
 }
 
 impl Wire {
-    pub fn new(url: &str, trust: &tether_client::tls::Trust) -> Result<Wire, ProbeError> {
+    pub fn new(url: &str, trust: &tether_client::tls::Trust, headers: &[(String, String)]) -> Result<Wire, ProbeError> {
+        let mut defaults = reqwest::header::HeaderMap::new();
+        for (name, value) in headers {
+            let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|e| ProbeError::Transport(format!("header {name:?}: {e}")))?;
+            let value = reqwest::header::HeaderValue::from_str(value)
+                .map_err(|e| ProbeError::Transport(format!("the value of header {name}: {e}")))?;
+            defaults.append(name, value);
+        }
         let http = trust
             .http_client()
+            .default_headers(defaults)
             .tcp_nodelay(true)
             .pool_max_idle_per_host(0)
             .build()

@@ -43,6 +43,7 @@ async fn probe_evicting(url: &str, evict_arguments: Option<Value>) -> Report {
         replicas: Vec::new(),
         evict_arguments,
         trust: Default::default(),
+        headers: Vec::new(),
     };
     tokio::time::timeout(std::time::Duration::from_secs(60), run(config, |_| {}))
         .await

@@ -39,11 +39,38 @@ impl From<PolicyArg> for Policy {
     }
 }
 
+/// An `http://` or `https://` URL with a host, checked when the arguments are parsed.
+pub fn parse_url(text: &str) -> Result<String, String> {
+    let not_a_url = || format!("{text:?} is not an http:// or https:// URL (for example http://127.0.0.1:8808/mcp)");
+    let uri: axum::http::Uri = text.parse().map_err(|_| not_a_url())?;
+    match (uri.scheme_str(), uri.host()) {
+        (Some("http" | "https"), Some(host)) if !host.is_empty() => Ok(text.to_owned()),
+        (Some(scheme), _) if !matches!(scheme, "http" | "https") => {
+            Err(format!("{text:?}: the scheme must be http or https, not {scheme}"))
+        }
+        _ => Err(not_a_url()),
+    }
+}
+
+/// `Name: value`, for `--header`.
+pub fn parse_header(text: &str) -> Result<(String, String), String> {
+    let (name, value) = text.split_once(':').ok_or_else(|| format!("{text:?} is not `Name: value`"))?;
+    let name = name.trim();
+    axum::http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("{name:?} is not a header name"))?;
+    axum::http::HeaderValue::from_str(value.trim())
+        .map_err(|_| format!("the value of {name} is not a header value"))?;
+    Ok((name.to_owned(), value.trim().to_owned()))
+}
+
 /// Flags shared by the client commands.
 #[derive(Debug, Args)]
 pub struct ClientArgs {
     /// MCP endpoint URL.
+    #[arg(value_parser = parse_url)]
     url: String,
+    /// A header sent with every request, as `Name: value` (repeatable), e.g. for authorization.
+    #[arg(long = "header", value_name = "NAME: VALUE", value_parser = parse_header)]
+    headers: Vec<(String, String)>,
     /// Keep the checkpoint (session, epoch, cursors) in this file across runs.
     #[arg(long)]
     checkpoint: Option<PathBuf>,
@@ -83,6 +110,7 @@ pub fn parse_ca_cert(path: &str) -> Result<Trust, String> {
 impl ClientArgs {
     fn config(&self) -> ClientConfig {
         let mut config = ClientConfig::new(&self.url);
+        config.headers = self.headers.clone();
         config.checkpoint_file = self.checkpoint.clone();
         config.policy = self.policy.into();
         config.reinitialize = !self.exit_on_divergence;
@@ -212,9 +240,13 @@ fn print_event(event: ClientEvent, args: &ClientArgs, messages: &mut u64) -> Opt
     None
 }
 
+/// Connects, or says on both outputs why it could not: a JSON line for scripts, and the cause
+/// (connection refused, DNS, TLS) for a person.
 async fn connect(config: ClientConfig) -> Result<(Client, UnboundedReceiver<ClientEvent>), ExitCode> {
     Client::connect(config).await.map_err(|err| {
-        eprintln!("connect: {err}");
+        let message = format!("could not connect: {}", tether_client::tls::describe(&err));
+        print(json!({"event": "error", "error": {"code": -32603, "message": message, "data": {"reason": "connect_failed"}}}));
+        eprintln!("{message}");
         ExitCode::FAILURE
     })
 }

@@ -12,9 +12,10 @@ use crate::client_cli::{PolicyArg, parse_ca_cert};
 #[derive(Debug, Args)]
 pub struct ConnectArgs {
     /// The Streamable HTTP MCP endpoint.
+    #[arg(value_parser = crate::client_cli::parse_url)]
     url: String,
     /// A header sent with every request, as `Name: value` (repeatable), e.g. for authorization.
-    #[arg(long = "header", value_name = "NAME: VALUE", value_parser = parse_header)]
+    #[arg(long = "header", value_name = "NAME: VALUE", value_parser = crate::client_cli::parse_header)]
     headers: Vec<(String, String)>,
     /// What a resume that cannot be proven continuous (opaque event ids) leads to: `strict`
     /// replaces the session, `trust` goes on.
@@ -37,12 +38,6 @@ pub struct ConnectArgs {
     /// re-sends) at `http://ADDR/metrics`.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
-}
-
-/// `Name: value`.
-fn parse_header(text: &str) -> Result<(String, String), String> {
-    let (name, value) = text.split_once(':').ok_or_else(|| format!("{text:?} is not `Name: value`"))?;
-    Ok((name.trim().to_owned(), value.trim().to_owned()))
 }
 
 /// Bridges stdin and stdout to the server; prints what it carried to stderr as one JSON line

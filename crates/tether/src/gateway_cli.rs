@@ -15,7 +15,7 @@ pub struct GatewayArgs {
     #[command(flatten)]
     serve: ServeArgs,
     /// The Streamable HTTP MCP server to front (instead of a command).
-    #[arg(long, value_name = "URL", conflicts_with = "command")]
+    #[arg(long, value_name = "URL", conflicts_with = "command", value_parser = crate::client_cli::parse_url)]
     upstream: Option<String>,
     /// What a resume from the upstream that cannot be proven continuous (opaque event ids)
     /// leads to: `strict` ends the downstream session (`upstream_lost`), `trust` goes on.

@@ -11,16 +11,19 @@ mod serve;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
 
 /// glibc's allocator spent a fifth of the server's time per tool call (malloc, free and
 /// `malloc_consolidate` in `perf`); mimalloc's thread-local free lists cost a fraction of that.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The version, with the commit it was built from.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TETHER_COMMIT"), ")");
+
 /// MCP Streamable HTTP where resuming a stream is a correctness guarantee.
 #[derive(Debug, Parser)]
-#[command(name = "tether", version, about, long_about = None)]
+#[command(name = "tether", version = VERSION, about, long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -58,16 +61,36 @@ enum Command {
     /// Follow a task (SEP-2663) to its result: its events from the checkpointed cursor, then its
     /// outcome (JSON lines).
     Task(client_cli::TaskArgs),
-    /// Audit any MCP server's session and resumption behaviour (exit status 2 if a check fails).
+    /// Audit any MCP server's session and resumption behaviour (exit status 0 pass, 2 fail, 3
+    /// inconclusive).
     Probe(probe_cli::ProbeArgs),
     /// Measure tether against rmcp, the TypeScript and Python SDKs and a raw hyper baseline.
     Bench(bench_cli::BenchArgs),
     /// Play the official MCP conformance suite's client scenarios (reads MCP_CONFORMANCE_SCENARIO).
     ConformanceClient(client_cli::ConformanceArgs),
+    /// Print a shell completion script (`tether completions bash > /etc/bash_completion.d/tether`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
-fn main() -> anyhow::Result<ExitCode> {
-    let cli = Cli::parse();
+/// Errors are one line, with every cause, and never a backtrace: they are the user's to read.
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Command::Completions { shell } = cli.command {
+        clap_complete::generate(shell, &mut Cli::command(), "tether", &mut std::io::stdout());
+        return Ok(ExitCode::SUCCESS);
+    }
     let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -93,5 +116,6 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Probe(args) => runtime.block_on(probe_cli::run(args)),
         Command::Bench(args) => runtime.block_on(bench_cli::run(args)),
         Command::ConformanceClient(args) => Ok(runtime.block_on(client_cli::conformance(args))),
+        Command::Completions { .. } => Ok(ExitCode::SUCCESS),
     }
 }

@@ -28,7 +28,11 @@ pub enum Format {
 #[derive(Debug, Args)]
 pub struct ProbeArgs {
     /// MCP endpoint URL.
+    #[arg(value_parser = crate::client_cli::parse_url)]
     url: String,
+    /// A header sent with every request, as `Name: value` (repeatable), e.g. for authorization.
+    #[arg(long = "header", value_name = "NAME: VALUE", value_parser = crate::client_cli::parse_header)]
+    headers: Vec<(String, String)>,
     /// A tool that sends several notifications before its result (default: the server's `count`).
     #[arg(long)]
     tool: Option<String>,
@@ -40,7 +44,7 @@ pub struct ProbeArgs {
     #[arg(long)]
     restart_cmd: Option<String>,
     /// Another replica of the same deployment: a call started on URL is resumed there.
-    #[arg(long = "replica")]
+    #[arg(long = "replica", value_parser = crate::client_cli::parse_url)]
     replicas: Vec<String>,
     /// Arguments for the streaming tool (a JSON object) that make it send more events than the
     /// server retains per stream: enables the evicted-cursor check (for tether started with
@@ -83,6 +87,7 @@ pub async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         replicas: args.replicas,
         evict_arguments,
         trust: args.ca_cert.unwrap_or_default(),
+        headers: args.headers,
     };
     let report = tether_probe::run(config, progress).await;
     if terminal {

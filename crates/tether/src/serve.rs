@@ -41,8 +41,9 @@ pub enum StoreKind {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:8808")]
+    /// Address to listen on: `IP:PORT`, `HOST:PORT` (`localhost:8808`), or a port alone (on
+    /// 127.0.0.1).
+    #[arg(long, default_value = "127.0.0.1:8808", value_parser = parse_listen)]
     listen: SocketAddr,
     /// Serve https with the certificate chain in this PEM file (the server's certificate first),
     /// HTTP/2 and HTTP/1.1 offered by ALPN; needs --tls-key.
@@ -472,6 +473,26 @@ async fn drained(drain: &Drain, signals: &mut Signals, timeout: Duration) {
     }
 }
 
+/// `--listen`: an address, a host name and port (resolved now, an IPv4 address preferred), or a
+/// port alone, on the loopback address.
+fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    let resolved: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(text)
+        .map_err(|err| format!("{text:?} is not IP:PORT, HOST:PORT or a port ({err})"))?
+        .collect();
+    resolved
+        .iter()
+        .find(|addr| addr.is_ipv4())
+        .or_else(|| resolved.first())
+        .copied()
+        .ok_or_else(|| format!("{text:?} resolves to no address"))
+}
+
 /// A state key from 64 hex digits.
 fn parse_state_key(text: &str) -> Result<StateKey, String> {
     let digits = text.as_bytes();
@@ -494,7 +515,17 @@ fn both<S: Store + CounterStore>(store: S) -> (Arc<dyn Store>, Arc<dyn CounterSt
 
 #[cfg(test)]
 mod tests {
-    use super::{max_connections_for, parse_state_key};
+    use super::{max_connections_for, parse_listen, parse_state_key};
+
+    #[test]
+    fn listen_takes_an_address_a_host_and_port_or_a_port() {
+        assert_eq!(parse_listen("0.0.0.0:9000").map(|a| a.to_string()).as_deref(), Ok("0.0.0.0:9000"));
+        assert_eq!(parse_listen("8834").map(|a| a.to_string()).as_deref(), Ok("127.0.0.1:8834"));
+        let local = parse_listen("localhost:8834").expect("localhost resolves");
+        assert!(local.ip().is_loopback() && local.port() == 8834, "{local}");
+        assert!(parse_listen("127.0.0.1:99999").is_err());
+        assert!(parse_listen("no such host.invalid:1").is_err());
+    }
 
     #[test]
     fn a_state_key_is_64_hex_digits() {

@@ -129,15 +129,19 @@ fn tether_task_follows_a_task_another_process_created_to_its_result() {
 }
 
 /// A task id is random and may begin with `-`: `tether task` takes it as the id, not as a flag.
+/// One the server never showed is said to be no task there, not a task lost.
 #[test]
 fn tether_task_takes_an_id_that_begins_with_a_dash() {
     let dir = temp_dir("tasks-dash");
     let (server, url) = serve(free_port(), &dir, &[]);
     let mut follow = tether(&["task", &url, "-eUnknown", "--timeout", "10s"]);
     let lines = parse(&follow.rest(Duration::from_secs(15)));
-    assert_eq!(follow.exit_within(Duration::from_secs(5)).code(), Some(4), "{lines:?}");
-    let reason = lines.last().and_then(|l| l["reason"].as_str()).unwrap_or_default();
-    assert!(reason.contains("no task \"-eUnknown\""), "the server was asked for that task: {lines:?}");
+    // An id the server never showed is no lost task: the server's error, exit 1.
+    assert_eq!(follow.exit_within(Duration::from_secs(5)).code(), Some(1), "{lines:?}");
+    let last = lines.last().cloned().unwrap_or_default();
+    assert_eq!(last["event"], "error", "{lines:?}");
+    let message = last["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("no task \"-eUnknown\""), "the server was asked for that task: {lines:?}");
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
