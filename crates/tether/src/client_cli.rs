@@ -71,6 +71,10 @@ pub struct ClientArgs {
     /// A header sent with every request, as `Name: value` (repeatable), e.g. for authorization.
     #[arg(long = "header", value_name = "NAME: VALUE", value_parser = parse_header)]
     headers: Vec<(String, String)>,
+    /// `human` (a progress bar, events in words, the result's text; the default on a terminal,
+    /// coloured unless `NO_COLOR` is set) or `json` (one object per line; the default otherwise).
+    #[arg(long, value_enum)]
+    format: Option<crate::output::Format>,
     /// Keep the checkpoint (session, epoch, cursors) in this file across runs.
     #[arg(long)]
     checkpoint: Option<PathBuf>,
@@ -164,6 +168,10 @@ pub struct CallArgs {
     /// unknown instead of being re-issued.
     #[arg(long)]
     no_idempotency_key: bool,
+    /// Send a progress token, so the server may report progress (always with `--format human`,
+    /// whose progress bar it drives).
+    #[arg(long)]
+    progress: bool,
     /// Declare the tasks extension (SEP-2663; implies --protocol-version 2026-07-28), so the
     /// server may run the call as a task: the call is followed to its result, with a
     /// `{"event":"task",...}` line per status.
@@ -187,7 +195,7 @@ pub struct ConformanceArgs {
 }
 
 fn print(line: Value) {
-    println!("{line}");
+    crate::output::print(&line);
 }
 
 /// Prints one event; returns the exit code if it ends the command.
@@ -246,13 +254,16 @@ async fn connect(config: ClientConfig) -> Result<(Client, UnboundedReceiver<Clie
     Client::connect(config).await.map_err(|err| {
         let message = format!("could not connect: {}", tether_client::tls::describe(&err));
         print(json!({"event": "error", "error": {"code": -32603, "message": message, "data": {"reason": "connect_failed"}}}));
-        eprintln!("{message}");
+        if !crate::output::human() {
+            eprintln!("{message}");
+        }
         ExitCode::FAILURE
     })
 }
 
 /// `tether watch`: follow the standalone stream and print what arrives.
 pub async fn watch(args: WatchArgs) -> ExitCode {
+    crate::output::set(crate::output::Format::or_default(args.client.format));
     if let Some(addr) = args.metrics {
         match crate::serve::serve_metrics(addr, None).await {
             Ok(bound) => {
@@ -286,6 +297,7 @@ pub async fn watch(args: WatchArgs) -> ExitCode {
 
 /// `tether call`: call one tool, printing its notifications, then its outcome.
 pub async fn call(args: CallArgs) -> ExitCode {
+    crate::output::set(crate::output::Format::or_default(args.client.format));
     let arguments: Value = match serde_json::from_str(&args.args) {
         Ok(value @ Value::Object(_)) => value,
         _ => {
@@ -303,12 +315,17 @@ pub async fn call(args: CallArgs) -> ExitCode {
         Ok(connected) => connected,
         Err(code) => return code,
     };
-    let call = client.call_tool(&args.tool, arguments);
+    let mut params = json!({"name": args.tool, "arguments": arguments});
+    if args.progress || crate::output::human() {
+        params["_meta"] = json!({"progressToken": "tether-call"});
+    }
+    let call = client.request(tether_core::mcp::method::TOOLS_CALL, params);
     print_outcome(&client, events, call, &args.client).await
 }
 
 /// `tether task`: follow a task (one an earlier `tether call --task` left, say) to its result.
 pub async fn task(args: TaskArgs) -> ExitCode {
+    crate::output::set(crate::output::Format::or_default(args.client.format));
     let mut config = args.client.config();
     config.tasks = true;
     config.protocol_version = ProtocolVersion::V2026_07_28;

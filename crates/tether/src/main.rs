@@ -5,6 +5,7 @@ mod client_cli;
 mod connect_cli;
 mod gateway_cli;
 mod otel;
+mod output;
 mod probe_cli;
 mod process_metrics;
 mod serve;
@@ -54,12 +55,12 @@ enum Command {
     /// Bridge a stdio MCP client (a desktop application) to a Streamable HTTP server through
     /// tether's client: every reconnect proven, no request left hanging.
     Connect(connect_cli::ConnectArgs),
-    /// Follow a server's standalone stream, proving continuity on every reconnect (JSON lines).
+    /// Follow a server's standalone stream, proving continuity on every reconnect.
     Watch(client_cli::WatchArgs),
-    /// Call one tool and print its notifications and outcome (JSON lines).
+    /// Call one tool and print its notifications (a progress bar on a terminal) and outcome.
     Call(client_cli::CallArgs),
     /// Follow a task (SEP-2663) to its result: its events from the checkpointed cursor, then its
-    /// outcome (JSON lines).
+    /// outcome.
     Task(client_cli::TaskArgs),
     /// Audit any MCP server's session and resumption behaviour (exit status 0 pass, 2 fail, 3
     /// inconclusive).

@@ -69,7 +69,8 @@ fn listen_takes_a_host_name_and_header_reaches_a_server_that_wants_a_token() {
     let dir = temp_dir("cli-header");
     let port = free_port();
     let listen = format!("localhost:{port}");
-    let server = tether(&["serve", "--listen", &listen, "--data-dir", dir.to_str().expect("utf-8"), "--auth-token", "s3cret"]);
+    let server =
+        tether(&["serve", "--listen", &listen, "--data-dir", dir.to_str().expect("utf-8"), "--auth-token", "s3cret"]);
     let first = server.line(Duration::from_secs(20)).expect("tether serve started");
     let url = first.strip_prefix("listening on ").expect("listening line").to_owned();
     assert_eq!(url, format!("http://127.0.0.1:{port}/mcp"));
@@ -93,4 +94,38 @@ fn completions_and_the_version_with_its_commit() {
     let version = String::from_utf8_lossy(&run(&["--version"]).stdout).into_owned();
     let commit = version.trim().strip_prefix(&format!("tether {} (", env!("CARGO_PKG_VERSION")));
     assert!(commit.is_some_and(|c| c.ends_with(')') && c.len() > 2), "{version}");
+}
+
+/// What a person sees at a terminal (a pseudo-terminal through `script`): a progress bar the
+/// server's progress drives (`call` sends a progress token there), a resume in words, the
+/// result's text; no JSON, and no colour under `NO_COLOR`.
+#[test]
+fn a_person_at_a_terminal_sees_progress_resumes_and_the_result_in_words() {
+    use std::sync::atomic::Ordering;
+    let dir = temp_dir("cli-terminal");
+    let port = free_port();
+    let (_server, _) = serve(port, &dir, &["--store", "memory", "--sse-retry", "100ms"]);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let proxy = runtime.block_on(tether_testkit::proxy::start(vec![upstream], 7, 150, 300));
+    proxy.cutting.store(true, Ordering::Relaxed);
+    let command = format!(
+        "'{}' call http://{}/mcp count --args '{{\"to\": 20, \"interval_ms\": 20}}' --timeout 30s",
+        env!("CARGO_BIN_EXE_tether"),
+        proxy.addr
+    );
+    let seen = Command::new("script")
+        .args(["-qfec", &command, "/dev/null"])
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("script (util-linux) runs the command in a pseudo-terminal");
+    let screen = String::from_utf8_lossy(&seen.stdout).into_owned();
+    assert_eq!(seen.status.code(), Some(0), "{screen}");
+    assert!(screen.contains("] 20/20"), "the progress bar reached its end: {screen:?}");
+    assert!(screen.contains("counted to 20"), "{screen:?}");
+    assert!(proxy.cuts.load(Ordering::Relaxed) > 0, "the proxy cut the call's stream");
+    assert!(screen.contains("resumed: nothing lost"), "{screen:?}");
+    assert!(!screen.contains("{\"event\""), "no JSON for a person: {screen:?}");
+    assert!(!screen.contains("\x1b[3") && !screen.contains("\x1b[1;3"), "no colour under NO_COLOR: {screen:?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
