@@ -270,10 +270,10 @@ impl Results {
                 };
             }
         }
-        let _ = writeln!(
-            out,
-            "\n## Plots\n\n![throughput](throughput.svg)\n\n![latency](latency.svg)\n\n![resume](resume.svg)"
-        );
+        let _ = writeln!(out, "\n## Plots\n\n![throughput](throughput.svg)\n\n![latency](latency.svg)");
+        if self.measured(Scenario::Resume) {
+            let _ = writeln!(out, "\n![resume](resume.svg)");
+        }
         for scenario in self.scenarios().into_iter().filter(|s| Self::over_time(*s)) {
             let _ = writeln!(out, "\n![{0} over time]({0}.svg)", scenario.name());
         }
@@ -286,7 +286,9 @@ impl Results {
         std::fs::create_dir_all(&plots).map_err(|source| BenchError::Write { path: plots.clone(), source })?;
         self.plot_throughput(&plots.join("throughput.svg"))?;
         self.plot_latency(&plots.join("latency.svg"))?;
-        self.plot_resume(&plots.join("resume.svg"))?;
+        if self.measured(Scenario::Resume) {
+            self.plot_resume(&plots.join("resume.svg"))?;
+        }
         for scenario in self.scenarios().into_iter().filter(|s| Self::over_time(*s)) {
             self.plot_timeline(scenario, &plots.join(format!("{}.svg", scenario.name())))?;
         }
@@ -296,8 +298,17 @@ impl Results {
         Ok(path)
     }
 
+    /// Whether any target has a measurement of `scenario`: a plot of nothing is not drawn.
+    fn measured(&self, scenario: Scenario) -> bool {
+        Target::ALL.into_iter().any(|target| self.measurements(scenario, target).next().is_some())
+    }
+
     fn plot_throughput(&self, path: &Path) -> Result<(), BenchError> {
-        let scenarios = [Scenario::ToolCall, Scenario::ToolCallJson];
+        // Only the series measured are drawn, and named in the legend.
+        let scenarios: Vec<Scenario> = [Scenario::ToolCall, Scenario::ToolCallJson]
+            .into_iter()
+            .filter(|s| Target::ALL.into_iter().any(|t| self.median(*s, t, "calls/s").is_some()))
+            .collect();
         let targets: Vec<Target> = Target::ALL
             .into_iter()
             .filter(|t| scenarios.iter().any(|s| self.median(*s, *t, "calls/s").is_some()))
@@ -318,6 +329,7 @@ impl Results {
                 .configure_mesh()
                 .x_labels(targets.len().max(1))
                 .x_label_formatter(&|x| names.get(x.round() as usize).map_or(String::new(), |n| (*n).to_owned()))
+                .y_label_formatter(&|y| format!("{y:.0}"))
                 .y_desc("calls/s")
                 .draw()?;
             for (offset, (scenario, colour)) in scenarios.iter().zip([BLUE, RED]).enumerate() {
@@ -349,10 +361,13 @@ impl Results {
                 }
             }
             if let Some(h) = merged.filter(|h| !h.is_empty()) {
-                let points: Vec<(f64, f64)> = (0..=1000)
+                // The percentile axis counts nines (-log10 of what is slower), so the tail is as
+                // wide as the body: p90 at 1, p99 at 2, p99.9 at 3.
+                let points: Vec<(f64, f64)> = (0..=TAIL_STEPS)
                     .map(|i| {
-                        let q = f64::from(i) / 1000.0;
-                        ((h.value_at_quantile(q) as f64 / 1000.0).max(0.001), q * 100.0)
+                        let nines = TAIL_NINES * f64::from(i) / f64::from(TAIL_STEPS);
+                        let q = 1.0 - 10f64.powf(-nines);
+                        ((h.value_at_quantile(q) as f64 / 1000.0).max(0.001), nines)
                     })
                     .collect();
                 curves.push((target, points));
@@ -366,8 +381,14 @@ impl Results {
                 .margin(12)
                 .x_label_area_size(40)
                 .y_label_area_size(50)
-                .build_cartesian_2d((low * 0.9..high * 1.1).log_scale(), 0f64..100f64)?;
-            chart.configure_mesh().x_desc("latency (ms, log)").y_desc("percentile").draw()?;
+                .build_cartesian_2d((low * 0.9..high * 1.1).log_scale(), 0f64..TAIL_NINES)?;
+            chart
+                .configure_mesh()
+                .x_desc("latency (ms, log)")
+                .y_desc("percentile")
+                .y_labels(TAIL_NINES as usize + 1)
+                .y_label_formatter(&|nines| percentile_label(*nines))
+                .draw()?;
             draw_curves(&mut chart, curves, SeriesLabelPosition::LowerRight)
         })
     }
@@ -448,6 +469,18 @@ impl Results {
     }
 }
 
+/// How far into the tail the latency CDF reaches: p99.99.
+const TAIL_NINES: f64 = 4.0;
+/// Points per curve of the latency CDF.
+const TAIL_STEPS: u32 = 400;
+
+/// The percentile at `nines` on the tail axis: 0 → p0, 1 → p90, 2 → p99, 3 → p99.9.
+fn percentile_label(nines: f64) -> String {
+    let percentile = 100.0 * (1.0 - 10f64.powf(-nines));
+    let text = format!("p{percentile:.2}");
+    text.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
 type DrawResult = Result<(), Box<dyn std::error::Error>>;
 
 /// One line per target, with a legend.
@@ -513,6 +546,30 @@ pub fn machine() -> String {
 mod tests {
     use super::*;
     use crate::scenario::Metric;
+
+    #[test]
+    fn a_plot_of_nothing_is_neither_written_nor_linked_and_the_tail_axis_counts_nines() {
+        let mut results = Results::new("tether bench".into());
+        let measured = Outcome::Measured(Measurement {
+            metrics: vec![Metric { name: "calls/s".into(), value: 18_000.0 }],
+            ..Default::default()
+        });
+        results.add(Target::TetherMemory, Scenario::ToolCall, measured);
+        let dir = std::env::temp_dir().join(format!("tether-bench-plots-{}", std::process::id()));
+        let report = results.write(&dir, "2026-01-01", "2 cores", 1).expect("written");
+        let text = std::fs::read_to_string(&report).expect("the report");
+        assert!(!text.contains("resume.svg"), "{text}");
+        assert!(!dir.join("2026-01-01/resume.svg").exists());
+        let throughput = std::fs::read_to_string(dir.join("2026-01-01/throughput.svg")).expect("the plot");
+        let labels: Vec<&str> = throughput.lines().filter(|l| !l.starts_with('<')).collect();
+        assert!(labels.contains(&"tool-call") && !labels.contains(&"tool-call-json"), "{labels:?}");
+        assert!(labels.contains(&"18000") && !labels.iter().any(|l| l.ends_with(".0")), "whole calls/s: {labels:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(
+            [0.0, 1.0, 2.0, 3.0, 4.0].map(percentile_label),
+            ["p0", "p90", "p99", "p99.9", "p99.99"].map(str::to_owned)
+        );
+    }
 
     #[test]
     fn dates_are_civil() {

@@ -54,7 +54,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "bench/servers")]
     servers: PathBuf,
     /// Smaller sizes for a quick check (1,000 stream events, R up to 1,000, 200 idle and 50
-    /// fan-out sessions) instead of the issue's.
+    /// fan-out sessions) instead of the full ones.
     #[arg(long)]
     quick: bool,
     /// Serve the `raw` baseline on this address instead (the bench starts it this way).
