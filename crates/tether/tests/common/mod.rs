@@ -88,8 +88,26 @@ pub fn tether(args: &[&str]) -> Process {
 }
 
 /// A loopback port that was free a moment ago.
+///
+/// Ports come from below the kernel's ephemeral range (32768 and up), which it hands to
+/// `bind(0)` and to outgoing connections: a port freed by a kill -9 stays this test's to restart
+/// on, not another's to take meanwhile. Each call of one test binary takes the next port (no two
+/// tests share one), starting at an offset of the binary's pid; a port something else holds is
+/// skipped.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(7_919) % SPAN;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = u16::try_from(FIRST + (start + n) % SPAN).expect("below 32000");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port between {FIRST} and {}", FIRST + SPAN)
 }
 
 /// `tether serve` on `port` with the embedded store in `dir`; returns it once it listens.
