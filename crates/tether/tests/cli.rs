@@ -1,4 +1,4 @@
-//! The command line as a person meets it: an unreachable server is said at once, with its cause,
+//! The command line as a person meets it: an unreachable server is an error, with its cause,
 //! on both outputs; a URL without a scheme and a `--listen` of a host name or a bare port are
 //! taken or refused when the arguments are parsed; errors are one line, never a backtrace;
 //! `--header` reaches a server that wants a token; completions and the version with its commit.
@@ -6,7 +6,7 @@
 mod common;
 
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
@@ -20,14 +20,13 @@ fn stdout_lines(output: &Output) -> Vec<Value> {
 }
 
 #[test]
-fn an_unreachable_server_is_said_at_once_with_its_cause_on_both_outputs() {
+fn an_unreachable_server_is_an_error_with_its_cause_on_both_outputs() {
     let url = format!("http://127.0.0.1:{}/mcp", free_port());
     for command in [vec!["call", &url, "count"], vec!["watch", &url], vec!["task", &url, "some-task"]] {
+        // One retry: a refused connection is tried again, as a server restarting would be.
         let mut args = command.clone();
-        args.extend(["--timeout", "5s"]);
-        let began = Instant::now();
+        args.extend(["--retries", "1", "--timeout", "60s"]);
         let output = run(&args);
-        assert!(began.elapsed() < Duration::from_secs(5), "{command:?} took {:?}", began.elapsed());
         assert_eq!(output.status.code(), Some(1), "{command:?}");
         let lines = stdout_lines(&output);
         let error = lines.last().unwrap_or_else(|| panic!("{command:?}: no JSON line"));
