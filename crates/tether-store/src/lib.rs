@@ -145,9 +145,10 @@ pub trait SessionStore: Send + Sync {
     /// Returns the ids of sessions it expired.
     fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<SessionId>>;
 
-    /// This process stops serving (a drain ended): what it still runs ends aborted, its keys and
-    /// tasks read as abandoned, and where processes share the store it is gone to the others at
-    /// once, not after the request lease. It heartbeats no more. A store that serves a single
+    /// This process stops serving with requests still running (its drain timed out): what it
+    /// runs ends aborted, its keys and tasks read as abandoned, and where processes share the
+    /// store it is gone to the others at once, not after the request lease. It heartbeats no
+    /// more. A store that serves a single
     /// process finds what was left running when it is next opened, and does nothing here.
     fn leave(&self) -> StoreFuture<'_, ()> {
         Box::pin(std::future::ready(Ok(())))

@@ -404,25 +404,28 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
         println!("metrics on http://{scrape}/metrics");
     }
     let mut signals = Signals::new()?;
-    let ended = tokio::select! {
+    let (ended, cut_off) = tokio::select! {
         served = async {
             match tls {
                 Some(tls) => tether_server::serve_tls(listener, app, limits, tls).await,
                 None => tether_server::serve(listener, app, limits).await,
             }
-        } => served.context("serving"),
-        gave_up = waiting => gave_up,
-        () = drained(&drain, &mut signals, args.drain_timeout) => Ok(()),
+        } => (served.context("serving"), false),
+        gave_up = waiting => (gave_up, false),
+        drain = drained(&drain, &mut signals, args.drain_timeout) => (Ok(()), drain == Drained::CutOff),
     };
-    match tokio::time::timeout(LEAVE_TIMEOUT, leaving.leave()).await {
-        Ok(Ok(())) => tracing::info!("left the store"),
-        Ok(Err(err)) => {
-            tracing::warn!(%err, "could not leave the store: the others learn of it after the request lease")
+    // What still runs is handed over as aborted now, rather than once the request lease lapses.
+    if cut_off {
+        match tokio::time::timeout(LEAVE_TIMEOUT, leaving.leave()).await {
+            Ok(Ok(())) => tracing::info!("left the store: what still ran ended aborted"),
+            Ok(Err(err)) => {
+                tracing::warn!(%err, "could not leave the store: the others learn of it after the request lease")
+            }
+            Err(_) => tracing::warn!(
+                ?LEAVE_TIMEOUT,
+                "leaving the store timed out: the others learn of it after the request lease"
+            ),
         }
-        Err(_) => tracing::warn!(
-            ?LEAVE_TIMEOUT,
-            "leaving the store timed out: the others learn of it after the request lease"
-        ),
     }
     if let Some(otel) = otel {
         let _ = tokio::task::spawn_blocking(move || otel.shutdown()).await;
@@ -457,19 +460,37 @@ impl Signals {
     }
 }
 
+/// How a drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drained {
+    /// No request runs.
+    Idle,
+    /// The drain timed out, or a second signal came, while requests still ran.
+    CutOff,
+}
+
 /// Resolves once the process may exit: after the first signal, `drain` begins (while the caller
 /// goes on serving what runs) and lasts until no request runs, `timeout` passes, or a second
 /// signal comes.
-async fn drained(drain: &Drain, signals: &mut Signals, timeout: Duration) {
+async fn drained(drain: &Drain, signals: &mut Signals, timeout: Duration) -> Drained {
     let signal = signals.next().await;
     tracing::info!(signal, running = drain.running(), ?timeout, "draining before exit");
     drain.begin();
     tokio::select! {
         finished = tokio::time::timeout(timeout, drain.idle()) => match finished {
-            Ok(()) => tracing::info!("drained: every request finished"),
-            Err(_) => tracing::warn!(running = drain.running(), "the drain timed out: what still runs is cut off"),
+            Ok(()) => {
+                tracing::info!("drained: every request finished");
+                Drained::Idle
+            }
+            Err(_) => {
+                tracing::warn!(running = drain.running(), "the drain timed out: what still runs is cut off");
+                Drained::CutOff
+            }
         },
-        again = signals.next() => tracing::warn!(signal = again, running = drain.running(), "a second signal: exiting at once"),
+        again = signals.next() => {
+            tracing::warn!(signal = again, running = drain.running(), "a second signal: exiting at once");
+            Drained::CutOff
+        }
     }
 }
 

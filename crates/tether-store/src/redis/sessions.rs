@@ -157,7 +157,9 @@ impl SessionStore for RedisStore {
             self.left.store(true, std::sync::atomic::Ordering::SeqCst);
             let mut conn = self.conn();
             self.give_up(&mut conn, GiveUp::All).await?;
-            let _: i64 = conn.hdel(OWNERS, &self.owner).await.map_err(backend)?;
+            // Lapsed rather than removed: anything this process began after giving up is still
+            // found, and aborted, by the other replicas' sweeps.
+            let _: i64 = conn.hset(OWNERS, &self.owner, 0).await.map_err(backend)?;
             Ok(())
         })
     }
