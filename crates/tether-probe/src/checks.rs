@@ -15,7 +15,7 @@ pub(crate) const SHORT: Duration = Duration::from_millis(1_500);
 const LONG: Duration = Duration::from_secs(10);
 
 pub(crate) fn check(id: &'static str, title: &'static str, verdict: Verdict, evidence: Vec<String>) -> Check {
-    Check { id, title, verdict, evidence, signature: None }
+    Check { id, title, verdict, evidence, signature: None, trace: None }
 }
 
 pub(crate) fn ping(id: u64) -> Value {
@@ -344,6 +344,11 @@ async fn dropped_call(
     let result = has_result(&answers, request);
     let expected = reference.notifications.get(seen.len()..).unwrap_or_default();
     let mut verdict = check(id, title, Verdict::Pass, Vec::new());
+    verdict.trace = Some(crate::report::ResumeTrace {
+        sent: reference.notifications.len(),
+        before_drop: seen.len(),
+        after: after.iter().map(|n| reference.notifications.iter().position(|r| r == n)).collect(),
+    });
     if has_result(&answers, REFERENCE_REQUEST) {
         verdict.verdict = Verdict::Fail;
         verdict.signature = Some("cross-stream replay: the resume delivers another stream's events");

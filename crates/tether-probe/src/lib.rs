@@ -13,7 +13,7 @@ mod wire;
 
 use serde_json::{Value, json};
 
-pub use report::{Check, Conclusion, Counts, Report, ServerIdentity, Verdict};
+pub use report::{Check, Conclusion, Counts, Report, ResumeTrace, ServerIdentity, Verdict};
 
 use checks::StreamingCall;
 use wire::Wire;
@@ -113,6 +113,7 @@ pub async fn run(config: ProbeConfig, progress: impl FnMut(&Check)) -> Result<Re
             verdict: Verdict::NotApplicable,
             evidence: vec!["no --tool given and the server lists no `count` tool".into()],
             signature: None,
+            trace: None,
         }),
     }
     let _ = wire.delete(&session).await;

@@ -54,6 +54,93 @@ pub struct Check {
     /// For failures: the seed failure signature it matches, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub signature: Option<&'static str>,
+    /// For a resume check: what was sent and what came back, drawn in the HTML report.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<ResumeTrace>,
+}
+
+/// What a resume check saw: the reference call's notifications, how many arrived before the
+/// stream was dropped, and what came back after the resume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ResumeTrace {
+    /// How many notifications the reference call sent.
+    pub sent: usize,
+    /// How many of them arrived before the drop.
+    pub before_drop: usize,
+    /// Each notification that came after the resume, in order: the position (from 0) of the
+    /// reference notification it equals, or `None` for one the reference never sent.
+    pub after: Vec<Option<usize>>,
+}
+
+impl ResumeTrace {
+    /// Sent notifications due after the drop that never came back.
+    pub fn gaps(&self) -> Vec<usize> {
+        (self.before_drop..self.sent).filter(|i| !self.after.contains(&Some(*i))).collect()
+    }
+
+    /// Positions in `after` of notifications that came back though they were delivered already
+    /// (before the drop, or earlier in the resume), or that the reference never sent.
+    pub fn extra(&self) -> Vec<usize> {
+        let mut seen = std::collections::HashSet::new();
+        self.after
+            .iter()
+            .enumerate()
+            .filter(|(_, came)| match came {
+                Some(i) => *i < self.before_drop || !seen.insert(*i),
+                None => true,
+            })
+            .map(|(at, _)| at)
+            .collect()
+    }
+
+    /// The picture: the sent notifications in a row (those before the drop grey, those that came
+    /// back green, those that never did red), and what came back after the resume below them
+    /// (green, or orange for a duplicate or a stranger).
+    pub fn to_svg(&self) -> String {
+        const CELL: usize = 14;
+        const LEFT: usize = 110;
+        let (gaps, extra) = (self.gaps(), self.extra());
+        let columns = self.sent.max(self.after.len()).max(1);
+        let width = LEFT + columns * (CELL + 2) + 10;
+        let cell = |x: usize, y: usize, class: &str, title: String| {
+            format!(
+                "<rect x={} y={y} width={CELL} height={CELL} class={class}><title>{}</title></rect>",
+                LEFT + x * (CELL + 2),
+                escape(&title)
+            )
+        };
+        let mut out = format!(
+            "<svg class=trace xmlns=\"http://www.w3.org/2000/svg\" width={width} height=74 role=img \
+             aria-label=\"{} sent, {} before the drop, {} came back after the resume; {} lost, {} extra\">\
+             <text x=0 y=12>sent</text><text x=0 y=42>after resume</text>",
+            self.sent,
+            self.before_drop,
+            self.after.len(),
+            gaps.len(),
+            extra.len()
+        );
+        for i in 0..self.sent {
+            let (class, what) = if i < self.before_drop {
+                ("before", "arrived before the drop")
+            } else if gaps.contains(&i) {
+                ("gap", "never came back: lost")
+            } else {
+                ("back", "came back after the resume")
+            };
+            out.push_str(&cell(i, 1, class, format!("notification {}: {what}", i + 1)));
+        }
+        for (at, came) in self.after.iter().enumerate() {
+            let class = if extra.contains(&at) { "dup" } else { "back" };
+            let title = match came {
+                Some(i) if class == "dup" => format!("notification {} again: a duplicate", i + 1),
+                Some(i) => format!("notification {}", i + 1),
+                None => "a notification the call never sent".to_owned(),
+            };
+            out.push_str(&cell(at, 31, class, title));
+        }
+        out.push_str(&format!("<text x={LEFT} y=68>{} lost, {} extra</text></svg>", gaps.len(), extra.len()));
+        out
+    }
 }
 
 /// What the server said of itself when the probe initialized a session.
@@ -270,6 +357,9 @@ impl Report {
             if let Some(signature) = check.signature {
                 detail.push_str(&format!("<p class=sig>{}</p>", escape(signature)));
             }
+            if let Some(trace) = &check.trace {
+                detail.push_str(&trace.to_svg());
+            }
             if check.verdict != Verdict::Pass {
                 detail.push_str("<ul>");
                 for line in &check.evidence {
@@ -289,7 +379,9 @@ impl Report {
              table{{border-collapse:collapse;width:100%}}td{{border-top:1px solid #ddd;padding:.4rem;vertical-align:top}}\
              .pass{{color:#186a3b}}.warn{{color:#9a6700}}.fail{{color:#b00020;font-weight:bold}}.na{{color:#777}}\
              .sig{{margin:.2rem 0;font-style:italic}}ul{{margin:.2rem 0;padding-left:1.2rem}}\
-             .verdict{{font-size:1.3rem;padding:.6rem;border:2px solid currentColor}}</style></head>\n\
+             .verdict{{font-size:1.3rem;padding:.6rem;border:2px solid currentColor}}\
+             svg.trace{{display:block;margin:.3rem 0;font-size:11px}}.trace .before{{fill:#bbb}}\
+             .trace .back{{fill:#2e7d32}}.trace .gap{{fill:#c62828}}.trace .dup{{fill:#ef6c00}}</style></head>\n\
              <body><h1>tether probe</h1><p class=\"verdict {class}\" id=verdict>{verdict}</p>\n\
              <p><code>{target}</code>: {requests} requests<br>{identity}</p>\n<table>\n{rows}</table></body></html>\n",
             class = match self.conclusion() {
@@ -319,4 +411,25 @@ fn escape(text: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resume_trace_marks_what_was_lost_and_what_came_twice() {
+        // Six sent, two before the drop; after the resume: the second again, the third, the fifth
+        // (the fourth is lost), the sixth, and one the call never sent.
+        let trace = ResumeTrace { sent: 6, before_drop: 2, after: vec![Some(1), Some(2), Some(4), Some(5), None] };
+        assert_eq!(trace.gaps(), [3]);
+        assert_eq!(trace.extra(), [0, 4]);
+        let svg = trace.to_svg();
+        assert_eq!(svg.matches("class=before").count(), 2);
+        assert_eq!(svg.matches("class=gap").count(), 1);
+        assert_eq!(svg.matches("class=dup").count(), 2);
+        assert!(svg.contains("1 lost, 2 extra"), "{svg}");
+        let exact = ResumeTrace { sent: 3, before_drop: 1, after: vec![Some(1), Some(2)] };
+        assert!(exact.gaps().is_empty() && exact.extra().is_empty());
+    }
 }

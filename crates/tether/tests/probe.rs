@@ -191,3 +191,38 @@ fn a_probe_that_could_not_test_resumption_is_inconclusive_not_a_pass() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The HTML report as a browser shows it: headless Chromium renders it (its screenshot is kept
+/// in the test's target directory, `probe-report.png`), and the rendered page carries the verdict
+/// and the picture of the resume (nothing lost, nothing extra against `tether serve`).
+#[test]
+fn the_html_report_renders_its_verdict_and_the_resume_in_a_browser() {
+    let dir = temp_dir("probe-html");
+    let (_server, url) = serve(free_port(), &dir.join("data"), &["--store", "memory"]);
+    let report = dir.join("report.html");
+    let status = Command::new(env!("CARGO_BIN_EXE_tether"))
+        .args(["probe", &url, "--format", "html", "--out", report.to_str().expect("utf-8")])
+        .status()
+        .expect("run tether probe");
+    assert_eq!(status.code(), Some(0));
+    let page = format!("file://{}", report.display());
+    let chromium = |extra: &[&str]| {
+        Command::new("timeout")
+            .args(["60", "chromium", "--headless", "--no-sandbox", "--disable-gpu"])
+            .args(extra)
+            .arg(&page)
+            .output()
+            .expect("chromium (Debian's chromium; scripts/test installs it)")
+    };
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("probe-report.png");
+    let _ = std::fs::remove_file(&shot);
+    let shown = chromium(&[&format!("--screenshot={}", shot.display()), "--window-size=1200,1600"]);
+    let size = std::fs::metadata(&shot).map_or(0, |m| m.len());
+    assert!(size > 10_000, "a screenshot of the page ({size} bytes): {}", String::from_utf8_lossy(&shown.stderr));
+    let dom = String::from_utf8_lossy(&chromium(&["--dump-dom"]).stdout).into_owned();
+    let verdict = dom.split("id=\"verdict\">").nth(1).and_then(|rest| rest.split('<').next()).unwrap_or_default();
+    assert!(verdict.starts_with("PASS: resuming a stream here is safe"), "the rendered verdict: {verdict:?}");
+    assert!(dom.contains("<svg class=\"trace\""), "the resume's picture is in the page");
+    assert!(dom.contains("0 lost, 0 extra"), "nothing lost, nothing extra");
+    let _ = std::fs::remove_dir_all(&dir);
+}
