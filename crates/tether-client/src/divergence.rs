@@ -159,6 +159,9 @@ mod tests {
             DivergenceReason::TaskStream { task_id: "t".into(), broke: TaskStreamBreak::EndedEarly { after: Some(4) } },
         ];
         let kinds: Vec<&str> = reasons.iter().map(DivergenceReason::kind).collect();
+        for kind in &kinds {
+            assert!(DivergenceReason::KINDS.contains(kind), "{kind} is missing from KINDS");
+        }
         assert_eq!(
             kinds,
             [

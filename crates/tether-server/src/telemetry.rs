@@ -26,16 +26,14 @@ fn known_tool(name: &str) -> bool {
     TOOLS.read().unwrap_or_else(|poisoned| poisoned.into_inner()).contains(name)
 }
 
-fn learn_tools<'a>(names: impl Iterator<Item = &'a str>) {
+/// Learns `names` while there is room; whether the last of them is known afterwards.
+fn learn_tools<'a>(names: impl Iterator<Item = &'a str>) -> bool {
     let mut tools = TOOLS.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut known = false;
     for name in names {
-        if tools.len() >= MAX_TOOL_LABELS {
-            return;
-        }
-        if !tools.contains(name) {
-            tools.insert(name.to_owned());
-        }
+        known = tools.contains(name) || (tools.len() < MAX_TOOL_LABELS && tools.insert(name.to_owned()));
     }
+    known
 }
 
 /// A request ended with `outcome` (`None`: cancelled) after `took`: a `tools/list` result
@@ -52,7 +50,7 @@ pub(crate) fn tool_outcome(
             if let Some(Ok(result)) = outcome
                 && let Some(listed) = result.get("tools").and_then(Value::as_array)
             {
-                learn_tools(listed.iter().filter_map(|tool| tool.get("name")?.as_str()));
+                let _ = learn_tools(listed.iter().filter_map(|tool| tool.get("name")?.as_str()));
             }
         }
         tether_core::mcp::method::TOOLS_CALL => {
@@ -61,15 +59,11 @@ pub(crate) fn tool_outcome(
                 // Some servers answer a tool they do not have with `isError`: only a result
                 // without it shows the tool exists.
                 Some(Ok(result)) if result.get("isError").and_then(Value::as_bool) == Some(true) => "tool_error",
-                Some(Ok(_)) => {
-                    if !known_tool(tool) {
-                        learn_tools(std::iter::once(tool));
-                    }
-                    "result"
-                }
+                Some(Ok(_)) => "result",
                 _ => "error",
             };
-            let label = if known_tool(tool) { tool.to_owned() } else { "other".to_owned() };
+            let known = known_tool(tool) || (ended == "result" && learn_tools(std::iter::once(tool)));
+            let label = if known { tool.to_owned() } else { "other".to_owned() };
             metrics::counter!("tether_tool_calls_total", "tool" => label.clone(), "outcome" => ended).increment(1);
             metrics::histogram!("tether_tool_call_duration_seconds", "tool" => label).record(took.as_secs_f64());
         }

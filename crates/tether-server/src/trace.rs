@@ -22,7 +22,7 @@ use opentelemetry::trace::{
 use opentelemetry::{Context as OtelContext, KeyValue, global};
 use serde_json::Value;
 use tether_core::jsonrpc::{ErrorObject, Request, RequestId};
-use tether_core::mcp::{ProtocolVersion, method};
+use tether_core::mcp::ProtocolVersion;
 use tether_core::trace_context::{TRACEPARENT, TRACESTATE, TraceContext};
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -64,10 +64,11 @@ pub(crate) struct RequestSpan {
 }
 
 impl RequestSpan {
-    /// Starts the span of request `id` of `method` with `params` in `session` (if any), spoken
-    /// in `version`: `None` unless [`enable`] was called.
+    /// Starts the span of request `id` of `method` (calling `tool`, for `tools/call`) with
+    /// `params` in `session` (if any), spoken in `version`: `None` unless [`enable`] was called.
     pub(crate) fn start(
         method: &str,
+        tool: Option<&str>,
         params: &Value,
         id: &RequestId,
         session: Option<&str>,
@@ -76,7 +77,6 @@ impl RequestSpan {
         if !enabled() {
             return None;
         }
-        let tool = (method == method::TOOLS_CALL).then(|| params.get("name").and_then(Value::as_str)).flatten();
         let name = match tool {
             Some(tool) => format!("{method} {tool}"),
             None => method.to_owned(),

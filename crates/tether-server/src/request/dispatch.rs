@@ -641,7 +641,14 @@ async fn run(
     let tool = (method == mcp::method::TOOLS_CALL)
         .then(|| params.get("name").and_then(Value::as_str).map(str::to_owned))
         .flatten();
-    let mut otel = crate::trace::RequestSpan::start(&method, &params, &id, ctx.session_id(), ctx.protocol_version());
+    let mut otel = crate::trace::RequestSpan::start(
+        &method,
+        tool.as_deref(),
+        &params,
+        &id,
+        ctx.session_id(),
+        ctx.protocol_version(),
+    );
     let handling = otel.as_ref().map(|span| span.child("tether.handler"));
     let trace = handling.as_ref().map(crate::trace::ChildSpan::trace_context);
     if let Some(trace) = trace.or_else(|| tether_core::trace_context::TraceContext::from_meta(&params)) {
