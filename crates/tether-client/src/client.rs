@@ -243,6 +243,9 @@ impl Client {
         // went back in time refuse the key instead of running it again.
         let claimed: Mutex<Option<Acknowledged>> = Mutex::new(None);
         let mut attempts = lifecycle::Attempts::default();
+        // Why the first attempt that may have run may have: what the last attempt says cannot
+        // take that back.
+        let mut may_have_run: Option<String> = None;
         loop {
             let mut params = params.clone();
             if let Some(acknowledged) = claimed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).as_ref() {
@@ -265,11 +268,14 @@ impl Client {
             };
             attempts.record(ended);
             let outcome = match (attempts.verdict(ended), outcome) {
-                (Said::OutcomeUnknown, Err(RequestError::NotExecuted(reason))) => Err(RequestError::OutcomeUnknown(
-                    format!("an earlier attempt may have run, and the last was not executed: {reason}"),
-                )),
+                (Said::OutcomeUnknown, Err(RequestError::NotExecuted(_) | RequestError::OutcomeUnknown(_))) => {
+                    Err(RequestError::OutcomeUnknown(unknown_after(may_have_run.as_deref(), ended, &reason)))
+                }
                 (_, outcome) => outcome,
             };
+            if ended == Attempt::MayHaveRun && may_have_run.is_none() {
+                may_have_run = Some(reason.clone());
+            }
             let Some(delay) = reissues.next_delay(None, None) else { return outcome };
             tokio::time::sleep(delay).await;
             // A re-initialization under way decides where the next attempt goes. The session that
@@ -465,5 +471,42 @@ impl Client {
         if session.session_id.is_some() {
             self.inner.endpoint.delete(&session).await;
         }
+    }
+}
+
+/// What is said of a request whose outcome is unknown once an attempt ended as `last` for
+/// `reason`, when an earlier attempt may have run for `earlier`: the earlier attempt first,
+/// since nothing the last one says can take it back.
+fn unknown_after(earlier: Option<&str>, last: Attempt, reason: &str) -> String {
+    match (earlier, last) {
+        (None, _) => reason.to_owned(),
+        (Some(earlier), Attempt::NotExecuted) => {
+            format!("an earlier attempt may have run ({earlier}), and the last was not executed: {reason}")
+        }
+        (Some(earlier), _) => format!("an earlier attempt may have run ({earlier}), and the last may too: {reason}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_outcome_says_first_why_an_earlier_attempt_may_have_run() {
+        assert_eq!(unknown_after(None, Attempt::MayHaveRun, "the stream broke"), "the stream broke");
+        let after_progress = unknown_after(
+            Some("the stream kept closing without progress"),
+            Attempt::MayHaveRun,
+            "the request may not have arrived: connection reset",
+        );
+        assert_eq!(
+            after_progress,
+            "an earlier attempt may have run (the stream kept closing without progress), and the last may too: \
+             the request may not have arrived: connection reset"
+        );
+        assert!(
+            unknown_after(Some("its server stopped"), Attempt::NotExecuted, "connection refused")
+                .starts_with("an earlier attempt may have run (its server stopped), and the last was not executed")
+        );
     }
 }
