@@ -10,7 +10,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -76,18 +75,6 @@ fn marked_blocks(readme: &str) -> Vec<Vec<Example>> {
     blocks
 }
 
-/// Reads a process's stdout line by line.
-fn lines_of(mut child: std::process::Child) -> Process {
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    Process { child, lines }
-}
-
 /// Stops a server an example started as an orchestrator would (SIGTERM), so that it stops the
 /// children it runs; killed if it has not exited within ten seconds.
 fn stop(mut server: Process) {
@@ -125,7 +112,7 @@ fn the_readmes_examples_run_as_written() {
         .stderr(Stdio::null())
         .spawn()
         .expect("the Quick start's command starts");
-    let server = lines_of(child);
+    let server = Process::reading(child);
     let listening = server.line(Duration::from_secs(20)).expect("the Quick start's server says where it listens");
     let url = listening.strip_prefix("listening on ").expect("a listening line");
     assert!(says.contains(url), "{args:?} listens on {url}, and the Quick start says: {says}");
@@ -135,22 +122,9 @@ fn the_readmes_examples_run_as_written() {
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
     // Each block runs in a directory of its own (a gateway's embedded store is in
     // ./tether-data, as the server's is), where `server.py` is a stdio MCP server.
-    let shell = |block: &Path, command: &str, timeout: Option<&str>| {
-        let mut shell = match timeout {
-            Some(timeout) => {
-                let mut shell = Command::new("timeout");
-                shell.args([timeout, "sh"]);
-                shell
-            }
-            None => Command::new("sh"),
-        };
-        shell
-            .args(["-c", command])
-            .current_dir(block)
-            .env("PATH", &path)
-            .env("REDIS_URL", &redis.url)
-            .env_remove("RUST_LOG");
-        shell
+    let in_block = |mut command: Command, block: &Path| {
+        command.current_dir(block).env("PATH", &path).env("REDIS_URL", &redis.url).env_remove("RUST_LOG");
+        command
     };
     for (n, block) in blocks.iter().enumerate() {
         let here = work.join(format!("block-{n}"));
@@ -159,12 +133,10 @@ fn the_readmes_examples_run_as_written() {
         let mut started = Vec::new();
         for example in block {
             if example.background {
-                let child = shell(&here, &format!("exec {}", example.command), None)
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("sh runs");
-                let server = lines_of(child);
+                let mut sh = Command::new("sh");
+                sh.args(["-c", &format!("exec {}", example.command)]);
+                let child = in_block(sh, &here).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("sh runs");
+                let server = Process::reading(child);
                 let first = server.line(Duration::from_secs(30));
                 assert!(
                     first.as_deref().is_some_and(|l| l.starts_with("listening on ")),
@@ -175,7 +147,9 @@ fn the_readmes_examples_run_as_written() {
                 continue;
             }
             // A gateway's first session may start its child from a registry (npx).
-            let output = shell(&here, &example.command, Some("120")).output().expect("sh runs");
+            let mut sh = Command::new("timeout");
+            sh.args(["120", "sh", "-c", &example.command]);
+            let output = in_block(sh, &here).output().expect("sh runs");
             assert_eq!(
                 output.status.code(),
                 Some(example.want),

@@ -27,6 +27,20 @@ impl Drop for Process {
 }
 
 impl Process {
+    /// `child`, whose stdout (piped) is read line by line.
+    pub fn reading(mut child: Child) -> Process {
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Process { child, lines }
+    }
+
     /// The next stdout line, waiting at most `timeout`.
     pub fn line(&self, timeout: Duration) -> Option<String> {
         self.lines.recv_timeout(timeout).ok()
@@ -69,22 +83,13 @@ impl Process {
 
 /// Runs `tether ARGS...` with its stdout read line by line.
 pub fn tether(args: &[&str]) -> Process {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
+    let child = Command::new(env!("CARGO_BIN_EXE_tether"))
         .args(args)
         .stdout(Stdio::piped())
         .stderr(if std::env::var_os("TETHER_TEST_STDERR").is_some() { Stdio::inherit() } else { Stdio::null() })
         .spawn()
         .expect("spawn tether");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, lines) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    Process { child, lines }
+    Process::reading(child)
 }
 
 /// A loopback port that was free a moment ago.
