@@ -1,19 +1,24 @@
-//! What a keyed call's unknown outcome says once it was re-sent: the first attempt reached the
-//! server (its stream was answered, then ended without the response), the re-send's connection
-//! closed before any response. The outcome is unknown, and says first that the earlier attempt
+//! How a keyed call's attempts end against a scripted server: one whose first attempt reached the
+//! server (its stream was answered, then ended without the response) and whose two re-sends'
+//! connections closed before any response ends unknown, and says first that the earlier attempt
 //! may have run, not only that the last "may not have arrived".
 
 use std::time::Duration;
 
-use serde_json::json;
-use tether_client::{Backoff, Client, ClientConfig, RequestError};
+use serde_json::{Value, json};
+use tether_client::{Backoff, Client, ClientConfig, ClientEvent, RequestError};
 use tokio::net::TcpListener;
 
 use crate::{response, serve_one};
 
+/// A stream that carries `message`, then closes.
+fn stream(message: Value) -> String {
+    format!("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: text/event-stream\r\n\r\ndata: {message}\n\n")
+}
+
 /// Answers everything the client sends: the handshake offers idempotency keys, the first
-/// `tools/call` gets a stream that ends before any event id, and any later one a connection
-/// closed without a response. Bounded in connections.
+/// `tools/call` gets a stream that ends after one notification, without its response, and any
+/// later one a connection closed without a response. Bounded in connections.
 async fn server(listener: TcpListener) {
     let mut calls = 0;
     for _ in 0..32 {
@@ -28,15 +33,10 @@ async fn server(listener: TcpListener) {
             }
             Some("tools/call") => {
                 calls += 1;
-                if calls == 1 {
-                    let progress = json!({"jsonrpc": "2.0", "method": "notifications/message",
-                        "params": {"level": "info", "data": "started"}});
-                    format!(
-                        "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: text/event-stream\r\n\r\n\
-                         data: {progress}\n\n"
-                    )
-                } else {
-                    String::new()
+                match calls {
+                    1 => stream(json!({"jsonrpc": "2.0", "method": "notifications/message",
+                        "params": {"level": "info", "data": "started"}})),
+                    _ => String::new(),
                 }
             }
             Some(_) => response("202 Accepted", "", ""),
@@ -47,8 +47,9 @@ async fn server(listener: TcpListener) {
     }
 }
 
-#[tokio::test]
-async fn a_re_sent_call_that_may_not_have_arrived_still_says_the_first_attempt_may_have_run() {
+/// The outcome of one keyed `tools/call` against [`server`], and the re-sends it took: each
+/// one's count and reason.
+async fn call_keyed() -> (Result<Value, RequestError>, Vec<(u32, String)>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let server = tokio::spawn(server(listener));
@@ -56,18 +57,34 @@ async fn a_re_sent_call_that_may_not_have_arrived_still_says_the_first_attempt_m
     config.backoff = Backoff {
         initial: Duration::from_millis(10),
         max: Duration::from_millis(10),
-        max_attempts_without_progress: 1,
+        max_attempts_without_progress: 2,
     };
-    let (client, _events) = Client::connect(config).await.expect("the handshake");
-    let outcome =
-        tokio::time::timeout(Duration::from_secs(20), client.request("tools/call", json!({"name": "t"}))).await;
+    let (client, mut events) = Client::connect(config).await.expect("the handshake");
+    let outcome = tokio::time::timeout(Duration::from_secs(20), client.request("tools/call", json!({"name": "t"})))
+        .await
+        .expect("the call ends");
     server.abort();
+    let mut reissues = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        if let ClientEvent::Reissued { attempt, reason, .. } = event {
+            reissues.push((attempt, reason));
+        }
+    }
+    (outcome, reissues)
+}
+
+#[tokio::test]
+async fn a_re_sent_call_that_may_not_have_arrived_still_says_the_first_attempt_may_have_run() {
+    let (outcome, reissues) = call_keyed().await;
     match outcome {
-        Ok(Err(RequestError::OutcomeUnknown(why))) => {
+        Err(RequestError::OutcomeUnknown(why)) => {
             let first = "an earlier attempt may have run (the server ended the request's stream without its response)";
             assert!(why.starts_with(first), "{why}");
             assert!(why.contains("the last may too"), "{why}");
         }
         other => panic!("not an unknown outcome: {other:?}"),
     }
+    let attempts: Vec<u32> = reissues.iter().map(|(attempt, _)| *attempt).collect();
+    assert_eq!(attempts, [1, 2], "two re-sends, each counted: {reissues:?}");
+    assert!(reissues[1].1.contains("may not have arrived"), "the second re-send's reason is its own: {reissues:?}");
 }
