@@ -41,6 +41,16 @@ impl Heads {
         self.lock().remove(&(session.to_owned(), stream.clone()));
     }
 
+    /// Wakes the followers of `session`'s streams (after notifications of them may have been
+    /// missed): they re-read.
+    pub fn wake_session(&self, session: &str) {
+        for ((s, _), tx) in self.lock().iter() {
+            if s == session {
+                tx.send_modify(|_| {});
+            }
+        }
+    }
+
     /// Wakes every follower (after notifications may have been missed): they re-read.
     pub fn wake_all(&self) {
         for tx in self.lock().values() {

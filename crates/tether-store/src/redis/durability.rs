@@ -2,12 +2,15 @@
 //! (nothing tether keeps may be evicted, and what it is told is written must survive what the
 //! operator chose to guard against), each acknowledged write fenced (`WAIT`, `WAITAOF`), and a
 //! restart or failover of Redis noticed by its run id.
+//!
+//! On a cluster, each is asked of every primary: each must be configured as asked, each
+//! acknowledged write waits on every primary (`WAIT` answers at once where this process wrote
+//! nothing), and a failover of any primary is a new run id.
 
 use std::collections::HashMap;
 
-use redis::aio::ConnectionManager;
-
 use super::backend;
+use super::connection::Connection;
 use crate::StoreError;
 
 /// What an acknowledged write must survive, and so what tether asks of Redis.
@@ -56,12 +59,13 @@ pub(super) enum Fence {
 impl Fence {
     /// Waits until the writes made on `conn` so far are as durable as the fence asks; fails if
     /// they are not within its timeout (the write happened, but is not acknowledged).
-    pub(super) async fn after_write(self, conn: &mut ConnectionManager) -> Result<(), StoreError> {
+    pub(super) async fn after_write(self, conn: &mut Connection) -> Result<(), StoreError> {
         match self {
             Fence::None => Ok(()),
             Fence::Wait { replicas, timeout_ms } => {
-                let acked: u32 =
-                    redis::cmd("WAIT").arg(replicas).arg(timeout_ms).query_async(conn).await.map_err(backend)?;
+                let mut wait = redis::cmd("WAIT");
+                wait.arg(replicas).arg(timeout_ms);
+                let acked = conn.on_every_primary::<u32>(&wait).await?.into_iter().min().unwrap_or(0);
                 if acked < replicas {
                     return Err(refused(format!(
                         "a write reached {acked} of the {replicas} Redis replicas it must reach within {timeout_ms} ms"
@@ -70,13 +74,11 @@ impl Fence {
                 Ok(())
             }
             Fence::WaitAof { local, replicas, timeout_ms } => {
-                let (fsynced, on_replicas): (u32, u32) = redis::cmd("WAITAOF")
-                    .arg(local)
-                    .arg(replicas)
-                    .arg(timeout_ms)
-                    .query_async(conn)
-                    .await
-                    .map_err(backend)?;
+                let mut wait = redis::cmd("WAITAOF");
+                wait.arg(local).arg(replicas).arg(timeout_ms);
+                let answers = conn.on_every_primary::<(u32, u32)>(&wait).await?;
+                let fsynced = answers.iter().map(|(fsynced, _)| *fsynced).min().unwrap_or(0);
+                let on_replicas = answers.iter().map(|(_, on_replicas)| *on_replicas).min().unwrap_or(0);
                 if fsynced < local || on_replicas < replicas {
                     return Err(refused(format!(
                         "a write was not fsynced by Redis ({fsynced} of {local} locally, {on_replicas} of {replicas} \
@@ -102,46 +104,64 @@ impl RedisDurability {
     }
 }
 
-/// What `INFO` says, as `name:value` lines.
-async fn info(conn: &mut ConnectionManager, section: &str) -> Result<HashMap<String, String>, StoreError> {
-    let text: String = redis::cmd("INFO").arg(section).query_async(conn).await.map_err(backend)?;
-    Ok(text
-        .lines()
-        .filter_map(|line| line.split_once(':'))
-        .map(|(name, value)| (name.trim().to_owned(), value.trim().to_owned()))
+/// What `INFO` says on each primary, as `name:value` lines.
+async fn info(conn: &mut Connection, section: &str) -> Result<Vec<HashMap<String, String>>, StoreError> {
+    let texts = conn.on_every_primary::<String>(redis::cmd("INFO").arg(section)).await?;
+    Ok(texts
+        .iter()
+        .map(|text| {
+            text.lines()
+                .filter_map(|line| line.split_once(':'))
+                .map(|(name, value)| (name.trim().to_owned(), value.trim().to_owned()))
+                .collect()
+        })
         .collect())
 }
 
-/// The run id of the Redis process `conn` reaches: another one after a restart or a failover.
-pub(super) async fn run_id(conn: &mut ConnectionManager) -> Result<String, StoreError> {
-    info(conn, "server").await?.remove("run_id").ok_or_else(|| backend("INFO server has no run_id"))
+/// The run ids of the Redis processes `conn` reaches as primaries: others after a restart or a
+/// failover of any of them.
+pub(super) async fn run_id(conn: &mut Connection) -> Result<String, StoreError> {
+    let mut ids = info(conn, "server")
+        .await?
+        .into_iter()
+        .map(|mut info| info.remove("run_id").ok_or_else(|| backend("INFO server has no run_id")))
+        .collect::<Result<Vec<_>, _>>()?;
+    ids.sort();
+    Ok(ids.join(","))
+}
+
+/// The major and minor of Redis `version` (`major.minor.patch`); 0 for what is not a number.
+fn version_of(version: &str) -> (u32, u32) {
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
 
 /// Whether Redis `version` (`major.minor.patch`) is at least `major.minor`.
 fn at_least(version: &str, major: u32, minor: u32) -> bool {
-    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    let (have_major, have_minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    (have_major, have_minor) >= (major, minor)
+    version_of(version) >= (major, minor)
 }
 
-/// A configuration value, if Redis lets tether read it.
-async fn config(conn: &mut ConnectionManager, name: &str) -> Result<String, StoreError> {
-    let pairs: HashMap<String, String> =
-        redis::cmd("CONFIG").arg("GET").arg(name).query_async(conn).await.map_err(|err| {
+/// A configuration value, if Redis lets tether read it: on a cluster, the value every primary
+/// has, or the first that differs from the others' for the check to refuse.
+async fn config(conn: &mut Connection, name: &str) -> Result<String, StoreError> {
+    let answers = conn
+        .on_every_primary::<HashMap<String, String>>(redis::cmd("CONFIG").arg("GET").arg(name))
+        .await
+        .map_err(|err| {
             refused(format!(
                 "could not read Redis's configuration ({name}: {err}), which tells what it keeps; \
-                 pass --redis-durability none to run without that guarantee"
+                     pass --redis-durability none to run without that guarantee"
             ))
         })?;
-    pairs.get(name).cloned().ok_or_else(|| refused(format!("Redis has no configuration value {name}")))
+    let mut values = answers.into_iter().map(|mut pairs| pairs.remove(name));
+    let first = values.next().flatten();
+    let value = values.find(|value| *value != first).unwrap_or(first);
+    value.ok_or_else(|| refused(format!("Redis has no configuration value {name}")))
 }
 
 /// Checks that Redis can give what `durability` asks, and returns the fence each acknowledged
 /// write needs and a sentence saying what an acknowledged write survives.
-pub(super) async fn check(
-    conn: &mut ConnectionManager,
-    durability: RedisDurability,
-) -> Result<(Fence, String), StoreError> {
+pub(super) async fn check(conn: &mut Connection, durability: RedisDurability) -> Result<(Fence, String), StoreError> {
     if durability == RedisDurability::Unchecked {
         return Ok((
             Fence::None,
@@ -157,16 +177,28 @@ pub(super) async fn check(
              set maxmemory-policy noeviction, or pass --redis-durability none"
         )));
     }
-    let version = info(conn, "server").await?.remove("redis_version").unwrap_or_default();
+    // The oldest primary's version: what every one of them can do.
+    let version = info(conn, "server")
+        .await?
+        .into_iter()
+        .map(|mut info| info.remove("redis_version").unwrap_or_default())
+        .min_by_key(|version| version_of(version))
+        .unwrap_or_default();
     let waitaof = at_least(&version, 7, 2);
     let appendonly = config(conn, "appendonly").await? == "yes";
     if let RedisDurability::Replicated { replicas, timeout_ms } = durability {
         // A replica still loading the primary's data (`state=wait_bgsave`) acknowledges nothing.
-        let replication = info(conn, "replication").await?;
-        let online = replication
+        let online = info(conn, "replication")
+            .await?
             .iter()
-            .filter(|(name, value)| name.starts_with("slave") && value.contains("state=online"))
-            .count();
+            .map(|replication| {
+                replication
+                    .iter()
+                    .filter(|(name, value)| name.starts_with("slave") && value.contains("state=online"))
+                    .count()
+            })
+            .min()
+            .unwrap_or(0);
         let online = u32::try_from(online).unwrap_or(u32::MAX);
         if online < replicas {
             return Err(refused(format!("Redis has {online} replicas online; every write must reach {replicas}")));

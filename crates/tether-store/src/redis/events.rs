@@ -90,15 +90,21 @@ impl EventLog for RedisStore {
                 .arg(&digest)
                 .arg(self.retention.max_tombstones_per_session())
                 .arg(Tag::priming(&stream_name).to_string());
-            // The stream joins this process's owned set before it exists (queued first on the
-            // shared connection; both go in one round trip): if the process dies once the
-            // stream exists, its request is found and aborted, never left live.
+            // The stream joins this process's owned set before it exists: if the process dies
+            // once the stream exists, its request is found and aborted, never left live. On one
+            // server both are queued in that order on the shared connection and go in one round
+            // trip; on a cluster they may go to two shards, so the begin waits for the set.
             let mut owned = conn.clone();
             let fresh = self.held().streams.insert(member.clone());
-            let (added, begun) = tokio::join!(
-                owned.sadd::<_, _, i64>(owned_key(&self.owner), &member),
-                begin.invoke_async::<String>(&mut conn)
-            );
+            let (added, begun) = if self.deployment.is_cluster() {
+                let added = owned.sadd::<_, _, i64>(owned_key(&self.owner), &member).await;
+                (added, begin.invoke_async::<String>(&mut conn).await)
+            } else {
+                tokio::join!(
+                    owned.sadd::<_, _, i64>(owned_key(&self.owner), &member),
+                    begin.invoke_async::<String>(&mut conn)
+                )
+            };
             let existing = begun.map_err(script_error);
             if fresh && !matches!(existing.as_deref(), Ok("")) {
                 self.held().streams.remove(&member);
@@ -154,7 +160,8 @@ impl EventLog for RedisStore {
                 .arg(notification_prefix(&session, &stream))
                 .arg(format!("tether:{{{session}}}:"))
                 .arg(&stream)
-                .arg(self.retention.max_tombstones_per_session());
+                .arg(self.retention.max_tombstones_per_session())
+                .arg(self.notify_args(&session));
             for (data, tag) in events.iter().zip(crate::tags::fresh_n(events.len())) {
                 invocation.arg(&data[..]).arg(tag.to_string());
             }
@@ -182,6 +189,7 @@ impl EventLog for RedisStore {
                 .key(s)
                 .arg(epoch)
                 .arg(notification_prefix(&session, &stream))
+                .arg(self.notify_args(&session))
                 .invoke_async::<i64>(&mut conn)
                 .await
                 .map_err(script_error)?;
@@ -199,7 +207,7 @@ impl EventLog for RedisStore {
             }
             let (session, stream) = (session.as_str(), stream.as_str());
             let mut abort = scripts().abort.key(stream_key(session, stream));
-            abort.arg(notification_prefix(session, stream)).arg(&self.owner);
+            abort.arg(notification_prefix(session, stream)).arg(&self.owner).arg(self.notify_args(session));
             let _: i64 = abort.invoke_async(&mut conn).await.map_err(backend)?;
             self.retire_stream(&mut conn, session, stream).await;
             self.fenced(&mut conn).await
@@ -270,6 +278,7 @@ impl EventLog for RedisStore {
         let range = self.stream_range(session, stream);
         let key = (session.as_str().to_owned(), stream.clone());
         Box::pin(async move {
+            self.hear_session(&key.0).await?;
             let range = range.await?.ok_or(StoreError::UnknownStream)?;
             Ok(self.heads.subscribe(&key.0, &key.1, range.head))
         })

@@ -8,11 +8,16 @@
 //! ids `<seq>-1`; an append publishes a notification that every replica turns into a wake-up of
 //! its local connections, so a client may resume on any replica and follow live events there.
 //!
-//! This file holds the store and its connection; each trait it implements has a file of its own
-//! (`sessions.rs`, `events.rs`, `records.rs`, `tasks.rs`, `relay.rs`, `counters.rs`), beside the
-//! key names (`names.rs`), the Lua scripts (`scripts.rs`), the subscription (`pubsub.rs`) and
-//! the durability fence (`durability.rs`).
+//! The store runs on one Redis, on a Redis Cluster or on the primary a set of Sentinels name
+//! (`connection.rs`). On a cluster, every script and transaction touches one slot (`names.rs`
+//! says which keys share one), and replicas talk over sharded channels (`pubsub.rs`).
+//!
+//! This file holds the store; each trait it implements has a file of its own (`sessions.rs`,
+//! `events.rs`, `records.rs`, `tasks.rs`, `relay.rs`, `counters.rs`), beside the connection
+//! (`connection.rs`), the key names (`names.rs`), the Lua scripts (`scripts.rs`), the
+//! subscription (`pubsub.rs`) and the durability fence (`durability.rs`).
 
+mod connection;
 mod counters;
 mod durability;
 mod events;
@@ -29,11 +34,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
 use redis::{AsyncCommands, Script, Value};
 use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange, StreamState, Tag};
 use tether_core::mcp::ProtocolVersion;
 
+use self::connection::{Connection, Deployment};
 use self::{names::*, pubsub::*, scripts::*};
 use crate::heads::Heads;
 use crate::record::{
@@ -47,7 +53,8 @@ use crate::{
 use tether_core::idempotency::Acknowledged;
 use tether_core::tasks::{TaskChange, TaskId, TaskRecord};
 
-/// The channel appends and stream ends are announced on.
+/// The channel appends and stream ends are announced on, but in a cluster (there, each
+/// session's own: [`notify_channel`]).
 const NOTIFY: &str = "tether:notify";
 /// The channel server-wide announcements travel on between replicas: the announcing replica's
 /// name, then the notification.
@@ -63,18 +70,24 @@ fn replica_channel(replica: &str) -> String {
 const SESSIONS: &str = "tether:sessions";
 /// Counters, and (under the same hash tag, so one script sees both) the additions made once.
 const COUNTERS: &str = "tether:{counters}";
+/// The hash tag of the idempotency records: a claim checks the records' name and count with the
+/// key's record in one script, so they share a slot.
+const RECORDS: &str = "tether:{records}";
 /// Idempotency records by creation time, for expiry and the count bound.
-const KEYS: &str = "tether:keys";
+const KEYS: &str = "tether:{records}:keys";
 /// The name of this Redis's idempotency records, set by the first replica, or by the first
 /// claim once a Redis lost it.
-const RECORDS_ID: &str = "tether:records-id";
+const RECORDS_ID: &str = "tether:{records}:id";
 /// How many keys were ever claimed in these records: each claim's position.
-const CLAIMS: &str = "tether:claims";
+const CLAIMS: &str = "tether:{records}:claims";
 /// The highest position of a claim retention forgot.
-const CLAIMS_FORGOTTEN: &str = "tether:claims-forgotten";
+const CLAIMS_FORGOTTEN: &str = "tether:{records}:claims-forgotten";
 const OWNERS: &str = "tether:owners";
+/// The hash tag of the tasks: a task is created with its place among the running, counted
+/// against the caps, in one script.
+const TASKS: &str = "tether:{tasks}";
 /// Finished tasks by when they may be forgotten (by the sweep, on the servers' clock).
-const TASKS_DUE: &str = "tether:tasks-due";
+const TASKS_DUE: &str = "tether:{tasks}:due";
 /// Ended sessions (`m<SEP>session`) and ended streams (`s<SEP>session<SEP>stream`) waiting out
 /// their retention; the score is when a sweep first saw them (0 until then).
 const RETIRING: &str = "tether:retiring";
@@ -97,7 +110,12 @@ struct Held {
 
 /// A [`Store`](crate::Store) in Redis.
 pub struct RedisStore {
-    redis: ConnectionManager,
+    redis: Connection,
+    /// Where Redis is: one server, a cluster, or behind Sentinels.
+    deployment: Deployment,
+    /// On a cluster, the connection sharded subscriptions are made on, and the sessions whose
+    /// channels it subscribes to (those some connection of this process follows).
+    shards: Option<Shards>,
     /// What each acknowledged write waits for.
     fence: durability::Fence,
     /// What an acknowledged write survives, in a sentence.
@@ -115,6 +133,12 @@ pub struct RedisStore {
     left: std::sync::atomic::AtomicBool,
     heads: Arc<Heads>,
     listener: tokio::task::JoinHandle<()>,
+}
+
+/// A cluster's sharded subscriptions.
+struct Shards {
+    subscriber: ClusterConnection,
+    sessions: Mutex<HashSet<String>>,
 }
 
 /// What [`RedisStore::give_up`] gives up of what this process owns.
@@ -172,13 +196,19 @@ impl RedisStore {
         durability: RedisDurability,
     ) -> Result<RedisStore, StoreError> {
         let owner = owner.as_str();
-        let client = redis::Client::open(url).map_err(backend)?;
-        let config =
-            redis::aio::ConnectionManagerConfig::new().set_response_timeout(Some(durability.response_timeout()));
-        let mut redis = client.get_connection_manager_with_config(config).await.map_err(backend)?;
+        let deployment = Deployment::parse(url)?;
+        let mut redis = deployment.connect(durability.response_timeout()).await?;
         let (fence, guarantee) = durability::check(&mut redis, durability).await?;
         let run_id = durability::run_id(&mut redis).await?;
-        let pubsub = subscribe(&client, owner).await.map_err(backend)?;
+        let (subscription, shards) = if deployment.is_cluster() {
+            let (pushes, received) = tokio::sync::mpsc::unbounded_channel();
+            let mut subscriber = deployment.cluster_subscriber(pushes).await?;
+            subscribe_shards(&mut subscriber, owner).await.map_err(backend)?;
+            (Subscription::Shards(received), Some(Shards { subscriber, sessions: Mutex::default() }))
+        } else {
+            let client = deployment.subscriber().await?;
+            (Subscription::Server(subscribe(&client, owner).await.map_err(backend)?), None)
+        };
         let heads = Arc::new(Heads::default());
         let (answers, _) = tokio::sync::broadcast::channel(256);
         let (task_changes, _) = tokio::sync::broadcast::channel(256);
@@ -192,9 +222,11 @@ impl RedisStore {
             announcements: announcements.clone(),
             replica_messages: replica_messages.clone(),
         };
-        let listener = tokio::spawn(listen(client, pubsub, listeners));
+        let listener = tokio::spawn(listen(deployment.clone(), subscription, listeners));
         Ok(RedisStore {
             redis,
+            deployment,
+            shards,
             fence,
             guarantee,
             run_id: Mutex::new(run_id),
@@ -222,14 +254,14 @@ impl RedisStore {
     }
 
     /// Waits until the writes made on `conn` are as durable as the store guarantees.
-    async fn fenced(&self, conn: &mut ConnectionManager) -> Result<(), StoreError> {
+    async fn fenced(&self, conn: &mut Connection) -> Result<(), StoreError> {
         self.fence.after_write(conn).await
     }
 
     /// Whether Redis is another process than last time (it restarted, or a replica took over):
     /// then whatever this process owns in it but no longer runs was left behind by a Redis
     /// that went back in time, and is given up, so that nobody waits on it for ever.
-    async fn notice_restart(&self, conn: &mut ConnectionManager) -> Result<(), StoreError> {
+    async fn notice_restart(&self, conn: &mut Connection) -> Result<(), StoreError> {
         let now = durability::run_id(conn).await?;
         let before = std::mem::replace(&mut *self.run_id.lock().unwrap_or_else(|p| p.into_inner()), now.clone());
         if before == now {
@@ -245,7 +277,7 @@ impl RedisStore {
 
     /// Gives up what the store says this process owns (all of it, or what this process does not
     /// hold): request streams end aborted, idempotency keys and tasks read as abandoned.
-    async fn give_up(&self, conn: &mut ConnectionManager, what: GiveUp) -> Result<(), StoreError> {
+    async fn give_up(&self, conn: &mut Connection, what: GiveUp) -> Result<(), StoreError> {
         let streams: Vec<String> = conn.smembers(owned_key(&self.owner)).await.map_err(backend)?;
         let keys: Vec<String> = conn.smembers(owned_keys_key(&self.owner)).await.map_err(backend)?;
         let tasks: Vec<String> = conn.smembers(owned_tasks_key(&self.owner)).await.map_err(backend)?;
@@ -267,6 +299,7 @@ impl RedisStore {
                 .key(stream_key(session, stream))
                 .arg(notification_prefix(session, stream))
                 .arg(&self.owner)
+                .arg(self.notify_args(session))
                 .invoke_async(conn)
                 .await
                 .map_err(backend)?;
@@ -303,13 +336,67 @@ impl RedisStore {
         Ok(())
     }
 
-    fn conn(&self) -> ConnectionManager {
+    fn conn(&self) -> Connection {
         self.redis.clone()
+    }
+
+    /// The command messages between replicas are published with: sharded on a cluster, so a
+    /// message goes to the one shard of its channel.
+    fn publish_command(&self) -> &'static str {
+        if self.deployment.is_cluster() { "SPUBLISH" } else { "PUBLISH" }
+    }
+
+    /// Publishes `payload` on `channel`; answers how many subscribers received it (on a
+    /// cluster, every subscriber of a sharded channel is on its shard, so all are counted).
+    async fn publish(&self, channel: &str, payload: Vec<u8>) -> Result<i64, StoreError> {
+        redis::cmd(self.publish_command())
+            .arg(channel)
+            .arg(payload)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(backend)
+    }
+
+    /// The command and channel the scripts announce a head of `session`'s streams with.
+    fn notify_args(&self, session: &str) -> (&'static str, String) {
+        let channel = if self.deployment.is_cluster() { notify_channel(session) } else { NOTIFY.to_owned() };
+        (self.publish_command(), channel)
+    }
+
+    /// On a cluster, subscribes to `session`'s channel before a follower of it reads the store,
+    /// so no announcement falls between the read and the subscription.
+    async fn hear_session(&self, session: &str) -> Result<(), StoreError> {
+        let Some(shards) = &self.shards else { return Ok(()) };
+        if shards.sessions.lock().unwrap_or_else(|p| p.into_inner()).contains(session) {
+            return Ok(());
+        }
+        shards.subscriber.clone().ssubscribe(notify_channel(session)).await.map_err(backend)?;
+        shards.sessions.lock().unwrap_or_else(|p| p.into_inner()).insert(session.to_owned());
+        Ok(())
+    }
+
+    /// On a cluster, stops hearing the sessions no connection of this process follows now.
+    async fn stop_hearing(&self, followed: &[(String, StreamName)]) {
+        let Some(shards) = &self.shards else { return };
+        let unheard: Vec<String> = {
+            let mut sessions = shards.sessions.lock().unwrap_or_else(|p| p.into_inner());
+            let unheard: Vec<String> =
+                sessions.iter().filter(|s| !followed.iter().any(|(f, _)| f == *s)).cloned().collect();
+            for session in &unheard {
+                sessions.remove(session);
+            }
+            unheard
+        };
+        for session in unheard {
+            if let Err(err) = shards.subscriber.clone().sunsubscribe(notify_channel(&session)).await {
+                tracing::debug!(%err, session, "could not stop hearing a session no follower follows");
+            }
+        }
     }
 
     /// Whether `owner` heartbeat within the lease before `now_ms`. A claim heartbeats first, and
     /// a sweep forgets owners only once they lapsed, so an owner missing here is gone.
-    async fn owner_alive(&self, conn: &mut ConnectionManager, owner: &str, now_ms: u64) -> Result<bool, StoreError> {
+    async fn owner_alive(&self, conn: &mut Connection, owner: &str, now_ms: u64) -> Result<bool, StoreError> {
         let heartbeat: Option<u64> = conn.hget(OWNERS, owner).await.map_err(backend)?;
         Ok(heartbeat.is_some_and(|h| h.saturating_add(self.retention.lease_ms) >= now_ms))
     }
@@ -317,7 +404,7 @@ impl RedisStore {
     /// Reads an idempotency record: digest, owner and state.
     async fn read_key(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Connection,
         fields: Vec<Option<Vec<u8>>>,
         now_ms: u64,
     ) -> Result<Option<(String, String, KeyState)>, StoreError> {
@@ -358,26 +445,25 @@ impl RedisStore {
 
     /// After the end script: the session leaves the expiry index, its data is queued for
     /// retirement, and this process's followers of its streams are released.
-    async fn retire_session(&self, conn: &mut ConnectionManager, id: &str) -> Result<(), StoreError> {
+    async fn retire_session(&self, conn: &mut Connection, id: &str) -> Result<(), StoreError> {
         let _: i64 = conn.zrem(SESSIONS, id).await.map_err(backend)?;
         let _: i64 = conn.zadd(RETIRING, retiring_session(id), 0).await.map_err(backend)?;
         self.heads.forget_session(id);
         Ok(())
     }
 
-    /// After a stream ended: it is queued for retirement and leaves this process's owned set, in
-    /// one round trip. The stream has ended either way, so a failure here is logged, not
-    /// answered: the stream is then dropped with its session instead of after its retention.
-    async fn retire_stream(&self, conn: &mut ConnectionManager, session: &str, stream: &str) {
+    /// After a stream ended: it is queued for retirement and leaves this process's owned set,
+    /// both sent at once (they may lie on two shards). The stream has ended either way, so a
+    /// failure here is logged, not answered: the stream is then dropped with its session instead
+    /// of after its retention.
+    async fn retire_stream(&self, conn: &mut Connection, session: &str, stream: &str) {
         self.held().streams.remove(&owned_member(session, stream));
-        let retired = redis::pipe()
-            .zadd(RETIRING, retiring_stream(session, stream), 0)
-            .ignore()
-            .srem(owned_key(&self.owner), owned_member(session, stream))
-            .ignore()
-            .query_async::<()>(conn)
-            .await;
-        if let Err(err) = retired {
+        let mut owned = conn.clone();
+        let (queued, left) = tokio::join!(
+            conn.zadd::<_, _, _, i64>(RETIRING, retiring_stream(session, stream), 0),
+            owned.srem::<_, _, i64>(owned_key(&self.owner), owned_member(session, stream))
+        );
+        if let Err(err) = queued.and(left) {
             tracing::warn!(%err, session, stream, "could not queue an ended stream for retirement");
         }
     }

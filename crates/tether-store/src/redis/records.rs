@@ -15,21 +15,17 @@ impl KeyRecords for RedisStore {
     fn claim_key(&self, claim: KeyClaim) -> StoreFuture<'_, Claim> {
         Box::pin(async move {
             let mut conn = self.conn();
-            // The heartbeat, then the index entry (NX: a known key keeps its age), in one round
-            // trip and before the claim: a claim never exists without both, so no replica takes
-            // it for abandoned and no record escapes expiry.
-            redis::pipe()
-                .hset(OWNERS, &self.owner, claim.now_ms)
-                .ignore()
-                .cmd("ZADD")
-                .arg(KEYS)
-                .arg("NX")
-                .arg(claim.now_ms)
-                .arg(&claim.key)
-                .ignore()
-                .query_async::<()>(&mut conn)
-                .await
-                .map_err(backend)?;
+            // The heartbeat and the index entry (NX: a known key keeps its age), sent at once
+            // (they may lie on two shards) and before the claim: a claim never exists without
+            // both, so no replica takes it for abandoned and no record escapes expiry.
+            let mut indexed = conn.clone();
+            let mut index = redis::cmd("ZADD");
+            index.arg(KEYS).arg("NX").arg(claim.now_ms).arg(&claim.key);
+            let (heartbeat, index) = tokio::join!(
+                conn.hset::<_, _, _, i64>(OWNERS, &self.owner, claim.now_ms),
+                index.query_async::<i64>(&mut indexed)
+            );
+            heartbeat.and(index).map_err(backend)?;
             let (session, stream) = claim.columns();
             let (seen_records, seen_position) = match &claim.acknowledged {
                 Some(acknowledged) => (acknowledged.records.as_str(), acknowledged.position),
@@ -153,7 +149,7 @@ impl KeyRecords for RedisStore {
 }
 
 /// The fields of an idempotency record, in the order the claim script returns them.
-pub(super) async fn key_fields(conn: &mut ConnectionManager, key: &str) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+pub(super) async fn key_fields(conn: &mut Connection, key: &str) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
     redis::cmd("HMGET")
         .arg(key_record(key))
         .arg(&["digest", "owner", "session", "stream", "outcome"])
@@ -166,14 +162,14 @@ impl RedisStore {
     /// Forgets idempotency records past their time, then the oldest finished ones past the
     /// count bound. (Additions made once expire on their own.)
     /// Forgets one idempotency record, keeping the highest position of a claim forgotten.
-    pub(super) async fn forget_key(&self, conn: &mut ConnectionManager, key: &str) -> Result<(), StoreError> {
+    pub(super) async fn forget_key(&self, conn: &mut Connection, key: &str) -> Result<(), StoreError> {
         let mut forget = scripts().forget.key(key_record(key));
         forget.key(KEYS).key(CLAIMS_FORGOTTEN).arg(key);
         let _: i64 = forget.invoke_async(conn).await.map_err(backend)?;
         Ok(())
     }
 
-    pub(super) async fn forget_keys(&self, conn: &mut ConnectionManager, now_ms: u64) -> Result<(), StoreError> {
+    pub(super) async fn forget_keys(&self, conn: &mut Connection, now_ms: u64) -> Result<(), StoreError> {
         let cutoff = now_ms.saturating_sub(self.retention.idempotency_ms);
         let old: Vec<String> = conn.zrangebyscore(KEYS, "-inf", cutoff).await.map_err(backend)?;
         for key in old {

@@ -7,8 +7,7 @@ impl Relay for RedisStore {
         Box::pin(async move {
             let mut payload = format!("{}{SEP}{}{SEP}", answer.session, answer.request_id).into_bytes();
             payload.extend_from_slice(&answer.response);
-            let receivers: i64 = self.conn().publish(ANSWERS, payload).await.map_err(backend)?;
-            Ok(receivers > 0)
+            Ok(self.publish(ANSWERS, payload).await? > 0)
         })
     }
 
@@ -20,7 +19,7 @@ impl Relay for RedisStore {
         Box::pin(async move {
             let mut payload = format!("{}{SEP}", self.owner).into_bytes();
             payload.extend_from_slice(&announcement);
-            let _: i64 = self.conn().publish(ANNOUNCEMENTS, payload).await.map_err(backend)?;
+            self.publish(ANNOUNCEMENTS, payload).await?;
             Ok(())
         })
     }
@@ -48,8 +47,7 @@ impl Relay for RedisStore {
         Box::pin(async move {
             let mut payload = format!("{}{SEP}", self.owner).into_bytes();
             payload.extend_from_slice(&body);
-            let receivers: i64 = self.conn().publish(channel, payload).await.map_err(backend)?;
-            Ok(receivers > 0)
+            Ok(self.publish(&channel, payload).await? > 0)
         })
     }
 

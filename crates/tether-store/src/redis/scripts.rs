@@ -3,6 +3,10 @@
 use super::*;
 
 /// Fails unless the session (KEYS[1]) is live in incarnation ARGV[1].
+///
+/// The scripts that move a stream's head announce it with `redis.call(command, channel,
+/// message)`: `PUBLISH` on the channel every replica hears, or in a cluster `SPUBLISH` on the
+/// session's own channel, which lies in its slot.
 pub(super) const CHECK_LIVE: &str = r"
 local m = redis.call('HMGET', KEYS[1], 'epoch', 'ended')
 if m[1] ~= ARGV[1] or m[2] ~= '0' then return redis.error_reply('SESSION_GONE') end
@@ -185,14 +189,13 @@ redis.call('ZREM', KEYS[3], ARGV[2])
 return 1",
         ),
         // KEYS[1] the running tasks, KEYS[2] the principal's, KEYS[3] the task, KEYS[4] the
-        // owner's tasks, KEYS[5] the owners' heartbeats; ARGV[1] most running in all, ARGV[2] most
-        // of the principal, ARGV[3] the id, ARGV[4] the record, ARGV[5] the owner, ARGV[6] now.
-        // 1: created; -1: too many of the principal; 0: too many in all.
+        // owner's tasks; ARGV[1] most running in all, ARGV[2] most of the principal, ARGV[3] the
+        // id, ARGV[4] the record, ARGV[5] the owner, ARGV[6] now. 1: created; -1: too many of
+        // the principal; 0: too many in all.
         task_create: script(
             r"
 if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[2]) then return -1 end
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
-redis.call('HSET', KEYS[5], ARGV[5], ARGV[6])
 redis.call('HSET', KEYS[3], 'record', ARGV[4], 'owner', ARGV[5])
 redis.call('SADD', KEYS[4], ARGV[3])
 redis.call('ZADD', KEYS[1], ARGV[6], ARGV[3])
@@ -267,7 +270,8 @@ return ''"
         // KEYS[2] stream meta, KEYS[3] events, KEYS[4] the session's stream set; ARGV[2] last,
         // ARGV[3] max events, ARGV[4] max session bytes, ARGV[5] notification prefix, ARGV[6] key
         // prefix of the session's streams, ARGV[7] this stream's name, ARGV[8] most tombstones,
-        // ARGV[9...] the events, each its data then its tag. Over the session's byte cap, ended
+        // ARGV[9] the publish command, ARGV[10] its channel, ARGV[11...] the events, each its
+        // data then its tag. Over the session's byte cap, ended
         // streams go first (their tombstones stay), then this stream's oldest events.
         append: script(&format!(
             "{CHECK_LIVE}{ENTRY_TAG}{BURY}{ENDED_NOW}
@@ -276,7 +280,7 @@ if not s[1] then return redis.error_reply('UNKNOWN_STREAM') end
 if s[2] ~= '0' then return redis.error_reply('STREAM_ENDED') end
 local seq = tonumber(s[1])
 local added = 0
-for i = 9, #ARGV, 2 do
+for i = 11, #ARGV, 2 do
   seq = seq + 1
   redis.call('XADD', KEYS[3], seq .. '-1', 'd', ARGV[i], 't', ARGV[i + 1])
   added = added + string.len(ARGV[i])
@@ -315,16 +319,17 @@ if total > tonumber(ARGV[4]) then
   while total > tonumber(ARGV[4]) and drop_oldest() do end
 end
 if ARGV[2] == '1' then redis.call('HSET', KEYS[2], 'state', 1, 'ended', ended_now()) end
-redis.call('PUBLISH', '{NOTIFY}', ARGV[5] .. seq)
+redis.call(ARGV[9], ARGV[10], ARGV[5] .. seq)
 return seq"
         )),
-        // KEYS[2] stream meta; ARGV[2] notification prefix.
+        // KEYS[2] stream meta; ARGV[2] notification prefix, ARGV[3] the publish command, ARGV[4]
+        // its channel.
         end_stream: script(&format!(
             "{CHECK_LIVE}{ENDED_NOW}
 local s = redis.call('HMGET', KEYS[2], 'head', 'state')
 if not s[1] then return redis.error_reply('UNKNOWN_STREAM') end
 if s[2] == '0' then redis.call('HSET', KEYS[2], 'state', 1, 'ended', ended_now()) end
-redis.call('PUBLISH', '{NOTIFY}', ARGV[2] .. s[1])
+redis.call(ARGV[3], ARGV[4], ARGV[2] .. s[1])
 return 1"
         )),
         standalone: script(&format!("{CHECK_LIVE}\nredis.call('HSET', KEYS[1], 'standalone', ARGV[2])\nreturn 1")),
@@ -337,14 +342,15 @@ local bytes = bury(ARGV[1], ARGV[2], ARGV[3])
 if bytes > 0 and redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HINCRBY', KEYS[1], 'bytes', -bytes) end
 return 1"
         )),
-        // KEYS[1] stream meta; ARGV[1] notification prefix, ARGV[2] the owner whose lease lapsed.
+        // KEYS[1] stream meta; ARGV[1] notification prefix, ARGV[2] the owner whose lease lapsed,
+        // ARGV[3] the publish command, ARGV[4] its channel.
         // An owner's set may name a stream it never began (a re-sent request id found another's).
         abort: script(&format!(
             "{ENDED_NOW}
 local s = redis.call('HMGET', KEYS[1], 'head', 'state', 'rk', 'owner')
 if not s[1] or s[2] ~= '0' or s[3] == '' or s[4] ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'state', 2, 'ended', ended_now())
-redis.call('PUBLISH', '{NOTIFY}', ARGV[1] .. s[1])
+redis.call(ARGV[3], ARGV[4], ARGV[1] .. s[1])
 return 1"
         )),
     })

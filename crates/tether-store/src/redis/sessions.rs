@@ -216,6 +216,7 @@ impl SessionStore for RedisStore {
                         .key(stream_key(session, stream))
                         .arg(notification_prefix(session, stream))
                         .arg(&owner)
+                        .arg(self.notify_args(session))
                         .invoke_async(&mut conn)
                         .await
                         .map_err(backend)?;
@@ -229,8 +230,10 @@ impl SessionStore for RedisStore {
                 for task in &tasks {
                     self.stop_counting(&mut conn, task).await?;
                 }
-                let sets = [owned_key(&owner), owned_keys_key(&owner), owned_tasks_key(&owner)];
-                let _: i64 = conn.del(&sets[..]).await.map_err(backend)?;
+                // One at a time: on a cluster, each lies in a slot of its own.
+                for set in [owned_key(&owner), owned_keys_key(&owner), owned_tasks_key(&owner)] {
+                    let _: i64 = conn.del(set).await.map_err(backend)?;
+                }
                 let _: i64 = conn.hdel(OWNERS, &owner).await.map_err(backend)?;
             }
             self.forget_keys(&mut conn, now_ms).await?;
@@ -291,12 +294,14 @@ impl SessionStore for RedisStore {
                 let _: i64 = conn.zrem(RETIRING, &member).await.map_err(backend)?;
             }
             // Watches of streams that retention dropped end with the stream.
-            for (session, stream) in self.heads.followed() {
-                let exists: bool = conn.exists(stream_key(&session, stream.as_str())).await.map_err(backend)?;
+            let followed = self.heads.followed();
+            for (session, stream) in &followed {
+                let exists: bool = conn.exists(stream_key(session, stream.as_str())).await.map_err(backend)?;
                 if !exists {
-                    self.heads.forget(&session, &stream);
+                    self.heads.forget(session, stream);
                 }
             }
+            self.stop_hearing(&followed).await;
             Ok(expired)
         })
     }

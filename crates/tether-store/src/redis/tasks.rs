@@ -12,7 +12,7 @@ impl RedisStore {
     /// heartbeat lapsed.
     pub(super) async fn read_task(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Connection,
         id: &str,
         now_ms: u64,
     ) -> Result<Option<(String, StoredTask)>, StoreError> {
@@ -31,7 +31,7 @@ impl RedisStore {
     }
 
     /// Stops counting task `id` as running: its owner gave it up or died.
-    pub(super) async fn stop_counting(&self, conn: &mut ConnectionManager, id: &str) -> Result<(), StoreError> {
+    pub(super) async fn stop_counting(&self, conn: &mut Connection, id: &str) -> Result<(), StoreError> {
         let text: Option<String> = conn.hget(task_key(id), "record").await.map_err(backend)?;
         let principal = text
             .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
@@ -50,16 +50,16 @@ impl TaskStore for RedisStore {
     fn create_task(&self, record: TaskRecord, key: Option<(String, Bytes)>, limits: TaskLimits) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             let mut conn = self.conn();
-            // The heartbeat first, in the same step: the task is never without a live owner.
+            // The heartbeat first: the task is never without a live owner.
             // Held before it is created: a task is never owned here without being held.
             let id = record.task.id.as_str().to_owned();
+            let _: i64 = conn.hset(OWNERS, &self.owner, record.task.created_at_ms).await.map_err(backend)?;
             self.held().tasks.insert(id.clone());
             let mut create = scripts().task_create.key(RUNNING_TASKS);
             create
                 .key(running_tasks_key(record.principal.as_deref()))
                 .key(task_key(&id))
                 .key(owned_tasks_key(&self.owner))
-                .key(OWNERS)
                 .arg(limits.total)
                 .arg(limits.per_principal)
                 .arg(&id)
@@ -128,7 +128,7 @@ impl TaskStore for RedisStore {
                     }
                     self.fenced(&mut conn).await?;
                     // A hint for the replicas waiting on it; they poll anyway.
-                    if let Err(err) = conn.publish::<_, _, i64>(TASK_CHANGES, &id).await {
+                    if let Err(err) = self.publish(TASK_CHANGES, id.clone().into_bytes()).await {
                         tracing::debug!(%err, "could not announce a task change");
                     }
                     return Ok(Some((stored, true)));

@@ -1,0 +1,327 @@
+//! Where tether's Redis is, and the connection to it: one server, a cluster, or the primary a
+//! set of Sentinels names. Commands and scripts are written once against [`Connection`]; the
+//! redis crate routes them (by slot on a cluster) and this file only re-asks the Sentinels for
+//! the primary once the one it had stops answering as a primary.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+
+use super::backend;
+use crate::StoreError;
+
+/// How long connecting to a Redis node may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where tether's Redis is, as its URL says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Deployment {
+    /// `redis://host:port/…`: one server (perhaps with replicas that tether does not follow).
+    Single(String),
+    /// `redis+cluster://host:port,host:port`: a Redis Cluster, reached through any of these
+    /// nodes.
+    Cluster(Vec<String>),
+    /// `redis+sentinel://host:port,host:port/name`: the primary the Sentinels call `name`.
+    Sentinel {
+        /// The Sentinels, as `redis://` URLs.
+        sentinels: Vec<String>,
+        /// The name the Sentinels monitor the primary under.
+        primary: String,
+    },
+}
+
+impl Deployment {
+    /// Reads a store URL. The cluster and Sentinel forms list their nodes separated by commas;
+    /// credentials before the first node apply to every node.
+    pub(super) fn parse(url: &str) -> Result<Deployment, StoreError> {
+        let nodes = |rest: &str| -> Result<Vec<String>, StoreError> {
+            let (credentials, hosts) = match rest.rsplit_once('@') {
+                Some((credentials, hosts)) => (format!("{credentials}@"), hosts),
+                None => (String::new(), rest),
+            };
+            let nodes: Vec<String> = hosts
+                .split(',')
+                .map(str::trim)
+                .filter(|host| !host.is_empty())
+                .map(|host| format!("redis://{credentials}{host}/"))
+                .collect();
+            if nodes.is_empty() {
+                return Err(backend(format!("{url} names no Redis node")));
+            }
+            Ok(nodes)
+        };
+        if let Some(rest) = url.strip_prefix("redis+cluster://") {
+            return Ok(Deployment::Cluster(nodes(rest.trim_end_matches('/'))?));
+        }
+        if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+            let (hosts, primary) = rest.split_once('/').unwrap_or((rest, ""));
+            if primary.is_empty() || primary.contains('/') {
+                return Err(backend(format!(
+                    "{url} names no primary: write redis+sentinel://host:port,host:port/name"
+                )));
+            }
+            return Ok(Deployment::Sentinel { sentinels: nodes(hosts)?, primary: primary.to_owned() });
+        }
+        Ok(Deployment::Single(url.to_owned()))
+    }
+
+    /// Whether the keys of one command or script must share a hash slot.
+    pub(super) fn is_cluster(&self) -> bool {
+        matches!(self, Deployment::Cluster(_))
+    }
+
+    /// Connects for commands, each answered within `response_timeout`.
+    pub(super) async fn connect(&self, response_timeout: Duration) -> Result<Connection, StoreError> {
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(response_timeout))
+            .set_connection_timeout(Some(CONNECT_TIMEOUT));
+        match self {
+            Deployment::Single(url) => {
+                let client = redis::Client::open(url.as_str()).map_err(backend)?;
+                Ok(Connection::Single(client.get_connection_manager_with_config(config).await.map_err(backend)?))
+            }
+            Deployment::Cluster(nodes) => {
+                let client = ClusterClient::builder(nodes.iter().map(String::as_str))
+                    .response_timeout(response_timeout)
+                    .connection_timeout(CONNECT_TIMEOUT)
+                    .build()
+                    .map_err(backend)?;
+                Ok(Connection::Cluster(client.get_async_connection().await.map_err(backend)?))
+            }
+            Deployment::Sentinel { sentinels, primary } => {
+                let mut sentinel =
+                    SentinelClient::build(sentinels.clone(), primary.clone(), None, SentinelServerType::Master)
+                        .map_err(backend)?;
+                let manager = primary_manager(&mut sentinel, &config).await?;
+                Ok(Connection::Sentinel(Primary {
+                    sentinel: Arc::new(tokio::sync::Mutex::new(sentinel)),
+                    current: Arc::new(std::sync::Mutex::new((0, manager))),
+                    config,
+                }))
+            }
+        }
+    }
+
+    /// A client of the one server subscriptions are made on (not for a cluster, whose
+    /// subscriptions are sharded: [`Deployment::cluster_subscriber`]). For Sentinel, the primary
+    /// as the Sentinels name it now.
+    pub(super) async fn subscriber(&self) -> Result<redis::Client, StoreError> {
+        match self {
+            Deployment::Single(url) => redis::Client::open(url.as_str()).map_err(backend),
+            Deployment::Cluster(_) => Err(backend("a cluster's subscriptions are sharded")),
+            Deployment::Sentinel { sentinels, primary } => {
+                let mut sentinel =
+                    SentinelClient::build(sentinels.clone(), primary.clone(), None, SentinelServerType::Master)
+                        .map_err(backend)?;
+                sentinel.async_get_client().await.map_err(backend)
+            }
+        }
+    }
+
+    /// A cluster connection that hands what its sharded subscriptions receive to `pushes`, and
+    /// subscribes again by itself after a node fails over or a slot moves.
+    pub(super) async fn cluster_subscriber(
+        &self,
+        pushes: tokio::sync::mpsc::UnboundedSender<redis::PushInfo>,
+    ) -> Result<ClusterConnection, StoreError> {
+        let Deployment::Cluster(nodes) = self else { return Err(backend("not a cluster")) };
+        let client = ClusterClient::builder(nodes.iter().map(String::as_str))
+            .use_protocol(redis::ProtocolVersion::RESP3)
+            .push_sender(pushes)
+            .connection_timeout(CONNECT_TIMEOUT)
+            .build()
+            .map_err(backend)?;
+        client.get_async_connection().await.map_err(backend)
+    }
+}
+
+/// A connection manager to the primary the Sentinels name now.
+async fn primary_manager(
+    sentinel: &mut SentinelClient,
+    config: &ConnectionManagerConfig,
+) -> Result<ConnectionManager, StoreError> {
+    let client = sentinel.async_get_client().await.map_err(backend)?;
+    client.get_connection_manager_with_config(config.clone()).await.map_err(backend)
+}
+
+/// A connection to tether's Redis, cheap to clone: each clone shares the same connections.
+#[derive(Clone)]
+pub(super) enum Connection {
+    /// One server, reconnected to by the manager.
+    Single(ConnectionManager),
+    /// A cluster: each command goes to the primary of its keys' slot.
+    Cluster(ClusterConnection),
+    /// The primary the Sentinels name.
+    Sentinel(Primary),
+}
+
+/// The primary a set of Sentinels names, asked again once it stops answering as a primary.
+#[derive(Clone)]
+pub(super) struct Primary {
+    sentinel: Arc<tokio::sync::Mutex<SentinelClient>>,
+    /// The primary's connection, numbered: a failure of number `n` replaces number `n` only.
+    current: Arc<std::sync::Mutex<(u64, ConnectionManager)>>,
+    config: ConnectionManagerConfig,
+}
+
+/// Whether `err` says the server is no primary any more, or gone: then the Sentinels are asked.
+fn primary_lost(err: &RedisError) -> bool {
+    err.is_io_error()
+        || err.is_connection_refusal()
+        || err.is_connection_dropped()
+        || err.is_timeout()
+        || err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+}
+
+impl Primary {
+    fn current(&self) -> (u64, ConnectionManager) {
+        // A number and a handle: consistent after a panic elsewhere.
+        self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// Asks the Sentinels for the primary again, unless a failure of a later connection than
+    /// `failed` did already. The command that failed still fails: it may have run.
+    async fn replace(&self, failed: u64) {
+        let mut sentinel = self.sentinel.lock().await;
+        if self.current().0 != failed {
+            return;
+        }
+        match tokio::time::timeout(CONNECT_TIMEOUT * 2, primary_manager(&mut sentinel, &self.config)).await {
+            Ok(Ok(manager)) => {
+                *self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = (failed + 1, manager);
+                tracing::info!("connected to the primary the Redis Sentinels name now");
+            }
+            Ok(Err(err)) => tracing::warn!(%err, "the Redis Sentinels named no reachable primary"),
+            Err(_) => tracing::warn!("the Redis Sentinels named no primary in time"),
+        }
+    }
+}
+
+impl ConnectionLike for Primary {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let (number, mut manager) = self.current();
+            let reply = manager.req_packed_command(cmd).await;
+            if let Err(err) = &reply
+                && primary_lost(err)
+            {
+                self.replace(number).await;
+            }
+            reply
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let (number, mut manager) = self.current();
+            let reply = manager.req_packed_commands(pipeline, offset, count).await;
+            if let Err(err) = &reply
+                && primary_lost(err)
+            {
+                self.replace(number).await;
+            }
+            reply
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.current().1.get_db()
+    }
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Single(conn) => conn.req_packed_command(cmd),
+            Connection::Cluster(conn) => conn.req_packed_command(cmd),
+            Connection::Sentinel(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Connection::Sentinel(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(conn) => conn.get_db(),
+            Connection::Cluster(conn) => conn.get_db(),
+            Connection::Sentinel(conn) => conn.get_db(),
+        }
+    }
+}
+
+impl Connection {
+    /// Sends `cmd` to every primary and answers each one's reply, in no set order: on one server
+    /// or behind Sentinels, the one primary's. For what is asked of each server (`INFO`,
+    /// `CONFIG GET`) and what each must confirm (`WAIT`, `WAITAOF`).
+    pub(super) async fn on_every_primary<T: redis::FromRedisValue>(&mut self, cmd: &Cmd) -> Result<Vec<T>, StoreError> {
+        match self {
+            Connection::Cluster(conn) => {
+                let routing = redis::cluster_routing::RoutingInfo::MultiNode((
+                    redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
+                    None,
+                ));
+                let reply = conn.route_command(cmd.clone(), routing).await.map_err(backend)?;
+                let Value::Map(replies) = reply else {
+                    return Err(backend("the cluster answered a command sent to every primary with no map"));
+                };
+                replies
+                    .into_iter()
+                    .map(|(node, reply)| {
+                        if let Value::ServerError(err) = &reply {
+                            return Err(backend(format!("{node:?}: {err:?}")));
+                        }
+                        redis::from_redis_value(reply).map_err(backend)
+                    })
+                    .collect()
+            }
+            _ => Ok(vec![cmd.query_async(self).await.map_err(backend)?]),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_one_server_a_cluster_or_a_primary_behind_sentinels() {
+        assert_eq!(
+            Deployment::parse("redis://127.0.0.1:6379/"),
+            Ok(Deployment::Single("redis://127.0.0.1:6379/".into()))
+        );
+        assert_eq!(
+            Deployment::parse("redis+cluster://127.0.0.1:7000, 127.0.0.1:7001/"),
+            Ok(Deployment::Cluster(vec!["redis://127.0.0.1:7000/".into(), "redis://127.0.0.1:7001/".into()]))
+        );
+        assert_eq!(
+            Deployment::parse("redis+sentinel://:secret@127.0.0.1:26379,127.0.0.1:26380/tether"),
+            Ok(Deployment::Sentinel {
+                sentinels: vec!["redis://:secret@127.0.0.1:26379/".into(), "redis://:secret@127.0.0.1:26380/".into()],
+                primary: "tether".into(),
+            })
+        );
+        assert!(Deployment::parse("redis+sentinel://127.0.0.1:26379").is_err(), "no primary named");
+        assert!(Deployment::parse("redis+cluster://").is_err(), "no node");
+    }
+}
