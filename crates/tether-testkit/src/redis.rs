@@ -23,8 +23,13 @@ impl Drop for RedisServer {
     }
 }
 
+/// A port free on 127.0.0.1 when asked (another process may take it before it is used).
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
 /// Where the next server keeps its files.
-fn fresh_dir() -> PathBuf {
+pub(crate) fn fresh_dir() -> PathBuf {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("tether-redis-{}-{n}", std::process::id()));
@@ -36,7 +41,14 @@ fn fresh_dir() -> PathBuf {
 /// Starts `redis-server` on `port` in `dir` with `args`; `None` if it did not accept
 /// connections within ten seconds (another process took the port, most likely).
 async fn spawn(port: u16, dir: &Path, args: &[String]) -> Option<Child> {
+    spawn_from(None, port, dir, args).await
+}
+
+/// [`spawn`], reading the configuration file `config` first if there is one (a Sentinel's,
+/// which it rewrites).
+pub(crate) async fn spawn_from(config: Option<&Path>, port: u16, dir: &Path, args: &[String]) -> Option<Child> {
     let mut child = Command::new("redis-server")
+        .args(config)
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--dir"])
         .arg(dir)
         .args(args)
@@ -63,6 +75,42 @@ async fn spawn(port: u16, dir: &Path, args: &[String]) -> Option<Child> {
     }
     let _ = child.start_kill();
     None
+}
+
+/// Sends one command to the Redis (or Sentinel) on `port` and returns its reply as
+/// [`RedisServer::command`] does; `None` if nothing answers within two seconds.
+pub(crate) async fn command(port: u16, args: &[&str]) -> Option<String> {
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+        let mut request = format!("*{}\r\n", args.len());
+        for arg in args {
+            request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+        }
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut reader = tokio::io::BufReader::new(stream);
+        let mut lines = Vec::new();
+        // Values still to read: an array adds its elements (nested arrays are flattened).
+        let mut pending = 1usize;
+        while pending > 0 && lines.len() < 100_000 {
+            pending -= 1;
+            let mut line = String::new();
+            reader.read_line(&mut line).await.ok()?;
+            let line = line.trim_end();
+            if let Some(count) = line.strip_prefix('*').and_then(|n| n.parse::<usize>().ok()) {
+                pending += count;
+            } else if let Some(length) = line.strip_prefix('$').and_then(|n| n.parse::<usize>().ok()) {
+                let mut bulk = vec![0; length + 2];
+                tokio::io::AsyncReadExt::read_exact(&mut reader, &mut bulk).await.ok()?;
+                bulk.truncate(length);
+                lines.push(String::from_utf8_lossy(&bulk).into_owned());
+            } else {
+                lines.push(line.to_owned());
+            }
+        }
+        Some(lines.join("\n"))
+    };
+    tokio::time::timeout(Duration::from_secs(2), exchange).await.ok()?
 }
 
 /// The `process_id` of the Redis answering `INFO server` on `port`, if one does.
@@ -100,7 +148,7 @@ impl RedisServer {
         let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         let dir = fresh_dir();
         for _ in 0..3 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+            let port = free_port();
             if let Some(child) = spawn(port, &dir, &args).await {
                 return RedisServer { child, port, dir, args, url: format!("redis://127.0.0.1:{port}/") };
             }
@@ -109,24 +157,14 @@ impl RedisServer {
     }
 
     /// Sends one command and returns its reply: a status, error or integer line as sent
-    /// (`+OK`, `-ERR …`, `:3`), a bulk string's text.
+    /// (`+OK`, `-ERR …`, `:3`), a bulk string's text, an array's elements on lines of their own.
     pub async fn command(&self, args: &[&str]) -> String {
-        use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.expect("connect to redis");
-        let mut request = format!("*{}\r\n", args.len());
-        for arg in args {
-            request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
-        }
-        stream.write_all(request.as_bytes()).await.expect("send to redis");
-        let mut reader = tokio::io::BufReader::new(stream);
-        let mut line = String::new();
-        reader.read_line(&mut line).await.expect("read from redis");
-        let line = line.trim_end();
-        let Some(length) = line.strip_prefix('$').and_then(|n| n.parse::<usize>().ok()) else { return line.to_owned() };
-        let mut bulk = vec![0; length + 2];
-        reader.read_exact(&mut bulk).await.expect("read a bulk reply");
-        bulk.truncate(length);
-        String::from_utf8_lossy(&bulk).into_owned()
+        command(self.port, args).await.expect("a reply from redis")
+    }
+
+    /// Its port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// Its directory, where it keeps what it keeps on disk.

@@ -1,0 +1,281 @@
+//! Redis that outlives a server: a Redis Cluster of primaries with replicas, and a primary with a
+//! replica watched by three Sentinels. Each process on a free loopback port, stopped when the
+//! value is dropped.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
+
+use crate::RedisServer;
+use crate::redis::{command, free_port, fresh_dir, spawn_from};
+
+/// How long a cluster or Sentinels may take to agree (on slots, on a new primary).
+const AGREE_WITHIN: Duration = Duration::from_secs(30);
+
+/// Waits until `check` holds, polling every 100 ms; panics with `what` after [`AGREE_WITHIN`].
+async fn until<F: std::future::Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) -> Duration {
+    let start = Instant::now();
+    while start.elapsed() < AGREE_WITHIN {
+        if check().await {
+            return start.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{what} within {AGREE_WITHIN:?}");
+}
+
+/// A Redis Cluster of `redis-server --cluster-enabled yes` nodes, made by `redis-cli --cluster
+/// create`. A primary whose node stops answering for a second is replaced by its replica.
+pub struct RedisCluster {
+    nodes: Vec<Option<RedisServer>>,
+}
+
+impl RedisCluster {
+    /// `primaries` primaries with `replicas` replicas each, keeping nothing on disk.
+    pub async fn start(primaries: usize, replicas: usize) -> RedisCluster {
+        RedisCluster::start_with(primaries, replicas, &["--save", "", "--appendonly", "no"]).await
+    }
+
+    /// [`RedisCluster::start`] with each node started with `args` too.
+    pub async fn start_with(primaries: usize, replicas: usize, args: &[&str]) -> RedisCluster {
+        let mut nodes = Vec::new();
+        for _ in 0..primaries * (1 + replicas) {
+            // The cluster bus on a port of its own: port + 10000 may be past 65535.
+            let bus = free_port().to_string();
+            let mut node_args = vec![
+                "--cluster-enabled",
+                "yes",
+                "--cluster-port",
+                &bus,
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "1000",
+                // A replica takes over however long ago it last heard its primary.
+                "--cluster-replica-validity-factor",
+                "0",
+            ];
+            node_args.extend_from_slice(args);
+            nodes.push(Some(RedisServer::start_with(&node_args).await));
+        }
+        let addresses: Vec<String> = nodes.iter().flatten().map(|n| format!("127.0.0.1:{}", n.port())).collect();
+        let created = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .expect("redis-cli is installed (scripts/test installs it)");
+        assert!(created.status.success(), "redis-cli --cluster create: {}", String::from_utf8_lossy(&created.stdout));
+        let cluster = RedisCluster { nodes };
+        cluster.wait_healthy().await;
+        cluster
+    }
+
+    /// `redis+cluster://` and every node, as tether's `--redis-url` takes it.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self.nodes.iter().flatten().map(|n| format!("127.0.0.1:{}", n.port())).collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    /// The nodes still running, by their index.
+    fn running(&self) -> impl Iterator<Item = (usize, &RedisServer)> {
+        self.nodes.iter().enumerate().filter_map(|(i, n)| n.as_ref().map(|n| (i, n)))
+    }
+
+    /// Waits until every running node says the cluster is whole and agrees on who serves each
+    /// slot; answers how long that took.
+    pub async fn wait_healthy(&self) -> Duration {
+        until("every node says cluster_state:ok and agrees on the slots", || async {
+            let mut views = Vec::new();
+            for (_, node) in self.running() {
+                let info = command(node.port(), &["CLUSTER", "INFO"]).await.unwrap_or_default();
+                if !info.contains("cluster_state:ok") {
+                    return false;
+                }
+                views.push(self.slot_owners(node).await);
+            }
+            views.windows(2).all(|w| w[0] == w[1])
+        })
+        .await
+    }
+
+    /// The ports of the primaries `node` says serve slots, sorted.
+    async fn slot_owners(&self, node: &RedisServer) -> Vec<String> {
+        let nodes = command(node.port(), &["CLUSTER", "NODES"]).await.unwrap_or_default();
+        let mut owners: Vec<String> = nodes
+            .lines()
+            .filter(|line| line.contains("master") && !line.contains("fail") && line.split(' ').count() > 8)
+            .filter_map(|line| line.split(' ').nth(1).map(|addr| addr.split('@').next().unwrap_or(addr).to_owned()))
+            .collect();
+        owners.sort();
+        owners
+    }
+
+    /// The index of each running node that is a primary.
+    pub async fn primaries(&self) -> Vec<usize> {
+        let mut primaries = Vec::new();
+        for (i, node) in self.running() {
+            if command(node.port(), &["ROLE"]).await.is_some_and(|role| role.starts_with("master")) {
+                primaries.push(i);
+            }
+        }
+        primaries
+    }
+
+    /// The node id of node `index`.
+    pub async fn node_id(&self, index: usize) -> String {
+        let node = self.nodes[index].as_ref().expect("a running node");
+        command(node.port(), &["CLUSTER", "MYID"]).await.expect("CLUSTER MYID")
+    }
+
+    /// Kills node `index` (SIGKILL, as a crash would) and waits until it is gone.
+    pub async fn kill(&mut self, index: usize) {
+        if let Some(mut node) = self.nodes[index].take() {
+            node.kill().await;
+        }
+    }
+
+    /// Moves `slots` slots from node `from` to node `to` with `redis-cli --cluster reshard`,
+    /// while the cluster serves; answers redis-cli's output if it failed.
+    pub async fn reshard(&self, from: usize, to: usize, slots: usize) -> Result<(), String> {
+        let (from_id, to_id) = (self.node_id(from).await, self.node_id(to).await);
+        let (_, entry) = self.running().next().expect("a running node");
+        let moved = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("reshard")
+            .arg(format!("127.0.0.1:{}", entry.port()))
+            .args(["--cluster-from", &from_id, "--cluster-to", &to_id, "--cluster-slots", &slots.to_string()])
+            .arg("--cluster-yes")
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .expect("redis-cli");
+        if moved.status.success() {
+            Ok(())
+        } else {
+            Err(format!("{}{}", String::from_utf8_lossy(&moved.stdout), String::from_utf8_lossy(&moved.stderr)))
+        }
+    }
+}
+
+/// A primary and a replica, watched by three Sentinels that promote the replica once the primary
+/// stops answering for a second.
+pub struct RedisSentinels {
+    servers: Vec<Option<RedisServer>>,
+    sentinels: Vec<Sentinel>,
+}
+
+/// One `redis-server --sentinel`, killed when dropped (its directory removed).
+struct Sentinel {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The name the Sentinels monitor the primary under.
+pub const SENTINEL_PRIMARY: &str = "tether";
+
+impl RedisSentinels {
+    /// The primary and its replica started with `args`, once the replica is in sync and every
+    /// Sentinel knows both.
+    pub async fn start_with(args: &[&str]) -> RedisSentinels {
+        let primary = RedisServer::start_with(args).await;
+        let primary_port = primary.port().to_string();
+        let mut replica_args = args.to_vec();
+        replica_args.extend_from_slice(&["--replicaof", "127.0.0.1", &primary_port]);
+        let replica = RedisServer::start_with(&replica_args).await;
+        until("the replica is in sync", || async {
+            command(replica.port(), &["INFO", "replication"]).await.is_some_and(|i| i.contains("master_link_status:up"))
+        })
+        .await;
+        let mut sentinels = Vec::new();
+        for _ in 0..3 {
+            sentinels.push(Sentinel::start(primary.port()).await);
+        }
+        let ha = RedisSentinels { servers: vec![Some(primary), Some(replica)], sentinels };
+        until("every Sentinel knows the replica and the other Sentinels", || async {
+            let mut all = true;
+            for sentinel in &ha.sentinels {
+                let known = command(sentinel.port, &["SENTINEL", "MASTER", SENTINEL_PRIMARY]).await.unwrap_or_default();
+                all &= known.contains("num-slaves\n1") && known.contains("num-other-sentinels\n2");
+            }
+            all
+        })
+        .await;
+        ha
+    }
+
+    /// `redis+sentinel://` and the Sentinels, then the primary's name.
+    pub fn url(&self) -> String {
+        let sentinels: Vec<String> = self.sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port)).collect();
+        format!("redis+sentinel://{}/{SENTINEL_PRIMARY}", sentinels.join(","))
+    }
+
+    /// The port of the primary, as the first Sentinel names it.
+    pub async fn primary_port(&self) -> u16 {
+        let named = command(self.sentinels[0].port, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_PRIMARY])
+            .await
+            .expect("a Sentinel answers");
+        named.lines().nth(1).and_then(|port| port.parse().ok()).expect("the Sentinel names a primary")
+    }
+
+    /// Kills the primary (SIGKILL), then waits until every Sentinel names the replica instead;
+    /// answers how long that took.
+    pub async fn kill_primary(&mut self) -> Duration {
+        let old = self.primary_port().await;
+        for server in &mut self.servers {
+            if server.as_ref().is_some_and(|s| s.port() == old)
+                && let Some(mut killed) = server.take()
+            {
+                killed.kill().await;
+            }
+        }
+        let started = Instant::now();
+        until("the Sentinels promote the replica", || async {
+            let mut moved = true;
+            for sentinel in &self.sentinels {
+                let named = command(sentinel.port, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_PRIMARY]).await;
+                moved &= named.is_some_and(|n| !n.ends_with(&old.to_string()));
+            }
+            moved
+        })
+        .await;
+        started.elapsed()
+    }
+}
+
+impl Sentinel {
+    async fn start(primary: u16) -> Sentinel {
+        let dir = fresh_dir();
+        let config = dir.join("sentinel.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "sentinel monitor {SENTINEL_PRIMARY} 127.0.0.1 {primary} 2\n\
+                 sentinel down-after-milliseconds {SENTINEL_PRIMARY} 1000\n\
+                 sentinel failover-timeout {SENTINEL_PRIMARY} 5000\n\
+                 sentinel parallel-syncs {SENTINEL_PRIMARY} 1\n"
+            ),
+        )
+        .expect("write sentinel.conf");
+        for _ in 0..3 {
+            let port = free_port();
+            if let Some(child) = spawn_from(Some(&config), port, &dir, &["--sentinel".to_owned()]).await {
+                return Sentinel { child, port, dir };
+            }
+        }
+        panic!("redis-server --sentinel did not start on any of three free ports");
+    }
+}
