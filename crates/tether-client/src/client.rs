@@ -255,6 +255,11 @@ impl Client {
                 Err(RequestError::Rpc(error)) if error.reason() == Some("records_regressed") => {
                     return Err(RequestError::OutcomeUnknown(format!("the server's {}", error.message)));
                 }
+                // The server's store failed under this attempt, before or after it ran (a Redis
+                // failing over): the key makes a re-send safe, and the re-send finds out.
+                Err(RequestError::Rpc(error)) if error.reason() == Some("store_unavailable") => {
+                    Err(RequestError::OutcomeUnknown(format!("the server's store was unavailable ({})", error.message)))
+                }
                 outcome => outcome,
             };
             let (ended, reason) = match &outcome {

@@ -232,6 +232,10 @@ impl Follower {
         let verdict = client_verdict(&checkpoint, &reconnect_of(&head, None));
         match (verdict, reply) {
             (Verdict::Diverged(d), _) => Reconnected::Diverged(DivergenceReason::Lineage(d)),
+            (Verdict::Unavailable { status }, _) => {
+                tracing::debug!(status, stream = %self.key, "the server cannot resume now; trying again");
+                Reconnected::Retry
+            }
             (Verdict::AwaitingFirstEvent, Reply::Sse(reader)) => {
                 self.continuity = Continuity::Resuming { checkpoint, head };
                 Reconnected::Stream(reader)
@@ -326,7 +330,8 @@ impl Follower {
                         }
                     },
                     Verdict::Diverged(d) => return Err(lineage(d)),
-                    Verdict::AwaitingFirstEvent => return Ok(Admit::Skip),
+                    // A head that was a stream (2xx) is never unavailable.
+                    Verdict::AwaitingFirstEvent | Verdict::Unavailable { .. } => return Ok(Admit::Skip),
                 }
             }
         };

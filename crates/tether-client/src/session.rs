@@ -412,8 +412,9 @@ impl Session {
     /// A session can be gone before `notifications/initialized` reaches it (a balancer sent it
     /// to a replica that never had the session, or it expired): then the handshake starts over,
     /// at most `HANDSHAKE_ATTEMPTS` times.
-    /// A server that cannot be reached is tried again within the reconnect backoff: a restart
-    /// must not end the client. One whose certificate is not trusted is not tried again.
+    /// A server that cannot be reached, or answers that it cannot serve now (503: its store
+    /// fails over, it drains), is tried again within the reconnect backoff: a restart must not
+    /// end the client. One whose certificate is not trusted is not tried again.
     pub async fn initialize(self: &Arc<Self>) -> Result<String, ClientError> {
         let mut attempt = 1;
         let mut unreachable = Attempts::new(self.config.backoff);
@@ -428,15 +429,19 @@ impl Session {
             };
             match outcome {
                 Err(ClientError::Refused { status: 404, .. }) if attempt < HANDSHAKE_ATTEMPTS => attempt += 1,
-                Err(ClientError::Transport(err) | ClientError::NotSent(err)) => {
+                Err(
+                    err @ (ClientError::Transport(_)
+                    | ClientError::NotSent(_)
+                    | ClientError::Refused { status: 503, .. }),
+                ) => {
                     let delay = unreachable.next_delay(None, None);
                     // A wait that would end past the timeout is no attempt: the cause is now.
                     match delay.filter(|delay| give_up.is_none_or(|at| tokio::time::Instant::now() + *delay < at)) {
                         Some(delay) => {
-                            tracing::debug!(%err, ?delay, "server unreachable; trying the handshake again");
+                            tracing::debug!(%err, ?delay, "server unavailable; trying the handshake again");
                             tokio::time::sleep(delay).await;
                         }
-                        None => return Err(ClientError::Transport(err)),
+                        None => return Err(err),
                     }
                 }
                 outcome => return outcome,

@@ -453,6 +453,7 @@ fn classify(fault: &Fault, cursor_seq: u64, integer_ids: bool) -> Result<&'stati
         Verdict::Unverifiable(_) => return Ok("unverifiable"),
         Verdict::ProvisionallyContinuous => {}
         Verdict::AwaitingFirstEvent => return Err("a first event was given".into()),
+        Verdict::Unavailable { status } => return Err(format!("a 200 head was judged unavailable ({status})")),
     }
     let mut validator = StreamValidator::resume(&checkpoint);
     validator.accept(first_id.as_deref(), None, &first_data).map_err(|d| format!("{d:?}"))?;

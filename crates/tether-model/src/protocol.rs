@@ -641,7 +641,7 @@ impl Resumption {
                 Verdict::BoundaryDuplicate => return Err(Judged::Skip),
                 Verdict::Diverged(divergence) => return Err(Judged::Diverged(divergence)),
                 // Lineage ids are always verifiable; the strict client re-initializes otherwise.
-                Verdict::Unverifiable(_) | Verdict::AwaitingFirstEvent => {
+                Verdict::Unverifiable(_) | Verdict::AwaitingFirstEvent | Verdict::Unavailable { .. } => {
                     return Err(Judged::Diverged(Divergence::NonMonotonic { after: id.to_owned(), got: None }));
                 }
             }

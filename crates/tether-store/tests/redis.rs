@@ -358,3 +358,36 @@ async fn a_replica_gives_up_what_a_redis_restarted_from_a_snapshot_says_it_still
     let key = store.key_state("k", 2_000).await.expect("key");
     assert!(matches!(key, Some(KeyState::Running { abandoned: true, .. })), "{key:?}");
 }
+
+/// A write whose fence fails (its replica is gone, so `WAIT` times out) is not acknowledged, so
+/// nothing of it may stay behind as if it ran: a claim is taken back (a re-send claims the key
+/// anew instead of waiting on a request nobody runs), and a begun request's stream ends aborted
+/// (instead of waiting live for ever).
+#[tokio::test]
+async fn what_a_failed_fence_leaves_is_taken_back_not_left_running() {
+    let primary = RedisServer::start().await;
+    let port = primary.url.trim_start_matches("redis://127.0.0.1:").trim_end_matches('/').to_owned();
+    let mut follower =
+        RedisServer::start_with(&["--save", "", "--appendonly", "no", "--replicaof", "127.0.0.1", &port]).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !primary.command(&["INFO", "replication"]).await.contains("state=online") {
+        assert!(std::time::Instant::now() < deadline, "the replica never came online");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let durability = tether_store::RedisDurability::Replicated { replicas: 1, timeout_ms: 200 };
+    let store =
+        RedisStore::open(&primary.url, suite::retention(), &replica("owner-a"), durability).await.expect("connect");
+    let epoch = suite::epoch('E');
+    let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("s", epoch.clone(), 0) };
+    store.create_session(record, usize::MAX).await.expect("create, fenced by the replica");
+    follower.kill().await;
+
+    assert!(store.claim_key(suite::claim("k", "d", 1_000)).await.is_err(), "the fence failed");
+    assert_eq!(store.key_state("k", 1_000).await, Ok(None), "the claim was taken back");
+
+    let stream = suite::stream("r1");
+    let begun = store.begin_request(suite::request(&suite::sid("s"), &epoch, &suite::key("n:1"), "d", &stream)).await;
+    assert!(begun.is_err(), "the fence failed: {begun:?}");
+    let range = store.stream_range(&suite::sid("s"), &stream).await.expect("range").expect("the stream");
+    assert_eq!(range.state, StreamState::Aborted, "the request that will not run ends aborted");
+}

@@ -29,7 +29,9 @@ async fn until<F: std::future::Future<Output = bool>>(what: &str, mut check: imp
 /// A Redis Cluster of `redis-server --cluster-enabled yes` nodes, made by `redis-cli --cluster
 /// create`. A primary whose node stops answering for a second is replaced by its replica.
 pub struct RedisCluster {
-    nodes: Vec<Option<RedisServer>>,
+    nodes: Vec<RedisServer>,
+    /// Which nodes were killed and not started again.
+    down: Vec<bool>,
 }
 
 impl RedisCluster {
@@ -56,11 +58,13 @@ impl RedisCluster {
                 // A replica takes over however long ago it last heard its primary.
                 "--cluster-replica-validity-factor",
                 "0",
+                "--repl-diskless-sync-delay",
+                "0",
             ];
             node_args.extend_from_slice(args);
-            nodes.push(Some(RedisServer::start_with(&node_args).await));
+            nodes.push(RedisServer::start_with(&node_args).await);
         }
-        let addresses: Vec<String> = nodes.iter().flatten().map(|n| format!("127.0.0.1:{}", n.port())).collect();
+        let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
         let created = Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
@@ -71,30 +75,37 @@ impl RedisCluster {
             .await
             .expect("redis-cli is installed (scripts/test installs it)");
         assert!(created.status.success(), "redis-cli --cluster create: {}", String::from_utf8_lossy(&created.stdout));
-        let cluster = RedisCluster { nodes };
+        let down = vec![false; nodes.len()];
+        let cluster = RedisCluster { nodes, down };
         cluster.wait_healthy().await;
         cluster
     }
 
     /// `redis+cluster://` and every node, as tether's `--redis-url` takes it.
     pub fn url(&self) -> String {
-        let nodes: Vec<String> = self.nodes.iter().flatten().map(|n| format!("127.0.0.1:{}", n.port())).collect();
+        let nodes: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
         format!("redis+cluster://{}", nodes.join(","))
     }
 
     /// The nodes still running, by their index.
     fn running(&self) -> impl Iterator<Item = (usize, &RedisServer)> {
-        self.nodes.iter().enumerate().filter_map(|(i, n)| n.as_ref().map(|n| (i, n)))
+        self.nodes.iter().enumerate().filter(|(i, _)| !self.down[*i])
     }
 
     /// Waits until every running node says the cluster is whole and agrees on who serves each
-    /// slot; answers how long that took.
+    /// slot, and every replica is in sync with its primary; answers how long that took.
     pub async fn wait_healthy(&self) -> Duration {
-        until("every node says cluster_state:ok and agrees on the slots", || async {
+        until("every node says cluster_state:ok, agrees on the slots, and is in sync", || async {
             let mut views = Vec::new();
             for (_, node) in self.running() {
                 let info = command(node.port(), &["CLUSTER", "INFO"]).await.unwrap_or_default();
-                if !info.contains("cluster_state:ok") {
+                let replication = command(node.port(), &["INFO", "replication"]).await.unwrap_or_default();
+                let syncing = if replication.contains("role:slave") {
+                    !replication.contains("master_link_status:up")
+                } else {
+                    replication.lines().any(|l| l.starts_with("slave") && !l.contains("state=online"))
+                };
+                if !info.contains("cluster_state:ok") || syncing {
                     return false;
                 }
                 views.push(self.slot_owners(node).await);
@@ -127,17 +138,44 @@ impl RedisCluster {
         primaries
     }
 
+    /// The index of the primary serving `key`'s slot.
+    pub async fn primary_of(&self, key: &str) -> usize {
+        let (_, entry) = self.running().next().expect("a running node");
+        let slot: u16 = command(entry.port(), &["CLUSTER", "KEYSLOT", key])
+            .await
+            .and_then(|reply| reply.trim_start_matches(':').parse().ok())
+            .expect("CLUSTER KEYSLOT");
+        let nodes = command(entry.port(), &["CLUSTER", "NODES"]).await.expect("CLUSTER NODES");
+        for line in nodes.lines().filter(|line| line.contains("master") && !line.contains("fail")) {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let serves = fields.iter().skip(8).any(|range| {
+                let (first, last) = range.split_once('-').unwrap_or((range, range));
+                matches!((first.parse::<u16>(), last.parse::<u16>()), (Ok(f), Ok(l)) if f <= slot && slot <= l)
+            });
+            let port = fields.get(1).and_then(|a| a.split('@').next()).and_then(|a| a.rsplit(':').next());
+            if serves && let Some(index) = self.nodes.iter().position(|n| Some(n.port().to_string().as_str()) == port) {
+                return index;
+            }
+        }
+        panic!("no primary serves slot {slot}");
+    }
+
     /// The node id of node `index`.
     pub async fn node_id(&self, index: usize) -> String {
-        let node = self.nodes[index].as_ref().expect("a running node");
-        command(node.port(), &["CLUSTER", "MYID"]).await.expect("CLUSTER MYID")
+        command(self.nodes[index].port(), &["CLUSTER", "MYID"]).await.expect("CLUSTER MYID")
     }
 
     /// Kills node `index` (SIGKILL, as a crash would) and waits until it is gone.
     pub async fn kill(&mut self, index: usize) {
-        if let Some(mut node) = self.nodes[index].take() {
-            node.kill().await;
-        }
+        self.nodes[index].kill().await;
+        self.down[index] = true;
+    }
+
+    /// Starts node `index` again with what it kept (its cluster configuration): a primary that
+    /// was replaced meanwhile comes back as its replacement's replica.
+    pub async fn restart(&mut self, index: usize) {
+        self.nodes[index].restart().await;
+        self.down[index] = false;
     }
 
     /// Moves `slots` slots from node `from` to node `to` with `redis-cli --cluster reshard`,
@@ -166,7 +204,9 @@ impl RedisCluster {
 /// A primary and a replica, watched by three Sentinels that promote the replica once the primary
 /// stops answering for a second.
 pub struct RedisSentinels {
-    servers: Vec<Option<RedisServer>>,
+    servers: Vec<RedisServer>,
+    /// The server killed last, until it is started again.
+    killed: Option<usize>,
     sentinels: Vec<Sentinel>,
 }
 
@@ -191,6 +231,9 @@ impl RedisSentinels {
     /// The primary and its replica started with `args`, once the replica is in sync and every
     /// Sentinel knows both.
     pub async fn start_with(args: &[&str]) -> RedisSentinels {
+        let mut args = args.to_vec();
+        args.extend_from_slice(&["--repl-diskless-sync-delay", "0"]);
+        let args = &args[..];
         let primary = RedisServer::start_with(args).await;
         let primary_port = primary.port().to_string();
         let mut replica_args = args.to_vec();
@@ -204,7 +247,7 @@ impl RedisSentinels {
         for _ in 0..3 {
             sentinels.push(Sentinel::start(primary.port()).await);
         }
-        let ha = RedisSentinels { servers: vec![Some(primary), Some(replica)], sentinels };
+        let ha = RedisSentinels { servers: vec![primary, replica], killed: None, sentinels };
         until("every Sentinel knows the replica and the other Sentinels", || async {
             let mut all = true;
             for sentinel in &ha.sentinels {
@@ -235,13 +278,9 @@ impl RedisSentinels {
     /// answers how long that took.
     pub async fn kill_primary(&mut self) -> Duration {
         let old = self.primary_port().await;
-        for server in &mut self.servers {
-            if server.as_ref().is_some_and(|s| s.port() == old)
-                && let Some(mut killed) = server.take()
-            {
-                killed.kill().await;
-            }
-        }
+        let index = self.servers.iter().position(|s| s.port() == old).expect("the primary is one of ours");
+        self.servers[index].kill().await;
+        self.killed = Some(index);
         let started = Instant::now();
         until("the Sentinels promote the replica", || async {
             let mut moved = true;
@@ -253,6 +292,22 @@ impl RedisSentinels {
         })
         .await;
         started.elapsed()
+    }
+}
+
+impl RedisSentinels {
+    /// Starts the server killed last again; the Sentinels make it the new primary's replica.
+    /// Answers once it is in sync.
+    pub async fn restart_killed(&mut self) {
+        let Some(index) = self.killed.take() else { return };
+        self.servers[index].restart().await;
+        let port = self.servers[index].port();
+        until("the old primary is back as a replica in sync", || async {
+            command(port, &["INFO", "replication"])
+                .await
+                .is_some_and(|i| i.contains("role:slave") && i.contains("master_link_status:up"))
+        })
+        .await;
     }
 }
 

@@ -6,83 +6,18 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use common::streams::{Tally, fast};
 use common::{free_port, serve, temp_dir};
 use serde_json::{Value, json};
-use tether_client::{Backoff, Client, ClientConfig, ClientEvent, RequestError};
-use tether_core::jsonrpc::Message;
-use tether_core::lineage::EventId;
+use tether_client::{Backoff, Client, ClientConfig, RequestError};
 use tether_testkit::{RedisServer, proxy};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
-}
-
-fn fast(url: String) -> ClientConfig {
-    let mut config = ClientConfig::new(url);
-    config.backoff = Backoff {
-        initial: Duration::from_millis(5),
-        max: Duration::from_millis(100),
-        max_attempts_without_progress: 40,
-    };
-    config
-}
-
-/// Notifications by stream, and everything else that happened.
-#[derive(Default)]
-struct Tally {
-    by_stream: BTreeMap<String, Vec<u64>>,
-    resumed: u64,
-    divergences: Vec<String>,
-    reinitialized: u64,
-}
-
-impl Tally {
-    fn record(&mut self, event: ClientEvent) {
-        match event {
-            ClientEvent::Message { id, message: Message::Notification(n), ack, .. } => {
-                ack.done();
-                let stream = id
-                    .as_deref()
-                    .and_then(|i| EventId::parse(i).ok())
-                    .map(|i| i.stream.to_string())
-                    .expect("lineage id");
-                let data = &n.params.as_ref().expect("params")["data"];
-                let n = data.get("count").or_else(|| data.get("broadcast")).and_then(Value::as_u64).expect("counter");
-                self.by_stream.entry(stream).or_default().push(n);
-            }
-            ClientEvent::Resumed { .. } => self.resumed += 1,
-            ClientEvent::Divergence { reason } => self.divergences.push(format!("{}: {reason}", reason.kind())),
-            ClientEvent::Reinitialized { .. } => self.reinitialized += 1,
-            _ => {}
-        }
-    }
-
-    /// Streams whose notifications are not what they must be: exactly 1 to `count_to` for a
-    /// request's stream (one call each), whole blocks of 1 to `block` for a standalone stream
-    /// (one block per broadcast).
-    fn broken_streams(&self, count_to: u64, block: u64) -> Vec<String> {
-        self.by_stream
-            .iter()
-            .filter(|(stream, seen)| match stream.starts_with('g') {
-                true => {
-                    !seen.iter().enumerate().all(|(i, n)| *n == (i as u64 % block) + 1)
-                        || !(seen.len() as u64).is_multiple_of(block)
-                }
-                false => **seen != (1..=count_to).collect::<Vec<_>>(),
-            })
-            .map(|(stream, seen)| format!("{stream}: {seen:?}"))
-            .collect()
-    }
-
-    /// How many request streams delivered anything.
-    fn request_streams(&self) -> usize {
-        self.by_stream.keys().filter(|stream| !stream.starts_with('g')).count()
-    }
 }
 
 #[test]

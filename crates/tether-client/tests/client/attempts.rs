@@ -1,7 +1,9 @@
 //! How a keyed call's attempts end against a scripted server: one whose first attempt reached the
 //! server (its stream was answered, then ended without the response) and whose two re-sends'
 //! connections closed before any response ends unknown, and says first that the earlier attempt
-//! may have run, not only that the last "may not have arrived".
+//! may have run, not only that the last "may not have arrived"; one refused while the server's
+//! store is unavailable (a Redis failing over) is re-sent until it gets its result, and so is
+//! the handshake.
 
 use std::time::Duration;
 
@@ -16,14 +18,52 @@ fn stream(message: Value) -> String {
     format!("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: text/event-stream\r\n\r\ndata: {message}\n\n")
 }
 
-/// Answers everything the client sends: the handshake offers idempotency keys, the first
-/// `tools/call` gets a stream that ends after one notification, without its response, and any
-/// later one a connection closed without a response. Bounded in connections.
-async fn server(listener: TcpListener) {
-    let mut calls = 0;
+/// How the server answers the `n`th `tools/call` (from 1), and whether it refuses the first
+/// handshake.
+struct Script {
+    call: fn(u32, &Value) -> String,
+    refuse_first_handshake: bool,
+}
+
+/// The first `tools/call` gets a stream that ends after one notification, without its response,
+/// and any later one a connection closed without a response.
+fn cut(calls: u32, _: &Value) -> String {
+    match calls {
+        1 => stream(json!({"jsonrpc": "2.0", "method": "notifications/message",
+            "params": {"level": "info", "data": "started"}})),
+        _ => String::new(),
+    }
+}
+
+/// What a tether server answers while its store is unavailable.
+fn store_unavailable(id: &Value) -> String {
+    let error = json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32000, "message": "the store is unavailable",
+        "data": {"reason": "store_unavailable"}}});
+    response("503 Service Unavailable", "Content-Type: application/json\r\nRetry-After: 1\r\n", &error.to_string())
+}
+
+/// The first `tools/call` is refused for an unavailable store, the next gets its result.
+fn unavailable_then_result(calls: u32, request: &Value) -> String {
+    match calls {
+        1 => store_unavailable(&request["id"]),
+        _ => {
+            let result = json!({"jsonrpc": "2.0", "id": request["id"], "result": {"content": [], "ran": calls}});
+            response("200 OK", "Content-Type: application/json\r\n", &result.to_string())
+        }
+    }
+}
+
+/// Answers everything the client sends: the handshake offers idempotency keys, and each
+/// `tools/call` is answered as `script` says. Bounded in connections.
+async fn server(listener: TcpListener, script: Script) {
+    let (mut calls, mut handshakes) = (0, 0);
     for _ in 0..32 {
         let Ok((tcp, _)) = listener.accept().await else { return };
         serve_one(tcp, |request| match request["method"].as_str() {
+            Some("initialize") if script.refuse_first_handshake && handshakes == 0 => {
+                handshakes += 1;
+                store_unavailable(&request["id"])
+            }
             Some("initialize") => {
                 let result = json!({"jsonrpc": "2.0", "id": request["id"], "result": {
                     "protocolVersion": "2025-11-25",
@@ -33,11 +73,7 @@ async fn server(listener: TcpListener) {
             }
             Some("tools/call") => {
                 calls += 1;
-                match calls {
-                    1 => stream(json!({"jsonrpc": "2.0", "method": "notifications/message",
-                        "params": {"level": "info", "data": "started"}})),
-                    _ => String::new(),
-                }
+                (script.call)(calls, request)
             }
             Some(_) => response("202 Accepted", "", ""),
             // A GET (the standalone stream) has no body.
@@ -47,12 +83,12 @@ async fn server(listener: TcpListener) {
     }
 }
 
-/// The outcome of one keyed `tools/call` against [`server`], and the re-sends it took: each
-/// one's count and reason.
-async fn call_keyed() -> (Result<Value, RequestError>, Vec<(u32, String)>) {
+/// The outcome of one keyed `tools/call` against [`server`] answering as `script` says, and the
+/// re-sends it took: each one's count and reason.
+async fn call_keyed(script: Script) -> (Result<Value, RequestError>, Vec<(u32, String)>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let server = tokio::spawn(server(listener));
+    let server = tokio::spawn(server(listener, script));
     let mut config = ClientConfig::new(format!("http://{addr}/mcp"));
     config.backoff = Backoff {
         initial: Duration::from_millis(10),
@@ -75,7 +111,7 @@ async fn call_keyed() -> (Result<Value, RequestError>, Vec<(u32, String)>) {
 
 #[tokio::test]
 async fn a_re_sent_call_that_may_not_have_arrived_still_says_the_first_attempt_may_have_run() {
-    let (outcome, reissues) = call_keyed().await;
+    let (outcome, reissues) = call_keyed(Script { call: cut, refuse_first_handshake: false }).await;
     match outcome {
         Err(RequestError::OutcomeUnknown(why)) => {
             let first = "an earlier attempt may have run (the server ended the request's stream without its response)";
@@ -87,4 +123,12 @@ async fn a_re_sent_call_that_may_not_have_arrived_still_says_the_first_attempt_m
     let attempts: Vec<u32> = reissues.iter().map(|(attempt, _)| *attempt).collect();
     assert_eq!(attempts, [1, 2], "two re-sends, each counted: {reissues:?}");
     assert!(reissues[1].1.contains("may not have arrived"), "the second re-send's reason is its own: {reissues:?}");
+}
+
+#[tokio::test]
+async fn a_keyed_call_refused_while_the_store_is_unavailable_is_re_sent_until_it_gets_its_result() {
+    let (outcome, reissues) = call_keyed(Script { call: unavailable_then_result, refuse_first_handshake: true }).await;
+    assert_eq!(outcome.expect("the result")["ran"], 2, "the re-sent call's result");
+    assert_eq!(reissues.len(), 1, "{reissues:?}");
+    assert!(reissues[0].1.contains("store was unavailable"), "{reissues:?}");
 }

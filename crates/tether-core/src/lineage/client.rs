@@ -201,11 +201,28 @@ pub enum Verdict {
     Unverifiable(Unverifiable),
     /// Continuity is disproven.
     Diverged(Divergence),
+    /// The server cannot answer the resume now (429, 502, 503, 504: overloaded, draining, its
+    /// store failing over, a proxy without an upstream): nothing is proven either way. Try again
+    /// within the reconnect backoff.
+    Unavailable {
+        /// The HTTP status.
+        status: u16,
+    },
+}
+
+/// Whether an HTTP `status` says "not now" rather than anything about the session.
+pub fn unavailable(status: u16) -> bool {
+    matches!(status, 429 | 502 | 503 | 504)
 }
 
 /// Judges a reconnect against the checkpoint (seed 000's decision procedure).
 pub fn client_verdict(checkpoint: &Checkpoint, reconnect: &Reconnect<'_>) -> Verdict {
     let diverged = Verdict::Diverged;
+    if unavailable(reconnect.status) {
+        return Verdict::Unavailable {
+            status: reconnect.status,
+        };
+    }
     if !(200..300).contains(&reconnect.status) {
         return diverged(Divergence::SessionInvalid {
             status: reconnect.status,
@@ -563,6 +580,7 @@ mod tests {
             Verdict::ProvisionallyContinuous => "continuous",
             Verdict::BoundaryDuplicate => "duplicate",
             Verdict::Unverifiable(_) => "unverifiable",
+            Verdict::Unavailable { .. } => "unavailable",
         }
     }
 
@@ -581,6 +599,19 @@ mod tests {
                 client_verdict(&cp, &r),
                 Verdict::Diverged(Divergence::SessionInvalid { status })
             );
+        }
+    }
+
+    #[test]
+    fn a_server_that_cannot_answer_now_proves_nothing() {
+        let e = epoch('A');
+        let cp = checkpoint(Some(e.as_str()), &lid('A', "s", 4), b"x");
+        for status in [429, 502, 503, 504] {
+            let r = Reconnect {
+                status,
+                ..reconnect(Some(e.as_str()), None)
+            };
+            assert_eq!(client_verdict(&cp, &r), Verdict::Unavailable { status });
         }
     }
 

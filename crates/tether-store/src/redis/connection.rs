@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelServerType};
@@ -97,10 +97,13 @@ impl Deployment {
                 let mut sentinel =
                     SentinelClient::build(sentinels.clone(), primary.clone(), None, SentinelServerType::Master)
                         .map_err(backend)?;
-                let manager = primary_manager(&mut sentinel, &config).await?;
+                let config = redis::AsyncConnectionConfig::new()
+                    .set_response_timeout(Some(response_timeout))
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT));
+                let connection = primary_connection(&mut sentinel, &config).await?;
                 Ok(Connection::Sentinel(Primary {
                     sentinel: Arc::new(tokio::sync::Mutex::new(sentinel)),
-                    current: Arc::new(std::sync::Mutex::new((0, manager))),
+                    current: Arc::new(std::sync::Mutex::new((0, connection))),
                     config,
                 }))
             }
@@ -140,13 +143,15 @@ impl Deployment {
     }
 }
 
-/// A connection manager to the primary the Sentinels name now.
-async fn primary_manager(
+/// A connection to the primary the Sentinels name now (they are asked, and it is checked to
+/// answer `ROLE` as a primary). Not a connection manager: one that reconnected by itself to the
+/// same address could find there a replica, or the old primary restarted empty.
+async fn primary_connection(
     sentinel: &mut SentinelClient,
-    config: &ConnectionManagerConfig,
-) -> Result<ConnectionManager, StoreError> {
+    config: &redis::AsyncConnectionConfig,
+) -> Result<MultiplexedConnection, StoreError> {
     let client = sentinel.async_get_client().await.map_err(backend)?;
-    client.get_connection_manager_with_config(config.clone()).await.map_err(backend)
+    client.get_multiplexed_async_connection_with_config(config).await.map_err(backend)
 }
 
 /// A connection to tether's Redis, cheap to clone: each clone shares the same connections.
@@ -165,8 +170,8 @@ pub(super) enum Connection {
 pub(super) struct Primary {
     sentinel: Arc<tokio::sync::Mutex<SentinelClient>>,
     /// The primary's connection, numbered: a failure of number `n` replaces number `n` only.
-    current: Arc<std::sync::Mutex<(u64, ConnectionManager)>>,
-    config: ConnectionManagerConfig,
+    current: Arc<std::sync::Mutex<(u64, MultiplexedConnection)>>,
+    config: redis::AsyncConnectionConfig,
 }
 
 /// Whether `err` says the server is no primary any more, or gone: then the Sentinels are asked.
@@ -179,7 +184,7 @@ fn primary_lost(err: &RedisError) -> bool {
 }
 
 impl Primary {
-    fn current(&self) -> (u64, ConnectionManager) {
+    fn current(&self) -> (u64, MultiplexedConnection) {
         // A number and a handle: consistent after a panic elsewhere.
         self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
@@ -191,9 +196,9 @@ impl Primary {
         if self.current().0 != failed {
             return;
         }
-        match tokio::time::timeout(CONNECT_TIMEOUT * 2, primary_manager(&mut sentinel, &self.config)).await {
-            Ok(Ok(manager)) => {
-                *self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = (failed + 1, manager);
+        match tokio::time::timeout(CONNECT_TIMEOUT * 2, primary_connection(&mut sentinel, &self.config)).await {
+            Ok(Ok(connection)) => {
+                *self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = (failed + 1, connection);
                 tracing::info!("connected to the primary the Redis Sentinels name now");
             }
             Ok(Err(err)) => tracing::warn!(%err, "the Redis Sentinels named no reachable primary"),
@@ -205,8 +210,8 @@ impl Primary {
 impl ConnectionLike for Primary {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
-            let (number, mut manager) = self.current();
-            let reply = manager.req_packed_command(cmd).await;
+            let (number, mut connection) = self.current();
+            let reply = connection.req_packed_command(cmd).await;
             if let Err(err) = &reply
                 && primary_lost(err)
             {
@@ -223,8 +228,8 @@ impl ConnectionLike for Primary {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
-            let (number, mut manager) = self.current();
-            let reply = manager.req_packed_commands(pipeline, offset, count).await;
+            let (number, mut connection) = self.current();
+            let reply = connection.req_packed_commands(pipeline, offset, count).await;
             if let Err(err) = &reply
                 && primary_lost(err)
             {
@@ -297,6 +302,36 @@ impl Connection {
             }
             _ => Ok(vec![cmd.query_async(self).await.map_err(backend)?]),
         }
+    }
+}
+
+impl Connection {
+    /// Sends `cmd` to the primary of each of `keys`' slots (once per slot), and answers each
+    /// reply: on one server or behind Sentinels, the one primary's. For a fence (`WAIT`,
+    /// `WAITAOF`), which counts the writes this connection made on the node it is sent to.
+    pub(super) async fn on_primaries_of<T: redis::FromRedisValue>(
+        &mut self,
+        keys: &[&str],
+        cmd: &Cmd,
+    ) -> Result<Vec<T>, StoreError> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let Connection::Cluster(conn) = self else {
+            return Ok(vec![cmd.query_async(self).await.map_err(backend)?]);
+        };
+        let mut routes = Vec::new();
+        for key in keys {
+            let route = Route::with_key(key, SlotAddr::Master);
+            if !routes.contains(&route) {
+                routes.push(route);
+            }
+        }
+        let mut replies = Vec::new();
+        for route in routes {
+            let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+            let reply = conn.route_command(cmd.clone(), routing).await.map_err(backend)?;
+            replies.push(redis::from_redis_value(reply).map_err(backend)?);
+        }
+        Ok(replies)
     }
 }
 

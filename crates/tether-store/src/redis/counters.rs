@@ -20,7 +20,7 @@ impl CounterStore for RedisStore {
                     .await
                     .map_err(backend)?,
             };
-            self.fenced(&mut conn).await?;
+            self.fenced(&mut conn, &[COUNTERS]).await?;
             Ok(value)
         })
     }

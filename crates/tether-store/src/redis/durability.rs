@@ -3,9 +3,9 @@
 //! operator chose to guard against), each acknowledged write fenced (`WAIT`, `WAITAOF`), and a
 //! restart or failover of Redis noticed by its run id.
 //!
-//! On a cluster, each is asked of every primary: each must be configured as asked, each
-//! acknowledged write waits on every primary (`WAIT` answers at once where this process wrote
-//! nothing), and a failover of any primary is a new run id.
+//! On a cluster, the configuration is asked of every primary, and each must be configured as
+//! asked; an acknowledged write waits on the primary of each slot it wrote in (so a failover of
+//! one shard does not hold the writes of the others); a failover of any primary is a new run id.
 
 use std::collections::HashMap;
 
@@ -57,15 +57,16 @@ pub(super) enum Fence {
 }
 
 impl Fence {
-    /// Waits until the writes made on `conn` so far are as durable as the fence asks; fails if
-    /// they are not within its timeout (the write happened, but is not acknowledged).
-    pub(super) async fn after_write(self, conn: &mut Connection) -> Result<(), StoreError> {
+    /// Waits until the writes made on `conn` so far, in the slots of `keys`, are as durable as
+    /// the fence asks; fails if they are not within its timeout (the write happened, but is not
+    /// acknowledged).
+    pub(super) async fn after_write(self, conn: &mut Connection, keys: &[&str]) -> Result<(), StoreError> {
         match self {
             Fence::None => Ok(()),
             Fence::Wait { replicas, timeout_ms } => {
                 let mut wait = redis::cmd("WAIT");
                 wait.arg(replicas).arg(timeout_ms);
-                let acked = conn.on_every_primary::<u32>(&wait).await?.into_iter().min().unwrap_or(0);
+                let acked = conn.on_primaries_of::<u32>(keys, &wait).await?.into_iter().min().unwrap_or(0);
                 if acked < replicas {
                     return Err(refused(format!(
                         "a write reached {acked} of the {replicas} Redis replicas it must reach within {timeout_ms} ms"
@@ -76,7 +77,7 @@ impl Fence {
             Fence::WaitAof { local, replicas, timeout_ms } => {
                 let mut wait = redis::cmd("WAITAOF");
                 wait.arg(local).arg(replicas).arg(timeout_ms);
-                let answers = conn.on_every_primary::<(u32, u32)>(&wait).await?;
+                let answers = conn.on_primaries_of::<(u32, u32)>(keys, &wait).await?;
                 let fsynced = answers.iter().map(|(fsynced, _)| *fsynced).min().unwrap_or(0);
                 let on_replicas = answers.iter().map(|(_, on_replicas)| *on_replicas).min().unwrap_or(0);
                 if fsynced < local || on_replicas < replicas {

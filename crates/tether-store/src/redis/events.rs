@@ -58,7 +58,7 @@ impl EventLog for RedisStore {
                 .invoke_async::<i64>(&mut conn)
                 .await
                 .map_err(script_error)?;
-            self.fenced(&mut conn).await
+            self.fenced(&mut conn, &[&meta(&session)]).await
         })
     }
 
@@ -115,7 +115,17 @@ impl EventLog for RedisStore {
                 if let Err(err) = added {
                     tracing::warn!(%err, session, stream, "a begun request is missing from its owner's set");
                 }
-                self.fenced(&mut conn).await?;
+                if let Err(err) = self.fenced(&mut conn, &[&meta(&session), &owned_key(&self.owner)]).await {
+                    // Not acknowledged, so the request will not run: its stream ends aborted
+                    // rather than wait live for ever.
+                    let mut abort = scripts().abort.key(stream_key(&session, &stream));
+                    abort.arg(notification_prefix(&session, &stream)).arg(&self.owner).arg(self.notify_args(&session));
+                    if let Err(err) = abort.invoke_async::<i64>(&mut conn).await {
+                        tracing::warn!(%err, session, stream, "could not abort a request that was not acknowledged");
+                    }
+                    self.retire_stream(&mut conn, &session, &stream).await;
+                    return Err(err);
+                }
                 return Ok(BeginRequest::Started);
             }
             // Not begun here: the entry comes out again. Were it left, it would only grow the set
@@ -169,7 +179,7 @@ impl EventLog for RedisStore {
             if last {
                 self.retire_stream(&mut conn, &session, &stream).await;
             }
-            self.fenced(&mut conn).await?;
+            self.fenced(&mut conn, &[&meta(&session)]).await?;
             // Local followers need not wait for the round trip through pub/sub.
             if let Ok(name) = StreamName::parse(&stream) {
                 self.heads.notify(&session, &name, seq);
@@ -194,7 +204,7 @@ impl EventLog for RedisStore {
                 .await
                 .map_err(script_error)?;
             self.retire_stream(&mut conn, &session, &stream).await;
-            self.fenced(&mut conn).await
+            self.fenced(&mut conn, &[&meta(&session)]).await
         })
     }
 
@@ -210,7 +220,7 @@ impl EventLog for RedisStore {
             abort.arg(notification_prefix(session, stream)).arg(&self.owner).arg(self.notify_args(session));
             let _: i64 = abort.invoke_async(&mut conn).await.map_err(backend)?;
             self.retire_stream(&mut conn, session, stream).await;
-            self.fenced(&mut conn).await
+            self.fenced(&mut conn, &[&meta(session)]).await
         })
     }
 

@@ -253,9 +253,10 @@ impl RedisStore {
         self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Waits until the writes made on `conn` are as durable as the store guarantees.
-    async fn fenced(&self, conn: &mut Connection) -> Result<(), StoreError> {
-        self.fence.after_write(conn).await
+    /// Waits until the writes made on `conn` in the slots of `keys` are as durable as the store
+    /// guarantees: the keys of what is acknowledged, and of what must outlive it with it.
+    async fn fenced(&self, conn: &mut Connection, keys: &[&str]) -> Result<(), StoreError> {
+        self.fence.after_write(conn, keys).await
     }
 
     /// Whether Redis is another process than last time (it restarted, or a replica took over):

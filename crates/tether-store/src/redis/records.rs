@@ -54,7 +54,14 @@ impl KeyRecords for RedisStore {
                 self.held().keys.remove(&claim.key);
             }
             let mut reply = reply?;
-            self.fenced(&mut conn).await?;
+            if let Err(err) = self.fenced(&mut conn, &[RECORDS]).await {
+                // Not acknowledged, so the request will not run: a claim left behind would keep
+                // every re-send of the key waiting on a request nobody runs.
+                if claimed {
+                    self.unclaim(&mut conn, &claim.key).await;
+                }
+                return Err(err);
+            }
             // The records' name and the claim's position (0 for a claim made before positions).
             let acknowledged = |reply: &[Option<Vec<u8>>]| {
                 let text = |i: usize| reply.get(i).and_then(Option::as_deref).and_then(|b| std::str::from_utf8(b).ok());
@@ -107,8 +114,11 @@ impl KeyRecords for RedisStore {
                 self.held().keys.remove(&claim.key);
             }
             let taken = taken? == 1;
-            if taken {
-                self.fenced(&mut conn).await?;
+            if taken && let Err(err) = self.fenced(&mut conn, &[RECORDS]).await {
+                // Not acknowledged, so this process will not run it: it is nobody's again, and
+                // the next re-send may take it over.
+                self.disown_key(&mut conn, &claim.key).await;
+                return Err(err);
             }
             Ok(taken)
         })
@@ -131,7 +141,7 @@ impl KeyRecords for RedisStore {
             release.key(owned_keys_key(&self.owner)).key(KEYS).arg(&self.owner).arg(&key);
             let _: i64 = release.invoke_async(&mut conn).await.map_err(backend)?;
             self.held().keys.remove(&key);
-            self.fenced(&mut conn).await
+            self.fenced(&mut conn, &[RECORDS]).await
         })
     }
 
@@ -143,7 +153,7 @@ impl KeyRecords for RedisStore {
             finish.key(owned_keys_key(&self.owner)).arg(&self.owner).arg(&outcome[..]).arg(&key);
             let _: i64 = finish.invoke_async(&mut conn).await.map_err(backend)?;
             self.held().keys.remove(&key);
-            self.fenced(&mut conn).await
+            self.fenced(&mut conn, &[RECORDS]).await
         })
     }
 }
@@ -159,6 +169,28 @@ pub(super) async fn key_fields(conn: &mut Connection, key: &str) -> Result<Vec<O
 }
 
 impl RedisStore {
+    /// Takes back a claim whose acknowledgement failed (its request never ran); best effort: a
+    /// claim left behind is no longer held, so it is given up once Redis is seen to fail over.
+    async fn unclaim(&self, conn: &mut Connection, key: &str) {
+        self.held().keys.remove(key);
+        let mut release = scripts().release.key(key_record(key));
+        release.key(owned_keys_key(&self.owner)).key(KEYS).arg(&self.owner).arg(key);
+        if let Err(err) = release.invoke_async::<i64>(conn).await {
+            tracing::warn!(%err, key, "could not take back a claim that was not acknowledged");
+        }
+    }
+
+    /// Leaves a key this process took over but will not run to nobody (abandoned); best effort,
+    /// as [`RedisStore::unclaim`].
+    async fn disown_key(&self, conn: &mut Connection, key: &str) {
+        self.held().keys.remove(key);
+        let mut disown = scripts().disown.key(key_record(key));
+        disown.key(owned_keys_key(&self.owner)).arg(&self.owner).arg(key);
+        if let Err(err) = disown.invoke_async::<i64>(conn).await {
+            tracing::warn!(%err, key, "could not give up a key that was not acknowledged");
+        }
+    }
+
     /// Forgets idempotency records past their time, then the oldest finished ones past the
     /// count bound. (Additions made once expire on their own.)
     /// Forgets one idempotency record, keeping the highest position of a claim forgotten.

@@ -46,7 +46,7 @@ impl SessionStore for RedisStore {
                 }
                 Err(err) => return Err(err),
             }
-            self.fenced(&mut conn).await
+            self.fenced(&mut conn, &[&meta(record.id.as_str()), SESSIONS]).await
         })
     }
 
@@ -115,7 +115,7 @@ impl SessionStore for RedisStore {
             let mut conn = self.conn();
             Self::end_script(&id, epoch, how, "").invoke_async::<i64>(&mut conn).await.map_err(script_error)?;
             self.retire_session(&mut conn, &id).await?;
-            self.fenced(&mut conn).await
+            self.fenced(&mut conn, &[&meta(&id), SESSIONS]).await
         })
     }
 
@@ -131,7 +131,7 @@ impl SessionStore for RedisStore {
                 .invoke_async::<i64>(&mut conn)
                 .await
                 .map_err(script_error)?;
-            self.fenced(&mut conn).await
+            self.fenced(&mut conn, &[&meta(&session)]).await
         })
     }
 

@@ -76,7 +76,19 @@ impl TaskStore for RedisStore {
                 self.held().tasks.remove(&id);
             }
             created?;
-            self.fenced(&mut conn).await?;
+            if let Err(err) = self.fenced(&mut conn, &[TASKS]).await {
+                // Not acknowledged, so it will not run: nobody's, and no longer counted.
+                self.held().tasks.remove(&id);
+                let mut disown = scripts().disown.key(task_key(&id));
+                disown.key(owned_tasks_key(&self.owner)).arg(&self.owner).arg(&id);
+                if let Err(err) = disown.invoke_async::<i64>(&mut conn).await {
+                    tracing::warn!(%err, task = id, "could not give up a task that was not acknowledged");
+                }
+                if let Err(err) = self.stop_counting(&mut conn, &id).await {
+                    tracing::warn!(%err, task = id, "could not stop counting a task that was not acknowledged");
+                }
+                return Err(err);
+            }
             if let Some((key, outcome)) = key {
                 self.finish_key(&key, outcome).await?;
             }
@@ -126,7 +138,7 @@ impl TaskStore for RedisStore {
                             .map_err(backend)?;
                         self.held().tasks.remove(&id);
                     }
-                    self.fenced(&mut conn).await?;
+                    self.fenced(&mut conn, &[TASKS]).await?;
                     // A hint for the replicas waiting on it; they poll anyway.
                     if let Err(err) = self.publish(TASK_CHANGES, id.clone().into_bytes()).await {
                         tracing::debug!(%err, "could not announce a task change");

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod calls;
+pub mod streams;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
