@@ -67,3 +67,19 @@ async fn two_replicas_hear_each_other_over_sharded_channels() {
         tokio::time::timeout(Duration::from_secs(5), announcements.recv()).await.expect("in time").expect("open");
     assert_eq!(heard, Bytes::from_static(b"changed"));
 }
+
+/// Every primary is held to the durability asked: one that fsyncs less than the others is
+/// refused, whichever primary answers first.
+#[tokio::test]
+async fn a_primary_configured_unlike_the_others_is_refused() {
+    let cluster =
+        RedisCluster::start_with(3, 0, &["--save", "", "--appendonly", "yes", "--appendfsync", "always"]).await;
+    let owner = ReplicaId::parse("owner-a").expect("a replica name");
+    let url = cluster.url();
+    let open = || RedisStore::open(&url, suite::retention(), &owner, RedisDurability::Fsync);
+    open().await.expect("every primary fsyncs every write");
+    let lax = cluster.primaries().await[1];
+    assert_eq!(cluster.command(lax, &["CONFIG", "SET", "appendfsync", "everysec"]).await, "+OK");
+    let refused = open().await.expect_err("one primary does not fsync every write");
+    assert!(refused.to_string().contains("appendfsync"), "{refused}");
+}

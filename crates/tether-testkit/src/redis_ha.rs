@@ -160,6 +160,11 @@ impl RedisCluster {
         panic!("no primary serves slot {slot}");
     }
 
+    /// Sends one command to node `index` and returns its reply, as [`RedisServer::command`].
+    pub async fn command(&self, index: usize, args: &[&str]) -> String {
+        self.nodes[index].command(args).await
+    }
+
     /// The node id of node `index`.
     pub async fn node_id(&self, index: usize) -> String {
         command(self.nodes[index].port(), &["CLUSTER", "MYID"]).await.expect("CLUSTER MYID")

@@ -211,7 +211,7 @@ pub enum Verdict {
 }
 
 /// Whether an HTTP `status` says "not now" rather than anything about the session.
-pub fn unavailable(status: u16) -> bool {
+fn unavailable(status: u16) -> bool {
     matches!(status, 429 | 502 | 503 | 504)
 }
 

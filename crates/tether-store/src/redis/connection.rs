@@ -94,9 +94,7 @@ impl Deployment {
                 Ok(Connection::Cluster(client.get_async_connection().await.map_err(backend)?))
             }
             Deployment::Sentinel { sentinels, primary } => {
-                let mut sentinel =
-                    SentinelClient::build(sentinels.clone(), primary.clone(), None, SentinelServerType::Master)
-                        .map_err(backend)?;
+                let mut sentinel = sentinel_client(sentinels, primary)?;
                 let config = redis::AsyncConnectionConfig::new()
                     .set_response_timeout(Some(response_timeout))
                     .set_connection_timeout(Some(CONNECT_TIMEOUT));
@@ -118,10 +116,7 @@ impl Deployment {
             Deployment::Single(url) => redis::Client::open(url.as_str()).map_err(backend),
             Deployment::Cluster(_) => Err(backend("a cluster's subscriptions are sharded")),
             Deployment::Sentinel { sentinels, primary } => {
-                let mut sentinel =
-                    SentinelClient::build(sentinels.clone(), primary.clone(), None, SentinelServerType::Master)
-                        .map_err(backend)?;
-                sentinel.async_get_client().await.map_err(backend)
+                sentinel_client(sentinels, primary)?.async_get_client().await.map_err(backend)
             }
         }
     }
@@ -141,6 +136,11 @@ impl Deployment {
             .map_err(backend)?;
         client.get_async_connection().await.map_err(backend)
     }
+}
+
+/// A client of `sentinels` that asks them for the primary they call `primary`.
+fn sentinel_client(sentinels: &[String], primary: &str) -> Result<SentinelClient, StoreError> {
+    SentinelClient::build(sentinels.to_vec(), primary.to_owned(), None, SentinelServerType::Master).map_err(backend)
 }
 
 /// A connection to the primary the Sentinels name now (they are asked, and it is checked to
@@ -205,6 +205,17 @@ impl Primary {
             Err(_) => tracing::warn!("the Redis Sentinels named no primary in time"),
         }
     }
+
+    /// Hands on `reply`, which connection number `number` gave, after asking the Sentinels for
+    /// the primary again if it says this one is lost.
+    async fn checked<T>(&self, number: u64, reply: redis::RedisResult<T>) -> redis::RedisResult<T> {
+        if let Err(err) = &reply
+            && primary_lost(err)
+        {
+            self.replace(number).await;
+        }
+        reply
+    }
 }
 
 impl ConnectionLike for Primary {
@@ -212,12 +223,7 @@ impl ConnectionLike for Primary {
         Box::pin(async move {
             let (number, mut connection) = self.current();
             let reply = connection.req_packed_command(cmd).await;
-            if let Err(err) = &reply
-                && primary_lost(err)
-            {
-                self.replace(number).await;
-            }
-            reply
+            self.checked(number, reply).await
         })
     }
 
@@ -230,12 +236,7 @@ impl ConnectionLike for Primary {
         Box::pin(async move {
             let (number, mut connection) = self.current();
             let reply = connection.req_packed_commands(pipeline, offset, count).await;
-            if let Err(err) = &reply
-                && primary_lost(err)
-            {
-                self.replace(number).await;
-            }
-            reply
+            self.checked(number, reply).await
         })
     }
 
@@ -278,7 +279,7 @@ impl ConnectionLike for Connection {
 impl Connection {
     /// Sends `cmd` to every primary and answers each one's reply, in no set order: on one server
     /// or behind Sentinels, the one primary's. For what is asked of each server (`INFO`,
-    /// `CONFIG GET`) and what each must confirm (`WAIT`, `WAITAOF`).
+    /// `CONFIG GET`).
     pub(super) async fn on_every_primary<T: redis::FromRedisValue>(&mut self, cmd: &Cmd) -> Result<Vec<T>, StoreError> {
         match self {
             Connection::Cluster(conn) => {
@@ -303,9 +304,7 @@ impl Connection {
             _ => Ok(vec![cmd.query_async(self).await.map_err(backend)?]),
         }
     }
-}
 
-impl Connection {
     /// Sends `cmd` to the primary of each of `keys`' slots (once per slot), and answers each
     /// reply: on one server or behind Sentinels, the one primary's. For a fence (`WAIT`,
     /// `WAITAOF`), which counts the writes this connection made on the node it is sent to.

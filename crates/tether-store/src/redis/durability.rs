@@ -143,7 +143,7 @@ fn at_least(version: &str, major: u32, minor: u32) -> bool {
 }
 
 /// A configuration value, if Redis lets tether read it: on a cluster, the value every primary
-/// has, or the first that differs from the others' for the check to refuse.
+/// has (primaries that disagree are refused: one of them is not configured as the others).
 async fn config(conn: &mut Connection, name: &str) -> Result<String, StoreError> {
     let answers = conn
         .on_every_primary::<HashMap<String, String>>(redis::cmd("CONFIG").arg("GET").arg(name))
@@ -154,10 +154,13 @@ async fn config(conn: &mut Connection, name: &str) -> Result<String, StoreError>
                      pass --redis-durability none to run without that guarantee"
             ))
         })?;
-    let mut values = answers.into_iter().map(|mut pairs| pairs.remove(name));
-    let first = values.next().flatten();
-    let value = values.find(|value| *value != first).unwrap_or(first);
-    value.ok_or_else(|| refused(format!("Redis has no configuration value {name}")))
+    let mut values: Vec<Option<String>> = answers.into_iter().map(|mut pairs| pairs.remove(name)).collect();
+    values.dedup();
+    match &values[..] {
+        [Some(value)] => Ok(value.clone()),
+        [None] | [] => Err(refused(format!("Redis has no configuration value {name}"))),
+        _ => Err(refused(format!("Redis's primaries disagree on {name} ({values:?}); configure every one the same"))),
+    }
 }
 
 /// Checks that Redis can give what `durability` asks, and returns the fence each acknowledged

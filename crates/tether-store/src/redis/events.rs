@@ -118,8 +118,7 @@ impl EventLog for RedisStore {
                 if let Err(err) = self.fenced(&mut conn, &[&meta(&session), &owned_key(&self.owner)]).await {
                     // Not acknowledged, so the request will not run: its stream ends aborted
                     // rather than wait live for ever.
-                    let mut abort = scripts().abort.key(stream_key(&session, &stream));
-                    abort.arg(notification_prefix(&session, &stream)).arg(&self.owner).arg(self.notify_args(&session));
+                    let abort = self.abort_script(&session, &stream, &self.owner);
                     if let Err(err) = abort.invoke_async::<i64>(&mut conn).await {
                         tracing::warn!(%err, session, stream, "could not abort a request that was not acknowledged");
                     }
@@ -216,9 +215,8 @@ impl EventLog for RedisStore {
                 return Err(StoreError::SessionGone);
             }
             let (session, stream) = (session.as_str(), stream.as_str());
-            let mut abort = scripts().abort.key(stream_key(session, stream));
-            abort.arg(notification_prefix(session, stream)).arg(&self.owner).arg(self.notify_args(session));
-            let _: i64 = abort.invoke_async(&mut conn).await.map_err(backend)?;
+            let _: i64 =
+                self.abort_script(session, stream, &self.owner).invoke_async(&mut conn).await.map_err(backend)?;
             self.retire_stream(&mut conn, session, stream).await;
             self.fenced(&mut conn, &[&meta(session)]).await
         })

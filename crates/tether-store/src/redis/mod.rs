@@ -295,29 +295,26 @@ impl RedisStore {
         };
         for member in &streams {
             let Some((session, stream)) = member.split_once(SEP) else { continue };
-            let aborted: i64 = scripts()
-                .abort
-                .key(stream_key(session, stream))
-                .arg(notification_prefix(session, stream))
-                .arg(&self.owner)
-                .arg(self.notify_args(session))
-                .invoke_async(conn)
-                .await
-                .map_err(backend)?;
+            let aborted: i64 =
+                self.abort_script(session, stream, &self.owner).invoke_async(conn).await.map_err(backend)?;
             if aborted == 1 {
                 let _: i64 = conn.zadd(RETIRING, retiring_stream(session, stream), 0).await.map_err(backend)?;
             }
             let _: i64 = conn.srem(owned_key(&self.owner), member).await.map_err(backend)?;
         }
         for key in &keys {
-            let mut disown = scripts().disown.key(key_record(key));
-            disown.key(owned_keys_key(&self.owner)).arg(&self.owner).arg(key);
-            let _: i64 = disown.invoke_async(conn).await.map_err(backend)?;
+            let _: i64 = self
+                .disown_script(&key_record(key), &owned_keys_key(&self.owner), key)
+                .invoke_async(conn)
+                .await
+                .map_err(backend)?;
         }
         for task in &tasks {
-            let mut disown = scripts().disown.key(task_key(task));
-            disown.key(owned_tasks_key(&self.owner)).arg(&self.owner).arg(task);
-            let _: i64 = disown.invoke_async(conn).await.map_err(backend)?;
+            let _: i64 = self
+                .disown_script(&task_key(task), &owned_tasks_key(&self.owner), task)
+                .invoke_async(conn)
+                .await
+                .map_err(backend)?;
             self.stop_counting(conn, task).await?;
         }
         if !(streams.is_empty() && keys.is_empty() && tasks.is_empty()) {
@@ -339,6 +336,22 @@ impl RedisStore {
 
     fn conn(&self) -> Connection {
         self.redis.clone()
+    }
+
+    /// The script that ends `owner`'s request on `stream` of `session` aborted (if it still runs
+    /// there), announcing the stream's end.
+    fn abort_script(&self, session: &str, stream: &str, owner: &str) -> redis::ScriptInvocation<'static> {
+        let mut abort = scripts().abort.key(stream_key(session, stream));
+        abort.arg(notification_prefix(session, stream)).arg(owner).arg(self.notify_args(session));
+        abort
+    }
+
+    /// The script that leaves `record` (a key's record or a task), unfinished and this process's,
+    /// to nobody, and takes `id` out of this process's `owned` set.
+    fn disown_script(&self, record: &str, owned: &str, id: &str) -> redis::ScriptInvocation<'static> {
+        let mut disown = scripts().disown.key(record);
+        disown.key(owned).arg(&self.owner).arg(id);
+        disown
     }
 
     /// The command messages between replicas are published with: sharded on a cluster, so a

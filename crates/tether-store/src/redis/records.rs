@@ -137,9 +137,7 @@ impl KeyRecords for RedisStore {
         let key = key.to_owned();
         Box::pin(async move {
             let mut conn = self.conn();
-            let mut release = scripts().release.key(key_record(&key));
-            release.key(owned_keys_key(&self.owner)).key(KEYS).arg(&self.owner).arg(&key);
-            let _: i64 = release.invoke_async(&mut conn).await.map_err(backend)?;
+            let _: i64 = self.release_script(&key).invoke_async(&mut conn).await.map_err(backend)?;
             self.held().keys.remove(&key);
             self.fenced(&mut conn, &[RECORDS]).await
         })
@@ -169,13 +167,18 @@ pub(super) async fn key_fields(conn: &mut Connection, key: &str) -> Result<Vec<O
 }
 
 impl RedisStore {
+    /// The script that forgets this process's claim of `key`, whose request never ran.
+    fn release_script(&self, key: &str) -> redis::ScriptInvocation<'static> {
+        let mut release = scripts().release.key(key_record(key));
+        release.key(owned_keys_key(&self.owner)).key(KEYS).arg(&self.owner).arg(key);
+        release
+    }
+
     /// Takes back a claim whose acknowledgement failed (its request never ran); best effort: a
     /// claim left behind is no longer held, so it is given up once Redis is seen to fail over.
     async fn unclaim(&self, conn: &mut Connection, key: &str) {
         self.held().keys.remove(key);
-        let mut release = scripts().release.key(key_record(key));
-        release.key(owned_keys_key(&self.owner)).key(KEYS).arg(&self.owner).arg(key);
-        if let Err(err) = release.invoke_async::<i64>(conn).await {
+        if let Err(err) = self.release_script(key).invoke_async::<i64>(conn).await {
             tracing::warn!(%err, key, "could not take back a claim that was not acknowledged");
         }
     }
@@ -184,8 +187,7 @@ impl RedisStore {
     /// as [`RedisStore::unclaim`].
     async fn disown_key(&self, conn: &mut Connection, key: &str) {
         self.held().keys.remove(key);
-        let mut disown = scripts().disown.key(key_record(key));
-        disown.key(owned_keys_key(&self.owner)).arg(&self.owner).arg(key);
+        let disown = self.disown_script(&key_record(key), &owned_keys_key(&self.owner), key);
         if let Err(err) = disown.invoke_async::<i64>(conn).await {
             tracing::warn!(%err, key, "could not give up a key that was not acknowledged");
         }

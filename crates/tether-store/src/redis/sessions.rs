@@ -211,15 +211,8 @@ impl SessionStore for RedisStore {
                 let members: Vec<String> = conn.smembers(owned_key(&owner)).await.map_err(backend)?;
                 for member in members {
                     let Some((session, stream)) = member.split_once(SEP) else { continue };
-                    let aborted: i64 = scripts()
-                        .abort
-                        .key(stream_key(session, stream))
-                        .arg(notification_prefix(session, stream))
-                        .arg(&owner)
-                        .arg(self.notify_args(session))
-                        .invoke_async(&mut conn)
-                        .await
-                        .map_err(backend)?;
+                    let aborted: i64 =
+                        self.abort_script(session, stream, &owner).invoke_async(&mut conn).await.map_err(backend)?;
                     if aborted == 1 {
                         let _: i64 = conn.zadd(RETIRING, retiring_stream(session, stream), 0).await.map_err(backend)?;
                     }

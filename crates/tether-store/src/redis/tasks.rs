@@ -79,8 +79,7 @@ impl TaskStore for RedisStore {
             if let Err(err) = self.fenced(&mut conn, &[TASKS]).await {
                 // Not acknowledged, so it will not run: nobody's, and no longer counted.
                 self.held().tasks.remove(&id);
-                let mut disown = scripts().disown.key(task_key(&id));
-                disown.key(owned_tasks_key(&self.owner)).arg(&self.owner).arg(&id);
+                let disown = self.disown_script(&task_key(&id), &owned_tasks_key(&self.owner), &id);
                 if let Err(err) = disown.invoke_async::<i64>(&mut conn).await {
                     tracing::warn!(%err, task = id, "could not give up a task that was not acknowledged");
                 }
