@@ -333,6 +333,18 @@ async fn every_divergence_is_reported_and_leaves_the_outcome_unknown() {
     }
 }
 
+/// A resume the server cannot answer now (503: its store fails over) proves nothing: it is tried
+/// again, and the next resume continues the stream, with no divergence and one session.
+#[tokio::test]
+async fn a_resume_answered_unavailable_is_tried_again_not_taken_for_a_lost_session() {
+    let resumes = vec![Resume::Status(503), Resume::Stream(vec![event(3), result(4)])];
+    let seen = run(cut_after_two(), resumes, |_| {}).await;
+    assert_eq!(seen.events, strings(&["message 1", "message 2", "resumed continuous", "message 3"]));
+    assert_eq!(seen.outcome.expect("the result")["done"], true);
+    assert_eq!(seen.cursors, [id(2), id(2)], "both resumes from the last event delivered");
+    assert_eq!(seen.initializes, 1, "the session was kept");
+}
+
 /// The application is told what it lost as values it can match on, not only as a kind: a gap
 /// names exactly the events that never arrived.
 #[tokio::test]
