@@ -374,7 +374,10 @@ async fn what_a_failed_fence_leaves_is_taken_back_not_left_running() {
         assert!(std::time::Instant::now() < deadline, "the replica never came online");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let durability = tether_store::RedisDurability::Replicated { replicas: 1, timeout_ms: 200 };
+    // Online is not yet acknowledging: on a loaded machine the first acknowledgement can take
+    // longer than the fence's timeout, so wait for one before the store's first fenced write.
+    assert_eq!(primary.command(&["WAIT", "1", "1500"]).await, ":1", "the replica never acknowledged");
+    let durability = tether_store::RedisDurability::Replicated { replicas: 1, timeout_ms: 1_000 };
     let store =
         RedisStore::open(&primary.url, suite::retention(), &replica("owner-a"), durability).await.expect("connect");
     let epoch = suite::epoch('E');
