@@ -267,8 +267,29 @@ impl RedisSentinels {
 
     /// `redis+sentinel://` and the Sentinels, then the primary's name.
     pub fn url(&self) -> String {
+        self.url_as("")
+    }
+
+    /// [`RedisSentinels::url`] with `credentials` (`user:password@`, or empty) before the nodes.
+    pub fn url_as(&self, credentials: &str) -> String {
         let sentinels: Vec<String> = self.sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port)).collect();
-        format!("redis+sentinel://{}/{SENTINEL_PRIMARY}", sentinels.join(","))
+        format!("redis+sentinel://{credentials}{}/{SENTINEL_PRIMARY}", sentinels.join(","))
+    }
+
+    /// Adds the ACL user `name` with `password`, allowed everything, to every server and every
+    /// Sentinel (the default user stays as it was, so this kit's own commands still work).
+    pub async fn add_user(&self, name: &str, password: &str) {
+        let password = format!(">{password}");
+        let ports = self.servers.iter().map(RedisServer::port).chain(self.sentinels.iter().map(|s| s.port));
+        for port in ports {
+            let added = command(port, &["ACL", "SETUSER", name, "on", &password, "~*", "&*", "+@all"]).await;
+            assert_eq!(added.as_deref(), Some("+OK"), "ACL SETUSER on {port}");
+        }
+    }
+
+    /// What `CLIENT LIST` says of the connections to the primary the Sentinels name.
+    pub async fn primary_clients(&self) -> String {
+        command(self.primary_port().await, &["CLIENT", "LIST"]).await.expect("the primary answers")
     }
 
     /// The port of the primary, as the first Sentinel names it.

@@ -9,8 +9,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::sentinel::{SentinelClient, SentinelServerType};
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{Cmd, IntoConnectionInfo as _, Pipeline, RedisError, RedisFuture, Value};
 
 use super::backend;
 use crate::StoreError;
@@ -139,8 +139,14 @@ impl Deployment {
 }
 
 /// A client of `sentinels` that asks them for the primary they call `primary`.
+/// The URL's credentials, like its nodes' addresses, are the Sentinels'; they are the primary's
+/// too (and its replicas'), so that a password-protected deployment is one URL.
 fn sentinel_client(sentinels: &[String], primary: &str) -> Result<SentinelClient, StoreError> {
-    SentinelClient::build(sentinels.to_vec(), primary.to_owned(), None, SentinelServerType::Master).map_err(backend)
+    let first = sentinels.first().ok_or_else(|| backend("no Sentinel named"))?;
+    let credentials = first.as_str().into_connection_info().map_err(backend)?.redis_settings().clone();
+    let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(credentials);
+    SentinelClient::build(sentinels.to_vec(), primary.to_owned(), Some(node), SentinelServerType::Master)
+        .map_err(backend)
 }
 
 /// A connection to the primary the Sentinels name now (they are asked, and it is checked to
