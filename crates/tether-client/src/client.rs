@@ -260,6 +260,14 @@ impl Client {
                 Err(RequestError::Rpc(error)) if error.reason() == Some("store_unavailable") => {
                     Err(RequestError::OutcomeUnknown(format!("the server's store was unavailable ({})", error.message)))
                 }
+                // Refused "not now" without a reason to read (a balancer's 503, a gateway's 504
+                // after the request went on, a body cut on the way): it may have run, and the key
+                // makes a re-send safe.
+                Err(RequestError::Client(ClientError::Refused { status, message }))
+                    if tether_core::lineage::is_unavailable(status) =>
+                {
+                    Err(RequestError::OutcomeUnknown(format!("the server answered {status}: {message}")))
+                }
                 outcome => outcome,
             };
             let (ended, reason) = match &outcome {

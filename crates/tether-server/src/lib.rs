@@ -25,6 +25,7 @@ mod handler;
 mod http;
 mod ids;
 mod listen;
+mod persist;
 mod reader;
 mod refusal;
 pub mod relay;

@@ -270,7 +270,11 @@ pub(crate) async fn finish(shared: &ServerState, id: &TaskId, outcome: Option<Re
         None => "cancelled",
     };
     let change = outcome.map_or(TaskChange::Cancel, TaskChange::Finish);
-    if let Err(err) = shared.task_runners.update(shared.store.as_ref(), id, change).await {
+    let store = shared.store.as_ref();
+    let ended =
+        crate::persist::until_stored("how a task ended", || shared.task_runners.update(store, id, change.clone()))
+            .await;
+    if let Err(err) = ended {
         tracing::error!(%err, task = %id, "could not record how a task ended");
     }
     crate::telemetry::task_ended(status);

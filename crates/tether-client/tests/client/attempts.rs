@@ -53,6 +53,15 @@ fn unavailable_then_result(calls: u32, request: &Value) -> String {
     }
 }
 
+/// The first `tools/call` is answered 502 by something in front of the server, with a body that
+/// is no JSON-RPC (a balancer's page), the next gets its result.
+fn bad_gateway_then_result(calls: u32, request: &Value) -> String {
+    match calls {
+        1 => response("502 Bad Gateway", "Content-Type: text/html\r\n", "<html>bad gateway</html>"),
+        _ => unavailable_then_result(calls, request),
+    }
+}
+
 /// Answers everything the client sends: the handshake offers idempotency keys, and each
 /// `tools/call` is answered as `script` says. Bounded in connections.
 async fn server(listener: TcpListener, script: Script) {
@@ -131,4 +140,12 @@ async fn a_keyed_call_refused_while_the_store_is_unavailable_is_re_sent_until_it
     assert_eq!(outcome.expect("the result")["ran"], 2, "the re-sent call's result");
     assert_eq!(reissues.len(), 1, "{reissues:?}");
     assert!(reissues[0].1.contains("store was unavailable"), "{reissues:?}");
+}
+
+#[tokio::test]
+async fn a_keyed_call_refused_not_now_by_something_in_front_of_the_server_is_re_sent() {
+    let (outcome, reissues) = call_keyed(Script { call: bad_gateway_then_result, refuse_first_handshake: false }).await;
+    assert_eq!(outcome.expect("the result")["ran"], 2, "the re-sent call's result");
+    assert_eq!(reissues.len(), 1, "{reissues:?}");
+    assert!(reissues[0].1.contains("502"), "{reissues:?}");
 }

@@ -210,15 +210,17 @@ pub enum Verdict {
     },
 }
 
-/// Whether an HTTP `status` says "not now" rather than anything about the session.
-fn unavailable(status: u16) -> bool {
+/// Whether an HTTP `status` says "not now" (429, 502, 503, 504: the server, or one before it,
+/// cannot serve the request at the moment) rather than anything about the session or the
+/// request: a resume answered so is tried again, and a keyed request re-sent.
+pub fn is_unavailable(status: u16) -> bool {
     matches!(status, 429 | 502 | 503 | 504)
 }
 
 /// Judges a reconnect against the checkpoint (seed 000's decision procedure).
 pub fn client_verdict(checkpoint: &Checkpoint, reconnect: &Reconnect<'_>) -> Verdict {
     let diverged = Verdict::Diverged;
-    if unavailable(reconnect.status) {
+    if is_unavailable(reconnect.status) {
         return Verdict::Unavailable {
             status: reconnect.status,
         };

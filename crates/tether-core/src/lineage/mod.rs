@@ -16,7 +16,7 @@ mod task_stream;
 
 pub use client::{
     Accepted, Checkpoint, Divergence, FirstEvent, Reconnect, StreamValidator, Unverifiable,
-    Verdict, client_verdict,
+    Verdict, client_verdict, is_unavailable,
 };
 pub use digest::{Digest, DigestParseError};
 pub use id::{

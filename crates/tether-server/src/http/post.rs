@@ -207,7 +207,11 @@ impl Drop for BatchEnd {
             for task in tasks {
                 let _ = task.await;
             }
-            if let Err(err) = store.end_stream(&runtime.id, &runtime.epoch, &stream).await {
+            let ended = crate::persist::until_stored("the end of a batch's stream", || {
+                store.end_stream(&runtime.id, &runtime.epoch, &stream)
+            })
+            .await;
+            if let Err(err) = ended {
                 tracing::debug!(%err, "ending a batch's stream");
             }
         });

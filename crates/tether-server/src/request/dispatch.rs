@@ -732,8 +732,9 @@ async fn run(
 /// Ends a request with its response, the one terminal event every request's stream gets (a
 /// cancelled request's is the `request_cancelled` error), recording it as the outcome of its
 /// idempotency key `record` if it has one: with the response, in the same store step, on a
-/// session stream. If the response cannot be written there, the stream is ended as aborted
-/// instead, so that nobody waits for it, and the key gets the outcome on its own.
+/// session stream. If the response cannot be written there, the key gets the outcome on its
+/// own, and then the stream is ended as aborted, so that nobody waits for it: in that order,
+/// since a store that keeps refusing the abort must not keep the key's re-sends waiting too.
 async fn end(shared: &ServerState, ctx: &Context, response: Response, record: Option<String>) {
     let answer = if response.outcome.is_ok() { "result" } else { "error" };
     let status = Refusal::stateless_status(&response.outcome);
@@ -743,18 +744,18 @@ async fn end(shared: &ServerState, ctx: &Context, response: Response, record: Op
     if let Err(err) = &written {
         tracing::debug!(%err, "final response not delivered");
     }
-    let unrecorded = match lifecycle::after_response(written.is_ok()) {
+    let abort = match lifecycle::after_response(written.is_ok()) {
         lifecycle::AfterResponse::Ended => {
             tracing::debug!(answer, "answered");
-            (!stored).then_some(response)
+            false
         }
-        lifecycle::AfterResponse::AbortStream => {
-            ctx.abort_stream().await;
-            Some(response)
-        }
+        lifecycle::AfterResponse::AbortStream => true,
     };
-    if let (Some(key), Some(outcome)) = (record, unrecorded) {
-        idempotency::finish(shared.store.as_ref(), &key, outcome).await;
+    if let Some(key) = record.filter(|_| abort || !stored) {
+        idempotency::finish(shared.store.as_ref(), &key, response).await;
+    }
+    if abort {
+        ctx.abort_stream().await;
     }
 }
 

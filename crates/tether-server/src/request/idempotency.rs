@@ -276,23 +276,14 @@ fn next_pause(pause: Duration) -> Duration {
     (pause * 2).min(MAX_POLL)
 }
 
-/// How often recording a keyed request's outcome is tried before it is given up.
-const FINISH_TRIES: u32 = 10;
-
-/// Records `outcome` as the outcome of this process's claim of `key`, trying again while the
-/// store fails (about five seconds): a key left running by a live process keeps every re-send
-/// waiting for an outcome that never comes.
+/// Records `outcome` as the outcome of this process's claim of `key`, trying until the store
+/// takes it: a key left running by a live process keeps every re-send waiting.
 pub(crate) async fn finish(store: &dyn Store, key: &str, outcome: Bytes) {
-    let mut pause = Duration::from_millis(50);
-    for _ in 0..FINISH_TRIES {
-        match store.finish_key(key, outcome.clone()).await {
-            Ok(()) => return,
-            Err(err) => tracing::warn!(%err, "could not record a keyed request's outcome; trying again"),
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(1));
+    if let Err(err) =
+        crate::persist::until_stored("a keyed request's outcome", || store.finish_key(key, outcome.clone())).await
+    {
+        tracing::error!(%err, "could not record a keyed request's outcome");
     }
-    tracing::error!("gave up recording a keyed request's outcome: its re-sends wait until this process stops");
 }
 
 /// A key this process claimed for a request that is not running yet. Dropped before the request
@@ -385,7 +376,8 @@ mod tests {
         assert_eq!(decode(b"{}").map_err(|e| e.reason().map(str::to_owned)), Err(Some("store_failed".into())));
     }
 
-    /// A store that fails the first finishes of a key does not leave the key running: the
+    /// A store that fails the finishes of a key for longer than a fenced write is refused in a
+    /// failover (twenty failures, about sixteen seconds) does not leave the key running: the
     /// outcome is recorded once the store takes it (paused clock: the pauses between tries).
     #[tokio::test(start_paused = true)]
     async fn an_outcome_is_recorded_through_failures_of_the_store() {
@@ -394,14 +386,10 @@ mod tests {
         let claim =
             KeyClaim { key: "k".into(), params_digest: "d".into(), stream: None, now_ms: 1, acknowledged: None };
         assert!(matches!(store.claim_key(claim).await, Ok(Claim::Claimed(_))));
-        store.fail(Call::FinishKey, 0, FINISH_TRIES - 1);
+        store.fail(Call::FinishKey, 0, 20);
         let outcome = encode(&Ok(json!({"done": true})));
-        let started = tokio::time::Instant::now();
         finish(&store, "k", outcome.clone()).await;
-        assert_eq!(store.calls(Call::FinishKey), FINISH_TRIES, "tried until the store took it");
-        // The pauses double from 50 ms up to a second: about five seconds of tries in all.
-        let pauses = [50, 100, 200, 400, 800, 1_000, 1_000, 1_000, 1_000];
-        assert_eq!(started.elapsed(), Duration::from_millis(pauses.iter().sum()));
+        assert_eq!(store.calls(Call::FinishKey), 21, "tried until the store took it");
         assert_eq!(store.key_state("k", 2).await, Ok(Some(KeyState::Finished(outcome))));
     }
 

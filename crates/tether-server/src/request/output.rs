@@ -165,13 +165,17 @@ impl Sink {
     }
 
     /// Ends the output's stream as aborted: its readers end it with a `request_aborted` notice
-    /// instead of waiting for a response it will not get. A direct output ends with its
-    /// connection.
+    /// instead of waiting for a response it will not get (tried until the store takes it). A
+    /// direct output ends with its connection.
     pub(crate) async fn abort(&self) {
-        if let Sink::Stored(sink) = self
-            && let Err(err) = sink.store.abort_stream(&sink.runtime.id, &sink.runtime.epoch, &sink.stream).await
-        {
-            tracing::warn!(%err, stream = %sink.stream, "could not end a request's stream that will not get its response");
+        let Sink::Stored(sink) = self else { return };
+        let (id, epoch, stream) = (&sink.runtime.id, &sink.runtime.epoch, &sink.stream);
+        let aborted = crate::persist::until_stored("the abort of a request's stream", || {
+            sink.store.abort_stream(id, epoch, stream)
+        })
+        .await;
+        if let Err(err) = aborted {
+            tracing::debug!(%err, %stream, "a request's stream that will not get its response was not aborted");
         }
     }
 

@@ -167,9 +167,9 @@ async fn a_final_response_the_store_refuses_ends_the_stream_as_aborted() {
     }
 }
 
-/// (2) and (3): a keyed request whose response the store refuses, and whose stream cannot even
-/// be aborted, keeps its outcome in its key's record; a re-send, which follows the stream that
-/// never ends, gets that outcome from the record.
+/// (2) and (3): a keyed request whose response the store refuses, and whose stream the store
+/// will not let it abort (it keeps trying), keeps its outcome in its key's record first; a
+/// re-send, which follows the stream that does not end, gets that outcome from the record.
 #[tokio::test]
 async fn a_resend_following_a_stream_that_never_ends_gets_the_recorded_outcome() {
     for (name, store, dir) in stores("never-ends") {
@@ -177,7 +177,7 @@ async fn a_resend_following_a_stream_that_never_ends_gets_the_recorded_outcome()
         let client = Client::new(&server);
         let session = client.initialize("2025-06-18").await;
         store.fail_nth(Call::AppendFinal, 1);
-        store.fail_nth(Call::AbortStream, 1);
+        store.fail(Call::AbortStream, 0, 1_000);
         let hold = store.hold_next(Call::AppendFinal);
         let original = tokio::spawn(client.post(Some(&session), &call(1, "quick", json!({}), Some(KEY))).send());
         tokio::time::timeout(WAIT, hold.reached()).await.expect("the original is writing its response");
