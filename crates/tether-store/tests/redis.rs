@@ -359,15 +359,12 @@ async fn a_replica_gives_up_what_a_redis_restarted_from_a_snapshot_says_it_still
     assert!(matches!(key, Some(KeyState::Running { abandoned: true, .. })), "{key:?}");
 }
 
-/// A write whose fence fails (its replica is gone, so `WAIT` times out) is not acknowledged, so
-/// nothing of it may stay behind as if it ran: a claim is taken back (a re-send claims the key
-/// anew instead of waiting on a request nobody runs), and a begun request's stream ends aborted
-/// (instead of waiting live for ever).
-#[tokio::test]
-async fn what_a_failed_fence_leaves_is_taken_back_not_left_running() {
+/// A primary with a replica that acknowledges writes, and a store on the primary whose every
+/// write must reach the replica within a second.
+async fn fenced_by_a_replica() -> (RedisServer, RedisServer, RedisStore) {
     let primary = RedisServer::start().await;
-    let port = primary.url.trim_start_matches("redis://127.0.0.1:").trim_end_matches('/').to_owned();
-    let mut follower =
+    let port = primary.port().to_string();
+    let follower =
         RedisServer::start_with(&["--save", "", "--appendonly", "no", "--replicaof", "127.0.0.1", &port]).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !primary.command(&["INFO", "replication"]).await.contains("state=online") {
@@ -380,6 +377,16 @@ async fn what_a_failed_fence_leaves_is_taken_back_not_left_running() {
     let durability = tether_store::RedisDurability::Replicated { replicas: 1, timeout_ms: 1_000 };
     let store =
         RedisStore::open(&primary.url, suite::retention(), &replica("owner-a"), durability).await.expect("connect");
+    (primary, follower, store)
+}
+
+/// A write whose fence fails (its replica is gone, so `WAIT` times out) is not acknowledged, so
+/// nothing of it may stay behind as if it ran: a claim is taken back (a re-send claims the key
+/// anew instead of waiting on a request nobody runs), and a begun request's stream ends aborted
+/// (instead of waiting live for ever).
+#[tokio::test]
+async fn what_a_failed_fence_leaves_is_taken_back_not_left_running() {
+    let (_primary, mut follower, store) = fenced_by_a_replica().await;
     let epoch = suite::epoch('E');
     let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("s", epoch.clone(), 0) };
     store.create_session(record, usize::MAX).await.expect("create, fenced by the replica");
@@ -393,4 +400,23 @@ async fn what_a_failed_fence_leaves_is_taken_back_not_left_running() {
     assert!(begun.is_err(), "the fence failed: {begun:?}");
     let range = store.stream_range(&suite::sid("s"), &stream).await.expect("range").expect("the stream");
     assert_eq!(range.state, StreamState::Aborted, "the request that will not run ends aborted");
+}
+
+/// A task's end whose fence fails is not acknowledged by a second try that finds the task ended
+/// already: that try fences too, so a writer that tries until the store takes its write (the
+/// server's) goes on until a replica has it.
+#[tokio::test]
+async fn a_task_end_tried_again_after_its_fence_failed_is_fenced_too() {
+    use tether_core::tasks::{TaskChange, TaskRecord};
+    use tether_store::TaskStore as _;
+    let (_primary, mut follower, store) = fenced_by_a_replica().await;
+    let id = tether_core::tasks::TaskId::parse("t1").expect("a task id");
+    let task = TaskRecord::new(id.clone(), None, 1_000, Some(60_000), None);
+    store.create_task(task, None, TaskLimits::NONE).await.expect("create, fenced by the replica");
+    follower.kill().await;
+
+    let finish = || TaskChange::Finish(Ok(serde_json::json!({"content": []})));
+    assert!(store.update_task(&id, finish(), 1_100).await.is_err(), "the fence failed");
+    let again = store.update_task(&id, finish(), 1_200).await;
+    assert!(again.is_err(), "a second try is not acknowledged while no replica has the end: {again:?}");
 }

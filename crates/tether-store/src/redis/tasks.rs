@@ -111,6 +111,9 @@ impl TaskStore for RedisStore {
             for _ in 0..TASK_SWAPS {
                 let Some((read, mut stored)) = self.read_task(&mut conn, &id, now_ms).await? else { return Ok(None) };
                 if !stored.record.apply(change.clone(), now_ms) {
+                    // Nothing to change, perhaps because an earlier try changed it and then
+                    // failed its fence: what is read is acknowledged only once fenced.
+                    self.fenced(&mut conn, &[TASKS]).await?;
                     return Ok(Some((stored, false)));
                 }
                 let swapped: i64 = scripts()
