@@ -412,9 +412,10 @@ impl Session {
     /// A session can be gone before `notifications/initialized` reaches it (a balancer sent it
     /// to a replica that never had the session, or it expired): then the handshake starts over,
     /// at most `HANDSHAKE_ATTEMPTS` times.
-    /// A server that cannot be reached, or answers that it cannot serve now (503: its store
-    /// fails over, it drains), is tried again within the reconnect backoff: a restart must not
-    /// end the client. One whose certificate is not trusted is not tried again.
+    /// A server that cannot be reached, or answers that it cannot serve now (429, 502, 503, 504:
+    /// its store fails over, it drains, a proxy has no upstream), is tried again within the
+    /// reconnect backoff: a restart must not end the client. One whose certificate is not
+    /// trusted is not tried again.
     pub async fn initialize(self: &Arc<Self>) -> Result<String, ClientError> {
         let mut attempt = 1;
         let mut unreachable = Attempts::new(self.config.backoff);
@@ -429,11 +430,7 @@ impl Session {
             };
             match outcome {
                 Err(ClientError::Refused { status: 404, .. }) if attempt < HANDSHAKE_ATTEMPTS => attempt += 1,
-                Err(
-                    err @ (ClientError::Transport(_)
-                    | ClientError::NotSent(_)
-                    | ClientError::Refused { status: 503, .. }),
-                ) => {
+                Err(err) if not_now(&err) => {
                     let delay = unreachable.next_delay(None, None);
                     // A wait that would end past the timeout is no attempt: the cause is now.
                     match delay.filter(|delay| give_up.is_none_or(|at| tokio::time::Instant::now() + *delay < at)) {
@@ -715,6 +712,16 @@ async fn first_response(mut reader: Box<SseReader>, id: &RequestId) -> Result<Re
         }
     }
     Err(ClientError::Protocol("the stream ended before the response".into()))
+}
+
+/// Whether `err` says the server cannot be reached or cannot serve now, rather than anything
+/// about the request: a handshake failing so is tried again.
+fn not_now(err: &ClientError) -> bool {
+    match err {
+        ClientError::Transport(_) | ClientError::NotSent(_) => true,
+        ClientError::Refused { status, .. } => tether_core::lineage::is_unavailable(*status),
+        _ => false,
+    }
 }
 
 pub(crate) fn refused(head: &Head, body: &Bytes) -> ClientError {
