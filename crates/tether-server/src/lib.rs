@@ -40,7 +40,10 @@ pub mod trace;
 
 use tether_core::mcp::ProtocolVersion;
 
-pub use auth::{Authenticator, BearerToken, TokensError};
+pub use auth::{
+    Authentication, Authenticator, BearerToken, FetchFuture, Grant, Identity, Jwt, JwtConfig, KeySetSource,
+    MAX_KEY_SET_BYTES, ProtectedResource, ResourceError, TokensError, Unauthenticated,
+};
 pub use config::{ServerConfig, parse_duration};
 pub use connection::{ConnectionLimits, serve, serve_connection, serve_tls};
 pub use drain::{Drain, NotReady, Readiness, health_router};

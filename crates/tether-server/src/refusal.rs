@@ -51,6 +51,10 @@ pub enum Refusal {
     HostNotAllowed,
     /// Missing or wrong credentials.
     Unauthorized,
+    /// A token without a scope the tool it calls requires.
+    InsufficientScope,
+    /// The authorization server's keys, needed to verify a token, could not be fetched.
+    KeysUnavailable,
     /// As many sessions as allowed are live.
     TooManySessions,
     /// As many connections as allowed are open.
@@ -145,7 +149,7 @@ pub enum Refusal {
 
 impl Refusal {
     /// Every refusal.
-    pub const ALL: [Refusal; 63] = [
+    pub const ALL: [Refusal; 65] = [
         Refusal::ParseError,
         Refusal::InvalidMessage,
         Refusal::BatchNotAllowed,
@@ -167,6 +171,8 @@ impl Refusal {
         Refusal::OriginNotAllowed,
         Refusal::HostNotAllowed,
         Refusal::Unauthorized,
+        Refusal::InsufficientScope,
+        Refusal::KeysUnavailable,
         Refusal::TooManySessions,
         Refusal::TooManyConnections,
         Refusal::TooManyStreams,
@@ -233,11 +239,12 @@ impl Refusal {
             Refusal::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Refusal::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Refusal::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            Refusal::OriginNotAllowed | Refusal::HostNotAllowed => StatusCode::FORBIDDEN,
+            Refusal::OriginNotAllowed | Refusal::HostNotAllowed | Refusal::InsufficientScope => StatusCode::FORBIDDEN,
             Refusal::Unauthorized => StatusCode::UNAUTHORIZED,
             Refusal::TooManySessions
             | Refusal::TooManyConnections
             | Refusal::StoreUnavailable
+            | Refusal::KeysUnavailable
             | Refusal::NotReady
             | Refusal::Draining => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::TooManyStreams | Refusal::TooManyTasks => StatusCode::TOO_MANY_REQUESTS,
@@ -322,6 +329,8 @@ impl Refusal {
             | Refusal::OriginNotAllowed
             | Refusal::HostNotAllowed
             | Refusal::Unauthorized
+            | Refusal::InsufficientScope
+            | Refusal::KeysUnavailable
             | Refusal::TooManySessions
             | Refusal::TooManyConnections
             | Refusal::TooManyStreams
@@ -372,6 +381,8 @@ impl Refusal {
             Refusal::OriginNotAllowed => "origin_not_allowed",
             Refusal::HostNotAllowed => "host_not_allowed",
             Refusal::Unauthorized => "unauthorized",
+            Refusal::InsufficientScope => "insufficient_scope",
+            Refusal::KeysUnavailable => "keys_unavailable",
             Refusal::TooManySessions => "too_many_sessions",
             Refusal::TooManyConnections => "too_many_connections",
             Refusal::TooManyStreams => "too_many_streams",

@@ -1,12 +1,13 @@
 //! Checks every request passes before anything else looks at it: origin, host, credentials,
 //! media types and protocol version.
 
-use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, ORIGIN, WWW_AUTHENTICATE};
+use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, ORIGIN, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderValue, Uri};
-use serde_json::json;
-use tether_core::mcp::{Era, ProtocolVersion, header};
+use serde_json::{Value, json};
+use tether_core::jsonrpc::Request;
+use tether_core::mcp::{Era, ProtocolVersion, header, method};
 
-use crate::auth::Authenticator;
+use crate::auth::{Authenticator, Identity, ProtectedResource, Unauthenticated};
 use crate::config::ServerConfig;
 use crate::excerpt::quoted;
 use crate::refusal::{Refusal, Rejection};
@@ -61,15 +62,84 @@ pub(crate) fn origin_and_host(uri: &Uri, headers: &HeaderMap, config: &ServerCon
     Ok(())
 }
 
-/// The caller's principal, or 401 when authentication is required and missing or wrong.
-pub(crate) fn authenticate(headers: &HeaderMap, auth: Option<&dyn Authenticator>) -> Result<Option<String>, Rejection> {
+/// The caller's identity, or 401 when authentication is required and missing or wrong (503
+/// when the keys that would verify it cannot be fetched: the same token may pass in a moment).
+pub(crate) async fn authenticate(
+    headers: &HeaderMap,
+    auth: Option<&dyn Authenticator>,
+) -> Result<Option<Identity>, Rejection> {
     let Some(auth) = auth else { return Ok(None) };
     let credentials = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
-    auth.authenticate(credentials).map(Some).ok_or_else(|| {
-        Refusal::Unauthorized
-            .with("missing or invalid bearer token")
-            .with_header(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))
+    let refused = match auth.authenticate(credentials).await {
+        Ok(identity) => return Ok(Some(identity)),
+        Err(refused) => refused,
+    };
+    let metadata = auth.protected_resource().map(ProtectedResource::metadata_url);
+    let metadata = metadata.map(|url| ("resource_metadata", url));
+    Err(match &refused {
+        Unauthenticated::Missing => Refusal::Unauthorized
+            .with("a bearer token is required")
+            .with_header(WWW_AUTHENTICATE, challenge(metadata.into_iter())),
+        Unauthenticated::Invalid(why) => {
+            let said = [("error", "invalid_token"), ("error_description", why.as_str())];
+            Refusal::Unauthorized
+                .with(format!("invalid bearer token: {why}"))
+                .with_header(WWW_AUTHENTICATE, challenge(metadata.into_iter().chain(said)))
+        }
+        Unauthenticated::KeysUnavailable(_) => Refusal::KeysUnavailable
+            .with(format!("{refused}; try again later"))
+            .with_header(RETRY_AFTER, HeaderValue::from_static("1")),
     })
+}
+
+/// 403 `insufficient_scope` when `request` calls a tool that requires a scope the caller's
+/// grant lacks, naming the scopes the tool requires (RFC 6750 §3.1), so that the client can ask
+/// for them and send the request again.
+pub(crate) fn authorize(
+    auth: Option<&dyn Authenticator>,
+    caller: Option<&Identity>,
+    request: &Request,
+) -> Result<(), Rejection> {
+    let (Some(resource), Some(caller)) = (auth.and_then(|auth| auth.protected_resource()), caller) else {
+        return Ok(());
+    };
+    if request.method != method::TOOLS_CALL {
+        return Ok(());
+    }
+    let tool = request.params.as_ref().and_then(|params| params.get("name")).and_then(Value::as_str).unwrap_or("");
+    let required = resource.scopes_for(tool);
+    let lacking = caller.grant.lacks(required);
+    if lacking.is_empty() {
+        return Ok(());
+    }
+    let message = format!("calling the tool {} requires the scope {}", quoted(tool), lacking.join(" "));
+    let scope = required.join(" ");
+    let said = [
+        ("error", "insufficient_scope"),
+        ("scope", scope.as_str()),
+        ("resource_metadata", resource.metadata_url()),
+        ("error_description", message.as_str()),
+    ];
+    Err(Refusal::InsufficientScope
+        .with(message.clone())
+        .with_header(WWW_AUTHENTICATE, challenge(said.into_iter()))
+        .with_data("scope", json!(scope))
+        .with_id(Some(request.id.clone())))
+}
+
+/// A `Bearer` challenge (RFC 6750 §3) with `params` as quoted strings; a character a quoted
+/// string cannot hold (a quote, a backslash, a control) is left out.
+fn challenge<'a>(params: impl Iterator<Item = (&'a str, &'a str)>) -> HeaderValue {
+    let mut value = String::from("Bearer");
+    for (i, (name, said)) in params.enumerate() {
+        value.push_str(if i == 0 { " " } else { ", " });
+        value.push_str(name);
+        value.push_str("=\"");
+        value.extend(said.chars().filter(|c| (' '..='~').contains(c) && !matches!(c, '"' | '\\')));
+        value.push('"');
+    }
+    // Only visible ASCII and spaces were written.
+    HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("Bearer"))
 }
 
 /// Which of the two media types MCP responds with an `Accept` header admits.

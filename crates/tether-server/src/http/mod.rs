@@ -27,7 +27,17 @@ use crate::session::{SessionRuntime, service};
 use guard::HeaderVersion;
 
 pub(crate) fn router(path: &str, shared: Arc<ServerState>) -> Router {
-    Router::new().route(path, axum::routing::any(endpoint)).with_state(shared)
+    let mut router = Router::new().route(path, axum::routing::any(endpoint));
+    if let Some(resource) = shared.auth.as_deref().and_then(|auth| auth.protected_resource()) {
+        // RFC 9728 §3: the metadata is public, so any origin may read it.
+        let document = Bytes::from(resource.document().to_string());
+        let metadata = move || {
+            let cors = (http::header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+            std::future::ready(json_response(StatusCode::OK, document.clone(), [cors]))
+        };
+        router = router.route(resource.metadata_path(), axum::routing::get(metadata));
+    }
+    router.with_state(shared)
 }
 
 async fn endpoint(State(shared): State<Arc<ServerState>>, request: axum::extract::Request) -> Response {
@@ -47,23 +57,23 @@ async fn endpoint(State(shared): State<Arc<ServerState>>, request: axum::extract
 async fn handle(shared: Arc<ServerState>, request: axum::extract::Request) -> Result<Response, Rejection> {
     let (parts, body) = request.into_parts();
     guard::origin_and_host(&parts.uri, &parts.headers, &shared.config)?;
-    let principal = guard::authenticate(&parts.headers, shared.auth.as_deref())?;
+    let caller = guard::authenticate(&parts.headers, shared.auth.as_deref()).await?;
     let version = guard::protocol_version(&parts.headers)?;
     let sessionful = matches!(version, HeaderVersion::Absent | HeaderVersion::Sessionful(_));
     match (parts.method.clone(), version) {
         // An unsupported version is answered the 2026-07-28 way, which needs the body.
         (Method::POST, HeaderVersion::Stateless(v)) => {
-            stateless::post(&shared, &parts.headers, body, principal, Ok(v)).await
+            stateless::post(&shared, &parts.headers, body, caller, Ok(v)).await
         }
         (Method::POST, HeaderVersion::Unsupported(v)) => {
-            stateless::post(&shared, &parts.headers, body, principal, Err(&v)).await
+            stateless::post(&shared, &parts.headers, body, caller, Err(&v)).await
         }
-        (Method::POST, _) => post::post(&shared, &parts.headers, body, principal).await,
+        (Method::POST, _) => post::post(&shared, &parts.headers, body, caller).await,
         (Method::GET | Method::DELETE, HeaderVersion::Unsupported(v)) => Err(guard::unsupported_version(&v)),
         // 2026-07-28 has no GET stream and no sessions to delete.
         (Method::GET | Method::DELETE, _) if !sessionful => Err(Rejection::method_not_allowed("POST")),
-        (Method::GET, _) => get::get(&shared, &parts.headers, principal).await,
-        (Method::DELETE, _) => delete::delete(&shared, &parts.headers, principal).await,
+        (Method::GET, _) => get::get(&shared, &parts.headers, caller.map(|caller| caller.principal)).await,
+        (Method::DELETE, _) => delete::delete(&shared, &parts.headers, caller.map(|caller| caller.principal)).await,
         _ => Err(Rejection::method_not_allowed("GET, POST, DELETE")),
     }
 }

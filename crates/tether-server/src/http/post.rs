@@ -15,6 +15,7 @@ use tether_store::{RelayedAnswer, RequestRecord, SessionRecord};
 
 use super::sse::Connection;
 use super::{accepted, check_load, guard, json_response, live_session, read_body, session_headers, sse};
+use crate::auth::Identity;
 use crate::refusal::{self, Refusal, Rejection};
 use crate::request::context::SessionHandle;
 use crate::request::dispatch::{self, Running, StartedSessionful};
@@ -27,11 +28,21 @@ pub(crate) async fn post(
     shared: &Arc<ServerState>,
     headers: &HeaderMap,
     body: Body,
-    principal: Option<String>,
+    caller: Option<Identity>,
 ) -> Result<Response, Rejection> {
     guard::post_media(headers)?;
     let bytes = read_body(body, &shared.config).await?;
     let parsed = jsonrpc::parse_body(&bytes).map_err(|e| refusal::unparsable(&e))?;
+    let requests = match &parsed {
+        jsonrpc::Body::Single(message) => std::slice::from_ref(message),
+        jsonrpc::Body::Batch(messages) => messages.as_slice(),
+    };
+    // Before anything of the body is acted on: a batch is refused whole.
+    for request in requests.iter().filter_map(|message| if let Message::Request(r) = message { Some(r) } else { None })
+    {
+        guard::authorize(shared.auth.as_deref(), caller.as_ref(), request)?;
+    }
+    let principal = caller.map(|caller| caller.principal);
     let (messages, batch) = match parsed {
         jsonrpc::Body::Single(Message::Request(request)) if request.method == method::INITIALIZE => {
             shared.drain.admit()?;

@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{accepted, guard, json_response, read_body, sse};
+use crate::auth::Identity;
 use crate::excerpt::quoted;
 use crate::refusal::{self, Refusal, Rejection};
 use crate::request::dispatch;
@@ -34,7 +35,7 @@ pub(crate) async fn post(
     shared: &Arc<ServerState>,
     headers: &HeaderMap,
     body: Body,
-    principal: Option<String>,
+    caller: Option<Identity>,
     version: Result<ProtocolVersion, &str>,
 ) -> Result<Response, Rejection> {
     let unsupported = version.err();
@@ -50,6 +51,8 @@ pub(crate) async fn post(
         }
     };
     let id = request.id.clone();
+    guard::authorize(shared.auth.as_deref(), caller.as_ref(), &request)?;
+    let principal = caller.map(|caller| caller.principal);
     // New work waits for another replica, or this one back; what concerns tasks already
     // running is still answered.
     if !matches!(methods::served_by(&request.method), ServedBy::Tasks) {

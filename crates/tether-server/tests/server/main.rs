@@ -1,6 +1,7 @@
 //! Black-box tests of `tether-server` over real loopback HTTP.
 
 mod adoption;
+mod auth;
 mod common;
 mod connections;
 mod idempotency;

@@ -679,9 +679,14 @@ async fn bearer_token_is_required_when_configured() {
 struct Names(AtomicUsize);
 
 impl Authenticator for Names {
-    fn authenticate(&self, authorization: Option<&str>) -> Option<String> {
+    fn authenticate<'a>(&'a self, authorization: Option<&'a str>) -> tether_server::Authentication<'a> {
         self.0.fetch_add(1, Ordering::Relaxed);
-        authorization?.strip_prefix("Bearer ").map(str::to_owned)
+        let name = authorization.and_then(|given| given.strip_prefix("Bearer "));
+        let identity = name.map(|name| tether_server::Identity {
+            principal: name.to_owned(),
+            grant: tether_server::Grant::Everything,
+        });
+        Box::pin(std::future::ready(identity.ok_or(tether_server::Unauthenticated::Missing)))
     }
 }
 
