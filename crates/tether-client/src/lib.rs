@@ -21,6 +21,7 @@ mod follow;
 mod hooks;
 mod http;
 pub mod link;
+pub mod oauth;
 #[cfg(feature = "rmcp")]
 pub mod rmcp;
 mod session;

@@ -9,12 +9,75 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use tether_builtin::BuiltinHandler;
+use tether_client::oauth::KeySetFetcher;
 use tether_core::input_required::StateKey;
 use tether_gateway::upstream::UpstreamHandler;
 use tether_server::{
-    BearerToken, Builder, ConnectionLimits, Drain, Readiness, ServerConfig, ServerTls, health_router, parse_duration,
+    Authenticator, BearerToken, Builder, ConnectionLimits, Drain, FetchFuture, Jwt, JwtConfig, KeySetSource,
+    MAX_KEY_SET_BYTES, ProtectedResource, Readiness, ServerConfig, ServerTls, health_router, parse_duration,
 };
 use tether_store::{CounterStore, KeyRecords as _, MemoryStore, RedisDurability, RedisStore, SqliteStore, Store};
+
+/// The authenticator `--auth` and its flags describe, if any.
+fn authenticator(args: &ServeArgs) -> anyhow::Result<Option<Box<dyn Authenticator>>> {
+    let mode = args.auth.or((!args.auth_token.is_empty()).then_some(AuthMode::Token));
+    let jwt_flags = args.jwt_issuer.is_some()
+        || args.jwt_audience.is_some()
+        || args.jwt_jwks_uri.is_some()
+        || !args.tool_scopes.is_empty();
+    if jwt_flags && mode != Some(AuthMode::Jwt) {
+        anyhow::bail!("--jwt-issuer, --jwt-audience, --jwt-jwks-uri and --tool-scope are for --auth jwt");
+    }
+    match mode {
+        None => Ok(None),
+        Some(AuthMode::Token) => {
+            anyhow::ensure!(!args.auth_token.is_empty(), "--auth token needs at least one --auth-token");
+            let tokens = args.auth_token.iter().map(|given| match given.split_once(':') {
+                Some((principal, token)) => (principal.to_owned(), token.to_owned()),
+                None => ("bearer".to_owned(), given.clone()),
+            });
+            Ok(Some(Box::new(BearerToken::with_principals(tokens).context("--auth-token")?)))
+        }
+        Some(AuthMode::Jwt) => {
+            anyhow::ensure!(args.auth_token.is_empty(), "--auth-token is for --auth token, not --auth jwt");
+            let (Some(issuer), Some(audience)) = (&args.jwt_issuer, &args.jwt_audience) else {
+                anyhow::bail!("--auth jwt needs --jwt-issuer and --jwt-audience");
+            };
+            let mut resource = ProtectedResource::new(audience, issuer.clone()).context("--jwt-audience")?;
+            for given in &args.tool_scopes {
+                let (tool, scopes) = given
+                    .split_once('=')
+                    .with_context(|| format!("--tool-scope {given:?}: expected TOOL=SCOPE[,SCOPE...]"))?;
+                let scopes: Vec<String> =
+                    scopes.split([',', ' ']).filter(|s| !s.is_empty()).map(str::to_owned).collect();
+                anyhow::ensure!(
+                    !tool.is_empty() && !scopes.is_empty(),
+                    "--tool-scope {given:?} names no tool or no scope"
+                );
+                resource = resource.require_scopes(tool, scopes);
+            }
+            let http = tether_client::tls::Trust::platform()
+                .http_client()
+                .timeout(KEY_FETCH_TIMEOUT)
+                .build()
+                .context("an HTTP client for the issuer's keys")?;
+            let keys = IssuerKeys(KeySetFetcher::new(http, issuer.clone(), args.jwt_jwks_uri.clone()));
+            Ok(Some(Box::new(Jwt::new(JwtConfig::new(issuer.clone()), resource, keys))))
+        }
+    }
+}
+
+/// How long a fetch of the issuer's metadata or keys may take.
+const KEY_FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The issuer's keys, fetched over HTTP(S).
+struct IssuerKeys(KeySetFetcher);
+
+impl KeySetSource for IssuerKeys {
+    fn fetch(&self) -> FetchFuture<'_> {
+        Box::pin(async move { self.0.fetch(MAX_KEY_SET_BYTES).await.map_err(|err| err.to_string()) })
+    }
+}
 
 /// What an acknowledged write must survive, with the `redis` store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -26,6 +89,16 @@ pub enum RedisDurabilityArg {
     Replicated,
     /// Nothing: a restart or failover may lose acknowledged writes (clients are told, not misled).
     None,
+}
+
+/// How requests authenticate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AuthMode {
+    /// Static bearer tokens, each naming a principal (--auth-token).
+    Token,
+    /// OAuth access tokens: JWTs of --jwt-issuer for --jwt-audience, verified with the issuer's
+    /// published keys; the token's subject is the principal.
+    Jwt,
 }
 
 /// Where sessions and events are kept.
@@ -105,8 +178,8 @@ pub struct ServeArgs {
     /// more is refused with 429 `too_many_tasks`.
     #[arg(long, default_value_t = 4_096)]
     max_tasks: usize,
-    /// Most tasks of one principal (one bearer token; all unauthenticated clients are one)
-    /// running at once.
+    /// Most tasks of one principal (a bearer token's, or an access token's subject; all
+    /// unauthenticated clients are one) running at once.
     #[arg(long, default_value_t = 1_024)]
     max_tasks_per_principal: usize,
     /// An Origin allowed besides the loopback origins (repeatable).
@@ -118,6 +191,27 @@ pub struct ServeArgs {
     /// `TETHER_AUTH_TOKEN`, separate several with commas.
     #[arg(long, env = "TETHER_AUTH_TOKEN", value_name = "[PRINCIPAL:]TOKEN", value_delimiter = ',')]
     auth_token: Vec<String>,
+    /// How requests authenticate: `token` (--auth-token) or `jwt` (OAuth access tokens). Default:
+    /// `token` when --auth-token is given, none otherwise.
+    #[arg(long, value_enum)]
+    auth: Option<AuthMode>,
+    /// With --auth jwt: the issuer whose access tokens are taken (their `iss`, compared as
+    /// written). Its keys are found through its metadata (RFC 8414) unless --jwt-jwks-uri
+    /// names them.
+    #[arg(long, value_name = "URL")]
+    jwt_issuer: Option<String>,
+    /// With --auth jwt: this server's resource identifier, the URL clients reach the MCP
+    /// endpoint at. Tokens must name it as their audience; the protected resource metadata
+    /// (RFC 9728) names it, and is served at its well-known path.
+    #[arg(long, value_name = "URL")]
+    jwt_audience: Option<String>,
+    /// With --auth jwt: where the issuer's JWK Set is, instead of its metadata's `jwks_uri`.
+    #[arg(long, value_name = "URL")]
+    jwt_jwks_uri: Option<String>,
+    /// With --auth jwt: scopes a token must grant to call TOOL (repeatable); a call without
+    /// them is refused with 403 `insufficient_scope`, naming them.
+    #[arg(long = "tool-scope", value_name = "TOOL=SCOPE[,SCOPE...]")]
+    tool_scopes: Vec<String>,
     /// How long the outcome of a request sent with an idempotency key is kept.
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
     idempotency_ttl: Duration,
@@ -262,6 +356,7 @@ pub enum Answering {
 }
 
 pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
+    let authenticator = authenticator(&args)?;
     let service = match answering {
         Answering::Builtin => "tether",
         Answering::Upstream { .. } => "tether-gateway",
@@ -338,15 +433,6 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
             }
             both(store)
         }
-    };
-    let authenticator = if args.auth_token.is_empty() {
-        None
-    } else {
-        let tokens = args.auth_token.iter().map(|given| match given.split_once(':') {
-            Some((principal, token)) => (principal.to_owned(), token.to_owned()),
-            None => ("bearer".to_owned(), given.clone()),
-        });
-        Some(BearerToken::with_principals(tokens).context("--auth-token")?)
     };
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(ServerTls::from_pem_files(cert, key).context("--tls-cert, --tls-key")?),

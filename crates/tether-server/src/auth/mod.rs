@@ -74,6 +74,17 @@ pub trait Authenticator: Send + Sync + 'static {
     }
 }
 
+/// An authenticator chosen at run time (by a command line's flags).
+impl Authenticator for Box<dyn Authenticator> {
+    fn authenticate<'a>(&'a self, authorization: Option<&'a str>) -> Authentication<'a> {
+        (**self).authenticate(authorization)
+    }
+
+    fn protected_resource(&self) -> Option<&ProtectedResource> {
+        (**self).protected_resource()
+    }
+}
+
 /// The token of an `Authorization: Bearer <token>` value. The scheme's name is
 /// case-insensitive (RFC 9110 §11.1), and one or more spaces follow it (RFC 6750 §2.1).
 fn bearer(authorization: &str) -> Option<&str> {

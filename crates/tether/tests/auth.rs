@@ -1,0 +1,68 @@
+//! `tether serve --auth jwt` against an issuer on loopback: its keys are found through its
+//! metadata (RFC 8414) and fetched over HTTP, a request without a token is told where the
+//! protected resource metadata is, and a tool's required scope is enforced.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+use tether_testkit::oauth::IssuerServer;
+
+const RESOURCE: &str = "https://mcp.example.test/mcp";
+const WAIT: Duration = Duration::from_secs(10);
+
+fn initialize() -> String {
+    json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+    .to_string()
+}
+
+const MEDIA: [(&str, &str); 2] =
+    [("content-type", "application/json"), ("accept", "application/json, text/event-stream")];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn serve_verifies_access_tokens_with_keys_found_through_the_issuers_metadata() {
+    let issuer = IssuerServer::start().await;
+    let url = issuer.issuer.issuer().to_owned();
+    let dir = temp_dir("auth-jwt");
+    let scope = ["--tool-scope", "counter_add=counter:write"];
+    let jwt = ["--auth", "jwt", "--jwt-issuer", &url, "--jwt-audience", RESOURCE];
+    let (mut server, endpoint) = serve(free_port(), &dir, &[&jwt[..], &scope[..]].concat());
+
+    let bare = exchange(&endpoint, "POST", &MEDIA, &initialize(), |_| false, WAIT);
+    assert_eq!(bare.status, 401);
+    let metadata_url = "https://mcp.example.test/.well-known/oauth-protected-resource/mcp";
+    assert_eq!(header(&bare.headers, "www-authenticate"), format!("Bearer resource_metadata=\"{metadata_url}\""));
+    let origin = endpoint.trim_end_matches("/mcp");
+    let metadata =
+        exchange(&format!("{origin}/.well-known/oauth-protected-resource/mcp"), "GET", &[], "", |_| false, WAIT);
+    let metadata: Value = serde_json::from_str(&metadata.body).expect("metadata");
+    assert_eq!(metadata["authorization_servers"], json!([url]));
+    assert_eq!(metadata["scopes_supported"], json!(["counter:write"]));
+
+    let token = issuer.issuer.token("alice", RESOURCE, "mcp", 300);
+    let bearer = format!("Bearer {token}");
+    let with_token = [MEDIA[0], MEDIA[1], ("authorization", bearer.as_str())];
+    let opened = exchange(&endpoint, "POST", &with_token, &initialize(), |body| body.contains("serverInfo"), WAIT);
+    assert_eq!(opened.status, 200, "{}", opened.body);
+    assert_eq!(issuer.issuer.fetches(), 1, "the key set, once");
+    let session = header(&opened.headers, "mcp-session-id").to_owned();
+
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "counter_add", "arguments": {"key": "k", "amount": 1}}});
+    let in_session = [
+        with_token[0],
+        with_token[1],
+        with_token[2],
+        ("mcp-session-id", &session),
+        ("mcp-protocol-version", "2025-11-25"),
+    ];
+    let refused = exchange(&endpoint, "POST", &in_session, &call.to_string(), |_| false, WAIT);
+    assert_eq!(refused.status, 403, "{}", refused.body);
+    assert!(header(&refused.headers, "www-authenticate").contains("scope=\"counter:write\""), "{:?}", refused.headers);
+
+    server.kill9();
+    let _ = std::fs::remove_dir_all(dir);
+}
