@@ -38,9 +38,10 @@ pub(crate) async fn post(
         jsonrpc::Body::Batch(messages) => messages.as_slice(),
     };
     // Before anything of the body is acted on: a batch is refused whole.
-    for request in requests.iter().filter_map(|message| if let Message::Request(r) = message { Some(r) } else { None })
-    {
-        guard::authorize(shared.auth.as_deref(), caller.as_ref(), request)?;
+    for message in requests {
+        if let Message::Request(request) = message {
+            guard::authorize(shared.auth.as_deref(), caller.as_ref(), request)?;
+        }
     }
     let principal = caller.map(|caller| caller.principal);
     let (messages, batch) = match parsed {

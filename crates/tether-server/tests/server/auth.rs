@@ -33,8 +33,8 @@ enum Kept {
 }
 
 /// A server verifying `issuer`'s tokens, `counter_add` requiring `counter:write`; the
-/// directory of an embedded store is returned, to remove.
-async fn serve(kept: Kept, issuer: &Arc<Issuer>, refetch_after: Duration) -> (TestServer, Option<std::path::PathBuf>) {
+/// directory of an embedded store is removed when the server is dropped.
+async fn serve(kept: Kept, issuer: &Arc<Issuer>, refetch_after: Duration) -> Served {
     let resource = ProtectedResource::new(RESOURCE, issuer.issuer())
         .expect("a resource")
         .require_scopes("counter_add", ["counter:write".to_owned()]);
@@ -42,7 +42,7 @@ async fn serve(kept: Kept, issuer: &Arc<Issuer>, refetch_after: Duration) -> (Te
     let jwt = Jwt::new(config, resource, Minted(Arc::clone(issuer)));
     let builder = Builder::new(BuiltinHandler::in_memory()).config(crate::common::config()).authenticator(jwt);
     match kept {
-        Kept::Memory => (start_with(builder).await, None),
+        Kept::Memory => Served { server: start_with(builder).await, dir: None },
         Kept::Embedded => {
             static SERVERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
             let n = SERVERS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -50,7 +50,21 @@ async fn serve(kept: Kept, issuer: &Arc<Issuer>, refetch_after: Duration) -> (Te
             let _ = std::fs::remove_dir_all(&dir);
             let store =
                 tether_store::SqliteStore::open(&dir, tether_store::Retention::default(), "test").expect("open");
-            (start_with(builder.store(Arc::new(store))).await, Some(dir))
+            Served { server: start_with(builder.store(Arc::new(store))).await, dir: Some(dir) }
+        }
+    }
+}
+
+/// A server, and the directory of its embedded store, if it has one.
+struct Served {
+    server: TestServer,
+    dir: Option<std::path::PathBuf>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }
@@ -84,8 +98,8 @@ async fn refused_initialize(client: &Client, token: &str) -> (u16, String, Value
 
 async fn tokens_are_verified_and_the_resource_described(kept: Kept) {
     let issuer = Arc::new(Issuer::new("https://issuer.example.test"));
-    let (server, dir) = serve(kept, &issuer, Duration::ZERO).await;
-    let client = Client::new(&server);
+    let served = serve(kept, &issuer, Duration::ZERO).await;
+    let (server, client) = (&served.server, Client::new(&served.server));
 
     let bare = client.post(None, &initialize()).send().await.expect("send");
     assert_eq!(bare.status(), 401);
@@ -131,11 +145,6 @@ async fn tokens_are_verified_and_the_resource_described(kept: Kept) {
     session_of(&client, &issuer.token("alice", RESOURCE, "mcp", 300)).await;
     assert_eq!(issuer.fetches(), fetched + 1, "one fetch for the new key");
     assert_eq!(refused_initialize(&client, &valid).await.0, 401, "a token of the dropped key");
-
-    drop(server);
-    if let Some(dir) = dir {
-        let _ = std::fs::remove_dir_all(dir);
-    }
 }
 
 #[tokio::test]
@@ -153,8 +162,8 @@ async fn jwt_tokens_are_verified_and_the_resource_described_on_the_embedded_stor
 #[tokio::test]
 async fn a_flood_of_unknown_keys_fetches_the_key_set_once_per_interval() {
     let issuer = Arc::new(Issuer::new("https://issuer.example.test"));
-    let (server, _) = serve(Kept::Memory, &issuer, Duration::from_secs(30)).await;
-    let client = Client::new(&server);
+    let served = serve(Kept::Memory, &issuer, Duration::from_secs(30)).await;
+    let client = Client::new(&served.server);
     session_of(&client, &issuer.token("alice", RESOURCE, "mcp", 300)).await;
     assert_eq!(issuer.fetches(), 1);
     let stranger = Issuer::new(issuer.issuer());
@@ -169,8 +178,8 @@ async fn a_flood_of_unknown_keys_fetches_the_key_set_once_per_interval() {
 
 async fn scopes_and_principals_are_kept(kept: Kept) {
     let issuer = Arc::new(Issuer::new("https://issuer.example.test"));
-    let (server, dir) = serve(kept, &issuer, Duration::ZERO).await;
-    let client = Client::new(&server);
+    let served = serve(kept, &issuer, Duration::ZERO).await;
+    let client = Client::new(&served.server);
     let alice = issuer.token("alice", RESOURCE, "mcp counter:write", 300);
     let bob = issuer.token("bob", RESOURCE, "mcp counter:write", 300);
     let reader = issuer.token("carol", RESOURCE, "mcp", 300);
@@ -233,11 +242,6 @@ async fn scopes_and_principals_are_kept(kept: Kept) {
     }
     let own = json_body(stateless("tasks/get", json!({"taskId": task}), &alice).send().await.expect("send")).await;
     assert_eq!(own["result"]["status"], "working", "not cancelled by bob: {own}");
-
-    drop(server);
-    if let Some(dir) = dir {
-        let _ = std::fs::remove_dir_all(dir);
-    }
 }
 
 #[tokio::test]
