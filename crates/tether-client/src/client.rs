@@ -353,8 +353,9 @@ impl Client {
         // What the HTTP client logs while the attempt goes out carries its id.
         let post = inner.endpoint.post(&session, body, headers).instrument(tracing::debug_span!("attempt", id = %id));
         match post.await {
-            // Nothing of it was written: it did not run.
-            Err(ClientError::NotSent(why) | ClientError::Untrusted(why)) => {
+            // Nothing of it was written, or it was refused before the server acted on it: it
+            // did not run.
+            Err(ClientError::NotSent(why) | ClientError::Untrusted(why) | ClientError::Unauthorized(why)) => {
                 inner.resolve(&key, Err(RequestError::NotExecuted(why)))
             }
             Err(err) => inner

@@ -1,13 +1,16 @@
 //! The HTTP exchanges of Streamable HTTP: POST a message, GET a stream, DELETE a session, and
 //! read an SSE body event by event.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
-use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
 use tether_core::idempotency::Acknowledged;
 use tether_core::mcp::header;
 use tether_core::sse::{Decoder, Event};
 
 use crate::ClientError;
+use crate::oauth::{Authorizer, Challenge};
 
 /// What the server's response head said about the session, and about a keyed request's claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +66,10 @@ impl SessionHeaders {
     }
 }
 
+/// How many refusals of its credentials one request answers (refreshing, stepping up,
+/// authorizing) before the refusal is its outcome.
+const MAX_CHALLENGES_PER_REQUEST: u32 = 3;
+
 /// One server endpoint.
 #[derive(Debug, Clone)]
 pub(crate) struct Endpoint {
@@ -71,24 +78,79 @@ pub(crate) struct Endpoint {
     /// How long a POST may go unwritten before it is given up ([`ClientError::NotSent`]), and a
     /// GET or DELETE may go unanswered.
     pub unsent_timeout: std::time::Duration,
+    /// Where requests get their access tokens, if the server wants them.
+    pub authorizer: Option<Arc<Authorizer>>,
 }
 
 impl Endpoint {
-    /// POSTs one JSON-RPC message (or batch), with extra headers (2026-07-28 metadata).
+    /// POSTs one JSON-RPC message (or batch), with extra headers (2026-07-28 metadata). A
+    /// refusal of its credentials is answered and the message sent again: the server refused it
+    /// before acting on it.
     pub async fn post(
         &self,
         session: &SessionHeaders,
         body: Vec<u8>,
         extra: HeaderMap,
     ) -> Result<(Head, Reply), ClientError> {
+        let body = Bytes::from(body);
+        let mut challenges = 0;
+        loop {
+            let token = self.token().await;
+            let response = self.post_once(session, body.clone(), extra.clone(), token.as_deref()).await?;
+            if !self.challenged(&response, token.as_deref(), &mut challenges).await? {
+                return classify(response).await;
+            }
+        }
+    }
+
+    /// The access token requests carry now, if any.
+    async fn token(&self) -> Option<Arc<str>> {
+        match &self.authorizer {
+            Some(authorizer) => authorizer.token().await,
+            None => None,
+        }
+    }
+
+    /// Whether `response` refused the credentials and a new token was had for the next try
+    /// (at most [`MAX_CHALLENGES_PER_REQUEST`] times); an error if none can be had.
+    async fn challenged(
+        &self,
+        response: &reqwest::Response,
+        sent: Option<&str>,
+        challenges: &mut u32,
+    ) -> Result<bool, ClientError> {
+        let Some(authorizer) = &self.authorizer else { return Ok(false) };
+        let Some(challenge) = Challenge::of(response.status().as_u16(), response.headers()) else {
+            if sent.is_some() && response.status().is_success() {
+                authorizer.accepted();
+            }
+            return Ok(false);
+        };
+        if *challenges >= MAX_CHALLENGES_PER_REQUEST {
+            return Ok(false);
+        }
+        *challenges += 1;
+        authorizer.answer(sent, &challenge).await.map_err(|err| ClientError::Unauthorized(err.to_string()))?;
+        Ok(true)
+    }
+
+    /// One POST of `body`.
+    async fn post_once(
+        &self,
+        session: &SessionHeaders,
+        body: Bytes,
+        extra: HeaderMap,
+        token: Option<&str>,
+    ) -> Result<reqwest::Response, ClientError> {
         let mut headers = session.apply(extra);
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(ACCEPT, HeaderValue::from_static("application/json, text/event-stream"));
+        bearer(&mut headers, token);
         // An HTTP client can lose a request handed to a connection that closes at that very
         // moment: it is never written and never answered. Nothing of it is written before its
         // body is first read, so a request whose body is not read in time did not reach the
         // server, and is given up as not sent.
-        let (body, read) = Announced::new(Bytes::from(body));
+        let (body, read) = Announced::new(body);
         let sent = self.http.post(&self.url).headers(headers).body(reqwest::Body::wrap(body)).send();
         tokio::pin!(sent);
         let unsent = async {
@@ -97,42 +159,55 @@ impl Endpoint {
             }
             std::future::pending::<()>().await;
         };
-        let response = tokio::select! {
-            response = &mut sent => response.map_err(transport)?,
-            () = unsent => {
-                return Err(ClientError::NotSent(format!(
-                    "the HTTP client had not begun to write the request after {:?}",
-                    self.unsent_timeout
-                )));
-            }
-        };
-        classify(response).await
+        tokio::select! {
+            response = &mut sent => response.map_err(transport),
+            () = unsent => Err(ClientError::NotSent(format!(
+                "the HTTP client had not begun to write the request after {:?}",
+                self.unsent_timeout
+            ))),
+        }
     }
 
-    /// GETs an SSE stream, resuming after `cursor` if given.
+    /// GETs an SSE stream, resuming after `cursor` if given; a refusal of its credentials is
+    /// answered and the GET made again.
     pub async fn get(&self, session: &SessionHeaders, cursor: Option<&str>) -> Result<(Head, Reply), ClientError> {
-        let mut headers = session.apply(HeaderMap::new());
-        headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
-        if let Some(cursor) = cursor.and_then(|c| c.parse().ok()) {
-            headers.insert(header::LAST_EVENT_ID, cursor);
+        let mut challenges = 0;
+        loop {
+            let token = self.token().await;
+            let mut headers = session.apply(HeaderMap::new());
+            headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+            if let Some(cursor) = cursor.and_then(|c| c.parse().ok()) {
+                headers.insert(header::LAST_EVENT_ID, cursor);
+            }
+            bearer(&mut headers, token.as_deref());
+            // A GET changes nothing, and a stream's head comes at once: one that does not come
+            // in time (the request was lost, as a POST can be) is tried again.
+            let response = tokio::time::timeout(self.unsent_timeout, self.http.get(&self.url).headers(headers).send())
+                .await
+                .map_err(|_| ClientError::Transport(format!("no answer to the GET within {:?}", self.unsent_timeout)))?
+                .map_err(transport)?;
+            if !self.challenged(&response, token.as_deref(), &mut challenges).await? {
+                return classify(response).await;
+            }
         }
-        // A GET changes nothing, and a stream's head comes at once: one that does not come in
-        // time (the request was lost, as a POST can be) is tried again.
-        let response = tokio::time::timeout(self.unsent_timeout, self.http.get(&self.url).headers(headers).send())
-            .await
-            .map_err(|_| ClientError::Transport(format!("no answer to the GET within {:?}", self.unsent_timeout)))?
-            .map_err(transport)?;
-        classify(response).await
     }
 
     /// DELETEs the session; the answer does not matter.
     pub async fn delete(&self, session: &SessionHeaders) {
-        let headers = session.apply(HeaderMap::new());
+        let mut headers = session.apply(HeaderMap::new());
+        bearer(&mut headers, self.token().await.as_deref());
         match tokio::time::timeout(self.unsent_timeout, self.http.delete(&self.url).headers(headers).send()).await {
             Ok(Ok(_)) => {}
             Ok(Err(err)) => tracing::debug!(%err, "DELETE of the session failed"),
             Err(_) => tracing::debug!("DELETE of the session was not answered in time"),
         }
+    }
+}
+
+/// Puts `token` in `headers` as the bearer credential.
+fn bearer(headers: &mut HeaderMap, token: Option<&str>) {
+    if let Some(value) = token.and_then(|token| HeaderValue::from_str(&format!("Bearer {token}")).ok()) {
+        headers.insert(AUTHORIZATION, value);
     }
 }
 

@@ -86,6 +86,9 @@ pub struct ClientConfig {
     /// is given up as never sent: nothing of it reached the server, so it did not run. Also how
     /// long a GET (which changes nothing) may wait for its stream's head before it is tried again.
     pub unsent_timeout: std::time::Duration,
+    /// How to get access tokens when the server asks for them (MCP authorization); without,
+    /// a refusal of the credentials is the request's outcome.
+    pub oauth: Option<oauth::OAuthConfig>,
     /// Which https servers are trusted: the platform's roots, and any authority added.
     pub trust: tls::Trust,
     /// How long connecting (the handshake, its retries included) may take: past it, connecting
@@ -117,6 +120,7 @@ impl ClientConfig {
             headers: Vec::new(),
             reinitialize: true,
             unsent_timeout: std::time::Duration::from_secs(30),
+            oauth: None,
             trust: tls::Trust::platform(),
             connect_timeout: None,
         }
@@ -287,6 +291,10 @@ pub enum ClientError {
     /// The request was never written: the HTTP client did not start sending it in time.
     #[error("not sent: {0}")]
     NotSent(String),
+    /// The server refused the request's credentials and no token it accepts could be had: it
+    /// refused before acting on the request.
+    #[error("unauthorized: {0}")]
+    Unauthorized(String),
     /// The server's TLS certificate is not trusted (an unknown issuer, expired, for another
     /// name): nothing was sent, and trying again cannot help.
     #[error("untrusted server: {0}")]

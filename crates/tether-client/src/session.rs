@@ -23,6 +23,7 @@ use crate::cursors::{Cursors, stream_key};
 use crate::follow::{Follower, Origin};
 use crate::http::{Endpoint, Head, Reply, SessionHeaders, SseReader};
 use crate::{Ack, ClientConfig, ClientError, ClientEvent, DivergenceReason, RequestError};
+use crate::oauth::Authorizer;
 
 /// Handshakes tried before a session that keeps vanishing after `initialize` is an error.
 const HANDSHAKE_ATTEMPTS: u32 = 3;
@@ -116,6 +117,13 @@ impl Session {
         let mut prefix = [0u8; 6];
         getrandom::fill(&mut prefix)
             .map_err(|e| ClientError::Transport(format!("no randomness for request ids: {e}")))?;
+        let authorizer = match &config.oauth {
+            Some(oauth) => Some(Arc::new(
+                Authorizer::new(oauth.clone(), &config.url, &config.trust)
+                    .map_err(|err| ClientError::Unauthorized(err.to_string()))?,
+            )),
+            None => None,
+        };
         let cursors = Cursors::from_file(file);
         let session = SessionHeaders {
             session_id: cursors.session_id().map(str::to_owned),
@@ -137,7 +145,7 @@ impl Session {
             invalid_tools: HashMap::new(),
         };
         Ok(Session {
-            endpoint: Endpoint { http, url: config.url.clone(), unsent_timeout: config.unsent_timeout },
+            endpoint: Endpoint { http, url: config.url.clone(), unsent_timeout: config.unsent_timeout, authorizer },
             config,
             events,
             state: Mutex::new(state),

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
+use tether_client::oauth::{ClientIdentity, FollowRedirect, MachineCredential, OAuthConfig};
 use tether_client::tls::Trust;
 use tether_client::{Client, ClientConfig, ClientEvent, DefaultHooks, Policy, RequestError};
 use tether_core::mcp::ProtocolVersion;
@@ -399,6 +400,15 @@ pub async fn conformance(args: ConformanceArgs) -> ExitCode {
     }
     // The suite's mock servers use opaque ids and no epoch: continuity cannot be proven there.
     config.policy = Policy::Trust;
+    let context: Value =
+        std::env::var("MCP_CONFORMANCE_CONTEXT").ok().and_then(|c| serde_json::from_str(&c).ok()).unwrap_or_default();
+    match conformance_oauth(&scenario, &context) {
+        Ok(oauth) => config.oauth = Some(oauth),
+        Err(err) => {
+            eprintln!("{scenario}: {err}");
+            return ExitCode::FAILURE;
+        }
+    }
     let (client, _events) = match connect(config).await {
         Ok(connected) => connected,
         Err(code) => return code,
@@ -410,8 +420,6 @@ pub async fn conformance(args: ConformanceArgs) -> ExitCode {
     }
     // 0.2's scenarios say what to call: list the tools (so their header declarations are known),
     // then call each; a call the client refuses (an excluded tool) is the expected outcome there.
-    let context: Value =
-        std::env::var("MCP_CONFORMANCE_CONTEXT").ok().and_then(|c| serde_json::from_str(&c).ok()).unwrap_or_default();
     if let Some(calls) = context.get("toolCalls").and_then(Value::as_array) {
         if let Err(err) = client.request("tools/list", json!({})).await {
             eprintln!("{scenario}: tools/list: {err}");
@@ -443,6 +451,35 @@ pub async fn conformance(args: ConformanceArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The client-id metadata document URL the suite's authorization servers expect.
+const CONFORMANCE_CLIENT_METADATA: &str = "https://conformance-test.local/client-metadata.json";
+/// The redirect URI the suite's authorization servers send the code to (nothing listens there:
+/// the redirect is read, not followed).
+const CONFORMANCE_REDIRECT_URI: &str = "http://localhost:3000/callback";
+
+/// How the conformance client authorizes: with the credentials the scenario's context gives
+/// (client credentials, pre-registered), else by metadata document or dynamic registration.
+fn conformance_oauth(scenario: &str, context: &Value) -> Result<OAuthConfig, String> {
+    let text = |name: &str| context.get(name).and_then(Value::as_str).map(str::to_owned);
+    let agent = FollowRedirect::new(CONFORMANCE_REDIRECT_URI, &Trust::platform()).map_err(|err| err.to_string())?;
+    let mut oauth = OAuthConfig::new(Arc::new(agent));
+    oauth.identity = match (text("client_id"), text("client_secret"), text("private_key_pem")) {
+        (Some(client_id), _, Some(pem)) => {
+            let algorithm = text("signing_algorithm").unwrap_or_else(|| "ES256".into());
+            let algorithm = algorithm.parse().map_err(|_| format!("unknown signing algorithm {algorithm}"))?;
+            ClientIdentity::Machine { client_id, credential: MachineCredential::PrivateKey { pem, algorithm } }
+        }
+        (Some(client_id), Some(secret), None) if scenario.starts_with("auth/client-credentials") => {
+            ClientIdentity::Machine { client_id, credential: MachineCredential::Secret(secret) }
+        }
+        (Some(client_id), client_secret, None) => {
+            ClientIdentity::Registered { client_id, client_secret, issuer: text("issuer") }
+        }
+        _ => ClientIdentity::Dynamic { metadata_document: Some(CONFORMANCE_CLIENT_METADATA.into()) },
+    };
+    Ok(oauth)
 }
 
 /// The tools the server lists (which the client also learns from: idempotency, header

@@ -1,11 +1,11 @@
-//! OAuth 2.1 documents fetched over HTTP(S): an authorization server's metadata (RFC 8414, with
-//! the OpenID Connect discovery paths as fallbacks) and the JWK Set it names, each bounded in
-//! size. `tether serve --auth jwt` verifies tokens with the keys fetched here.
+//! OAuth documents fetched over HTTP(S), each bounded in size: an authorization server's
+//! metadata (RFC 8414, with the OpenID Connect discovery paths as fallbacks) and the JWK Set it
+//! names. `tether serve --auth jwt` verifies tokens with the keys fetched here.
 
 use serde::Deserialize;
 
 /// The largest metadata document read.
-const MAX_METADATA_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_METADATA_BYTES: usize = 64 * 1024;
 
 /// Why a document could not be had.
 #[derive(Debug, thiserror::Error)]
@@ -62,22 +62,27 @@ pub async fn get_bounded(http: &reqwest::Client, url: &str, limit: usize) -> Res
     Ok(body)
 }
 
-/// The URLs an issuer's metadata may be at, in the order tried: RFC 8414's (the well-known
-/// path inserted before the issuer's path), then OpenID Connect discovery's (appended to the
-/// issuer, then inserted).
+/// The URLs an issuer's metadata may be at, in the order MCP's authorization specification
+/// tries them: RFC 8414's (the well-known path inserted before the issuer's path), then OpenID
+/// Connect discovery's inserted, then appended to the issuer. The issuer's root is never tried
+/// for an issuer with a path: that would be another issuer's metadata.
 pub fn metadata_urls(issuer: &str) -> Vec<String> {
     let issuer = issuer.trim_end_matches('/');
-    let scheme_end = issuer.find("://").map_or(0, |i| i + 3);
-    let (origin, path) =
-        issuer[scheme_end..].find('/').map_or((issuer, ""), |slash| issuer.split_at(scheme_end + slash));
-    let mut urls = vec![
-        format!("{origin}/.well-known/oauth-authorization-server{path}"),
-        format!("{issuer}/.well-known/openid-configuration"),
-    ];
+    let (origin, path) = split_origin(issuer);
+    let mut urls = vec![format!("{origin}/.well-known/oauth-authorization-server{path}")];
     if !path.is_empty() {
         urls.push(format!("{origin}/.well-known/openid-configuration{path}"));
     }
+    urls.push(format!("{issuer}/.well-known/openid-configuration"));
     urls
+}
+
+/// A URL's origin (`scheme://authority`) and the rest, split as strings: what is sent is what
+/// was given, never a parser's rendering of it (which adds a `/` to a bare origin).
+pub(crate) fn split_origin(url: &str) -> (&str, &str) {
+    let scheme_end = url.find("://").map_or(0, |i| i + 3);
+    let end = url[scheme_end..].find(['/', '?', '#']).map_or(url.len(), |i| scheme_end + i);
+    url.split_at(end)
 }
 
 /// Fetches an issuer's JWK Set: from the URL given, or from the `jwks_uri` of its metadata,
@@ -135,7 +140,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn metadata_is_looked_for_where_rfc_8414_then_openid_connect_put_it() {
+    fn metadata_is_looked_for_where_rfc_8414_then_openid_connect_put_it_never_at_a_tenants_root() {
         assert_eq!(
             metadata_urls("https://as.example.com"),
             [
@@ -147,8 +152,8 @@ mod tests {
             metadata_urls("https://as.example.com/tenant/1"),
             [
                 "https://as.example.com/.well-known/oauth-authorization-server/tenant/1",
-                "https://as.example.com/tenant/1/.well-known/openid-configuration",
                 "https://as.example.com/.well-known/openid-configuration/tenant/1",
+                "https://as.example.com/tenant/1/.well-known/openid-configuration",
             ]
         );
     }

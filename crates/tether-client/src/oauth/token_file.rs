@@ -1,0 +1,169 @@
+//! Where tokens outlive the process: one JSON file the user owns (mode 0600), with one entry
+//! per MCP endpoint, written whole to a temporary file and renamed over the old.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::AuthError;
+
+/// How a client authenticates at the token endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum AuthMethod {
+    /// A public client: its id in the body, no secret.
+    #[serde(rename = "none")]
+    None,
+    /// The id and secret with HTTP Basic authentication.
+    #[serde(rename = "client_secret_basic")]
+    Basic,
+    /// The id and secret in the body.
+    #[serde(rename = "client_secret_post")]
+    Post,
+}
+
+impl AuthMethod {
+    /// The method RFC 7591 names `name`, if the client has it.
+    pub fn named(name: &str) -> Option<AuthMethod> {
+        match name {
+            "none" => Some(AuthMethod::None),
+            "client_secret_basic" => Some(AuthMethod::Basic),
+            "client_secret_post" => Some(AuthMethod::Post),
+            _ => None,
+        }
+    }
+
+    /// Its RFC 7591 name.
+    pub fn name(self) -> &'static str {
+        match self {
+            AuthMethod::None => "none",
+            AuthMethod::Basic => "client_secret_basic",
+            AuthMethod::Post => "client_secret_post",
+        }
+    }
+}
+
+/// The client as one authorization server knows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Registration {
+    /// The authorization server it is registered with.
+    pub authorization_server: String,
+    /// Its id there.
+    pub client_id: String,
+    /// Its secret, for a confidential client.
+    pub client_secret: Option<String>,
+    /// How it authenticates at the token endpoint.
+    pub auth_method: AuthMethod,
+}
+
+/// Tokens an authorization server issued for one resource.
+#[derive(Clone, Serialize, Deserialize)]
+pub(crate) struct Grant {
+    /// The access token.
+    pub access_token: String,
+    /// The refresh token, if one was issued.
+    pub refresh_token: Option<String>,
+    /// When the access token expires, in seconds since the Unix epoch, if said.
+    pub expires_at: Option<u64>,
+    /// Where it is refreshed.
+    pub token_endpoint: String,
+    /// The resource it is for (`resource` when refreshing); none for a 2025-03-26 server.
+    pub resource: Option<String>,
+    /// The scopes asked for.
+    pub scopes: Vec<String>,
+}
+
+impl std::fmt::Debug for Grant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grant").field("expires_at", &self.expires_at).field("scopes", &self.scopes).finish_non_exhaustive()
+    }
+}
+
+/// One endpoint's entry.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Saved {
+    /// The registration the tokens were issued to.
+    pub registration: Registration,
+    /// The tokens.
+    pub grant: Grant,
+}
+
+/// The largest token file read.
+const MAX_FILE_BYTES: u64 = 1024 * 1024;
+
+/// Every entry of the file; none if it does not exist.
+fn read_all(path: &Path) -> Result<BTreeMap<String, Saved>, AuthError> {
+    let failed = |err: &dyn std::fmt::Display| AuthError::TokenFile(format!("{}: {err}", path.display()));
+    match std::fs::metadata(path) {
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(err) => return Err(failed(&err)),
+        Ok(meta) if meta.len() > MAX_FILE_BYTES => return Err(failed(&"larger than 1 MiB")),
+        Ok(_) => {}
+    }
+    let text = std::fs::read(path).map_err(|err| failed(&err))?;
+    serde_json::from_slice(&text).map_err(|err| failed(&err))
+}
+
+/// The entry of `endpoint`.
+pub(crate) fn load(path: &Path, endpoint: &str) -> Result<Option<Saved>, AuthError> {
+    Ok(read_all(path)?.remove(endpoint))
+}
+
+/// Replaces the entry of `endpoint`, keeping the others.
+pub(crate) fn store(path: &Path, endpoint: &str, saved: &Saved) -> Result<(), AuthError> {
+    let failed = |err: &dyn std::fmt::Display| AuthError::TokenFile(format!("{}: {err}", path.display()));
+    let mut all = read_all(path)?;
+    all.insert(endpoint.to_owned(), saved.clone());
+    let text = serde_json::to_vec_pretty(&all).map_err(|err| failed(&err))?;
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".tmp");
+    let temporary = std::path::PathBuf::from(temporary);
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(&temporary).map_err(|err| failed(&err))?;
+    std::io::Write::write_all(&mut file, &text).map_err(|err| failed(&err))?;
+    file.sync_all().map_err(|err| failed(&err))?;
+    std::fs::rename(&temporary, path).map_err(|err| failed(&err))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_of_other_endpoints_are_kept_and_the_file_is_the_users_alone() {
+        let dir = std::env::temp_dir().join(format!("tether-tokens-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tokens.json");
+        let saved = |token: &str| Saved {
+            registration: Registration {
+                authorization_server: "https://as.example".into(),
+                client_id: "c".into(),
+                client_secret: None,
+                auth_method: AuthMethod::None,
+            },
+            grant: Grant {
+                access_token: token.into(),
+                refresh_token: Some("r".into()),
+                expires_at: Some(1),
+                token_endpoint: "https://as.example/token".into(),
+                resource: Some("https://mcp.example/mcp".into()),
+                scopes: vec![],
+            },
+        };
+        store(&path, "https://a.example/mcp", &saved("a")).unwrap();
+        store(&path, "https://b.example/mcp", &saved("b")).unwrap();
+        store(&path, "https://a.example/mcp", &saved("a2")).unwrap();
+        assert_eq!(load(&path, "https://a.example/mcp").unwrap().unwrap().grant.access_token, "a2");
+        assert_eq!(load(&path, "https://b.example/mcp").unwrap().unwrap().grant.access_token, "b");
+        assert!(load(&path, "https://c.example/mcp").unwrap().is_none());
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
