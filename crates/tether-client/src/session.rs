@@ -22,8 +22,8 @@ use crate::checkpoint::{CheckpointFile, StreamCursor, TaskCursor};
 use crate::cursors::{Cursors, stream_key};
 use crate::follow::{Follower, Origin};
 use crate::http::{Endpoint, Head, Reply, SessionHeaders, SseReader};
-use crate::{Ack, ClientConfig, ClientError, ClientEvent, DivergenceReason, RequestError};
 use crate::oauth::Authorizer;
+use crate::{Ack, ClientConfig, ClientError, ClientEvent, DivergenceReason, RequestError};
 
 /// Handshakes tried before a session that keeps vanishing after `initialize` is an error.
 const HANDSHAKE_ATTEMPTS: u32 = 3;

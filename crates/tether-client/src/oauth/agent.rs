@@ -57,7 +57,9 @@ impl UserAgent for FollowRedirect {
                 .get(reqwest::header::LOCATION)
                 .and_then(|value| value.to_str().ok())
                 .filter(|_| response.status().is_redirection())
-                .ok_or_else(|| AuthError::Denied(format!("the authorization request answered {}", response.status())))?;
+                .ok_or_else(|| {
+                    AuthError::Denied(format!("the authorization request answered {}", response.status()))
+                })?;
             Ok(location.to_owned())
         })
     }
@@ -106,7 +108,8 @@ impl LoopbackRedirect {
             let text = String::from_utf8_lossy(&head);
             let target = text.lines().next().and_then(|line| line.split(' ').nth(1)).unwrap_or("");
             if target.split('?').next() != Some("/callback") {
-                let _ = socket.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await;
+                let _ =
+                    socket.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await;
                 continue;
             }
             let page = "tether: authorization received; this window may be closed.";

@@ -24,7 +24,8 @@ use crate::tls::Trust;
 const MAX_ANSWER_BYTES: usize = 64 * 1024;
 /// How long one exchange with an authorization server may take.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long before its expiry a token is refreshed rather than sent.
+/// How long before its expiry a token is refreshed rather than sent (or a quarter of the time
+/// it has left, if that is less).
 const RENEW_BEFORE: Duration = Duration::from_secs(10);
 /// The scope that asks for a refresh token (SEP-2207), asked for only where the server has it.
 const OFFLINE_ACCESS: &str = "offline_access";
@@ -178,7 +179,8 @@ impl Authorizer {
             scopes.extend(resource.scopes_supported.iter().cloned());
         }
         let machine = matches!(self.config.identity, ClientIdentity::Machine { .. });
-        if !machine && discovered.server.scopes_supported.as_ref().is_some_and(|s| s.iter().any(|s| s == OFFLINE_ACCESS))
+        if !machine
+            && discovered.server.scopes_supported.as_ref().is_some_and(|s| s.iter().any(|s| s == OFFLINE_ACCESS))
         {
             scopes.insert(OFFLINE_ACCESS.to_owned());
         }
@@ -233,7 +235,9 @@ impl Authorizer {
                     auth_method: auth_method(server, client_secret.is_some(), None),
                 })
             }
-            ClientIdentity::Dynamic { metadata_document: Some(document) } if server.client_id_metadata_document_supported => {
+            ClientIdentity::Dynamic { metadata_document: Some(document) }
+                if server.client_id_metadata_document_supported =>
+            {
                 Ok(Registration {
                     authorization_server: discovered.authorization_server.clone(),
                     client_id: document.clone(),
@@ -423,7 +427,8 @@ impl Authorizer {
                 return Err(token_error(err));
             }
         };
-        let grant = grant_of(&response, Some(refresh_token), &grant.token_endpoint, grant.resource.clone(), &state.requested);
+        let grant =
+            grant_of(&response, Some(refresh_token), &grant.token_endpoint, grant.resource.clone(), &state.requested);
         self.keep(state, grant)
     }
 
@@ -486,11 +491,17 @@ fn authorization_code(redirected: &str, state: &str, server: &ServerMetadata) ->
 }
 
 /// A client assertion (RFC 7523 §2.2): the client, to the issuer, for five minutes.
-fn assertion(client_id: &str, issuer: &str, pem: &str, algorithm: jsonwebtoken::Algorithm) -> Result<String, AuthError> {
+fn assertion(
+    client_id: &str,
+    issuer: &str,
+    pem: &str,
+    algorithm: jsonwebtoken::Algorithm,
+) -> Result<String, AuthError> {
     use rustls::pki_types::PrivatePkcs8KeyDer;
     use rustls::pki_types::pem::PemObject;
     let refused = |why: String| AuthError::Token(format!("the client's key: {why}"));
-    let der = PrivatePkcs8KeyDer::from_pem_slice(pem.as_bytes()).map_err(|err| refused(format!("not PKCS#8 PEM: {err}")))?;
+    let der =
+        PrivatePkcs8KeyDer::from_pem_slice(pem.as_bytes()).map_err(|err| refused(format!("not PKCS#8 PEM: {err}")))?;
     let key = match algorithm {
         jsonwebtoken::Algorithm::ES256 | jsonwebtoken::Algorithm::ES384 => {
             jsonwebtoken::EncodingKey::from_ec_der(der.secret_pkcs8_der())
@@ -530,11 +541,12 @@ fn grant_of(
 }
 
 fn current_of(grant: &Grant) -> Current {
-    Current {
-        access_token: grant.access_token.as_str().into(),
-        renew_at: grant.expires_at.map(|at| UNIX_EPOCH + Duration::from_secs(at).saturating_sub(RENEW_BEFORE)),
-        refreshable: grant.refresh_token.is_some(),
-    }
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let renew_at = grant.expires_at.map(|at| {
+        let expires = Duration::from_secs(at);
+        UNIX_EPOCH + expires.saturating_sub(RENEW_BEFORE.min(expires.saturating_sub(now) / 4))
+    });
+    Current { access_token: grant.access_token.as_str().into(), renew_at, refreshable: grant.refresh_token.is_some() }
 }
 
 /// Why an exchange with the authorization server failed at the HTTP level.
@@ -555,7 +567,10 @@ impl<'c> oauth2::AsyncHttpClient<'c> for Exchange<'_> {
     }
 }
 
-async fn exchange_http(http: reqwest::Client, request: oauth2::HttpRequest) -> Result<oauth2::HttpResponse, ExchangeFailed> {
+async fn exchange_http(
+    http: reqwest::Client,
+    request: oauth2::HttpRequest,
+) -> Result<oauth2::HttpResponse, ExchangeFailed> {
     let request = reqwest::Request::try_from(request).map_err(|err| ExchangeFailed(err.to_string()))?;
     let mut response = http.execute(request).await.map_err(|err| ExchangeFailed(crate::tls::describe(&err)))?;
     let mut body = Vec::new();

@@ -105,7 +105,7 @@ mod tests {
 
     fn challenge(status: u16, value: &str) -> Option<Challenge> {
         let mut headers = HeaderMap::new();
-        headers.insert(WWW_AUTHENTICATE, value.parse().unwrap());
+        headers.insert(WWW_AUTHENTICATE, value.parse().expect("a header value"));
         Challenge::of(status, &headers)
     }
 
@@ -115,7 +115,7 @@ mod tests {
             401,
             r#"Bearer error="invalid_token", error_description="a \"quoted\", word", scope="a b",resource_metadata=https://r.example/.well-known/oauth-protected-resource/mcp"#,
         )
-        .unwrap();
+        .expect("a challenge");
         assert_eq!(c.refusal, Refusal::Unauthenticated);
         assert_eq!(c.error.as_deref(), Some("invalid_token"));
         assert_eq!(c.scopes().collect::<Vec<_>>(), ["a", "b"]);
@@ -124,11 +124,14 @@ mod tests {
 
     #[test]
     fn only_a_401_or_a_403_for_scope_is_a_challenge() {
-        assert_eq!(challenge(403, r#"Bearer error="insufficient_scope", scope="w""#).unwrap().refusal, Refusal::InsufficientScope);
+        assert_eq!(
+            challenge(403, r#"Bearer error="insufficient_scope", scope="w""#).expect("a challenge").refusal,
+            Refusal::InsufficientScope
+        );
         assert!(challenge(403, r#"Bearer error="invalid_request""#).is_none());
         assert!(challenge(404, r#"Bearer error="invalid_token""#).is_none());
-        let bare = Challenge::of(401, &HeaderMap::new()).unwrap();
+        let bare = Challenge::of(401, &HeaderMap::new()).expect("a challenge");
         assert_eq!((bare.resource_metadata, bare.scope), (None, None));
-        assert!(challenge(401, r#"Basic realm="x", scope="s""#).unwrap().scope.is_none());
+        assert!(challenge(401, r#"Basic realm="x", scope="s""#).expect("a challenge").scope.is_none());
     }
 }

@@ -97,11 +97,9 @@ pub async fn discover(http: &reqwest::Client, endpoint: &str, challenge: &Challe
     if !resource_covers(&resource.resource, endpoint) {
         return Err(AuthError::ResourceMismatch { resource: resource.resource, endpoint: endpoint.to_owned() });
     }
-    let authorization_server = resource
-        .authorization_servers
-        .first()
-        .cloned()
-        .ok_or_else(|| AuthError::Discovery(format!("the metadata of {} names no authorization server", resource.resource)))?;
+    let authorization_server = resource.authorization_servers.first().cloned().ok_or_else(|| {
+        AuthError::Discovery(format!("the metadata of {} names no authorization server", resource.resource))
+    })?;
     let server = first_document::<ServerMetadata>(http, &metadata_urls(&authorization_server))
         .await?
         .ok_or_else(|| AuthError::Discovery(format!("no metadata of authorization server {authorization_server}")))?;

@@ -75,7 +75,10 @@ pub(crate) struct Grant {
 
 impl std::fmt::Debug for Grant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Grant").field("expires_at", &self.expires_at).field("scopes", &self.scopes).finish_non_exhaustive()
+        f.debug_struct("Grant")
+            .field("expires_at", &self.expires_at)
+            .field("scopes", &self.scopes)
+            .finish_non_exhaustive()
     }
 }
 
@@ -135,7 +138,7 @@ mod tests {
     #[test]
     fn entries_of_other_endpoints_are_kept_and_the_file_is_the_users_alone() {
         let dir = std::env::temp_dir().join(format!("tether-tokens-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&dir).expect("a directory");
         let path = dir.join("tokens.json");
         let saved = |token: &str| Saved {
             registration: Registration {
@@ -153,17 +156,17 @@ mod tests {
                 scopes: vec![],
             },
         };
-        store(&path, "https://a.example/mcp", &saved("a")).unwrap();
-        store(&path, "https://b.example/mcp", &saved("b")).unwrap();
-        store(&path, "https://a.example/mcp", &saved("a2")).unwrap();
-        assert_eq!(load(&path, "https://a.example/mcp").unwrap().unwrap().grant.access_token, "a2");
-        assert_eq!(load(&path, "https://b.example/mcp").unwrap().unwrap().grant.access_token, "b");
-        assert!(load(&path, "https://c.example/mcp").unwrap().is_none());
+        store(&path, "https://a.example/mcp", &saved("a")).expect("stored");
+        store(&path, "https://b.example/mcp", &saved("b")).expect("stored");
+        store(&path, "https://a.example/mcp", &saved("a2")).expect("stored");
+        assert_eq!(load(&path, "https://a.example/mcp").expect("readable").expect("an entry").grant.access_token, "a2");
+        assert_eq!(load(&path, "https://b.example/mcp").expect("readable").expect("an entry").grant.access_token, "b");
+        assert!(load(&path, "https://c.example/mcp").expect("readable").is_none());
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+            assert_eq!(std::fs::metadata(&path).expect("the file").permissions().mode() & 0o777, 0o600);
         }
-        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).expect("removed");
     }
 }

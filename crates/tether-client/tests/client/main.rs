@@ -1,6 +1,7 @@
 //! The client against a real tether server, through a real fault proxy.
 
 mod attempts;
+mod auth;
 mod chaos;
 mod input;
 mod reactions;
