@@ -104,6 +104,8 @@ pub struct ClientArgs {
     /// roots, or `SSL_CERT_FILE`, are trusted too).
     #[arg(long, value_name = "FILE", value_parser = parse_ca_cert)]
     ca_cert: Option<Trust>,
+    #[command(flatten)]
+    oauth: crate::oauth_cli::OAuthArgs,
 }
 
 /// `--ca-cert FILE`: the platform's roots and the authorities in FILE, read when the command
@@ -113,8 +115,13 @@ pub fn parse_ca_cert(path: &str) -> Result<Trust, String> {
 }
 
 impl ClientArgs {
-    fn config(&self) -> ClientConfig {
+    /// The client's settings; a usage error (printed) if the OAuth flags cannot be had.
+    fn config(&self) -> Result<ClientConfig, ExitCode> {
         let mut config = ClientConfig::new(&self.url);
+        config.oauth = self.oauth.config().map_err(|err| {
+            eprintln!("{err}");
+            ExitCode::from(2)
+        })?;
         config.headers = self.headers.clone();
         config.checkpoint_file = self.checkpoint.clone();
         config.policy = self.policy.into();
@@ -123,7 +130,7 @@ impl ClientArgs {
         config.backoff.max_attempts_without_progress = self.retries;
         config.trust = self.ca_cert.clone().unwrap_or_default();
         config.connect_timeout = self.timeout;
-        config
+        Ok(config)
     }
 
     /// When the command gives up, if `--timeout` says.
@@ -274,7 +281,11 @@ pub async fn watch(args: WatchArgs) -> ExitCode {
             Err(err) => return gave_up(&format!("--metrics: {err:#}")),
         }
     }
-    let (client, mut events) = match connect(args.client.config()).await {
+    let config = match args.client.config() {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    let (client, mut events) = match connect(config).await {
         Ok(connected) => connected,
         Err(code) => return code,
     };
@@ -306,7 +317,10 @@ pub async fn call(args: CallArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mut config = args.client.config();
+    let mut config = match args.client.config() {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
     config.idempotency_keys = !args.no_idempotency_key;
     if args.task {
         config.tasks = true;
@@ -327,7 +341,10 @@ pub async fn call(args: CallArgs) -> ExitCode {
 /// `tether task`: follow a task (one an earlier `tether call --task` left, say) to its result.
 pub async fn task(args: TaskArgs) -> ExitCode {
     crate::output::set(crate::output::Format::or_default(args.client.format));
-    let mut config = args.client.config();
+    let mut config = match args.client.config() {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
     config.tasks = true;
     config.protocol_version = ProtocolVersion::V2026_07_28;
     let (client, events) = match connect(config).await {
@@ -554,8 +571,9 @@ mod tests {
 
     #[test]
     fn retries_set_the_reconnect_budget() {
-        let flags =
-            |args: &[&str]| Flags::parse_from([&["t", "http://127.0.0.1:1/mcp"], args].concat()).client.config();
+        let flags = |args: &[&str]| {
+            Flags::parse_from([&["t", "http://127.0.0.1:1/mcp"], args].concat()).client.config().expect("a config")
+        };
         assert_eq!(flags(&[]).backoff.max_attempts_without_progress, 8);
         assert_eq!(flags(&["--retries", "20"]).backoff.max_attempts_without_progress, 20);
     }

@@ -38,6 +38,8 @@ pub struct ConnectArgs {
     /// re-sends) at `http://ADDR/metrics`.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    oauth: crate::oauth_cli::OAuthArgs,
 }
 
 /// Bridges stdin and stdout to the server; prints what it carried to stderr as one JSON line
@@ -57,6 +59,13 @@ pub async fn run(args: ConnectArgs) -> ExitCode {
         }
     }
     let mut config = ClientConfig::new(&args.url);
+    config.oauth = match args.oauth.config() {
+        Ok(oauth) => oauth,
+        Err(err) => {
+            eprintln!("{}", serde_json::json!({"event": "error", "message": err}));
+            return ExitCode::from(2);
+        }
+    };
     config.headers = args.headers;
     config.policy = args.policy.into();
     config.trust = args.ca_cert.unwrap_or_default();

@@ -4,6 +4,7 @@ mod bench_cli;
 mod client_cli;
 mod connect_cli;
 mod gateway_cli;
+mod oauth_cli;
 mod otel;
 mod output;
 mod probe_cli;

@@ -66,3 +66,66 @@ async fn serve_verifies_access_tokens_with_keys_found_through_the_issuers_metada
     server.kill9();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `tether call --oauth` against `tether serve --auth jwt`: the authorization URL is printed, a
+/// "browser" (this test) opens it and follows the redirect to tether's loopback listener, the
+/// call completes; a second call uses the token kept in the token file (mode 0600), with no
+/// authorization.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn call_authorizes_through_the_browser_once_and_keeps_its_token() {
+    use std::io::BufRead as _;
+    let issuer = IssuerServer::start().await;
+    let url = issuer.issuer.issuer().to_owned();
+    let dir = temp_dir("auth-call");
+    let port = free_port();
+    let resource = format!("http://127.0.0.1:{port}/mcp");
+    let jwt = ["--auth", "jwt", "--jwt-issuer", &url, "--jwt-audience", &resource];
+    let (mut server, endpoint) = serve(port, &dir, &jwt);
+    let tokens = dir.join("config").join("tokens.json");
+    let tokens = tokens.to_str().expect("utf-8").to_owned();
+    let call = |stderr: std::process::Stdio| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tether"))
+            .args(["call", &endpoint, "count", "--args", r#"{"to":1}"#, "--format", "json", "--timeout", "20s"])
+            .args(["--oauth", "--oauth-token-file", &tokens])
+            .stdout(std::process::Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn tether call")
+    };
+
+    let mut first = call(std::process::Stdio::piped());
+    let stderr = first.stderr.take().expect("stderr");
+    let authorize_at = format!("{url}/authorize?");
+    let printed = tokio::task::spawn_blocking(move || {
+        std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .find_map(|line| line.trim().starts_with(&authorize_at).then(|| line.trim().to_owned()))
+    });
+    let authorization = tokio::time::timeout(WAIT, printed).await.expect("in time").expect("read").expect("the URL");
+    let approved = exchange(&authorization, "GET", &[], "", |_| false, WAIT);
+    assert_eq!(approved.status, 302, "{}", approved.body);
+    let back = header(&approved.headers, "location").to_owned();
+    assert!(back.starts_with("http://127.0.0.1:"), "to the loopback listener: {back}");
+    let landed = exchange(&back, "GET", &[], "", |_| false, WAIT);
+    assert_eq!(landed.status, 200, "{}", landed.body);
+    let first = tokio::task::spawn_blocking(move || first.wait_with_output()).await.expect("join").expect("output");
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stdout));
+    assert!(String::from_utf8_lossy(&first.stdout).contains("counted to 1"));
+    assert_eq!(issuer.grants.exchanged(), 1);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&tokens).expect("the token file").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the token file is its owner's alone");
+    }
+
+    let second = call(std::process::Stdio::null());
+    let second = tokio::task::spawn_blocking(move || second.wait_with_output()).await.expect("join").expect("output");
+    assert!(second.status.success(), "{}", String::from_utf8_lossy(&second.stdout));
+    assert!(String::from_utf8_lossy(&second.stdout).contains("counted to 1"));
+    assert_eq!(issuer.grants.exchanged(), 1, "the kept token served, no second authorization");
+
+    server.kill9();
+    let _ = std::fs::remove_dir_all(dir);
+}

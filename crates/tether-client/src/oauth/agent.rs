@@ -78,12 +78,14 @@ pub struct LoopbackRedirect {
 }
 
 impl LoopbackRedirect {
-    /// Listens on 127.0.0.1 at a free port; a person has `wait` to authorize.
-    pub async fn bind(wait: std::time::Duration) -> Result<LoopbackRedirect, AuthError> {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
-            .await
-            .map_err(|err| AuthError::Http(format!("no loopback port for the redirect: {err}")))?;
-        let port = listener.local_addr().map_err(|err| AuthError::Http(err.to_string()))?.port();
+    /// Listens on 127.0.0.1 at a free port; a person has `wait` to authorize. Call it within a
+    /// Tokio runtime.
+    pub fn bind(wait: std::time::Duration) -> Result<LoopbackRedirect, AuthError> {
+        let failed = |err: std::io::Error| AuthError::Http(format!("no loopback port for the redirect: {err}"));
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(failed)?;
+        listener.set_nonblocking(true).map_err(failed)?;
+        let listener = tokio::net::TcpListener::from_std(listener).map_err(failed)?;
+        let port = listener.local_addr().map_err(failed)?.port();
         Ok(LoopbackRedirect {
             listener: tokio::sync::Mutex::new(listener),
             redirect_uri: format!("http://127.0.0.1:{port}/callback"),

@@ -118,6 +118,13 @@ pub(crate) fn store(path: &Path, endpoint: &str, saved: &Saved) -> Result<(), Au
     let mut all = read_all(path)?;
     all.insert(endpoint.to_owned(), saved.clone());
     let text = serde_json::to_vec_pretty(&all).map_err(|err| failed(&err))?;
+    if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty() && !parent.exists()) {
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder.create(parent).map_err(|err| failed(&err))?;
+    }
     let mut temporary = path.as_os_str().to_owned();
     temporary.push(".tmp");
     let temporary = std::path::PathBuf::from(temporary);
