@@ -4,13 +4,13 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
 use tether_core::idempotency::Acknowledged;
 use tether_core::mcp::header;
 use tether_core::sse::{Decoder, Event};
 
 use crate::ClientError;
-use crate::oauth::{Authorizer, Challenge};
+use crate::oauth::{Authorizer, Challenge, Credential};
 
 /// What the server's response head said about the session, and about a keyed request's claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,15 +96,15 @@ impl Endpoint {
         let mut challenges = 0;
         loop {
             let token = self.token().await;
-            let response = self.post_once(session, body.clone(), extra.clone(), token.as_deref()).await?;
-            if !self.challenged(&response, token.as_deref(), &mut challenges).await? {
+            let response = self.post_once(session, body.clone(), extra.clone(), token.as_ref()).await?;
+            if !self.challenged(&response, token.as_ref(), &mut challenges).await? {
                 return classify(response).await;
             }
         }
     }
 
     /// The access token requests carry now, if any.
-    async fn token(&self) -> Option<Arc<str>> {
+    async fn token(&self) -> Option<Credential> {
         match &self.authorizer {
             Some(authorizer) => authorizer.token().await,
             None => None,
@@ -116,7 +116,7 @@ impl Endpoint {
     async fn challenged(
         &self,
         response: &reqwest::Response,
-        sent: Option<&str>,
+        sent: Option<&Credential>,
         challenges: &mut u32,
     ) -> Result<bool, ClientError> {
         let Some(authorizer) = &self.authorizer else { return Ok(false) };
@@ -140,12 +140,12 @@ impl Endpoint {
         session: &SessionHeaders,
         body: Bytes,
         extra: HeaderMap,
-        token: Option<&str>,
+        token: Option<&Credential>,
     ) -> Result<reqwest::Response, ClientError> {
         let mut headers = session.apply(extra);
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(ACCEPT, HeaderValue::from_static("application/json, text/event-stream"));
-        bearer(&mut headers, token);
+        self.present(&mut headers, "POST", token)?;
         // An HTTP client can lose a request handed to a connection that closes at that very
         // moment: it is never written and never answered. Nothing of it is written before its
         // body is first read, so a request whose body is not read in time did not reach the
@@ -179,35 +179,41 @@ impl Endpoint {
             if let Some(cursor) = cursor.and_then(|c| c.parse().ok()) {
                 headers.insert(header::LAST_EVENT_ID, cursor);
             }
-            bearer(&mut headers, token.as_deref());
+            self.present(&mut headers, "GET", token.as_ref())?;
             // A GET changes nothing, and a stream's head comes at once: one that does not come
             // in time (the request was lost, as a POST can be) is tried again.
             let response = tokio::time::timeout(self.unsent_timeout, self.http.get(&self.url).headers(headers).send())
                 .await
                 .map_err(|_| ClientError::Transport(format!("no answer to the GET within {:?}", self.unsent_timeout)))?
                 .map_err(transport)?;
-            if !self.challenged(&response, token.as_deref(), &mut challenges).await? {
+            if !self.challenged(&response, token.as_ref(), &mut challenges).await? {
                 return classify(response).await;
             }
+        }
+    }
+
+    /// Puts the access token, if any, in the headers of a `method` request.
+    fn present(&self, headers: &mut HeaderMap, method: &str, token: Option<&Credential>) -> Result<(), ClientError> {
+        match (&self.authorizer, token) {
+            (Some(authorizer), Some(token)) => authorizer
+                .present(token, method, &self.url, headers)
+                .map_err(|err| ClientError::Unauthorized(err.to_string())),
+            _ => Ok(()),
         }
     }
 
     /// DELETEs the session; the answer does not matter.
     pub async fn delete(&self, session: &SessionHeaders) {
         let mut headers = session.apply(HeaderMap::new());
-        bearer(&mut headers, self.token().await.as_deref());
+        let token = self.token().await;
+        if let Err(err) = self.present(&mut headers, "DELETE", token.as_ref()) {
+            tracing::debug!(%err, "DELETE of the session without credentials");
+        }
         match tokio::time::timeout(self.unsent_timeout, self.http.delete(&self.url).headers(headers).send()).await {
             Ok(Ok(_)) => {}
             Ok(Err(err)) => tracing::debug!(%err, "DELETE of the session failed"),
             Err(_) => tracing::debug!("DELETE of the session was not answered in time"),
         }
-    }
-}
-
-/// Puts `token` in `headers` as the bearer credential.
-fn bearer(headers: &mut HeaderMap, token: Option<&str>) {
-    if let Some(value) = token.and_then(|token| HeaderValue::from_str(&format!("Bearer {token}")).ok()) {
-        headers.insert(AUTHORIZATION, value);
     }
 }
 

@@ -483,6 +483,18 @@ fn conformance_oauth(scenario: &str, context: &Value) -> Result<OAuthConfig, Str
     let agent = FollowRedirect::new(CONFORMANCE_REDIRECT_URI, &Trust::platform()).map_err(|err| err.to_string())?;
     let mut oauth = OAuthConfig::new(Arc::new(agent));
     oauth.identity = match (text("client_id"), text("client_secret"), text("private_key_pem")) {
+        (Some(client_id), Some(client_secret), None) if context.get("idp_id_token").is_some() => {
+            ClientIdentity::Enterprise {
+                client_id,
+                client_secret,
+                idp_token_endpoint: text("idp_token_endpoint").ok_or("the context names no idp_token_endpoint")?,
+                idp_client_id: text("idp_client_id"),
+                id_token: text("idp_id_token").ok_or("the context has no idp_id_token")?,
+            }
+        }
+        (client_id, _, None) if context.get("valid_jwt").is_some() => {
+            ClientIdentity::Workload { client_id, assertion: text("valid_jwt").ok_or("the context has no valid_jwt")? }
+        }
         (Some(client_id), _, Some(pem)) => {
             let algorithm = text("signing_algorithm").unwrap_or_else(|| "ES256".into());
             let algorithm = algorithm.parse().map_err(|_| format!("unknown signing algorithm {algorithm}"))?;

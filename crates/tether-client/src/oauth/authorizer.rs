@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 
 use super::challenge::{Challenge, Refusal};
 use super::discovery::{Discovered, ServerMetadata, discover};
+use super::dpop::{self, Dpop};
 use super::token_file::{self, AuthMethod, Grant, Registration, Saved};
 use super::{AuthError, ClientIdentity, MachineCredential, OAuthConfig};
 use crate::tls::Trust;
@@ -27,15 +28,32 @@ const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long before its expiry a token is refreshed rather than sent (or a quarter of the time
 /// it has left, if that is less).
 const RENEW_BEFORE: Duration = Duration::from_secs(10);
+/// The JWT bearer grant (RFC 7523 §2.1).
+const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
 /// The scope that asks for a refresh token (SEP-2207), asked for only where the server has it.
 const OFFLINE_ACCESS: &str = "offline_access";
 
 /// The token requests carry now, read without waiting on an authorization in progress.
 #[derive(Debug, Clone)]
 struct Current {
-    access_token: Arc<str>,
+    credential: Credential,
     renew_at: Option<SystemTime>,
     refreshable: bool,
+}
+
+/// An access token, as a request presents it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credential {
+    access_token: Arc<str>,
+    /// Whether it is bound to the client's DPoP key: presented with the `DPoP` scheme and a
+    /// proof, else as a bearer token.
+    dpop: bool,
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credential").field("dpop", &self.dpop).finish_non_exhaustive()
+    }
 }
 
 /// What the authorizer knows, changed one authorization or refresh at a time.
@@ -57,6 +75,8 @@ pub struct Authorizer {
     http: reqwest::Client,
     current: std::sync::Mutex<Option<Current>>,
     state: tokio::sync::Mutex<State>,
+    /// The proof key, made when an authorization server first offers DPoP.
+    dpop: std::sync::OnceLock<Dpop>,
 }
 
 impl Authorizer {
@@ -84,28 +104,51 @@ impl Authorizer {
             http,
             current: std::sync::Mutex::new(current),
             state: tokio::sync::Mutex::new(state),
+            dpop: std::sync::OnceLock::new(),
         })
     }
 
     /// The access token to send, refreshed first if it is about to expire and can be; `None`
     /// before the first authorization (the server's refusal says where to get one).
-    pub fn token(&self) -> Pin<Box<dyn Future<Output = Option<Arc<str>>> + Send + '_>> {
+    pub fn token(&self) -> Pin<Box<dyn Future<Output = Option<Credential>> + Send + '_>> {
         Box::pin(self.renewed())
     }
 
-    async fn renewed(&self) -> Option<Arc<str>> {
+    async fn renewed(&self) -> Option<Credential> {
         let current = self.current()?;
         let due = current.renew_at.is_some_and(|at| SystemTime::now() >= at);
         if !(due && current.refreshable) {
-            return Some(current.access_token);
+            return Some(current.credential);
         }
         let mut state = self.state.lock().await;
-        if self.current().is_some_and(|now| now.access_token == current.access_token)
+        if self.current().is_some_and(|now| now.credential == current.credential)
             && let Err(err) = self.refresh(&mut state).await
         {
             tracing::info!(%err, "refreshing the token ahead of its expiry failed; it is sent as it is");
         }
-        self.current().map(|current| current.access_token)
+        self.current().map(|current| current.credential)
+    }
+
+    /// Puts `credential` in the headers of a `method` request to `url`: `Authorization`, and
+    /// for a DPoP-bound token a fresh proof.
+    pub fn present(
+        &self,
+        credential: &Credential,
+        method: &str,
+        url: &str,
+        headers: &mut reqwest::header::HeaderMap,
+    ) -> Result<(), AuthError> {
+        let token = &*credential.access_token;
+        let scheme = match (credential.dpop, self.dpop.get()) {
+            (true, Some(dpop)) => {
+                let proof = dpop.proof(method, url, Some(token), Dpop::nonce(&dpop.resource_nonce).as_deref())?;
+                headers.insert("dpop", header_value(&proof)?);
+                "DPoP"
+            }
+            _ => "Bearer",
+        };
+        headers.insert(reqwest::header::AUTHORIZATION, header_value(&format!("{scheme} {token}"))?);
+        Ok(())
     }
 
     /// A request carrying `sent` was accepted: the next refusal may authorize afresh.
@@ -119,16 +162,23 @@ impl Authorizer {
     /// gives a token that may be accepted. An error says no such token can be had.
     pub fn answer<'a>(
         &'a self,
-        sent: Option<&'a str>,
+        sent: Option<&'a Credential>,
         challenge: &'a Challenge,
     ) -> Pin<Box<dyn Future<Output = Result<(), AuthError>> + Send + 'a>> {
         Box::pin(self.answered(sent, challenge))
     }
 
-    async fn answered(&self, sent: Option<&str>, challenge: &Challenge) -> Result<(), AuthError> {
+    async fn answered(&self, sent: Option<&Credential>, challenge: &Challenge) -> Result<(), AuthError> {
+        if let (Some(dpop), Some(nonce), Some("use_dpop_nonce")) =
+            (self.dpop.get(), &challenge.dpop_nonce, challenge.error.as_deref())
+            && sent.is_some_and(|sent| sent.dpop)
+        {
+            Dpop::keep_nonce(&dpop.resource_nonce, nonce);
+            return Ok(());
+        }
         let mut state = self.state.lock().await;
-        let now = self.current().map(|current| current.access_token);
-        if now.as_deref() != sent {
+        let now = self.current().map(|current| current.credential);
+        if now.as_ref() != sent {
             return Ok(()); // another request's refusal got a new token meanwhile
         }
         let mut scopes = state.requested.clone();
@@ -178,7 +228,8 @@ impl Authorizer {
         {
             scopes.extend(resource.scopes_supported.iter().cloned());
         }
-        let machine = matches!(self.config.identity, ClientIdentity::Machine { .. });
+        let machine =
+            !matches!(self.config.identity, ClientIdentity::Dynamic { .. } | ClientIdentity::Registered { .. });
         if !machine
             && discovered.server.scopes_supported.as_ref().is_some_and(|s| s.iter().any(|s| s == OFFLINE_ACCESS))
         {
@@ -201,7 +252,46 @@ impl Authorizer {
                 let response = self.client_credentials(&discovered, &registration, credential, &scopes).await?;
                 (registration, response)
             }
-            _ => {
+            ClientIdentity::Workload { client_id, assertion } => {
+                let registration = Registration {
+                    authorization_server: discovered.authorization_server.clone(),
+                    client_id: client_id.clone().unwrap_or_default(),
+                    client_secret: None,
+                    auth_method: AuthMethod::None,
+                };
+                let mut form = vec![("grant_type", JWT_BEARER), ("assertion", assertion.as_str())];
+                if let Some(client_id) = client_id {
+                    form.push(("client_id", client_id));
+                }
+                let response =
+                    self.token_form(&discovered, &discovered.server.token_endpoint, form, &scopes, None).await?;
+                (registration, response)
+            }
+            ClientIdentity::Enterprise { client_id, client_secret, idp_token_endpoint, idp_client_id, id_token } => {
+                let mut exchange = vec![
+                    ("grant_type", "urn:ietf:params:oauth:grant-type:token-exchange"),
+                    ("requested_token_type", "urn:ietf:params:oauth:token-type:id-jag"),
+                    ("audience", discovered.server.issuer.as_str()),
+                    ("subject_token", id_token.as_str()),
+                    ("subject_token_type", "urn:ietf:params:oauth:token-type:id_token"),
+                ];
+                if let Some(idp_client_id) = idp_client_id {
+                    exchange.push(("client_id", idp_client_id));
+                }
+                let grant = self.token_form(&discovered, idp_token_endpoint, exchange, &scopes, None).await?;
+                let form = vec![("grant_type", JWT_BEARER), ("assertion", grant.access_token().secret().as_str())];
+                let basic = Some((client_id.as_str(), client_secret.as_str()));
+                let response =
+                    self.token_form(&discovered, &discovered.server.token_endpoint, form, &scopes, basic).await?;
+                let registration = Registration {
+                    authorization_server: discovered.authorization_server.clone(),
+                    client_id: client_id.clone(),
+                    client_secret: Some(client_secret.clone()),
+                    auth_method: AuthMethod::Basic,
+                };
+                (registration, response)
+            }
+            ClientIdentity::Dynamic { .. } | ClientIdentity::Registered { .. } => {
                 let registration = self.registration(state, &discovered).await?;
                 let response = self.code_flow(&discovered, &registration, &scopes).await?;
                 (registration, response)
@@ -355,7 +445,7 @@ impl Authorizer {
         if let Some(resource) = &discovered.resource {
             exchange = exchange.add_extra_param("resource", resource.resource.clone());
         }
-        exchange.request_async(&Exchange(&self.http)).await.map_err(token_error)
+        exchange.request_async(&self.exchange(server)?).await.map_err(token_error)
     }
 
     /// The client credentials grant, the client proven by its secret or a signed assertion.
@@ -391,7 +481,69 @@ impl Authorizer {
         if let Some(resource) = &discovered.resource {
             request = request.add_extra_param("resource", resource.resource.clone());
         }
-        request.request_async(&Exchange(&self.http)).await.map_err(token_error)
+        request.request_async(&self.exchange(server)?).await.map_err(token_error)
+    }
+
+    /// The HTTP client of `server`'s token endpoint: with DPoP proofs if it takes them.
+    fn exchange(&self, server: &ServerMetadata) -> Result<Exchange<'_>, AuthError> {
+        let offers_dpop = server
+            .dpop_signing_alg_values_supported
+            .as_ref()
+            .is_some_and(|algorithms| algorithms.iter().any(|a| a == dpop::ALGORITHM));
+        let dpop = match self.dpop.get() {
+            Some(dpop) => Some(dpop),
+            None if offers_dpop => {
+                let _ = self.dpop.set(Dpop::generate()?);
+                self.dpop.get()
+            }
+            None => None,
+        };
+        Ok(Exchange { http: &self.http, dpop: dpop.filter(|_| offers_dpop) })
+    }
+
+    /// A token request of a grant the `oauth2` crate does not have (the JWT bearer grant, token
+    /// exchange): `form`, with the resource and scopes, to `endpoint`, the client authenticated
+    /// with HTTP Basic if `basic` says.
+    async fn token_form(
+        &self,
+        discovered: &Discovered,
+        endpoint: &str,
+        mut form: Vec<(&str, &str)>,
+        scopes: &BTreeSet<String>,
+        basic: Option<(&str, &str)>,
+    ) -> Result<BasicTokenResponse, AuthError> {
+        let scope = scopes.iter().map(String::as_str).collect::<Vec<_>>().join(" ");
+        if !scope.is_empty() {
+            form.push(("scope", &scope));
+        }
+        if let Some(resource) = &discovered.resource {
+            form.push(("resource", &resource.resource));
+        }
+        let body = oauth2::url::form_urlencoded::Serializer::new(String::new()).extend_pairs(form).finish();
+        let mut request = self
+            .http
+            .post(endpoint)
+            .header(reqwest::header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .header(reqwest::header::ACCEPT, "application/json")
+            .body(body);
+        if let Some((id, secret)) = basic {
+            let encode = |text: &str| oauth2::url::form_urlencoded::byte_serialize(text.as_bytes()).collect::<String>();
+            request = request.basic_auth(encode(id), Some(encode(secret)));
+        }
+        let failed = |why: String| AuthError::Token(format!("{endpoint}: {why}"));
+        let mut response = request.send().await.map_err(|err| failed(crate::tls::describe(&err)))?;
+        let status = response.status();
+        let mut answer = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|err| failed(err.to_string()))? {
+            if answer.len() + chunk.len() > MAX_ANSWER_BYTES {
+                return Err(failed(format!("an answer larger than {MAX_ANSWER_BYTES} bytes")));
+            }
+            answer.extend_from_slice(&chunk);
+        }
+        if !status.is_success() {
+            return Err(failed(format!("answered {status}: {}", String::from_utf8_lossy(&answer))));
+        }
+        serde_json::from_slice(&answer).map_err(|err| failed(format!("not a token answer: {err}")))
     }
 
     /// Exchanges the refresh token for a new access token.
@@ -416,7 +568,8 @@ impl Authorizer {
         if let Some(resource) = &grant.resource {
             request = request.add_extra_param("resource", resource.clone());
         }
-        let response = request.request_async(&Exchange(&self.http)).await;
+        let exchange = Exchange { http: &self.http, dpop: self.dpop.get().filter(|_| grant.dpop) };
+        let response = request.request_async(&exchange).await;
         let response = match response {
             Ok(response) => response,
             Err(err) => {
@@ -437,7 +590,7 @@ impl Authorizer {
         *self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(current_of(&grant));
         let saved = state.registration.clone().map(|registration| Saved { registration, grant: grant.clone() });
         state.grant = Some(grant);
-        if let (Some(path), Some(saved)) = (&self.config.token_file, saved) {
+        if let (Some(path), Some(saved)) = (&self.config.token_file, saved.filter(|saved| !saved.grant.dpop)) {
             token_file::store(path, &self.endpoint, &saved)?;
         }
         Ok(())
@@ -537,6 +690,7 @@ fn grant_of(
         token_endpoint: token_endpoint.to_owned(),
         resource,
         scopes: scopes.iter().cloned().collect(),
+        dpop: matches!(response.token_type(), oauth2::basic::BasicTokenType::Extension(kind) if kind.eq_ignore_ascii_case("dpop")),
     }
 }
 
@@ -546,7 +700,11 @@ fn current_of(grant: &Grant) -> Current {
         let expires = Duration::from_secs(at);
         UNIX_EPOCH + expires.saturating_sub(RENEW_BEFORE.min(expires.saturating_sub(now) / 4))
     });
-    Current { access_token: grant.access_token.as_str().into(), renew_at, refreshable: grant.refresh_token.is_some() }
+    Current {
+        credential: Credential { access_token: grant.access_token.as_str().into(), dpop: grant.dpop },
+        renew_at,
+        refreshable: grant.refresh_token.is_some(),
+    }
 }
 
 /// Why an exchange with the authorization server failed at the HTTP level.
@@ -555,23 +713,58 @@ fn current_of(grant: &Grant) -> Current {
 struct ExchangeFailed(String);
 
 /// The exchanges of the `oauth2` crate's flows, over reqwest: no redirects followed, the answer
-/// bounded.
-struct Exchange<'h>(&'h reqwest::Client);
+/// bounded; each request with a DPoP proof if `dpop`, sent once more with the nonce the server
+/// asks for (RFC 9449 §8).
+struct Exchange<'h> {
+    http: &'h reqwest::Client,
+    dpop: Option<&'h Dpop>,
+}
 
 impl<'c> oauth2::AsyncHttpClient<'c> for Exchange<'_> {
     type Error = ExchangeFailed;
     type Future = std::pin::Pin<Box<dyn Future<Output = Result<oauth2::HttpResponse, ExchangeFailed>> + Send + 'c>>;
 
     fn call(&'c self, request: oauth2::HttpRequest) -> Self::Future {
-        Box::pin(exchange_http(self.0.clone(), request))
+        Box::pin(async move {
+            let Some(dpop) = self.dpop else { return exchange_http(self.http, request, None).await };
+            let proof = |nonce: Option<String>| {
+                dpop.proof(request.method().as_str(), &request.uri().to_string(), None, nonce.as_deref())
+                    .map_err(|err| ExchangeFailed(err.to_string()))
+            };
+            let first = proof(Dpop::nonce(&dpop.server_nonce))?;
+            let answer = exchange_http(self.http, clone_request(&request), Some(first)).await?;
+            let nonce = answer.headers().get("dpop-nonce").and_then(|v| v.to_str().ok()).map(str::to_owned);
+            let Some(nonce) = nonce else { return Ok(answer) };
+            Dpop::keep_nonce(&dpop.server_nonce, &nonce);
+            let asked = answer.status() == reqwest::StatusCode::BAD_REQUEST
+                && serde_json::from_slice::<Value>(answer.body()).is_ok_and(|body| body["error"] == "use_dpop_nonce");
+            if !asked {
+                return Ok(answer);
+            }
+            let retry = proof(Some(nonce))?;
+            exchange_http(self.http, request, Some(retry)).await
+        })
     }
 }
 
+fn clone_request(request: &oauth2::HttpRequest) -> oauth2::HttpRequest {
+    let mut copy = oauth2::HttpRequest::new(request.body().clone());
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.headers_mut() = request.headers().clone();
+    copy
+}
+
 async fn exchange_http(
-    http: reqwest::Client,
+    http: &reqwest::Client,
     request: oauth2::HttpRequest,
+    proof: Option<String>,
 ) -> Result<oauth2::HttpResponse, ExchangeFailed> {
-    let request = reqwest::Request::try_from(request).map_err(|err| ExchangeFailed(err.to_string()))?;
+    let mut request = reqwest::Request::try_from(request).map_err(|err| ExchangeFailed(err.to_string()))?;
+    if let Some(proof) = proof {
+        let proof = reqwest::header::HeaderValue::from_str(&proof).map_err(|err| ExchangeFailed(err.to_string()))?;
+        request.headers_mut().insert("dpop", proof);
+    }
     let mut response = http.execute(request).await.map_err(|err| ExchangeFailed(crate::tls::describe(&err)))?;
     let mut body = Vec::new();
     while let Some(chunk) = response.chunk().await.map_err(|err| ExchangeFailed(err.to_string()))? {
@@ -584,6 +777,11 @@ async fn exchange_http(
     *answer.status_mut() = response.status();
     *answer.headers_mut() = std::mem::take(response.headers_mut());
     Ok(answer)
+}
+
+fn header_value(text: &str) -> Result<reqwest::header::HeaderValue, AuthError> {
+    reqwest::header::HeaderValue::from_str(text)
+        .map_err(|_| AuthError::Token("a token that is not a header value".into()))
 }
 
 fn token_error<E: std::error::Error + 'static>(err: E) -> AuthError {

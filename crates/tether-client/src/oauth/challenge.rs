@@ -21,8 +21,10 @@ pub struct Challenge {
     pub resource_metadata: Option<String>,
     /// `scope`: the scopes the request needs, space-separated.
     pub scope: Option<String>,
-    /// `error`, as given (`invalid_token`, `insufficient_scope`).
+    /// `error`, as given (`invalid_token`, `insufficient_scope`, `use_dpop_nonce`).
     pub error: Option<String>,
+    /// The nonce the resource asks DPoP proofs to carry (the `DPoP-Nonce` header).
+    pub dpop_nonce: Option<String>,
 }
 
 impl Challenge {
@@ -42,7 +44,14 @@ impl Challenge {
             403 if error.as_deref() == Some("insufficient_scope") => Refusal::InsufficientScope,
             _ => return None,
         };
-        Some(Challenge { refusal, resource_metadata: param("resource_metadata"), scope: param("scope"), error })
+        let dpop_nonce = headers.get("dpop-nonce").and_then(|value| value.to_str().ok()).map(str::to_owned);
+        Some(Challenge {
+            refusal,
+            resource_metadata: param("resource_metadata"),
+            scope: param("scope"),
+            error,
+            dpop_nonce,
+        })
     }
 
     /// The scopes the challenge names.

@@ -52,6 +52,10 @@ pub struct ServerMetadata {
     /// Whether every authorization response names the issuer (RFC 9207).
     #[serde(default)]
     pub authorization_response_iss_parameter_supported: bool,
+    /// The algorithms it takes DPoP proofs in (RFC 9449 §5.1): where ES256 is one, tokens are
+    /// bound to the client's key.
+    #[serde(default)]
+    pub dpop_signing_alg_values_supported: Option<Vec<String>>,
 }
 
 impl ServerMetadata {
@@ -125,6 +129,7 @@ async fn legacy(http: &reqwest::Client, origin: &str) -> Result<Discovered, Auth
         token_endpoint_auth_methods_supported: None,
         client_id_metadata_document_supported: false,
         authorization_response_iss_parameter_supported: false,
+        dpop_signing_alg_values_supported: None,
     });
     Ok(Discovered { resource: None, authorization_server: origin.to_owned(), server })
 }

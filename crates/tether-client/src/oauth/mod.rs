@@ -12,11 +12,12 @@ mod agent;
 mod authorizer;
 mod challenge;
 mod discovery;
+mod dpop;
 mod fetch;
 mod token_file;
 
 pub use agent::{FollowRedirect, LoopbackRedirect, Redirected, UserAgent};
-pub use authorizer::Authorizer;
+pub use authorizer::{Authorizer, Credential};
 pub use challenge::{Challenge, Refusal};
 pub use discovery::{Discovered, ResourceMetadata, ServerMetadata, discover, resource_covers};
 pub use fetch::{FetchError, KeySetFetcher, get_bounded, metadata_urls};
@@ -50,6 +51,30 @@ pub enum ClientIdentity {
         client_id: String,
         /// How it proves it is that client.
         credential: MachineCredential,
+    },
+    /// A workload whose platform vouches for it (workload identity federation, SEP-1933): a
+    /// JWT its identity provider issued, presented with the JWT bearer grant (RFC 7523 §2.1).
+    Workload {
+        /// The client id, if the authorization server knows the workload by one.
+        client_id: Option<String>,
+        /// The JWT.
+        assertion: String,
+    },
+    /// A person signed in at their enterprise's identity provider (enterprise-managed
+    /// authorization, SEP-990): the provider's ID token is exchanged there for an identity
+    /// assertion grant (RFC 8693 token exchange), which the authorization server takes with the
+    /// JWT bearer grant.
+    Enterprise {
+        /// The client's id at the authorization server.
+        client_id: String,
+        /// Its secret there.
+        client_secret: String,
+        /// The identity provider's token endpoint.
+        idp_token_endpoint: String,
+        /// The client's id at the identity provider, if it has one.
+        idp_client_id: Option<String>,
+        /// The ID token the identity provider issued for the person.
+        id_token: String,
     },
 }
 

@@ -71,6 +71,10 @@ pub(crate) struct Grant {
     pub resource: Option<String>,
     /// The scopes asked for.
     pub scopes: Vec<String>,
+    /// Whether the token is bound to the client's DPoP key (then it is never written to the
+    /// file: the key does not outlive the process).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dpop: bool,
 }
 
 impl std::fmt::Debug for Grant {
@@ -161,6 +165,7 @@ mod tests {
                 token_endpoint: "https://as.example/token".into(),
                 resource: Some("https://mcp.example/mcp".into()),
                 scopes: vec![],
+                dpop: false,
             },
         };
         store(&path, "https://a.example/mcp", &saved("a")).expect("stored");
