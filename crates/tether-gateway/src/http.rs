@@ -18,6 +18,7 @@ use crate::Tasks;
 #[derive(Debug, Clone)]
 pub struct Remote {
     config: ClientConfig,
+    forward_principal: Option<String>,
 }
 
 impl Remote {
@@ -26,13 +27,26 @@ impl Remote {
     /// downstream session from reset state.
     pub fn new(mut config: ClientConfig) -> Remote {
         config.reinitialize = false;
-        Remote { config }
+        Remote { config, forward_principal: None }
+    }
+
+    /// Tells the upstream who each instance serves: the downstream client's principal in the
+    /// `header` of every request (an upstream that trusts the gateway may act on it). Without,
+    /// the upstream is not told. The client's own credentials are never passed on.
+    pub fn forward_principal(mut self, header: impl Into<String>) -> Remote {
+        self.forward_principal = Some(header.into());
+        self
     }
 }
 
 impl Connect for Remote {
-    fn connect(&self) -> BoxFuture<'static, Result<Link, String>> {
-        let (mut link, mut from_server, mut events) = MessageLink::new(self.config.clone());
+    fn connect(&self, principal: Option<&str>) -> BoxFuture<'static, Result<Link, String>> {
+        let mut config = self.config.clone();
+        if let (Some(header), Some(principal)) = (&self.forward_principal, principal) {
+            config.headers.retain(|(name, _)| !name.eq_ignore_ascii_case(header));
+            config.headers.push((header.clone(), principal.to_owned()));
+        }
+        let (mut link, mut from_server, mut events) = MessageLink::new(config);
         let url = self.config.url.clone();
         Box::pin(async move {
             let (to_upstream, mut from_tether) = mpsc::channel(LINK_QUEUE);

@@ -92,7 +92,7 @@ struct Services<S> {
 }
 
 impl<S: ServerHandler> Connect for Services<S> {
-    fn connect(&self) -> BoxFuture<'static, Result<Link, String>> {
+    fn connect(&self, _principal: Option<&str>) -> BoxFuture<'static, Result<Link, String>> {
         let handler = (self.make)();
         Box::pin(async move {
             let (to_upstream, from_tether) = mpsc::channel(LINK_QUEUE);

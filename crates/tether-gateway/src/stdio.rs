@@ -34,7 +34,7 @@ struct Running {
 }
 
 impl Connect for Command {
-    fn connect(&self) -> BoxFuture<'static, Result<Link, String>> {
+    fn connect(&self, _principal: Option<&str>) -> BoxFuture<'static, Result<Link, String>> {
         let spawned = tokio::process::Command::new(&self.program)
             .args(&self.args)
             .stdin(Stdio::piped())

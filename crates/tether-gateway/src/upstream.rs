@@ -42,7 +42,7 @@ use tether_store::SessionEnd;
 use tokio::sync::{mpsc, watch};
 
 use peer::Peer;
-use pool::{Lease, Place, Pool};
+use pool::{Declared, Lease, Place, Pool};
 use tether_core::lineage::{Epoch, SessionId};
 use tether_server::relay::{self, ABORT_GRACE, Held, Holder, Relay, lost, unavailable};
 use tether_server::{AdoptFuture, Context, Handler, HandlerFuture, ServerInfo, SessionHandle};
@@ -95,8 +95,10 @@ impl std::fmt::Debug for Link {
 
 /// Starts upstream instances.
 pub trait Connect: Send + Sync + 'static {
-    /// Starts (or reaches) one instance, not yet initialized. The error says why not.
-    fn connect(&self) -> BoxFuture<'static, Result<Link, String>>;
+    /// Starts (or reaches) one instance, not yet initialized, to serve `principal` (who the
+    /// downstream client authenticated as, if the gateway authenticates): an upstream may be
+    /// told who it is, never given the client's credentials. The error says why not.
+    fn connect(&self, principal: Option<&str>) -> BoxFuture<'static, Result<Link, String>>;
 
     /// Names the upstream in errors and logs (a command line, a URL).
     fn describe(&self) -> String;
@@ -164,7 +166,7 @@ impl UpstreamHandler {
     /// instructions): one instance is started and initialized to learn it, then stopped.
     pub async fn info_of(connect: &impl Connect) -> Result<ServerInfo, ErrorObject> {
         let describe = described(connect);
-        let link = connect.connect().await.map_err(|err| unavailable(&describe, err))?;
+        let link = connect.connect(None).await.map_err(|err| unavailable(&describe, err))?;
         let client = translate::initialize_params(&json!({}), &tether_client());
         let (_peer, initialized) = Peer::start(link, client, None, describe).await?;
         let text = |pointer: &str| initialized.pointer(pointer).and_then(Value::as_str).map(str::to_owned);
@@ -180,19 +182,26 @@ impl UpstreamHandler {
 
 impl Upstream {
     /// Starts and initializes one instance.
-    async fn start(&self, client: Value, session: Option<SessionHandle>) -> Result<Peer, ErrorObject> {
+    async fn start(
+        &self,
+        client: Value,
+        principal: Option<&str>,
+        session: Option<SessionHandle>,
+    ) -> Result<Peer, ErrorObject> {
         let describe = self.describe();
-        let link = self.connect.connect().await.map_err(|err| unavailable(&describe, err))?;
+        let link = self.connect.connect(principal).await.map_err(|err| unavailable(&describe, err))?;
         Ok(Peer::start(link, client, session, describe).await?.0)
     }
 
     /// An instance initialized with `client` (a 2026-07-28 request's declared client) to serve
     /// one request: an idle one of the same client, else a new one once the pool has a place.
     async fn lease(&self, client: Value, ctx: &Context) -> Result<Lease, ErrorObject> {
-        match self.pool.place(client, ctx.cancelled()).await? {
+        let declared = Declared { params: client, principal: ctx.principal().map(str::to_owned) };
+        match self.pool.place(declared, ctx.cancelled()).await? {
             Place::Reused(lease) => Ok(lease),
             Place::Start(reserved) => {
-                let peer = self.start(reserved.client().clone(), None).await?;
+                let Declared { params, principal } = reserved.client();
+                let peer = self.start(params.clone(), principal.as_deref(), None).await?;
                 Ok(reserved.started(peer))
             }
         }
@@ -209,8 +218,10 @@ impl Upstream {
         let upstream = Arc::clone(self);
         tokio::spawn(async move {
             let peer = async {
-                let client = session.client_params().await.map_err(|err| unavailable(&upstream.describe(), err))?;
-                let peer = Arc::new(upstream.start(client, Some(session.clone())).await?);
+                let describe = upstream.describe();
+                let client = session.client_params().await.map_err(|err| unavailable(&describe, err))?;
+                let principal = session.principal().await.map_err(|err| unavailable(&describe, err))?;
+                let peer = Arc::new(upstream.start(client, principal.as_deref(), Some(session.clone())).await?);
                 end_session_when_stopped(&peer, session.clone());
                 Ok::<_, ErrorObject>(peer)
             }

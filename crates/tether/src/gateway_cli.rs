@@ -29,6 +29,11 @@ pub struct GatewayArgs {
     /// Also trust the certificate authorities in this PEM file for an https upstream.
     #[arg(long, value_name = "FILE", value_parser = parse_ca_cert, requires = "upstream")]
     ca_cert: Option<Trust>,
+    /// Tell the upstream who each downstream client authenticated as (with --auth): the
+    /// principal in this header of every request to it. Without, it is not told. The client's
+    /// own token is never passed on.
+    #[arg(long, value_name = "HEADER", requires = "upstream", value_parser = parse_header_name)]
+    upstream_principal_header: Option<String>,
     /// The most upstream instances (child processes, upstream sessions) that serve 2026-07-28
     /// requests at once: each is kept between the requests of one client, and a request past
     /// the bound waits for one.
@@ -37,6 +42,12 @@ pub struct GatewayArgs {
     /// The stdio MCP server to start for each session: a program and its arguments, after `--`.
     #[arg(last = true, value_name = "COMMAND", required_unless_present = "upstream")]
     command: Vec<String>,
+}
+
+/// A header name, checked when the command starts.
+fn parse_header_name(text: &str) -> Result<String, String> {
+    axum::http::HeaderName::from_bytes(text.as_bytes()).map_err(|_| format!("{text:?} is not a header name"))?;
+    Ok(text.to_owned())
 }
 
 pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
@@ -52,7 +63,11 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
             if wait.is_some() {
                 probe.backoff.max_attempts_without_progress = 0;
             }
-            Box::pin(reach(http::Remote::new(config), http::Remote::new(probe), wait.is_some(), pool))
+            let mut remote = http::Remote::new(config);
+            if let Some(header) = &args.upstream_principal_header {
+                remote = remote.forward_principal(header.clone());
+            }
+            Box::pin(reach(remote, http::Remote::new(probe), wait.is_some(), pool))
         }
         (None, Some((program, rest))) => {
             let command = stdio::Command::new(program.clone(), rest.iter().cloned());

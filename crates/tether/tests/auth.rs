@@ -129,3 +129,132 @@ async fn call_authorizes_through_the_browser_once_and_keeps_its_token() {
     server.kill9();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// What the recording upstream saw of one request: its JSON-RPC method, the forwarded
+/// principal, and whether it carried any `Authorization`.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    principal: Option<String>,
+    authorization: bool,
+}
+
+/// A minimal Streamable HTTP MCP server on loopback (JSON answers, one session, one tool) that
+/// records the headers of each request it is sent.
+async fn recording_upstream() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Seen>>>) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/mcp", listener.local_addr().expect("address"));
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let recorded = std::sync::Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let recorded = std::sync::Arc::clone(&recorded);
+            tokio::spawn(async move {
+                let mut buffer = Vec::new();
+                let mut chunk = [0u8; 4096];
+                for _ in 0..1_000 {
+                    let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match socket.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buffer[..end]).to_ascii_lowercase();
+                    let field = |name: &str| {
+                        head.lines().find_map(|line| line.strip_prefix(name)).map(|value| value.trim().to_owned())
+                    };
+                    let length: usize = field("content-length:").and_then(|v| v.parse().ok()).unwrap_or(0);
+                    while buffer.len() < end + 4 + length {
+                        match socket.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let body: Value = serde_json::from_slice(&buffer[end + 4..end + 4 + length]).unwrap_or(Value::Null);
+                    buffer.drain(..end + 4 + length);
+                    let verb = head.split(' ').next().unwrap_or("").to_owned();
+                    let method = body["method"].as_str().unwrap_or(&verb).to_owned();
+                    recorded.lock().expect("not poisoned").push(Seen {
+                        method: method.clone(),
+                        principal: field("x-tether-principal:"),
+                        authorization: field("authorization:").is_some(),
+                    });
+                    let (status, answer) = match (verb.as_str(), body.get("id")) {
+                        ("post", Some(id)) => {
+                            let result = match method.as_str() {
+                                "initialize" => json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                                    "serverInfo": {"name": "recording", "version": "1"}}),
+                                "tools/list" => {
+                                    json!({"tools": [{"name": "hello", "inputSchema": {"type": "object"}}]})
+                                }
+                                "tools/call" => json!({"content": [{"type": "text", "text": "hello"}]}),
+                                _ => json!({}),
+                            };
+                            ("200 OK", json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string())
+                        }
+                        ("post", None) => ("202 Accepted", String::new()),
+                        ("delete", _) => ("200 OK", String::new()),
+                        _ => ("405 Method Not Allowed", String::new()),
+                    };
+                    let reply = format!(
+                        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\nmcp-session-id: s1\r\ncontent-length: {}\r\n\r\n{answer}",
+                        answer.len()
+                    );
+                    if socket.write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, seen)
+}
+
+/// `tether gateway --auth jwt --upstream URL --upstream-principal-header H`: the upstream is told
+/// who each client authenticated as, in the header, and never given the client's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_tells_its_upstream_the_principal_and_never_passes_the_token() {
+    let issuer = IssuerServer::start().await;
+    let url = issuer.issuer.issuer().to_owned();
+    let (upstream, seen) = recording_upstream().await;
+    let listen = format!("127.0.0.1:{}", free_port());
+    let jwt = ["--auth", "jwt", "--jwt-issuer", &url, "--jwt-audience", RESOURCE];
+    let gateway = ["gateway", "--store", "memory", "--listen", &listen];
+    let forward = ["--upstream", &upstream, "--upstream-principal-header", "x-tether-principal"];
+    let process = tether(&[&gateway[..], &jwt[..], &forward[..]].concat());
+    let endpoint = tokio::task::block_in_place(|| process.line(Duration::from_secs(30)))
+        .expect("tether gateway started")
+        .strip_prefix("listening on ")
+        .expect("listening line")
+        .to_owned();
+
+    let token = issuer.issuer.token("alice", RESOURCE, "mcp", 300);
+    let bearer = format!("Bearer {token}");
+    let with_token = [MEDIA[0], MEDIA[1], ("authorization", bearer.as_str())];
+    let opened = tokio::task::block_in_place(|| {
+        exchange(&endpoint, "POST", &with_token, &initialize(), |body| body.contains("serverInfo"), WAIT)
+    });
+    assert_eq!(opened.status, 200, "{}", opened.body);
+    let session = header(&opened.headers, "mcp-session-id").to_owned();
+    let in_session = [
+        with_token[0],
+        with_token[1],
+        with_token[2],
+        ("mcp-session-id", &session),
+        ("mcp-protocol-version", "2025-11-25"),
+    ];
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "hello", "arguments": {}}});
+    let called = tokio::task::block_in_place(|| {
+        exchange(&endpoint, "POST", &in_session, &call.to_string(), |body| body.contains("\"result\""), WAIT)
+    });
+    assert!(called.body.contains("hello"), "{}", called.body);
+
+    let seen = seen.lock().expect("not poisoned").clone();
+    assert!(seen.iter().all(|s| !s.authorization), "no token went upstream: {seen:?}");
+    let calls: Vec<&Seen> = seen.iter().filter(|s| s.method == "tools/call").collect();
+    assert_eq!(calls.len(), 1, "{seen:?}");
+    assert_eq!(calls[0].principal.as_deref(), Some("alice"), "{seen:?}");
+    drop(process);
+}

@@ -787,3 +787,50 @@ fn header_value(text: &str) -> Result<reqwest::header::HeaderValue, AuthError> {
 fn token_error<E: std::error::Error + 'static>(err: E) -> AuthError {
     AuthError::Token(crate::tls::describe(&err))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(iss_supported: bool, methods: Option<&[&str]>) -> ServerMetadata {
+        serde_json::from_value(json!({
+            "issuer": "http://localhost:9000",
+            "token_endpoint": "http://localhost:9000/token",
+            "authorization_response_iss_parameter_supported": iss_supported,
+            "token_endpoint_auth_methods_supported": methods,
+        }))
+        .expect("metadata")
+    }
+
+    #[test]
+    fn the_code_is_taken_only_from_a_response_of_our_state_and_of_the_issuer_exactly() {
+        let (supported, unsaid) = (server(true, None), server(false, None));
+        let code =
+            |url: &str, server: &ServerMetadata| authorization_code(url, "s1", server).map(|c| c.secret().clone());
+        let back = "http://localhost:3000/callback?code=c1&state=s1";
+        assert_eq!(code(&format!("{back}&iss=http%3A%2F%2Flocalhost%3A9000"), &supported).expect("taken"), "c1");
+        assert_eq!(code(back, &unsaid).expect("no iss where none is promised"), "c1");
+        for (url, server) in [
+            (format!("{back}&iss=http%3A%2F%2Flocalhost%3A9000%2F"), &supported),
+            (format!("{back}&iss=https%3A%2F%2Fevil.example.com"), &unsaid),
+            (back.to_owned(), &supported),
+        ] {
+            assert!(matches!(code(&url, server), Err(AuthError::IssuerMismatch { .. })), "{url}");
+        }
+        let other_state = "http://localhost:3000/callback?code=c1&state=s2";
+        assert!(matches!(code(other_state, &unsaid), Err(AuthError::Denied(_))));
+        let denied = "http://localhost:3000/callback?error=access_denied&state=s1";
+        assert!(matches!(code(denied, &unsaid), Err(AuthError::Denied(why)) if why.contains("access_denied")));
+    }
+
+    #[test]
+    fn a_client_authenticates_as_registered_if_accepted_else_as_its_secret_allows() {
+        let only = |methods: &[&str]| server(false, Some(methods));
+        assert_eq!(auth_method(&only(&["client_secret_post"]), true, Some(AuthMethod::Post)), AuthMethod::Post);
+        assert_eq!(auth_method(&only(&["client_secret_basic"]), true, Some(AuthMethod::Post)), AuthMethod::Basic);
+        assert_eq!(auth_method(&only(&["client_secret_post"]), true, None), AuthMethod::Post);
+        assert_eq!(auth_method(&only(&["none"]), true, None), AuthMethod::None);
+        assert_eq!(auth_method(&server(false, None), true, None), AuthMethod::Basic);
+        assert_eq!(auth_method(&only(&["client_secret_basic"]), false, None), AuthMethod::None);
+    }
+}

@@ -44,8 +44,19 @@ struct State {
     next_mark: u64,
 }
 
+/// Whom an instance serves: the client its `initialize` params declare, and the principal the
+/// requests authenticated as (an HTTP upstream may be told it), so that an instance is never
+/// lent to another principal's request.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Declared {
+    /// The `initialize` params.
+    pub params: Value,
+    /// The principal, if the gateway authenticates.
+    pub principal: Option<String>,
+}
+
 struct Idle {
-    client: Value,
+    client: Declared,
     peer: Peer,
     mark: u64,
 }
@@ -61,14 +72,14 @@ pub(super) enum Place {
 /// A place in the pool, held while its instance starts; given back if it never does.
 pub(super) struct Reserved {
     slot: Slot,
-    client: Value,
+    client: Declared,
 }
 
 /// An instance serving one request; returned to the pool by [`Lease::finish`], stopped if dropped
 /// otherwise.
 pub(super) struct Lease {
     slot: Slot,
-    client: Value,
+    client: Declared,
     peer: Peer,
 }
 
@@ -94,7 +105,7 @@ impl Pool {
     /// one is returned or `cancelled` resolves (the request was cancelled).
     pub(super) async fn place(
         self: &Arc<Self>,
-        client: Value,
+        client: Declared,
         cancelled: impl Future<Output = ()>,
     ) -> Result<Place, ErrorObject> {
         let mut cancelled = std::pin::pin!(cancelled);
@@ -141,7 +152,7 @@ impl Pool {
 
     /// Keeps `peer`, idle, for the next request of `client`; stops it after [`IDLE_TIMEOUT`]
     /// unless a request took it meanwhile.
-    fn keep(self: &Arc<Self>, client: Value, peer: Peer) {
+    fn keep(self: &Arc<Self>, client: Declared, peer: Peer) {
         let mark = {
             let mut state = lock(&self.state);
             state.next_mark += 1;
@@ -215,8 +226,8 @@ impl Drop for Slot {
 }
 
 impl Reserved {
-    /// The `initialize` params to start the instance with.
-    pub(super) fn client(&self) -> &Value {
+    /// Whom to start the instance for.
+    pub(super) fn client(&self) -> &Declared {
         &self.client
     }
 
@@ -272,7 +283,11 @@ mod tests {
         (peer, stopped)
     }
 
-    async fn lease(pool: &Arc<Pool>, client: &Value) -> (Lease, bool) {
+    fn declared(params: Value) -> Declared {
+        Declared { params, principal: None }
+    }
+
+    async fn lease(pool: &Arc<Pool>, client: &Declared) -> (Lease, bool) {
         match pool.place(client.clone(), pending()).await.expect("a place") {
             Place::Reused(lease) => (lease, true),
             Place::Start(reserved) => (reserved.started(instance().await.0), false),
@@ -282,7 +297,7 @@ mod tests {
     #[tokio::test]
     async fn an_answered_instance_serves_the_next_request_of_the_same_client_only() {
         let pool = Pool::new(NonZeroUsize::new(4).expect("not 0"));
-        let (a, b) = (json!({"clientInfo": "a"}), json!({"clientInfo": "b"}));
+        let (a, b) = (declared(json!({"clientInfo": "a"})), declared(json!({"clientInfo": "b"})));
         let (first, reused) = lease(&pool, &a).await;
         assert!(!reused);
         first.finish(true);
@@ -299,9 +314,22 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_instance_is_never_lent_to_another_principal_of_the_same_client() {
+        let pool = Pool::new(NonZeroUsize::new(4).expect("not 0"));
+        let of = |principal: &str| Declared { params: json!({"clientInfo": "a"}), principal: Some(principal.into()) };
+        let (alices, _) = lease(&pool, &of("alice")).await;
+        alices.finish(true);
+        let (bobs, reused) = lease(&pool, &of("bob")).await;
+        assert!(!reused, "alice's instance was lent to bob");
+        bobs.finish(true);
+        let (_, reused) = lease(&pool, &of("alice")).await;
+        assert!(reused, "alice's idle instance was not reused for her");
+    }
+
+    #[tokio::test]
     async fn an_instance_that_stopped_is_not_kept_nor_counted() {
         let pool = Pool::new(NonZeroUsize::new(1).expect("not 0"));
-        let client = json!({});
+        let client = declared(json!({}));
         let (reserved, stopped) = match pool.place(client.clone(), pending()).await.expect("a place") {
             Place::Start(reserved) => {
                 let (peer, stopped) = instance().await;
@@ -319,7 +347,7 @@ mod tests {
     #[tokio::test]
     async fn past_the_bound_a_request_waits_for_a_return_then_takes_an_idle_instances_place() {
         let pool = Pool::new(NonZeroUsize::new(1).expect("not 0"));
-        let (a, b) = (json!({"clientInfo": "a"}), json!({"clientInfo": "b"}));
+        let (a, b) = (declared(json!({"clientInfo": "a"})), declared(json!({"clientInfo": "b"})));
         let (busy, _) = lease(&pool, &a).await;
         let waiting = tokio::spawn({
             let pool = Arc::clone(&pool);
@@ -337,8 +365,8 @@ mod tests {
     #[tokio::test]
     async fn a_waiting_request_that_is_cancelled_gives_up() {
         let pool = Pool::new(NonZeroUsize::new(1).expect("not 0"));
-        let (_busy, _) = lease(&pool, &json!({})).await;
-        let refused = pool.place(json!({"other": true}), std::future::ready(())).await;
+        let (_busy, _) = lease(&pool, &declared(json!({}))).await;
+        let refused = pool.place(declared(json!({"other": true})), std::future::ready(())).await;
         assert!(refused.is_err());
         assert_eq!(lock(&pool.state).live, 1);
     }
@@ -346,7 +374,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_idle_instance_is_stopped_after_the_idle_timeout() {
         let pool = Pool::new(NonZeroUsize::new(2).expect("not 0"));
-        let (lease_, _) = lease(&pool, &json!({})).await;
+        let (lease_, _) = lease(&pool, &declared(json!({}))).await;
         lease_.finish(true);
         tokio::time::sleep(IDLE_TIMEOUT - Duration::from_secs(1)).await;
         assert_eq!(pool.idle(), 1);

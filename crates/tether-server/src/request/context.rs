@@ -92,6 +92,8 @@ pub(crate) struct RequestMeta {
     pub client_request_timeout: std::time::Duration,
     /// The store's name of the request's idempotency key, if it carries one.
     pub idempotency_key: Option<String>,
+    /// Who the request authenticated as, if the server authenticates.
+    pub principal: Option<String>,
 }
 
 /// What a 2026-07-28 request brings back from its earlier rounds (SEP-2322): the client's
@@ -192,6 +194,15 @@ impl SessionHandle {
     /// The negotiated protocol version.
     pub fn protocol_version(&self) -> tether_core::mcp::ProtocolVersion {
         self.runtime.version
+    }
+
+    /// Who the session belongs to (the principal that opened it), if the server authenticates;
+    /// as the store keeps it.
+    pub async fn principal(&self) -> Result<Option<String>, ContextError> {
+        match self.server.store.session(&self.runtime.id, crate::now_ms()).await? {
+            tether_store::SessionStatus::Live(record) if record.epoch == self.runtime.epoch => Ok(record.principal),
+            _ => Err(ContextError::StreamGone("the session ended".into())),
+        }
     }
 
     /// The client's `initialize` params (`protocolVersion`, `capabilities`, `clientInfo`), as
@@ -301,6 +312,7 @@ impl Context {
             log_level: None,
             client_request_timeout: server.config.client_request_timeout,
             idempotency_key: None,
+            principal: None,
         };
         let output = Output::Stored { store: Arc::clone(&server.store), runtime, stream, ends_stream: false };
         // Nobody here waits to learn how the response starts: the receiving replica decides.
@@ -322,6 +334,12 @@ impl Context {
     /// The protocol version the request speaks: its session's, or 2026-07-28 without one.
     pub(crate) fn protocol_version(&self) -> tether_core::mcp::ProtocolVersion {
         self.shared.output.session().map_or(tether_core::mcp::ProtocolVersion::LATEST, |runtime| runtime.version)
+    }
+
+    /// Who the request authenticated as (a token's subject), if the server authenticates; a
+    /// request relayed from another replica has none here.
+    pub fn principal(&self) -> Option<&str> {
+        self.shared.meta.principal.as_deref()
     }
 
     /// The session id, in a session.

@@ -103,10 +103,12 @@ async fn start_sessionful_here(
     if entry.pipelined()
         && let Some(begun) = shared.store.begin_request_pipelined(entry.store_record(runtime, &stream))
     {
-        return start_pipelined(shared, runtime, entry, stream, begun).await;
+        return start_pipelined(shared, runtime, principal, entry, stream, begun).await;
     }
     Ok(match record(shared, runtime, entry, &stream, true).await? {
-        Recorded::New(work) => StartedSessionful::Running(run_recorded(shared, runtime, *work, stream, true).await?),
+        Recorded::New(work) => {
+            StartedSessionful::Running(run_recorded(shared, runtime, principal, *work, stream, true).await?)
+        }
         Recorded::Again { original, .. } => StartedSessionful::Attach { stream: original },
         Recorded::Conflict(error) => StartedSessionful::Conflict(error),
     })
@@ -121,6 +123,7 @@ async fn start_sessionful_here(
 async fn start_pipelined(
     shared: &Arc<ServerState>,
     runtime: &Arc<SessionRuntime>,
+    principal: Option<&str>,
     entry: Entry,
     stream: StreamName,
     begun: tether_store::StoreFuture<'static, BeginRequest>,
@@ -131,7 +134,7 @@ async fn start_pipelined(
         return Err(DispatchError::SessionEnded);
     }
     let registered = runtime.start_request(&key, &stream, cancel.clone());
-    let (ctx, first) = context(shared, runtime, &request, &stream, true, None, &cancel);
+    let (ctx, first) = context(shared, runtime, principal, &request, &stream, true, None, &cancel);
     let (decided, decision) = oneshot::channel();
     let id = request.id.clone();
     let (runtime, shared) = (Arc::clone(runtime), Arc::clone(shared));
@@ -207,7 +210,7 @@ async fn start_in_batch_here(
         }
         Recorded::Conflict(error) => return Ok(Err(error)),
     };
-    Ok(Ok(run_recorded(shared, runtime, work, stream.clone(), false).await?))
+    Ok(Ok(run_recorded(shared, runtime, principal, work, stream.clone(), false).await?))
 }
 
 /// Why a request could not be started, for the transport to answer as it answers refusals.
@@ -358,11 +361,14 @@ async fn record(
     })
 }
 
-/// The context of a request of a session, writing to `stream` (which ends with its
-/// response if `ends_stream`), and the receiver of its first output's kind.
+/// The context of a request of a session (and of `principal`, the session's), writing to
+/// `stream` (which ends with its response if `ends_stream`), and the receiver of its first
+/// output's kind.
+#[allow(clippy::too_many_arguments)]
 fn context(
     shared: &Arc<ServerState>,
     runtime: &Arc<SessionRuntime>,
+    principal: Option<&str>,
     request: &Request,
     stream: &StreamName,
     ends_stream: bool,
@@ -382,6 +388,7 @@ fn context(
         log_level: None,
         client_request_timeout: shared.config.client_request_timeout,
         idempotency_key,
+        principal: principal.map(str::to_owned),
     };
     Context::new(output, meta, Input::default(), cancel.clone(), Arc::clone(shared), None)
 }
@@ -391,6 +398,7 @@ fn context(
 async fn run_recorded(
     shared: &Arc<ServerState>,
     runtime: &Arc<SessionRuntime>,
+    principal: Option<&str>,
     work: Work,
     stream: StreamName,
     ends_stream: bool,
@@ -408,7 +416,7 @@ async fn run_recorded(
         Prepared::Keyed { keyed, .. } => Some(keyed.name.clone()),
         Prepared::Ready(_) => None,
     };
-    let (ctx, first) = context(shared, runtime, &request, &stream, ends_stream, idempotency_key, &cancel);
+    let (ctx, first) = context(shared, runtime, principal, &request, &stream, ends_stream, idempotency_key, &cancel);
     let params = request.params.as_ref().unwrap_or(&Value::Null);
     let job = match job {
         Prepared::Ready(job) => Ok(KeyedJob { job, acknowledged: None, claim: None }),
@@ -541,6 +549,7 @@ async fn start_stateless_here(
             .and_then(LogLevel::parse),
         client_request_timeout: shared.config.client_request_timeout,
         idempotency_key: keyed.as_ref().map(|k| k.name.clone()),
+        principal: principal.map(str::to_owned),
     };
     let cancel_on_close = keyed.is_none();
     let task = match request.method.as_str() {
