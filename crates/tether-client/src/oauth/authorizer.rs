@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use super::challenge::{Challenge, Refusal};
 use super::discovery::{Discovered, ServerMetadata, discover};
 use super::dpop::{self, Dpop};
+use super::fetch::read_bounded;
 use super::token_file::{self, AuthMethod, Grant, Registration, Saved};
 use super::{AuthError, ClientIdentity, MachineCredential, OAuthConfig};
 use crate::tls::Trust;
@@ -255,6 +256,8 @@ impl Authorizer {
             ClientIdentity::Workload { client_id, assertion } => {
                 let registration = Registration {
                     authorization_server: discovered.authorization_server.clone(),
+                    // Sent nowhere: an assertion grant is renewed by presenting the assertion
+                    // again, never by a refresh token.
                     client_id: client_id.clone().unwrap_or_default(),
                     client_secret: None,
                     auth_method: AuthMethod::None,
@@ -263,8 +266,9 @@ impl Authorizer {
                 if let Some(client_id) = client_id {
                     form.push(("client_id", client_id));
                 }
-                let response =
+                let mut response =
                     self.token_form(&discovered, &discovered.server.token_endpoint, form, &scopes, None).await?;
+                response.set_refresh_token(None);
                 (registration, response)
             }
             ClientIdentity::Enterprise { client_id, client_secret, idp_token_endpoint, idp_client_id, id_token } => {
@@ -373,13 +377,7 @@ impl Authorizer {
             .await
             .map_err(|err| failed(err.to_string()))?;
         let status = response.status();
-        let mut answer = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|err| failed(err.to_string()))? {
-            if answer.len() + chunk.len() > MAX_ANSWER_BYTES {
-                return Err(failed(format!("an answer larger than {MAX_ANSWER_BYTES} bytes")));
-            }
-            answer.extend_from_slice(&chunk);
-        }
+        let answer = read_bounded(&mut response, MAX_ANSWER_BYTES).await.map_err(|err| failed(err.to_string()))?;
         if !status.is_success() {
             return Err(failed(format!("answered {status}: {}", String::from_utf8_lossy(&answer))));
         }
@@ -533,13 +531,7 @@ impl Authorizer {
         let failed = |why: String| AuthError::Token(format!("{endpoint}: {why}"));
         let mut response = request.send().await.map_err(|err| failed(crate::tls::describe(&err)))?;
         let status = response.status();
-        let mut answer = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|err| failed(err.to_string()))? {
-            if answer.len() + chunk.len() > MAX_ANSWER_BYTES {
-                return Err(failed(format!("an answer larger than {MAX_ANSWER_BYTES} bytes")));
-            }
-            answer.extend_from_slice(&chunk);
-        }
+        let answer = read_bounded(&mut response, MAX_ANSWER_BYTES).await.map_err(|err| failed(err.to_string()))?;
         if !status.is_success() {
             return Err(failed(format!("answered {status}: {}", String::from_utf8_lossy(&answer))));
         }
@@ -766,13 +758,7 @@ async fn exchange_http(
         request.headers_mut().insert("dpop", proof);
     }
     let mut response = http.execute(request).await.map_err(|err| ExchangeFailed(crate::tls::describe(&err)))?;
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|err| ExchangeFailed(err.to_string()))? {
-        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
-            return Err(ExchangeFailed(format!("an answer larger than {MAX_ANSWER_BYTES} bytes")));
-        }
-        body.extend_from_slice(&chunk);
-    }
+    let body = read_bounded(&mut response, MAX_ANSWER_BYTES).await.map_err(|err| ExchangeFailed(err.to_string()))?;
     let mut answer = oauth2::HttpResponse::new(body);
     *answer.status_mut() = response.status();
     *answer.headers_mut() = std::mem::take(response.headers_mut());

@@ -52,10 +52,29 @@ pub async fn get_bounded(http: &reqwest::Client, url: &str, limit: usize) -> Res
     if response.status() != reqwest::StatusCode::OK {
         return Err(FetchError::Status { url: url.to_owned(), status: response.status().as_u16() });
     }
+    read_bounded(&mut response, limit).await.map_err(|err| match err {
+        BodyError::TooLarge => FetchError::TooLarge { url: url.to_owned(), limit },
+        BodyError::Failed(err) => failed(err),
+    })
+}
+
+/// Why a body was not read whole.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BodyError {
+    /// It is longer than the bound.
+    #[error("the answer is larger than allowed")]
+    TooLarge,
+    /// The connection failed.
+    #[error("{}", crate::tls::describe(.0))]
+    Failed(reqwest::Error),
+}
+
+/// The body of `response`, of at most `limit` bytes: what a server sends is never held beyond it.
+pub(crate) async fn read_bounded(response: &mut reqwest::Response, limit: usize) -> Result<Vec<u8>, BodyError> {
     let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(failed)? {
+    while let Some(chunk) = response.chunk().await.map_err(BodyError::Failed)? {
         if body.len() + chunk.len() > limit {
-            return Err(FetchError::TooLarge { url: url.to_owned(), limit });
+            return Err(BodyError::TooLarge);
         }
         body.extend_from_slice(&chunk);
     }
