@@ -37,9 +37,6 @@ pub struct ServerMetadata {
     /// The scopes it issues.
     #[serde(default)]
     pub scopes_supported: Option<Vec<String>>,
-    /// The grants it accepts.
-    #[serde(default)]
-    pub grant_types_supported: Option<Vec<String>>,
     /// The PKCE methods it accepts.
     #[serde(default)]
     pub code_challenge_methods_supported: Option<Vec<String>>,
@@ -63,13 +60,6 @@ impl ServerMetadata {
     /// is its default, RFC 8414 §2, and the others are tried as offered).
     pub fn accepts_auth_method(&self, method: &str) -> bool {
         self.token_endpoint_auth_methods_supported.as_ref().is_none_or(|methods| methods.iter().any(|m| m == method))
-    }
-
-    /// Whether it lists `grant`, or lists none (then the code and implicit grants are its default).
-    pub fn accepts_grant(&self, grant: &str) -> bool {
-        self.grant_types_supported
-            .as_ref()
-            .map_or(grant == "authorization_code", |grants| grants.iter().any(|g| g == grant))
     }
 }
 
@@ -124,7 +114,6 @@ async fn legacy(http: &reqwest::Client, origin: &str) -> Result<Discovered, Auth
         token_endpoint: format!("{origin}/token"),
         registration_endpoint: Some(format!("{origin}/register")),
         scopes_supported: None,
-        grant_types_supported: None,
         code_challenge_methods_supported: None,
         token_endpoint_auth_methods_supported: None,
         client_id_metadata_document_supported: false,

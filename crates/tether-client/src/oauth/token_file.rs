@@ -146,12 +146,8 @@ pub(crate) fn store(path: &Path, endpoint: &str, saved: &Saved) -> Result<(), Au
 mod tests {
     use super::*;
 
-    #[test]
-    fn entries_of_other_endpoints_are_kept_and_the_file_is_the_users_alone() {
-        let dir = std::env::temp_dir().join(format!("tether-tokens-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a directory");
-        let path = dir.join("tokens.json");
-        let saved = |token: &str| Saved {
+    fn saved(token: &str) -> Saved {
+        Saved {
             registration: Registration {
                 authorization_server: "https://as.example".into(),
                 client_id: "c".into(),
@@ -167,7 +163,19 @@ mod tests {
                 scopes: vec![],
                 dpop: false,
             },
-        };
+        }
+    }
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("tether-tokens-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn entries_of_other_endpoints_are_kept_and_the_file_and_its_directory_are_the_users_alone() {
+        let dir = scratch("kept");
+        let path = dir.join("config").join("tokens.json");
         store(&path, "https://a.example/mcp", &saved("a")).expect("stored");
         store(&path, "https://b.example/mcp", &saved("b")).expect("stored");
         store(&path, "https://a.example/mcp", &saved("a2")).expect("stored");
@@ -177,8 +185,37 @@ mod tests {
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            assert_eq!(std::fs::metadata(&path).expect("the file").permissions().mode() & 0o777, 0o600);
+            let mode = |p: &Path| std::fs::metadata(p).expect("there").permissions().mode() & 0o777;
+            assert_eq!(mode(&path), 0o600);
+            assert_eq!(mode(&dir.join("config")), 0o700);
         }
         std::fs::remove_dir_all(&dir).expect("removed");
+    }
+
+    #[test]
+    fn a_missing_file_holds_nothing_an_unreadable_or_oversized_one_is_an_error() {
+        let dir = scratch("bounds");
+        std::fs::create_dir_all(&dir).expect("a directory");
+        assert!(load(&dir.join("none.json"), "e").expect("no file, no entry").is_none());
+        let not_a_directory = dir.join("file");
+        std::fs::write(&not_a_directory, b"x").expect("written");
+        assert!(load(&not_a_directory.join("tokens.json"), "e").is_err(), "a path that cannot be a file");
+        let path = dir.join("tokens.json");
+        let large = "t".repeat(100 * 1024);
+        store(&path, "e", &saved(&large)).expect("stored");
+        assert_eq!(load(&path, "e").expect("under the bound").expect("an entry").grant.access_token, large);
+        std::fs::write(&path, vec![b' '; MAX_FILE_BYTES as usize + 1]).expect("written");
+        assert!(matches!(load(&path, "e"), Err(AuthError::TokenFile(why)) if why.contains("1 MiB")));
+        std::fs::remove_dir_all(&dir).expect("removed");
+    }
+
+    #[test]
+    fn methods_are_named_as_rfc_7591_names_them_and_a_grant_shows_no_token() {
+        for method in [AuthMethod::None, AuthMethod::Basic, AuthMethod::Post] {
+            assert_eq!(AuthMethod::named(method.name()), Some(method));
+        }
+        assert_eq!(AuthMethod::named("private_key_jwt"), None);
+        let shown = format!("{:?}", saved("secret-token").grant);
+        assert!(shown.starts_with("Grant") && !shown.contains("secret-token") && !shown.contains("\"r\""), "{shown}");
     }
 }
