@@ -122,7 +122,7 @@ pub(crate) fn store(path: &Path, endpoint: &str, saved: &Saved) -> Result<(), Au
     let mut all = read_all(path)?;
     all.insert(endpoint.to_owned(), saved.clone());
     let text = serde_json::to_vec_pretty(&all).map_err(|err| failed(&err))?;
-    if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty() && !parent.exists()) {
+    if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
         let mut builder = std::fs::DirBuilder::new();
         builder.recursive(true);
         #[cfg(unix)]
@@ -204,7 +204,12 @@ mod tests {
         let large = "t".repeat(100 * 1024);
         store(&path, "e", &saved(&large)).expect("stored");
         assert_eq!(load(&path, "e").expect("under the bound").expect("an entry").grant.access_token, large);
-        std::fs::write(&path, vec![b' '; MAX_FILE_BYTES as usize + 1]).expect("written");
+        let mut at_the_bound = serde_json::to_vec(&BTreeMap::from([("e", saved("t"))])).expect("json");
+        at_the_bound.resize(MAX_FILE_BYTES as usize, b' ');
+        std::fs::write(&path, &at_the_bound).expect("written");
+        assert!(load(&path, "e").expect("at the bound").is_some());
+        at_the_bound.push(b' ');
+        std::fs::write(&path, &at_the_bound).expect("written");
         assert!(matches!(load(&path, "e"), Err(AuthError::TokenFile(why)) if why.contains("1 MiB")));
         std::fs::remove_dir_all(&dir).expect("removed");
     }
