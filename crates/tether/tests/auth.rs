@@ -19,6 +19,12 @@ fn initialize() -> String {
     .to_string()
 }
 
+/// `with_token`'s headers and those of `session`.
+fn in_session<'a>(with_token: &[(&'a str, &'a str); 3], session: &'a str) -> [(&'a str, &'a str); 5] {
+    let [media, accept, authorization] = *with_token;
+    [media, accept, authorization, ("mcp-session-id", session), ("mcp-protocol-version", "2025-11-25")]
+}
+
 const MEDIA: [(&str, &str); 2] =
     [("content-type", "application/json"), ("accept", "application/json, text/event-stream")];
 
@@ -52,13 +58,7 @@ async fn serve_verifies_access_tokens_with_keys_found_through_the_issuers_metada
 
     let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": "counter_add", "arguments": {"key": "k", "amount": 1}}});
-    let in_session = [
-        with_token[0],
-        with_token[1],
-        with_token[2],
-        ("mcp-session-id", &session),
-        ("mcp-protocol-version", "2025-11-25"),
-    ];
+    let in_session = in_session(&with_token, &session);
     let refused = exchange(&endpoint, "POST", &in_session, &call.to_string(), |_| false, WAIT);
     assert_eq!(refused.status, 403, "{}", refused.body);
     assert!(header(&refused.headers, "www-authenticate").contains("scope=\"counter:write\""), "{:?}", refused.headers);
@@ -238,13 +238,7 @@ async fn a_gateway_tells_its_upstream_the_principal_and_never_passes_the_token()
     });
     assert_eq!(opened.status, 200, "{}", opened.body);
     let session = header(&opened.headers, "mcp-session-id").to_owned();
-    let in_session = [
-        with_token[0],
-        with_token[1],
-        with_token[2],
-        ("mcp-session-id", &session),
-        ("mcp-protocol-version", "2025-11-25"),
-    ];
+    let in_session = in_session(&with_token, &session);
     let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "hello", "arguments": {}}});
     let called = tokio::task::block_in_place(|| {
         exchange(&endpoint, "POST", &in_session, &call.to_string(), |body| body.contains("\"result\""), WAIT)

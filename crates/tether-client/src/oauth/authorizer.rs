@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use oauth2::basic::{BasicClient, BasicTokenResponse};
 use oauth2::{
-    AuthType, AuthUrl, AuthorizationCode, ClientId, ClientSecret, CsrfToken, PkceCodeChallenge, RedirectUrl,
-    RefreshToken, Scope, TokenResponse, TokenUrl,
+    AuthType, AuthUrl, AuthorizationCode, ClientId, ClientSecret, CsrfToken, EndpointNotSet, EndpointSet,
+    PkceCodeChallenge, RedirectUrl, RefreshToken, Scope, TokenResponse, TokenUrl,
 };
 use serde_json::{Value, json};
 
@@ -414,20 +414,9 @@ impl Authorizer {
             }
             _ => {}
         }
-        let url = |text: &str| {
-            reqwest::Url::parse(text).map_err(|err| AuthError::Discovery(format!("{text:?} is not a URL: {err}")))
-        };
-        let client = BasicClient::new(ClientId::new(registration.client_id.clone()))
+        let client = token_client(registration, &server.token_endpoint)?
             .set_auth_uri(AuthUrl::from_url(url(authorization_endpoint)?))
-            .set_token_uri(TokenUrl::from_url(url(&server.token_endpoint)?))
-            .set_redirect_uri(RedirectUrl::from_url(url(self.config.user_agent.redirect_uri())?))
-            .set_auth_type(auth_type(registration.auth_method));
-        let client = match &registration.client_secret {
-            Some(secret) if registration.auth_method != AuthMethod::None => {
-                client.set_client_secret(ClientSecret::new(secret.clone()))
-            }
-            _ => client,
-        };
+            .set_redirect_uri(RedirectUrl::from_url(url(self.config.user_agent.redirect_uri())?));
         let (challenge, verifier) = PkceCodeChallenge::new_random_sha256();
         let mut request = client
             .authorize_url(CsrfToken::new_random)
@@ -455,15 +444,7 @@ impl Authorizer {
         scopes: &BTreeSet<String>,
     ) -> Result<BasicTokenResponse, AuthError> {
         let server = &discovered.server;
-        let token_uri = reqwest::Url::parse(&server.token_endpoint)
-            .map_err(|err| AuthError::Discovery(format!("{:?} is not a URL: {err}", server.token_endpoint)))?;
-        let client = BasicClient::new(ClientId::new(registration.client_id.clone()))
-            .set_token_uri(TokenUrl::from_url(token_uri))
-            .set_auth_type(auth_type(registration.auth_method));
-        let client = match &registration.client_secret {
-            Some(secret) => client.set_client_secret(ClientSecret::new(secret.clone())),
-            None => client,
-        };
+        let client = token_client(registration, &server.token_endpoint)?;
         let assertion = match credential {
             MachineCredential::PrivateKey { pem, algorithm } => {
                 Some(assertion(&registration.client_id, &server.issuer, pem, *algorithm)?)
@@ -544,17 +525,7 @@ impl Authorizer {
             return Err(AuthError::Token("nothing to refresh".into()));
         };
         let refresh_token = grant.refresh_token.clone().ok_or_else(|| AuthError::Token("no refresh token".into()))?;
-        let token_uri = reqwest::Url::parse(&grant.token_endpoint)
-            .map_err(|err| AuthError::Token(format!("{:?} is not a URL: {err}", grant.token_endpoint)))?;
-        let client = BasicClient::new(ClientId::new(registration.client_id.clone()))
-            .set_token_uri(TokenUrl::from_url(token_uri))
-            .set_auth_type(auth_type(registration.auth_method));
-        let client = match &registration.client_secret {
-            Some(secret) if registration.auth_method != AuthMethod::None => {
-                client.set_client_secret(ClientSecret::new(secret.clone()))
-            }
-            _ => client,
-        };
+        let client = token_client(registration, &grant.token_endpoint)?;
         let refresh = RefreshToken::new(refresh_token.clone());
         let mut request = client.exchange_refresh_token(&refresh);
         if let Some(resource) = &grant.resource {
@@ -600,6 +571,28 @@ fn auth_method(server: &ServerMetadata, has_secret: bool, registered: Option<Aut
     let candidates: &[AuthMethod] =
         if has_secret { &[AuthMethod::Basic, AuthMethod::Post, AuthMethod::None] } else { &[AuthMethod::None] };
     candidates.iter().copied().find(|method| server.accepts_auth_method(method.name())).unwrap_or(candidates[0])
+}
+
+/// The `oauth2` client of `registration` at `token_endpoint`: its id, and its secret unless it
+/// authenticates as a public client.
+fn token_client(
+    registration: &Registration,
+    token_endpoint: &str,
+) -> Result<BasicClient<EndpointNotSet, EndpointNotSet, EndpointNotSet, EndpointNotSet, EndpointSet>, AuthError> {
+    let client = BasicClient::new(ClientId::new(registration.client_id.clone()))
+        .set_token_uri(TokenUrl::from_url(url(token_endpoint)?))
+        .set_auth_type(auth_type(registration.auth_method));
+    Ok(match &registration.client_secret {
+        Some(secret) if registration.auth_method != AuthMethod::None => {
+            client.set_client_secret(ClientSecret::new(secret.clone()))
+        }
+        _ => client,
+    })
+}
+
+/// `text` as a URL, for the `oauth2` crate's endpoints.
+fn url(text: &str) -> Result<reqwest::Url, AuthError> {
+    reqwest::Url::parse(text).map_err(|err| AuthError::Discovery(format!("{text:?} is not a URL: {err}")))
 }
 
 fn auth_type(method: AuthMethod) -> AuthType {
