@@ -334,7 +334,7 @@ impl RedisSentinels {
 
 impl RedisSentinels {
     /// Starts the server killed last again; the Sentinels make it the new primary's replica (or,
-    /// if they have not within [`AGREE_WITHIN`], the test does, as an operator would: under load
+    /// if they have not within 30 s, the test does, as an operator would: under load
     /// they sometimes never did, the old primary left alone as an empty primary no client is sent
     /// to). Answers once it is in sync.
     pub async fn restart_killed(&mut self) {
