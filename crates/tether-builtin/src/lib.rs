@@ -12,7 +12,7 @@ use tether_core::tasks::TaskSupport;
 use tether_server::excerpt::quoted;
 use tether_server::tools::{ToolSet, invalid_argument, text_result};
 use tether_server::{Context, ContextError, Handler, HandlerFuture, InputRequired, LogLevel, Refusal, ServerInfo};
-use tether_store::{CounterStore, MemoryStore, Retention};
+use tether_store::{CounterStore, MemoryStore, Retention, StoreError};
 
 /// A 1×1 PNG.
 const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==";
@@ -131,7 +131,7 @@ fn add_stream_tools(tools: &mut ToolSet, counters: &Arc<dyn CounterStore>) {
                     let value = counters
                         .counter_add(key, amount, ctx.idempotency_key())
                         .await
-                        .map_err(|e| internal(e.to_string()))?;
+                        .map_err(store_failure)?;
                     Ok(counter_result(value))
                 }
             }
@@ -149,7 +149,7 @@ fn add_stream_tools(tools: &mut ToolSet, counters: &Arc<dyn CounterStore>) {
                 let counters = Arc::clone(&counters);
                 async move {
                     let key = str_arg(&args, "key")?;
-                    let value = counters.counter_get(key).await.map_err(|e| internal(e.to_string()))?;
+                    let value = counters.counter_get(key).await.map_err(store_failure)?;
                     Ok(counter_result(value))
                 }
             }
@@ -211,6 +211,12 @@ fn add_stream_tools(tools: &mut ToolSet, counters: &Arc<dyn CounterStore>) {
 
 fn counter_result(value: i64) -> Value {
     json!({"content": [{"type": "text", "text": value.to_string()}], "structuredContent": {"value": value}})
+}
+
+/// A counter the store could not add to or read: `store_unavailable` while its backend fails,
+/// which a client answers by sending the call again (with its key, the addition is made once).
+fn store_failure(err: StoreError) -> ErrorObject {
+    Refusal::of_store_failure(&err).error(err.to_string())
 }
 
 fn internal(message: String) -> ErrorObject {

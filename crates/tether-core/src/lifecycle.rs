@@ -1,7 +1,7 @@
 //! How a request ends, as pure decisions: what of its output goes out once it is cancelled,
-//! what its stream ends with when its response cannot be written, and what a client may say of
-//! a request after all its attempts. The server and the client call these; the model checks
-//! them (`tether-model`'s `lifecycle`).
+//! what its stream ends with when its response cannot be written, what becomes of its key's
+//! claim, and what a client may say of a request after all its attempts. The server and the
+//! client call these; the model checks them (`tether-model`'s `lifecycle`).
 //!
 //! The rule they keep: every request's stream ends with a terminal event (its response, or an
 //! explicit `request_aborted` or `request_cancelled` error); every claimed idempotency key
@@ -44,6 +44,28 @@ pub fn after_response(written: bool) -> AfterResponse {
         AfterResponse::Ended
     } else {
         AfterResponse::AbortStream
+    }
+}
+
+/// What becomes of a keyed request's claim once the request was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// The answer is recorded as the key's outcome: a re-send gets it, and nothing runs again.
+    Record,
+    /// The claim is released: a re-send runs the request again.
+    Release,
+}
+
+/// Decides what becomes of a keyed request's claim: its answer is recorded, unless the handler
+/// failed because the store was `unavailable` under it (the answer asks the client to send the
+/// request again) and it keys its own effects (`resumable`, so running it again applies nothing
+/// twice). Then the claim is released: recorded, that answer would be all every re-send got,
+/// and the request would never be answered with its result.
+pub fn settle(unavailable: bool, resumable: bool) -> Settle {
+    if unavailable && resumable {
+        Settle::Release
+    } else {
+        Settle::Record
     }
 }
 
@@ -108,6 +130,14 @@ mod tests {
     fn a_response_that_could_not_be_written_aborts_the_stream() {
         assert_eq!(after_response(true), AfterResponse::Ended);
         assert_eq!(after_response(false), AfterResponse::AbortStream);
+    }
+
+    #[test]
+    fn only_a_resumable_request_failed_by_its_store_is_released() {
+        assert_eq!(settle(true, true), Settle::Release);
+        assert_eq!(settle(true, false), Settle::Record);
+        assert_eq!(settle(false, true), Settle::Record);
+        assert_eq!(settle(false, false), Settle::Record);
     }
 
     #[test]

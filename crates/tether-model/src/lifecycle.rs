@@ -1,19 +1,21 @@
 //! The request lifecycle as a model: one keyed `tools/call` of a session, from the
 //! client's first attempt to what it says of the request, through the races of its life: the
 //! handler returning as it is cancelled, a store write that fails, a start that fails after the
-//! key was claimed, and the server restarting on its memory store (session, stream and key gone
-//! with it). Connection cuts are the resumption model's ([`crate::protocol`]); here a client
+//! key was claimed, the store failing under the handler (which answers `store_unavailable`), and
+//! the server restarting on its memory store (session, stream and key gone with it). Connection cuts are the resumption model's ([`crate::protocol`]); here a client
 //! waits on its attempt until the server ends it.
 //!
-//! The server decides with [`tether_core::lifecycle::emit`] and
-//! [`tether_core::lifecycle::after_response`], and the client says what it may of the request
+//! The server decides with [`tether_core::lifecycle::emit`],
+//! [`tether_core::lifecycle::after_response`] and [`tether_core::lifecycle::settle`], and the client says what it may of the request
 //! with [`tether_core::lifecycle::Attempts`]: the decisions that ship. The properties:
 //! - liveness (the checker's own): from every state, a state is reachable without another
 //!   fault where the client has said how the request ended, the request's stream has ended, and
-//!   no key is held by a live process that will never finish it;
+//!   no key is held by a live process that will never finish it, and a request whose handler
+//!   keys its own effects (`resumable`) and met no fault but its store failing under it is
+//!   answered with its result;
 //! - `not_run_means_not_run`: the client never says "not executed" of a request that ran.
 
-use tether_core::lifecycle::{self, AfterResponse, Attempt, Attempts, Emit, Said};
+use tether_core::lifecycle::{self, AfterResponse, Attempt, Attempts, Emit, Said, Settle};
 
 use crate::checker::{Invariant, Model};
 
@@ -27,6 +29,8 @@ pub enum ServerVariant {
     RefusesResponseAfterCancel,
     /// (3) A key claimed for a request that then cannot start is left running.
     KeepsUnstartedClaim,
+    /// (6) A resumable request's `store_unavailable` answer is recorded as its key's outcome.
+    RecordsUnavailable,
 }
 
 /// The client's verdict: the real one, or a broken variant.
@@ -49,6 +53,18 @@ pub struct Faults {
     pub start_failure: bool,
     /// The server restarts on its memory store.
     pub restart: bool,
+    /// The store fails under the handler, which answers `store_unavailable`.
+    pub store_unavailable: bool,
+}
+
+impl Faults {
+    /// Whether a fault other than the store failing under the handler was spent in `now`.
+    fn other_than_unavailable_spent(self, now: Faults) -> bool {
+        (self.cancel && !now.cancel)
+            || (self.write_failure && !now.write_failure)
+            || (self.start_failure && !now.start_failure)
+            || (self.restart && !now.restart)
+    }
 }
 
 /// A model configuration.
@@ -62,6 +78,8 @@ pub struct Config {
     pub faults: Faults,
     /// How many attempts the client sends at most.
     pub attempts: u8,
+    /// The handler keys its own effects: running it again applies nothing twice.
+    pub resumable: bool,
 }
 
 impl Config {
@@ -70,8 +88,15 @@ impl Config {
         Config {
             server: ServerVariant::Real,
             client: ClientVariant::Real,
-            faults: Faults { cancel: true, write_failure: true, start_failure: true, restart: true },
+            faults: Faults {
+                cancel: true,
+                write_failure: true,
+                start_failure: true,
+                restart: true,
+                store_unavailable: true,
+            },
             attempts: 3,
+            resumable: true,
         }
     }
 }
@@ -141,6 +166,8 @@ pub struct State {
     pub handler: Handler,
     /// The handler started: its side effects may have happened.
     pub ran: bool,
+    /// The handler's answer (or the key's recorded outcome) is `store_unavailable`.
+    pub unavailable: bool,
     /// The client cancelled the request.
     pub cancelled: bool,
     /// The original request's stream.
@@ -170,6 +197,8 @@ pub enum Action {
     Cancel,
     /// The handler returns.
     Return,
+    /// The store fails under the handler, which returns `store_unavailable`.
+    ReturnUnavailable,
     /// The dispatcher answers the request: what the handler returned, or, cancelled first,
     /// the `request_cancelled` error.
     Respond,
@@ -194,16 +223,18 @@ impl Lifecycle {
 
     /// How the client's current attempt ended, if it did.
     fn attempt_end(&self, state: &State) -> Option<Attempt> {
+        // The client sends a request answered `store_unavailable` again.
+        let answered = if state.unavailable { Attempt::MayHaveRun } else { Attempt::Answered };
         match state.client {
             Client::Running => match state.stream {
-                Stream::Responded => Some(Attempt::Answered),
+                Stream::Responded => Some(answered),
                 Stream::Aborted => Some(Attempt::MayHaveRun),
                 // Its connection went with the restarted server.
                 Stream::Absent => Some(Attempt::MayHaveRun),
                 Stream::Live => None,
             },
             Client::Following => match (state.key, state.stream) {
-                (Key::Finished, _) | (_, Stream::Responded) => Some(Attempt::Answered),
+                (Key::Finished, _) | (_, Stream::Responded) => Some(answered),
                 (_, Stream::Aborted | Stream::Absent) => Some(Attempt::MayHaveRun),
                 _ => None,
             },
@@ -238,8 +269,16 @@ impl Lifecycle {
             _ => lifecycle::emit(state.cancelled, true) == Emit::Refuse,
         };
         let written = !refused && !std::mem::take(&mut state.failing_write);
-        // The key's outcome is recorded either way: with the response, or on its own.
-        state.key = Key::Finished;
+        // The key's outcome is recorded either way (with the response, or on its own), or the
+        // claim released.
+        let settle = match self.config.server {
+            ServerVariant::RecordsUnavailable => Settle::Record,
+            _ => lifecycle::settle(state.unavailable, self.config.resumable),
+        };
+        state.key = match settle {
+            Settle::Record => Key::Finished,
+            Settle::Release => Key::Free,
+        };
         if refused && self.config.server == ServerVariant::RefusesResponseAfterCancel {
             return state;
         }
@@ -263,6 +302,7 @@ impl Model for Lifecycle {
             unstarted: false,
             handler: Handler::Idle,
             ran: false,
+            unavailable: false,
             cancelled: false,
             stream: Stream::Absent,
             failing_write: false,
@@ -286,6 +326,9 @@ impl Model for Lifecycle {
         }
         if state.handler == Handler::Running {
             actions.push(Action::Return);
+            if state.faults.store_unavailable {
+                actions.push(Action::ReturnUnavailable);
+            }
             if state.faults.cancel && !state.cancelled {
                 actions.push(Action::Cancel);
             }
@@ -319,11 +362,15 @@ impl Model for Lifecycle {
                     Key::Free => {
                         next.key = Key::Running;
                         next.unstarted = true;
+                        next.unavailable = false;
                         next.stream = Stream::Live;
                         Client::Running
                     }
                     Key::Running => Client::Following,
-                    Key::Finished => return self.after_attempt(next, Attempt::Answered),
+                    Key::Finished => {
+                        let replayed = if state.unavailable { Attempt::MayHaveRun } else { Attempt::Answered };
+                        return self.after_attempt(next, replayed);
+                    }
                 };
             }
             Action::Start => {
@@ -348,6 +395,11 @@ impl Model for Lifecycle {
                 next.cancelled = true;
             }
             Action::Return => next.handler = Handler::Returned,
+            Action::ReturnUnavailable => {
+                next.faults.store_unavailable = false;
+                next.handler = Handler::Returned;
+                next.unavailable = true;
+            }
             Action::Respond => next = self.respond(next),
             Action::FailNextWrite => {
                 next.faults.write_failure = false;
@@ -384,7 +436,10 @@ impl Model for Lifecycle {
     }
 
     fn is_fault(&self, action: &Action) -> bool {
-        matches!(action, Action::StartFails | Action::Cancel | Action::FailNextWrite | Action::Restart)
+        matches!(
+            action,
+            Action::StartFails | Action::Cancel | Action::FailNextWrite | Action::Restart | Action::ReturnUnavailable
+        )
     }
 
     fn goal(&self, state: &State) -> bool {
@@ -392,6 +447,8 @@ impl Model for Lifecycle {
         let stream_ended = state.stream != Stream::Live;
         // A key held by the live server for a request that will never finish it.
         let held_forever = state.key == Key::Running && state.handler != Handler::Running && !state.unstarted;
-        said && stream_ended && !held_forever
+        let owed_its_result = self.config.resumable && !self.config.faults.other_than_unavailable_spent(state.faults);
+        let answered = state.client == Client::Said(Said::Answered);
+        said && stream_ended && !held_forever && (answered || !owed_its_result)
     }
 }

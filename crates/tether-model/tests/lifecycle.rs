@@ -57,3 +57,9 @@ fn trusting_the_last_attempt_says_a_request_that_ran_did_not() {
     let config = Config { client: ClientVariant::TrustsLastAttempt, ..Config::real() };
     assert_eq!(broken(config), "not_run_means_not_run");
 }
+
+#[test]
+fn recording_a_store_unavailable_answer_never_gives_a_resumable_request_its_result() {
+    let config = Config { server: ServerVariant::RecordsUnavailable, ..Config::real() };
+    assert_eq!(broken(config), "liveness");
+}

@@ -357,6 +357,17 @@ impl Refusal {
         }
     }
 
+    /// How a failure of the store that is not about a session is answered: a failing backend
+    /// (a Redis failing over, a full disk) is `store_unavailable`, which says "not now": a keyed
+    /// request is sent again, and its key decides whether it runs. Anything else is
+    /// `store_error`. Handlers answer their own store failures with it.
+    pub fn of_store_failure(err: &StoreError) -> Refusal {
+        match err {
+            StoreError::Backend(_) => Refusal::StoreUnavailable,
+            _ => Refusal::StoreError,
+        }
+    }
+
     /// The refusal whose `data.reason` is `reason`, if one is.
     pub fn from_reason(reason: &str) -> Option<Refusal> {
         Refusal::ALL.into_iter().find(|refusal| refusal.reason() == reason)
@@ -537,7 +548,7 @@ impl From<StoreError> for Rejection {
                 tracing::error!(%message, "store backend failed");
                 Refusal::StoreUnavailable.with("the store is unavailable")
             }
-            other => Refusal::StoreError.with(other.to_string()),
+            other => Refusal::of_store_failure(&other).with(other.to_string()),
         }
     }
 }

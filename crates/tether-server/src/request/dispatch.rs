@@ -663,6 +663,8 @@ async fn run(
     if let Some(trace) = trace.or_else(|| tether_core::trace_context::TraceContext::from_meta(&params)) {
         ctx.set_trace_context(trace);
     }
+    // Whether running it again applies nothing twice: decides what becomes of its key.
+    let resumable = matches!(job, Job::Run(Some(_))) && shared.handler.resumable(&method, &params);
     async move {
         let (work, record): (crate::HandlerFuture, Option<Keyed>) = match job {
             Job::Run(keyed) if matches!(finish, Finish::Sessionful) && tether_core::methods::may_ask_input(&method) => {
@@ -732,7 +734,18 @@ async fn run(
                 tether_core::translate::stateless_result(&method, result, server_info);
             }
         }
-        end(shared, &ctx, Response { id: Some(id), outcome }, record.map(|keyed| keyed.name)).await;
+        let unavailable = outcome
+            .as_ref()
+            .is_err_and(|error| error.reason().and_then(Refusal::from_reason) == Some(Refusal::StoreUnavailable));
+        let mut record = record.map(|keyed| keyed.name);
+        if let Some(key) = &record
+            && lifecycle::settle(unavailable, resumable) == lifecycle::Settle::Release
+        {
+            // Released before the answer goes out: the re-send it asks for runs the request.
+            idempotency::release(shared.store.as_ref(), key).await;
+            record = None;
+        }
+        end(shared, &ctx, Response { id: Some(id), outcome }, record).await;
     }
     .instrument(span)
     .await

@@ -286,6 +286,14 @@ pub(crate) async fn finish(store: &dyn Store, key: &str, outcome: Bytes) {
     }
 }
 
+/// Releases this process's claim of `key`, trying until the store takes it: a re-send then runs
+/// the request. Left claimed by a live process, the key would keep every re-send waiting.
+pub(crate) async fn release(store: &dyn Store, key: &str) {
+    if let Err(err) = crate::persist::until_stored("the release of a key's claim", || store.release_key(key)).await {
+        tracing::warn!(%err, "could not release the claim of a keyed request");
+    }
+}
+
 /// A key this process claimed for a request that is not running yet. Dropped before the request
 /// runs (it could not start, or its start failed or panicked), it releases the claim, so that a
 /// re-send runs the request instead of waiting for an owner that will never finish it.
@@ -310,11 +318,7 @@ impl Drop for ClaimGuard {
     fn drop(&mut self) {
         let Some(key) = self.key.take() else { return };
         let store = Arc::clone(&self.store);
-        let release = async move {
-            if let Err(err) = store.release_key(&key).await {
-                tracing::warn!(%err, "could not release the claim of a request that never ran");
-            }
-        };
+        let release = async move { release(store.as_ref(), &key).await };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn(release)),
             Err(_) => tracing::warn!("a claim of a request that never ran outlived the runtime: it stays claimed"),

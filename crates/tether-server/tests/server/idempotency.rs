@@ -199,3 +199,52 @@ async fn a_keyed_2026_request_answered_on_its_stream_is_answered_from_its_record
     assert_eq!((answer["id"].as_i64(), &answer["result"]["structuredContent"]["run"]), (Some(2), &json!(1)));
     assert_eq!(runs.load(Ordering::SeqCst), 1, "answered from the record, not run again");
 }
+
+/// Counters whose first addition is made, then answered as a broken connection: a Redis whose
+/// reply is lost as it fails over.
+struct LosingCounters {
+    inner: tether_store::MemoryStore,
+    additions: AtomicUsize,
+}
+
+impl tether_store::CounterStore for LosingCounters {
+    fn counter_add(&self, key: &str, amount: i64, once: Option<&str>) -> tether_store::StoreFuture<'_, i64> {
+        let (key, once) = (key.to_owned(), once.map(str::to_owned));
+        Box::pin(async move {
+            let value = self.inner.counter_add(&key, amount, once.as_deref()).await?;
+            match self.additions.fetch_add(1, Ordering::SeqCst) {
+                0 => Err(tether_store::StoreError::Backend("broken pipe".into())),
+                _ => Ok(value),
+            }
+        })
+    }
+
+    fn counter_get(&self, key: &str) -> tether_store::StoreFuture<'_, i64> {
+        self.inner.counter_get(key)
+    }
+}
+
+/// A keyed `counter_add` (a handler that keys its own effects) whose store failed under it is
+/// answered `store_unavailable`, and its key is left free: the re-send that answer asks for
+/// runs it again and gets the value the first run made, where a recorded failure would be all
+/// any re-send got.
+#[tokio::test]
+async fn a_keyed_call_failed_by_its_store_is_run_again_when_sent_again() {
+    let counters = Arc::new(LosingCounters {
+        inner: tether_store::MemoryStore::new(tether_store::Retention::default()),
+        additions: AtomicUsize::new(0),
+    });
+    let handler = tether_builtin::BuiltinHandler::new(Arc::clone(&counters) as Arc<dyn tether_store::CounterStore>);
+    let server = start_with(Builder::new(handler).config(config())).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let add = keyed("counter_add", json!({"key": "k", "amount": 5}), KEY, None);
+    let failed = json_body(call(&client, &session, 1, add.clone()).await).await;
+    assert_eq!(failed["error"]["data"]["reason"], "store_unavailable", "{failed}");
+    let again = json_body(call(&client, &session, 2, add.clone()).await).await;
+    assert_eq!(again["result"]["structuredContent"]["value"], 5, "run again, the addition made once: {again}");
+    let replayed = json_body(call(&client, &session, 3, add).await).await;
+    assert_eq!(replayed["result"], again["result"], "recorded once it ran to its result");
+    assert_eq!(counters.additions.load(Ordering::SeqCst), 2);
+    assert_eq!(counter(&client, &session).await, 5);
+}
