@@ -1,0 +1,217 @@
+//! What the embedded store's writer thread pays for one tool call's writes, by layout, on one
+//! thread (no channels, no flush: the writer's own CPU), in SQLite as the store configures it
+//! (WAL, 1 KiB pages, `synchronous = NORMAL`), eight calls to a commit as under load:
+//! - `tables`: the statements the store runs today: the request's record and its stream with
+//!   the priming event, then two appends (the progress event, then the result, which ends the
+//!   stream), each checking the session and the stream and keeping the byte counts, every job
+//!   in a savepoint;
+//! - `tables_writes`: the same tables written with no read and no savepoint: each row inserted
+//!   and the stream's row updated once, at its end, as a writer holding the checks and counts in
+//!   memory would;
+//! - `log`: an append-only log, one row per record or event under an integer key, every
+//!   check and count made in memory by the one writer.
+//!
+//! The difference bounds what holding the store's state in the writer's memory can save
+//! (issue 48). `cargo bench -p tether-store --bench log_layout`
+
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use rusqlite::{Connection, OptionalExtension, params};
+
+/// Calls committed together, as the bench's 16 connections fill a batch.
+const PER_COMMIT: usize = 8;
+
+const PROGRESS: &[u8] = br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"t-000123","progress":1,"total":1}}"#;
+const RESULT: &[u8] = br#"{"jsonrpc":"2.0","id":123456,"result":{"content":[{"type":"text","text":"counted to 1"}]}}"#;
+const SESSION: &str = "8f6b2c1e-4d3a-4b5c-9e8f-7a6b5c4d3e2f";
+const EPOCH: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f0";
+
+fn open(name: &str, schema: &str) -> (Connection, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("tether-log-layout-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("bench directory");
+    let connection = Connection::open(dir.join("db")).expect("open");
+    connection
+        .execute_batch(
+            "PRAGMA page_size = 1024; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
+             PRAGMA wal_autocheckpoint = 0;",
+        )
+        .expect("pragmas");
+    connection.execute_batch(schema).expect("schema");
+    connection.set_prepared_statement_cache_capacity(64);
+    (connection, dir)
+}
+
+const TABLES: &str = "
+CREATE TABLE sessions (id TEXT PRIMARY KEY, epoch TEXT NOT NULL, ended INTEGER, bytes INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE streams (session TEXT NOT NULL, stream TEXT NOT NULL, head INTEGER NOT NULL, state INTEGER NOT NULL,
+    ended_at_ms INTEGER, owner TEXT NOT NULL, request_key TEXT, bytes INTEGER NOT NULL DEFAULT 0,
+    ended_order INTEGER, PRIMARY KEY (session, stream)) WITHOUT ROWID;
+CREATE INDEX streams_ended ON streams (ended_at_ms) WHERE state != 0;
+CREATE INDEX streams_end_order ON streams (session, ended_order) WHERE state != 0;
+CREATE TABLE events (session TEXT NOT NULL, stream TEXT NOT NULL, seq INTEGER NOT NULL, data BLOB NOT NULL,
+    tag INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (session, stream, seq)) WITHOUT ROWID;
+CREATE TABLE requests (session TEXT NOT NULL, key TEXT NOT NULL, digest TEXT NOT NULL, stream TEXT NOT NULL,
+    PRIMARY KEY (session, key)) WITHOUT ROWID;
+";
+
+const LOG: &str = "
+CREATE TABLE log (id INTEGER PRIMARY KEY, kind INTEGER NOT NULL, session INTEGER NOT NULL, stream INTEGER NOT NULL,
+    seq INTEGER NOT NULL, tag INTEGER NOT NULL, data BLOB NOT NULL);
+";
+
+fn execute(c: &Connection, sql: &str, p: impl rusqlite::Params) {
+    c.prepare_cached(sql).expect("prepare").execute(p).expect("execute");
+}
+
+fn live(c: &Connection) {
+    let epoch: Option<String> = c
+        .prepare_cached("SELECT epoch FROM sessions WHERE id = ?1 AND ended IS NULL")
+        .expect("prepare")
+        .query_row([SESSION], |r| r.get(0))
+        .optional()
+        .expect("session");
+    assert_eq!(epoch.as_deref(), Some(EPOCH));
+}
+
+fn append(c: &Connection, stream: &str, data: &[u8], ended: bool, order: i64) {
+    live(c);
+    let (head, _state): (i64, i64) = c
+        .prepare_cached("SELECT head, state FROM streams WHERE session = ?1 AND stream = ?2")
+        .expect("prepare")
+        .query_row(params![SESSION, stream], |r| Ok((r.get(0)?, r.get(1)?)))
+        .expect("stream");
+    let len = data.len() as i64;
+    execute(
+        c,
+        "INSERT INTO events (session, stream, seq, data, tag) VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![SESSION, stream, head + 1, data, head * 7919],
+    );
+    execute(
+        c,
+        "UPDATE streams SET head = ?3, state = ?4, bytes = bytes + ?5, ended_order = ?6, ended_at_ms = CASE WHEN ?4 != 0 THEN 1 END WHERE session = ?1 AND stream = ?2",
+        params![SESSION, stream, head + 1, i64::from(ended), len, ended.then_some(order)],
+    );
+    execute(c, "UPDATE sessions SET bytes = bytes + ?2 WHERE id = ?1", params![SESSION, len]);
+    let _bytes: i64 = c
+        .prepare_cached("SELECT bytes FROM sessions WHERE id = ?1")
+        .expect("prepare")
+        .query_row([SESSION], |r| r.get(0))
+        .expect("bytes");
+}
+
+/// One call's writes as the store's tables take them today.
+fn call_in_tables(c: &Connection, n: i64) {
+    let (stream, key) = (format!("r{n:016x}"), format!("{n}"));
+    execute(c, "SAVEPOINT job", []);
+    live(c);
+    let existing: Option<String> = c
+        .prepare_cached("SELECT digest FROM requests WHERE session = ?1 AND key = ?2")
+        .expect("prepare")
+        .query_row(params![SESSION, key], |r| r.get(0))
+        .optional()
+        .expect("request");
+    assert!(existing.is_none());
+    execute(
+        c,
+        "INSERT INTO requests (session, key, digest, stream) VALUES (?1, ?2, ?3, ?4)",
+        params![SESSION, key, "d41d8cd98f00b204e9800998ecf8427e", stream],
+    );
+    execute(
+        c,
+        "INSERT OR IGNORE INTO streams (session, stream, head, state, owner, request_key) VALUES (?1, ?2, 0, 0, ?3, ?4)",
+        params![SESSION, stream, "bench", key],
+    );
+    execute(
+        c,
+        "INSERT INTO events (session, stream, seq, data, tag) VALUES (?1, ?2, 0, x'', ?3)",
+        params![SESSION, stream, n],
+    );
+    execute(c, "RELEASE job", []);
+    for (data, ended) in [(PROGRESS, false), (RESULT, true)] {
+        execute(c, "SAVEPOINT job", []);
+        append(c, &stream, data, ended, n);
+        execute(c, "RELEASE job", []);
+    }
+}
+
+/// One call's writes into today's tables, with the checks and counts left to memory.
+fn call_in_tables_writes(c: &Connection, n: i64) {
+    let (stream, key) = (format!("r{n:016x}"), format!("{n}"));
+    execute(
+        c,
+        "INSERT INTO requests (session, key, digest, stream) VALUES (?1, ?2, ?3, ?4)",
+        params![SESSION, key, "d41d8cd98f00b204e9800998ecf8427e", stream],
+    );
+    execute(
+        c,
+        "INSERT OR IGNORE INTO streams (session, stream, head, state, owner, request_key) VALUES (?1, ?2, 0, 0, ?3, ?4)",
+        params![SESSION, stream, "bench", key],
+    );
+    execute(
+        c,
+        "INSERT INTO events (session, stream, seq, data, tag) VALUES (?1, ?2, 0, x'', ?3)",
+        params![SESSION, stream, n],
+    );
+    for (i, data) in [PROGRESS, RESULT].into_iter().enumerate() {
+        execute(
+            c,
+            "INSERT INTO events (session, stream, seq, data, tag) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![SESSION, stream, i as i64 + 1, data, n * 7919],
+        );
+    }
+    execute(
+        c,
+        "UPDATE streams SET head = ?3, state = ?4, bytes = bytes + ?5, ended_order = ?6, ended_at_ms = CASE WHEN ?4 != 0 THEN 1 END WHERE session = ?1 AND stream = ?2",
+        params![SESSION, stream, 2, 1, 200, n],
+    );
+}
+
+/// One call's writes as an append-only log: the request's record, its two events.
+fn call_in_log(c: &Connection, n: i64) {
+    let insert = "INSERT INTO log (kind, session, stream, seq, tag, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+    execute(c, insert, params![0, 1, n, 0, n, "d41d8cd98f00b204e9800998ecf8427e".as_bytes()]);
+    execute(c, insert, params![1, 1, n, 1, n * 7919, PROGRESS]);
+    execute(c, insert, params![2, 1, n, 2, n * 7907, RESULT]);
+}
+
+fn layouts(c: &mut Criterion) {
+    let mut group = c.benchmark_group("log_layout");
+    group.throughput(Throughput::Elements(PER_COMMIT as u64));
+    let layouts: [(&str, &str, fn(&Connection, i64)); 3] = [
+        ("tables", TABLES, call_in_tables),
+        ("tables_writes", TABLES, call_in_tables_writes),
+        ("log", LOG, call_in_log),
+    ];
+    for (name, schema, call) in layouts {
+        let (connection, dir) = open(name, schema);
+        if schema == TABLES {
+            execute(&connection, "INSERT INTO sessions (id, epoch) VALUES (?1, ?2)", params![SESSION, EPOCH]);
+        }
+        let n = std::cell::Cell::new(0i64);
+        group.bench_function(name, |b| {
+            b.iter_batched(
+                // Checkpoints are the checkpointer thread's, not the writer's: made here, untimed.
+                || {
+                    if n.get() % (64 * PER_COMMIT as i64) == 0 {
+                        connection.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())).expect("checkpoint");
+                    }
+                },
+                |()| {
+                    execute(&connection, "BEGIN", []);
+                    for _ in 0..PER_COMMIT {
+                        n.set(n.get() + 1);
+                        call(&connection, n.get());
+                    }
+                    execute(&connection, "COMMIT", []);
+                },
+                BatchSize::SmallInput,
+            );
+        });
+        drop(connection);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    group.finish();
+}
+
+criterion_group!(benches, layouts);
+criterion_main!(benches);
