@@ -219,9 +219,9 @@ impl Upstream {
         tokio::spawn(async move {
             let peer = async {
                 let describe = upstream.describe();
-                let client = session.client_params().await.map_err(|err| unavailable(&describe, err))?;
-                let principal = session.principal().await.map_err(|err| unavailable(&describe, err))?;
-                let peer = Arc::new(upstream.start(client, principal.as_deref(), Some(session.clone())).await?);
+                let client = session.client().await.map_err(|err| unavailable(&describe, err))?;
+                let peer =
+                    Arc::new(upstream.start(client.params, client.principal.as_deref(), Some(session.clone())).await?);
                 end_session_when_stopped(&peer, session.clone());
                 Ok::<_, ErrorObject>(peer)
             }

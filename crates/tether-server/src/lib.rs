@@ -49,7 +49,7 @@ pub use connection::{ConnectionLimits, serve, serve_connection, serve_tls};
 pub use drain::{Drain, NotReady, Readiness, health_router};
 pub use handler::{AdoptFuture, Handler, HandlerFuture, ServerInfo};
 pub use refusal::Refusal;
-pub use request::context::{Context, ContextError, SessionHandle};
+pub use request::context::{Context, ContextError, SessionClient, SessionHandle};
 pub use request::input::InputRequired;
 pub use server::{Builder, Server, until_ready};
 pub use session::LogLevel;

@@ -133,6 +133,17 @@ impl ClientArgs {
         Ok(config)
     }
 
+    /// Connects as these arguments say, with `adjust`'s changes (the command's own); a failure
+    /// is printed, and answered with the command's exit code.
+    async fn connect(
+        &self,
+        adjust: impl FnOnce(&mut ClientConfig),
+    ) -> Result<(Client, UnboundedReceiver<ClientEvent>), ExitCode> {
+        let mut config = self.config()?;
+        adjust(&mut config);
+        connect(config).await
+    }
+
     /// When the command gives up, if `--timeout` says.
     fn deadline(&self) -> Option<tokio::time::Instant> {
         self.timeout.map(|timeout| tokio::time::Instant::now() + timeout)
@@ -281,11 +292,7 @@ pub async fn watch(args: WatchArgs) -> ExitCode {
             Err(err) => return gave_up(&format!("--metrics: {err:#}")),
         }
     }
-    let config = match args.client.config() {
-        Ok(config) => config,
-        Err(code) => return code,
-    };
-    let (client, mut events) = match connect(config).await {
+    let (client, mut events) = match args.client.connect(|_| {}).await {
         Ok(connected) => connected,
         Err(code) => return code,
     };
@@ -317,16 +324,14 @@ pub async fn call(args: CallArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mut config = match args.client.config() {
-        Ok(config) => config,
-        Err(code) => return code,
+    let adjust = |config: &mut ClientConfig| {
+        config.idempotency_keys = !args.no_idempotency_key;
+        if args.task {
+            config.tasks = true;
+            config.protocol_version = ProtocolVersion::V2026_07_28;
+        }
     };
-    config.idempotency_keys = !args.no_idempotency_key;
-    if args.task {
-        config.tasks = true;
-        config.protocol_version = ProtocolVersion::V2026_07_28;
-    }
-    let (client, events) = match connect(config).await {
+    let (client, events) = match args.client.connect(adjust).await {
         Ok(connected) => connected,
         Err(code) => return code,
     };
@@ -341,13 +346,11 @@ pub async fn call(args: CallArgs) -> ExitCode {
 /// `tether task`: follow a task (one an earlier `tether call --task` left, say) to its result.
 pub async fn task(args: TaskArgs) -> ExitCode {
     crate::output::set(crate::output::Format::or_default(args.client.format));
-    let mut config = match args.client.config() {
-        Ok(config) => config,
-        Err(code) => return code,
+    let adjust = |config: &mut ClientConfig| {
+        config.tasks = true;
+        config.protocol_version = ProtocolVersion::V2026_07_28;
     };
-    config.tasks = true;
-    config.protocol_version = ProtocolVersion::V2026_07_28;
-    let (client, events) = match connect(config).await {
+    let (client, events) = match args.client.connect(adjust).await {
         Ok(connected) => connected,
         Err(code) => return code,
     };

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::json;
@@ -28,9 +28,19 @@ impl KeySetSource for Minted {
     }
 }
 
-/// Runs a streamed call of about three token lifetimes through a cutting proxy; answers how
-/// many times the authorization server exchanged a code and a refresh token.
-async fn streamed_call_across_expiries(announce_lifetime: bool) -> (usize, usize) {
+/// What the authorization server and the resource saw of one call's tokens.
+struct Seen {
+    /// Codes exchanged: one per authorization.
+    authorizations: usize,
+    /// Refresh tokens exchanged.
+    refreshes: usize,
+    /// Requests the resource refused 401.
+    refusals: usize,
+}
+
+/// Runs a streamed call of about three token lifetimes through a cutting proxy; answers what
+/// the authorization server and the resource saw.
+async fn streamed_call_across_expiries(announce_lifetime: bool) -> Seen {
     let issuer = IssuerServer::start().await;
     issuer.grants.lifetime.store(1, Ordering::SeqCst);
     issuer.grants.announce_lifetime.store(announce_lifetime, Ordering::SeqCst);
@@ -46,7 +56,19 @@ async fn streamed_call_across_expiries(announce_lifetime: bool) -> (usize, usize
         Minted(Arc::clone(&issuer.issuer)),
     );
     let config = ServerConfig { sse_retry: Duration::from_millis(5), ..ServerConfig::default() };
-    let app = Builder::new(BuiltinHandler::in_memory()).config(config).authenticator(jwt).build().router("/mcp");
+    let refusals = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&refusals);
+    let app = Builder::new(BuiltinHandler::in_memory()).config(config).authenticator(jwt).build().router("/mcp").layer(
+        axum::middleware::map_response(move |response: axum::response::Response| {
+            let counted = Arc::clone(&counted);
+            async move {
+                if response.status() == axum::http::StatusCode::UNAUTHORIZED {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                }
+                response
+            }
+        }),
+    );
     let server =
         tokio::spawn(
             async move { tether_server::serve(listener, app, tether_server::ConnectionLimits::default()).await },
@@ -100,19 +122,28 @@ async fn streamed_call_across_expiries(announce_lifetime: bool) -> (usize, usize
     assert!(proxy.cuts.load(Ordering::Relaxed) > 0, "the stream was cut");
     client.close().await;
     server.abort();
-    (issuer.grants.exchanged(), issuer.grants.refreshed())
+    Seen {
+        authorizations: issuer.grants.exchanged(),
+        refreshes: issuer.grants.refreshed(),
+        refusals: refusals.load(Ordering::SeqCst),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_whose_lifetime_is_announced_is_refreshed_mid_stream_and_the_stream_resumed_exactly() {
-    let (authorizations, refreshes) = streamed_call_across_expiries(true).await;
+    let Seen { authorizations, refreshes, refusals } = streamed_call_across_expiries(true).await;
     assert_eq!(authorizations, 1, "one authorization, then refreshes");
     assert!(refreshes >= 2, "the token was refreshed as it expired ({refreshes} refreshes)");
+    // The first request's challenge, and at most a few tokens that expired in flight: each
+    // refresh came ahead of the expiry, not after a refusal.
+    assert!(refusals <= refreshes, "refreshed after refusals, not ahead: {refusals} refusals, {refreshes} refreshes");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_refused_as_expired_mid_stream_is_refreshed_and_the_stream_resumed_exactly() {
-    let (authorizations, refreshes) = streamed_call_across_expiries(false).await;
+    let Seen { authorizations, refreshes, refusals } = streamed_call_across_expiries(false).await;
     assert_eq!(authorizations, 1, "one authorization, then refreshes");
     assert!(refreshes >= 2, "the refusals were answered by refreshing ({refreshes} refreshes)");
+    // The first request's challenge, then one refusal before each refresh.
+    assert!(refusals > refreshes, "{refusals} refusals for {refreshes} refreshes");
 }

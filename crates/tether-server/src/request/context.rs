@@ -146,6 +146,15 @@ async fn append_standalone(store: &dyn Store, runtime: &SessionRuntime, message:
     Ok(true)
 }
 
+/// The client that opened a session: what [`SessionHandle::client`] answers.
+#[derive(Debug, Clone)]
+pub struct SessionClient {
+    /// Its `initialize` params (`protocolVersion`, `capabilities`, `clientInfo`).
+    pub params: Value,
+    /// Who it authenticated as, if the server authenticates.
+    pub principal: Option<String>,
+}
+
 /// A session as this process serves it, for state a handler keeps per session (the rmcp
 /// adapter runs one rmcp service per session): who the client is, a way to reach its standalone
 /// stream outside any request, and the moment the process stops serving it.
@@ -196,21 +205,12 @@ impl SessionHandle {
         self.runtime.version
     }
 
-    /// Who the session belongs to (the principal that opened it), if the server authenticates;
-    /// as the store keeps it.
-    pub async fn principal(&self) -> Result<Option<String>, ContextError> {
-        match self.server.store.session(&self.runtime.id, crate::now_ms()).await? {
-            tether_store::SessionStatus::Live(record) if record.epoch == self.runtime.epoch => Ok(record.principal),
-            _ => Err(ContextError::StreamGone("the session ended".into())),
-        }
-    }
-
-    /// The client's `initialize` params (`protocolVersion`, `capabilities`, `clientInfo`), as
-    /// the store keeps them (the process does not, to stay small per session).
-    pub async fn client_params(&self) -> Result<Value, ContextError> {
+    /// The client that opened the session, as the store keeps it (the process does not, to stay
+    /// small per session): one read of the session's record.
+    pub async fn client(&self) -> Result<SessionClient, ContextError> {
         match self.server.store.session(&self.runtime.id, crate::now_ms()).await? {
             tether_store::SessionStatus::Live(record) if record.epoch == self.runtime.epoch => {
-                Ok(Arc::unwrap_or_clone(record.client))
+                Ok(SessionClient { params: Arc::unwrap_or_clone(record.client), principal: record.principal })
             }
             _ => Err(ContextError::StreamGone("the session ended".into())),
         }
