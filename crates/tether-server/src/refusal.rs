@@ -544,11 +544,16 @@ impl From<StoreError> for Rejection {
             StoreError::TooManySessions => Refusal::TooManySessions
                 .with("as many sessions as allowed are live; try again later")
                 .with_header(http::header::RETRY_AFTER, HeaderValue::from_static("1")),
-            StoreError::Backend(message) => {
-                tracing::error!(%message, "store backend failed");
-                Refusal::StoreUnavailable.with("the store is unavailable")
+            other => {
+                let refusal = Refusal::of_store_failure(&other);
+                match other {
+                    StoreError::Backend(message) => {
+                        tracing::error!(%message, "store backend failed");
+                        refusal.with("the store is unavailable")
+                    }
+                    other => refusal.with(other.to_string()),
+                }
             }
-            other => Refusal::of_store_failure(&other).with(other.to_string()),
         }
     }
 }

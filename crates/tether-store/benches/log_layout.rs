@@ -174,10 +174,13 @@ fn call_in_log(c: &Connection, n: i64) {
     execute(c, insert, params![2, 1, n, 2, n * 7907, RESULT]);
 }
 
+/// A layout: its name, its schema, and one call's writes into it (the call's number).
+type Layout = (&'static str, &'static str, fn(&Connection, i64));
+
 fn layouts(c: &mut Criterion) {
     let mut group = c.benchmark_group("log_layout");
     group.throughput(Throughput::Elements(PER_COMMIT as u64));
-    let layouts: [(&str, &str, fn(&Connection, i64)); 3] = [
+    let layouts: [Layout; 3] = [
         ("tables", TABLES, call_in_tables),
         ("tables_writes", TABLES, call_in_tables_writes),
         ("log", LOG, call_in_log),
