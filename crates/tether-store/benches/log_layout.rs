@@ -99,6 +99,25 @@ fn append(c: &Connection, stream: &str, data: &[u8], ended: bool, order: i64) {
         .expect("bytes");
 }
 
+/// The request's record, its stream and the stream's priming event.
+fn record_request(c: &Connection, n: i64, stream: &str, key: &str) {
+    execute(
+        c,
+        "INSERT INTO requests (session, key, digest, stream) VALUES (?1, ?2, ?3, ?4)",
+        params![SESSION, key, "d41d8cd98f00b204e9800998ecf8427e", stream],
+    );
+    execute(
+        c,
+        "INSERT OR IGNORE INTO streams (session, stream, head, state, owner, request_key) VALUES (?1, ?2, 0, 0, ?3, ?4)",
+        params![SESSION, stream, "bench", key],
+    );
+    execute(
+        c,
+        "INSERT INTO events (session, stream, seq, data, tag) VALUES (?1, ?2, 0, x'', ?3)",
+        params![SESSION, stream, n],
+    );
+}
+
 /// One call's writes as the store's tables take them today.
 fn call_in_tables(c: &Connection, n: i64) {
     let (stream, key) = (format!("r{n:016x}"), format!("{n}"));
@@ -111,21 +130,7 @@ fn call_in_tables(c: &Connection, n: i64) {
         .optional()
         .expect("request");
     assert!(existing.is_none());
-    execute(
-        c,
-        "INSERT INTO requests (session, key, digest, stream) VALUES (?1, ?2, ?3, ?4)",
-        params![SESSION, key, "d41d8cd98f00b204e9800998ecf8427e", stream],
-    );
-    execute(
-        c,
-        "INSERT OR IGNORE INTO streams (session, stream, head, state, owner, request_key) VALUES (?1, ?2, 0, 0, ?3, ?4)",
-        params![SESSION, stream, "bench", key],
-    );
-    execute(
-        c,
-        "INSERT INTO events (session, stream, seq, data, tag) VALUES (?1, ?2, 0, x'', ?3)",
-        params![SESSION, stream, n],
-    );
+    record_request(c, n, &stream, &key);
     execute(c, "RELEASE job", []);
     for (data, ended) in [(PROGRESS, false), (RESULT, true)] {
         execute(c, "SAVEPOINT job", []);
@@ -137,21 +142,7 @@ fn call_in_tables(c: &Connection, n: i64) {
 /// One call's writes into today's tables, with the checks and counts left to memory.
 fn call_in_tables_writes(c: &Connection, n: i64) {
     let (stream, key) = (format!("r{n:016x}"), format!("{n}"));
-    execute(
-        c,
-        "INSERT INTO requests (session, key, digest, stream) VALUES (?1, ?2, ?3, ?4)",
-        params![SESSION, key, "d41d8cd98f00b204e9800998ecf8427e", stream],
-    );
-    execute(
-        c,
-        "INSERT OR IGNORE INTO streams (session, stream, head, state, owner, request_key) VALUES (?1, ?2, 0, 0, ?3, ?4)",
-        params![SESSION, stream, "bench", key],
-    );
-    execute(
-        c,
-        "INSERT INTO events (session, stream, seq, data, tag) VALUES (?1, ?2, 0, x'', ?3)",
-        params![SESSION, stream, n],
-    );
+    record_request(c, n, &stream, &key);
     for (i, data) in [PROGRESS, RESULT].into_iter().enumerate() {
         execute(
             c,
