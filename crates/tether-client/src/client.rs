@@ -252,7 +252,11 @@ impl Client {
                 params["_meta"][meta::IDEMPOTENCY_CLAIM] = acknowledged.to_meta();
             }
             let outcome = match self.send_attempt(method, params, in_flight, Some(&claimed)).await {
-                Err(RequestError::Rpc(error)) if error.reason() == Some("records_regressed") => {
+                // The key's record went back in time, or went while the request ran: whether it
+                // ran is unknown, and a re-send could run it again.
+                Err(RequestError::Rpc(error))
+                    if matches!(error.reason(), Some("records_regressed" | "idempotency_record_lost")) =>
+                {
                     return Err(RequestError::OutcomeUnknown(format!("the server's {}", error.message)));
                 }
                 // The server's store failed under this attempt, before or after it ran (a Redis

@@ -3,7 +3,8 @@
 //! connections closed before any response ends unknown, and says first that the earlier attempt
 //! may have run, not only that the last "may not have arrived"; one refused while the server's
 //! store is unavailable (a Redis failing over) is re-sent until it gets its result, and so is
-//! the handshake.
+//! the handshake; one whose key's record went while it waited for the original ends unknown,
+//! not sent again.
 
 use std::time::Duration;
 
@@ -50,6 +51,21 @@ fn unavailable_then_result(calls: u32, request: &Value) -> String {
             let result = json!({"jsonrpc": "2.0", "id": request["id"], "result": {"content": [], "ran": calls}});
             response("200 OK", "Content-Type: application/json\r\n", &result.to_string())
         }
+    }
+}
+
+/// The first `tools/call` is answered as a tether server answers a re-send whose key's record
+/// went while it waited for the original (the original ended without an outcome, or retention
+/// forgot it), the next gets a result.
+fn record_lost_then_result(calls: u32, request: &Value) -> String {
+    match calls {
+        1 => {
+            let error = json!({"jsonrpc": "2.0", "id": request["id"], "error": {"code": -32603,
+                "message": "the record of this idempotency key went while this request waited for the original (released, or forgotten); the request may have run",
+                "data": {"reason": "idempotency_record_lost"}}});
+            response("200 OK", "Content-Type: application/json\r\n", &error.to_string())
+        }
+        _ => unavailable_then_result(calls, request),
     }
 }
 
@@ -148,4 +164,14 @@ async fn a_keyed_call_refused_not_now_by_something_in_front_of_the_server_is_re_
     assert_eq!(outcome.expect("the result")["ran"], 2, "the re-sent call's result");
     assert_eq!(reissues.len(), 1, "{reissues:?}");
     assert!(reissues[0].1.contains("502"), "{reissues:?}");
+}
+
+#[tokio::test]
+async fn a_keyed_call_whose_record_went_while_it_waited_ends_unknown_and_is_not_re_sent() {
+    let (outcome, reissues) = call_keyed(Script { call: record_lost_then_result, refuse_first_handshake: false }).await;
+    match outcome {
+        Err(RequestError::OutcomeUnknown(why)) => assert!(why.contains("may have run"), "{why}"),
+        other => panic!("not an unknown outcome: {other:?}"),
+    }
+    assert!(reissues.is_empty(), "a re-send could run it again: {reissues:?}");
 }

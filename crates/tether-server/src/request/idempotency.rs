@@ -262,7 +262,7 @@ async fn await_outcome(store: &Arc<dyn Store>, name: &str) -> Result<Value, Erro
             Ok(Some(KeyState::Running { abandoned: false, .. })) => {}
             Ok(None) => {
                 return Err(Refusal::IdempotencyRecordLost
-                    .error("the record of this idempotency key was forgotten while its request ran"));
+                    .error("the record of this idempotency key went while this request waited for the original (released, or forgotten); the request may have run"));
             }
             Err(err) => return Err(Refusal::StoreFailed.error(err.to_string())),
         }
