@@ -2,12 +2,14 @@
 //! client's first attempt to what it says of the request, through the races of its life: the
 //! handler returning as it is cancelled, a store write that fails, a start that fails after the
 //! key was claimed, the store failing under the handler (which answers `store_unavailable`), and
-//! the server restarting on its memory store (session, stream and key gone with it). Connection cuts are the resumption model's ([`crate::protocol`]); here a client
-//! waits on its attempt until the server ends it.
+//! the server restarting on its memory store (session, stream and key gone with it). Connection
+//! cuts are the resumption model's ([`crate::protocol`]); here a client waits on its attempt
+//! until the server ends it.
 //!
 //! The server decides with [`tether_core::lifecycle::emit`],
-//! [`tether_core::lifecycle::after_response`] and [`tether_core::lifecycle::settle`], and the client says what it may of the request
-//! with [`tether_core::lifecycle::Attempts`]: the decisions that ship. The properties:
+//! [`tether_core::lifecycle::after_response`] and [`tether_core::lifecycle::settle`], and the
+//! client says what it may of the request with [`tether_core::lifecycle::Attempts`]: the
+//! decisions that ship. The properties:
 //! - liveness (the checker's own): from every state, a state is reachable without another
 //!   fault where the client has said how the request ended, the request's stream has ended, and
 //!   no key is held by a live process that will never finish it, and a request whose handler
@@ -29,7 +31,7 @@ pub enum ServerVariant {
     RefusesResponseAfterCancel,
     /// (3) A key claimed for a request that then cannot start is left running.
     KeepsUnstartedClaim,
-    /// (6) A resumable request's `store_unavailable` answer is recorded as its key's outcome.
+    /// A resumable request's `store_unavailable` answer is recorded as its key's outcome.
     RecordsUnavailable,
 }
 
