@@ -539,21 +539,17 @@ impl From<StoreError> for Rejection {
     /// How a store failure is answered: a session the store says is gone is a 404, a full
     /// store a 503 to retry, a failing backend a 503 (logged), anything else a 500.
     fn from(err: StoreError) -> Rejection {
+        let refusal = Refusal::of_store_failure(&err);
         match err {
             StoreError::SessionGone => Rejection::session_invalid(InvalidReason::UnknownSession),
             StoreError::TooManySessions => Refusal::TooManySessions
                 .with("as many sessions as allowed are live; try again later")
                 .with_header(http::header::RETRY_AFTER, HeaderValue::from_static("1")),
-            other => {
-                let refusal = Refusal::of_store_failure(&other);
-                match other {
-                    StoreError::Backend(message) => {
-                        tracing::error!(%message, "store backend failed");
-                        refusal.with("the store is unavailable")
-                    }
-                    other => refusal.with(other.to_string()),
-                }
+            StoreError::Backend(message) => {
+                tracing::error!(%message, "store backend failed");
+                refusal.with("the store is unavailable")
             }
+            other => refusal.with(other.to_string()),
         }
     }
 }

@@ -417,12 +417,9 @@ async fn run_recorded(
         Prepared::Ready(_) => None,
     };
     let (ctx, first) = context(shared, runtime, principal, &request, &stream, ends_stream, idempotency_key, &cancel);
-    let params = request.params.as_ref().unwrap_or(&Value::Null);
     let job = match job {
         Prepared::Ready(job) => Ok(KeyedJob { job, acknowledged: None, claim: None }),
-        Prepared::Keyed { keyed, claim, claimed } => {
-            keyed_job(shared, keyed, claim, claimed, &request.method, params).await
-        }
+        Prepared::Keyed { keyed, claim, claimed } => keyed_job(shared, keyed, claim, claimed).await,
     };
     let KeyedJob { job, acknowledged: claimed, claim } = match job {
         Ok(job) => job,
@@ -468,8 +465,6 @@ async fn keyed_job(
     keyed: Keyed,
     claim: KeyClaim,
     claimed: Option<Claim>,
-    method: &str,
-    params: &Value,
 ) -> Result<KeyedJob, DispatchError> {
     let store = &shared.store;
     let claimed = match claimed {
@@ -488,8 +483,7 @@ async fn keyed_job(
     // Held from here: a claim made (or taken over) for a request that then fails to start is
     // released when this job is dropped.
     let fresh = matches!(claimed, Claim::Claimed(_)).then(|| ClaimGuard::new(store, &keyed.name));
-    let resumable = shared.handler.resumable(method, params);
-    let plan = idempotency::plan(store, claim, claimed, resumable).await?;
+    let plan = idempotency::plan(store, claim, claimed, keyed.resumable).await?;
     Ok(match plan {
         Plan::Run => {
             let claim = fresh.or_else(|| Some(ClaimGuard::new(store, &keyed.name)));
@@ -582,7 +576,7 @@ async fn start_stateless_here(
     let KeyedJob { job, acknowledged: claimed, claim } = match keyed {
         Some(keyed) => {
             let claim = keyed.claim(None);
-            keyed_job(shared, keyed, claim, None, &request.method, &params).await?
+            keyed_job(shared, keyed, claim, None).await?
         }
         None => KeyedJob { job: Job::Run(None), acknowledged: None, claim: None },
     };
@@ -663,8 +657,6 @@ async fn run(
     if let Some(trace) = trace.or_else(|| tether_core::trace_context::TraceContext::from_meta(&params)) {
         ctx.set_trace_context(trace);
     }
-    // Whether running it again applies nothing twice: decides what becomes of its key.
-    let resumable = matches!(job, Job::Run(Some(_))) && shared.handler.resumable(&method, &params);
     async move {
         let (work, record): (crate::HandlerFuture, Option<Keyed>) = match job {
             Job::Run(keyed) if matches!(finish, Finish::Sessionful) && tether_core::methods::may_ask_input(&method) => {
@@ -737,6 +729,7 @@ async fn run(
         let unavailable = outcome
             .as_ref()
             .is_err_and(|error| error.reason().and_then(Refusal::from_reason) == Some(Refusal::StoreUnavailable));
+        let resumable = record.as_ref().is_some_and(|keyed| keyed.resumable);
         let mut record = record.map(|keyed| keyed.name);
         if let Some(key) = &record
             && lifecycle::settle(unavailable, resumable) == lifecycle::Settle::Release

@@ -46,6 +46,9 @@ pub(crate) struct Keyed {
     pub params_digest: String,
     /// The key's claim as the client was acknowledged it when it sent the key before.
     pub acknowledged: Option<Acknowledged>,
+    /// Its handler keys its own effects ([`Handler::resumable`](crate::Handler::resumable)):
+    /// running it again applies nothing twice.
+    pub resumable: bool,
 }
 
 impl Keyed {
@@ -86,7 +89,12 @@ impl Keyed {
             other => other.to_string(),
         };
         let params_digest = Digest::of(method, bare.as_bytes());
-        Ok(Some(Keyed { name: name.to_string(), params_digest: params_digest.to_string(), acknowledged }))
+        Ok(Some(Keyed {
+            name: name.to_string(),
+            params_digest: params_digest.to_string(),
+            acknowledged,
+            resumable: shared.handler.resumable(method, params),
+        }))
     }
 
     /// The claim of this key by a request whose events go to `stream`.
