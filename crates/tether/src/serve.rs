@@ -402,6 +402,11 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
     config.retention.tombstone_ms = config.retention.tombstone_ms.max(config.retention.ended_stream_ms);
     config.retention.lease_ms = u64::try_from(args.request_lease.as_millis()).unwrap_or(u64::MAX);
     config.sweep_interval = config.sweep_interval.min(args.request_lease / 4);
+    // Read before any store opens: a flag that cannot serve leaves no data directory behind.
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(ServerTls::from_pem_files(cert, key).context("--tls-cert, --tls-key")?),
+        _ => None,
+    };
     // Unique per process, so a restarted server never inherits its predecessor's lease.
     let started = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let owner = format!("{}-{started}", std::process::id());
@@ -433,10 +438,6 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
             }
             both(store)
         }
-    };
-    let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(ServerTls::from_pem_files(cert, key).context("--tls-cert, --tls-key")?),
-        _ => None,
     };
     let path = args.path.clone();
     let leaving = Arc::clone(&store);

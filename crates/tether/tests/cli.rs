@@ -55,8 +55,15 @@ fn urls_are_checked_when_the_arguments_are_parsed() {
 
 #[test]
 fn an_error_is_one_line_with_its_cause_and_no_backtrace() {
-    let output = run(&["serve", "--listen", "127.0.0.1:0", "--tls-cert", "/nonexistent", "--tls-key", "/nonexistent"]);
+    let dir = temp_dir("cli-error");
+    let output = Command::new(env!("CARGO_BIN_EXE_tether"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--tls-cert", "/nonexistent", "--tls-key", "/nonexistent"])
+        .current_dir(&dir)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("tether runs");
     assert_eq!(output.status.code(), Some(1));
+    assert!(!dir.join("tether-data").exists(), "a server that cannot start leaves no store behind");
     let stderr = String::from_utf8_lossy(&output.stderr);
     let error = stderr.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("{stderr}"));
     assert!(error.contains("--tls-cert") && error.contains("No such file"), "{error}");
