@@ -1,6 +1,7 @@
 //! How a request ends, as pure decisions: what of its output goes out once it is cancelled,
 //! what its stream ends with when its response cannot be written, what becomes of its key's
-//! claim, and what a client may say of a request after all its attempts. The server and the
+//! claim, what a re-send waiting for that claim does when it goes, and what a client may say of
+//! a request after all its attempts. The server and the
 //! client call these; the model checks them (`tether-model`'s `lifecycle`).
 //!
 //! The rule they keep: every request's stream ends with a terminal event (its response, or an
@@ -66,6 +67,27 @@ pub fn settle(unavailable: bool, resumable: bool) -> Settle {
         Settle::Release
     } else {
         Settle::Record
+    }
+}
+
+/// What a request does that waited for its key's original (with no stream to follow) when the
+/// key's record went: released because the store failed under the original, or forgotten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordGone {
+    /// It claims the key and runs the request itself.
+    Run,
+    /// It is answered that the request may have run (`idempotency_record_lost`).
+    Unknown,
+}
+
+/// Decides what a waiter whose key's record went does: it runs the request itself if the
+/// handler keys its own effects (`resumable`), so that running it again applies nothing twice
+/// and the waiter gets the result; any other request could apply its effects twice.
+pub fn record_gone(resumable: bool) -> RecordGone {
+    if resumable {
+        RecordGone::Run
+    } else {
+        RecordGone::Unknown
     }
 }
 
@@ -138,6 +160,12 @@ mod tests {
         assert_eq!(settle(true, false), Settle::Record);
         assert_eq!(settle(false, true), Settle::Record);
         assert_eq!(settle(false, false), Settle::Record);
+    }
+
+    #[test]
+    fn only_a_resumable_request_is_run_by_a_waiter_whose_record_went() {
+        assert_eq!(record_gone(true), RecordGone::Run);
+        assert_eq!(record_gone(false), RecordGone::Unknown);
     }
 
     #[test]

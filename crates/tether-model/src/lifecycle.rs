@@ -1,23 +1,25 @@
-//! The request lifecycle as a model: one keyed `tools/call` of a session, from the
-//! client's first attempt to what it says of the request, through the races of its life: the
-//! handler returning as it is cancelled, a store write that fails, a start that fails after the
-//! key was claimed, the store failing under the handler (which answers `store_unavailable`), and
-//! the server restarting on its memory store (session, stream and key gone with it). Connection
-//! cuts are the resumption model's ([`crate::protocol`]); here a client waits on its attempt
-//! until the server ends it.
+//! The request lifecycle as a model: one keyed `tools/call`, from the client's first attempt to
+//! what it says of the request, through the races of its life: the handler returning as it is
+//! cancelled, a store write that fails, a start that fails after the key was claimed, the store
+//! failing under the handler (which answers `store_unavailable`), and the server restarting on
+//! its memory store (session, stream and key gone with it). In a session a client waits on its
+//! attempt until the server ends it (connection cuts there are the resumption model's,
+//! [`crate::protocol`]); in 2026-07-28 (`Config::awaits`) its connection may close while the
+//! request runs on, and a re-send then waits for the key's record, having no stream to follow.
 //!
 //! The server decides with [`tether_core::lifecycle::emit`],
-//! [`tether_core::lifecycle::after_response`] and [`tether_core::lifecycle::settle`], and the
+//! [`tether_core::lifecycle::after_response`], [`tether_core::lifecycle::settle`] and
+//! [`tether_core::lifecycle::record_gone`], and the
 //! client says what it may of the request with [`tether_core::lifecycle::Attempts`]: the
 //! decisions that ship. The properties:
 //! - liveness (the checker's own): from every state, a state is reachable without another
 //!   fault where the client has said how the request ended, the request's stream has ended, and
 //!   no key is held by a live process that will never finish it, and a request whose handler
-//!   keys its own effects (`resumable`) and met no fault but its store failing under it is
-//!   answered with its result;
+//!   keys its own effects (`resumable`) and met no fault but its store failing under it (and its
+//!   connection closing) is answered with its result;
 //! - `not_run_means_not_run`: the client never says "not executed" of a request that ran.
 
-use tether_core::lifecycle::{self, AfterResponse, Attempt, Attempts, Emit, Said, Settle};
+use tether_core::lifecycle::{self, AfterResponse, Attempt, Attempts, Emit, RecordGone, Said, Settle};
 
 use crate::checker::{Invariant, Model};
 
@@ -33,6 +35,9 @@ pub enum ServerVariant {
     KeepsUnstartedClaim,
     /// A resumable request's `store_unavailable` answer is recorded as its key's outcome.
     RecordsUnavailable,
+    /// A waiter whose key's record went is told the request may have run, even when its
+    /// handler keys its own effects.
+    NeverTakesOver,
 }
 
 /// The client's verdict: the real one, or a broken variant.
@@ -57,10 +62,13 @@ pub struct Faults {
     pub restart: bool,
     /// The store fails under the handler, which answers `store_unavailable`.
     pub store_unavailable: bool,
+    /// The client's connection closes while its 2026-07-28 attempt runs (with `Config::awaits`).
+    pub cut: bool,
 }
 
 impl Faults {
-    /// Whether a fault other than the store failing under the handler was spent in `now`.
+    /// Whether a fault other than the store failing under the handler (or a connection closing,
+    /// which a keyed request runs on through) was spent in `now`.
     fn other_than_unavailable_spent(self, now: Faults) -> bool {
         (self.cancel && !now.cancel)
             || (self.write_failure && !now.write_failure)
@@ -82,6 +90,9 @@ pub struct Config {
     pub attempts: u8,
     /// The handler keys its own effects: running it again applies nothing twice.
     pub resumable: bool,
+    /// 2026-07-28: a re-send finding the original running has no stream to follow, and waits
+    /// for the key's record.
+    pub awaits: bool,
 }
 
 impl Config {
@@ -96,10 +107,17 @@ impl Config {
                 start_failure: true,
                 restart: true,
                 store_unavailable: true,
+                cut: true,
             },
             attempts: 3,
             resumable: true,
+            awaits: false,
         }
+    }
+
+    /// [`Config::real`] in 2026-07-28: re-sends wait for the key's record.
+    pub fn stateless() -> Config {
+        Config { awaits: true, ..Config::real() }
     }
 }
 
@@ -149,6 +167,8 @@ pub enum Client {
     Running,
     /// Waiting on an attempt that follows the running original (its stream and its record).
     Following,
+    /// Waiting on an attempt that waits for the running original's record (2026-07-28).
+    Awaiting,
     /// Done: what it said of the request.
     Said(Said),
 }
@@ -208,6 +228,10 @@ pub enum Action {
     FailNextWrite,
     /// The server restarts on its memory store.
     Restart,
+    /// The client's connection closes while its 2026-07-28 attempt runs, which runs on.
+    Cut,
+    /// A waiter whose key's record went claims the key and runs the request itself.
+    TakeOver,
     /// The client learns how its attempt ended.
     Conclude,
 }
@@ -240,8 +264,28 @@ impl Lifecycle {
                 (_, Stream::Aborted | Stream::Absent) => Some(Attempt::MayHaveRun),
                 _ => None,
             },
+            Client::Awaiting => match state.key {
+                _ if state.records_changed => Some(Attempt::MayHaveRun),
+                Key::Finished => Some(answered),
+                Key::Free if !self.waiter_runs() => Some(Attempt::MayHaveRun),
+                Key::Free | Key::Running => None,
+            },
             Client::Sending | Client::Said(_) => None,
         }
+    }
+
+    /// Whether a waiter whose key's record went runs the request itself.
+    fn waiter_runs(&self) -> bool {
+        match self.config.server {
+            ServerVariant::NeverTakesOver => false,
+            _ => lifecycle::record_gone(self.config.resumable) == RecordGone::Run,
+        }
+    }
+
+    /// The waiter's record went, and it ends "may have run": the client says so at once,
+    /// without sending the request again (a re-send could run it twice).
+    fn waiter_lost(&self, state: &State) -> bool {
+        state.client == Client::Awaiting && state.key == Key::Free && !state.records_changed && !self.waiter_runs()
     }
 
     /// The client after an attempt ended as `ended`: it sends again while it may, or says.
@@ -345,6 +389,12 @@ impl Model for Lifecycle {
         if state.faults.restart && state.session && !matches!(state.client, Client::Said(_)) {
             actions.push(Action::Restart);
         }
+        if self.config.awaits && state.faults.cut && state.client == Client::Running && state.stream == Stream::Live {
+            actions.push(Action::Cut);
+        }
+        if state.client == Client::Awaiting && state.key == Key::Free && !state.records_changed && self.waiter_runs() {
+            actions.push(Action::TakeOver);
+        }
         if self.attempt_end(state).is_some() {
             actions.push(Action::Conclude);
         }
@@ -368,6 +418,7 @@ impl Model for Lifecycle {
                         next.stream = Stream::Live;
                         Client::Running
                     }
+                    Key::Running if self.config.awaits => Client::Awaiting,
                     Key::Running => Client::Following,
                     Key::Finished => {
                         let replayed = if state.unavailable { Attempt::MayHaveRun } else { Attempt::Answered };
@@ -417,6 +468,22 @@ impl Model for Lifecycle {
                 next.stream = Stream::Absent;
                 next.failing_write = false;
             }
+            Action::Cut => {
+                next.faults.cut = false;
+                next = self.after_attempt(next, Attempt::MayHaveRun);
+            }
+            Action::TakeOver => {
+                next.key = Key::Running;
+                next.handler = Handler::Running;
+                next.ran = true;
+                next.unavailable = false;
+                next.stream = Stream::Live;
+                next.client = Client::Running;
+            }
+            Action::Conclude if self.waiter_lost(state) => {
+                next.attempts.record(Attempt::MayHaveRun);
+                next.client = Client::Said(next.attempts.verdict(Attempt::MayHaveRun));
+            }
             Action::Conclude => {
                 let ended = self.attempt_end(state).expect("offered only when the attempt ended");
                 next = self.after_attempt(next, ended);
@@ -440,7 +507,12 @@ impl Model for Lifecycle {
     fn is_fault(&self, action: &Action) -> bool {
         matches!(
             action,
-            Action::StartFails | Action::Cancel | Action::FailNextWrite | Action::Restart | Action::ReturnUnavailable
+            Action::StartFails
+                | Action::Cancel
+                | Action::FailNextWrite
+                | Action::Restart
+                | Action::ReturnUnavailable
+                | Action::Cut
         )
     }
 

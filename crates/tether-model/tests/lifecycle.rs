@@ -63,3 +63,18 @@ fn recording_a_store_unavailable_answer_never_gives_a_resumable_request_its_resu
     let config = Config { server: ServerVariant::RecordsUnavailable, ..Config::real() };
     assert_eq!(broken(config), "liveness");
 }
+
+#[test]
+fn in_2026_07_28_every_request_ends_and_a_resumable_one_gets_its_result() {
+    let report = run(Config::stateless());
+    if let Some(counterexample) = &report.counterexample {
+        panic!("{counterexample}");
+    }
+    assert!(report.states > 50, "the faults were explored ({} states)", report.states);
+}
+
+#[test]
+fn a_waiter_that_never_takes_over_a_released_key_never_gives_a_resumable_request_its_result() {
+    let config = Config { server: ServerVariant::NeverTakesOver, ..Config::stateless() };
+    assert_eq!(broken(config), "liveness");
+}

@@ -352,6 +352,11 @@ impl Context {
         self.shared.output.stream()
     }
 
+    /// The server the request runs in: its handler, for the server's own dispatch.
+    pub(crate) fn server(&self) -> &Arc<crate::ServerState> {
+        &self.shared.server
+    }
+
     /// The store, for the server's own bookkeeping around a handler; never handed to one: the
     /// whole store would let a tool append to any stream or end any session, around the single
     /// writer the guarantees rely on.

@@ -658,19 +658,27 @@ async fn run(
         ctx.set_trace_context(trace);
     }
     async move {
+        let sessionful = matches!(finish, Finish::Sessionful);
+        let taken = Arc::new(TakenOver::default());
         let (work, record): (crate::HandlerFuture, Option<Keyed>) = match job {
-            Job::Run(keyed) if matches!(finish, Finish::Sessionful) && tether_core::methods::may_ask_input(&method) => {
-                let handler = Arc::clone(&shared.handler);
-                (Box::pin(input::rounds(handler, ctx.clone(), method.clone(), params, Answerer::Session)), keyed)
-            }
-            Job::Run(keyed) if ctx.may_become_task() => {
-                let handler = Arc::clone(&shared.handler);
-                (Box::pin(input::rounds(handler, ctx.clone(), method.clone(), params, Answerer::Task)), keyed)
-            }
-            Job::Run(keyed) => (shared.handler.call(ctx.clone(), method.clone(), params), keyed),
+            Job::Run(keyed) => (handler_run(&ctx, &method, params, sessionful), keyed),
             Job::Answer(answer, keyed) => {
                 crate::telemetry::idempotent_replay();
-                (Box::pin(idempotency::answer(ctx.clone(), keyed, answer)), None)
+                let (ctx, method, taken) = (ctx.clone(), method.clone(), Arc::clone(&taken));
+                let work = async move {
+                    match idempotency::answer(ctx.clone(), keyed, answer).await {
+                        idempotency::Answered::Outcome(outcome) => outcome,
+                        idempotency::Answered::Run(keyed, claim) => {
+                            // Dropped unused, the claim is released.
+                            if !taken.take(keyed) {
+                                return Err(idempotency::cancelled());
+                            }
+                            claim.running();
+                            handler_run(&ctx, &method, params, sessionful).await
+                        }
+                    }
+                };
+                (Box::pin(work), None)
             }
         };
         let mut work = CatchPanic(Some(work));
@@ -681,6 +689,7 @@ async fn run(
             finished = &mut work => Some(finished),
             () = cancel.cancelled() => None,
         };
+        let record = record.or_else(|| taken.close());
         let outcome = match finished {
             Some(Ok(outcome)) => Some(outcome),
             Some(Err(Panicked)) => {
@@ -742,6 +751,59 @@ async fn run(
     }
     .instrument(span)
     .await
+}
+
+/// The handler's run of `method` with `params` for the request of `ctx`: in rounds that ask the
+/// client for input when the method may ask in a session (`sessionful`), or when the request
+/// may become a task; else the handler's call as it is.
+fn handler_run(ctx: &Context, method: &str, params: Value, sessionful: bool) -> crate::HandlerFuture {
+    let handler = Arc::clone(&ctx.server().handler);
+    let answerer = if sessionful && tether_core::methods::may_ask_input(method) {
+        Answerer::Session
+    } else if ctx.may_become_task() {
+        Answerer::Task
+    } else {
+        return handler.call(ctx.clone(), method.to_owned(), params);
+    };
+    Box::pin(input::rounds(handler, ctx.clone(), method.to_owned(), params, answerer))
+}
+
+/// Whether a request answered from its key's original took the key over and runs
+/// ([`idempotency::Answered::Run`]), so that its outcome is recorded under the key: decided
+/// once, between the run and the request's end. A takeover after the request ended (it was
+/// cancelled while claiming) does not run, and its claim is released.
+#[derive(Default)]
+struct TakenOver(std::sync::Mutex<TakeOver>);
+
+#[derive(Default)]
+enum TakeOver {
+    #[default]
+    Waiting,
+    Taken(Keyed),
+    Ended,
+}
+
+impl TakenOver {
+    /// The request runs under `keyed`'s claim, unless it already ended.
+    fn take(&self, keyed: Keyed) -> bool {
+        let mut state = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match *state {
+            TakeOver::Waiting => {
+                *state = TakeOver::Taken(keyed);
+                true
+            }
+            TakeOver::Taken(_) | TakeOver::Ended => false,
+        }
+    }
+
+    /// The request ended: the key it ran under, if it took one over.
+    fn close(&self) -> Option<Keyed> {
+        let mut state = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match std::mem::replace(&mut *state, TakeOver::Ended) {
+            TakeOver::Taken(keyed) => Some(keyed),
+            TakeOver::Waiting | TakeOver::Ended => None,
+        }
+    }
 }
 
 /// Ends a request with its response, the one terminal event every request's stream gets (a
@@ -810,6 +872,22 @@ mod tests {
     use tether_core::jsonrpc::RequestId;
 
     use super::*;
+
+    /// A takeover before the request ended is recorded under its key once; one after it ended
+    /// is refused, so its claim is released instead of left running unrecorded.
+    #[test]
+    fn a_takeover_counts_only_before_the_request_ends() {
+        let keyed =
+            |name: &str| Keyed { name: name.into(), params_digest: "d".into(), acknowledged: None, resumable: true };
+        let taken = TakenOver::default();
+        assert!(taken.take(keyed("k")));
+        assert!(!taken.take(keyed("other")), "taken once");
+        assert_eq!(taken.close().map(|keyed| keyed.name), Some("k".into()));
+        assert!(taken.close().is_none(), "handed over once");
+        let late = TakenOver::default();
+        assert!(late.close().is_none());
+        assert!(!late.take(keyed("k")), "the request ended before the takeover");
+    }
 
     /// A hand-written handler that answers at once and keeps `T` until it is dropped (an
     /// `async` block would drop what it captured as soon as it finished).

@@ -13,6 +13,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tether_core::idempotency::{Acknowledged, IdempotencyKey};
 use tether_core::jsonrpc::{self, ErrorObject, Message, RequestId};
+use tether_core::lifecycle::{self, RecordGone};
 use tether_core::lineage::{Digest, SessionId, StreamName, StreamState};
 use tether_core::mcp::{meta, method};
 use tether_store::{Claim, KeyClaim, KeyState, Store, StoreError};
@@ -163,37 +164,76 @@ pub(crate) async fn plan(
     }))
 }
 
+/// What became of a request whose key is known.
+pub(crate) enum Answered {
+    /// It has the original's outcome, or the reason it has none.
+    Outcome(Result<Value, ErrorObject>),
+    /// It took the key over ([`take_over`]) and is to run under `claim`, which is released
+    /// unless it does.
+    Run(Keyed, ClaimGuard),
+}
+
 /// Carries out `answer` for the request of `ctx`: its outcome is the original's. Without a key
 /// (a batch's request whose id was sent before), an original whose stream ended without the
 /// response is answered as the stream ended: `request_aborted`, or `request_history_expired`.
-pub(crate) async fn answer(ctx: Context, keyed: Option<Keyed>, answer: Answer) -> Result<Value, ErrorObject> {
+pub(crate) async fn answer(ctx: Context, keyed: Option<Keyed>, answer: Answer) -> Answered {
     let store = Arc::clone(ctx.store());
-    match (answer, keyed) {
-        (Answer::Replay(outcome), _) => outcome,
-        (Answer::Fail(error), _) => Err(error),
+    let awaited = match (answer, keyed) {
+        (Answer::Replay(outcome), _) => return Answered::Outcome(outcome),
+        (Answer::Fail(error), _) => return Answered::Outcome(Err(error)),
         (Answer::Follow { session, stream, request }, Some(keyed)) => {
             // The stream and the key's record are watched both: whichever has the outcome first
             // answers, so a stream that never ends cannot keep the re-send waiting.
-            let relayed = relay(&ctx, &session, stream, request);
-            let recorded = await_outcome(&store, &keyed.name);
-            tokio::pin!(relayed, recorded);
-            tokio::select! {
-                biased;
-                relayed = &mut relayed => match relayed {
-                    Relayed::Outcome(outcome) => outcome,
-                    // The key's record knows more than the stream.
-                    Relayed::Aborted | Relayed::Lost => recorded.await,
-                },
-                outcome = &mut recorded => outcome,
-            }
+            let awaited = {
+                let relayed = relay(&ctx, &session, stream, request);
+                let recorded = await_outcome(&store, &keyed.name);
+                tokio::pin!(relayed, recorded);
+                tokio::select! {
+                    biased;
+                    relayed = &mut relayed => match relayed {
+                        Relayed::Outcome(outcome) => Awaited::Outcome(outcome),
+                        // The key's record knows more than the stream.
+                        Relayed::Aborted | Relayed::Lost => recorded.await,
+                    },
+                    awaited = &mut recorded => awaited,
+                }
+            };
+            (awaited, keyed)
         }
-        (Answer::Follow { session, stream, request }, None) => match relay(&ctx, &session, stream, request).await {
-            Relayed::Outcome(outcome) => outcome,
-            Relayed::Aborted => Err(aborted()),
-            Relayed::Lost => Err(history_expired()),
+        (Answer::Follow { session, stream, request }, None) => {
+            return Answered::Outcome(match relay(&ctx, &session, stream, request).await {
+                Relayed::Outcome(outcome) => outcome,
+                Relayed::Aborted => Err(aborted()),
+                Relayed::Lost => Err(history_expired()),
+            });
+        }
+        (Answer::Await, Some(keyed)) => (await_outcome(&store, &keyed.name).await, keyed),
+        (Answer::Await, None) => return Answered::Outcome(Err(history_expired())),
+    };
+    match awaited {
+        (Awaited::Outcome(outcome), _) => Answered::Outcome(outcome),
+        (Awaited::Gone, keyed) => match take_over(&store, &keyed).await {
+            Some(claim) => Answered::Run(keyed, claim),
+            None => Answered::Outcome(Err(record_lost())),
         },
-        (Answer::Await, Some(keyed)) => await_outcome(&store, &keyed.name).await,
-        (Answer::Await, None) => Err(history_expired()),
+    }
+}
+
+/// Claims anew the key of a request whose key's record went while it waited for the original
+/// (released because the store failed under it, or forgotten), if
+/// [`lifecycle::record_gone`] says it runs. Otherwise, or if another request claimed the key
+/// first, it is answered `idempotency_record_lost`.
+async fn take_over(store: &Arc<dyn Store>, keyed: &Keyed) -> Option<ClaimGuard> {
+    if lifecycle::record_gone(keyed.resumable) == RecordGone::Unknown {
+        return None;
+    }
+    match store.claim_key(keyed.claim(None)).await {
+        Ok(Claim::Claimed(_)) => Some(ClaimGuard::new(store, &keyed.name)),
+        Ok(Claim::Existing { .. } | Claim::Regressed) => None,
+        Err(err) => {
+            tracing::warn!(%err, "claiming a key whose record went");
+            None
+        }
     }
 }
 
@@ -260,19 +300,24 @@ async fn forward(ctx: &Context, notification: jsonrpc::Notification) {
     }
 }
 
-/// Waits until the original's record holds its outcome, or says its process died.
-async fn await_outcome(store: &Arc<dyn Store>, name: &str) -> Result<Value, ErrorObject> {
+/// What waiting for the original's record came to.
+enum Awaited {
+    /// Its outcome, or why there is none.
+    Outcome(Result<Value, ErrorObject>),
+    /// The record went: released, or forgotten.
+    Gone,
+}
+
+/// Waits until the original's record holds its outcome, or says its process died, or is gone.
+async fn await_outcome(store: &Arc<dyn Store>, name: &str) -> Awaited {
     let mut pause = Duration::from_millis(10);
     loop {
         match store.key_state(name, now_ms()).await {
-            Ok(Some(KeyState::Finished(outcome))) => return decode(&outcome),
-            Ok(Some(KeyState::Running { abandoned: true, .. })) => return Err(aborted()),
+            Ok(Some(KeyState::Finished(outcome))) => return Awaited::Outcome(decode(&outcome)),
+            Ok(Some(KeyState::Running { abandoned: true, .. })) => return Awaited::Outcome(Err(aborted())),
             Ok(Some(KeyState::Running { abandoned: false, .. })) => {}
-            Ok(None) => {
-                return Err(Refusal::IdempotencyRecordLost
-                    .error("the record of this idempotency key went while this request waited for the original (released, or forgotten); the request may have run"));
-            }
-            Err(err) => return Err(Refusal::StoreFailed.error(err.to_string())),
+            Ok(None) => return Awaited::Gone,
+            Err(err) => return Awaited::Outcome(Err(Refusal::StoreFailed.error(err.to_string()))),
         }
         tokio::time::sleep(pause).await;
         pause = next_pause(pause);
@@ -351,6 +396,15 @@ pub(crate) fn records_regressed() -> ErrorObject {
     Refusal::RecordsRegressed.error(
         "the idempotency records no longer hold this key's claim as they acknowledged it (the store went back in \
          time); the request may have run, and was not run again",
+    )
+}
+
+/// The answer for a key whose record went while its request waited for the original, when the
+/// request does not run itself ([`take_over`]).
+fn record_lost() -> ErrorObject {
+    Refusal::IdempotencyRecordLost.error(
+        "the record of this idempotency key went while this request waited for the original (released, or \
+         forgotten); the request may have run",
     )
 }
 

@@ -248,3 +248,76 @@ async fn a_keyed_call_failed_by_its_store_is_run_again_when_sent_again() {
     assert_eq!(counters.additions.load(Ordering::SeqCst), 2);
     assert_eq!(counter(&client, &session).await, 5);
 }
+
+/// One tool, `flaky`, that keys its own effects: its first run waits for `fail`, then fails as
+/// its store did; later runs return their number.
+struct Flaky {
+    runs: Arc<AtomicUsize>,
+    fail: Arc<tokio::sync::Notify>,
+}
+
+impl Handler for Flaky {
+    fn info(&self) -> ServerInfo {
+        ServerInfo { name: "flaky".into(), version: "1".into(), instructions: None, capabilities: json!({"tools": {}}) }
+    }
+
+    fn resumable(&self, _method: &str, _params: &Value) -> bool {
+        true
+    }
+
+    fn call(&self, _ctx: Context, _method: String, _params: Value) -> HandlerFuture {
+        let (runs, fail) = (Arc::clone(&self.runs), Arc::clone(&self.fail));
+        Box::pin(async move {
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            if run == 1 {
+                fail.notified().await;
+                return Err(tether_server::Refusal::StoreUnavailable.error("broken pipe"));
+            }
+            Ok(json!({"content": [], "structuredContent": {"run": run}}))
+        })
+    }
+}
+
+/// A 2026-07-28 re-send waits for the original's record (it has no stream to follow). When the
+/// original's store fails under it and its claim is released, the waiter of a handler that
+/// keys its own effects claims the key itself and runs: it gets a result, not
+/// `idempotency_record_lost`, and that result is what a later re-send replays.
+#[tokio::test]
+async fn a_waiter_whose_original_released_its_key_runs_a_resumable_request_itself() {
+    use tether_store::faults::{Call, FaultyStore};
+    let store =
+        Arc::new(FaultyStore::new(Arc::new(tether_store::MemoryStore::new(tether_store::Retention::default()))));
+    let (runs, fail) = (Arc::new(AtomicUsize::new(0)), Arc::new(tokio::sync::Notify::new()));
+    let handler = Flaky { runs: Arc::clone(&runs), fail: Arc::clone(&fail) };
+    let server =
+        start_with(Builder::new(handler).config(config()).store(Arc::clone(&store) as Arc<dyn tether_store::Store>))
+            .await;
+    let client = Client::new(&server);
+    let send = |id: i64| {
+        let mut params = keyed("flaky", json!({}), KEY, None);
+        params["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
+        params["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({});
+        stateless_post(&client, json!(id), "tools/call", params).send()
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let original = tokio::spawn(send(1));
+    while runs.load(Ordering::SeqCst) < 1 {
+        assert!(tokio::time::Instant::now() < deadline, "the original runs");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let waiter = tokio::spawn(send(2));
+    // The waiter claimed the key too, found the original running, and waits for its record.
+    while store.calls(Call::ClaimKey) < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "the waiter claims the key");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    fail.notify_one();
+    let failed = json_body(original.await.expect("joined").expect("sent")).await;
+    assert_eq!(failed["error"]["data"]["reason"], "store_unavailable", "{failed}");
+    let ran =
+        json_body(tokio::time::timeout(WAIT, waiter).await.expect("answered").expect("joined").expect("sent")).await;
+    assert_eq!(ran["result"]["structuredContent"]["run"], 2, "the waiter ran it: {ran}");
+    let replayed = json_body(send(3).await.expect("sent")).await;
+    assert_eq!(replayed["result"], ran["result"], "its outcome recorded under the key: {replayed}");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
