@@ -1,8 +1,8 @@
 //! How a request ends, as pure decisions: what of its output goes out once it is cancelled,
 //! what its stream ends with when its response cannot be written, what becomes of its key's
 //! claim, what a re-send waiting for that claim does when it goes, and what a client may say of
-//! a request after all its attempts. The server and the
-//! client call these; the model checks them (`tether-model`'s `lifecycle`).
+//! a request after all its attempts. The server and the client call these; the model checks
+//! them (`tether-model`'s `lifecycle`).
 //!
 //! The rule they keep: every request's stream ends with a terminal event (its response, or an
 //! explicit `request_aborted` or `request_cancelled` error); every claimed idempotency key

@@ -9,9 +9,8 @@
 //!
 //! The server decides with [`tether_core::lifecycle::emit`],
 //! [`tether_core::lifecycle::after_response`], [`tether_core::lifecycle::settle`] and
-//! [`tether_core::lifecycle::record_gone`], and the
-//! client says what it may of the request with [`tether_core::lifecycle::Attempts`]: the
-//! decisions that ship. The properties:
+//! [`tether_core::lifecycle::record_gone`], and the client says what it may of the request with
+//! [`tether_core::lifecycle::Attempts`]: the decisions that ship. The properties:
 //! - liveness (the checker's own): from every state, a state is reachable without another
 //!   fault where the client has said how the request ended, the request's stream has ended, and
 //!   no key is held by a live process that will never finish it, and a request whose handler

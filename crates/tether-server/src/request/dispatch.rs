@@ -777,9 +777,12 @@ struct TakenOver(std::sync::Mutex<TakeOver>);
 
 #[derive(Default)]
 enum TakeOver {
+    /// The request is answered from the original, or waits for it.
     #[default]
     Waiting,
+    /// It took the key over and runs under it.
     Taken(Keyed),
+    /// It ended; its outcome's key, if it took one, was handed over.
     Ended,
 }
 

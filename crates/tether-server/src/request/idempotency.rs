@@ -173,12 +173,13 @@ pub(crate) enum Answered {
     Run(Keyed, ClaimGuard),
 }
 
-/// Carries out `answer` for the request of `ctx`: its outcome is the original's. Without a key
+/// Carries out `answer` for the request of `ctx`: its outcome is the original's, unless the
+/// key's record went while it waited and it takes the key over ([`take_over`]). Without a key
 /// (a batch's request whose id was sent before), an original whose stream ended without the
 /// response is answered as the stream ended: `request_aborted`, or `request_history_expired`.
 pub(crate) async fn answer(ctx: Context, keyed: Option<Keyed>, answer: Answer) -> Answered {
     let store = Arc::clone(ctx.store());
-    let awaited = match (answer, keyed) {
+    let (awaited, keyed) = match (answer, keyed) {
         (Answer::Replay(outcome), _) => return Answered::Outcome(outcome),
         (Answer::Fail(error), _) => return Answered::Outcome(Err(error)),
         (Answer::Follow { session, stream, request }, Some(keyed)) => {
@@ -211,8 +212,8 @@ pub(crate) async fn answer(ctx: Context, keyed: Option<Keyed>, answer: Answer) -
         (Answer::Await, None) => return Answered::Outcome(Err(history_expired())),
     };
     match awaited {
-        (Awaited::Outcome(outcome), _) => Answered::Outcome(outcome),
-        (Awaited::Gone, keyed) => match take_over(&store, &keyed).await {
+        Awaited::Outcome(outcome) => Answered::Outcome(outcome),
+        Awaited::Gone => match take_over(&store, &keyed).await {
             Some(claim) => Answered::Run(keyed, claim),
             None => Answered::Outcome(Err(record_lost())),
         },
