@@ -214,28 +214,29 @@ pub(crate) async fn answer(ctx: Context, keyed: Option<Keyed>, answer: Answer) -
     match awaited {
         Awaited::Outcome(outcome) => Answered::Outcome(outcome),
         Awaited::Gone => match take_over(&store, &keyed).await {
-            Some(claim) => Answered::Run(keyed, claim),
-            None => Answered::Outcome(Err(record_lost())),
+            Ok(Some(claim)) => Answered::Run(keyed, claim),
+            Ok(None) => Answered::Outcome(Err(record_lost())),
+            // Sent again, the request finds the key free and runs, which a resumable one may.
+            Err(err) => Answered::Outcome(Err(Refusal::of_store_failure(&err).error(format!(
+                "the record of this idempotency key went while this request waited for the original, and \
+                 claiming it failed: {err}"
+            )))),
         },
     }
 }
 
 /// Claims anew the key of a request whose key's record went while it waited for the original
 /// (released because the store failed under it, or forgotten), if
-/// [`lifecycle::record_gone`] says it runs. Otherwise, or if another request claimed the key
-/// first, it is answered `idempotency_record_lost`.
-async fn take_over(store: &Arc<dyn Store>, keyed: &Keyed) -> Option<ClaimGuard> {
+/// [`lifecycle::record_gone`] says it runs. `None` if it does not, or if another request claimed
+/// the key first: it is answered `idempotency_record_lost`.
+async fn take_over(store: &Arc<dyn Store>, keyed: &Keyed) -> Result<Option<ClaimGuard>, StoreError> {
     if lifecycle::record_gone(keyed.resumable) == RecordGone::Unknown {
-        return None;
+        return Ok(None);
     }
-    match store.claim_key(keyed.claim(None)).await {
-        Ok(Claim::Claimed(_)) => Some(ClaimGuard::new(store, &keyed.name)),
-        Ok(Claim::Existing { .. } | Claim::Regressed) => None,
-        Err(err) => {
-            tracing::warn!(%err, "claiming a key whose record went");
-            None
-        }
-    }
+    Ok(match store.claim_key(keyed.claim(None)).await? {
+        Claim::Claimed(_) => Some(ClaimGuard::new(store, &keyed.name)),
+        Claim::Existing { .. } | Claim::Regressed => None,
+    })
 }
 
 /// How following the original's stream ended.

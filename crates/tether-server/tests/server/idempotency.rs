@@ -278,34 +278,33 @@ impl Handler for Flaky {
     }
 }
 
-/// A 2026-07-28 re-send waits for the original's record (it has no stream to follow). When the
-/// original's store fails under it and its claim is released, the waiter of a handler that
-/// keys its own effects claims the key itself and runs: it gets a result, not
-/// `idempotency_record_lost`, and that result is what a later re-send replays.
-#[tokio::test]
-async fn a_waiter_whose_original_released_its_key_runs_a_resumable_request_itself() {
+/// A server whose `flaky` tool's first run fails `store_unavailable` once a 2026-07-28 re-send
+/// of it waits for its record (having no stream to follow). Request 1, the original, and
+/// request 2, the waiter, are sent under `KEY`; with `failing_claim`, that many claims of the
+/// key succeed and the store fails the next (the third is the waiter's own). Returns the
+/// server, a client, the two answers, and the tool's runs.
+async fn original_released_under_a_waiter(
+    failing_claim: Option<u32>,
+) -> (TestServer, Client, Value, Value, Arc<AtomicUsize>) {
     use tether_store::faults::{Call, FaultyStore};
     let store =
         Arc::new(FaultyStore::new(Arc::new(tether_store::MemoryStore::new(tether_store::Retention::default()))));
+    if let Some(skip) = failing_claim {
+        store.fail(Call::ClaimKey, skip, 1);
+    }
     let (runs, fail) = (Arc::new(AtomicUsize::new(0)), Arc::new(tokio::sync::Notify::new()));
     let handler = Flaky { runs: Arc::clone(&runs), fail: Arc::clone(&fail) };
     let server =
         start_with(Builder::new(handler).config(config()).store(Arc::clone(&store) as Arc<dyn tether_store::Store>))
             .await;
     let client = Client::new(&server);
-    let send = |id: i64| {
-        let mut params = keyed("flaky", json!({}), KEY, None);
-        params["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
-        params["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({});
-        stateless_post(&client, json!(id), "tools/call", params).send()
-    };
     let deadline = tokio::time::Instant::now() + WAIT;
-    let original = tokio::spawn(send(1));
+    let original = tokio::spawn(flaky_2026(&client, 1).send());
     while runs.load(Ordering::SeqCst) < 1 {
         assert!(tokio::time::Instant::now() < deadline, "the original runs");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let waiter = tokio::spawn(send(2));
+    let waiter = tokio::spawn(flaky_2026(&client, 2).send());
     // The waiter claimed the key too, found the original running, and waits for its record.
     while store.calls(Call::ClaimKey) < 2 {
         assert!(tokio::time::Instant::now() < deadline, "the waiter claims the key");
@@ -313,11 +312,40 @@ async fn a_waiter_whose_original_released_its_key_runs_a_resumable_request_itsel
     }
     fail.notify_one();
     let failed = json_body(original.await.expect("joined").expect("sent")).await;
+    let waited = tokio::time::timeout(WAIT, waiter).await.expect("answered").expect("joined").expect("sent");
+    let waited = json_body(waited).await;
+    (server, client, failed, waited, runs)
+}
+
+/// A 2026-07-28 call of `flaky` under `KEY`.
+fn flaky_2026(client: &Client, id: i64) -> reqwest::RequestBuilder {
+    let mut params = keyed("flaky", json!({}), KEY, None);
+    params["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
+    params["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({});
+    stateless_post(client, json!(id), "tools/call", params)
+}
+
+/// When the original's store fails under it and its claim is released, a waiter of a handler
+/// that keys its own effects claims the key itself and runs: it gets a result, not
+/// `idempotency_record_lost`, and that result is what a later re-send replays.
+#[tokio::test]
+async fn a_waiter_whose_original_released_its_key_runs_a_resumable_request_itself() {
+    let (_server, client, failed, ran, runs) = original_released_under_a_waiter(None).await;
     assert_eq!(failed["error"]["data"]["reason"], "store_unavailable", "{failed}");
-    let ran =
-        json_body(tokio::time::timeout(WAIT, waiter).await.expect("answered").expect("joined").expect("sent")).await;
     assert_eq!(ran["result"]["structuredContent"]["run"], 2, "the waiter ran it: {ran}");
-    let replayed = json_body(send(3).await.expect("sent")).await;
+    let replayed = json_body(flaky_2026(&client, 3).send().await.expect("sent")).await;
     assert_eq!(replayed["result"], ran["result"], "its outcome recorded under the key: {replayed}");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// A waiter that cannot claim the released key (the store fails again) is answered
+/// `store_unavailable`, which asks for the re-send that then runs it, not
+/// `idempotency_record_lost`, after which a client would not send it again.
+#[tokio::test]
+async fn a_waiter_that_cannot_claim_a_released_key_is_asked_to_send_it_again() {
+    let (_server, client, _, waited, runs) = original_released_under_a_waiter(Some(2)).await;
+    assert_eq!(waited["error"]["data"]["reason"], "store_unavailable", "{waited}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "nothing ran for the waiter");
+    let again = json_body(flaky_2026(&client, 3).send().await.expect("sent")).await;
+    assert_eq!(again["result"]["structuredContent"]["run"], 2, "the re-send ran it: {again}");
 }
