@@ -281,10 +281,15 @@ impl Lifecycle {
         }
     }
 
+    /// The key's record went while the client's attempt waited for it (with the same records).
+    fn record_went(state: &State) -> bool {
+        state.client == Client::Awaiting && state.key == Key::Free && !state.records_changed
+    }
+
     /// The waiter's record went, and it ends "may have run": the client says so at once,
     /// without sending the request again (a re-send could run it twice).
     fn waiter_lost(&self, state: &State) -> bool {
-        state.client == Client::Awaiting && state.key == Key::Free && !state.records_changed && !self.waiter_runs()
+        Self::record_went(state) && !self.waiter_runs()
     }
 
     /// The client after an attempt ended as `ended`: it sends again while it may, or says.
@@ -391,7 +396,7 @@ impl Model for Lifecycle {
         if self.config.awaits && state.faults.cut && state.client == Client::Running && state.stream == Stream::Live {
             actions.push(Action::Cut);
         }
-        if state.client == Client::Awaiting && state.key == Key::Free && !state.records_changed && self.waiter_runs() {
+        if Self::record_went(state) && self.waiter_runs() {
             actions.push(Action::TakeOver);
         }
         if self.attempt_end(state).is_some() {

@@ -659,12 +659,14 @@ async fn run(
     }
     async move {
         let sessionful = matches!(finish, Finish::Sessionful);
-        let taken = Arc::new(TakenOver::default());
+        // Only a request answered from its key's original may take the key over.
+        let mut taken: Option<Arc<TakenOver>> = None;
         let (work, record): (crate::HandlerFuture, Option<Keyed>) = match job {
             Job::Run(keyed) => (handler_run(&ctx, &method, params, sessionful), keyed),
             Job::Answer(answer, keyed) => {
                 crate::telemetry::idempotent_replay();
-                let (ctx, method, taken) = (ctx.clone(), method.clone(), Arc::clone(&taken));
+                let (ctx, method) = (ctx.clone(), method.clone());
+                let taken = Arc::clone(taken.insert(Arc::default()));
                 let work = async move {
                     match idempotency::answer(ctx.clone(), keyed, answer).await {
                         idempotency::Answered::Outcome(outcome) => outcome,
@@ -689,7 +691,7 @@ async fn run(
             finished = &mut work => Some(finished),
             () = cancel.cancelled() => None,
         };
-        let record = record.or_else(|| taken.close());
+        let record = record.or_else(|| taken.and_then(|taken| taken.close()));
         let outcome = match finished {
             Some(Ok(outcome)) => Some(outcome),
             Some(Err(Panicked)) => {
