@@ -26,6 +26,8 @@ pub struct Tally {
     pub aborted: usize,
     /// Calls reported as outcome unknown.
     pub unknown: usize,
+    /// What each of those said, for a failed run's message.
+    pub unknown_said: Vec<String>,
     /// Calls that ended otherwise (error, nothing), with their output.
     pub failed: Vec<String>,
     /// Re-issues of keyed calls.
@@ -81,7 +83,10 @@ impl Run<'_> {
                                 None => tally.failed.push(last.to_string()),
                             },
                             Some("error") if last["error"]["data"]["reason"] == "request_aborted" => tally.aborted += 1,
-                            Some("outcome_unknown") => tally.unknown += 1,
+                            Some("outcome_unknown") => {
+                                tally.unknown += 1;
+                                tally.unknown_said.push(last.to_string());
+                            }
                             _ => tally.failed.push(format!("exit {status:?} after {:?}: {lines:?}", began.elapsed())),
                         }
                         done.fetch_add(1, Ordering::Relaxed);
@@ -109,7 +114,7 @@ pub fn addr(port: u16) -> std::net::SocketAddr {
 /// Every call got its real result: the values 1 to `calls`, each once.
 pub fn assert_each_value_once(run: &str, tally: &Tally, calls: usize) {
     assert!(tally.failed.is_empty(), "{run}: calls without their result: {:?}", tally.failed);
-    assert_eq!(tally.unknown, 0, "{run}: no outcome is unknown");
+    assert_eq!(tally.unknown, 0, "{run}: no outcome is unknown: {:?}", tally.unknown_said);
     assert_eq!(tally.aborted, 0, "{run}: no call was aborted");
     let mut values = tally.values.clone();
     values.sort_unstable();
