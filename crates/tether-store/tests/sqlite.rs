@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use tether_store::{CounterStore, EventLog, KeyRecords, SessionStore};
 
 use bytes::Bytes;
-use tether_core::lineage::{Epoch, SessionId, StreamName, StreamState};
+use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange, StreamState, Tag};
 use tether_core::mcp::ProtocolVersion;
-use tether_store::{Claim, KeyState, SessionRecord, SessionStatus, SqliteStore, TaskLimits};
+use tether_store::{BeginRequest, Claim, KeyState, SessionRecord, SessionStatus, SqliteStore, TaskLimits};
 
 /// A directory of its own for every store a test opens.
 fn fresh_dir() -> PathBuf {
@@ -329,5 +329,71 @@ async fn a_database_from_before_the_key_count_is_counted_at_open() {
     };
     assert!(!known("a").await, "four records counted at open: the oldest goes past the bound of three");
     assert!(known("b").await && known("c").await && known("d").await);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The tables a database made before the log kept streams, events and requests in, with the
+/// last columns they had.
+const TABLES_BEFORE_THE_LOG: &str = "
+CREATE TABLE streams (session TEXT NOT NULL, stream TEXT NOT NULL, head INTEGER NOT NULL, state INTEGER NOT NULL,
+    ended_at_ms INTEGER, owner TEXT NOT NULL, request_key TEXT, bytes INTEGER NOT NULL DEFAULT 0,
+    before_retained INTEGER, ended_order INTEGER, PRIMARY KEY (session, stream)) WITHOUT ROWID;
+CREATE TABLE events (session TEXT NOT NULL, stream TEXT NOT NULL, seq INTEGER NOT NULL, data BLOB NOT NULL,
+    tag INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (session, stream, seq)) WITHOUT ROWID;
+CREATE TABLE requests (session TEXT NOT NULL, key TEXT NOT NULL, digest TEXT NOT NULL, stream TEXT NOT NULL,
+    PRIMARY KEY (session, key)) WITHOUT ROWID;
+";
+
+#[tokio::test]
+async fn a_database_from_before_the_log_keeps_its_streams_events_and_requests() {
+    let dir = fresh_dir();
+    let epoch = Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch");
+    let session = suite::sid("old");
+    let (running, trimmed) = (suite::stream("r1"), suite::stream("r2"));
+    let store = open(&dir, "before");
+    store.create_session(record("old", &epoch), usize::MAX).await.expect("create");
+    drop(store);
+    let old = rusqlite::Connection::open(dir.join("tether.sqlite3")).expect("database");
+    old.execute_batch(TABLES_BEFORE_THE_LOG).expect("the old tables");
+    old.execute_batch(&format!(
+        "INSERT INTO requests VALUES ('old', 'n:1', 'digest-1', 'r1'), ('old', 'n:2', 'digest-2', 'r2');
+         INSERT INTO streams (session, stream, head, state, owner, request_key) VALUES ('old', 'r1', 2, 0, 'before', 'n:1');
+         INSERT INTO streams (session, stream, head, state, owner, request_key, before_retained, ended_order, ended_at_ms)
+             VALUES ('old', 'r2', 3, 1, 'before', 'n:2', 11, 7, 500);
+         INSERT INTO events VALUES ('old', 'r1', 0, x'', {}), ('old', 'r1', 1, x'61', 21), ('old', 'r1', 2, x'62', 22),
+             ('old', 'r2', 2, x'63', 32), ('old', 'r2', 3, x'64', 33);",
+        i64::from_ne_bytes(tether_core::lineage::Tag::priming(&running).bits().to_ne_bytes())
+    ))
+    .expect("the rows an earlier version left");
+    drop(old);
+
+    let store = open(&dir, "after");
+    assert_eq!(
+        store.stream_range(&session, &running).await,
+        Ok(Some(StreamRange { retained_from: 0, head: 2, state: StreamState::Aborted })),
+        "a request the previous process left running is aborted at open"
+    );
+    let page = store.read_page(&session, &running, 0, 10).await.expect("read").expect("a page");
+    assert_eq!(page.at_cursor, Some(tether_core::lineage::Tag::priming(&running)));
+    let events: Vec<(u64, u64, &[u8])> = page.events.iter().map(|e| (e.seq, e.tag.bits(), &e.data[..])).collect();
+    assert_eq!(events, [(1, 21, &b"a"[..]), (2, 22, b"b")]);
+    let page = store.read_page(&session, &trimmed, 1, 10).await.expect("read").expect("a page");
+    assert_eq!(page.range, StreamRange { retained_from: 2, head: 3, state: StreamState::Complete });
+    assert_eq!((page.at_cursor, page.before_retained), (Some(Tag::from_bits(11)), Some(Tag::from_bits(11))));
+    assert_eq!(page.events.iter().map(|e| (e.seq, e.tag.bits())).collect::<Vec<_>>(), [(2, 32), (3, 33)]);
+    assert_eq!(
+        store.begin_request(suite::request(&session, &epoch, &suite::key("n:2"), "digest-2", &running)).await,
+        Ok(BeginRequest::Existing { stream: trimmed.clone(), same_params: true }),
+        "a request's record is kept"
+    );
+    assert_eq!(store.retained_bytes().await, Ok(Some(4)));
+    drop(store);
+    let tables: i64 = rusqlite::Connection::open(dir.join("tether.sqlite3"))
+        .expect("database")
+        .query_row("SELECT COUNT(*) FROM sqlite_master WHERE name IN ('streams', 'events', 'requests')", [], |r| {
+            r.get(0)
+        })
+        .expect("tables");
+    assert_eq!(tables, 0, "the old tables are dropped once their rows are in the log");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,47 +1,36 @@
-//! What the embedded store keeps in memory so that the reads of a request's life never reach
-//! SQLite: the status of sessions, and the streams this process opened, with their events.
+//! What the embedded store keeps in memory so that reads never wait for SQLite: the status of
+//! sessions, every stream of the live sessions as a durable [`Log`] (what their rows say once
+//! durable), and the data of recently appended events.
 //!
 //! The directory belongs to one process, so every change passes through the store's writer
-//! thread, which updates the mirror after each commit, in commit order: an entry is always
-//! what SQLite holds. A miss reads SQLite; forgetting an entry is always safe. A session read
-//! from SQLite is kept only if no session changed meanwhile (the generation), so a read that
-//! raced a commit cannot put back what the commit replaced.
+//! thread, which hands it to the mirror after each commit is durable, in commit order: the
+//! mirror's log is always what a crash would leave. A session status read from SQLite is kept
+//! only if no session changed meanwhile (the generation), so a read that raced a commit cannot
+//! put back what the commit replaced. Event data not cached is read by row id.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 
 use bytes::Bytes;
-use tether_core::lineage::{StreamName, StreamRange, StreamState, Tag};
+use tether_core::lineage::{StreamRange, Tag};
 
+use super::log::{Change, Log, Retained, Stream};
 use crate::record::{SessionStatus, StoredEvent, StreamPage};
 
 /// Sessions kept; past this, an arbitrary one is forgotten (idle sessions cost memory; busy
 /// ones come back on their next read).
 const MAX_SESSIONS: usize = 1_024;
-/// Streams kept; past this, the oldest opened is forgotten.
-const MAX_STREAMS: usize = 1_024;
-/// Events and bytes kept per stream; a longer stream is forgotten (its reads go to SQLite).
-/// With [`MAX_STREAMS`], the mirror holds at most 32 MiB of events.
-const MAX_EVENTS: usize = 1_024;
-const MAX_BYTES: usize = 32 << 10;
+/// Event data kept, in bytes: past this, the data appended first is forgotten (read again by
+/// row id).
+const MAX_CACHED: usize = 32 << 20;
 
-type StreamKey = (String, String);
-
-/// A stream as SQLite holds it. It is kept from its opening, and forgotten at its first gap or
-/// trim, so it holds every event from seq 1 (event `i` has seq `i + 1`) and the sentinel is
-/// still retained (`retained_from` 0).
-struct Tail {
-    /// The tag of the priming event (seq 0).
-    primed: Tag,
-    events: Vec<(Tag, Bytes)>,
+/// The data of recently appended events, by row.
+#[derive(Default)]
+struct Cache {
+    data: HashMap<i64, Bytes>,
+    /// Rows in the order they were cached, for the bound (may name forgotten ones).
+    order: VecDeque<i64>,
     bytes: usize,
-    state: StreamState,
-}
-
-impl Tail {
-    fn head(&self) -> u64 {
-        self.events.len() as u64
-    }
 }
 
 #[derive(Default)]
@@ -50,27 +39,17 @@ struct Sessions {
     map: HashMap<String, SessionStatus>,
 }
 
-#[derive(Default)]
-struct Streams {
-    map: HashMap<StreamKey, Tail>,
-    /// In the order they were opened, for the bound (may name forgotten streams).
-    order: VecDeque<StreamKey>,
-}
-
 /// The embedded store's in-memory mirror.
 #[derive(Default)]
 pub(crate) struct Mirror {
     sessions: Mutex<Sessions>,
-    streams: Mutex<Streams>,
+    log: Mutex<Log>,
+    cache: Mutex<Cache>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every update leaves the maps consistent: still usable after a panic elsewhere.
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn key(session: &str, stream: &str) -> StreamKey {
-    (session.to_owned(), stream.to_owned())
 }
 
 impl Mirror {
@@ -108,13 +87,12 @@ impl Mirror {
         }
     }
 
-    /// Writer: the session expired; it and its streams are read again from SQLite.
+    /// Writer: the session expired; its status is read again from SQLite (its streams went
+    /// with a [`Change::SessionRemoved`]).
     pub fn forget_session(&self, id: &str) {
         let mut sessions = lock(&self.sessions);
         sessions.generation += 1;
         sessions.map.remove(id);
-        drop(sessions);
-        self.forget_streams_of(id);
     }
 
     /// Writer: the sweep deleted tombstones; forget every ended session (they are read again).
@@ -124,79 +102,96 @@ impl Mirror {
         sessions.map.retain(|_, status| matches!(status, SessionStatus::Live(_)));
     }
 
-    /// The stream's range, if kept.
+    /// Starts from `log`, what the file holds at open.
+    pub fn starting_from(log: Log) -> Mirror {
+        Mirror { log: Mutex::new(log), ..Mirror::default() }
+    }
+
+    /// Writer: a commit holding `changes` is durable.
+    pub fn apply(&self, changes: &[Change]) {
+        lock(&self.log).apply_all(changes);
+    }
+
+    /// Writer: `rows` were appended with this data.
+    pub fn cache(&self, rows: impl IntoIterator<Item = (i64, Bytes)>) {
+        let mut cache = lock(&self.cache);
+        for (row, data) in rows {
+            cache.bytes += data.len();
+            if let Some(replaced) = cache.data.insert(row, data) {
+                cache.bytes -= replaced.len();
+            }
+            cache.order.push_back(row);
+        }
+        while cache.bytes > MAX_CACHED {
+            let Some(oldest) = cache.order.pop_front() else { break };
+            if let Some(forgotten) = cache.data.remove(&oldest) {
+                cache.bytes -= forgotten.len();
+            }
+        }
+    }
+
+    /// The stream's range, if the stream is live.
     pub fn stream_range(&self, session: &str, stream: &str) -> Option<StreamRange> {
-        let streams = lock(&self.streams);
-        let tail = streams.map.get(&key(session, stream))?;
-        Some(StreamRange { retained_from: 0, head: tail.head(), state: tail.state })
+        lock(&self.log).stream(session, stream).map(Stream::range)
     }
 
-    /// [`EventLog::read_page`](crate::EventLog::read_page), if the stream is kept.
-    pub fn read_page(&self, session: &str, stream: &str, after: u64, max: usize) -> Option<StreamPage> {
-        let streams = lock(&self.streams);
-        let tail = streams.map.get(&key(session, stream))?;
-        let range = StreamRange { retained_from: 0, head: tail.head(), state: tail.state };
-        let at_cursor = match usize::try_from(after).ok()? {
-            0 => Some(tail.primed),
-            n => tail.events.get(n - 1).map(|(tag, _)| *tag),
-        };
-        let skip = usize::try_from(after).unwrap_or(usize::MAX);
-        let events = tail.events.iter().zip(1..).skip(skip).take(max);
-        let events = events.map(|((tag, data), seq)| StoredEvent { seq, tag: *tag, data: data.clone() }).collect();
-        Some(StreamPage { range, at_cursor, before_retained: None, events })
+    /// The key of the request the stream answers, if the stream is live.
+    pub fn stream_request(&self, session: &str, stream: &str) -> Option<Option<String>> {
+        lock(&self.log).stream(session, stream).map(|s| s.request_key.clone())
     }
 
-    /// Writer: a new stream (head 0, only the sentinel retained).
-    pub fn stream_opened(&self, session: &str, stream: &StreamName) {
-        let primed = Tag::priming(stream);
-        let mut streams = lock(&self.streams);
-        let key = key(session, stream.as_str());
-        if streams.map.contains_key(&key) {
-            return;
-        }
-        streams.map.insert(key.clone(), Tail { primed, events: Vec::new(), bytes: 0, state: StreamState::Live });
-        streams.order.push_back(key);
-        while streams.map.len() > MAX_STREAMS || streams.order.len() > 2 * MAX_STREAMS {
-            let Some(oldest) = streams.order.pop_front() else { break };
-            streams.map.remove(&oldest);
-        }
+    /// The bytes the live sessions retain.
+    pub fn retained_bytes(&self) -> u64 {
+        lock(&self.log).bytes()
     }
 
-    /// Writer: `events` were appended after `head - events.len()`, ending the stream if `last`.
-    pub fn appended(&self, session: &str, stream: &str, head: u64, events: &[(Tag, Bytes)], last: bool) {
-        let mut streams = lock(&self.streams);
-        let key = key(session, stream);
-        let Some(tail) = streams.map.get_mut(&key) else { return };
-        let bytes = tail.bytes + events.iter().map(|(_, data)| data.len()).sum::<usize>();
-        let count = tail.events.len() + events.len();
-        if count as u64 != head || count > MAX_EVENTS || bytes > MAX_BYTES {
-            streams.map.remove(&key);
-            return;
-        }
-        tail.bytes = bytes;
-        tail.events.extend_from_slice(events);
-        if last {
-            tail.state = StreamState::Complete;
-        }
+    /// [`EventLog::read_page`](crate::EventLog::read_page) of a live stream: the events whose
+    /// data is not cached are given by row, to read from SQLite.
+    pub fn read_page(&self, session: &str, stream: &str, after: u64, max: usize) -> Option<Page> {
+        let log = lock(&self.log);
+        let slot = log.stream(session, stream)?;
+        let range = slot.range();
+        let at_cursor = slot.tag_at(after);
+        let before_retained = slot.before_retained;
+        let retained: Vec<Retained> = slot.events_after(after, max).copied().collect();
+        drop(log);
+        let cache = lock(&self.cache);
+        let events = retained
+            .into_iter()
+            .map(|e| {
+                let data = match e.row {
+                    None => Some(Bytes::new()),
+                    Some(row) => cache.data.get(&row).cloned(),
+                };
+                (e, data)
+            })
+            .collect();
+        Some(Page { range, at_cursor, before_retained, events })
     }
+}
 
-    /// Writer: a live stream ended without more events.
-    pub fn stream_ended(&self, session: &str, stream: &str) {
-        if let Some(tail) = lock(&self.streams).map.get_mut(&key(session, stream))
-            && tail.state == StreamState::Live
-        {
-            tail.state = StreamState::Complete;
-        }
-    }
+/// A stream's page as the mirror has it.
+pub(crate) struct Page {
+    pub range: StreamRange,
+    pub at_cursor: Option<Tag>,
+    pub before_retained: Option<Tag>,
+    /// Each event with its data, if cached.
+    pub events: Vec<(Retained, Option<Bytes>)>,
+}
 
-    /// Writer: the stream lost events to retention, or was deleted.
-    pub fn forget_stream(&self, session: &str, stream: &str) {
-        lock(&self.streams).map.remove(&key(session, stream));
-    }
-
-    /// Writer: the session's streams were deleted.
-    pub fn forget_streams_of(&self, session: &str) {
-        lock(&self.streams).map.retain(|(s, _), _| s != session);
+impl Page {
+    /// The page, with the data not cached taken from `fetched` (by row); `None` if some is not
+    /// there.
+    pub fn filled(self, fetched: &HashMap<i64, Bytes>) -> Option<StreamPage> {
+        let events = self
+            .events
+            .into_iter()
+            .map(|(event, data)| {
+                let data = data.or_else(|| fetched.get(&event.row?).cloned())?;
+                Some(StoredEvent { seq: event.seq, tag: event.tag, data })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(StreamPage { range: self.range, at_cursor: self.at_cursor, before_retained: self.before_retained, events })
     }
 }
 

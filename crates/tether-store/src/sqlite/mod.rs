@@ -11,20 +11,12 @@
 //! (`sessions.rs`, `events.rs`, `keys.rs`, `tasks.rs`, `counters.rs`), and `schema.rs` holds the
 //! tables.
 
-/// The time a stream that ends now is stamped with, for its retention: the last sweep's
-/// (`NULL` before this process's first sweep, which then stamps it). A macro so that the
-/// statements using it stay literals, cached as such.
-macro_rules! last_sweep {
-    () => {
-        "(SELECT CAST(value AS INTEGER) FROM meta WHERE name = 'swept_at')"
-    };
-}
-
 mod checkpoint;
 mod counters;
 mod events;
 mod flush;
 mod keys;
+mod log;
 mod mirror;
 mod schema;
 mod sessions;
@@ -42,8 +34,9 @@ use tokio::sync::oneshot;
 
 use self::checkpoint::Checkpoints;
 use self::flush::{Committed, Durability, Flusher};
+use self::log::{Log, abort_abandoned};
 use self::mirror::Mirror;
-use self::{events::*, keys::*, schema::*, sessions::*};
+use self::{events::*, keys::*, schema::*};
 use crate::heads::Heads;
 use crate::record::{
     BeginRequest, Claim, KeyClaim, KeyState, RequestRecord, Retention, SessionEnd, SessionRecord, SessionStatus,
@@ -63,7 +56,7 @@ const MAX_BATCH: usize = 512;
 const READERS: usize = 2;
 
 type Completion = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
-type Job = Box<dyn FnOnce(&mut Transaction<'_>) -> Completions + Send>;
+type Job = Box<dyn FnOnce(&mut Transaction<'_>, &mut Log) -> Completions + Send>;
 
 /// What a job leaves to do once its batch's transaction ends.
 struct Completions {
@@ -94,25 +87,6 @@ pub struct SqliteStore {
     /// How far commits are durable: reads wait for it.
     durability: Arc<Durability>,
     records_id: String,
-    /// The order streams end in, for eviction over a session's byte cap: the earliest ended
-    /// goes first, as in every store.
-    ends: EndOrder,
-}
-
-/// Numbers the ends of streams, in the order the writer commits them: a stream's
-/// `ended_order`. Streams another process left running, aborted at open, have none, and so
-/// count as ended before any this process ends.
-#[derive(Debug, Clone)]
-struct EndOrder(Arc<std::sync::atomic::AtomicI64>);
-
-impl EndOrder {
-    fn starting_after(last: i64) -> EndOrder {
-        EndOrder(Arc::new(std::sync::atomic::AtomicI64::new(last)))
-    }
-
-    fn next(&self) -> i64 {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
-    }
 }
 
 impl Drop for SqliteStore {
@@ -181,6 +155,21 @@ fn in_savepoint<T>(txn: &Connection, f: impl FnOnce(&Connection) -> Result<T, St
     }
 }
 
+/// [`in_savepoint`] for a job that changes the writer's [`Log`]: if it fails after changing it,
+/// the log is marked for a rebuild from the file.
+fn in_logged_savepoint<T>(
+    txn: &Connection,
+    log: &mut Log,
+    f: impl FnOnce(&Connection, &mut Log) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let applied = log.applied();
+    let result = in_savepoint(txn, |txn| f(txn, log));
+    if result.is_err() && log.applied() != applied {
+        log.mark_dirty();
+    }
+    result
+}
+
 /// Statements kept parsed per connection: more than the store has.
 const STATEMENT_CACHE: usize = 64;
 
@@ -233,16 +222,8 @@ impl SqliteStore {
         let mut connection = Connection::open(&path).map_err(backend)?;
         connection.execute_batch(SCHEMA).map_err(backend)?;
         add_missing_columns(&connection)?;
+        move_tables_into_log(&mut connection)?;
         connection.execute_batch(ADDED_INDEXES).map_err(backend)?;
-        connection
-            .execute(
-                "UPDATE streams SET state = ?2 WHERE state = 0 AND request_key IS NOT NULL AND owner != ?1",
-                params![owner, ABORTED],
-            )
-            .map_err(backend)?;
-        // The last sweep was another process's, maybe long ago: streams that end before this
-        // process's first sweep are stamped by that sweep instead.
-        connection.execute("DELETE FROM meta WHERE name = 'swept_at'", []).map_err(backend)?;
         // Counted once, when the file is created or was made before the count was kept.
         connection
             .execute("INSERT OR IGNORE INTO meta (name, value) SELECT 'keys_count', COUNT(*) FROM keys", [])
@@ -267,8 +248,9 @@ impl SqliteStore {
         let records_id: String = connection
             .query_row("SELECT value FROM meta WHERE name = 'records_id'", [], |r| r.get(0))
             .map_err(backend)?;
-        let last_end: Option<i64> =
-            connection.query_row("SELECT MAX(ended_order) FROM streams", [], |r| r.get(0)).map_err(backend)?;
+        let loaded = Log::load(&connection)?;
+        let log = abort_abandoned(&mut connection, loaded, owner)?;
+        let mirror = Arc::new(Mirror::starting_from(log.clone()));
         connection.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         let mut queries = Vec::new();
         for _ in 0..READERS {
@@ -303,7 +285,7 @@ impl SqliteStore {
         let writer = std::thread::Builder::new()
             .name("tether-sqlite".into())
             .spawn(move || {
-                writer(&mut connection, &queue, &flusher, &writer_durability, &checkpoints);
+                writer(&mut connection, log, &queue, &flusher, &writer_durability, &checkpoints);
                 drop(flusher);
                 drop(checkpoints);
                 drop(connection);
@@ -319,10 +301,9 @@ impl SqliteStore {
             retention,
             owner: owner.to_owned(),
             heads: Heads::default(),
-            mirror: Arc::default(),
+            mirror,
             durability,
             records_id,
-            ends: EndOrder::starting_after(last_end.unwrap_or(0)),
         })
     }
 
@@ -376,6 +357,16 @@ impl SqliteStore {
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
         A: FnOnce(&Mirror, &T) + Send + 'static,
     {
+        self.run_logged(move |txn, _| f(txn), then)
+    }
+
+    /// [`SqliteStore::run_with`] for a job that reads or changes the writer's [`Log`].
+    fn run_logged<T, F, A>(&self, f: F, then: A) -> StoreFuture<'static, T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection, &mut Log) -> Result<T, StoreError> + Send + 'static,
+        A: FnOnce(&Mirror, &T) + Send + 'static,
+    {
         let (job, rx) = answered_at_flush(f, then, Arc::clone(&self.mirror));
         self.submit(job, rx)
     }
@@ -385,22 +376,19 @@ impl SqliteStore {
     fn run_answered_at_commit<T, F, A>(&self, f: F, then: A) -> StoreFuture<'static, T>
     where
         T: Clone + Send + 'static,
-        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        F: FnOnce(&Connection, &mut Log) -> Result<T, StoreError> + Send + 'static,
         A: FnOnce(&Mirror, &T) + Send + 'static,
     {
         let (job, rx) = answered_at_commit(f, then, Arc::clone(&self.mirror));
         self.submit(job, rx)
     }
 
-    /// The job that records `request` of a live session ([`begin`]), and what the mirror learns
-    /// of it once it is durable.
+    /// The job that records `request` of a live session ([`begin`]); the mirror learns of it
+    /// through [`mirror_begun`].
     fn begin_job(
         &self,
         request: RequestRecord<'_>,
-    ) -> (
-        impl FnOnce(&Connection) -> Result<Begun, StoreError> + Send + 'static + use<>,
-        impl FnOnce(&Mirror, &Begun) + Send + 'static + use<>,
-    ) {
+    ) -> impl FnOnce(&Connection, &mut Log) -> Result<Begun, StoreError> + Send + 'static + use<> {
         let new = NewRequest {
             session: request.session.as_str().to_owned(),
             epoch: request.epoch.to_string(),
@@ -409,8 +397,7 @@ impl SqliteStore {
             stream: request.stream.clone(),
         };
         let owner = self.owner.clone();
-        let then = opened_by_begin(&new.session, &new.stream);
-        (move |txn: &Connection| begin(txn, &owner, &new), then)
+        move |txn: &Connection, log: &mut Log| begin(txn, log, &owner, &new)
     }
 
     /// Queues `job` for the writer at once, at the call (a pipelined begin relies on it); `rx`
@@ -439,21 +426,21 @@ impl SqliteStore {
         record: Option<String>,
     ) -> StoreFuture<'_, u64> {
         let (s, e, st) = (session.to_owned(), epoch.to_string(), stream.to_string());
-        let (owner, retention, ends) = (self.owner.clone(), self.retention, self.ends.clone());
-        let events: Arc<Vec<(Tag, Bytes)>> =
-            Arc::new(crate::tags::fresh_n(events.len()).into_iter().zip(events).collect());
-        let (session_, stream_, written) = (s.clone(), st.clone(), Arc::clone(&events));
+        let (owner, retention) = (self.owner.clone(), self.retention);
+        let events: Vec<(Tag, Bytes)> = crate::tags::fresh_n(events.len()).into_iter().zip(events).collect();
         let then = move |mirror: &Mirror, appended: &Result<Appended, StoreError>| {
             if let Ok(appended) = appended {
-                appended.mirror(mirror, &session_, &stream_, &written, last);
+                mirror.apply(&appended.changes);
+                mirror.cache(appended.rows.iter().cloned());
             }
         };
-        let done = self.run_with(
-            move |txn| {
-                let ended = last.then(|| ends.next());
-                let Some(key) = record else { return Ok(append_in(txn, &s, &e, &st, &events, ended, &retention)) };
+        let done = self.run_logged(
+            move |txn, log| {
+                let append =
+                    |txn: &Connection, log: &mut Log| append_in(txn, log, &s, &e, &st, &events, last, &retention);
+                let Some(key) = record else { return Ok(append(txn, log)) };
                 // A failed append undoes only its own writes: the outcome is recorded regardless.
-                let appended = in_savepoint(txn, |txn| append_in(txn, &s, &e, &st, &events, ended, &retention));
+                let appended = in_logged_savepoint(txn, log, append);
                 finish_in(txn, &owner, &key, events.last().map_or(&[][..], |(_, b)| &b[..]))?;
                 Ok(appended)
             },
@@ -476,12 +463,12 @@ type Answered<T> = oneshot::Receiver<Result<T, StoreError>>;
 fn answered_at_flush<T, F, A>(f: F, then: A, mirror: Arc<Mirror>) -> (Job, Answered<T>)
 where
     T: Send + 'static,
-    F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    F: FnOnce(&Connection, &mut Log) -> Result<T, StoreError> + Send + 'static,
     A: FnOnce(&Mirror, &T) + Send + 'static,
 {
     let (tx, rx) = oneshot::channel();
-    let job: Job = Box::new(move |txn: &mut Transaction<'_>| {
-        let result = in_savepoint(txn, f);
+    let job: Job = Box::new(move |txn: &mut Transaction<'_>, log: &mut Log| {
+        let result = in_logged_savepoint(txn, log, f);
         let durable: Completion = Box::new(move |committed| {
             if let (Ok(()), Ok(value)) = (&committed, &result) {
                 then(&mirror, value);
@@ -499,12 +486,12 @@ where
 fn answered_at_commit<T, F, A>(f: F, then: A, mirror: Arc<Mirror>) -> (Job, Answered<T>)
 where
     T: Clone + Send + 'static,
-    F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    F: FnOnce(&Connection, &mut Log) -> Result<T, StoreError> + Send + 'static,
     A: FnOnce(&Mirror, &T) + Send + 'static,
 {
     let (tx, rx) = oneshot::channel();
-    let job: Job = Box::new(move |txn: &mut Transaction<'_>| {
-        let result = in_savepoint(txn, f);
+    let job: Job = Box::new(move |txn: &mut Transaction<'_>, log: &mut Log| {
+        let result = in_logged_savepoint(txn, log, f);
         let answer = result.clone();
         let committed: Completion = Box::new(move |committed| {
             let _ = tx.send(committed.and(answer));
@@ -525,6 +512,7 @@ where
 /// share each flush.
 fn writer(
     connection: &mut Connection,
+    mut log: Log,
     queue: &mpsc::Receiver<Job>,
     flusher: &Flusher,
     durability: &Durability,
@@ -545,7 +533,7 @@ fn writer(
                 continue;
             }
         };
-        let executed: Vec<Completions> = batch.into_iter().map(|job| job(&mut transaction)).collect();
+        let executed: Vec<Completions> = batch.into_iter().map(|job| job(&mut transaction, &mut log)).collect();
         // After a failed flush nothing more is committed: dropping the transaction rolls it back.
         let (generation, outcome) = match durability.begin_commit() {
             Ok(generation) => (generation, transaction.commit().map_err(backend)),
@@ -561,7 +549,15 @@ fn writer(
             }
             completions.push(durable);
         }
+        // The log changed with rows that are not in the file: it is rebuilt from the file.
+        let rebuild = outcome.is_err() || log.dirty();
         flusher.send(Committed { generation, outcome, completions });
+        if rebuild {
+            match Log::load(connection) {
+                Ok(loaded) => log = loaded.swept_as(&log),
+                Err(err) => tracing::error!(%err, "cannot rebuild the store's state from its file"),
+            }
+        }
         checkpoints.after_commit(connection);
     }
 }
@@ -594,7 +590,9 @@ mod tests {
         let checkpoints = Checkpoints::start(&mut connection, &path, checkpoint::START_AT).expect("a checkpointer");
         let mirror = Arc::new(Mirror::default());
         let insert = |n: i64| {
-            move |txn: &Connection| execute(txn, "INSERT INTO t (n) VALUES (?1)", [n]).map(|_| n).map_err(backend)
+            move |txn: &Connection, _: &mut Log| {
+                execute(txn, "INSERT INTO t (n) VALUES (?1)", [n]).map(|_| n).map_err(backend)
+            }
         };
         let (at_commit, mut committed) = answered_at_commit(insert(1), |_, _| {}, Arc::clone(&mirror));
         let (at_flush, mut flushed) = answered_at_flush(insert(2), |_, _| {}, mirror);
@@ -602,7 +600,7 @@ mod tests {
         jobs.send(at_commit).expect("queued");
         jobs.send(at_flush).expect("queued");
         drop(jobs);
-        writer(&mut connection, &queue, &flusher, &durability, &checkpoints);
+        writer(&mut connection, Log::default(), &queue, &flusher, &durability, &checkpoints);
         assert_eq!(committed.try_recv(), Ok(Ok(1)), "not answered at its commit");
         assert!(flushed.try_recv().is_err(), "answered before its commit was flushed");
         let commit = handed.try_recv().expect("the commit was handed to the flusher");
@@ -611,6 +609,45 @@ mod tests {
         }
         assert_eq!(flushed.try_recv(), Ok(Ok(2)), "not answered once flushed");
         drop((flusher, checkpoints, connection));
+        std::fs::remove_dir_all(&dir).expect("removed");
+    }
+
+    #[test]
+    fn a_job_that_fails_after_changing_the_log_leaves_it_to_be_rebuilt_from_the_file() {
+        let dir = std::env::temp_dir().join(format!("tether-dirty-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let mut connection = Connection::open(dir.join("db")).expect("a database");
+        connection.execute_batch(SCHEMA).expect("the schema");
+        connection
+            .execute_batch(
+                "INSERT INTO sessions (id, epoch, protocol_version, client, idle_ttl_ms, expires_at_ms) \
+                 VALUES ('s', 'e', '2025-06-18', '{}', 1, 1)",
+            )
+            .expect("a session");
+        let mut log = Log::load(&connection).expect("loaded");
+        let stream = StreamName::parse("r1").expect("a stream name");
+        let open = |fails: bool| {
+            let stream = stream.clone();
+            move |txn: &Connection, log: &mut Log| {
+                let row = log::insert(txn, log::OPENED, "s", "r1", None, None, None, None, Some("me"), None)?;
+                let opened =
+                    log::Change::Opened { session: "s".into(), stream, row, owner: "me".into(), request_key: None };
+                log.apply(&opened);
+                if fails { Err(StoreError::Backend("fails once it changed the log".into())) } else { Ok(()) }
+            }
+        };
+        let txn = connection.transaction().expect("a transaction");
+        assert!(in_logged_savepoint(&txn, &mut log, open(true)).is_err());
+        assert!(log.dirty(), "a failed job's change to the log is not taken back: it must be rebuilt");
+        txn.commit().expect("committed");
+        assert!(Log::load(&connection).expect("loaded").stream("s", "r1").is_none(), "the failed job's row stayed");
+        let mut log = Log::load(&connection).expect("loaded");
+        let txn = connection.transaction().expect("a transaction");
+        assert!(in_logged_savepoint(&txn, &mut log, open(false)).is_ok());
+        assert!(!log.dirty());
+        txn.commit().expect("committed");
+        assert!(Log::load(&connection).expect("loaded").stream("s", "r1").is_some());
+        drop(connection);
         std::fs::remove_dir_all(&dir).expect("removed");
     }
 }

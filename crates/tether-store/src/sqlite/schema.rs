@@ -1,6 +1,7 @@
 //! The embedded store's schema: its tables, the codes its columns hold, and the columns and
 //! indexes added since the first release, added to an older database when it is opened.
 
+use super::log::{ENDED, EVENT, OPENED, REQUEST, TRIMMED};
 use super::*;
 
 pub(super) const SCHEMA: &str = "
@@ -23,40 +24,35 @@ CREATE TABLE IF NOT EXISTS sessions (
     expires_at_ms INTEGER NOT NULL,
     ended INTEGER,
     ended_at_ms INTEGER,
-    standalone TEXT,
-    bytes INTEGER NOT NULL DEFAULT 0
+    standalone TEXT
 );
-CREATE TABLE IF NOT EXISTS streams (
+-- The streams, events and request records of live sessions, as rows appended in order
+-- (sqlite/log.rs): the writer holds what they say in memory and checks against it, so a write
+-- only inserts rows, under an integer key, with no index to keep. What each column holds
+-- depends on the row's kind (log.rs names them).
+CREATE TABLE IF NOT EXISTS log (
+    id INTEGER PRIMARY KEY,
+    kind INTEGER NOT NULL,
     session TEXT NOT NULL,
     stream TEXT NOT NULL,
-    head INTEGER NOT NULL,
-    state INTEGER NOT NULL,
-    ended_at_ms INTEGER,
-    owner TEXT NOT NULL,
-    request_key TEXT,
-    bytes INTEGER NOT NULL DEFAULT 0,
-    -- The tag of the last event retention dropped (the one before those retained), if any.
-    before_retained INTEGER,
-    PRIMARY KEY (session, stream)
-) WITHOUT ROWID;
+    -- An event's sequence number; an end's state; the first event retained after a trim.
+    seq INTEGER,
+    -- An event's tag (tether_core::lineage::Tag, its 64 bits as a signed integer); an end's
+    -- order; the tag of the last event a trim dropped.
+    tag INTEGER,
+    -- An event's data.
+    data BLOB,
+    -- A request's key, in its record and in the stream it opened.
+    key TEXT,
+    -- A request's params digest; a stream's owner.
+    detail TEXT,
+    -- When an ended stream's retention counts from.
+    at INTEGER
+);
 -- Live sessions by deadline and ended ones by age, for the sweep: without them every sweep read
 -- the whole sessions table three times (10 ms at 50,000 sessions).
 CREATE INDEX IF NOT EXISTS sessions_expiry ON sessions (expires_at_ms) WHERE ended IS NULL;
 CREATE INDEX IF NOT EXISTS sessions_ended ON sessions (ended_at_ms) WHERE ended IS NOT NULL;
--- Ended streams by age, for the sweep: without it every sweep read the whole table, on the
--- writer thread, once a second (30 ms at 200,000 retained streams). A stream's retention counts
--- from the last sweep before it ended (meta `swept_at`), or the first after if there was none:
--- stamping it later, in the sweep, moved every entry of this index once more.
-CREATE INDEX IF NOT EXISTS streams_ended ON streams (ended_at_ms) WHERE state != 0;
-CREATE TABLE IF NOT EXISTS events (
-    session TEXT NOT NULL,
-    stream TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    data BLOB NOT NULL,
-    -- The 64 random bits drawn for the event (tether_core::lineage::Tag), as a signed integer.
-    tag INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (session, stream, seq)
-) WITHOUT ROWID;
 -- Streams whose events retention dropped: how far they got and how they ended, kept while their
 -- session lives, so a resume is told exactly what is gone.
 CREATE TABLE IF NOT EXISTS tombstones (
@@ -68,13 +64,6 @@ CREATE TABLE IF NOT EXISTS tombstones (
     -- The tag of the stream's last event.
     before_retained INTEGER,
     PRIMARY KEY (session, stream)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS requests (
-    session TEXT NOT NULL,
-    key TEXT NOT NULL,
-    digest TEXT NOT NULL,
-    stream TEXT NOT NULL,
-    PRIMARY KEY (session, key)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS keys (
@@ -142,12 +131,14 @@ pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 6] = [
 /// Indexes of [`ADDED_COLUMNS`], made once the columns are there.
 pub(super) const ADDED_INDEXES: &str = "
 CREATE INDEX IF NOT EXISTS tasks_running ON tasks (owner, running_principal) WHERE running_principal IS NOT NULL;
-CREATE INDEX IF NOT EXISTS streams_end_order ON streams (session, ended_order) WHERE state != 0;
 ";
 
-/// Adds the [`ADDED_COLUMNS`] a database made before them lacks.
+/// Adds the [`ADDED_COLUMNS`] a database made before them lacks (to the tables it has).
 pub(super) fn add_missing_columns(connection: &Connection) -> Result<(), StoreError> {
     for (table, column, declaration) in ADDED_COLUMNS {
+        if !has_table(connection, table)? {
+            continue;
+        }
         let present: bool = connection
             .query_row(
                 "SELECT EXISTS (SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2)",
@@ -162,4 +153,42 @@ pub(super) fn add_missing_columns(connection: &Connection) -> Result<(), StoreEr
         }
     }
     Ok(())
+}
+
+fn has_table(connection: &Connection, table: &str) -> Result<bool, StoreError> {
+    connection
+        .query_row("SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)", [table], |r| {
+            r.get(0)
+        })
+        .map_err(backend)
+}
+
+/// Moves the rows of the tables a database made before the log kept streams, events and
+/// requests in (`streams`, `events`, `requests`) into the log, in one transaction, and drops
+/// those tables: each stream's opening, then its retained events in order, its trim (when its
+/// priming event is gone) and its end.
+pub(super) fn move_tables_into_log(connection: &mut Connection) -> Result<(), StoreError> {
+    if !has_table(connection, "streams")? {
+        return Ok(());
+    }
+    let txn = connection.transaction().map_err(backend)?;
+    txn.execute_batch(&format!(
+        "INSERT INTO log (kind, session, stream, key, detail) \
+             SELECT {REQUEST}, session, stream, key, digest FROM requests; \
+         INSERT INTO log (kind, session, stream, key, detail) \
+             SELECT {OPENED}, session, stream, request_key, owner FROM streams; \
+         INSERT INTO log (kind, session, stream, seq, tag, data) \
+             SELECT {EVENT}, session, stream, seq, tag, data FROM events WHERE seq > 0 ORDER BY session, stream, seq; \
+         INSERT INTO log (kind, session, stream, seq, tag) \
+             SELECT {TRIMMED}, s.session, s.stream, \
+                 COALESCE((SELECT MIN(seq) FROM events e WHERE e.session = s.session AND e.stream = s.stream), s.head + 1), \
+                 s.before_retained \
+             FROM streams s WHERE NOT EXISTS \
+                 (SELECT 1 FROM events e WHERE e.session = s.session AND e.stream = s.stream AND e.seq = 0); \
+         INSERT INTO log (kind, session, stream, seq, tag, at) \
+             SELECT {ENDED}, session, stream, state, ended_order, ended_at_ms FROM streams WHERE state != {LIVE}; \
+         DROP TABLE events; DROP TABLE streams; DROP TABLE requests;"
+    ))
+    .map_err(backend)?;
+    txn.commit().map_err(backend)
 }

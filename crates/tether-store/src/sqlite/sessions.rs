@@ -1,28 +1,27 @@
 //! Sessions in the embedded store ([`SessionStore`]).
 
+use super::log::{self, Change};
 use super::*;
 
-pub(super) fn live_epoch(txn: &Connection, session: &str) -> Result<Option<String>, StoreError> {
-    query_row(txn, "SELECT epoch FROM sessions WHERE id = ?1 AND ended IS NULL", [session], |r| r.get(0))
-        .optional()
-        .map_err(backend)
-}
-
-pub(super) fn check_live(txn: &Connection, session: &str, epoch: &str) -> Result<(), StoreError> {
-    match live_epoch(txn, session)? {
-        Some(current) if current == epoch => Ok(()),
-        _ => Err(StoreError::SessionGone),
+/// Ends session `id` in the tables and deletes its history: its rows of the log (all of
+/// which `log` knows) and its tombstones. The change that says so.
+fn remove_session(txn: &Connection, log: &Log, id: &str) -> Result<Change, StoreError> {
+    if let Some(session) = log.session(id) {
+        log::delete(txn, session.rows())?;
     }
+    execute(txn, "DELETE FROM tombstones WHERE session = ?1", [id]).map_err(backend)?;
+    Ok(Change::SessionRemoved { session: id.to_owned() })
 }
 
 impl SessionStore for SqliteStore {
     fn create_session(&self, record: SessionRecord, max_live: usize) -> StoreFuture<'_, ()> {
         let created = record.clone();
-        let then = move |mirror: &Mirror, (): &()| {
+        let then = move |mirror: &Mirror, change: &Change| {
             let id = created.id.clone();
             mirror.set_session(id.as_str(), SessionStatus::Live(created));
+            mirror.apply(std::slice::from_ref(change));
         };
-        self.run_with(move |txn| {
+        let created = self.run_logged(move |txn, log| {
             let live: i64 =
                 query_row(txn, "SELECT CAST(value AS INTEGER) FROM meta WHERE name = 'live_sessions'", [], |r| r.get(0))
                     .map_err(backend)?;
@@ -44,8 +43,14 @@ impl SessionStore for SqliteStore {
                     ],
                 )
                 .map_err(backend)?;
-            if inserted == 0 { Err(StoreError::DuplicateSession) } else { Ok(()) }
-        }, then)
+            if inserted == 0 {
+                return Err(StoreError::DuplicateSession);
+            }
+            let created = Change::SessionCreated { session: record.id.as_str().to_owned(), epoch: record.epoch.to_string() };
+            log.apply(&created);
+            Ok(created)
+        }, then);
+        Box::pin(async move { created.await.map(drop) })
     }
 
     fn session(&self, id: &SessionId, _now_ms: u64) -> StoreFuture<'_, SessionStatus> {
@@ -129,19 +134,18 @@ impl SessionStore for SqliteStore {
             SessionEnd::HistoryRewritten => HISTORY_REWRITTEN,
         };
         let id_ = id.as_str().to_owned();
-        let then = move |mirror: &Mirror, (): &()| {
+        let then = move |mirror: &Mirror, removed: &Change| {
             mirror.set_session(&id_, SessionStatus::Ended(end));
-            mirror.forget_streams_of(&id_);
+            mirror.apply(std::slice::from_ref(removed));
         };
-        let ended = self.run_with(
-            move |txn| {
-                check_live(txn, &session, &epoch)?;
+        let ended = self.run_logged(
+            move |txn, log| {
+                log.live(&session, &epoch)?;
                 execute(txn, "UPDATE sessions SET ended = ?2 WHERE id = ?1", params![session, code])
                     .map_err(backend)?;
-                for table in ["events", "streams", "tombstones", "requests"] {
-                    execute(txn, &format!("DELETE FROM {table} WHERE session = ?1"), [&session]).map_err(backend)?;
-                }
-                Ok(())
+                let removed = remove_session(txn, log, &session)?;
+                log.apply(&removed);
+                Ok(removed)
             },
             then,
         );
@@ -155,12 +159,15 @@ impl SessionStore for SqliteStore {
 
     fn set_standalone_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
         let (session, epoch, stream) = (session.as_str().to_owned(), epoch.to_string(), stream.to_string());
-        self.run(move |txn| {
-            check_live(txn, &session, &epoch)?;
-            execute(txn, "UPDATE sessions SET standalone = ?2 WHERE id = ?1", params![session, stream])
-                .map_err(backend)?;
-            Ok(())
-        })
+        self.run_logged(
+            move |txn, log| {
+                log.live(&session, &epoch)?;
+                execute(txn, "UPDATE sessions SET standalone = ?2 WHERE id = ?1", params![session, stream])
+                    .map_err(backend)?;
+                Ok(())
+            },
+            |_, _| {},
+        )
     }
 
     fn standalone_stream(&self, session: &SessionId) -> StoreFuture<'_, Option<StreamName>> {
@@ -182,35 +189,43 @@ impl SessionStore for SqliteStore {
 
     fn sweep(&self, now_ms: u64) -> StoreFuture<'_, Vec<SessionId>> {
         let retention = self.retention;
-        let swept = self.run_with(move |txn| {
+        let swept = self.run_logged(move |txn, log| {
             let now = as_i64(now_ms);
             let mut expired = txn
-                .prepare("UPDATE sessions SET ended = 2, ended_at_ms = ?1 WHERE ended IS NULL AND expires_at_ms <= ?1 RETURNING id")
+                .prepare_cached("UPDATE sessions SET ended = 2, ended_at_ms = ?1 WHERE ended IS NULL AND expires_at_ms <= ?1 RETURNING id")
                 .map_err(backend)?;
             let expired: Vec<String> =
                 expired.query_map([now], |r| r.get(0)).map_err(backend)?.collect::<Result<_, _>>().map_err(backend)?;
+            let mut changes = Vec::new();
             for id in &expired {
-                for table in ["events", "streams", "tombstones", "requests"] {
-                    execute(txn, &format!("DELETE FROM {table} WHERE session = ?1"), [id]).map_err(backend)?;
-                }
+                let removed = remove_session(txn, log, id)?;
+                log.apply(&removed);
+                changes.push(removed);
             }
             execute(txn, "UPDATE sessions SET ended_at_ms = ?1 WHERE ended IS NOT NULL AND ended_at_ms IS NULL", [now])
                 .map_err(backend)?;
             let tombstones = execute(txn, "DELETE FROM sessions WHERE ended IS NOT NULL AND ended_at_ms <= ?1", [now - as_i64(retention.tombstone_ms)])
                 .map_err(backend)?;
-            execute(txn, "UPDATE streams SET ended_at_ms = ?1 WHERE state != 0 AND ended_at_ms IS NULL", [now]).map_err(backend)?;
-            execute(txn, "INSERT INTO meta (name, value) VALUES ('swept_at', ?1) ON CONFLICT (name) DO UPDATE SET value = excluded.value", [now.to_string()]).map_err(backend)?;
+            // Streams that ended since the last sweep count their retention from now; those
+            // stamped long enough ago are dropped whole, into tombstones.
             let cutoff = now - as_i64(retention.ended_stream_ms);
-            drop_events_where(txn, "state != 0 AND ended_at_ms <= ?1", [cutoff])?;
-            let dropped = bury(txn, "state != 0 AND ended_at_ms <= ?1", [cutoff])?;
-            let mut freed: HashMap<&str, i64> = HashMap::new();
-            for (session, _, bytes) in &dropped {
-                *freed.entry(session).or_default() += bytes;
+            for (session, stream) in log.unstamped() {
+                if let Some(end) = log.stream(&session, &stream).and_then(|s| s.end()) {
+                    execute(txn, "UPDATE log SET at = ?2 WHERE id = ?1", params![end.row, now]).map_err(backend)?;
+                    let stamped = Change::Stamped { session, stream, at: now };
+                    log.apply(&stamped);
+                    changes.push(stamped);
+                }
             }
-            for (session, bytes) in freed {
-                add_session_bytes(txn, session, -bytes)?;
+            log.swept(now);
+            for (session, stream) in log.due(cutoff) {
+                if let Some(slot) = log.stream(&session, &stream) {
+                    log::bury(txn, &session, &stream, slot)?;
+                    let buried = Change::Buried { session, stream };
+                    log.apply(&buried);
+                    changes.push(buried);
+                }
             }
-            let deleted: Vec<(String, String)> = dropped.into_iter().map(|(session, stream, _)| (session, stream)).collect();
             forget_keys(txn, now, &retention)?;
             execute(txn, "DELETE FROM tasks WHERE forget_at_ms <= ?1", [now]).map_err(backend)?;
             // Past the bound, the finished tasks due first.
@@ -221,14 +236,12 @@ impl SessionStore for SqliteStore {
                 [as_i64(u64::try_from(retention.max_finished_tasks).unwrap_or(u64::MAX))],
             )
             .map_err(backend)?;
-            Ok((expired, deleted, tombstones > 0))
-        }, |mirror: &Mirror, (expired, deleted, tombstones): &(Vec<String>, Vec<(String, String)>, bool)| {
+            Ok((expired, changes, tombstones > 0))
+        }, |mirror: &Mirror, (expired, changes, tombstones): &(Vec<String>, Vec<Change>, bool)| {
             for id in expired {
                 mirror.forget_session(id);
             }
-            for (session, stream) in deleted {
-                mirror.forget_stream(session, stream);
-            }
+            mirror.apply(changes);
             if *tombstones {
                 // Tombstones past their time are gone from the table.
                 mirror.forget_ended_sessions();
