@@ -9,11 +9,12 @@
 //! readers see exactly what a crash would leave. Row ids are SQLite's, so a stream's retained
 //! events are found and dropped without an index.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 
 use rusqlite::{Connection, params};
 use tether_core::lineage::{StreamName, StreamRange, StreamState, Tag};
 
+use super::parted::PartedMap;
 use super::{StoreError, backend, execute, tag_column, tag_of};
 use crate::record::Retention;
 
@@ -138,8 +139,8 @@ pub(super) struct Session {
     pub(super) epoch: String,
     /// The bytes of its streams' retained events.
     pub(super) bytes: u64,
-    pub(super) streams: HashMap<String, Stream>,
-    pub(super) requests: HashMap<String, Request>,
+    pub(super) streams: PartedMap<String, Stream>,
+    pub(super) requests: PartedMap<String, Request>,
     /// Its ended streams, in the order they ended (unordered ones first).
     ended: BTreeSet<(Option<i64>, String)>,
 }
@@ -220,7 +221,10 @@ pub(super) struct Eviction {
 /// The live sessions' streams, events and requests.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Log {
-    sessions: HashMap<String, Session>,
+    sessions: PartedMap<String, Session>,
+    /// Every ended stream by when its retention counts from (unstamped first), then its end's
+    /// row: the sweep visits only those it stamps or drops.
+    by_stamp: BTreeSet<(Option<i64>, i64, String, String)>,
     /// The order of the latest end.
     last_end: i64,
     /// The last sweep's time, which a stream ending now is stamped with.
@@ -380,14 +384,20 @@ impl Log {
                 let new = Session {
                     epoch: epoch.clone(),
                     bytes: 0,
-                    streams: HashMap::new(),
-                    requests: HashMap::new(),
+                    streams: PartedMap::default(),
+                    requests: PartedMap::default(),
                     ended: BTreeSet::new(),
                 };
                 self.sessions.insert(session.clone(), new);
             }
             Change::SessionRemoved { session } => {
-                self.sessions.remove(session);
+                if let Some(removed) = self.sessions.remove(session) {
+                    for (name, slot) in removed.streams {
+                        if let Some(end) = slot.end {
+                            self.by_stamp.remove(&(end.at, end.row, session.clone(), name));
+                        }
+                    }
+                }
             }
             Change::Requested { session, key, row, digest, stream } => {
                 if let Some(live) = self.sessions.get_mut(session) {
@@ -397,7 +407,7 @@ impl Log {
             }
             Change::Opened { session, stream, row, owner, request_key } => {
                 let Some(live) = self.sessions.get_mut(session) else { return };
-                live.streams.entry(stream.as_str().to_owned()).or_insert_with(|| Stream {
+                live.streams.insert_if_absent(stream.as_str().to_owned(), || Stream {
                     opened: *row,
                     owner: owner.clone(),
                     request_key: request_key.clone(),
@@ -424,8 +434,12 @@ impl Log {
                 let Some(live) = self.sessions.get_mut(session) else { return };
                 let Some(slot) = live.streams.get_mut(stream) else { return };
                 slot.state = *state;
-                slot.end = Some(*end);
+                if let Some(old) = slot.end.replace(*end) {
+                    live.ended.remove(&(old.order, stream.clone()));
+                    self.by_stamp.remove(&(old.at, old.row, session.clone(), stream.clone()));
+                }
                 live.ended.insert((end.order, stream.clone()));
+                self.by_stamp.insert((end.at, end.row, session.clone(), stream.clone()));
                 self.last_end = self.last_end.max(end.order.unwrap_or(0));
             }
             Change::Trimmed { session, stream, row, retained_from, before_retained } => {
@@ -448,6 +462,7 @@ impl Log {
                     live.bytes -= slot.bytes;
                     if let Some(end) = slot.end {
                         live.ended.remove(&(end.order, stream.clone()));
+                        self.by_stamp.remove(&(end.at, end.row, session.clone(), stream.clone()));
                     }
                 }
             }
@@ -455,7 +470,9 @@ impl Log {
                 if let Some(end) =
                     self.sessions.get_mut(session).and_then(|s| s.streams.get_mut(stream)).and_then(|s| s.end.as_mut())
                 {
+                    self.by_stamp.remove(&(end.at, end.row, session.clone(), stream.clone()));
                     end.at = Some(*at);
+                    self.by_stamp.insert((end.at, end.row, session.clone(), stream.clone()));
                 }
             }
         }
@@ -500,8 +517,8 @@ impl Log {
     /// The streams a previous owner left live with a request: their requests can never end.
     pub(super) fn abandoned(&self, owner: &str) -> Vec<StreamKey> {
         let mut abandoned = Vec::new();
-        for (id, session) in &self.sessions {
-            for (name, stream) in &session.streams {
+        for (id, session) in self.sessions.iter() {
+            for (name, stream) in session.streams.iter() {
                 if stream.state == StreamState::Live && stream.request_key.is_some() && stream.owner != owner {
                     abandoned.push((id.clone(), name.clone()));
                 }
@@ -512,24 +529,18 @@ impl Log {
 
     /// The ended streams not stamped yet.
     pub(super) fn unstamped(&self) -> Vec<StreamKey> {
-        self.ended_where(|at| at.is_none())
+        let unstamped = self.by_stamp.range(..(Some(i64::MIN), i64::MIN, String::new(), String::new()));
+        unstamped.map(|(_, _, session, stream)| (session.clone(), stream.clone())).collect()
     }
 
     /// The ended streams stamped at or before `cutoff`.
     pub(super) fn due(&self, cutoff: i64) -> Vec<StreamKey> {
-        self.ended_where(|at| at.is_some_and(|at| at <= cutoff))
-    }
-
-    fn ended_where(&self, stamped: impl Fn(Option<i64>) -> bool) -> Vec<StreamKey> {
-        let mut found = Vec::new();
-        for (id, session) in &self.sessions {
-            for (_, name) in &session.ended {
-                if session.streams.get(name).and_then(|s| s.end).is_some_and(|end| stamped(end.at)) {
-                    found.push((id.clone(), name.clone()));
-                }
-            }
-        }
-        found
+        let Some(after) = cutoff.checked_add(1) else { return Vec::new() };
+        let due = self.by_stamp.range(
+            (Some(i64::MIN), i64::MIN, String::new(), String::new())
+                ..(Some(after), i64::MIN, String::new(), String::new()),
+        );
+        due.map(|(_, _, session, stream)| (session.clone(), stream.clone())).collect()
     }
 }
 
@@ -726,5 +737,16 @@ mod tests {
         let b = log.stream("s", "b").expect("b");
         assert_eq!(b.range(), StreamRange { retained_from: 3, head: 3, state: StreamState::Live });
         assert!(log.stream("s", "a").is_none());
+    }
+
+    #[test]
+    fn the_sweep_finds_ended_streams_by_their_stamp() {
+        let mut log = log_with(1);
+        let a = || vec![("s".to_owned(), "a".to_owned())];
+        assert_eq!((log.unstamped(), log.due(i64::MAX - 1)), (a(), vec![]), "not due before it is stamped");
+        log.apply(&Change::Stamped { session: "s".into(), stream: "a".into(), at: 100 });
+        assert_eq!((log.unstamped(), log.due(99), log.due(100)), (vec![], vec![], a()));
+        log.apply(&Change::Buried { session: "s".into(), stream: "a".into() });
+        assert_eq!(log.due(100), vec![], "a buried stream is not due again");
     }
 }

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use tether_core::lineage::{StreamRange, Tag};
 
 use super::log::{Change, Log, Retained, Stream};
+use super::parted::PartedMap;
 use crate::record::{SessionStatus, StoredEvent, StreamPage};
 
 /// Sessions kept; past this, an arbitrary one is forgotten (idle sessions cost memory; busy
@@ -27,7 +28,7 @@ const MAX_CACHED: usize = 32 << 20;
 /// The data of recently appended events, by row.
 #[derive(Default)]
 struct Cache {
-    data: HashMap<i64, Bytes>,
+    data: PartedMap<i64, Bytes>,
     /// Rows in the order they were cached, for the bound (may name forgotten ones).
     order: VecDeque<i64>,
     bytes: usize,
