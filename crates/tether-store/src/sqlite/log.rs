@@ -218,9 +218,21 @@ pub(super) struct Eviction {
     pub(super) retained_from: Option<u64>,
 }
 
+/// Who holds a [`Log`], which says what it keeps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) enum Role {
+    /// The writer: everything, with the indexes its checks, eviction and sweep use (requests by
+    /// key, ended streams by order and by stamp).
+    #[default]
+    Writer,
+    /// The mirror: what reads use, the streams and their events.
+    Readers,
+}
+
 /// The live sessions' streams, events and requests.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Log {
+    role: Role,
     sessions: PartedMap<String, Session>,
     /// Every ended stream by when its retention counts from (unstamped first), then its end's
     /// row: the sweep visits only those it stamps or drops.
@@ -338,6 +350,17 @@ impl Log {
         self.swept_at
     }
 
+    /// This log as the mirror keeps it: without what only the writer uses.
+    pub(super) fn for_readers(mut self) -> Log {
+        self.role = Role::Readers;
+        self.by_stamp.clear();
+        for (_, session) in self.sessions.iter_mut() {
+            session.requests = PartedMap::default();
+            session.ended.clear();
+        }
+        self
+    }
+
     /// This log, rebuilt from the file, with the last sweep's time `before` knew.
     pub(super) fn swept_as(mut self, before: &Log) -> Log {
         self.swept_at = before.swept_at;
@@ -391,7 +414,9 @@ impl Log {
                 self.sessions.insert(session.clone(), new);
             }
             Change::SessionRemoved { session } => {
-                if let Some(removed) = self.sessions.remove(session) {
+                if let Some(removed) = self.sessions.remove(session)
+                    && self.role == Role::Writer
+                {
                     for (name, slot) in removed.streams {
                         if let Some(end) = slot.end {
                             self.by_stamp.remove(&(end.at, end.row, session.clone(), name));
@@ -400,7 +425,9 @@ impl Log {
                 }
             }
             Change::Requested { session, key, row, digest, stream } => {
-                if let Some(live) = self.sessions.get_mut(session) {
+                if self.role == Role::Writer
+                    && let Some(live) = self.sessions.get_mut(session)
+                {
                     let request = Request { row: *row, digest: digest.clone(), stream: stream.clone() };
                     live.requests.insert(key.clone(), request);
                 }
@@ -434,12 +461,15 @@ impl Log {
                 let Some(live) = self.sessions.get_mut(session) else { return };
                 let Some(slot) = live.streams.get_mut(stream) else { return };
                 slot.state = *state;
-                if let Some(old) = slot.end.replace(*end) {
-                    live.ended.remove(&(old.order, stream.clone()));
-                    self.by_stamp.remove(&(old.at, old.row, session.clone(), stream.clone()));
+                let old = slot.end.replace(*end);
+                if self.role == Role::Writer {
+                    if let Some(old) = old {
+                        live.ended.remove(&(old.order, stream.clone()));
+                        self.by_stamp.remove(&(old.at, old.row, session.clone(), stream.clone()));
+                    }
+                    live.ended.insert((end.order, stream.clone()));
+                    self.by_stamp.insert((end.at, end.row, session.clone(), stream.clone()));
                 }
-                live.ended.insert((end.order, stream.clone()));
-                self.by_stamp.insert((end.at, end.row, session.clone(), stream.clone()));
                 self.last_end = self.last_end.max(end.order.unwrap_or(0));
             }
             Change::Trimmed { session, stream, row, retained_from, before_retained } => {
@@ -460,15 +490,19 @@ impl Log {
                 let Some(live) = self.sessions.get_mut(session) else { return };
                 if let Some(slot) = live.streams.remove(stream) {
                     live.bytes -= slot.bytes;
-                    if let Some(end) = slot.end {
+                    if let Some(end) = slot.end.filter(|_| self.role == Role::Writer) {
                         live.ended.remove(&(end.order, stream.clone()));
                         self.by_stamp.remove(&(end.at, end.row, session.clone(), stream.clone()));
                     }
                 }
             }
             Change::Stamped { session, stream, at } => {
-                if let Some(end) =
-                    self.sessions.get_mut(session).and_then(|s| s.streams.get_mut(stream)).and_then(|s| s.end.as_mut())
+                if self.role == Role::Writer
+                    && let Some(end) = self
+                        .sessions
+                        .get_mut(session)
+                        .and_then(|s| s.streams.get_mut(stream))
+                        .and_then(|s| s.end.as_mut())
                 {
                     self.by_stamp.remove(&(end.at, end.row, session.clone(), stream.clone()));
                     end.at = Some(*at);

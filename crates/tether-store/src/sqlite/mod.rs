@@ -251,7 +251,7 @@ impl SqliteStore {
             .map_err(backend)?;
         let loaded = Log::load(&connection)?;
         let log = abort_abandoned(&mut connection, loaded, owner)?;
-        let mirror = Arc::new(Mirror::starting_from(log.clone()));
+        let mirror = Arc::new(Mirror::starting_from(log.clone().for_readers()));
         connection.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         let mut queries = Vec::new();
         for _ in 0..READERS {

@@ -7,26 +7,30 @@
 //! 64th of the entries.
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash};
+
+use hashbrown::{DefaultHashBuilder, HashMap};
 
 /// Entries past which the map splits into parts: below it, a growth moves a few thousand entries.
 const SPLIT_AT: usize = 4_096;
 /// Parts of a split map.
 const PARTS: usize = 64;
 
-/// A map from `K` to `V` whose growth never moves all of it at once.
+/// A map from `K` to `V` whose growth never moves all of it at once. Its hasher is hashbrown's
+/// (foldhash, seeded at random per process), shared by its parts: a key's part is taken from
+/// bits of its hash that a part does not use to place it.
 #[derive(Debug, Clone)]
 pub(super) struct PartedMap<K, V> {
     /// One map until [`SPLIT_AT`] entries, then [`PARTS`].
     parts: Vec<HashMap<K, V>>,
+    hasher: DefaultHashBuilder,
     len: usize,
 }
 
 impl<K, V> Default for PartedMap<K, V> {
     fn default() -> Self {
-        PartedMap { parts: vec![HashMap::new()], len: 0 }
+        let hasher = DefaultHashBuilder::default();
+        PartedMap { parts: vec![HashMap::with_hasher(hasher.clone())], hasher, len: 0 }
     }
 }
 
@@ -35,10 +39,9 @@ impl<K: Hash + Eq, V> PartedMap<K, V> {
         if self.parts.len() == 1 {
             return 0;
         }
-        let mut hasher = DefaultHasher::new();
-        key.hash(&mut hasher);
-        // The remainder is below PARTS: it fits.
-        (hasher.finish() % PARTS as u64) as usize
+        // A part places its keys by the low bits and tags them with the top seven: the part is
+        // taken from bits between. The remainder is below PARTS: it fits.
+        ((self.hasher.hash_one(key) >> 32) % PARTS as u64) as usize
     }
 
     /// The value of `key`.
@@ -100,11 +103,17 @@ impl<K: Hash + Eq, V> PartedMap<K, V> {
         self.parts.iter().flat_map(HashMap::iter)
     }
 
+    /// Every entry, in no order, to change.
+    pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = (&K, &mut V)> {
+        self.parts.iter_mut().flat_map(HashMap::iter_mut)
+    }
+
     fn split_if_large(&mut self) {
         if self.parts.len() > 1 || self.len <= SPLIT_AT {
             return;
         }
-        let whole = std::mem::replace(&mut self.parts, (0..PARTS).map(|_| HashMap::new()).collect());
+        let parts = (0..PARTS).map(|_| HashMap::with_hasher(self.hasher.clone())).collect();
+        let whole = std::mem::replace(&mut self.parts, parts);
         for (key, value) in whole.into_iter().flatten() {
             let part = self.part(&key);
             self.parts[part].insert(key, value);
