@@ -37,7 +37,7 @@ fn open_in(
     log: &Log,
     session: &str,
     stream: &StreamName,
-    owner: &str,
+    owner: &Arc<str>,
     key: Option<&str>,
 ) -> Result<Option<Change>, StoreError> {
     // An existing stream (a batch's, joined by another of its requests) keeps its events as they
@@ -50,29 +50,35 @@ fn open_in(
         session: session.to_owned(),
         stream: stream.clone(),
         row,
-        owner: owner.to_owned(),
+        owner: Arc::clone(owner),
         request_key: key.map(str::to_owned),
     }))
 }
 
 /// Records a request of a live session with its stream (opening it unless it exists), unless
 /// its key is known.
-pub(super) fn begin(txn: &Connection, log: &mut Log, owner: &str, request: &NewRequest) -> Result<Begun, StoreError> {
+pub(super) fn begin(
+    txn: &Connection,
+    log: &mut Log,
+    owner: &Arc<str>,
+    request: &NewRequest,
+) -> Result<Begun, StoreError> {
     let NewRequest { session, epoch, key, digest, stream } = request;
-    let live = log.live(session, epoch)?;
-    if let Some(existing) = live.requests.get(key) {
-        let begun = BeginRequest::Existing { stream: existing.stream.clone(), same_params: existing.digest == *digest };
-        return Ok((begun, Vec::new()));
+    log.live(session, epoch)?;
+    let existing: Option<(String, String)> = query_row(
+        txn,
+        "SELECT detail, stream FROM log WHERE session = ?1 AND key = ?2 AND kind = 0",
+        params![session, key],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .optional()
+    .map_err(backend)?;
+    if let Some((existing_digest, existing_stream)) = existing {
+        let stream = StreamName::parse(&existing_stream).map_err(backend)?;
+        return Ok((BeginRequest::Existing { stream, same_params: existing_digest == *digest }, Vec::new()));
     }
-    let row =
-        rows::insert(txn, rows::REQUEST, session, stream.as_str(), None, None, None, Some(key), Some(digest), None)?;
-    let mut changes = vec![Change::Requested {
-        session: session.clone(),
-        key: key.clone(),
-        row,
-        digest: digest.clone(),
-        stream: stream.clone(),
-    }];
+    rows::insert(txn, rows::REQUEST, session, stream.as_str(), None, None, None, Some(key), Some(digest), None)?;
+    let mut changes = Vec::new();
     changes.extend(open_in(txn, log, session, stream, owner, Some(key))?);
     log.apply_all(&changes);
     Ok((BeginRequest::Started, changes))

@@ -9,7 +9,8 @@
 //! readers see exactly what a crash would leave. Row ids are SQLite's, so a stream's retained
 //! events are found and dropped without an index.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
 
 use rusqlite::{Connection, params};
 use tether_core::lineage::{StreamName, StreamRange, StreamState, Tag};
@@ -30,6 +31,10 @@ pub(super) const ENDED: i64 = 3;
 /// A row's kind: retention dropped a stream's oldest events (the first retained, and the tag of
 /// the last dropped). Only a stream's latest is kept.
 pub(super) const TRIMMED: i64 = 4;
+
+// Statements name these kinds by number (the `log_requests` index, the reads of a request's record
+// and of an event's data).
+const _: () = assert!(REQUEST == 0 && EVENT == 2);
 
 /// A stream of a session: the session's id and the stream's name.
 pub(super) type StreamKey = (String, String);
@@ -64,7 +69,7 @@ pub(super) struct Stream {
     /// The row that opened it.
     opened: i64,
     /// The process that opened it: a request stream another process left live is aborted at open.
-    owner: String,
+    owner: Arc<str>,
     /// The key of the request it answers, if any.
     pub(super) request_key: Option<String>,
     pub(super) head: u64,
@@ -125,30 +130,22 @@ impl Stream {
     }
 }
 
-/// A request's record.
-#[derive(Debug, Clone)]
-pub(super) struct Request {
-    row: i64,
-    pub(super) digest: String,
-    pub(super) stream: StreamName,
-}
-
-/// A live session's streams and requests.
+/// A live session's streams. Its request records stay in SQLite, found by the `log_requests`
+/// index: a session keeps every request id for its life, more than memory should hold.
 #[derive(Debug, Clone)]
 pub(super) struct Session {
     pub(super) epoch: String,
     /// The bytes of its streams' retained events.
     pub(super) bytes: u64,
     pub(super) streams: PartedMap<String, Stream>,
-    pub(super) requests: PartedMap<String, Request>,
     /// Its ended streams, in the order they ended (unordered ones first).
     ended: BTreeSet<(Option<i64>, String)>,
 }
 
 impl Session {
-    /// Every row it has.
+    /// Every row of its streams.
     pub(super) fn rows(&self) -> impl Iterator<Item = i64> + '_ {
-        self.requests.values().map(|r| r.row).chain(self.streams.values().flat_map(Stream::rows))
+        self.streams.values().flat_map(Stream::rows)
     }
 }
 
@@ -163,18 +160,11 @@ pub(super) enum Change {
     SessionRemoved {
         session: String,
     },
-    Requested {
-        session: String,
-        key: String,
-        row: i64,
-        digest: String,
-        stream: StreamName,
-    },
     Opened {
         session: String,
         stream: StreamName,
         row: i64,
-        owner: String,
+        owner: Arc<str>,
         request_key: Option<String>,
     },
     Appended {
@@ -221,8 +211,8 @@ pub(super) struct Eviction {
 /// Who holds a [`Log`], which says what it keeps.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) enum Role {
-    /// The writer: everything, with the indexes its checks, eviction and sweep use (requests by
-    /// key, ended streams by order and by stamp).
+    /// The writer: everything, with the indexes its eviction and sweep use (ended streams by
+    /// order and by stamp).
     #[default]
     Writer,
     /// The mirror: what reads use, the streams and their events.
@@ -262,6 +252,8 @@ impl Log {
             .prepare("SELECT id, kind, session, stream, seq, tag, LENGTH(data), key, detail, at FROM log ORDER BY id")
             .map_err(backend)?;
         let mut rows = rows.query([]).map_err(backend)?;
+        // Every stream a process opened has the same owner: one copy of each.
+        let mut owners: HashMap<String, Arc<str>> = HashMap::new();
         while let Some(r) = rows.next().map_err(backend)? {
             let (row, kind, session, stream): (i64, i64, String, String) = (
                 r.get(0).map_err(backend)?,
@@ -278,18 +270,15 @@ impl Log {
             let seq = seq.map_or(0, super::as_u64);
             let name = || StreamName::parse(&stream).map_err(backend);
             let change = match kind {
-                REQUEST => Change::Requested {
-                    session,
-                    key: key.ok_or_else(|| backend("a request row without its key"))?,
-                    row,
-                    digest: detail.unwrap_or_default(),
-                    stream: name()?,
-                },
+                // Request records are read from SQLite when needed.
+                REQUEST => continue,
                 OPENED => Change::Opened {
                     stream: name()?,
                     session,
                     row,
-                    owner: detail.unwrap_or_default(),
+                    owner: Arc::clone(
+                        owners.entry(detail.unwrap_or_default()).or_insert_with_key(|o| Arc::from(o.as_str())),
+                    ),
                     request_key: key,
                 },
                 EVENT => Change::Appended {
@@ -355,7 +344,6 @@ impl Log {
         self.role = Role::Readers;
         self.by_stamp.clear();
         for (_, session) in self.sessions.iter_mut() {
-            session.requests = PartedMap::default();
             session.ended.clear();
         }
         self
@@ -404,13 +392,8 @@ impl Log {
         self.applied += 1;
         match change {
             Change::SessionCreated { session, epoch } => {
-                let new = Session {
-                    epoch: epoch.clone(),
-                    bytes: 0,
-                    streams: PartedMap::default(),
-                    requests: PartedMap::default(),
-                    ended: BTreeSet::new(),
-                };
+                let new =
+                    Session { epoch: epoch.clone(), bytes: 0, streams: PartedMap::default(), ended: BTreeSet::new() };
                 self.sessions.insert(session.clone(), new);
             }
             Change::SessionRemoved { session } => {
@@ -424,19 +407,11 @@ impl Log {
                     }
                 }
             }
-            Change::Requested { session, key, row, digest, stream } => {
-                if self.role == Role::Writer
-                    && let Some(live) = self.sessions.get_mut(session)
-                {
-                    let request = Request { row: *row, digest: digest.clone(), stream: stream.clone() };
-                    live.requests.insert(key.clone(), request);
-                }
-            }
             Change::Opened { session, stream, row, owner, request_key } => {
                 let Some(live) = self.sessions.get_mut(session) else { return };
                 live.streams.insert_if_absent(stream.as_str().to_owned(), || Stream {
                     opened: *row,
-                    owner: owner.clone(),
+                    owner: Arc::clone(owner),
                     request_key: request_key.clone(),
                     head: 0,
                     state: StreamState::Live,
@@ -553,7 +528,7 @@ impl Log {
         let mut abandoned = Vec::new();
         for (id, session) in self.sessions.iter() {
             for (name, stream) in session.streams.iter() {
-                if stream.state == StreamState::Live && stream.request_key.is_some() && stream.owner != owner {
+                if stream.state == StreamState::Live && stream.request_key.is_some() && *stream.owner != *owner {
                     abandoned.push((id.clone(), name.clone()));
                 }
             }

@@ -23,7 +23,7 @@ use crate::record::{SessionStatus, StoredEvent, StreamPage};
 const MAX_SESSIONS: usize = 1_024;
 /// Event data kept, in bytes: past this, the data appended first is forgotten (read again by
 /// row id).
-const MAX_CACHED: usize = 32 << 20;
+const MAX_CACHED: usize = 4 << 20;
 
 /// The data of recently appended events, by row.
 #[derive(Default)]

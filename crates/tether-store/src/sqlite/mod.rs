@@ -81,7 +81,7 @@ pub struct SqliteStore {
     queries: Vec<mpsc::Sender<Query>>,
     next_reader: std::sync::atomic::AtomicUsize,
     retention: Retention,
-    owner: String,
+    owner: Arc<str>,
     heads: Heads,
     /// Sessions and recent streams in memory: the hot reads never reach SQLite.
     mirror: Arc<Mirror>,
@@ -300,7 +300,7 @@ impl SqliteStore {
             queries,
             next_reader,
             retention,
-            owner: owner.to_owned(),
+            owner: Arc::from(owner),
             heads: Heads::default(),
             mirror,
             durability,

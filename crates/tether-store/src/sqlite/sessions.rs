@@ -9,6 +9,7 @@ fn remove_session(txn: &Connection, log: &Log, id: &str) -> Result<Change, Store
     if let Some(session) = log.session(id) {
         log::delete(txn, session.rows())?;
     }
+    execute(txn, "DELETE FROM log WHERE session = ?1 AND kind = 0", [id]).map_err(backend)?;
     execute(txn, "DELETE FROM tombstones WHERE session = ?1", [id]).map_err(backend)?;
     Ok(Change::SessionRemoved { session: id.to_owned() })
 }
