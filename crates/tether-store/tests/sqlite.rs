@@ -397,3 +397,24 @@ async fn a_database_from_before_the_log_keeps_its_streams_events_and_requests() 
     assert_eq!(tables, 0, "the old tables are dropped once their rows are in the log");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_sweep_drops_every_stream_past_its_retention_however_many_are_due() {
+    let dir = fresh_dir();
+    let store = open(&dir, "owner-a");
+    let epoch = suite::epoch('E');
+    store.create_session(suite::record("many", epoch.clone(), 10_000), usize::MAX).await.expect("create");
+    let session = suite::sid("many");
+    // More than one of the sweep's jobs drops.
+    let streams: Vec<StreamName> = (0..700).map(|n| suite::stream(&format!("s{n}"))).collect();
+    for stream in &streams {
+        store.open_stream(&session, &epoch, stream).await.expect("open");
+        store.end_stream(&session, &epoch, stream).await.expect("end");
+    }
+    store.sweep(1_000).await.expect("the first sweep stamps them");
+    store.sweep(1_000 + suite::retention().ended_stream_ms).await.expect("the sweep that drops them");
+    for stream in &streams {
+        assert_eq!(store.stream_range(&session, stream).await, Ok(suite::tombstone(0, StreamState::Complete)));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -542,14 +542,14 @@ impl Log {
         unstamped.map(|(_, _, session, stream)| (session.clone(), stream.clone())).collect()
     }
 
-    /// The ended streams stamped at or before `cutoff`.
-    pub(super) fn due(&self, cutoff: i64) -> Vec<StreamKey> {
+    /// Up to `max` of the ended streams stamped at or before `cutoff`, the earliest first.
+    pub(super) fn due(&self, cutoff: i64, max: usize) -> Vec<StreamKey> {
         let Some(after) = cutoff.checked_add(1) else { return Vec::new() };
         let due = self.by_stamp.range(
             (Some(i64::MIN), i64::MIN, String::new(), String::new())
                 ..(Some(after), i64::MIN, String::new(), String::new()),
         );
-        due.map(|(_, _, session, stream)| (session.clone(), stream.clone())).collect()
+        due.take(max).map(|(_, _, session, stream)| (session.clone(), stream.clone())).collect()
     }
 }
 
@@ -752,10 +752,10 @@ mod tests {
     fn the_sweep_finds_ended_streams_by_their_stamp() {
         let mut log = log_with(1);
         let a = || vec![("s".to_owned(), "a".to_owned())];
-        assert_eq!((log.unstamped(), log.due(i64::MAX - 1)), (a(), vec![]), "not due before it is stamped");
+        assert_eq!((log.unstamped(), log.due(i64::MAX - 1, 10)), (a(), vec![]), "not due before it is stamped");
         log.apply(&Change::Stamped { session: "s".into(), stream: "a".into(), at: 100 });
-        assert_eq!((log.unstamped(), log.due(99), log.due(100)), (vec![], vec![], a()));
+        assert_eq!((log.unstamped(), log.due(99, 10), log.due(100, 10)), (vec![], vec![], a()));
         log.apply(&Change::Buried { session: "s".into(), stream: "a".into() });
-        assert_eq!(log.due(100), vec![], "a buried stream is not due again");
+        assert_eq!(log.due(100, 10), vec![], "a buried stream is not due again");
     }
 }

@@ -14,6 +14,26 @@ fn remove_session(txn: &Connection, log: &Log, id: &str) -> Result<Change, Store
     Ok(Change::SessionRemoved { session: id.to_owned() })
 }
 
+/// Streams dropped whole in one job of the sweep.
+const BURY_BATCH: usize = 256;
+
+/// Drops up to [`BURY_BATCH`] ended streams stamped at or before `cutoff` into tombstones; the
+/// changes, and whether more are due.
+fn bury_due(txn: &Connection, log: &mut Log, cutoff: i64) -> Result<(Vec<Change>, bool), StoreError> {
+    let due = log.due(cutoff, BURY_BATCH + 1);
+    let more = due.len() > BURY_BATCH;
+    let mut changes = Vec::with_capacity(BURY_BATCH);
+    for (session, stream) in due.into_iter().take(BURY_BATCH) {
+        if let Some(slot) = log.stream(&session, &stream) {
+            log::bury(txn, &session, &stream, slot)?;
+            let buried = Change::Buried { session, stream };
+            log.apply(&buried);
+            changes.push(buried);
+        }
+    }
+    Ok((changes, more))
+}
+
 impl SessionStore for SqliteStore {
     fn create_session(&self, record: SessionRecord, max_live: usize) -> StoreFuture<'_, ()> {
         let created = record.clone();
@@ -207,9 +227,8 @@ impl SessionStore for SqliteStore {
                 .map_err(backend)?;
             let tombstones = execute(txn, "DELETE FROM sessions WHERE ended IS NOT NULL AND ended_at_ms <= ?1", [now - as_i64(retention.tombstone_ms)])
                 .map_err(backend)?;
-            // Streams that ended since the last sweep count their retention from now; those
-            // stamped long enough ago are dropped whole, into tombstones.
-            let cutoff = now - as_i64(retention.ended_stream_ms);
+            // Streams that ended before this process's first sweep count their retention from
+            // now (later ones are stamped with the last sweep's time as they end).
             for (session, stream) in log.unstamped() {
                 if let Some(end) = log.stream(&session, &stream).and_then(|s| s.end()) {
                     execute(txn, "UPDATE log SET at = ?2 WHERE id = ?1", params![end.row, now]).map_err(backend)?;
@@ -219,14 +238,6 @@ impl SessionStore for SqliteStore {
                 }
             }
             log.swept(now);
-            for (session, stream) in log.due(cutoff) {
-                if let Some(slot) = log.stream(&session, &stream) {
-                    log::bury(txn, &session, &stream, slot)?;
-                    let buried = Change::Buried { session, stream };
-                    log.apply(&buried);
-                    changes.push(buried);
-                }
-            }
             forget_keys(txn, now, &retention)?;
             execute(txn, "DELETE FROM tasks WHERE forget_at_ms <= ?1", [now]).map_err(backend)?;
             // Past the bound, the finished tasks due first.
@@ -250,6 +261,15 @@ impl SessionStore for SqliteStore {
         });
         Box::pin(async move {
             let (expired, ..) = swept.await?;
+            // Streams past their retention are dropped a batch a job, so that requests queued
+            // meanwhile do not wait behind all of them (a second's worth of calls under load).
+            // None becomes due at this cutoff meanwhile: this ends.
+            let cutoff = as_i64(now_ms) - as_i64(retention.ended_stream_ms);
+            while self
+                .run_logged(move |txn, log| bury_due(txn, log, cutoff), |mirror, (changes, _)| mirror.apply(changes))
+                .await?
+                .1
+            {}
             for id in &expired {
                 self.heads.forget_session(id);
             }
