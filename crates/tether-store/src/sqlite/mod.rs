@@ -83,7 +83,8 @@ pub struct SqliteStore {
     retention: Retention,
     owner: Arc<str>,
     heads: Heads,
-    /// Sessions and recent streams in memory: the hot reads never reach SQLite.
+    /// Sessions, and the live sessions' streams as durable, in memory: reads never wait for the
+    /// writer.
     mirror: Arc<Mirror>,
     /// How far commits are durable: reads wait for it.
     durability: Arc<Durability>,
@@ -439,9 +440,9 @@ impl SqliteStore {
             move |txn, log| {
                 let append =
                     |txn: &Connection, log: &mut Log| append_in(txn, log, &s, &e, &st, &events, last, &retention);
-                let Some(key) = record else { return Ok(append(txn, log)) };
-                // A failed append undoes only its own writes: the outcome is recorded regardless.
+                // A failed append undoes only its own writes: an outcome is recorded regardless.
                 let appended = in_logged_savepoint(txn, log, append);
+                let Some(key) = record else { return Ok(appended) };
                 finish_in(txn, &owner, &key, events.last().map_or(&[][..], |(_, b)| &b[..]))?;
                 Ok(appended)
             },
