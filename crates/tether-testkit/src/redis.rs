@@ -180,9 +180,22 @@ impl RedisServer {
     /// Starts it again on the same port, with the same arguments and directory: it comes back
     /// with what it kept on disk. Kills it first if it still runs.
     pub async fn restart(&mut self) {
+        let args = self.args.clone();
+        self.restart_with(&args).await;
+    }
+
+    /// [`RedisServer::restart`], as a replica of the server on `primary` (127.0.0.1) from its
+    /// first command on.
+    pub async fn restart_as_replica_of(&mut self, primary: u16) {
+        let mut args = self.args.clone();
+        args.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned(), primary.to_string()]);
+        self.restart_with(&args).await;
+    }
+
+    async fn restart_with(&mut self, args: &[String]) {
         self.kill().await;
         for _ in 0..3 {
-            if let Some(child) = spawn(self.port, &self.dir, &self.args).await {
+            if let Some(child) = spawn(self.port, &self.dir, args).await {
                 self.child = child;
                 return;
             }
