@@ -2,7 +2,7 @@
 //! request with its stream, and retention within a session's byte cap. Each write checks the
 //! writer's [`Log`] and inserts rows into the `log` table (`log.rs`); reads are the mirror's.
 
-use super::log::{self as rows, Change, End, Retained};
+use super::log::{self as rows, Change, End, Retained, Row};
 use super::*;
 
 /// What an append changed, for the mirror.
@@ -45,7 +45,7 @@ fn open_in(
     if log.stream(session, stream.as_str()).is_some() {
         return Ok(None);
     }
-    let row = rows::insert(txn, rows::OPENED, session, stream.as_str(), None, None, None, key, Some(owner), None)?;
+    let row = Row { key, detail: Some(owner), ..Row::of(rows::OPENED, session, stream.as_str()) }.insert(txn)?;
     Ok(Some(Change::Opened {
         session: session.to_owned(),
         stream: stream.clone(),
@@ -77,9 +77,8 @@ pub(super) fn begin(
         let stream = StreamName::parse(&existing_stream).map_err(backend)?;
         return Ok((BeginRequest::Existing { stream, same_params: existing_digest == *digest }, Vec::new()));
     }
-    rows::insert(txn, rows::REQUEST, session, stream.as_str(), None, None, None, Some(key), Some(digest), None)?;
-    let mut changes = Vec::new();
-    changes.extend(open_in(txn, log, session, stream, owner, Some(key))?);
+    Row { key: Some(key), detail: Some(digest), ..Row::of(rows::REQUEST, session, stream.as_str()) }.insert(txn)?;
+    let changes: Vec<Change> = open_in(txn, log, session, stream, owner, Some(key))?.into_iter().collect();
     log.apply_all(&changes);
     Ok((BeginRequest::Started, changes))
 }
@@ -93,8 +92,8 @@ fn live_stream<'a>(log: &'a Log, s: &str, e: &str, st: &str) -> Result<&'a log::
 /// The row ending `stream` in `state`; the change it makes.
 fn end_in(txn: &Connection, log: &Log, session: &str, stream: &str, state: StreamState) -> Result<Change, StoreError> {
     let (order, at) = (log.next_end_order(), log.swept_at());
-    let code = if state == StreamState::Complete { COMPLETE } else { ABORTED };
-    let row = rows::insert(txn, rows::ENDED, session, stream, Some(code), Some(order), None, None, None, at)?;
+    let code = state_code(state);
+    let row = Row { seq: Some(code), tag: Some(order), at, ..Row::of(rows::ENDED, session, stream) }.insert(txn)?;
     let end = End { row, order: Some(order), at };
     Ok(Change::Ended { session: session.to_owned(), stream: stream.to_owned(), state, end })
 }
@@ -121,18 +120,13 @@ pub(super) fn append_in(
     let mut written = Vec::with_capacity(events.len());
     for (tag, data) in events {
         head += 1;
-        let row = rows::insert(
-            txn,
-            rows::EVENT,
-            s,
-            st,
-            Some(as_i64(head)),
-            Some(tag_column(*tag)),
-            Some(data),
-            None,
-            None,
-            None,
-        )?;
+        let row = Row {
+            seq: Some(as_i64(head)),
+            tag: Some(tag_column(*tag)),
+            data: Some(data),
+            ..Row::of(rows::EVENT, s, st)
+        }
+        .insert(txn)?;
         appended.push(Retained { row: Some(row), seq: head, tag: *tag, len: data.len() as u64 });
         written.push((row, data.clone()));
     }

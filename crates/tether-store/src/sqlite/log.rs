@@ -294,11 +294,7 @@ impl Log {
                 ENDED => Change::Ended {
                     session,
                     stream,
-                    state: if seq == super::as_u64(super::COMPLETE) {
-                        StreamState::Complete
-                    } else {
-                        StreamState::Aborted
-                    },
+                    state: super::state_of(super::as_i64(seq)),
                     end: End { row, order: tag, at },
                 },
                 TRIMMED => {
@@ -553,27 +549,36 @@ impl Log {
     }
 }
 
-/// Inserts a row into the log; returns its id.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn insert(
-    txn: &Connection,
-    kind: i64,
-    session: &str,
-    stream: &str,
-    seq: Option<i64>,
-    tag: Option<i64>,
-    data: Option<&[u8]>,
-    key: Option<&str>,
-    detail: Option<&str>,
-    at: Option<i64>,
-) -> Result<i64, StoreError> {
-    execute(
-        txn,
-        "INSERT INTO log (kind, session, stream, seq, tag, data, key, detail, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-        params![kind, session, stream, seq, tag, data, key, detail, at],
-    )
-    .map_err(backend)?;
-    Ok(txn.last_insert_rowid())
+/// A row of the log to insert: the columns its kind leaves empty are `None` (see the schema).
+pub(super) struct Row<'a> {
+    pub(super) kind: i64,
+    pub(super) session: &'a str,
+    pub(super) stream: &'a str,
+    pub(super) seq: Option<i64>,
+    pub(super) tag: Option<i64>,
+    pub(super) data: Option<&'a [u8]>,
+    pub(super) key: Option<&'a str>,
+    pub(super) detail: Option<&'a str>,
+    pub(super) at: Option<i64>,
+}
+
+impl<'a> Row<'a> {
+    /// A row of `kind` for `stream` of `session`, its other columns empty.
+    pub(super) fn of(kind: i64, session: &'a str, stream: &'a str) -> Row<'a> {
+        Row { kind, session, stream, seq: None, tag: None, data: None, key: None, detail: None, at: None }
+    }
+
+    /// Inserts it; returns its id.
+    pub(super) fn insert(&self, txn: &Connection) -> Result<i64, StoreError> {
+        let Row { kind, session, stream, seq, tag, data, key, detail, at } = self;
+        execute(
+            txn,
+            "INSERT INTO log (kind, session, stream, seq, tag, data, key, detail, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            params![kind, session, stream, seq, tag, data, key, detail, at],
+        )
+        .map_err(backend)?;
+        Ok(txn.last_insert_rowid())
+    }
 }
 
 /// Deletes the rows `rows`.
@@ -594,14 +599,10 @@ pub(super) fn evict(
     eviction: &Eviction,
 ) -> Result<Vec<Change>, StoreError> {
     let mut changes = Vec::new();
-    let Some(live) = log.session(session) else { return Ok(changes) };
     for buried in &eviction.buried {
-        if let Some(slot) = live.streams.get(buried) {
-            bury(txn, session, buried, slot)?;
-            changes.push(Change::Buried { session: session.to_owned(), stream: buried.clone() });
-        }
+        changes.extend(bury(txn, log, session, buried)?);
     }
-    if let (Some(retained_from), Some(slot)) = (eviction.retained_from, live.streams.get(stream)) {
+    if let (Some(retained_from), Some(slot)) = (eviction.retained_from, log.stream(session, stream)) {
         changes.push(trim(txn, session, stream, slot, retained_from)?);
     }
     Ok(changes)
@@ -618,28 +619,20 @@ fn trim(
     let dropped: Vec<&Retained> = slot.events.iter().take_while(|e| e.seq < retained_from).collect();
     let before_retained = dropped.last().map(|e| e.tag).or(slot.before_retained);
     delete(txn, dropped.iter().filter_map(|e| e.row).chain(slot.trimmed))?;
-    let row = insert(
-        txn,
-        TRIMMED,
-        session,
-        stream,
-        Some(super::as_i64(retained_from)),
-        before_retained.map(tag_column),
-        None,
-        None,
-        None,
-        None,
-    )?;
+    let row = Row {
+        seq: Some(super::as_i64(retained_from)),
+        tag: before_retained.map(tag_column),
+        ..Row::of(TRIMMED, session, stream)
+    }
+    .insert(txn)?;
     Ok(Change::Trimmed { session: session.to_owned(), stream: stream.to_owned(), row, retained_from, before_retained })
 }
 
-/// Turns `slot` into a tombstone: how far it got and how it ended, without its rows.
-pub(super) fn bury(txn: &Connection, session: &str, stream: &str, slot: &Stream) -> Result<(), StoreError> {
-    let state = match slot.state {
-        StreamState::Live => super::LIVE,
-        StreamState::Complete => super::COMPLETE,
-        StreamState::Aborted => super::ABORTED,
-    };
+/// Turns `stream` of `session` into a tombstone (how far it got and how it ended) and deletes
+/// its rows; the change that says so, if the stream is there.
+pub(super) fn bury(txn: &Connection, log: &Log, session: &str, stream: &str) -> Result<Option<Change>, StoreError> {
+    let Some(slot) = log.stream(session, stream) else { return Ok(None) };
+    let state = super::state_code(slot.state);
     execute(
         txn,
         "INSERT OR REPLACE INTO tombstones (session, stream, head, state, request_key, before_retained) \
@@ -647,7 +640,8 @@ pub(super) fn bury(txn: &Connection, session: &str, stream: &str, slot: &Stream)
         params![session, stream, super::as_i64(slot.head), state, slot.request_key, slot.last_tag().map(tag_column)],
     )
     .map_err(backend)?;
-    delete(txn, slot.rows())
+    delete(txn, slot.rows())?;
+    Ok(Some(Change::Buried { session: session.to_owned(), stream: stream.to_owned() }))
 }
 
 /// Ends, as aborted, the request streams a previous owner left live (their requests can never
@@ -660,7 +654,8 @@ pub(super) fn abort_abandoned(connection: &mut Connection, mut log: Log, owner: 
     let txn = connection.transaction().map_err(backend)?;
     let mut changes = Vec::with_capacity(abandoned.len());
     for (session, stream) in abandoned {
-        let row = insert(&txn, ENDED, &session, &stream, Some(super::ABORTED), None, None, None, None, None)?;
+        let ended = Row { seq: Some(super::state_code(StreamState::Aborted)), ..Row::of(ENDED, &session, &stream) };
+        let row = ended.insert(&txn)?;
         let end = End { row, order: None, at: None };
         changes.push(Change::Ended { session, stream, state: StreamState::Aborted, end });
     }

@@ -187,11 +187,21 @@ fn as_u64(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
 }
 
+/// A stream's state as its column holds it.
 fn state_of(code: i64) -> StreamState {
     match code {
         LIVE => StreamState::Live,
         COMPLETE => StreamState::Complete,
         _ => StreamState::Aborted,
+    }
+}
+
+/// The column's code of a stream's state: [`state_of`]'s inverse.
+fn state_code(state: StreamState) -> i64 {
+    match state {
+        StreamState::Live => LIVE,
+        StreamState::Complete => COMPLETE,
+        StreamState::Aborted => ABORTED,
     }
 }
 
@@ -440,9 +450,10 @@ impl SqliteStore {
             move |txn, log| {
                 let append =
                     |txn: &Connection, log: &mut Log| append_in(txn, log, &s, &e, &st, &events, last, &retention);
-                // A failed append undoes only its own writes: an outcome is recorded regardless.
+                // Without a key, a failed append fails its job, whose savepoint undoes it. With one,
+                // it undoes only its own writes: the outcome is recorded regardless.
+                let Some(key) = record else { return append(txn, log).map(Ok) };
                 let appended = in_logged_savepoint(txn, log, append);
-                let Some(key) = record else { return Ok(appended) };
                 finish_in(txn, &owner, &key, events.last().map_or(&[][..], |(_, b)| &b[..]))?;
                 Ok(appended)
             },
@@ -631,7 +642,7 @@ mod tests {
         let open = |fails: bool| {
             let stream = stream.clone();
             move |txn: &Connection, log: &mut Log| {
-                let row = log::insert(txn, log::OPENED, "s", "r1", None, None, None, None, Some("me"), None)?;
+                let row = log::Row { detail: Some("me"), ..log::Row::of(log::OPENED, "s", "r1") }.insert(txn)?;
                 let opened =
                     log::Change::Opened { session: "s".into(), stream, row, owner: "me".into(), request_key: None };
                 log.apply(&opened);

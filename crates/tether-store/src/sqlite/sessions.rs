@@ -24,9 +24,7 @@ fn bury_due(txn: &Connection, log: &mut Log, cutoff: i64) -> Result<(Vec<Change>
     let more = due.len() > BURY_BATCH;
     let mut changes = Vec::with_capacity(BURY_BATCH);
     for (session, stream) in due.into_iter().take(BURY_BATCH) {
-        if let Some(slot) = log.stream(&session, &stream) {
-            log::bury(txn, &session, &stream, slot)?;
-            let buried = Change::Buried { session, stream };
+        if let Some(buried) = log::bury(txn, log, &session, &stream)? {
             log.apply(&buried);
             changes.push(buried);
         }
