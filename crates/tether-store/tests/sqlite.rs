@@ -418,3 +418,46 @@ async fn a_sweep_drops_every_stream_past_its_retention_however_many_are_due() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn what_the_log_says_of_an_aborted_and_a_trimmed_stream_holds_across_reopens() {
+    let dir = fresh_dir();
+    let epoch = Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch");
+    let session = suite::sid("s");
+    let (running, long) = (suite::stream("r1"), suite::stream("r2"));
+    let page_of = |store: SqliteStore| {
+        let (session, long) = (session.clone(), long.clone());
+        async move {
+            // The cursor just before what is retained (8 of 12): its tag is the trim's to keep.
+            let page = store.read_page(&session, &long, 4, 100).await.expect("read").expect("kept");
+            (store, page)
+        }
+    };
+    let before = {
+        let dead = open(&dir, "dead");
+        dead.create_session(SessionRecord { expires_at_ms: u64::MAX / 2, ..record("s", &epoch) }, usize::MAX)
+            .await
+            .expect("create");
+        dead.begin_request(suite::request(&session, &epoch, &suite::key("n:1"), "d", &running)).await.expect("begin");
+        dead.open_stream(&session, &epoch, &long).await.expect("open");
+        // Past max_events_per_stream (8): the oldest are dropped, and the log says so.
+        for _ in 0..12 {
+            dead.append(&session, &epoch, &long, Bytes::from_static(b"event"), false).await.expect("append");
+        }
+        page_of(dead).await.1
+    };
+    assert_eq!(before.range.retained_from, 5, "trimmed: {before:?}");
+    assert!(before.at_cursor.is_some() && before.at_cursor == before.before_retained, "{before:?}");
+    for reopening in 0..2 {
+        let store = open(&dir, "survivor");
+        let range = store.stream_range(&session, &running).await.expect("range").expect("kept");
+        assert_eq!(range.state, StreamState::Aborted, "aborted at the first open, still at reopen {reopening}");
+        let (_, page) = page_of(store).await;
+        assert_eq!(
+            (page.range, page.at_cursor, page.before_retained),
+            (before.range, before.at_cursor, before.before_retained),
+            "the trim as before, at reopen {reopening}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
