@@ -234,6 +234,13 @@ pub trait EventLog: KeyRecords {
         self.append_batch(session, epoch, stream, vec![data], last)
     }
 
+    /// Whether an append is done when it returns, at the cost of a lock (the memory store):
+    /// a request's output is then written as it is sent, in the request's own task, instead of
+    /// by a writer task that batches what queued up while the store flushed or answered.
+    fn appends_at_once(&self) -> bool {
+        false
+    }
+
     /// Appends `events` in order in one step (the embedded store: one transaction and one disk
     /// flush; Redis: one script call), ending the stream after them if `last`; returns the
     /// sequence number of the last. Retention ends as if they had come one by one. A stream's

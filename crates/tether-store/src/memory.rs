@@ -420,6 +420,10 @@ impl SessionStore for MemoryStore {
 }
 
 impl EventLog for MemoryStore {
+    fn appends_at_once(&self) -> bool {
+        true
+    }
+
     fn open_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
         let mut inner = self.lock();
         let result = inner.live(session, epoch).map(|live| {

@@ -162,7 +162,7 @@ async fn answer(shared: &ServerState, runtime: &SessionRuntime, response: jsonrp
     match shared.store.relay_answer(relayed).await {
         Ok(true) => {}
         Ok(false) => tracing::debug!(%id, "answer to an unknown or finished server request"),
-        Err(err) => tracing::warn!(%err, %id, "could not relay an answer to another replica"),
+        Err(err) => tracing::warn!(%err, session = %runtime.id, %id, "could not relay an answer to another replica"),
     }
 }
 
@@ -208,7 +208,7 @@ struct BatchEnd {
     store: Arc<dyn tether_store::Store>,
     runtime: Arc<SessionRuntime>,
     stream: tether_core::lineage::StreamName,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    tasks: Vec<crate::request::eager::Started<()>>,
 }
 
 impl Drop for BatchEnd {
@@ -217,7 +217,7 @@ impl Drop for BatchEnd {
         let tasks = std::mem::take(&mut self.tasks);
         tokio::spawn(async move {
             for task in tasks {
-                let _ = task.await;
+                let _ = task.join().await;
             }
             let ended = crate::persist::until_stored("the end of a batch's stream", || {
                 store.end_stream(&runtime.id, &runtime.epoch, &stream)

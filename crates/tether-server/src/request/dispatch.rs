@@ -23,6 +23,7 @@ use crate::ServerState;
 use crate::ids;
 use crate::refusal::Refusal;
 use crate::request::context::{Context, Input, RequestMeta};
+use crate::request::eager::{self, Started};
 use crate::request::idempotency::{self, Answer, ClaimGuard, Keyed, Plan};
 use crate::request::input::{self, Answerer};
 use crate::request::output::{FirstOutput, Output};
@@ -46,7 +47,7 @@ pub(crate) struct Running {
     /// Tells whether its first output was the result (JSON) or not (SSE).
     pub first: oneshot::Receiver<FirstOutput>,
     /// Ends once its outcome is stored.
-    pub task: tokio::task::JoinHandle<()>,
+    pub task: Started<()>,
     /// Its idempotency key's claim, as the records acknowledge it, for the client.
     pub claimed: Option<Acknowledged>,
 }
@@ -66,13 +67,13 @@ fn progress_token(params: &Value) -> Option<Value> {
     params.get("_meta")?.get("progressToken").filter(|t| t.is_string() || t.is_number()).cloned()
 }
 
-/// Runs `start`, which records a request and starts it, in a task of its own and waits for it:
-/// a client that goes away meanwhile drops only the wait, never a request half started (its
-/// key claimed and nothing running it).
+/// Runs `start`, which records a request and starts it, so that a client that goes away
+/// meanwhile drops only the wait, never a request half started (its key claimed and nothing
+/// running it).
 async fn detached<T: Send + 'static>(
     start: impl Future<Output = Result<T, DispatchError>> + Send + 'static,
 ) -> Result<T, DispatchError> {
-    tokio::spawn(start).await.unwrap_or_else(|failed| Err(DispatchError::StartFailed(failed.to_string())))
+    eager::start(start).join().await.unwrap_or_else(|stopped| Err(DispatchError::StartFailed(stopped.to_string())))
 }
 
 /// Starts a request of a session: recorded in the store with its own stream, so it is
@@ -138,7 +139,7 @@ async fn start_pipelined(
     let (decided, decision) = oneshot::channel();
     let id = request.id.clone();
     let (runtime, shared) = (Arc::clone(runtime), Arc::clone(shared));
-    let task = tokio::spawn(async move {
+    let task = eager::start(async move {
         let run_ctx = ctx.clone();
         let decide = async {
             let started = std::time::Instant::now();
@@ -431,7 +432,7 @@ async fn run_recorded(
         }
     };
     let (runtime, shared) = (Arc::clone(runtime), Arc::clone(shared));
-    let task = tokio::spawn(async move {
+    let task = eager::start(async move {
         if let Some(claim) = claim {
             claim.running();
         }

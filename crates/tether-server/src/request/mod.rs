@@ -6,6 +6,7 @@
 
 pub(crate) mod context;
 pub(crate) mod dispatch;
+pub(crate) mod eager;
 pub(crate) mod idempotency;
 pub(crate) mod input;
 pub(crate) mod output;

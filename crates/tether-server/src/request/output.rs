@@ -91,7 +91,6 @@ impl Sink {
     pub(crate) fn open(output: Output, first: &First) -> Sink {
         match output {
             Output::Stored { store, runtime, stream, ends_stream } => {
-                let (writes, queue) = mpsc::channel(WRITE_QUEUE);
                 let failure = Arc::default();
                 let writer = Writer {
                     store: Arc::clone(&store),
@@ -99,9 +98,16 @@ impl Sink {
                     stream: stream.clone(),
                     ends_stream,
                     failure: Arc::clone(&failure),
+                    failed: None,
                     first: first.clone(),
                 };
-                tokio::spawn(writer.run(queue));
+                let writes = if store.appends_at_once() {
+                    Writes::Here(tokio::sync::Mutex::new(writer))
+                } else {
+                    let (writes, queue) = mpsc::channel(WRITE_QUEUE);
+                    tokio::spawn(writer.run(queue));
+                    Writes::Queued(writes)
+                };
                 Sink::Stored(StoredSink { store, runtime, stream, writes, failure })
             }
             Output::Direct { tx } => Sink::Direct(DirectSink { tx }),
@@ -197,8 +203,8 @@ pub(crate) struct StoredSink {
     store: Arc<dyn Store>,
     runtime: Arc<SessionRuntime>,
     stream: StreamName,
-    /// The writer's queue.
-    writes: mpsc::Sender<Write>,
+    /// Where its writes go.
+    writes: Writes,
     /// The writer's first failure, reported to the handler's next send.
     failure: Arc<Mutex<Option<ContextError>>>,
 }
@@ -209,7 +215,13 @@ impl StoredSink {
         if let Some(err) = self.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone() {
             return Err(err);
         }
-        self.writes.send(write).await.map_err(|_| ContextError::Cancelled)
+        match &self.writes {
+            Writes::Queued(queue) => queue.send(write).await.map_err(|_| ContextError::Cancelled),
+            Writes::Here(writer) => {
+                writer.lock().await.commit(vec![write]).await;
+                Ok(())
+            }
+        }
     }
 
     /// Queues `bytes` (or nothing) and waits until it and everything before it is durable.
@@ -218,6 +230,17 @@ impl StoredSink {
         self.queue(Write { bytes, last, record, done: Some(done) }).await?;
         written.await.map_err(|_| ContextError::Cancelled)?
     }
+}
+
+/// How a stored output reaches its [`Writer`].
+enum Writes {
+    /// Through the queue of the writer's task, which batches what queued up while the store
+    /// wrote the previous batch: for stores whose every append is a flush or a round trip.
+    Queued(mpsc::Sender<Write>),
+    /// To the writer itself, in the sender's task, one write at a time: for a store whose
+    /// appends are done as they return (the memory store), where a batch saves nothing and a
+    /// task of its own costs a hand-off between threads each way.
+    Here(tokio::sync::Mutex<Writer>),
 }
 
 /// The one connection of a 2026-07-28 request: messages and whether each is the last.
@@ -258,8 +281,8 @@ const MAX_WRITE_BATCH: usize = 256;
 /// Entries a handler may have queued before its sends wait for the store.
 const WRITE_QUEUE: usize = 1024;
 
-/// Writes a request's output to the store in order. Whatever queued up while the previous
-/// batch was being written goes in one [`EventLog::append_batch`](tether_store::EventLog::append_batch),
+/// Writes a request's output to the store in order. With a queue, whatever queued up while the
+/// previous batch was being written goes in one [`EventLog::append_batch`](tether_store::EventLog::append_batch),
 /// so a handler never waits for a disk flush per notification; the client still sees nothing
 /// before it is durable, because delivery reads from the store. The POST learns how its
 /// response starts only once the first batch is durable, so the response goes out with its
@@ -270,49 +293,57 @@ struct Writer {
     runtime: Arc<SessionRuntime>,
     stream: StreamName,
     ends_stream: bool,
+    /// The first failure, for the handler's next send.
     failure: Arc<Mutex<Option<ContextError>>>,
+    /// The first failure, answered to every later entry.
+    failed: Option<ContextError>,
     first: First,
 }
 
 impl Writer {
-    async fn run(self, mut queue: mpsc::Receiver<Write>) {
-        let Writer { store, runtime, stream, ends_stream, failure, first: first_output } = self;
-        let mut failed: Option<ContextError> = None;
+    /// Writes what `queue` brings, a batch at a time.
+    async fn run(mut self, mut queue: mpsc::Receiver<Write>) {
         while let Some(first) = queue.recv().await {
             // One turn for the handler to queue what it sends right after (often its result),
             // so that it joins this batch.
             tokio::task::yield_now().await;
             let batch = take_batch(first, &mut queue);
-            let outcome = match (&failed, commit_of(&batch, ends_stream)) {
-                (Some(err), _) => Err(err.clone()),
-                (None, Commit::Wait) => Ok(()),
-                (None, Commit::Append { events, end, record, only_response }) => {
-                    let (count, started) = (events.len(), std::time::Instant::now());
-                    let appended = match record {
-                        Some(key) => store.append_final(&runtime.id, &runtime.epoch, &stream, events, end, &key).await,
-                        None => store.append_batch(&runtime.id, &runtime.epoch, &stream, events, end).await,
-                    };
-                    let appended = appended.map(drop).map_err(ContextError::from);
-                    if appended.is_ok() {
-                        crate::telemetry::store_latency("append", started.elapsed());
-                        crate::telemetry::events_appended(count);
-                        first_output.signal(|| {
-                            only_response.map_or(FirstOutput::Event, |bytes| {
-                                FirstOutput::Final(Answer { bytes, status: StatusCode::OK })
-                            })
-                        });
-                    }
-                    appended
+            self.commit(batch).await;
+        }
+    }
+
+    /// Writes `batch` in one step and tells each of its entries the outcome.
+    async fn commit(&mut self, batch: Vec<Write>) {
+        let Writer { store, runtime, stream, first: first_output, .. } = &*self;
+        let outcome = match (&self.failed, commit_of(&batch, self.ends_stream)) {
+            (Some(err), _) => Err(err.clone()),
+            (None, Commit::Wait) => Ok(()),
+            (None, Commit::Append { events, end, record, only_response }) => {
+                let (count, started) = (events.len(), std::time::Instant::now());
+                let appended = match record {
+                    Some(key) => store.append_final(&runtime.id, &runtime.epoch, stream, events, end, &key).await,
+                    None => store.append_batch(&runtime.id, &runtime.epoch, stream, events, end).await,
+                };
+                let appended = appended.map(drop).map_err(ContextError::from);
+                if appended.is_ok() {
+                    crate::telemetry::store_latency("append", started.elapsed());
+                    crate::telemetry::events_appended(count);
+                    first_output.signal(|| {
+                        only_response.map_or(FirstOutput::Event, |bytes| {
+                            FirstOutput::Final(Answer { bytes, status: StatusCode::OK })
+                        })
+                    });
                 }
-            };
-            if let (Err(err), None) = (&outcome, &failed) {
-                failed = Some(err.clone());
-                *failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(err.clone());
+                appended
             }
-            for write in batch {
-                if let Some(done) = write.done {
-                    let _ = done.send(outcome.clone());
-                }
+        };
+        if let (Err(err), None) = (&outcome, &self.failed) {
+            self.failed = Some(err.clone());
+            *self.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(err.clone());
+        }
+        for write in batch {
+            if let Some(done) = write.done {
+                let _ = done.send(outcome.clone());
             }
         }
     }
