@@ -98,7 +98,6 @@ impl Sink {
                     stream: stream.clone(),
                     ends_stream,
                     failure: Arc::clone(&failure),
-                    failed: None,
                     first: first.clone(),
                 };
                 let writes = if store.appends_at_once() {
@@ -293,16 +292,14 @@ struct Writer {
     runtime: Arc<SessionRuntime>,
     stream: StreamName,
     ends_stream: bool,
-    /// The first failure, for the handler's next send.
+    /// The first failure, answered to every later entry and to the handler's next send.
     failure: Arc<Mutex<Option<ContextError>>>,
-    /// The first failure, answered to every later entry.
-    failed: Option<ContextError>,
     first: First,
 }
 
 impl Writer {
     /// Writes what `queue` brings, a batch at a time.
-    async fn run(mut self, mut queue: mpsc::Receiver<Write>) {
+    async fn run(self, mut queue: mpsc::Receiver<Write>) {
         while let Some(first) = queue.recv().await {
             // One turn for the handler to queue what it sends right after (often its result),
             // so that it joins this batch.
@@ -313,10 +310,11 @@ impl Writer {
     }
 
     /// Writes `batch` in one step and tells each of its entries the outcome.
-    async fn commit(&mut self, batch: Vec<Write>) {
-        let Writer { store, runtime, stream, first: first_output, .. } = &*self;
-        let outcome = match (&self.failed, commit_of(&batch, self.ends_stream)) {
-            (Some(err), _) => Err(err.clone()),
+    async fn commit(&self, batch: Vec<Write>) {
+        let Writer { store, runtime, stream, first: first_output, failure, ends_stream } = self;
+        let failed = failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let outcome = match (failed, commit_of(&batch, *ends_stream)) {
+            (Some(err), _) => Err(err),
             (None, Commit::Wait) => Ok(()),
             (None, Commit::Append { events, end, record, only_response }) => {
                 let (count, started) = (events.len(), std::time::Instant::now());
@@ -337,9 +335,8 @@ impl Writer {
                 appended
             }
         };
-        if let (Err(err), None) = (&outcome, &self.failed) {
-            self.failed = Some(err.clone());
-            *self.failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(err.clone());
+        if let Err(err) = &outcome {
+            failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get_or_insert_with(|| err.clone());
         }
         for write in batch {
             if let Some(done) = write.done {
