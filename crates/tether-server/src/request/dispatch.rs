@@ -1,6 +1,7 @@
-//! Running a request: record it, run the handler in a task of the request's own, and send its
-//! outcome to the request's output. A request runs to completion even if the client's
-//! connection drops; only cancellation (or, in 2026-07-28, a closed response stream) stops it.
+//! Running a request: record it, run the handler (where it starts until it must wait, then in a
+//! task of the request's own: [`eager`]), and send its outcome to the request's output. A
+//! request runs to completion even if the client's connection drops; only cancellation (or, in
+//! 2026-07-28, a closed response stream) stops it.
 
 use std::sync::Arc;
 
@@ -394,7 +395,8 @@ fn context(
     Context::new(output, meta, Input::default(), cancel.clone(), Arc::clone(shared), None)
 }
 
-/// Runs a recorded request in a task of its own, writing to `stream` (which ends with its
+/// Runs a recorded request ([`eager`]: here until it must wait, then in a task of its own),
+/// writing to `stream` (which ends with its
 /// response if `ends_stream`).
 async fn run_recorded(
     shared: &Arc<ServerState>,

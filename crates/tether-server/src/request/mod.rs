@@ -1,4 +1,5 @@
-//! The request runtime: a request is recorded, run in a task of its own with a [`Context`]
+//! The request runtime: a request is recorded, run (`eager`: where it starts until it must
+//! wait, then in a task of its own) with a [`Context`]
 //! (`context`), its output sent to one sink (`output`), its outcome recorded under its
 //! idempotency key (`idempotency`), and the input it asks for gathered in rounds (`input`).
 //!
