@@ -396,8 +396,7 @@ fn context(
 }
 
 /// Runs a recorded request ([`eager`]: here until it must wait, then in a task of its own),
-/// writing to `stream` (which ends with its
-/// response if `ends_stream`).
+/// writing to `stream` (which ends with its response if `ends_stream`).
 async fn run_recorded(
     shared: &Arc<ServerState>,
     runtime: &Arc<SessionRuntime>,
