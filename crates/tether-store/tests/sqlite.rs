@@ -46,7 +46,7 @@ fn record(id: &str, epoch: &Epoch) -> SessionRecord {
 #[tokio::test]
 async fn everything_acknowledged_survives_a_reopen() {
     let dir = fresh_dir();
-    let epoch = Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch");
+    let epoch = suite::epoch('E');
     let stream = StreamName::parse("r1").expect("stream");
     let records_id;
     {
@@ -112,7 +112,7 @@ async fn live_sessions_are_still_counted_after_a_reopen() {
 #[tokio::test]
 async fn a_reopened_store_aborts_what_the_previous_process_left_running() {
     let dir = fresh_dir();
-    let epoch = Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch");
+    let epoch = suite::epoch('E');
     let (running, other) = (StreamName::parse("r1").expect("stream"), StreamName::parse("g1").expect("stream"));
     {
         let dead = open(&dir, "dead");
@@ -347,7 +347,7 @@ CREATE TABLE requests (session TEXT NOT NULL, key TEXT NOT NULL, digest TEXT NOT
 #[tokio::test]
 async fn a_database_from_before_the_log_keeps_its_streams_events_and_requests() {
     let dir = fresh_dir();
-    let epoch = Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch");
+    let epoch = suite::epoch('E');
     let session = suite::sid("old");
     let (running, trimmed) = (suite::stream("r1"), suite::stream("r2"));
     let store = open(&dir, "before");
@@ -422,7 +422,7 @@ async fn a_sweep_drops_every_stream_past_its_retention_however_many_are_due() {
 #[tokio::test]
 async fn what_the_log_says_of_an_aborted_and_a_trimmed_stream_holds_across_reopens() {
     let dir = fresh_dir();
-    let epoch = Epoch::parse("EEEEEEEEEEEEEEEEEEEEEE").expect("epoch");
+    let epoch = suite::epoch('E');
     let session = suite::sid("s");
     let (running, long) = (suite::stream("r1"), suite::stream("r2"));
     let page_of = |store: SqliteStore| {

@@ -92,8 +92,8 @@ fn live_stream<'a>(log: &'a Log, s: &str, e: &str, st: &str) -> Result<&'a log::
 /// The row ending `stream` in `state`; the change it makes.
 fn end_in(txn: &Connection, log: &Log, session: &str, stream: &str, state: StreamState) -> Result<Change, StoreError> {
     let (order, at) = (log.next_end_order(), log.swept_at());
-    let code = state_code(state);
-    let row = Row { seq: Some(code), tag: Some(order), at, ..Row::of(rows::ENDED, session, stream) }.insert(txn)?;
+    let row = Row { seq: Some(state_code(state)), tag: Some(order), at, ..Row::of(rows::ENDED, session, stream) }
+        .insert(txn)?;
     let end = End { row, order: Some(order), at };
     Ok(Change::Ended { session: session.to_owned(), stream: stream.to_owned(), state, end })
 }
