@@ -399,6 +399,42 @@ async fn a_database_from_before_the_log_keeps_its_streams_events_and_requests() 
 }
 
 #[tokio::test]
+async fn a_database_with_the_request_index_not_unique_gets_it_unique_and_keeps_its_records() {
+    let dir = fresh_dir();
+    let epoch = suite::epoch('E');
+    let session = suite::sid("kept");
+    let (first, second) = (suite::stream("r1"), suite::stream("r2"));
+    let store = open(&dir, "before");
+    store.create_session(record("kept", &epoch), usize::MAX).await.expect("create");
+    let begun = store.begin_request(suite::request(&session, &epoch, &suite::key("n:1"), "digest-1", &first)).await;
+    assert_eq!(begun, Ok(BeginRequest::Started));
+    drop(store);
+    let old = rusqlite::Connection::open(dir.join("tether.sqlite3")).expect("database");
+    old.execute_batch("DROP INDEX log_request_keys; CREATE INDEX log_requests ON log (session, key) WHERE kind = 0;")
+        .expect("the index an earlier version made");
+    drop(old);
+
+    let store = open(&dir, "after");
+    assert_eq!(
+        store.begin_request(suite::request(&session, &epoch, &suite::key("n:1"), "digest-other", &second)).await,
+        Ok(BeginRequest::Existing { stream: first.clone(), same_params: false }),
+        "a request's record is kept"
+    );
+    assert_eq!(
+        store.begin_request(suite::request(&session, &epoch, &suite::key("n:2"), "digest-2", &second)).await,
+        Ok(BeginRequest::Started)
+    );
+    drop(store);
+    let indexes: Vec<(String, bool)> = rusqlite::Connection::open(dir.join("tether.sqlite3"))
+        .expect("database")
+        .prepare("SELECT name, \"unique\" FROM pragma_index_list('log')")
+        .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+        .expect("indexes");
+    assert_eq!(indexes, [("log_request_keys".to_owned(), true)]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
 async fn a_sweep_drops_every_stream_past_its_retention_however_many_are_due() {
     let dir = fresh_dir();
     let store = open(&dir, "owner-a");

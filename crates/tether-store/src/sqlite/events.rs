@@ -65,19 +65,24 @@ pub(super) fn begin(
 ) -> Result<Begun, StoreError> {
     let NewRequest { session, epoch, key, digest, stream } = request;
     log.live(session, epoch)?;
-    let existing: Option<(String, String)> = query_row(
+    // Ignored only by the unique index of request keys: every other column is given.
+    let recorded = execute(
         txn,
-        "SELECT detail, stream FROM log WHERE session = ?1 AND key = ?2 AND kind = 0",
-        params![session, key],
-        |r| Ok((r.get(0)?, r.get(1)?)),
+        "INSERT OR IGNORE INTO log (kind, session, stream, key, detail) VALUES (0, ?1, ?2, ?3, ?4)",
+        params![session, stream.as_str(), key, digest],
     )
-    .optional()
     .map_err(backend)?;
-    if let Some((existing_digest, existing_stream)) = existing {
+    if recorded == 0 {
+        let (existing_digest, existing_stream): (String, String) = query_row(
+            txn,
+            "SELECT detail, stream FROM log WHERE session = ?1 AND key = ?2 AND kind = 0",
+            params![session, key],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .map_err(backend)?;
         let stream = StreamName::parse(&existing_stream).map_err(backend)?;
         return Ok((BeginRequest::Existing { stream, same_params: existing_digest == *digest }, Vec::new()));
     }
-    Row { key: Some(key), detail: Some(digest), ..Row::of(rows::REQUEST, session, stream.as_str()) }.insert(txn)?;
     let changes: Vec<Change> = open_in(txn, log, session, stream, owner, Some(key))?.into_iter().collect();
     log.apply_all(&changes);
     Ok((BeginRequest::Started, changes))

@@ -32,8 +32,8 @@ pub(super) const ENDED: i64 = 3;
 /// the last dropped). Only a stream's latest is kept.
 pub(super) const TRIMMED: i64 = 4;
 
-// Statements name these kinds by number (the `log_requests` index, the reads of a request's record
-// and of an event's data).
+// Statements name these kinds by number (the `log_request_keys` index, a request's record, the
+// reads of a request's record and of an event's data).
 const _: () = assert!(REQUEST == 0 && EVENT == 2);
 
 /// A stream of a session: the session's id and the stream's name.
@@ -130,7 +130,7 @@ impl Stream {
     }
 }
 
-/// A live session's streams. Its request records stay in SQLite, found by the `log_requests`
+/// A live session's streams. Its request records stay in SQLite, found by the `log_request_keys`
 /// index: a session keeps every request id for its life, more than memory should hold.
 #[derive(Debug, Clone)]
 pub(super) struct Session {

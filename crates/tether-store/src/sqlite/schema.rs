@@ -50,8 +50,11 @@ CREATE TABLE IF NOT EXISTS log (
     at INTEGER
 );
 -- Request records by their key: a session keeps every request id for its life, so they are not
--- held in memory. The one index the log has; the kind is REQUEST (sqlite/log.rs).
-CREATE INDEX IF NOT EXISTS log_requests ON log (session, key) WHERE kind = 0;
+-- held in memory. The one index the log has; the kind is REQUEST (sqlite/log.rs). Unique, so a
+-- record is inserted unless its key is known in one statement. A database made before has it,
+-- not unique, as `log_requests`.
+DROP INDEX IF EXISTS log_requests;
+CREATE UNIQUE INDEX IF NOT EXISTS log_request_keys ON log (session, key) WHERE kind = 0;
 -- Live sessions by deadline and ended ones by age, for the sweep: without them every sweep read
 -- the whole sessions table three times (10 ms at 50,000 sessions).
 CREATE INDEX IF NOT EXISTS sessions_expiry ON sessions (expires_at_ms) WHERE ended IS NULL;
