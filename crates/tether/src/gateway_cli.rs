@@ -50,6 +50,13 @@ fn parse_header_name(text: &str) -> Result<String, String> {
     Ok(text.to_owned())
 }
 
+impl GatewayArgs {
+    /// How many threads run requests (serve's `--workers`).
+    pub fn workers(&self, cores: usize) -> usize {
+        self.serve.workers(cores)
+    }
+}
+
 pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let (wait, pool) = (args.upstream_wait, args.stateless_instances);
     let reached: serve::Reaching = match (&args.upstream, args.command.split_first()) {

@@ -105,7 +105,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().with_current_span(false).with_span_list(true).init(),
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    match &cli.command {
+        Command::Serve(args) => runtime.worker_threads(args.workers(cores)),
+        Command::Gateway(args) => runtime.worker_threads(args.workers(cores)),
+        _ => &mut runtime,
+    };
+    let runtime = runtime.enable_all().build()?;
     match cli.command {
         Command::Serve(args) => {
             runtime.block_on(serve::run(args, serve::Answering::Builtin)).map(|()| ExitCode::SUCCESS)

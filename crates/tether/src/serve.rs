@@ -134,6 +134,10 @@ pub struct ServeArgs {
     /// Directory of the embedded store.
     #[arg(long, default_value = "./tether-data")]
     data_dir: PathBuf,
+    /// Threads that run requests. Default: one per core, one fewer with the embedded store,
+    /// whose writer and flush threads take about a core's share of the work of each call.
+    #[arg(long, env = "TOKIO_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
+    workers: Option<u16>,
     /// Redis of the `redis` store.
     #[arg(long, default_value = "redis://127.0.0.1:6379/")]
     redis_url: String,
@@ -621,9 +625,45 @@ fn both<S: Store + CounterStore>(store: S) -> (Arc<dyn Store>, Arc<dyn CounterSt
     (Arc::clone(&store) as Arc<dyn Store>, store)
 }
 
+impl ServeArgs {
+    /// How many threads run requests: `--workers`, or one per core of `cores`, less the one the
+    /// embedded store's own threads keep busy.
+    pub fn workers(&self, cores: usize) -> usize {
+        match (self.workers, self.store) {
+            (Some(workers), _) => workers.into(),
+            (None, StoreKind::Embedded) => cores.saturating_sub(1).max(1),
+            (None, StoreKind::Memory | StoreKind::Redis) => cores.max(1),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{max_connections_for, parse_listen, parse_state_key};
+    use clap::Parser;
+
+    use super::{ServeArgs, max_connections_for, parse_listen, parse_state_key};
+
+    #[derive(Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    fn workers(flags: &[&str], cores: usize) -> usize {
+        let args = Serve::try_parse_from(std::iter::once("serve").chain(flags.iter().copied())).expect("flags");
+        args.args.workers(cores)
+    }
+
+    #[test]
+    fn the_embedded_store_leaves_its_threads_a_core_unless_workers_are_given() {
+        assert_eq!(workers(&[], 2), 1);
+        assert_eq!(workers(&[], 8), 7);
+        assert_eq!(workers(&[], 1), 1, "never zero");
+        assert_eq!(workers(&["--store", "memory"], 2), 2);
+        assert_eq!(workers(&["--store", "redis"], 8), 8);
+        assert_eq!(workers(&["--workers", "3"], 2), 3);
+        assert!(Serve::try_parse_from(["serve", "--workers", "0"]).is_err());
+    }
 
     #[test]
     fn listen_takes_an_address_a_host_and_port_or_a_port() {
