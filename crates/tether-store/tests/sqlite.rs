@@ -175,21 +175,22 @@ async fn a_task_the_previous_process_left_running_is_abandoned_and_a_finished_on
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
 
-/// What the store answers about `streams`: each range, and every event read from the start in
-/// pages of 7.
+/// What the store answers about `streams`: each range, and every event (with its tag) read from
+/// the start in pages of 7.
 async fn snapshot(store: &SqliteStore, session: &SessionId, streams: &[StreamName]) -> Vec<String> {
     let mut seen = Vec::new();
     for stream in streams {
         let range = store.stream_range(session, stream).await.expect("range");
-        let mut events = Vec::new();
+        let (mut events, mut tags) = (Vec::new(), Vec::new());
         let mut after = 0;
         for _ in 0..1_000 {
             let page = store.read(session, stream, after, 7).await.expect("read");
             let Some(last) = page.last() else { break };
             after = last.seq;
+            tags.extend(page.iter().map(|e| e.tag.bits()));
             events.extend(page.into_iter().map(|e| (e.seq, e.data)));
         }
-        seen.push(format!("{stream}: {range:?} {events:?}"));
+        seen.push(format!("{stream}: {range:?} {events:?} tags {tags:?}"));
     }
     seen
 }
@@ -300,6 +301,44 @@ async fn an_ended_stream_is_kept_for_its_retention_from_the_sweep_before_it_ende
     );
     store.sweep(11_600).await.expect("sweep");
     assert_eq!(store.stream_range(&suite::sid("r1"), &late).await, Ok(suite::tombstone(1, StreamState::Complete)));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn the_order_and_the_time_streams_ended_in_hold_across_reopens() {
+    let dir = fresh_dir();
+    let a = suite::epoch('A');
+    let session = suite::sid("r1");
+    let record = SessionRecord { expires_at_ms: u64::MAX / 4, ..suite::record("r1", a.clone(), 10_000) };
+    // Opened in one order, ended in the other, named in neither.
+    let (first, second) = (suite::stream("a"), suite::stream("z"));
+    let store = open(&dir, "owner-a");
+    store.create_session(record, usize::MAX).await.expect("create");
+    store.sweep(10_000).await.expect("sweep");
+    for stream in [&first, &second] {
+        store.open_stream(&session, &a, stream).await.expect("open");
+    }
+    for stream in [&second, &first] {
+        store.append(&session, &a, stream, Bytes::from(vec![b'x'; 300]), true).await.expect("append");
+    }
+    drop(store);
+
+    let store = open(&dir, "owner-b");
+    let live = suite::stream("live");
+    store.open_stream(&session, &a, &live).await.expect("open");
+    // Past the session's 1,000 bytes by less than one stream's: the stream that ended first goes.
+    store.append(&session, &a, &live, Bytes::from(vec![b'x'; 500]), false).await.expect("append");
+    assert_eq!(store.stream_range(&session, &second).await, Ok(suite::tombstone(1, StreamState::Complete)));
+    assert_eq!(
+        store.stream_range(&session, &first).await.expect("range").map(|r| r.retained_from),
+        Some(0),
+        "the stream that ended last is kept"
+    );
+    // Its retention runs from the sweep before it ended, in the previous process.
+    store.sweep(10_499).await.expect("sweep");
+    assert_eq!(store.stream_range(&session, &first).await.expect("range").map(|r| r.retained_from), Some(0));
+    store.sweep(10_500).await.expect("sweep");
+    assert_eq!(store.stream_range(&session, &first).await, Ok(suite::tombstone(1, StreamState::Complete)));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
