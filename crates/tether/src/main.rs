@@ -105,13 +105,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().with_current_span(false).with_span_list(true).init(),
     }
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-    match &cli.command {
-        Command::Serve(args) => runtime.worker_threads(args.workers(cores)),
-        Command::Gateway(args) => runtime.worker_threads(args.workers(cores)),
-        _ => &mut runtime,
+    let workers = match &cli.command {
+        Command::Serve(args) => Some(args.workers(cores)),
+        Command::Gateway(args) => Some(args.workers(cores)),
+        _ => None,
     };
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(workers) = workers {
+        runtime.worker_threads(workers);
+    }
     let runtime = runtime.enable_all().build()?;
     match cli.command {
         Command::Serve(args) => {
