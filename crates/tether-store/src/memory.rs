@@ -435,21 +435,30 @@ impl EventLog for MemoryStore {
     fn begin_request(&self, request: RequestRecord<'_>) -> StoreFuture<'_, BeginRequest> {
         let RequestRecord { session, epoch, key: request_key, params_digest, stream } = request;
         let max_requests = self.retention.max_requests_per_session.max(1);
+        // Built and freed with the lock released: every request of every session waits for it.
+        let record = (request_key.to_owned(), (params_digest.to_owned(), stream.clone()));
+        let ordered = request_key.to_owned();
+        let slot = (stream.clone(), StreamSlot::new(stream, Some(request_key.to_owned())));
+        let mut forgotten = Vec::new();
         let mut inner = self.lock();
         let result = inner.live(session, epoch).map(|live| {
             if let Some((digest, existing)) = live.requests.get(request_key) {
                 return BeginRequest::Existing { stream: existing.clone(), same_params: digest == params_digest };
             }
-            live.requests.insert(request_key.to_owned(), (params_digest.to_owned(), stream.clone()));
-            live.request_order.push_back(request_key.to_owned());
+            live.requests.insert(record.0, record.1);
+            live.request_order.push_back(ordered);
             while live.request_order.len() > max_requests {
                 if let Some(oldest) = live.request_order.pop_front() {
-                    live.requests.remove(&oldest);
+                    forgotten.push((live.requests.remove_entry(&oldest), oldest));
                 }
             }
-            live.streams.entry(stream.clone()).or_insert_with(|| StreamSlot::new(stream, Some(request_key.to_owned())));
+            if let std::collections::btree_map::Entry::Vacant(vacant) = live.streams.entry(slot.0) {
+                vacant.insert(slot.1);
+            }
             BeginRequest::Started
         });
+        drop(inner);
+        drop(forgotten);
         ready(result)
     }
 
