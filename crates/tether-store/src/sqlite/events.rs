@@ -65,14 +65,8 @@ pub(super) fn begin(
 ) -> Result<Begun, StoreError> {
     let NewRequest { session, epoch, key, digest, stream } = request;
     log.live(session, epoch)?;
-    // Ignored only by the unique index of request keys: every other column is given.
-    let recorded = execute(
-        txn,
-        "INSERT OR IGNORE INTO log (kind, session, stream, key, detail) VALUES (0, ?1, ?2, ?3, ?4)",
-        params![session, stream.as_str(), key, digest],
-    )
-    .map_err(backend)?;
-    if recorded == 0 {
+    let record = Row { key: Some(key), detail: Some(digest), ..Row::of(rows::REQUEST, session, stream.as_str()) };
+    if !record.insert_unless_known(txn)? {
         let (existing_digest, existing_stream): (String, String) = query_row(
             txn,
             "SELECT detail, stream FROM log WHERE session = ?1 AND key = ?2 AND kind = 0",

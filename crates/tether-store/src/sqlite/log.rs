@@ -32,8 +32,8 @@ pub(super) const ENDED: i64 = 3;
 /// the last dropped). Only a stream's latest is kept.
 pub(super) const TRIMMED: i64 = 4;
 
-// Statements name these kinds by number (the `log_request_keys` index, a request's record, the
-// reads of a request's record and of an event's data).
+// Statements name these kinds by number (the `log_request_keys` index, the reads of a request's
+// record and of an event's data).
 const _: () = assert!(REQUEST == 0 && EVENT == 2);
 
 /// A stream of a session: the session's id and the stream's name.
@@ -562,6 +562,13 @@ pub(super) struct Row<'a> {
     pub(super) at: Option<i64>,
 }
 
+/// The columns of a [`Row`]'s insert, after its verb.
+macro_rules! insert_row {
+    () => {
+        " INTO log (kind, session, stream, seq, tag, data, key, detail, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+    };
+}
+
 impl<'a> Row<'a> {
     /// A row of `kind` for `stream` of `session`, its other columns empty.
     pub(super) fn of(kind: i64, session: &'a str, stream: &'a str) -> Row<'a> {
@@ -570,14 +577,20 @@ impl<'a> Row<'a> {
 
     /// Inserts it; returns its id.
     pub(super) fn insert(&self, txn: &Connection) -> Result<i64, StoreError> {
-        let Row { kind, session, stream, seq, tag, data, key, detail, at } = self;
-        execute(
-            txn,
-            "INSERT INTO log (kind, session, stream, seq, tag, data, key, detail, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            params![kind, session, stream, seq, tag, data, key, detail, at],
-        )
-        .map_err(backend)?;
+        self.execute(txn, concat!("INSERT", insert_row!()))?;
         Ok(txn.last_insert_rowid())
+    }
+
+    /// Inserts it unless a unique index holds its key (a request's record: `log_request_keys`;
+    /// no other constraint can refuse a row whose kind, session and stream are given). Whether
+    /// it was inserted.
+    pub(super) fn insert_unless_known(&self, txn: &Connection) -> Result<bool, StoreError> {
+        Ok(self.execute(txn, concat!("INSERT OR IGNORE", insert_row!()))? == 1)
+    }
+
+    fn execute(&self, txn: &Connection, sql: &str) -> Result<usize, StoreError> {
+        let Row { kind, session, stream, seq, tag, data, key, detail, at } = self;
+        execute(txn, sql, params![kind, session, stream, seq, tag, data, key, detail, at]).map_err(backend)
     }
 }
 
