@@ -435,26 +435,26 @@ impl EventLog for MemoryStore {
     fn begin_request(&self, request: RequestRecord<'_>) -> StoreFuture<'_, BeginRequest> {
         let RequestRecord { session, epoch, key: request_key, params_digest, stream } = request;
         let max_requests = self.retention.max_requests_per_session.max(1);
-        // Built and freed with the lock released: every request of every session waits for it.
-        let record = (request_key.to_owned(), (params_digest.to_owned(), stream.clone()));
-        let ordered = request_key.to_owned();
-        let slot = (stream.clone(), StreamSlot::new(stream, Some(request_key.to_owned())));
+        // A new request's record and stream are built before the lock, and the records it makes
+        // forgotten are freed after it: every request of every session waits for that lock.
+        let (key, ordered) = (request_key.to_owned(), request_key.to_owned());
+        let record = (params_digest.to_owned(), stream.clone());
+        let (name, slot) = (stream.clone(), StreamSlot::new(stream, Some(request_key.to_owned())));
         let mut forgotten = Vec::new();
         let mut inner = self.lock();
         let result = inner.live(session, epoch).map(|live| {
             if let Some((digest, existing)) = live.requests.get(request_key) {
                 return BeginRequest::Existing { stream: existing.clone(), same_params: digest == params_digest };
             }
-            live.requests.insert(record.0, record.1);
+            live.requests.insert(key, record);
             live.request_order.push_back(ordered);
             while live.request_order.len() > max_requests {
                 if let Some(oldest) = live.request_order.pop_front() {
                     forgotten.push((live.requests.remove_entry(&oldest), oldest));
                 }
             }
-            if let std::collections::btree_map::Entry::Vacant(vacant) = live.streams.entry(slot.0) {
-                vacant.insert(slot.1);
-            }
+            // A stream a batch's earlier request opened is joined as it is.
+            live.streams.entry(name).or_insert(slot);
             BeginRequest::Started
         });
         drop(inner);
