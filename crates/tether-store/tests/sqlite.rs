@@ -25,6 +25,12 @@ fn fresh_dir() -> PathBuf {
     dir
 }
 
+/// The store's database file under `dir`, opened beside the store (to write what an earlier
+/// version left, or to read what this one made).
+fn database(dir: &Path) -> rusqlite::Connection {
+    rusqlite::Connection::open(dir.join("tether.sqlite3")).expect("the store's database")
+}
+
 fn open(dir: &Path, owner: &str) -> SqliteStore {
     SqliteStore::open(dir, suite::retention(), owner).expect("open store")
 }
@@ -354,7 +360,7 @@ async fn a_database_from_before_the_key_count_is_counted_at_open() {
         store.finish_key(key, Bytes::from_static(b"{}")).await.expect("finish");
     }
     drop(store);
-    let old = rusqlite::Connection::open(dir.join("tether.sqlite3")).expect("database");
+    let old = database(&dir);
     old.execute_batch(
         "DROP TRIGGER keys_counted; DROP TRIGGER keys_uncounted; DELETE FROM meta WHERE name = 'keys_count';",
     )
@@ -392,7 +398,7 @@ async fn a_database_from_before_the_log_keeps_its_streams_events_and_requests() 
     let store = open(&dir, "before");
     store.create_session(record("old", &epoch), usize::MAX).await.expect("create");
     drop(store);
-    let old = rusqlite::Connection::open(dir.join("tether.sqlite3")).expect("database");
+    let old = database(&dir);
     old.execute_batch(TABLES_BEFORE_THE_LOG).expect("the old tables");
     old.execute_batch(&format!(
         "INSERT INTO requests VALUES ('old', 'n:1', 'digest-1', 'r1'), ('old', 'n:2', 'digest-2', 'r2');
@@ -427,8 +433,7 @@ async fn a_database_from_before_the_log_keeps_its_streams_events_and_requests() 
     );
     assert_eq!(store.retained_bytes().await, Ok(Some(4)));
     drop(store);
-    let tables: i64 = rusqlite::Connection::open(dir.join("tether.sqlite3"))
-        .expect("database")
+    let tables: i64 = database(&dir)
         .query_row("SELECT COUNT(*) FROM sqlite_master WHERE name IN ('streams', 'events', 'requests')", [], |r| {
             r.get(0)
         })
@@ -448,7 +453,7 @@ async fn a_database_with_the_request_index_not_unique_gets_it_unique_and_keeps_i
     let begun = store.begin_request(suite::request(&session, &epoch, &suite::key("n:1"), "digest-1", &first)).await;
     assert_eq!(begun, Ok(BeginRequest::Started));
     drop(store);
-    let old = rusqlite::Connection::open(dir.join("tether.sqlite3")).expect("database");
+    let old = database(&dir);
     old.execute_batch("DROP INDEX log_request_keys; CREATE INDEX log_requests ON log (session, key) WHERE kind = 0;")
         .expect("the index an earlier version made");
     drop(old);
@@ -464,8 +469,7 @@ async fn a_database_with_the_request_index_not_unique_gets_it_unique_and_keeps_i
         Ok(BeginRequest::Started)
     );
     drop(store);
-    let indexes: Vec<(String, bool)> = rusqlite::Connection::open(dir.join("tether.sqlite3"))
-        .expect("database")
+    let indexes: Vec<(String, bool)> = database(&dir)
         .prepare("SELECT name, \"unique\" FROM pragma_index_list('log')")
         .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
         .expect("indexes");
