@@ -342,6 +342,11 @@ impl Context {
         self.shared.meta.principal.as_deref()
     }
 
+    /// The session the request runs in, if it has one.
+    pub(crate) fn runtime(&self) -> Option<&Arc<SessionRuntime>> {
+        self.shared.output.session()
+    }
+
     /// The session id, in a session.
     pub fn session_id(&self) -> Option<&str> {
         self.shared.output.session().map(|runtime| runtime.id.as_str())

@@ -157,7 +157,8 @@ async fn start_pipelined(
             // The POST may have gone away; a request that runs runs to its end regardless.
             let _ = decided.send(begun);
         };
-        tokio::join!(run(&shared, run_ctx, request, Job::Run(None), cancel.clone(), Finish::Sessionful), decide);
+        let finish = Finish::Sessionful(registered.then_some(&key));
+        tokio::join!(run(&shared, run_ctx, request, Job::Run(None), cancel.clone(), finish), decide);
         if registered {
             runtime.finish_request(&key);
         }
@@ -437,7 +438,7 @@ async fn run_recorded(
         if let Some(claim) = claim {
             claim.running();
         }
-        run(&shared, ctx, request, job, cancel, Finish::Sessionful).await;
+        run(&shared, ctx, request, job, cancel, Finish::Sessionful(Some(&key))).await;
         runtime.finish_request(&key);
     });
     Ok(Running { stream, first, task, claimed })
@@ -613,10 +614,11 @@ pub(crate) async fn cancel_until_escalated(connection: CancellationToken, slot: 
 const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What a request's era makes of its handler's input requests and result.
-enum Finish {
+enum Finish<'k> {
     /// A session's request: the server asks the client for the input a handler needs, in
-    /// rounds of its own, and the result goes out as the handler returned it.
-    Sessionful,
+    /// rounds of its own, and the result goes out as the handler returned it. The key it is
+    /// registered under in its session, if it is ([`SessionRuntime::start_request`]).
+    Sessionful(Option<&'k RequestKey>),
     /// A 2026-07-28 request: a request for input is the result, its state sealed to `binding`
     /// (SEP-2322), and the result carries the server's info (`server_info`).
     Stateless { binding: String, server_info: Value },
@@ -630,7 +632,7 @@ async fn run(
     request: Request,
     job: Job,
     cancel: CancellationToken,
-    finish: Finish,
+    finish: Finish<'_>,
 ) {
     let _running = shared.drain.start();
     let began = std::time::Instant::now();
@@ -660,7 +662,7 @@ async fn run(
         ctx.set_trace_context(trace);
     }
     async move {
-        let sessionful = matches!(finish, Finish::Sessionful);
+        let sessionful = matches!(finish, Finish::Sessionful(_));
         // Only a request answered from its key's original may take the key over.
         let mut taken: Option<Arc<TakenOver>> = None;
         let (work, record): (crate::HandlerFuture, Option<Keyed>) = match job {
@@ -708,6 +710,9 @@ async fn run(
             }
         };
         drop(handling);
+        if let (Finish::Sessionful(Some(key)), Some(runtime)) = (&finish, ctx.runtime()) {
+            runtime.answering(key);
+        }
         let ended = if matches!(outcome, Some(Ok(_))) { "result" } else { "error" };
         let took = began.elapsed();
         crate::telemetry::request_finished(&method, ended, took);

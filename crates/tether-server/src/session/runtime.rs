@@ -96,9 +96,8 @@ pub(crate) struct SessionRuntime {
 
 #[derive(Debug)]
 struct RuntimeState {
-    /// Running requests by request key, with the token that cancels them and the stream they
-    /// write to.
-    inflight: HashMap<RequestKey, (CancellationToken, StreamName)>,
+    /// Running requests by request key.
+    inflight: HashMap<RequestKey, Running>,
     /// Server-to-client requests awaiting the client's answer, by their id.
     pending: HashMap<String, oneshot::Sender<ClientAnswer>>,
     /// The generation of the connection attached to each stream; bumping it closes that one.
@@ -113,6 +112,17 @@ struct RuntimeState {
     /// No request starts: the session is ending.
     closing: bool,
     ended: bool,
+}
+
+/// A request registered as running in its session.
+#[derive(Debug)]
+struct Running {
+    /// Cancels it.
+    cancel: CancellationToken,
+    /// The stream it writes to.
+    stream: StreamName,
+    /// Its outcome is being written ([`SessionRuntime::answering`]).
+    answering: bool,
 }
 
 impl SessionRuntime {
@@ -162,17 +172,18 @@ impl SessionRuntime {
     }
 
     /// Running requests and open connections, for the per-session limit: a connection that
-    /// carries a running request's stream is that request's, and adds nothing.
+    /// carries a running request's stream is that request's, and adds nothing; a request that
+    /// is [answering](SessionRuntime::answering) counts no more.
     pub fn load(&self) -> usize {
         let state = self.lock();
-        let running: HashSet<&StreamName> = state.inflight.values().map(|(_, stream)| stream).collect();
+        let running: HashSet<&StreamName> = state.inflight.values().map(|running| &running.stream).collect();
         let elsewhere: usize = state
             .attachments
             .iter()
             .filter(|(stream, _)| !running.contains(stream))
             .map(|(_, tx)| tx.receiver_count())
             .sum();
-        state.inflight.len() + elsewhere
+        state.inflight.values().filter(|running| !running.answering).count() + elsewhere
     }
 
     pub fn log_level(&self) -> LogLevel {
@@ -191,8 +202,18 @@ impl SessionRuntime {
         if state.ended || state.closing || state.inflight.contains_key(key) {
             return false;
         }
-        state.inflight.insert(key.clone(), (token, stream.clone()));
+        state.inflight.insert(key.clone(), Running { cancel: token, stream: stream.clone(), answering: false });
         true
+    }
+
+    /// The request of `key` has its outcome and is writing it: from now on its client may read
+    /// it, and send its next request at once, so the request no longer counts toward the
+    /// session's [load](SessionRuntime::load). It stays registered (cancellable, keeping the
+    /// session active) until [`SessionRuntime::finish_request`].
+    pub fn answering(&self, key: &RequestKey) {
+        if let Some(running) = self.lock().inflight.get_mut(key) {
+            running.answering = true;
+        }
     }
 
     /// The session is ending: no request starts from now on, and those running get to finish.
@@ -212,8 +233,8 @@ impl SessionRuntime {
 
     /// Cancels a running request (`notifications/cancelled`); unknown keys are ignored.
     pub fn cancel_request(&self, key: &RequestKey) {
-        if let Some((token, _)) = self.lock().inflight.get(key) {
-            token.cancel();
+        if let Some(running) = self.lock().inflight.get(key) {
+            running.cancel.cancel();
         }
     }
 
@@ -308,8 +329,8 @@ impl SessionRuntime {
         let mut state = self.lock();
         state.ended = true;
         self.stopped.notify_waiters();
-        for (token, _) in state.inflight.values() {
-            token.cancel();
+        for running in state.inflight.values() {
+            running.cancel.cancel();
         }
         state.pending.clear();
         state.attachments.clear();

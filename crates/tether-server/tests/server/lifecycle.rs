@@ -80,10 +80,14 @@ fn stores(name: &str) -> Vec<(&'static str, Arc<FaultyStore>, Option<std::path::
 }
 
 async fn serve(store: &Arc<FaultyStore>) -> (TestServer, Arc<AtomicUsize>) {
+    serve_with(store, config()).await
+}
+
+async fn serve_with(store: &Arc<FaultyStore>, config: tether_server::ServerConfig) -> (TestServer, Arc<AtomicUsize>) {
     let handler = Lifecycle::default();
     let runs = Arc::clone(&handler.runs);
     let store: Arc<dyn Store> = Arc::clone(store) as Arc<dyn Store>;
-    (start_with(Builder::new(handler).config(config()).store(store)).await, runs)
+    (start_with(Builder::new(handler).config(config).store(store)).await, runs)
 }
 
 fn call(id: i64, tool: &str, arguments: Value, key: Option<&str>) -> Value {
@@ -329,5 +333,38 @@ async fn a_session_being_ended_refuses_new_requests() {
         assert_eq!(runs.load(Ordering::SeqCst), before, "{name}: nothing started");
         drop(server);
         dir.map(std::fs::remove_dir_all);
+    }
+}
+
+/// (9) A request whose answer the client can read no longer counts toward its session's
+/// streams, though its task has not yet let it go (held here in the store's write of the
+/// answer): a client with as many requests in flight as the session allows sends its next one
+/// as soon as it has an answer, and is not refused for the one it just got.
+#[tokio::test]
+async fn a_request_whose_answer_is_out_leaves_room_for_the_next() {
+    // Recorded before it runs, and read-only (run while its record is written).
+    for arguments in [json!({}), json!({"read_only": true})] {
+        for (name, store, dir) in stores("answered-room") {
+            let config = tether_server::ServerConfig { max_streams_per_session: 1, ..config() };
+            let (server, _) = serve_with(&store, config).await;
+            let client = Client::new(&server);
+            let session = client.initialize("2025-06-18").await;
+            let first = call(1, "until_cancelled", arguments.clone(), None);
+            let mut running = client.post(Some(&session), &first).send().await.expect("send");
+            assert_eq!(messages(&events(&mut running, 1).await).len(), 1, "{name} {arguments}: it runs");
+            let full = client.post(Some(&session), &call(2, "quick", json!({}), None)).send().await.expect("send");
+            assert_eq!(full.status(), 429, "{name} {arguments}: the one stream the session may have is taken");
+            let hold = store.hold_next_after(Call::AppendBatch);
+            assert_eq!(client.post(Some(&session), &cancel(1)).send().await.expect("send").status(), 202);
+            tokio::time::timeout(WAIT, hold.reached()).await.expect("the answer is written");
+            let (rest, ended) = drain(&mut running).await;
+            assert!(ended, "{name} {arguments}: the stream ended");
+            assert!(the_response(&messages(&rest))["result"].is_object(), "{name} {arguments}");
+            let next = client.post(Some(&session), &call(3, "quick", json!({}), None)).send().await.expect("send");
+            assert_eq!(next.status(), 200, "{name} {arguments}: refused for a request whose answer the client has");
+            hold.release();
+            drop(server);
+            dir.map(std::fs::remove_dir_all);
+        }
     }
 }
