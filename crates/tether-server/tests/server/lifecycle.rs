@@ -342,7 +342,8 @@ async fn a_session_being_ended_refuses_new_requests() {
 /// as soon as it has an answer, and is not refused for the one it just got.
 #[tokio::test]
 async fn a_request_whose_answer_is_out_leaves_room_for_the_next() {
-    // Recorded before it runs, and read-only (run while its record is written).
+    // Recorded before it runs, and read-only: on the embedded store a read-only request runs
+    // while its record is written (the pipelined start); the memory store starts both alike.
     for arguments in [json!({}), json!({"read_only": true})] {
         for (name, store, dir) in stores("answered-room") {
             let config = tether_server::ServerConfig { max_streams_per_session: 1, ..config() };
