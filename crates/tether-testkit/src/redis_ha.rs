@@ -218,13 +218,22 @@ impl RedisCluster {
 }
 
 /// A primary and a replica, watched by three Sentinels that promote the replica once the primary
-/// stops answering for a second.
+/// stops answering for three seconds.
 pub struct RedisSentinels {
     servers: Vec<RedisServer>,
     /// The server killed last, until it is started again.
     killed: Option<usize>,
+    /// The primary's configuration epoch once the last failover this kit made was agreed.
+    epoch: Option<u64>,
     sentinels: Vec<Sentinel>,
 }
+
+/// How long a server may not answer before a Sentinel takes it for down. A Sentinel pings each
+/// server once a second at most, and counts from the moment it connected to a server it was not
+/// watching yet (as the primary it just promoted): at 1,000 ms, a ping answered a moment late
+/// made the new primary down a second after its promotion, and the Sentinels failed over again,
+/// to a replica that had just begun to sync.
+const DOWN_AFTER_MS: u64 = 3_000;
 
 /// One `redis-server --sentinel`, killed when dropped (its directory removed).
 struct Sentinel {
@@ -263,7 +272,7 @@ impl RedisSentinels {
         for _ in 0..3 {
             sentinels.push(Sentinel::start(primary.port()).await);
         }
-        let ha = RedisSentinels { servers: vec![primary, replica], killed: None, sentinels };
+        let ha = RedisSentinels { servers: vec![primary, replica], killed: None, epoch: None, sentinels };
         until("every Sentinel knows the replica and the other Sentinels", || async {
             let mut all = true;
             for sentinel in &ha.sentinels {
@@ -328,7 +337,32 @@ impl RedisSentinels {
             moved
         })
         .await;
-        started.elapsed()
+        let took = started.elapsed();
+        self.epoch = Some(self.config_epoch().await);
+        took
+    }
+
+    /// The primary's configuration epoch as the first Sentinel knows it: each failover sets a
+    /// higher one.
+    async fn config_epoch(&self) -> u64 {
+        let known = command(self.sentinels[0].port, &["SENTINEL", "MASTER", SENTINEL_PRIMARY]).await;
+        let known = known.expect("a Sentinel answers");
+        let mut fields = known.lines();
+        while let Some(field) = fields.next() {
+            if field == "config-epoch" {
+                return fields.next().and_then(|n| n.parse().ok()).expect("config-epoch is a number");
+            }
+        }
+        panic!("SENTINEL MASTER names no config-epoch: {known}")
+    }
+
+    /// Whether the Sentinels failed over again, on their own, after the last failover this kit
+    /// made ([`RedisSentinels::kill_primary`]).
+    pub async fn failed_over_again(&self) -> bool {
+        match self.epoch {
+            Some(epoch) => self.config_epoch().await != epoch,
+            None => false,
+        }
     }
 }
 
@@ -360,7 +394,7 @@ impl Sentinel {
             &config,
             format!(
                 "sentinel monitor {SENTINEL_PRIMARY} 127.0.0.1 {primary} 2\n\
-                 sentinel down-after-milliseconds {SENTINEL_PRIMARY} 1000\n\
+                 sentinel down-after-milliseconds {SENTINEL_PRIMARY} {DOWN_AFTER_MS}\n\
                  sentinel failover-timeout {SENTINEL_PRIMARY} 5000\n\
                  sentinel parallel-syncs {SENTINEL_PRIMARY} 1\n"
             ),
