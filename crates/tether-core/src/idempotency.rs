@@ -74,12 +74,13 @@ pub struct Acknowledged {
 
 impl Acknowledged {
     /// Whether records named `records`, whose count of claims is `position`, and which have
-    /// forgotten (by retention) the claims up to `forgotten_through`, no longer hold this claim
+    /// forgotten the claims up to `forgotten_through` (retention forgot them, or a claim was
+    /// released because its request did not run, or must run again), no longer hold this claim
     /// as they acknowledged it: they are other records, they are behind it, the key is unknown
-    /// to them although retention did not forget it, or they hold another claim of the key
-    /// (made after they lost this one). `held` is the position of the claim they hold for the
-    /// key, if any. The one rule of regressed records (the Redis store's claim script applies it
-    /// in Lua).
+    /// to them although they did not forget this claim, or they hold another claim of the key
+    /// that is not a later one made after they forgot this one. `held` is the position of the
+    /// claim they hold for the key, if any. The one rule of regressed records (the Redis store's
+    /// claim script applies it in Lua).
     pub fn regressed(
         &self,
         records: &str,
@@ -90,7 +91,10 @@ impl Acknowledged {
         self.records != records
             || self.position > position
             || match held {
-                Some(at) => at != self.position,
+                Some(at) => {
+                    at != self.position
+                        && !(at > self.position && self.position <= forgotten_through)
+                }
                 None => self.position > forgotten_through,
             }
     }
@@ -196,6 +200,17 @@ mod tests {
         assert!(!ack.regressed("r", 5, 0, Some(5)), "the newest claim, held");
         assert!(ack.regressed("r", 9, 4, None), "lost, not forgotten");
         assert!(!ack.regressed("r", 9, 5, None), "forgotten by retention");
-        assert!(ack.regressed("r", 9, 0, Some(7)), "claimed again since");
+        assert!(
+            ack.regressed("r", 9, 0, Some(7)),
+            "claimed again since, not forgotten"
+        );
+        assert!(
+            !ack.regressed("r", 9, 5, Some(7)),
+            "forgotten (released), then claimed again"
+        );
+        assert!(
+            ack.regressed("r", 9, 5, Some(3)),
+            "an earlier claim held, though this one was forgotten"
+        );
     }
 }

@@ -2,7 +2,10 @@
 //! what it says of the request, through the races of its life: the handler returning as it is
 //! cancelled, a store write that fails, a start that fails after the key was claimed, the store
 //! failing under the handler (which answers `store_unavailable`), and the server restarting on
-//! its memory store (session, stream and key gone with it). In a session a client waits on its
+//! its memory store (session, stream and key gone with it). Each attempt shows the claim the
+//! client was acknowledged, which the records check ([`tether_core::idempotency::Acknowledged::regressed`])
+//! against the claims they count, hold and forgot (a released claim counts as forgotten, as the
+//! stores release it). In a session a client waits on its
 //! attempt until the server ends it (connection cuts there are the resumption model's,
 //! [`crate::protocol`]); in 2026-07-28 (`Config::awaits`) its connection may close while the
 //! request runs on, and a re-send then waits for the key's record, having no stream to follow.
@@ -18,6 +21,7 @@
 //!   connection closing) is answered with its result;
 //! - `not_run_means_not_run`: the client never says "not executed" of a request that ran.
 
+use tether_core::idempotency::Acknowledged;
 use tether_core::lifecycle::{self, AfterResponse, Attempt, Attempts, Emit, RecordGone, Said, Settle};
 
 use crate::checker::{Invariant, Model};
@@ -37,6 +41,9 @@ pub enum ServerVariant {
     /// A waiter whose key's record went is told the request may have run, even when its
     /// handler keys its own effects.
     NeverTakesOver,
+    /// A released claim is not counted as forgotten: a re-send showing it reads as records
+    /// gone back in time.
+    ReleaseForgetsNothing,
 }
 
 /// The client's verdict: the real one, or a broken variant.
@@ -181,6 +188,14 @@ pub struct State {
     pub records_changed: bool,
     /// The request's idempotency key.
     pub key: Key,
+    /// How many claims the records made.
+    pub claims: u8,
+    /// The highest claim the records forgot (released).
+    pub forgotten: u8,
+    /// The position of the key's claim while it has a record.
+    pub at: u8,
+    /// The claim the client was acknowledged, which its attempts show.
+    pub shown: Option<u8>,
     /// The key was claimed for a request that has not started.
     pub unstarted: bool,
     /// The request's handler.
@@ -281,6 +296,35 @@ impl Lifecycle {
         }
     }
 
+    /// The name of the records the server keeps keys in: others once it restarted.
+    fn records(state: &State) -> &'static str {
+        if state.records_changed { "after-restart" } else { "first" }
+    }
+
+    /// Whether the records refuse the claim the client shows as no longer held as acknowledged.
+    fn regressed(state: &State) -> bool {
+        let Some(position) = state.shown else { return false };
+        let shown = Acknowledged { records: "first".into(), position: u64::from(position) };
+        let held = (state.key != Key::Free).then_some(u64::from(state.at));
+        shown.regressed(Self::records(state), u64::from(state.claims), u64::from(state.forgotten), held)
+    }
+
+    /// The key claimed anew: the records count one more claim.
+    fn claim(state: &mut State) {
+        state.claims += 1;
+        state.at = state.claims;
+        state.key = Key::Running;
+    }
+
+    /// The key's claim released (its request did not run, or must run again), as the stores
+    /// release it.
+    fn release(&self, state: &mut State) {
+        state.key = Key::Free;
+        if self.config.server != ServerVariant::ReleaseForgetsNothing {
+            state.forgotten = state.forgotten.max(state.at);
+        }
+    }
+
     /// The key's record went while the client's attempt waited for it (with the same records).
     fn record_went(state: &State) -> bool {
         state.client == Client::Awaiting && state.key == Key::Free && !state.records_changed
@@ -325,10 +369,10 @@ impl Lifecycle {
             ServerVariant::RecordsUnavailable => Settle::Record,
             _ => lifecycle::settle(state.unavailable, self.config.resumable),
         };
-        state.key = match settle {
-            Settle::Record => Key::Finished,
-            Settle::Release => Key::Free,
-        };
+        match settle {
+            Settle::Record => state.key = Key::Finished,
+            Settle::Release => self.release(&mut state),
+        }
         if refused && self.config.server == ServerVariant::RefusesResponseAfterCancel {
             return state;
         }
@@ -349,6 +393,10 @@ impl Model for Lifecycle {
             session: true,
             records_changed: false,
             key: Key::Free,
+            claims: 0,
+            forgotten: 0,
+            at: 0,
+            shown: None,
             unstarted: false,
             handler: Handler::Idle,
             ran: false,
@@ -414,9 +462,19 @@ impl Model for Lifecycle {
                     // 404: this attempt never reached a session.
                     return self.after_attempt(next, Attempt::NotExecuted);
                 }
+                if Self::regressed(state) {
+                    // `records_regressed`: the client says at once that the outcome is unknown.
+                    next.attempts.record(Attempt::MayHaveRun);
+                    next.client = Client::Said(Said::OutcomeUnknown);
+                    return next;
+                }
+                if state.key != Key::Free {
+                    // The response head acknowledges the claim found.
+                    next.shown = Some(state.at);
+                }
                 next.client = match state.key {
                     Key::Free => {
-                        next.key = Key::Running;
+                        Self::claim(&mut next);
                         next.unstarted = true;
                         next.unavailable = false;
                         next.stream = Stream::Live;
@@ -431,6 +489,8 @@ impl Model for Lifecycle {
                 };
             }
             Action::Start => {
+                // The response head acknowledges the claim.
+                next.shown = Some(state.at);
                 next.unstarted = false;
                 next.handler = Handler::Running;
                 next.ran = true;
@@ -439,7 +499,7 @@ impl Model for Lifecycle {
                 next.faults.start_failure = false;
                 next.unstarted = false;
                 if self.config.server != ServerVariant::KeepsUnstartedClaim {
-                    next.key = Key::Free;
+                    self.release(&mut next);
                 }
                 // Its stream ended with its session, and its POST was answered 404: the client
                 // begins a new session on the same records.
@@ -467,6 +527,7 @@ impl Model for Lifecycle {
                 next.session = false;
                 next.records_changed = true;
                 next.key = Key::Free;
+                (next.claims, next.forgotten, next.at) = (0, 0, 0);
                 next.unstarted = false;
                 next.handler = if state.handler == Handler::Idle { Handler::Idle } else { Handler::Over };
                 next.stream = Stream::Absent;
@@ -477,7 +538,7 @@ impl Model for Lifecycle {
                 next = self.after_attempt(next, Attempt::MayHaveRun);
             }
             Action::TakeOver => {
-                next.key = Key::Running;
+                Self::claim(&mut next);
                 next.handler = Handler::Running;
                 next.ran = true;
                 next.unavailable = false;

@@ -79,3 +79,15 @@ fn a_waiter_that_never_takes_over_a_released_key_never_gives_a_resumable_request
     let config = Config { server: ServerVariant::NeverTakesOver, ..Config::stateless() };
     assert_eq!(broken(config), "liveness");
 }
+
+#[test]
+fn a_released_claim_not_counted_as_forgotten_leaves_a_resumable_request_unknown() {
+    let config = Config { server: ServerVariant::ReleaseForgetsNothing, ..Config::real() };
+    assert_eq!(broken(config), "liveness");
+}
+
+#[test]
+fn in_2026_07_28_a_released_claim_not_counted_as_forgotten_leaves_a_resumable_request_unknown() {
+    let config = Config { server: ServerVariant::ReleaseForgetsNothing, ..Config::stateless() };
+    assert_eq!(broken(config), "liveness");
+}

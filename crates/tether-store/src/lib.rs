@@ -358,9 +358,11 @@ pub trait KeyRecords: Send + Sync {
     /// `{"error": …}`). A key another process took over meanwhile is left alone.
     fn finish_key(&self, key: &str, outcome: Bytes) -> StoreFuture<'_, ()>;
 
-    /// Forgets this process's claim of `key`, whose request never ran (it could not start): a
-    /// re-send claims the key anew and runs it. A key with an outcome, or another process's, is
-    /// left alone.
+    /// Forgets this process's claim of `key`, whose request did not run (it could not start) or
+    /// must run again (the store failed under a handler that keys its own effects): a re-send
+    /// claims the key anew and runs it. The claim counts as forgotten, so a client that was
+    /// acknowledged it is not told the records went back in time. A key with an outcome, or
+    /// another process's, is left alone.
     fn release_key(&self, key: &str) -> StoreFuture<'_, ()>;
 }
 

@@ -615,8 +615,10 @@ impl KeyRecords for MemoryStore {
         let mut inner = self.lock();
         // Its place in `key_order` goes when the sweep reaches it: forgetting a key that is
         // gone already does nothing.
-        if inner.keys.get(key).is_some_and(|record| record.outcome.is_none()) {
-            inner.keys.remove(key);
+        if inner.keys.get(key).is_some_and(|record| record.outcome.is_none())
+            && let Some(record) = inner.keys.remove(key)
+        {
+            inner.forgotten_through = inner.forgotten_through.max(record.at);
         }
         ready(Ok(()))
     }

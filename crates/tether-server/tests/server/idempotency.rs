@@ -227,7 +227,8 @@ impl tether_store::CounterStore for LosingCounters {
 /// A keyed `counter_add` (a handler that keys its own effects) whose store failed under it is
 /// answered `store_unavailable`, and its key is left free: the re-send that answer asks for
 /// runs it again and gets the value the first run made, where a recorded failure would be all
-/// any re-send got.
+/// any re-send got. The re-send shows the claim the first answer acknowledged, as tether's
+/// client does: released, that claim is no sign of records gone back in time.
 #[tokio::test]
 async fn a_keyed_call_failed_by_its_store_is_run_again_when_sent_again() {
     let counters = Arc::new(LosingCounters {
@@ -239,9 +240,14 @@ async fn a_keyed_call_failed_by_its_store_is_run_again_when_sent_again() {
     let client = Client::new(&server);
     let session = client.initialize("2025-11-25").await;
     let add = keyed("counter_add", json!({"key": "k", "amount": 5}), KEY, None);
-    let failed = json_body(call(&client, &session, 1, add.clone()).await).await;
+    let first = call(&client, &session, 1, add.clone()).await;
+    let claimed = first.headers().get("x-mcp-idempotency-claim").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let claimed = claimed.and_then(|v| tether_core::idempotency::Acknowledged::from_header(&v)).expect("a claim");
+    let failed = json_body(first).await;
     assert_eq!(failed["error"]["data"]["reason"], "store_unavailable", "{failed}");
-    let again = json_body(call(&client, &session, 2, add.clone()).await).await;
+    let mut shown = add.clone();
+    shown["_meta"]["io.tether/idempotencyClaim"] = claimed.to_meta();
+    let again = json_body(call(&client, &session, 2, shown).await).await;
     assert_eq!(again["result"]["structuredContent"]["value"], 5, "run again, the addition made once: {again}");
     let replayed = json_body(call(&client, &session, 3, add).await).await;
     assert_eq!(replayed["result"], again["result"], "recorded once it ran to its result");

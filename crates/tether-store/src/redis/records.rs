@@ -167,10 +167,11 @@ pub(super) async fn key_fields(conn: &mut Connection, key: &str) -> Result<Vec<O
 }
 
 impl RedisStore {
-    /// The script that forgets this process's claim of `key`, whose request never ran.
+    /// The script that forgets this process's claim of `key`, whose request did not run or must
+    /// run again.
     fn release_script(&self, key: &str) -> redis::ScriptInvocation<'static> {
         let mut release = scripts().release.key(key_record(key));
-        release.key(owned_keys_key(&self.owner)).key(KEYS).arg(&self.owner).arg(key);
+        release.key(owned_keys_key(&self.owner)).key(KEYS).key(CLAIMS_FORGOTTEN).arg(&self.owner).arg(key);
         release
     }
 

@@ -137,7 +137,8 @@ if ARGV[6] ~= '' then
   local seen = tonumber(ARGV[7])
   local held = r[1] and tonumber(r[6] or '0')
   local forgotten = tonumber(redis.call('GET', KEYS[4]) or '0')
-  if ARGV[6] ~= records or seen > claims or (held and held ~= seen) or (not held and seen > forgotten) then
+  if ARGV[6] ~= records or seen > claims or (not held and seen > forgotten)
+    or (held and held ~= seen and not (held > seen and seen <= forgotten)) then
     return {'regressed'}
   end
 end
@@ -177,12 +178,15 @@ redis.call('HSET', KEYS[1], 'outcome', ARGV[2])
 redis.call('SREM', KEYS[2], ARGV[3])
 return 1",
         ),
-        // KEYS[1] the key's record, KEYS[2] its owner's keys, KEYS[3] the keys by age; ARGV[1]
-        // the owner, ARGV[2] the key. A claim whose request never ran is forgotten.
+        // KEYS[1] the key's record, KEYS[2] its owner's keys, KEYS[3] the keys by age, KEYS[4]
+        // the highest claim forgotten; ARGV[1] the owner, ARGV[2] the key. A claim whose request
+        // did not run, or must run again, is forgotten.
         release: script(
             r"
-local r = redis.call('HMGET', KEYS[1], 'owner', 'outcome')
+local r = redis.call('HMGET', KEYS[1], 'owner', 'outcome', 'at')
 if r[1] ~= ARGV[1] or r[2] then return 0 end
+local at = tonumber(r[3] or '0')
+if at > tonumber(redis.call('GET', KEYS[4]) or '0') then redis.call('SET', KEYS[4], at) end
 redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[2], ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[2])

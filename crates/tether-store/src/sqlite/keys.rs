@@ -157,8 +157,17 @@ impl KeyRecords for SqliteStore {
     fn release_key(&self, key: &str) -> StoreFuture<'_, ()> {
         let (key, owner) = (key.to_owned(), self.owner.clone());
         self.run(move |txn| {
-            execute(txn, "DELETE FROM keys WHERE key = ?1 AND owner = ?2 AND outcome IS NULL", params![key, owner])
-                .map_err(backend)?;
+            let released = "key = ?1 AND owner = ?2 AND outcome IS NULL";
+            execute(
+                txn,
+                &format!(
+                    "UPDATE meta SET value = MAX(CAST(value AS INTEGER), \
+                     COALESCE((SELECT at FROM keys WHERE {released}), 0)) WHERE name = 'claims_forgotten'"
+                ),
+                params![key, owner],
+            )
+            .map_err(backend)?;
+            execute(txn, &format!("DELETE FROM keys WHERE {released}"), params![key, owner]).map_err(backend)?;
             Ok(())
         })
     }

@@ -837,13 +837,18 @@ pub async fn an_aborted_stream_says_so_and_takes_nothing_more(store: &dyn Store)
     assert_eq!(range.state, StreamState::Complete, "an ended stream keeps its end");
 }
 
-/// A claim whose request never ran is released: a re-send claims the key anew. A key with an
-/// outcome is never released.
+/// A claim whose request never ran is released: a re-send claims the key anew, also when it
+/// shows the released claim, which the client was acknowledged (the records did not go back in
+/// time); the released claim shown once more finds the new one. A key with an outcome is never
+/// released.
 pub async fn a_released_claim_is_claimed_anew_and_an_outcome_stays(store: &dyn Store) {
     assert_eq!(store.claim_key(claim("k1", "d", 100)).await, Ok(Claim::Claimed(ack(store, 1).await)));
     store.release_key("k1").await.expect("release");
     assert_eq!(store.key_state("k1", 101).await, Ok(None));
-    assert_eq!(store.claim_key(claim("k1", "d", 102)).await, Ok(Claim::Claimed(ack(store, 2).await)));
+    let shown = KeyClaim { acknowledged: Some(ack(store, 1).await), ..claim("k1", "d", 102) };
+    assert_eq!(store.claim_key(shown.clone()).await, Ok(Claim::Claimed(ack(store, 2).await)), "released, not lost");
+    let found = store.claim_key(shown).await;
+    assert!(matches!(found, Ok(Claim::Existing { acknowledged: Acknowledged { position: 2, .. }, .. })), "{found:?}");
     store.finish_key("k1", Bytes::from_static(b"{}")).await.expect("finish");
     store.release_key("k1").await.expect("release");
     assert_eq!(store.key_state("k1", 103).await, Ok(Some(KeyState::Finished(Bytes::from_static(b"{}")))));
