@@ -24,6 +24,8 @@ use crate::request::context::Context;
 use crate::{ServerState, now_ms};
 /// The longest pause between two looks at a running original's record.
 const MAX_POLL: Duration = Duration::from_millis(250);
+/// The first pause between two looks at a record.
+const FIRST_POLL: Duration = Duration::from_millis(10);
 
 /// Adds the `io.tether/idempotency` capability to `capabilities` if the extension is on: the
 /// version, and the name of the records keys are claimed in, as the store names them now
@@ -174,7 +176,8 @@ pub(crate) enum Answered {
 }
 
 /// Carries out `answer` for the request of `ctx`: its outcome is the original's, unless the
-/// key's record went while it waited and it takes the key over ([`take_over`]). Without a key
+/// key's record went while it waited ([`take_over`]), or its original's process stopped
+/// ([`take_over_abandoned`]), and it takes the key over. Without a key
 /// (a batch's request whose id was sent before), an original whose stream ended without the
 /// response is answered as the stream ended: `request_aborted`, or `request_history_expired`.
 pub(crate) async fn answer(ctx: Context, keyed: Option<Keyed>, answer: Answer) -> Answered {
@@ -211,18 +214,59 @@ pub(crate) async fn answer(ctx: Context, keyed: Option<Keyed>, answer: Answer) -
         (Answer::Await, Some(keyed)) => (await_outcome(&store, &keyed.name).await, keyed),
         (Answer::Await, None) => return Answered::Outcome(Err(history_expired())),
     };
-    match awaited {
-        Awaited::Outcome(outcome) => Answered::Outcome(outcome),
-        Awaited::Gone => match take_over(&store, &keyed).await {
-            Ok(Some(claim)) => Answered::Run(keyed, claim),
-            Ok(None) => Answered::Outcome(Err(record_lost())),
-            // Sent again, the request finds the key free and runs, which a resumable one may.
-            Err(err) => Answered::Outcome(Err(Refusal::of_store_failure(&err).error(format!(
-                "the record of this idempotency key went while this request waited for the original, and \
-                 claiming it failed: {err}"
-            )))),
-        },
+    after_waiting(&store, keyed, awaited).await
+}
+
+/// What a request that waited for its key's original does once the wait came to `awaited`:
+/// answered with the original's outcome, or run under the key taken over (the original's
+/// process stopped, or its record went, and the handler may run again).
+async fn after_waiting(store: &Arc<dyn Store>, keyed: Keyed, mut awaited: Awaited) -> Answered {
+    let mut lost_the_take_over = false;
+    loop {
+        match awaited {
+            Awaited::Outcome(outcome) => return Answered::Outcome(outcome),
+            Awaited::Abandoned => match take_over_abandoned(store, &keyed).await {
+                Ok(Some(claim)) => return Answered::Run(keyed, claim),
+                // Another request took the key over first, or the original finished meanwhile:
+                // its outcome is awaited, once.
+                Ok(None) if keyed.resumable && !lost_the_take_over => lost_the_take_over = true,
+                Ok(None) => return Answered::Outcome(Err(aborted())),
+                Err(err) => {
+                    return Answered::Outcome(Err(Refusal::of_store_failure(&err).error(format!(
+                        "the original of this request stopped before it finished, and taking its key over \
+                         failed: {err}"
+                    ))));
+                }
+            },
+            Awaited::Gone => return gone(store, keyed).await,
+        }
+        tokio::time::sleep(FIRST_POLL).await;
+        awaited = await_outcome(store, &keyed.name).await;
     }
+}
+
+/// What a request whose key's record went while it waited does: it claims the key and runs, if
+/// [`lifecycle::record_gone`] says it may.
+async fn gone(store: &Arc<dyn Store>, keyed: Keyed) -> Answered {
+    match take_over(store, &keyed).await {
+        Ok(Some(claim)) => Answered::Run(keyed, claim),
+        Ok(None) => Answered::Outcome(Err(record_lost())),
+        // Sent again, the request finds the key free and runs, which a resumable one may.
+        Err(err) => Answered::Outcome(Err(Refusal::of_store_failure(&err).error(format!(
+            "the record of this idempotency key went while this request waited for the original, and \
+                 claiming it failed: {err}"
+        )))),
+    }
+}
+
+/// Takes over the key of a request whose original's process stopped before it finished, if
+/// its handler keys its own effects (as [`plan`] does for a request that finds it so): the
+/// claim to run under, or `None` if it may not, or if the key is no longer abandoned.
+async fn take_over_abandoned(store: &Arc<dyn Store>, keyed: &Keyed) -> Result<Option<ClaimGuard>, StoreError> {
+    if !keyed.resumable || !store.take_over_key(keyed.claim(None)).await? {
+        return Ok(None);
+    }
+    Ok(Some(ClaimGuard::new(store, &keyed.name)))
 }
 
 /// Claims anew the key of a request whose key's record went while it waited for the original
@@ -306,17 +350,19 @@ async fn forward(ctx: &Context, notification: jsonrpc::Notification) {
 enum Awaited {
     /// Its outcome, or why there is none.
     Outcome(Result<Value, ErrorObject>),
+    /// The original's process stopped before it finished.
+    Abandoned,
     /// The record went: released, or forgotten.
     Gone,
 }
 
 /// Waits until the original's record holds its outcome, or says its process died, or is gone.
 async fn await_outcome(store: &Arc<dyn Store>, name: &str) -> Awaited {
-    let mut pause = Duration::from_millis(10);
+    let mut pause = FIRST_POLL;
     loop {
         match store.key_state(name, now_ms()).await {
             Ok(Some(KeyState::Finished(outcome))) => return Awaited::Outcome(decode(&outcome)),
-            Ok(Some(KeyState::Running { abandoned: true, .. })) => return Awaited::Outcome(Err(aborted())),
+            Ok(Some(KeyState::Running { abandoned: true, .. })) => return Awaited::Abandoned,
             Ok(Some(KeyState::Running { abandoned: false, .. })) => {}
             Ok(None) => return Awaited::Gone,
             Err(err) => return Awaited::Outcome(Err(Refusal::StoreFailed.error(err.to_string()))),
@@ -539,6 +585,27 @@ mod tests {
         // Taken over: a later re-send finds it running here, and waits for it.
         let again = store.claim_key(claim(None)).await.expect("claim");
         assert!(matches!(plan(&store, claim(None), again, true).await.expect("plan"), Plan::Answer(Answer::Await)));
+        drop(store);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A re-send waiting for its original (following it, or awaiting its record) that finds its
+    /// process stopped takes the key over and runs, if its handler keys its own effects; else it
+    /// is answered `request_aborted`.
+    #[tokio::test]
+    async fn a_waiter_whose_original_stopped_runs_it_only_if_its_handler_resumes_it() {
+        let (store, _, dir) = abandoned(&claim(None)).await;
+        let keyed = |resumable| Keyed { name: "k".into(), params_digest: "d".into(), acknowledged: None, resumable };
+        let Answered::Outcome(Err(error)) = after_waiting(&store, keyed(false), Awaited::Abandoned).await else {
+            panic!("not resumable: answered")
+        };
+        assert_eq!(error.reason(), Some("request_aborted"));
+        let Answered::Run(_, claim_guard) = after_waiting(&store, keyed(true), Awaited::Abandoned).await else {
+            panic!("resumable: taken over and run")
+        };
+        claim_guard.running();
+        let state = store.key_state("k", now_ms()).await;
+        assert_eq!(state, Ok(Some(KeyState::Running { stream: None, abandoned: false })), "taken over");
         drop(store);
         let _ = std::fs::remove_dir_all(dir);
     }
