@@ -402,6 +402,35 @@ async fn what_a_failed_fence_leaves_is_taken_back_not_left_running() {
     assert_eq!(range.state, StreamState::Aborted, "the request that will not run ends aborted");
 }
 
+/// A key's outcome whose fence failed, lost by a Redis that then went back in time (restarted
+/// from a snapshot taken while the request ran), is recorded by the next try: the key stays this
+/// replica's until its outcome is fenced, so seeing Redis's run id change does not give it up
+/// as abandoned (which the next try, no longer its owner, would leave unfinished for ever).
+#[tokio::test]
+async fn an_outcome_whose_fence_failed_is_recorded_after_redis_went_back_in_time() {
+    let (mut primary, mut follower, store) = fenced_by_a_replica().await;
+    assert!(matches!(store.claim_key(suite::claim("k", "d", 1_000)).await, Ok(Claim::Claimed(_))));
+    assert_eq!(primary.command(&["SAVE"]).await, "+OK");
+    follower.kill().await;
+    assert!(store.finish_key("k", Bytes::from_static(b"{}")).await.is_err(), "the fence failed");
+    primary.restart().await;
+    follower.restart().await;
+    // The first commands after the restart may find the old connection broken, or the replica
+    // not yet in sync.
+    let mut finished = Err(tether_store::StoreError::Backend("not tried".into()));
+    for _ in 0..100 {
+        if store.sweep(2_000).await.is_ok() {
+            finished = store.finish_key("k", Bytes::from_static(b"{}")).await;
+            if finished.is_ok() {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(finished, Ok(()), "the outcome was fenced in the end");
+    assert_eq!(store.key_state("k", 2_000).await, Ok(Some(KeyState::Finished(Bytes::from_static(b"{}")))));
+}
+
 /// A task's end whose fence fails is not acknowledged by a second try that finds the task ended
 /// already: that try fences too, so a writer that tries until the store takes its write (the
 /// server's) goes on until a replica has it.

@@ -138,8 +138,12 @@ impl KeyRecords for RedisStore {
         Box::pin(async move {
             let mut conn = self.conn();
             let _: i64 = self.release_script(&key).invoke_async(&mut conn).await.map_err(backend)?;
+            self.fenced(&mut conn, &[RECORDS]).await?;
+            // Held until fenced: a Redis that lost the release (a failover to a replica that
+            // lacks it) gives the claim back to this process, whose next try releases it; not
+            // held, it would be given up as abandoned first.
             self.held().keys.remove(&key);
-            self.fenced(&mut conn, &[RECORDS]).await
+            Ok(())
         })
     }
 
@@ -150,8 +154,10 @@ impl KeyRecords for RedisStore {
             let mut finish = scripts().finish.key(key_record(&key));
             finish.key(owned_keys_key(&self.owner)).arg(&self.owner).arg(&outcome[..]).arg(&key);
             let _: i64 = finish.invoke_async(&mut conn).await.map_err(backend)?;
+            // Held until fenced, as a release is.
+            self.fenced(&mut conn, &[RECORDS]).await?;
             self.held().keys.remove(&key);
-            self.fenced(&mut conn, &[RECORDS]).await
+            Ok(())
         })
     }
 }
