@@ -1,12 +1,17 @@
 //! Where tether's Redis is, and the connection to it: one server, a cluster, or the primary a
 //! set of Sentinels names. Commands and scripts are written once against [`Connection`]; the
-//! redis crate routes them (by slot on a cluster) and this file only re-asks the Sentinels for
-//! the primary once the one it had stops answering as a primary.
+//! redis crate routes them (by slot on a cluster) and this file only connects again (asking the
+//! Sentinels for the primary) once the connection it had stops answering as a primary's.
+//!
+//! A fence (`WAIT`, `WAITAOF`) counts the writes its own connection made: sent on a connection
+//! made since, it counts none, and passes for writes that no replica or disk has. So a store
+//! operation's commands go over one connection ([`Connection::pinned`]): once that one fails,
+//! so does the rest of the operation, fence included.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
@@ -77,35 +82,28 @@ impl Deployment {
 
     /// Connects for commands, each answered within `response_timeout`.
     pub(super) async fn connect(&self, response_timeout: Duration) -> Result<Connection, StoreError> {
-        let config = ConnectionManagerConfig::new()
+        let config = redis::AsyncConnectionConfig::new()
             .set_response_timeout(Some(response_timeout))
             .set_connection_timeout(Some(CONNECT_TIMEOUT));
-        match self {
-            Deployment::Single(url) => {
-                let client = redis::Client::open(url.as_str()).map_err(backend)?;
-                Ok(Connection::Single(client.get_connection_manager_with_config(config).await.map_err(backend)?))
-            }
+        let mut source = match self {
+            Deployment::Single(url) => Source::Server(redis::Client::open(url.as_str()).map_err(backend)?),
             Deployment::Cluster(nodes) => {
                 let client = ClusterClient::builder(nodes.iter().map(String::as_str))
                     .response_timeout(response_timeout)
                     .connection_timeout(CONNECT_TIMEOUT)
                     .build()
                     .map_err(backend)?;
-                Ok(Connection::Cluster(client.get_async_connection().await.map_err(backend)?))
+                return Ok(Connection::Cluster(client.get_async_connection().await.map_err(backend)?));
             }
-            Deployment::Sentinel { sentinels, primary } => {
-                let mut sentinel = sentinel_client(sentinels, primary)?;
-                let config = redis::AsyncConnectionConfig::new()
-                    .set_response_timeout(Some(response_timeout))
-                    .set_connection_timeout(Some(CONNECT_TIMEOUT));
-                let connection = primary_connection(&mut sentinel, &config).await?;
-                Ok(Connection::Sentinel(Primary {
-                    sentinel: Arc::new(tokio::sync::Mutex::new(sentinel)),
-                    current: Arc::new(std::sync::Mutex::new((0, connection))),
-                    config,
-                }))
-            }
-        }
+            Deployment::Sentinel { sentinels, primary } => Source::Sentinels(sentinel_client(sentinels, primary)?),
+        };
+        let connection = source.connect(&config).await?;
+        Ok(Connection::Primary(Primary {
+            source: Arc::new(tokio::sync::Mutex::new(source)),
+            current: Arc::new(std::sync::Mutex::new((0, connection))),
+            pinned: None,
+            config,
+        }))
     }
 
     /// A client of the one server subscriptions are made on (not for a cluster, whose
@@ -149,38 +147,49 @@ fn sentinel_client(sentinels: &[String], primary: &str) -> Result<SentinelClient
         .map_err(backend)
 }
 
-/// A connection to the primary the Sentinels name now (they are asked, and it is checked to
-/// answer `ROLE` as a primary). Not a connection manager: one that reconnected by itself to the
-/// same address could find there a replica, or the old primary restarted empty.
-async fn primary_connection(
-    sentinel: &mut SentinelClient,
-    config: &redis::AsyncConnectionConfig,
-) -> Result<MultiplexedConnection, StoreError> {
-    let client = sentinel.async_get_client().await.map_err(backend)?;
-    client.get_multiplexed_async_connection_with_config(config).await.map_err(backend)
+/// Where the primary's next connection comes from.
+enum Source {
+    /// The one server.
+    Server(redis::Client),
+    /// The primary the Sentinels name then (they are asked each time, and it is checked to
+    /// answer `ROLE` as a primary): not the address it had, where a replica may be now, or the
+    /// old primary restarted empty.
+    Sentinels(SentinelClient),
+}
+
+impl Source {
+    /// A new connection to the primary.
+    async fn connect(&mut self, config: &redis::AsyncConnectionConfig) -> Result<MultiplexedConnection, StoreError> {
+        let client = match self {
+            Source::Server(client) => client.clone(),
+            Source::Sentinels(sentinels) => sentinels.async_get_client().await.map_err(backend)?,
+        };
+        client.get_multiplexed_async_connection_with_config(config).await.map_err(backend)
+    }
 }
 
 /// A connection to tether's Redis, cheap to clone: each clone shares the same connections.
 #[derive(Clone)]
 pub(super) enum Connection {
-    /// One server, reconnected to by the manager.
-    Single(ConnectionManager),
+    /// One server, or the primary the Sentinels name.
+    Primary(Primary),
     /// A cluster: each command goes to the primary of its keys' slot.
     Cluster(ClusterConnection),
-    /// The primary the Sentinels name.
-    Sentinel(Primary),
 }
 
-/// The primary a set of Sentinels names, asked again once it stops answering as a primary.
+/// The connection to one primary (the server, or the one the Sentinels name), made again once
+/// it stops answering as a primary's.
 #[derive(Clone)]
 pub(super) struct Primary {
-    sentinel: Arc<tokio::sync::Mutex<SentinelClient>>,
+    source: Arc<tokio::sync::Mutex<Source>>,
     /// The primary's connection, numbered: a failure of number `n` replaces number `n` only.
     current: Arc<std::sync::Mutex<(u64, MultiplexedConnection)>>,
+    /// The connection this handle's commands go over, if it is pinned to one.
+    pinned: Option<(u64, MultiplexedConnection)>,
     config: redis::AsyncConnectionConfig,
 }
 
-/// Whether `err` says the server is no primary any more, or gone: then the Sentinels are asked.
+/// Whether `err` says the server is no primary any more, or gone: then it is connected to again.
 fn primary_lost(err: &RedisError) -> bool {
     err.is_io_error()
         || err.is_connection_refusal()
@@ -195,25 +204,33 @@ impl Primary {
         self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
 
-    /// Asks the Sentinels for the primary again, unless a failure of a later connection than
-    /// `failed` did already. The command that failed still fails: it may have run.
-    async fn replace(&self, failed: u64) {
-        let mut sentinel = self.sentinel.lock().await;
-        if self.current().0 != failed {
-            return;
-        }
-        match tokio::time::timeout(CONNECT_TIMEOUT * 2, primary_connection(&mut sentinel, &self.config)).await {
-            Ok(Ok(connection)) => {
-                *self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = (failed + 1, connection);
-                tracing::info!("connected to the primary the Redis Sentinels name now");
-            }
-            Ok(Err(err)) => tracing::warn!(%err, "the Redis Sentinels named no reachable primary"),
-            Err(_) => tracing::warn!("the Redis Sentinels named no primary in time"),
+    /// The connection a command goes over: the pinned one, or the current one.
+    fn connection(&self) -> (u64, MultiplexedConnection) {
+        match &self.pinned {
+            Some(pinned) => pinned.clone(),
+            None => self.current(),
         }
     }
 
-    /// Hands on `reply`, which connection number `number` gave, after asking the Sentinels for
-    /// the primary again if it says this one is lost.
+    /// Connects to the primary again, unless a failure of a later connection than `failed` did
+    /// already. The command that failed still fails: it may have run.
+    async fn replace(&self, failed: u64) {
+        let mut source = self.source.lock().await;
+        if self.current().0 != failed {
+            return;
+        }
+        match tokio::time::timeout(CONNECT_TIMEOUT * 2, source.connect(&self.config)).await {
+            Ok(Ok(connection)) => {
+                *self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = (failed + 1, connection);
+                tracing::info!("connected to the Redis primary again");
+            }
+            Ok(Err(err)) => tracing::warn!(%err, "no Redis primary could be reached"),
+            Err(_) => tracing::warn!("no Redis primary could be reached in time"),
+        }
+    }
+
+    /// Hands on `reply`, which connection number `number` gave, after connecting again if it
+    /// says this one is lost.
     async fn checked<T>(&self, number: u64, reply: redis::RedisResult<T>) -> redis::RedisResult<T> {
         if let Err(err) = &reply
             && primary_lost(err)
@@ -227,7 +244,7 @@ impl Primary {
 impl ConnectionLike for Primary {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
-            let (number, mut connection) = self.current();
+            let (number, mut connection) = self.connection();
             let reply = connection.req_packed_command(cmd).await;
             self.checked(number, reply).await
         })
@@ -240,23 +257,22 @@ impl ConnectionLike for Primary {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
-            let (number, mut connection) = self.current();
+            let (number, mut connection) = self.connection();
             let reply = connection.req_packed_commands(pipeline, offset, count).await;
             self.checked(number, reply).await
         })
     }
 
     fn get_db(&self) -> i64 {
-        self.current().1.get_db()
+        self.connection().1.get_db()
     }
 }
 
 impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Connection::Single(conn) => conn.req_packed_command(cmd),
+            Connection::Primary(conn) => conn.req_packed_command(cmd),
             Connection::Cluster(conn) => conn.req_packed_command(cmd),
-            Connection::Sentinel(conn) => conn.req_packed_command(cmd),
         }
     }
 
@@ -267,22 +283,33 @@ impl ConnectionLike for Connection {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Connection::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Connection::Primary(conn) => conn.req_packed_commands(pipeline, offset, count),
             Connection::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
-            Connection::Sentinel(conn) => conn.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Connection::Single(conn) => conn.get_db(),
+            Connection::Primary(conn) => conn.get_db(),
             Connection::Cluster(conn) => conn.get_db(),
-            Connection::Sentinel(conn) => conn.get_db(),
         }
     }
 }
 
 impl Connection {
+    /// This connection, its commands sent over the connection to the primary it has now (a
+    /// failure of which fails them all, not only the first), so that a fence sent last counts
+    /// the writes sent before it. A cluster's are the redis crate's connections to its nodes,
+    /// made again by itself: not pinned.
+    pub(super) fn pinned(&self) -> Connection {
+        match self {
+            Connection::Primary(primary) => {
+                Connection::Primary(Primary { pinned: Some(primary.connection()), ..primary.clone() })
+            }
+            Connection::Cluster(_) => self.clone(),
+        }
+    }
+
     /// Sends `cmd` to every primary and answers each one's reply, in no set order: on one server
     /// or behind Sentinels, the one primary's. For what is asked of each server (`INFO`,
     /// `CONFIG GET`).
@@ -343,6 +370,52 @@ impl Connection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::redis::durability::Fence;
+    use tether_testkit::RedisServer;
+
+    /// A fence counts the writes of its own connection: sent on a connection made since, it
+    /// counts none, and `WAIT` passes for a write the replica does not have (asleep, it has not
+    /// taken it). Pinned, an operation's fence goes over the connection its write went over, and
+    /// fails with it.
+    #[tokio::test]
+    async fn a_fence_does_not_pass_on_a_connection_made_after_the_write() {
+        let primary = RedisServer::start().await;
+        let port = primary.port().to_string();
+        let replica = RedisServer::start_with(&[
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--enable-debug-command",
+            "yes",
+            "--replicaof",
+            "127.0.0.1",
+            &port,
+        ])
+        .await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !primary.command(&["INFO", "replication"]).await.contains("state=online") {
+            assert!(std::time::Instant::now() < deadline, "the replica never came online");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(primary.command(&["WAIT", "1", "1500"]).await, ":1", "the replica never acknowledged");
+        let conn = Deployment::Single(primary.url.clone()).connect(Duration::from_secs(5)).await.expect("connect");
+        let mut operation = conn.pinned();
+        let asleep = tokio::spawn(async move {
+            replica.command(&["DEBUG", "SLEEP", "2"]).await;
+            replica
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let _: () = redis::cmd("SET").arg("k").arg("v").query_async(&mut operation).await.expect("the write");
+        // The connection breaks; the next command (another operation's) fails, and connects
+        // again.
+        primary.command(&["CLIENT", "KILL", "TYPE", "normal"]).await;
+        let broken = redis::cmd("PING").query_async::<String>(&mut conn.pinned()).await;
+        assert!(broken.is_err(), "the old connection is gone");
+        let fenced = Fence::Wait { replicas: 1, timeout_ms: 500 }.after_write(&mut operation, &["k"]).await;
+        assert!(fenced.is_err(), "the write's fence passed on another connection");
+        drop(asleep.await);
+    }
 
     #[test]
     fn urls_name_one_server_a_cluster_or_a_primary_behind_sentinels() {

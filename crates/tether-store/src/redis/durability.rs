@@ -6,6 +6,10 @@
 //! On a cluster, the configuration is asked of every primary, and each must be configured as
 //! asked; an acknowledged write waits on the primary of each slot it wrote in (so a failover of
 //! one shard does not hold the writes of the others); a failover of any primary is a new run id.
+//! A fence counts the writes of the connection it is sent on. On one server or behind Sentinels
+//! that is the connection the operation's writes went over ([`Connection::pinned`]); a cluster's
+//! connections are the redis crate's, which connects to a slot's new primary by itself, so there
+//! a fence sent just after a failover may count none of the writes before it.
 
 use std::collections::HashMap;
 

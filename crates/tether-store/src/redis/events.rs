@@ -117,7 +117,9 @@ impl EventLog for RedisStore {
                 }
                 if let Err(err) = self.fenced(&mut conn, &[&meta(&session), &owned_key(&self.owner)]).await {
                     // Not acknowledged, so the request will not run: its stream ends aborted
-                    // rather than wait live for ever.
+                    // rather than wait live for ever (on a connection of its own: the fence's may
+                    // be the one that failed).
+                    let mut conn = self.conn();
                     let abort = self.abort_script(&session, &stream, &self.owner);
                     if let Err(err) = abort.invoke_async::<i64>(&mut conn).await {
                         tracing::warn!(%err, session, stream, "could not abort a request that was not acknowledged");

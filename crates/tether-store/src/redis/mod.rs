@@ -334,8 +334,10 @@ impl RedisStore {
         Ok(())
     }
 
+    /// The connection one store operation's commands go over: the fence it ends with counts
+    /// the writes before it ([`Connection::pinned`]).
     fn conn(&self) -> Connection {
-        self.redis.clone()
+        self.redis.pinned()
     }
 
     /// The script that ends `owner`'s request on `stream` of `session` aborted (if it still runs

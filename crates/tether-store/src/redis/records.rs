@@ -57,8 +57,9 @@ impl KeyRecords for RedisStore {
             if let Err(err) = self.fenced(&mut conn, &[RECORDS]).await {
                 // Not acknowledged, so the request will not run: a claim left behind would keep
                 // every re-send of the key waiting on a request nobody runs.
+                // On a connection of its own: the fence's may be the one that failed.
                 if claimed {
-                    self.unclaim(&mut conn, &claim.key).await;
+                    self.unclaim(&mut self.conn(), &claim.key).await;
                 }
                 return Err(err);
             }
@@ -117,7 +118,7 @@ impl KeyRecords for RedisStore {
             if taken && let Err(err) = self.fenced(&mut conn, &[RECORDS]).await {
                 // Not acknowledged, so this process will not run it: it is nobody's again, and
                 // the next re-send may take it over.
-                self.disown_key(&mut conn, &claim.key).await;
+                self.disown_key(&mut self.conn(), &claim.key).await;
                 return Err(err);
             }
             Ok(taken)

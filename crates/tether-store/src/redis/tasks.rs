@@ -77,8 +77,10 @@ impl TaskStore for RedisStore {
             }
             created?;
             if let Err(err) = self.fenced(&mut conn, &[TASKS]).await {
-                // Not acknowledged, so it will not run: nobody's, and no longer counted.
+                // Not acknowledged, so it will not run: nobody's, and no longer counted (on a
+                // connection of its own: the fence's may be the one that failed).
                 self.held().tasks.remove(&id);
+                let mut conn = self.conn();
                 let disown = self.disown_script(&task_key(&id), &owned_tasks_key(&self.owner), &id);
                 if let Err(err) = disown.invoke_async::<i64>(&mut conn).await {
                     tracing::warn!(%err, task = id, "could not give up a task that was not acknowledged");
