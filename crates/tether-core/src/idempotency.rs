@@ -91,10 +91,12 @@ impl Acknowledged {
         self.records != records
             || self.position > position
             || match held {
-                Some(at) => {
-                    at != self.position
-                        && !(at > self.position && self.position <= forgotten_through)
-                }
+                Some(at) => match at.cmp(&self.position) {
+                    std::cmp::Ordering::Equal => false,
+                    std::cmp::Ordering::Less => true,
+                    // A later claim: made after this one was forgotten, or after it was lost.
+                    std::cmp::Ordering::Greater => self.position > forgotten_through,
+                },
                 None => self.position > forgotten_through,
             }
     }

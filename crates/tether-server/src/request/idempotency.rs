@@ -221,15 +221,14 @@ pub(crate) async fn answer(ctx: Context, keyed: Option<Keyed>, answer: Answer) -
 /// answered with the original's outcome, or run under the key taken over (the original's
 /// process stopped, or its record went, and the handler may run again).
 async fn after_waiting(store: &Arc<dyn Store>, keyed: Keyed, mut awaited: Awaited) -> Answered {
-    let mut lost_the_take_over = false;
     loop {
         match awaited {
             Awaited::Outcome(outcome) => return Answered::Outcome(outcome),
             Awaited::Abandoned => match take_over_abandoned(store, &keyed).await {
                 Ok(Some(claim)) => return Answered::Run(keyed, claim),
                 // Another request took the key over first, or the original finished meanwhile:
-                // its outcome is awaited, once.
-                Ok(None) if keyed.resumable && !lost_the_take_over => lost_the_take_over = true,
+                // its outcome is awaited.
+                Ok(None) if keyed.resumable => {}
                 Ok(None) => return Answered::Outcome(Err(aborted())),
                 Err(err) => {
                     return Answered::Outcome(Err(Refusal::of_store_failure(&err).error(format!(
@@ -606,6 +605,23 @@ mod tests {
         claim_guard.running();
         let state = store.key_state("k", now_ms()).await;
         assert_eq!(state, Ok(Some(KeyState::Running { stream: None, abandoned: false })), "taken over");
+        drop(store);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A waiter that finds its original's process stopped but another request took the key over
+    /// first is answered with that request's outcome, not `request_aborted`.
+    #[tokio::test]
+    async fn a_waiter_that_lost_the_take_over_gets_the_winners_outcome() {
+        let (store, _, dir) = abandoned(&claim(None)).await;
+        assert_eq!(store.take_over_key(claim(None)).await, Ok(true), "another request takes it over first");
+        let keyed = Keyed { name: "k".into(), params_digest: "d".into(), acknowledged: None, resumable: true };
+        let outcome = encode(&Ok(json!({"done": true})));
+        let (answered, finished) =
+            tokio::join!(after_waiting(&store, keyed, Awaited::Abandoned), store.finish_key("k", outcome));
+        finished.expect("the winner finishes");
+        let Answered::Outcome(outcome) = answered else { panic!("answered, not run again") };
+        assert_eq!(outcome, Ok(json!({"done": true})));
         drop(store);
         let _ = std::fs::remove_dir_all(dir);
     }
