@@ -157,7 +157,7 @@ pub(crate) async fn plan(
     }
     Ok(Plan::Answer(match state {
         KeyState::Finished(outcome) => Answer::Replay(decode(&outcome)),
-        KeyState::Running { abandoned: true, .. } if resumable && store.take_over_key(claim).await? => {
+        KeyState::Running { abandoned: true, .. } if take_over_abandoned(store, resumable, claim).await? => {
             return Ok(Plan::Run);
         }
         KeyState::Running { stream: Some((session, stream)), .. } => Answer::Follow { session, stream, request: None },
@@ -224,12 +224,15 @@ async fn after_waiting(store: &Arc<dyn Store>, keyed: Keyed, mut awaited: Awaite
     loop {
         match awaited {
             Awaited::Outcome(outcome) => return Answered::Outcome(outcome),
-            Awaited::Abandoned => match take_over_abandoned(store, &keyed).await {
-                Ok(Some(claim)) => return Answered::Run(keyed, claim),
+            Awaited::Abandoned => match take_over_abandoned(store, keyed.resumable, keyed.claim(None)).await {
+                Ok(true) => {
+                    let claim = ClaimGuard::new(store, &keyed.name);
+                    return Answered::Run(keyed, claim);
+                }
                 // Another request took the key over first, or the original finished meanwhile:
                 // its outcome is awaited.
-                Ok(None) if keyed.resumable => {}
-                Ok(None) => return Answered::Outcome(Err(aborted())),
+                Ok(false) if keyed.resumable => {}
+                Ok(false) => return Answered::Outcome(Err(aborted())),
                 Err(err) => {
                     return Answered::Outcome(Err(Refusal::of_store_failure(&err).error(format!(
                         "the original of this request stopped before it finished, and taking its key over \
@@ -258,14 +261,12 @@ async fn gone(store: &Arc<dyn Store>, keyed: Keyed) -> Answered {
     }
 }
 
-/// Takes over the key of a request whose original's process stopped before it finished, if
-/// its handler keys its own effects (as [`plan`] does for a request that finds it so): the
-/// claim to run under, or `None` if it may not, or if the key is no longer abandoned.
-async fn take_over_abandoned(store: &Arc<dyn Store>, keyed: &Keyed) -> Result<Option<ClaimGuard>, StoreError> {
-    if !keyed.resumable || !store.take_over_key(keyed.claim(None)).await? {
-        return Ok(None);
-    }
-    Ok(Some(ClaimGuard::new(store, &keyed.name)))
+/// Takes over, with `claim`, the key of a request whose original's process stopped before it
+/// finished, if its handler keys its own effects (`resumable`), so that running it again
+/// applies nothing twice: whether it did (not if it may not, or if the key is no longer
+/// abandoned). For a request that finds the key so, and for one that waited for it.
+async fn take_over_abandoned(store: &Arc<dyn Store>, resumable: bool, claim: KeyClaim) -> Result<bool, StoreError> {
+    Ok(resumable && store.take_over_key(claim).await?)
 }
 
 /// Claims anew the key of a request whose key's record went while it waited for the original
