@@ -250,6 +250,9 @@ pub enum Action {
     Conclude,
 }
 
+/// The name of the records the server keeps keys in until it restarts.
+const FIRST_RECORDS: &str = "first";
+
 /// The lifecycle model under one configuration.
 pub struct Lifecycle {
     config: Config,
@@ -298,13 +301,14 @@ impl Lifecycle {
 
     /// The name of the records the server keeps keys in: others once it restarted.
     fn records(state: &State) -> &'static str {
-        if state.records_changed { "after-restart" } else { "first" }
+        if state.records_changed { "after-restart" } else { FIRST_RECORDS }
     }
 
     /// Whether the records refuse the claim the client shows as no longer held as acknowledged.
     fn regressed(state: &State) -> bool {
         let Some(position) = state.shown else { return false };
-        let shown = Acknowledged { records: "first".into(), position: u64::from(position) };
+        // Acknowledged before the restart: the client sends nothing after one.
+        let shown = Acknowledged { records: FIRST_RECORDS.into(), position: u64::from(position) };
         let held = (state.key != Key::Free).then_some(u64::from(state.at));
         shown.regressed(Self::records(state), u64::from(state.claims), u64::from(state.forgotten), held)
     }

@@ -596,11 +596,14 @@ mod tests {
     async fn a_waiter_whose_original_stopped_runs_it_only_if_its_handler_resumes_it() {
         let (store, _, dir) = abandoned(&claim(None)).await;
         let keyed = |resumable| Keyed { name: "k".into(), params_digest: "d".into(), acknowledged: None, resumable };
-        let Answered::Outcome(Err(error)) = after_waiting(&store, keyed(false), Awaited::Abandoned).await else {
+        let awaited = await_outcome(&store, "k").await;
+        assert!(matches!(awaited, Awaited::Abandoned), "the wait ends at the stopped original");
+        let Answered::Outcome(Err(error)) = after_waiting(&store, keyed(false), awaited).await else {
             panic!("not resumable: answered")
         };
         assert_eq!(error.reason(), Some("request_aborted"));
-        let Answered::Run(_, claim_guard) = after_waiting(&store, keyed(true), Awaited::Abandoned).await else {
+        let awaited = await_outcome(&store, "k").await;
+        let Answered::Run(_, claim_guard) = after_waiting(&store, keyed(true), awaited).await else {
             panic!("resumable: taken over and run")
         };
         claim_guard.running();

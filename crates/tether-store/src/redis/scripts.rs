@@ -25,6 +25,16 @@ local function new_stream(primed)
 end
 ";
 
+/// Raises the highest claim forgotten (the key `forgotten`) to the claim of the key's record
+/// `record`, which is forgotten: by retention, or released because its request did not run or
+/// must run again.
+pub(super) const FORGET_CLAIM: &str = r"
+local function forget_claim(record, forgotten)
+  local at = tonumber(redis.call('HGET', record, 'at') or '0')
+  if at > tonumber(redis.call('GET', forgotten) or '0') then redis.call('SET', forgotten, at) end
+end
+";
+
 /// The tag of a stream entry as `XRANGE` answers it (`{id, {'d', data, 't', tag}}`).
 /// A stream's `ended` field: when it ended, in microseconds of the server's clock. Over a
 /// session's byte cap the earliest ended goes first, as in every store.
@@ -138,7 +148,7 @@ if ARGV[6] ~= '' then
   local held = r[1] and tonumber(r[6] or '0')
   local forgotten = tonumber(redis.call('GET', KEYS[4]) or '0')
   if ARGV[6] ~= records or seen > claims or (not held and seen > forgotten)
-    or (held and held ~= seen and not (held > seen and seen <= forgotten)) then
+    or (held and (held < seen or (held > seen and seen > forgotten))) then
     return {'regressed'}
   end
 end
@@ -150,14 +160,13 @@ return {'claimed', records, tostring(claims)}",
         ),
         // KEYS[1] the key's record, KEYS[2] the keys by age, KEYS[3] the highest claim
         // forgotten; ARGV[1] the key.
-        forget: script(
-            r"
-local at = tonumber(redis.call('HGET', KEYS[1], 'at') or '0')
-if at > tonumber(redis.call('GET', KEYS[3]) or '0') then redis.call('SET', KEYS[3], at) end
+        forget: script(&format!(
+            "{FORGET_CLAIM}
+forget_claim(KEYS[1], KEYS[3])
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-return 1",
-        ),
+return 1"
+        )),
         // KEYS[1] the key's record, KEYS[2] the new owner's keys; ARGV[1] digest, ARGV[2] the
         // owner found gone, ARGV[3] the new owner, ARGV[4] session, ARGV[5] stream, ARGV[6] key.
         take_over: script(
@@ -181,17 +190,16 @@ return 1",
         // KEYS[1] the key's record, KEYS[2] its owner's keys, KEYS[3] the keys by age, KEYS[4]
         // the highest claim forgotten; ARGV[1] the owner, ARGV[2] the key. A claim whose request
         // did not run, or must run again, is forgotten.
-        release: script(
-            r"
-local r = redis.call('HMGET', KEYS[1], 'owner', 'outcome', 'at')
+        release: script(&format!(
+            "{FORGET_CLAIM}
+local r = redis.call('HMGET', KEYS[1], 'owner', 'outcome')
 if r[1] ~= ARGV[1] or r[2] then return 0 end
-local at = tonumber(r[3] or '0')
-if at > tonumber(redis.call('GET', KEYS[4]) or '0') then redis.call('SET', KEYS[4], at) end
+forget_claim(KEYS[1], KEYS[4])
 redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[2], ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[2])
-return 1",
-        ),
+return 1"
+        )),
         // KEYS[1] the running tasks, KEYS[2] the principal's, KEYS[3] the task, KEYS[4] the
         // owner's tasks; ARGV[1] most running in all, ARGV[2] most of the principal, ARGV[3] the
         // id, ARGV[4] the record, ARGV[5] the owner, ARGV[6] now. 1: created; -1: too many of

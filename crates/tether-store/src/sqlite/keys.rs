@@ -6,16 +6,7 @@ use super::*;
 /// bound, and the counter additions of forgotten keys.
 pub(super) fn forget_keys(txn: &Connection, now: i64, retention: &Retention) -> Result<(), StoreError> {
     let forget = |condition: &str, arg: i64| -> Result<(), StoreError> {
-        execute(
-            txn,
-            &format!(
-                "UPDATE meta SET value = MAX(CAST(value AS INTEGER), \
-                 COALESCE((SELECT MAX(at) FROM keys WHERE key IN (SELECT key FROM keys WHERE {condition})), 0)) \
-                 WHERE name = 'claims_forgotten'"
-            ),
-            [arg],
-        )
-        .map_err(backend)?;
+        mark_forgotten(txn, condition, [arg])?;
         execute(txn, &format!("DELETE FROM counter_ops WHERE op IN (SELECT key FROM keys WHERE {condition})"), [arg])
             .map_err(backend)?;
         execute(txn, &format!("DELETE FROM keys WHERE key IN (SELECT key FROM keys WHERE {condition})"), [arg])
@@ -30,6 +21,23 @@ pub(super) fn forget_keys(txn: &Connection, now: i64, retention: &Retention) -> 
     if excess > 0 {
         forget("outcome IS NOT NULL ORDER BY created_ms LIMIT ?1", excess)?;
     }
+    Ok(())
+}
+
+/// Raises the highest claim forgotten to the claims of the records `condition` selects (with
+/// `params`), which are being forgotten: by retention, or released because their request did
+/// not run or must run again.
+fn mark_forgotten(txn: &Connection, condition: &str, params: impl rusqlite::Params) -> Result<(), StoreError> {
+    execute(
+        txn,
+        &format!(
+            "UPDATE meta SET value = MAX(CAST(value AS INTEGER), \
+             COALESCE((SELECT MAX(at) FROM keys WHERE key IN (SELECT key FROM keys WHERE {condition})), 0)) \
+             WHERE name = 'claims_forgotten'"
+        ),
+        params,
+    )
+    .map_err(backend)?;
     Ok(())
 }
 
@@ -158,15 +166,7 @@ impl KeyRecords for SqliteStore {
         let (key, owner) = (key.to_owned(), self.owner.clone());
         self.run(move |txn| {
             let released = "key = ?1 AND owner = ?2 AND outcome IS NULL";
-            execute(
-                txn,
-                &format!(
-                    "UPDATE meta SET value = MAX(CAST(value AS INTEGER), \
-                     COALESCE((SELECT at FROM keys WHERE {released}), 0)) WHERE name = 'claims_forgotten'"
-                ),
-                params![key, owner],
-            )
-            .map_err(backend)?;
+            mark_forgotten(txn, released, params![key, owner])?;
             execute(txn, &format!("DELETE FROM keys WHERE {released}"), params![key, owner]).map_err(backend)?;
             Ok(())
         })
