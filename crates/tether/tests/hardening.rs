@@ -36,7 +36,11 @@ fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
         match stream.read(&mut buf) {
             Ok(0) => return true,
             Ok(_) => {}
-            Err(err) if matches!(err.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted
+                ) => {}
             Err(_) => return true,
         }
     }
