@@ -622,7 +622,12 @@ impl Context {
         // What the handler sent before goes in first; what could not be written is lost to
         // the stream either way, and the abort that follows tells its readers so.
         if let Err(err) = self.flush().await {
-            tracing::warn!(%err, "a request's output before its abort could not all be written");
+            tracing::warn!(
+                %err,
+                session = self.session_id().unwrap_or_default(),
+                stream = self.stream().map(StreamName::as_str).unwrap_or_default(),
+                "a request's output before its abort could not all be written"
+            );
         }
         self.shared.output.abort().await;
     }

@@ -638,7 +638,10 @@ async fn run(
     let began = std::time::Instant::now();
     let Request { id, method, params } = request;
     let params = params.unwrap_or_default();
-    let span = tracing::info_span!(
+    // At `debug`, as tower-http's request spans are: enabled, it costs every call a few
+    // microseconds to format and register (docs/benchmarks.md, session 39). The events tether
+    // writes at `warn` or above from a request name the request themselves.
+    let span = tracing::debug_span!(
         "mcp",
         %method,
         request = %id,
@@ -699,7 +702,12 @@ async fn run(
         let outcome = match finished {
             Some(Ok(outcome)) => Some(outcome),
             Some(Err(Panicked)) => {
-                tracing::error!("handler panicked");
+                tracing::error!(
+                    %method,
+                    request = %id,
+                    session = ctx.session_id().unwrap_or_default(),
+                    "handler panicked"
+                );
                 Some(Err(Refusal::HandlerPanicked.error("the handler failed")))
             }
             None => {

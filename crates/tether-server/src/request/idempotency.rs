@@ -383,7 +383,7 @@ pub(crate) async fn finish(store: &dyn Store, key: &str, outcome: Bytes) {
     if let Err(err) =
         crate::persist::until_stored("a keyed request's outcome", || store.finish_key(key, outcome.clone())).await
     {
-        tracing::error!(%err, "could not record a keyed request's outcome");
+        tracing::error!(%err, key, "could not record a keyed request's outcome");
     }
 }
 
@@ -391,7 +391,7 @@ pub(crate) async fn finish(store: &dyn Store, key: &str, outcome: Bytes) {
 /// the request. Left claimed by a live process, the key would keep every re-send waiting.
 pub(crate) async fn release(store: &dyn Store, key: &str) {
     if let Err(err) = crate::persist::until_stored("the release of a key's claim", || store.release_key(key)).await {
-        tracing::warn!(%err, "could not release the claim of a keyed request");
+        tracing::warn!(%err, key, "could not release the claim of a keyed request");
     }
 }
 

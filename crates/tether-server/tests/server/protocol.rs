@@ -1,5 +1,6 @@
 //! Sessionful-era protocol rules and bad input.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -789,4 +790,46 @@ async fn a_request_id_past_256_bytes_is_refused() {
     let body = json_body(response).await;
     assert_eq!(body["error"]["data"]["reason"], "invalid_message", "{body}");
     assert!(body.to_string().len() < 400, "{body}");
+}
+
+/// What a subscriber writes, for a test to read.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("not poisoned").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_handlers_panic_is_logged_with_its_request_while_no_request_span_is_made_at_the_default_level() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    // `tether serve`'s default filter.
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter("warn,tether=info")
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _logs = tracing::subscriber::set_default(logs);
+    let server = start_with(Builder::new(Panicky).config(config())).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let answer = json_body(client.call(&session, json!(7), "x", json!({"panic": true})).await).await;
+    assert_eq!(answer["error"]["data"]["reason"], "handler_panicked", "{answer}");
+    let logged = String::from_utf8(captured.0.lock().expect("not poisoned").clone()).expect("UTF-8 lines");
+    let line =
+        logged.lines().find(|l| l.contains("handler panicked")).unwrap_or_else(|| panic!("not logged: {logged}"));
+    assert!(
+        line.contains("method=tools/call")
+            && line.contains("request=7")
+            && line.contains(&format!("session=\"{}\"", session.id)),
+        "the error does not name its request: {line}"
+    );
+    assert!(!logged.contains("mcp{"), "a request span was made at the default level: {logged}");
 }
