@@ -639,8 +639,8 @@ async fn run(
     let Request { id, method, params } = request;
     let params = params.unwrap_or_default();
     // At `debug`, as tower-http's request spans are: enabled, it costs every call a few
-    // microseconds to format and register (docs/benchmarks.md, session 39). The events tether
-    // writes at `warn` or above from a request name the request themselves.
+    // microseconds to format and register (docs/benchmarks.md). The events tether writes at
+    // `warn` or above from a request name the request themselves.
     let span = tracing::debug_span!(
         "mcp",
         %method,
