@@ -53,7 +53,7 @@ pub use request::context::{Context, ContextError, SessionClient, SessionHandle};
 pub use request::input::InputRequired;
 pub use server::{Builder, Server, until_ready};
 pub use session::LogLevel;
-pub use telemetry::ACCESS as ACCESS_LOG;
+pub use telemetry::{ACCESS as ACCESS_LOG, default_log_filter};
 pub use tls::{ServerTls, TlsError};
 
 pub(crate) use clock::now_ms;

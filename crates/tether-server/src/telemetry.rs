@@ -14,6 +14,12 @@ use tether_core::lineage::{InvalidReason, ResyncReason, ServerDecision};
 /// `tether`'s default filter leaves it out; `RUST_LOG=info` shows it.
 pub const ACCESS: &str = "tether_access";
 
+/// The log filter `tether` applies when `RUST_LOG` is not set: warnings, what tether says of its
+/// own state (`info`), and no access log. Spans are at `debug`, so none is made.
+pub fn default_log_filter() -> String {
+    format!("warn,tether=info,{ACCESS}=off")
+}
+
 /// The most tool names a metric is labelled with; calls of any other tool count as `other`.
 const MAX_TOOL_LABELS: usize = 256;
 

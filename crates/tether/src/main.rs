@@ -96,7 +96,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| format!("warn,tether=info,{}=off", tether_server::ACCESS_LOG).into()),
+                .unwrap_or_else(|_| tether_server::default_log_filter().into()),
         )
         // Colour only for a person at a terminal, never in a file or a collector's pipe.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

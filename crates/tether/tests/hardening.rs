@@ -36,11 +36,7 @@ fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
         match stream.read(&mut buf) {
             Ok(0) => return true,
             Ok(_) => {}
-            Err(err)
-                if matches!(
-                    err.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted
-                ) => {}
+            Err(err) if read_again(&err) => {}
             Err(_) => return true,
         }
     }

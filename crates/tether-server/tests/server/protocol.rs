@@ -810,9 +810,8 @@ impl std::io::Write for Captured {
 async fn a_handlers_panic_is_logged_with_its_request_while_no_request_span_is_made_at_the_default_level() {
     let captured = Captured::default();
     let writer = captured.clone();
-    // `tether serve`'s default filter.
     let logs = tracing_subscriber::fmt()
-        .with_env_filter("warn,tether=info")
+        .with_env_filter(tether_server::default_log_filter())
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();

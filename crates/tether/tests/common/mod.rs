@@ -185,6 +185,15 @@ pub struct Exchanged {
     pub body: String,
 }
 
+/// Whether a blocking read that failed with `err` is read again: its timeout passed with nothing
+/// to read, or a signal interrupted it. Neither says anything of the connection.
+pub fn read_again(err: &std::io::Error) -> bool {
+    matches!(
+        err.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted
+    )
+}
+
 /// One HTTP/1.1 exchange over a plain socket with `Connection: close`: the response as read
 /// until the server closes it, `enough` says so (given the body so far), or `timeout` passes.
 pub fn exchange(
@@ -217,11 +226,7 @@ pub fn exchange(
         match stream.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => raw.extend_from_slice(&buf[..n]),
-            Err(err)
-                if matches!(
-                    err.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted
-                ) => {}
+            Err(err) if read_again(&err) => {}
             Err(err) => {
                 failed = Some(err);
                 break;
