@@ -26,7 +26,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 use tower::ServiceExt as _;
 
@@ -278,9 +277,6 @@ struct Activity {
     unsent: AtomicUsize,
     /// When a response body last gave a part or was asked for one.
     sent_at: AtomicU64,
-    /// Wakes the watchdog when the connection becomes idle or a head starts, and when a request
-    /// starts if the send timeout is the shortest.
-    changed: Notify,
 }
 
 const NO_HEAD: u64 = u64::MAX;
@@ -297,7 +293,6 @@ impl Activity {
             h2: AtomicBool::new(false),
             unsent: AtomicUsize::new(0),
             sent_at: AtomicU64::new(0),
-            changed: Notify::new(),
         }
     }
 
@@ -316,9 +311,7 @@ impl Activity {
             self.h2.store(true, Ordering::Relaxed);
             return;
         }
-        if self.head_since.compare_exchange(NO_HEAD, self.now(), Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            self.changed.notify_one();
-        }
+        let _ = self.head_since.compare_exchange(NO_HEAD, self.now(), Ordering::AcqRel, Ordering::Acquire);
     }
 
     /// When the connection is to be looked at again, and whether it expires then if nothing
@@ -346,17 +339,21 @@ impl Activity {
         }
     }
 
-    /// Resolves when the connection has outlived its deadline.
+    /// Resolves when the connection has outlived its deadline. It looks again at its deadline or
+    /// after the shortest limit, whichever comes first: every deadline the connection can set
+    /// from then on is at least that limit away, so nothing the connection does has to wake it,
+    /// and a request costs the watchdog nothing. It sleeps at least the timer's millisecond, so
+    /// that a limit of zero does not spin it.
     async fn expired(&self) -> Expiry {
+        let limits = &self.limits;
+        let shortest = limits.header_timeout.min(limits.idle_timeout).min(limits.send_timeout);
         loop {
-            let changed = self.changed.notified();
+            let now = Instant::now();
             match self.deadline() {
-                (at, Some(why)) if at <= Instant::now() => return why,
+                (at, Some(why)) if at <= now => return why,
                 (at, _) => {
-                    tokio::select! {
-                        () = changed => {}
-                        () = tokio::time::sleep_until(at) => {}
-                    }
+                    let next = at.min(now + shortest).max(now + Duration::from_millis(1));
+                    tokio::time::sleep_until(next).await;
                 }
             }
         }
@@ -371,15 +368,8 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 struct InFlight(Arc<Activity>);
 
 impl InFlight {
-    /// The watchdog, asleep until the header or idle deadline, is woken only if that may be later
-    /// than a response part is allowed to wait: otherwise at its deadline it finds the request in
-    /// flight, and looks again every send timeout.
     fn start(activity: &Arc<Activity>) -> InFlight {
-        let limits = &activity.limits;
-        let later = limits.send_timeout < limits.header_timeout.max(limits.idle_timeout);
-        if activity.in_flight.fetch_add(1, Ordering::AcqRel) == 0 && later {
-            activity.changed.notify_one();
-        }
+        activity.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight(Arc::clone(activity))
     }
 }
@@ -390,9 +380,7 @@ impl Drop for InFlight {
         activity.answered.store(true, Ordering::Release);
         activity.idle_since.store(activity.now(), Ordering::Release);
         activity.head_since.store(NO_HEAD, Ordering::Release);
-        if activity.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            activity.changed.notify_one();
-        }
+        activity.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -572,7 +560,7 @@ mod tests {
     }
 
     /// A send timeout shorter than the header timeout holds from a connection's first request:
-    /// the watchdog, asleep until the header deadline, is woken when the request starts.
+    /// the watchdog, asleep before the request starts, looks again within the send timeout.
     #[tokio::test(start_paused = true)]
     async fn a_send_timeout_shorter_than_the_header_timeout_holds_for_the_first_response() {
         let send_timeout = Duration::from_millis(500);
@@ -587,6 +575,29 @@ mod tests {
         assert_eq!(watchdog.await.expect("the watchdog ends"), Expiry::Send);
         let after = activity.start.elapsed();
         assert!(after >= send_timeout && after <= 2 * send_timeout, "expired after {after:?}");
+    }
+
+    /// A head that starts on a kept-alive connection is timed from its first byte although
+    /// nothing wakes the watchdog, asleep until the far later idle deadline: it looks again
+    /// within the shortest limit.
+    #[tokio::test(start_paused = true)]
+    async fn a_head_started_on_an_idle_connection_expires_after_the_header_timeout_unwoken() {
+        let header_timeout = Duration::from_secs(1);
+        let activity = Arc::new(Activity::new(ConnectionLimits { header_timeout, ..limits() }));
+        drop(InFlight::start(&activity));
+        let watchdog = tokio::spawn({
+            let activity = Arc::clone(&activity);
+            async move { activity.expired().await }
+        });
+        tokio::time::sleep(Duration::from_millis(5_500)).await;
+        assert!(!watchdog.is_finished(), "an idle connection expired before its idle timeout");
+        activity.read(b"POST /mcp HTTP/1.1\r\n");
+        assert_eq!(watchdog.await.expect("the watchdog ends"), Expiry::Head);
+        let after = activity.start.elapsed();
+        assert!(
+            after >= Duration::from_millis(6_500) && after <= Duration::from_millis(7_600),
+            "expired after {after:?}"
+        );
     }
 
     #[test]
