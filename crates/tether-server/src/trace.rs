@@ -23,7 +23,9 @@ use opentelemetry::{Context as OtelContext, KeyValue, global};
 use serde_json::Value;
 use tether_core::jsonrpc::{ErrorObject, Request, RequestId};
 use tether_core::mcp::ProtocolVersion;
-use tether_core::trace_context::{TRACEPARENT, TRACESTATE, TraceContext};
+use tether_core::trace_context::TraceContext;
+
+use crate::http::names::{TRACEPARENT, TRACESTATE};
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 

@@ -5,11 +5,10 @@ use std::sync::Arc;
 use axum::response::Response;
 use http::HeaderMap;
 use tether_core::lineage::{EventId, InvalidReason, ServerDecision, decide_resume};
-use tether_core::mcp::header;
 use tether_store::{SessionStatus, StreamPage};
 
 use super::sse::{Connection, Prelude};
-use super::{check_load, guard, live_session, session_headers, session_id, session_status, sse};
+use super::{check_load, guard, live_session, names, session_headers, session_id, session_status, sse};
 use crate::reader::StreamReader;
 use crate::refusal::{Refusal, Rejection};
 use crate::session::service;
@@ -21,7 +20,7 @@ pub(crate) async fn get(
     principal: Option<String>,
 ) -> Result<Response, Rejection> {
     guard::get_media(headers)?;
-    match headers.get(header::LAST_EVENT_ID) {
+    match headers.get(names::LAST_EVENT_ID) {
         Some(cursor) => resume(shared, headers, principal.as_deref(), cursor.to_str().unwrap_or("")).await,
         None => standalone(shared, headers, principal.as_deref()).await,
     }

@@ -2,10 +2,12 @@
 //! media types and protocol version.
 
 use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, ORIGIN, RETRY_AFTER, WWW_AUTHENTICATE};
-use http::{HeaderMap, HeaderValue, Uri};
+use http::{HeaderMap, HeaderName, HeaderValue, Uri};
+
+use super::names;
 use serde_json::{Value, json};
 use tether_core::jsonrpc::Request;
-use tether_core::mcp::{Era, ProtocolVersion, header, method};
+use tether_core::mcp::{Era, ProtocolVersion, method};
 
 use crate::auth::{Authenticator, Identity, ProtectedResource, Unauthenticated};
 use crate::config::ServerConfig;
@@ -202,7 +204,7 @@ pub(crate) enum HeaderVersion {
 
 /// Reads the `MCP-Protocol-Version` header; sent twice, or as a list, it is refused.
 pub(crate) fn protocol_version(headers: &HeaderMap) -> Result<HeaderVersion, Rejection> {
-    let Some(value) = single(headers, header::PROTOCOL_VERSION, Values::One)? else { return Ok(HeaderVersion::Absent) };
+    let Some(value) = single(headers, &names::PROTOCOL_VERSION, Values::One)? else { return Ok(HeaderVersion::Absent) };
     let text = value.to_str().unwrap_or("");
     Ok(match text.parse::<ProtocolVersion>() {
         Ok(version) if crate::SUPPORTED_VERSIONS.contains(&version) => match version.era() {
@@ -229,7 +231,7 @@ pub(crate) enum Values {
 /// something other than what runs.
 pub(crate) fn single<'h>(
     headers: &'h HeaderMap,
-    name: &str,
+    name: &HeaderName,
     values: Values,
 ) -> Result<Option<&'h HeaderValue>, Rejection> {
     let mut sent = headers.get_all(name).iter();

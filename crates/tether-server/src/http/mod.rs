@@ -3,6 +3,7 @@
 mod delete;
 mod get;
 mod guard;
+pub(crate) mod names;
 mod post;
 mod sse;
 mod stateless;
@@ -17,7 +18,6 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};
 use tether_core::lineage::{Epoch, InvalidReason, SessionId, check_session};
-use tether_core::mcp::header;
 use tether_store::{SessionRecord, SessionStatus};
 use tracing::Instrument as _;
 
@@ -45,7 +45,9 @@ async fn endpoint(State(shared): State<Arc<ServerState>>, request: axum::extract
     // At debug: a span costs a few microseconds a call (its fields formatted into each log
     // line's context), and a request's own span (`mcp`, at info) names its session already.
     let span = tracing::debug_span!("http", %method, session = tracing::field::Empty);
-    if let Some(session) = request.headers().get(header::SESSION_ID).and_then(|v| v.to_str().ok()) {
+    if !span.is_disabled()
+        && let Some(session) = request.headers().get(names::SESSION_ID).and_then(|v| v.to_str().ok())
+    {
         span.record("session", session);
     }
     let response = match handle(shared, request).instrument(span.clone()).await {
@@ -82,12 +84,9 @@ async fn handle(shared: Arc<ServerState>, request: axum::extract::Request) -> Re
 
 /// The headers that tie a response to its session: the id echo and the replay epoch.
 pub(crate) fn session_headers(id: &SessionId, epoch: &Epoch) -> [(HeaderName, HeaderValue); 2] {
-    // Checked once, at compile time, instead of on every response.
-    const SESSION_ID: HeaderName = HeaderName::from_static(header::SESSION_ID);
-    const REPLAY_EPOCH: HeaderName = HeaderName::from_static(header::REPLAY_EPOCH);
     // Session ids and epochs are base64url tokens the server minted: always valid header values.
     let value = |s: &str| HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static(""));
-    [(SESSION_ID, value(id.as_str())), (REPLAY_EPOCH, value(epoch.as_str()))]
+    [(names::SESSION_ID, value(id.as_str())), (names::REPLAY_EPOCH, value(epoch.as_str()))]
 }
 
 /// A JSON response body with extra headers.
@@ -114,7 +113,7 @@ pub(crate) fn accepted(headers: impl IntoIterator<Item = (HeaderName, HeaderValu
 /// visible ASCII, or too long) names no session this server issued: 404, as for an unknown one.
 pub(crate) fn session_id(headers: &HeaderMap) -> Result<SessionId, Rejection> {
     let value = headers
-        .get(header::SESSION_ID)
+        .get(names::SESSION_ID)
         .ok_or_else(|| Refusal::MissingSessionId.with("Mcp-Session-Id header is required"))?;
     value
         .to_str()

@@ -76,14 +76,13 @@ pub(crate) async fn post(
             Message::Response(response) => answer(shared, &runtime, response).await,
         }
     }
-    let headers = session_headers(&runtime.id, &runtime.epoch);
-    match (batch, requests.len()) {
-        (_, 0) => Ok(accepted(headers)),
-        (false, _) => {
-            let Some(request) = requests.pop() else { return Ok(accepted(headers)) };
-            respond(shared, &runtime, principal.as_deref(), request).await
-        }
-        (true, _) => respond_batch(shared, &runtime, principal.as_deref(), requests).await,
+    if batch && !requests.is_empty() {
+        return respond_batch(shared, &runtime, principal.as_deref(), requests).await;
+    }
+    match requests.pop() {
+        // Not a batch: its one message.
+        Some(request) => respond(shared, &runtime, principal.as_deref(), request).await,
+        None => Ok(accepted(session_headers(&runtime.id, &runtime.epoch))),
     }
 }
 

@@ -37,10 +37,9 @@ pub(crate) fn response(body: Body, extra: impl IntoIterator<Item = (HeaderName, 
 
 /// The header giving the client its idempotency key's claim, as the records acknowledge it.
 pub(crate) fn claim_header(claimed: &Acknowledged) -> (HeaderName, HeaderValue) {
-    const CLAIM: HeaderName = HeaderName::from_static(tether_core::mcp::header::IDEMPOTENCY_CLAIM);
     // Records names are base64url tokens and positions decimal: always a valid header value.
     let value = HeaderValue::from_str(&claimed.to_header()).unwrap_or_else(|_| HeaderValue::from_static(""));
-    (CLAIM, value)
+    (super::names::IDEMPOTENCY_CLAIM, value)
 }
 
 /// What a connection writes before the stream's events.

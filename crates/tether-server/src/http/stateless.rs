@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::response::Response;
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{self, ErrorObject, Message, Request, RequestId};
-use tether_core::mcp::{ProtocolVersion, header, meta, method};
+use tether_core::mcp::{ProtocolVersion, meta, method};
 use tether_core::methods::{self, ServedBy};
 use tether_core::param_headers;
 use tether_core::subscriptions;
@@ -16,7 +16,7 @@ use tether_core::tasks;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{accepted, guard, json_response, read_body, sse};
+use super::{accepted, guard, json_response, names, read_body, sse};
 use crate::auth::Identity;
 use crate::excerpt::quoted;
 use crate::refusal::{self, Refusal, Rejection};
@@ -199,10 +199,10 @@ fn validate(
     if let Some(requested) = unsupported {
         return Err(guard::unsupported_version(requested));
     }
-    let header_value = |name: &str, values| {
+    let header_value = |name: &HeaderName, values| {
         guard::single(headers, name, values).map(|value| value.map(|v| v.to_str().unwrap_or("").trim()))
     };
-    match header_value(header::METHOD, guard::Values::One)? {
+    match header_value(&names::METHOD, guard::Values::One)? {
         Some(m) if m == request.method => {}
         Some(m) => {
             return Err(header_mismatch(format!(
@@ -215,14 +215,14 @@ fn validate(
     }
     if let Some(field) = methods::mcp_name(&request.method) {
         let body_name = request.params.as_ref().and_then(|p| p.get(field)).and_then(Value::as_str);
-        let named = header_value(header::NAME, guard::Values::Any)?.and_then(|v| param_headers::decode_value(v).ok());
+        let named = header_value(&names::NAME, guard::Values::Any)?.and_then(|v| param_headers::decode_value(v).ok());
         if named.as_deref() != body_name {
             return Err(header_mismatch(format!("Mcp-Name must equal params.{field}")));
         }
     }
     // Every mirrored argument at most once, declared or not.
     for name in headers.keys().filter(|name| name.as_str().starts_with(param_headers::PREFIX)) {
-        guard::single(headers, name.as_str(), guard::Values::Any)?;
+        guard::single(headers, name, guard::Values::Any)?;
     }
     if request.method == method::TOOLS_CALL {
         let params = request.params.as_ref();
