@@ -10,7 +10,6 @@
 pub mod faults;
 mod heads;
 mod memory;
-mod parted;
 mod queue;
 mod record;
 mod redis;

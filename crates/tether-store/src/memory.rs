@@ -19,7 +19,6 @@ use bytes::Bytes;
 use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange, StreamState, Tag};
 use tokio::sync::watch;
 
-use crate::parted::PartedMap;
 use crate::queue::ChunkedQueue;
 use crate::record::{
     BeginRequest, Claim, KeyClaim, KeyState, RequestRecord, Retention, SessionEnd, SessionRecord, SessionStatus,
@@ -115,9 +114,7 @@ enum Slot {
 #[derive(Debug)]
 struct LiveSession {
     record: SessionRecord,
-    /// By name, hashed: a stream is looked up several times a call, and a tree of thousands
-    /// compares names at every level.
-    streams: PartedMap<StreamName, StreamSlot>,
+    streams: BTreeMap<StreamName, StreamSlot>,
     /// Request key → (params digest, stream).
     requests: HashMap<RequestKey, (String, StreamName)>,
     /// The keys of `requests`, oldest first, for its bound.
@@ -334,7 +331,7 @@ impl SessionStore for MemoryStore {
         let id = record.id.clone();
         let live = LiveSession {
             record,
-            streams: PartedMap::default(),
+            streams: BTreeMap::new(),
             requests: HashMap::new(),
             request_order: VecDeque::new(),
             standalone: None,
@@ -430,7 +427,7 @@ impl EventLog for MemoryStore {
     fn open_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
         let mut inner = self.lock();
         let result = inner.live(session, epoch).map(|live| {
-            live.streams.insert_if_absent(stream.clone(), || StreamSlot::new(stream, None));
+            live.streams.entry(stream.clone()).or_insert_with(|| StreamSlot::new(stream, None));
         });
         ready(result)
     }
@@ -457,7 +454,7 @@ impl EventLog for MemoryStore {
                 }
             }
             // A stream a batch's earlier request opened is joined as it is.
-            live.streams.insert_if_absent(name, || slot);
+            live.streams.entry(name).or_insert(slot);
             BeginRequest::Started
         });
         drop(inner);

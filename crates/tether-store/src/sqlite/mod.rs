@@ -18,6 +18,7 @@ mod flush;
 mod keys;
 mod log;
 mod mirror;
+mod parted;
 mod schema;
 mod sessions;
 mod tasks;
