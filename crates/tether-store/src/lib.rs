@@ -10,6 +10,7 @@
 pub mod faults;
 mod heads;
 mod memory;
+mod parted;
 mod queue;
 mod record;
 mod redis;

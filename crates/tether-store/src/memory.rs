@@ -19,6 +19,7 @@ use bytes::Bytes;
 use tether_core::lineage::{Epoch, SessionId, StreamName, StreamRange, StreamState, Tag};
 use tokio::sync::watch;
 
+use crate::parted::PartedMap;
 use crate::queue::ChunkedQueue;
 use crate::record::{
     BeginRequest, Claim, KeyClaim, KeyState, RequestRecord, Retention, SessionEnd, SessionRecord, SessionStatus,
@@ -114,7 +115,9 @@ enum Slot {
 #[derive(Debug)]
 struct LiveSession {
     record: SessionRecord,
-    streams: BTreeMap<StreamName, StreamSlot>,
+    /// By name, hashed: a stream is looked up several times a call, and a tree of thousands
+    /// compares names at every level.
+    streams: PartedMap<StreamName, StreamSlot>,
     /// Request key → (params digest, stream).
     requests: HashMap<RequestKey, (String, StreamName)>,
     /// The keys of `requests`, oldest first, for its bound.
@@ -331,7 +334,7 @@ impl SessionStore for MemoryStore {
         let id = record.id.clone();
         let live = LiveSession {
             record,
-            streams: BTreeMap::new(),
+            streams: PartedMap::default(),
             requests: HashMap::new(),
             request_order: VecDeque::new(),
             standalone: None,
@@ -427,7 +430,7 @@ impl EventLog for MemoryStore {
     fn open_stream(&self, session: &SessionId, epoch: &Epoch, stream: &StreamName) -> StoreFuture<'_, ()> {
         let mut inner = self.lock();
         let result = inner.live(session, epoch).map(|live| {
-            live.streams.entry(stream.clone()).or_insert_with(|| StreamSlot::new(stream, None));
+            live.streams.insert_if_absent(stream.clone(), || StreamSlot::new(stream, None));
         });
         ready(result)
     }
@@ -454,7 +457,7 @@ impl EventLog for MemoryStore {
                 }
             }
             // A stream a batch's earlier request opened is joined as it is.
-            live.streams.entry(name).or_insert(slot);
+            live.streams.insert_if_absent(name, || slot);
             BeginRequest::Started
         });
         drop(inner);

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use rusqlite::{Connection, params};
 use tether_core::lineage::{StreamName, StreamRange, StreamState, Tag};
 
-use super::parted::PartedMap;
 use super::{StoreError, backend, execute, tag_column, tag_of};
+use crate::parted::PartedMap;
 use crate::record::Retention;
 
 /// A row's kind: the record of a request (its key, its params' digest, its stream).

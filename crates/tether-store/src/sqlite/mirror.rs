@@ -15,7 +15,7 @@ use bytes::Bytes;
 use tether_core::lineage::{StreamRange, Tag};
 
 use super::log::{Change, Log, Retained, Stream};
-use super::parted::PartedMap;
+use crate::parted::PartedMap;
 use crate::record::{SessionStatus, StoredEvent, StreamPage};
 
 /// Sessions kept; past this, an arbitrary one is forgotten (idle sessions cost memory; busy

@@ -18,7 +18,6 @@ mod flush;
 mod keys;
 mod log;
 mod mirror;
-mod parted;
 mod schema;
 mod sessions;
 mod tasks;

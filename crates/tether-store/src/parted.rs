@@ -1,8 +1,9 @@
 //! A hash map that grows a part at a time.
 //!
 //! A `HashMap` grows by moving every entry into a table twice its size, all at once: at 130,000
-//! streams in one session that held the writer thread for 73 ms (every request waited), and
-//! each growth takes twice as long as the last. Once it is large, [`PartedMap`] splits into
+//! streams in one session that held the embedded store's writer thread for 73 ms (every request
+//! waited; the memory store's lock would hold every session's requests the same), and each growth
+//! takes twice as long as the last. Once it is large, [`PartedMap`] splits into
 //! [`PARTS`] maps by the key's hash, each growing on its own, so a growth moves at most about a
 //! 64th of the entries.
 
@@ -20,7 +21,7 @@ const PARTS: usize = 64;
 /// (foldhash, seeded at random per process), shared by its parts: a key's part is taken from
 /// bits of its hash that a part does not use to place it.
 #[derive(Debug, Clone)]
-pub(super) struct PartedMap<K, V> {
+pub(crate) struct PartedMap<K, V> {
     /// One map until [`SPLIT_AT`] entries, then [`PARTS`].
     parts: Vec<HashMap<K, V>>,
     hasher: DefaultHashBuilder,
@@ -45,7 +46,7 @@ impl<K: Hash + Eq, V> PartedMap<K, V> {
     }
 
     /// The value of `key`.
-    pub(super) fn get<Q: Hash + Eq + ?Sized>(&self, key: &Q) -> Option<&V>
+    pub(crate) fn get<Q: Hash + Eq + ?Sized>(&self, key: &Q) -> Option<&V>
     where
         K: Borrow<Q>,
     {
@@ -53,7 +54,7 @@ impl<K: Hash + Eq, V> PartedMap<K, V> {
     }
 
     /// The value of `key`, to change.
-    pub(super) fn get_mut<Q: Hash + Eq + ?Sized>(&mut self, key: &Q) -> Option<&mut V>
+    pub(crate) fn get_mut<Q: Hash + Eq + ?Sized>(&mut self, key: &Q) -> Option<&mut V>
     where
         K: Borrow<Q>,
     {
@@ -62,7 +63,7 @@ impl<K: Hash + Eq, V> PartedMap<K, V> {
     }
 
     /// Sets `key` to `value`; the value it replaces.
-    pub(super) fn insert(&mut self, key: K, value: V) -> Option<V> {
+    pub(crate) fn insert(&mut self, key: K, value: V) -> Option<V> {
         // `part` is below the number of parts.
         let part = self.part(&key);
         let replaced = self.parts[part].insert(key, value);
@@ -74,14 +75,14 @@ impl<K: Hash + Eq, V> PartedMap<K, V> {
     }
 
     /// Sets `key` to what `make` makes, unless it has a value.
-    pub(super) fn insert_if_absent(&mut self, key: K, make: impl FnOnce() -> V) {
+    pub(crate) fn insert_if_absent(&mut self, key: K, make: impl FnOnce() -> V) {
         if self.get(&key).is_none() {
             self.insert(key, make());
         }
     }
 
     /// Takes `key` out; its value.
-    pub(super) fn remove<Q: Hash + Eq + ?Sized>(&mut self, key: &Q) -> Option<V>
+    pub(crate) fn remove<Q: Hash + Eq + ?Sized>(&mut self, key: &Q) -> Option<V>
     where
         K: Borrow<Q>,
     {
@@ -94,17 +95,17 @@ impl<K: Hash + Eq, V> PartedMap<K, V> {
     }
 
     /// Every value, in no order.
-    pub(super) fn values(&self) -> impl Iterator<Item = &V> {
+    pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
         self.parts.iter().flat_map(HashMap::values)
     }
 
     /// Every entry, in no order.
-    pub(super) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.parts.iter().flat_map(HashMap::iter)
     }
 
     /// Every entry, in no order, to change.
-    pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = (&K, &mut V)> {
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (&K, &mut V)> {
         self.parts.iter_mut().flat_map(HashMap::iter_mut)
     }
 
