@@ -38,6 +38,15 @@ pub(crate) fn fresh_dir() -> PathBuf {
     dir
 }
 
+/// The file in `dir` a server on `port` logs to, appended to by each start.
+fn log_path(dir: &Path, port: u16) -> PathBuf {
+    dir.join(format!("redis-{port}.log"))
+}
+
+fn log(dir: &Path, port: u16) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new().create(true).append(true).open(log_path(dir, port))
+}
+
 /// Starts `redis-server` on `port` in `dir` with `args`; `None` if it did not accept
 /// connections within ten seconds (another process took the port, most likely).
 async fn spawn(port: u16, dir: &Path, args: &[String]) -> Option<Child> {
@@ -52,8 +61,8 @@ pub(crate) async fn spawn_from(config: Option<&Path>, port: u16, dir: &Path, arg
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--dir"])
         .arg(dir)
         .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stdout(log(dir, port).map_or_else(|_| Stdio::null(), Stdio::from))
+        .stderr(log(dir, port).map_or_else(|_| Stdio::null(), Stdio::from))
         .kill_on_drop(true)
         .spawn()
         .expect("redis-server is installed (scripts/test installs it)");
@@ -145,15 +154,30 @@ impl RedisServer {
     /// The free port is only free when it is picked: if another process takes it first, this
     /// `redis-server` exits, and another port is tried (three at most, ten seconds each).
     pub async fn start_with(args: &[&str]) -> RedisServer {
-        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        RedisServer::start_each_try(|| args.iter().map(|a| (*a).to_owned()).collect()).await
+    }
+
+    /// [`RedisServer::start_with`] with the arguments made anew for each port tried: a Cluster
+    /// node's bus port is picked free like its own port, and may be taken meanwhile as well.
+    pub(crate) async fn start_each_try(args: impl Fn() -> Vec<String>) -> RedisServer {
         let dir = fresh_dir();
+        let mut tried = Vec::new();
         for _ in 0..3 {
-            let port = free_port();
+            let (port, args) = (free_port(), args());
             if let Some(child) = spawn(port, &dir, &args).await {
                 return RedisServer { child, port, dir, args, url: format!("redis://127.0.0.1:{port}/") };
             }
+            tried.push(port);
         }
-        panic!("redis-server did not start on any of three free ports");
+        let said: Vec<String> = tried
+            .iter()
+            .map(|&port| {
+                let log = std::fs::read_to_string(log_path(&dir, port)).unwrap_or_default();
+                let last: Vec<&str> = log.lines().rev().take(3).collect();
+                format!("port {port}: {}", last.into_iter().rev().collect::<Vec<_>>().join(" | "))
+            })
+            .collect();
+        panic!("redis-server did not start on any of three free ports; its last words:\n{}", said.join("\n"));
     }
 
     /// Sends one command and returns its reply: a status, error or integer line as sent

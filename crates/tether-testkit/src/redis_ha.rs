@@ -54,8 +54,9 @@ impl RedisCluster {
     /// [`RedisCluster::start`] with each node started with `args` too.
     pub async fn start_with(primaries: usize, replicas: usize, args: &[&str]) -> RedisCluster {
         let mut nodes = Vec::new();
-        for _ in 0..primaries * (1 + replicas) {
-            // The cluster bus on a port of its own: port + 10000 may be past 65535.
+        let node_args = || {
+            // The cluster bus on a port of its own, picked for each port tried: port + 10000 may
+            // be past 65535.
             let bus = free_port().to_string();
             let mut node_args = vec![
                 "--cluster-enabled",
@@ -73,7 +74,10 @@ impl RedisCluster {
                 "0",
             ];
             node_args.extend_from_slice(args);
-            nodes.push(RedisServer::start_with(&node_args).await);
+            node_args.into_iter().map(str::to_owned).collect()
+        };
+        for _ in 0..primaries * (1 + replicas) {
+            nodes.push(RedisServer::start_each_try(node_args).await);
         }
         let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
         let created = Command::new("redis-cli")
