@@ -3,12 +3,11 @@
 
 use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, ORIGIN, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderName, HeaderValue, Uri};
-
-use super::names;
 use serde_json::{Value, json};
 use tether_core::jsonrpc::Request;
 use tether_core::mcp::{Era, ProtocolVersion, method};
 
+use super::names;
 use crate::auth::{Authenticator, Identity, ProtectedResource, Unauthenticated};
 use crate::config::ServerConfig;
 use crate::excerpt::quoted;
