@@ -320,11 +320,10 @@ impl Activity {
         let limits = &self.limits;
         let at = |ms: u64, after: Duration| self.start + Duration::from_millis(ms) + after;
         if self.in_flight.load(Ordering::Acquire) > 0 {
-            let sent = at(self.sent_at.load(Ordering::Acquire), limits.send_timeout);
             return if self.unsent.load(Ordering::Acquire) > 0 {
-                (sent, Some(Expiry::Send))
+                (at(self.sent_at.load(Ordering::Acquire), limits.send_timeout), Some(Expiry::Send))
             } else {
-                (sent.max(Instant::now() + limits.send_timeout), None)
+                (Instant::now() + limits.send_timeout, None)
             };
         }
         let head = self.head_since.load(Ordering::Acquire);
