@@ -1,5 +1,6 @@
 //! The `tether` command: argument parsing and wiring only; the work is in the library crates.
 
+mod allocator;
 mod bench_cli;
 mod client_cli;
 mod connect_cli;
@@ -15,10 +16,9 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
 
-/// glibc's allocator spent a fifth of the server's time per tool call (malloc, free and
-/// `malloc_consolidate` in `perf`); mimalloc's thread-local free lists cost a fraction of that.
+/// mimalloc ([`allocator`]).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: allocator::Mimalloc = allocator::Mimalloc;
 
 /// The version, with the commit it was built from.
 const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TETHER_COMMIT"), ")");
