@@ -307,59 +307,72 @@ impl ParseError {
 
 /// Parses a POST body: one message or a batch.
 pub fn parse_body(bytes: &[u8]) -> Result<Body, ParseError> {
-    match parse_json(bytes)? {
-        Value::Array(items) if items.is_empty() => {
-            Err(ParseError::Invalid("empty batch".to_owned()))
-        }
-        Value::Array(items) => items
+    match parse_shape(bytes)? {
+        Shape::Array(items) if items.is_empty() => Err(ParseError::Invalid("empty batch".to_owned())),
+        Shape::Array(items) => items
             .into_iter()
             .enumerate()
             .map(|(i, item)| {
-                message_from_value(item).map_err(|e| match e {
-                    ParseError::Invalid(reason) => {
-                        ParseError::Invalid(format!("batch element {i}: {reason}"))
-                    }
+                message_from_shape(item).map_err(|e| match e {
+                    ParseError::Invalid(reason) => ParseError::Invalid(format!("batch element {i}: {reason}")),
                     other => other,
                 })
             })
             .collect::<Result<_, _>>()
             .map(Body::Batch),
-        value => message_from_value(value).map(Body::Single),
+        shape => message_from_shape(shape).map(Body::Single),
     }
 }
 
 /// Parses exactly one message (batches are rejected).
 pub fn parse_message(bytes: &[u8]) -> Result<Message, ParseError> {
-    message_from_value(parse_json(bytes)?)
+    message_from_shape(parse_shape(bytes)?)
 }
 
-fn parse_json(bytes: &[u8]) -> Result<Value, ParseError> {
+/// Reads JSON as far as the rules look: an object's members that name a message's parts, and
+/// an array's elements, without building a tree of the rest.
+fn parse_shape(bytes: &[u8]) -> Result<Shape, ParseError> {
     serde_json::from_slice(bytes).map_err(|e| ParseError::NotJson(e.to_string()))
 }
 
 /// Classifies a JSON value as a message.
 pub fn message_from_value(value: Value) -> Result<Message, ParseError> {
+    match value {
+        Value::Object(object) => message_from_members(Members::of(object)),
+        _ => Err(not_an_object()),
+    }
+}
+
+fn message_from_shape(shape: Shape) -> Result<Message, ParseError> {
+    match shape {
+        Shape::Object(members) => message_from_members(members),
+        Shape::Array(_) | Shape::Other => Err(not_an_object()),
+    }
+}
+
+fn not_an_object() -> ParseError {
+    ParseError::Invalid("a message must be a JSON object".to_owned())
+}
+
+/// What makes a message of an object's members, whichever way they were read.
+fn message_from_members(members: Members) -> Result<Message, ParseError> {
     let invalid = |reason: &str| ParseError::Invalid(reason.to_owned());
-    let Value::Object(mut object) = value else {
-        return Err(invalid("a message must be a JSON object"));
-    };
-    if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+    let Members { jsonrpc, id: id_value, method, params, result, error } = members;
+    if jsonrpc.as_ref().and_then(Value::as_str) != Some("2.0") {
         return Err(invalid(r#"the "jsonrpc" member must be "2.0""#));
     }
-    let id = object.get("id").map(RequestId::from_value);
-    if let Some(method) = object.remove("method") {
+    let id = id_value.as_ref().map(RequestId::from_value);
+    if let Some(method) = method {
         let Value::String(method) = method else {
             return Err(invalid(r#"the "method" member must be a string"#));
         };
-        let params = take_params(&mut object)?;
+        let params = checked_params(params)?;
         return match id {
             None => Ok(Message::Notification(Notification { method, params })),
             Some(Ok(id)) => Ok(Message::Request(Request { id, method, params })),
             Some(Err(reason)) => Err(ParseError::Invalid(reason)),
         };
     }
-    let result = object.remove("result");
-    let error = object.remove("error");
     let outcome = match (result, error) {
         (Some(result), None) => Ok(result),
         (None, Some(error)) => Err(error_from_value(error)?),
@@ -371,15 +384,174 @@ pub fn message_from_value(value: Value) -> Result<Message, ParseError> {
     let id = match (id, &outcome) {
         (Some(Ok(id)), _) => Some(id),
         // An error about an unreadable request may carry a null id.
-        (Some(Err(_)), Err(_)) if object.get("id") == Some(&Value::Null) => None,
+        (Some(Err(_)), Err(_)) if id_value == Some(Value::Null) => None,
         (Some(Err(reason)), _) => return Err(ParseError::Invalid(reason)),
         (None, _) => return Err(invalid(r#"a response needs an "id""#)),
     };
     Ok(Message::Response(Response { id, outcome }))
 }
 
-fn take_params(object: &mut Map<String, Value>) -> Result<Option<Value>, ParseError> {
-    match object.remove("params") {
+/// The members of a message object the rules read; a member given twice is the last one.
+#[derive(Default)]
+struct Members {
+    jsonrpc: Option<Value>,
+    id: Option<Value>,
+    method: Option<Value>,
+    params: Option<Value>,
+    result: Option<Value>,
+    error: Option<Value>,
+}
+
+impl Members {
+    /// The members of an object already read whole.
+    fn of(mut object: Map<String, Value>) -> Members {
+        let mut members = Members::default();
+        for part in Part::ALL {
+            if let Some(value) = object.remove(part.name()) {
+                *members.slot(part) = Some(value);
+            }
+        }
+        members
+    }
+
+    fn slot(&mut self, part: Part) -> &mut Option<Value> {
+        match part {
+            Part::Jsonrpc => &mut self.jsonrpc,
+            Part::Id => &mut self.id,
+            Part::Method => &mut self.method,
+            Part::Params => &mut self.params,
+            Part::Result => &mut self.result,
+            Part::Error => &mut self.error,
+        }
+    }
+}
+
+/// A member of a message object that the rules read.
+#[derive(Debug, Clone, Copy)]
+enum Part {
+    Jsonrpc,
+    Id,
+    Method,
+    Params,
+    Result,
+    Error,
+}
+
+impl Part {
+    const ALL: [Part; 6] = [Part::Jsonrpc, Part::Id, Part::Method, Part::Params, Part::Result, Part::Error];
+
+    /// The member's name.
+    fn name(self) -> &'static str {
+        match self {
+            Part::Jsonrpc => "jsonrpc",
+            Part::Id => "id",
+            Part::Method => "method",
+            Part::Params => "params",
+            Part::Result => "result",
+            Part::Error => "error",
+        }
+    }
+
+    /// The part a member called `name` is, if any.
+    fn named(name: &str) -> Option<Part> {
+        Part::ALL.into_iter().find(|part| part.name() == name)
+    }
+}
+
+/// A JSON document as [`parse_shape`] reads it.
+enum Shape {
+    /// An object: its members that name a message's parts.
+    Object(Members),
+    /// An array: its elements.
+    Array(Vec<Shape>),
+    /// A string, a number, a boolean or null.
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for Shape {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Shape, D::Error> {
+        deserializer.deserialize_any(ShapeVisitor)
+    }
+}
+
+struct ShapeVisitor;
+
+impl<'de> serde::de::Visitor<'de> for ShapeVisitor {
+    type Value = Shape;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Shape, E> {
+        Ok(Shape::Other)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Shape, E> {
+        Ok(Shape::Other)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Shape, E> {
+        Ok(Shape::Other)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Shape, E> {
+        Ok(Shape::Other)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Shape, E> {
+        Ok(Shape::Other)
+    }
+
+    fn visit_unit<E>(self) -> Result<Shape, E> {
+        Ok(Shape::Other)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Shape, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element::<Shape>()? {
+            items.push(item);
+        }
+        Ok(Shape::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Shape, A::Error> {
+        let mut members = Members::default();
+        while let Some(MemberName(part)) = map.next_key()? {
+            match part {
+                Some(part) => *members.slot(part) = Some(map.next_value()?),
+                None => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Shape::Object(members))
+    }
+}
+
+/// The part a member's name names, if any: read without copying the name.
+struct MemberName(Option<Part>);
+
+impl<'de> serde::Deserialize<'de> for MemberName {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<MemberName, D::Error> {
+        struct NameVisitor;
+        impl serde::de::Visitor<'_> for NameVisitor {
+            type Value = MemberName;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a member name")
+            }
+
+            fn visit_str<E>(self, name: &str) -> Result<MemberName, E> {
+                Ok(MemberName(Part::named(name)))
+            }
+        }
+        deserializer.deserialize_str(NameVisitor)
+    }
+}
+
+fn checked_params(params: Option<Value>) -> Result<Option<Value>, ParseError> {
+    match params {
         None => Ok(None),
         Some(params @ (Value::Object(_) | Value::Array(_))) => Ok(Some(params)),
         Some(_) => Err(ParseError::Invalid(
@@ -536,6 +708,30 @@ mod tests {
             code::INVALID_REQUEST
         );
         assert!(parse_message(b"[]").is_err());
+    }
+
+    /// A message read from its bytes is what the same JSON read as a tree makes of it: the
+    /// members read by name as the tree keys them (escapes undone, the last of two alike), the
+    /// others skipped.
+    #[test]
+    fn bytes_and_trees_read_the_same_message() {
+        for bytes in [
+            &br#"{"jsonrpc":"2.0","id":"a","method":"m","params":{"x":[1,{"y":null}]},"extra":{"z":[true]}}"#[..],
+            br#"{"jsonrpc":"2.0","id":1,"method":"first","method":"second"}"#,
+            br#"{"json\u0072pc":"2.0","\u0069d":2,"method":"m"}"#,
+            br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"m"}}"#,
+            br#"{"jsonrpc":"2.0","id":null,"result":{}}"#,
+            br#"{"jsonrpc":"2.0","id":3,"result":{},"Result":5}"#,
+            br#"{"jsonrpc":"2.0","method":"n","params":[1,2],"id":4,"id":"late"}"#,
+            br#"{"jsonrpc":"2.0","id":5,"method":"m","params":null}"#,
+            br#"{"jsonrpc":"2.0","id":6,"method":"m","params":{},"jsonrpc":"1.0"}"#,
+            br#"[{"jsonrpc":"2.0","id":7,"method":"m"}]"#,
+            br#"7"#,
+        ] {
+            let tree: Value = serde_json::from_slice(bytes).expect("JSON");
+            let text = String::from_utf8_lossy(bytes);
+            assert_eq!(parse_message(bytes), message_from_value(tree), "{text}");
+        }
     }
 
     #[test]
