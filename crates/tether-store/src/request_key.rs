@@ -114,10 +114,15 @@ impl RequestKey {
 }
 
 fn encode_id(id: &RequestId) -> String {
-    match id {
-        RequestId::Number(n) => format!("n:{n}"),
-        RequestId::String(s) => format!("s:{s}"),
-    }
+    let mut number = itoa::Buffer::new();
+    let (kind, id) = match id {
+        RequestId::Number(n) => ("n:", number.format(*n)),
+        RequestId::String(s) => ("s:", s.as_str()),
+    };
+    let mut encoded = String::with_capacity(kind.len() + id.len());
+    encoded.push_str(kind);
+    encoded.push_str(id);
+    encoded
 }
 
 fn parse_id(kind: &str, id: &str) -> Option<RequestId> {

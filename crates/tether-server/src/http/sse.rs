@@ -92,7 +92,7 @@ impl Connection {
         let config = &self.shared.config;
         let retry_ms = u64::try_from(config.sse_retry.as_millis()).unwrap_or(u64::MAX);
         let deadline = polls.then(|| Instant::now() + config.max_connection_duration);
-        let id_prefix = format!("{}:{}:", self.runtime.epoch, self.reader.stream());
+        let id_prefix = id_prefix(self.runtime.epoch.as_str(), self.reader.stream().as_str());
         crate::telemetry::stream_connections(1.0);
         let pump = Pump { conn: self, id_prefix, deadline, retry_ms, done: false };
         Body::from_stream(stream::unfold(pump, |mut pump| async move {
@@ -102,10 +102,19 @@ impl Connection {
     }
 }
 
+/// What every event id of `stream` in `epoch` starts with: `epoch:stream:`.
+fn id_prefix(epoch: &str, stream: &str) -> String {
+    let mut prefix = String::with_capacity(epoch.len() + stream.len() + 2);
+    for part in [epoch, ":", stream, ":"] {
+        prefix.push_str(part);
+    }
+    prefix
+}
+
 /// A body of one resync event and nothing else: a resume of a stream the session does not have.
 pub(crate) fn notice_body(epoch: &str, notice: &ResyncNotice) -> Body {
     let mut out = Vec::new();
-    write_notice(&mut out, &format!("{epoch}:{}:", notice.stream), notice, None);
+    write_notice(&mut out, &id_prefix(epoch, &notice.stream), notice, None);
     Body::from(out)
 }
 
@@ -156,7 +165,8 @@ impl Pump {
         }
         if let Prelude::Priming = std::mem::replace(&mut self.conn.prelude, Prelude::None) {
             let mut out = Vec::new();
-            let mut id = format!("{}0", self.id_prefix);
+            let mut id = self.id_prefix.clone();
+            id.push('0');
             push_tag(&mut id, Some(Tag::priming(self.conn.reader.stream())));
             let event =
                 OutgoingEvent { id: Some(&id), retry: Some(self.retry_ms), data: Some(b""), ..Default::default() };
