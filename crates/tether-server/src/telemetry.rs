@@ -3,9 +3,10 @@
 //! here, once.
 
 use std::collections::HashSet;
-use std::sync::{LazyLock, RwLock};
+use std::sync::{Arc, LazyLock, RwLock};
 use std::time::Duration;
 
+use metrics::SharedString;
 use serde_json::Value;
 use tether_core::jsonrpc::ErrorObject;
 use tether_core::lineage::{InvalidReason, ResyncReason, ServerDecision};
@@ -26,18 +27,27 @@ const MAX_TOOL_LABELS: usize = 256;
 /// The tools a metric may name: those the server itself listed (a `tools/list` result) or
 /// answered with a result that is no error, so a client naming tools that do not exist cannot grow the label
 /// set, and at most [`MAX_TOOL_LABELS`] of them.
-static TOOLS: LazyLock<RwLock<HashSet<String>>> = LazyLock::new(RwLock::default);
+static TOOLS: LazyLock<RwLock<HashSet<Arc<str>>>> = LazyLock::new(RwLock::default);
 
-fn known_tool(name: &str) -> bool {
-    TOOLS.read().unwrap_or_else(|poisoned| poisoned.into_inner()).contains(name)
+/// The label of a tool the set holds: shared, so a call's label costs no copy of the name.
+fn known_tool(name: &str) -> Option<Arc<str>> {
+    TOOLS.read().unwrap_or_else(|poisoned| poisoned.into_inner()).get(name).cloned()
 }
 
-/// Learns `names` while there is room; whether the last of them is known afterwards.
-fn learn_tools<'a>(names: impl Iterator<Item = &'a str>) -> bool {
+/// Learns `names` while there is room; the label of the last of them if it is known afterwards.
+fn learn_tools<'a>(names: impl Iterator<Item = &'a str>) -> Option<Arc<str>> {
     let mut tools = TOOLS.write().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let mut known = false;
+    let mut known = None;
     for name in names {
-        known = tools.contains(name) || (tools.len() < MAX_TOOL_LABELS && tools.insert(name.to_owned()));
+        known = match tools.get(name) {
+            Some(label) => Some(Arc::clone(label)),
+            None if tools.len() < MAX_TOOL_LABELS => {
+                let label: Arc<str> = Arc::from(name);
+                tools.insert(Arc::clone(&label));
+                Some(label)
+            }
+            None => None,
+        };
     }
     known
 }
@@ -68,8 +78,8 @@ pub(crate) fn tool_outcome(
                 Some(Ok(_)) => "result",
                 _ => "error",
             };
-            let known = known_tool(tool) || (ended == "result" && learn_tools(std::iter::once(tool)));
-            let label = if known { tool.to_owned() } else { "other".to_owned() };
+            let known = known_tool(tool).or_else(|| (ended == "result").then(|| learn_tools(std::iter::once(tool))).flatten());
+            let label = known.map_or(SharedString::const_str("other"), SharedString::from_shared);
             metrics::counter!("tether_tool_calls_total", "tool" => label.clone(), "outcome" => ended).increment(1);
             metrics::histogram!("tether_tool_call_duration_seconds", "tool" => label).record(took.as_secs_f64());
         }
@@ -177,10 +187,27 @@ pub(crate) fn resync_sent(reason: ResyncReason) {
     metrics::counter!("tether_resyncs_sent_total", "reason" => reason.as_str()).increment(1);
 }
 
-/// How long a store operation took (`op`: `begin_request`, `append`, `claim_key`). Not measured
-/// per read of a followed stream: that is once per event.
-pub(crate) fn store_latency(op: &'static str, took: Duration) {
-    metrics::histogram!("tether_store_seconds", "op" => op).record(took.as_secs_f64());
+/// A store operation whose latency is measured. Not each read of a followed stream: that is
+/// once per event.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum StoreOp {
+    /// A request's record (`begin_request`).
+    BeginRequest,
+    /// A request's events (`append`).
+    Append,
+    /// An idempotency key's claim (`claim_key`).
+    ClaimKey,
+}
+
+/// How long a store operation took, by operation (`op`). Each label is a literal, so the
+/// histogram's key is a static, built once, not per call.
+pub(crate) fn store_latency(op: StoreOp, took: Duration) {
+    let histogram = match op {
+        StoreOp::BeginRequest => metrics::histogram!("tether_store_seconds", "op" => "begin_request"),
+        StoreOp::Append => metrics::histogram!("tether_store_seconds", "op" => "append"),
+        StoreOp::ClaimKey => metrics::histogram!("tether_store_seconds", "op" => "claim_key"),
+    };
+    histogram.record(took.as_secs_f64());
 }
 
 /// Event bytes the store retains, when it can tell.

@@ -145,7 +145,7 @@ async fn start_pipelined(
         let decide = async {
             let started = std::time::Instant::now();
             let begun = begun.await;
-            crate::telemetry::store_latency("begin_request", started.elapsed());
+            crate::telemetry::store_latency(crate::telemetry::StoreOp::BeginRequest, started.elapsed());
             let begun = begun.map_err(DispatchError::from).and_then(|begun| match begun {
                 // Not registered, yet new: the session began to end meanwhile.
                 BeginRequest::Started if !registered => Err(DispatchError::SessionEnded),
@@ -349,7 +349,7 @@ async fn record(
             .map(|begun| (begun, None))
         }
     }?;
-    crate::telemetry::store_latency("begin_request", started.elapsed());
+    crate::telemetry::store_latency(crate::telemetry::StoreOp::BeginRequest, started.elapsed());
     let Entry { key, request, keyed, .. } = entry;
     Ok(match begun {
         BeginRequest::Existing { stream: original, same_params: true } => Recorded::Again { original, request },
@@ -475,7 +475,7 @@ async fn keyed_job(
         None => {
             let started = std::time::Instant::now();
             let claimed = store.claim_key(claim.clone()).await?;
-            crate::telemetry::store_latency("claim_key", started.elapsed());
+            crate::telemetry::store_latency(crate::telemetry::StoreOp::ClaimKey, started.elapsed());
             claimed
         }
     };

@@ -324,7 +324,7 @@ impl Writer {
                 };
                 let appended = appended.map(drop).map_err(ContextError::from);
                 if appended.is_ok() {
-                    crate::telemetry::store_latency("append", started.elapsed());
+                    crate::telemetry::store_latency(crate::telemetry::StoreOp::Append, started.elapsed());
                     crate::telemetry::events_appended(count);
                     first_output.signal(|| {
                         only_response.map_or(FirstOutput::Event, |bytes| {
