@@ -308,13 +308,17 @@ impl ParseError {
 /// Parses a POST body: one message or a batch.
 pub fn parse_body(bytes: &[u8]) -> Result<Body, ParseError> {
     match parse_shape(bytes)? {
-        Shape::Array(items) if items.is_empty() => Err(ParseError::Invalid("empty batch".to_owned())),
+        Shape::Array(items) if items.is_empty() => {
+            Err(ParseError::Invalid("empty batch".to_owned()))
+        }
         Shape::Array(items) => items
             .into_iter()
             .enumerate()
             .map(|(i, item)| {
                 message_from_shape(item).map_err(|e| match e {
-                    ParseError::Invalid(reason) => ParseError::Invalid(format!("batch element {i}: {reason}")),
+                    ParseError::Invalid(reason) => {
+                        ParseError::Invalid(format!("batch element {i}: {reason}"))
+                    }
                     other => other,
                 })
             })
@@ -357,7 +361,14 @@ fn not_an_object() -> ParseError {
 /// What makes a message of an object's members, whichever way they were read.
 fn message_from_members(members: Members) -> Result<Message, ParseError> {
     let invalid = |reason: &str| ParseError::Invalid(reason.to_owned());
-    let Members { jsonrpc, id: id_value, method, params, result, error } = members;
+    let Members {
+        jsonrpc,
+        id: id_value,
+        method,
+        params,
+        result,
+        error,
+    } = members;
     if jsonrpc.as_ref().and_then(Value::as_str) != Some("2.0") {
         return Err(invalid(r#"the "jsonrpc" member must be "2.0""#));
     }
@@ -438,7 +449,14 @@ enum Part {
 }
 
 impl Part {
-    const ALL: [Part; 6] = [Part::Jsonrpc, Part::Id, Part::Method, Part::Params, Part::Result, Part::Error];
+    const ALL: [Part; 6] = [
+        Part::Jsonrpc,
+        Part::Id,
+        Part::Method,
+        Part::Params,
+        Part::Result,
+        Part::Error,
+    ];
 
     /// The member's name.
     fn name(self) -> &'static str {
