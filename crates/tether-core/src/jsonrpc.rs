@@ -698,6 +698,10 @@ mod tests {
                 "code",
             ),
             (json!({"jsonrpc":"2.0","id":null,"result":{}}), "null"),
+            (
+                json!({"jsonrpc":"2.0","id":1.5,"error":{"code":1,"message":"m"}}),
+                "integer",
+            ),
         ] {
             let err = parse_body(value.to_string().as_bytes()).expect_err("invalid");
             assert_eq!(err.code(), code::INVALID_REQUEST, "{value}");
