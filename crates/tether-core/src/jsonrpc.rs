@@ -418,9 +418,7 @@ impl Members {
     fn of(mut object: Map<String, Value>) -> Members {
         let mut members = Members::default();
         for part in Part::ALL {
-            if let Some(value) = object.remove(part.name()) {
-                *members.slot(part) = Some(value);
-            }
+            *members.slot(part) = object.remove(part.name());
         }
         members
     }

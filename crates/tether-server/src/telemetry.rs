@@ -78,8 +78,10 @@ pub(crate) fn tool_outcome(
                 Some(Ok(_)) => "result",
                 _ => "error",
             };
-            let known =
-                known_tool(tool).or_else(|| (ended == "result").then(|| learn_tools(std::iter::once(tool))).flatten());
+            let known = match known_tool(tool) {
+                None if ended == "result" => learn_tools(std::iter::once(tool)),
+                known => known,
+            };
             let label = known.map_or(SharedString::const_str("other"), SharedString::from_shared);
             metrics::counter!("tether_tool_calls_total", "tool" => label.clone(), "outcome" => ended).increment(1);
             metrics::histogram!("tether_tool_call_duration_seconds", "tool" => label).record(took.as_secs_f64());
