@@ -21,6 +21,25 @@ use libmimalloc_sys as mi;
 /// words, laid out from a page start that is aligned further.
 const BLOCK_ALIGN: usize = std::mem::size_of::<usize>();
 
+/// Whether every block has `layout`'s alignment, so that mimalloc's plain entry points serve it.
+fn plain(layout: Layout) -> bool {
+    layout.align() <= BLOCK_ALIGN
+}
+
+/// Allocates `layout` through `unaligned` where [`plain`], else through `aligned`.
+///
+/// # Safety
+/// `layout` has a nonzero size, as `GlobalAlloc` guarantees its callers ask for.
+unsafe fn allocate(
+    layout: Layout,
+    unaligned: unsafe extern "C" fn(usize) -> *mut c_void,
+    aligned: unsafe extern "C" fn(usize, usize) -> *mut c_void,
+) -> *mut u8 {
+    // SAFETY: both entry points take any nonzero size; the aligned one any power of two, which a
+    // `Layout`'s alignment is.
+    unsafe { if plain(layout) { unaligned(layout.size()) } else { aligned(layout.size(), layout.align()) }.cast() }
+}
+
 /// mimalloc, through `mi_malloc` for layouts whose alignment every block has, and through its
 /// aligned entry points for the others.
 pub struct Mimalloc;
@@ -30,25 +49,13 @@ pub struct Mimalloc;
 // alignment. Blocks are freed and resized only through mimalloc, which finds their size itself.
 unsafe impl GlobalAlloc for Mimalloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: `GlobalAlloc`'s callers never ask for zero bytes; see the impl.
-        unsafe {
-            if layout.align() <= BLOCK_ALIGN {
-                mi::mi_malloc(layout.size()).cast()
-            } else {
-                mi::mi_malloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        // SAFETY: `GlobalAlloc`'s callers never ask for zero bytes.
+        unsafe { allocate(layout, mi::mi_malloc, mi::mi_malloc_aligned) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as `alloc`.
-        unsafe {
-            if layout.align() <= BLOCK_ALIGN {
-                mi::mi_zalloc(layout.size()).cast()
-            } else {
-                mi::mi_zalloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        unsafe { allocate(layout, mi::mi_zalloc, mi::mi_zalloc_aligned) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
@@ -58,9 +65,9 @@ unsafe impl GlobalAlloc for Mimalloc {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: `ptr` came from this allocator with `layout`'s alignment, which the block
-        // keeps: mimalloc's plain resize for word alignment, its aligned one for more.
+        // keeps: mimalloc's plain resize where every block has it, its aligned one above.
         unsafe {
-            if layout.align() <= BLOCK_ALIGN {
+            if plain(layout) {
                 mi::mi_realloc(ptr.cast(), new_size).cast()
             } else {
                 mi::mi_realloc_aligned(ptr.cast(), new_size, layout.align()).cast()
