@@ -26,7 +26,7 @@ use crate::refusal::Refusal;
 use crate::request::context::{Context, Input, RequestMeta};
 use crate::request::eager::{self, Started};
 use crate::request::idempotency::{self, Answer, ClaimGuard, Keyed, Plan};
-use crate::request::input::{self, Answerer};
+use crate::request::input::{self, Answerer, Params};
 use crate::request::output::{FirstOutput, Output};
 use crate::session::{LogLevel, SessionRuntime};
 use crate::tasks::{self, TaskSlot};
@@ -130,7 +130,7 @@ async fn start_pipelined(
     stream: StreamName,
     begun: tether_store::StoreFuture<'static, BeginRequest>,
 ) -> Result<StartedSessionful, DispatchError> {
-    let Entry { key, request, .. } = entry;
+    let Entry { key, request, params_bytes, .. } = entry;
     let cancel = CancellationToken::new();
     if runtime.closing() {
         return Err(DispatchError::SessionEnded);
@@ -158,7 +158,8 @@ async fn start_pipelined(
             let _ = decided.send(begun);
         };
         let finish = Finish::Sessionful(registered.then_some(&key));
-        tokio::join!(run(&shared, run_ctx, request, Job::Run(None), cancel.clone(), finish), decide);
+        let run = run(&shared, run_ctx, request, Some(params_bytes), Job::Run(None), cancel.clone(), finish);
+        tokio::join!(run, decide);
         if registered {
             runtime.finish_request(&key);
         }
@@ -209,7 +210,7 @@ async fn start_in_batch_here(
             let follow =
                 Answer::Follow { session: runtime.id.clone(), stream: original, request: Some(request.id.clone()) };
             let relay = Job::Answer(follow, None);
-            Work { key, request, job: Prepared::Ready(relay) }
+            Work { key, request, params_bytes: None, job: Prepared::Ready(relay) }
         }
         Recorded::Conflict(error) => return Ok(Err(error)),
     };
@@ -259,6 +260,8 @@ struct Work {
     key: RequestKey,
     /// The request, its params set.
     request: Request,
+    /// Its params as its record serialized them, if it was recorded.
+    params_bytes: Option<Vec<u8>>,
     job: Prepared,
 }
 
@@ -274,11 +277,12 @@ enum Prepared {
     },
 }
 
-/// A request as the store records it: its key in the session, its params (set) and their
-/// digest, its idempotency key, and whether it is without effects.
+/// A request as the store records it: its key in the session, its params (set), serialized and
+/// their digest, its idempotency key, and whether it is without effects.
 struct Entry {
     key: RequestKey,
     request: Request,
+    params_bytes: Vec<u8>,
     digest: String,
     keyed: Option<Keyed>,
     read_only: bool,
@@ -294,7 +298,8 @@ impl Entry {
         let params_bytes = serde_json::to_vec(&params).expect("a serde_json::Value serializes: its keys are strings");
         let digest = Digest::of(&key.encode(), &params_bytes).to_string();
         let read_only = shared.handler.read_only(&request.method, &params);
-        Ok(Entry { key, request: Request { params: Some(params), ..request }, digest, keyed, read_only })
+        let request = Request { params: Some(params), ..request };
+        Ok(Entry { key, request, params_bytes, digest, keyed, read_only })
     }
 
     /// What the store records of it, sent in `runtime`'s incarnation with its output on `stream`.
@@ -350,7 +355,7 @@ async fn record(
         }
     }?;
     crate::telemetry::store_latency(crate::telemetry::StoreOp::BeginRequest, started.elapsed());
-    let Entry { key, request, keyed, .. } = entry;
+    let Entry { key, request, params_bytes, keyed, .. } = entry;
     Ok(match begun {
         BeginRequest::Existing { stream: original, same_params: true } => Recorded::Again { original, request },
         BeginRequest::Existing { same_params: false, .. } => Recorded::Conflict(id_reused(&request.id)),
@@ -359,7 +364,7 @@ async fn record(
                 Some((keyed, claim)) => Prepared::Keyed { keyed, claim, claimed },
                 None => Prepared::Ready(Job::Run(None)),
             };
-            Recorded::New(Box::new(Work { key, request, job }))
+            Recorded::New(Box::new(Work { key, request, params_bytes: Some(params_bytes), job }))
         }
     })
 }
@@ -406,7 +411,7 @@ async fn run_recorded(
     stream: StreamName,
     ends_stream: bool,
 ) -> Result<Running, DispatchError> {
-    let Work { key, request, job } = work;
+    let Work { key, request, params_bytes, job } = work;
     let cancel = CancellationToken::new();
     if !runtime.start_request(&key, &stream, cancel.clone()) {
         if let Prepared::Keyed { keyed, claimed: Some(Claim::Claimed(_)), .. } = &job {
@@ -438,7 +443,7 @@ async fn run_recorded(
         if let Some(claim) = claim {
             claim.running();
         }
-        run(&shared, ctx, request, job, cancel, Finish::Sessionful(Some(&key))).await;
+        run(&shared, ctx, request, params_bytes, job, cancel, Finish::Sessionful(Some(&key))).await;
         runtime.finish_request(&key);
     });
     Ok(Running { stream, first, task, claimed })
@@ -596,7 +601,7 @@ async fn start_stateless_here(
         }
         // Once the run is over, nothing is left to cancel (and the linking task ends).
         let _over = run_cancel.clone().drop_guard();
-        run(&shared, ctx, request, job, run_cancel, finish).await;
+        run(&shared, ctx, request, None, job, run_cancel, finish).await;
     });
     Ok(StartedStateless { first, cancel_on_close, claimed })
 }
@@ -624,12 +629,14 @@ enum Finish<'k> {
     Stateless { binding: String, server_info: Value },
 }
 
-/// Runs `job` for `request` (whose params are set) and sends its outcome, finished as its era
-/// says, recording it under the request's key if it ran.
+/// Runs `job` for `request` (whose params are set, and `params_bytes` serialized, if they were)
+/// and sends its outcome, finished as its era says, recording it under the request's key if it
+/// ran.
 async fn run(
     shared: &ServerState,
     ctx: Context,
     request: Request,
+    params_bytes: Option<Vec<u8>>,
     job: Job,
     cancel: CancellationToken,
     finish: Finish<'_>,
@@ -637,7 +644,7 @@ async fn run(
     let _running = shared.drain.start();
     let began = std::time::Instant::now();
     let Request { id, method, params } = request;
-    let params = params.unwrap_or_default();
+    let params = Params { tree: params.unwrap_or_default(), bytes: params_bytes };
     // At `debug`, as tower-http's request spans are: enabled, it costs every call a few
     // microseconds to format and register (docs/benchmarks.md). The events tether writes at
     // `warn` or above from a request name the request themselves.
@@ -649,19 +656,19 @@ async fn run(
         stream = ctx.stream().map(StreamName::as_str).unwrap_or_default(),
     );
     let tool = (method == mcp::method::TOOLS_CALL)
-        .then(|| params.get("name").and_then(Value::as_str).map(str::to_owned))
+        .then(|| params.tree.get("name").and_then(Value::as_str).map(str::to_owned))
         .flatten();
     let mut otel = crate::trace::RequestSpan::start(
         &method,
         tool.as_deref(),
-        &params,
+        &params.tree,
         &id,
         ctx.session_id(),
         ctx.protocol_version(),
     );
     let handling = otel.as_ref().map(|span| span.child("tether.handler"));
     let trace = handling.as_ref().map(crate::trace::ChildSpan::trace_context);
-    if let Some(trace) = trace.or_else(|| tether_core::trace_context::TraceContext::from_meta(&params)) {
+    if let Some(trace) = trace.or_else(|| tether_core::trace_context::TraceContext::from_meta(&params.tree)) {
         ctx.set_trace_context(trace);
     }
     async move {
@@ -773,14 +780,14 @@ async fn run(
 /// The handler's run of `method` with `params` for the request of `ctx`: in rounds that ask the
 /// client for input when the method may ask in a session (`sessionful`), or when the request
 /// may become a task; else the handler's call as it is.
-fn handler_run(ctx: &Context, method: &str, params: Value, sessionful: bool) -> crate::HandlerFuture {
+fn handler_run(ctx: &Context, method: &str, params: Params, sessionful: bool) -> crate::HandlerFuture {
     let handler = Arc::clone(&ctx.server().handler);
     let answerer = if sessionful && tether_core::methods::may_ask_input(method) {
         Answerer::Session
     } else if ctx.may_become_task() {
         Answerer::Task
     } else {
-        return handler.call(ctx.clone(), method.to_owned(), params);
+        return handler.call(ctx.clone(), method.to_owned(), params.tree);
     };
     Box::pin(input::rounds(handler, ctx.clone(), method.to_owned(), params, answerer))
 }

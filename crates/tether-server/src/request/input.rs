@@ -121,6 +121,37 @@ pub(crate) enum Answerer {
     Task,
 }
 
+/// A request's params, as its rounds take them. The handler owns the tree once a round runs,
+/// and only a result that asks for input has a round after it: where the request's record
+/// serialized them (`bytes`), a later round reads them again from there, so that a request
+/// that never asks costs no copy of its params.
+pub(crate) struct Params {
+    /// The params.
+    pub(crate) tree: Value,
+    /// The same, as JSON, if they were serialized.
+    pub(crate) bytes: Option<Vec<u8>>,
+}
+
+/// What a round keeps of its params for the next.
+enum Kept<'a> {
+    /// A copy of the tree.
+    Tree(Value),
+    /// The tree's JSON, read again.
+    Json(&'a [u8]),
+}
+
+impl Kept<'_> {
+    /// The params of the round after.
+    fn params(self) -> Result<Value, ErrorObject> {
+        match self {
+            Kept::Tree(params) => Ok(params),
+            Kept::Json(bytes) => serde_json::from_slice(bytes).map_err(|err| {
+                Refusal::InputRequiredInvalid.error(format!("the request's params could not be read again: {err}"))
+            }),
+        }
+    }
+}
+
 /// Runs a handler until its result is complete: what it asks for in an `InputRequiredResult`,
 /// `answerer` gets answered, then the handler runs again with the answers and its state, at most
 /// [`input_required::MAX_ROUNDS`] times. So one handler serves both eras, with or without tasks.
@@ -128,11 +159,16 @@ pub(crate) async fn rounds(
     handler: Arc<dyn Handler>,
     ctx: Context,
     method: String,
-    params: Value,
+    params: Params,
     answerer: Answerer,
 ) -> Result<Value, ErrorObject> {
+    let Params { tree: mut round, bytes } = params;
     for _ in 0..input_required::MAX_ROUNDS {
-        let result = match handler.call(ctx.clone(), method.clone(), params.clone()).await {
+        let kept = match &bytes {
+            Some(bytes) => Kept::Json(bytes),
+            None => Kept::Tree(round.clone()),
+        };
+        let result = match handler.call(ctx.clone(), method.clone(), round).await {
             Ok(result) if input_required::asks(&result) => result,
             other => return other,
         };
@@ -144,6 +180,7 @@ pub(crate) async fn rounds(
             },
         };
         ctx.next_round(input);
+        round = kept.params()?;
     }
     Err(Refusal::InputRequiredInvalid
         .error(format!("the handler still asked for input after {} rounds", input_required::MAX_ROUNDS)))
