@@ -18,6 +18,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let server = Builder::new(handler).store(Arc::new(store)).build();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:8808").await?;
     println!("listening on http://127.0.0.1:8808/mcp");
-    tether_server::serve(listener, server.router("/mcp"), tether_server::ConnectionLimits::default()).await?;
+    let app = server.endpoint("/mcp", axum::Router::new());
+    tether_server::serve(listener, app, tether_server::ConnectionLimits::default()).await?;
     Ok(())
 }

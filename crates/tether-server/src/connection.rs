@@ -11,6 +11,7 @@
 //! port, or, with TLS ([`serve_tls`]), HTTP/1.1 and HTTP/2 negotiated by ALPN; a TLS handshake
 //! is held to the header timeout.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -19,7 +20,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::response::Response;
 use bytes::Bytes;
+use futures_util::future;
 use http::Request;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -28,8 +31,37 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, Re
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tower::ServiceExt as _;
+use tower::util::Either;
 
 use crate::tls::ServerTls;
+
+/// What [`serve`] answers requests with: an [`Endpoint`](crate::Endpoint), an axum `Router`, or
+/// either of two.
+pub trait App: Clone + Send + Sync + 'static {
+    /// The response to `request`, from a clone of the app (a connection's requests run side by
+    /// side).
+    fn answer(self, request: Request<Body>) -> impl Future<Output = Response> + Send + 'static;
+}
+
+impl App for axum::Router {
+    async fn answer(self, request: Request<Body>) -> Response {
+        match self.oneshot(request).await {
+            Ok(response) => response,
+            Err(infallible) => match infallible {},
+        }
+    }
+}
+
+impl<A: App, B: App> App for Either<A, B> {
+    // Inlined for the reason `Endpoint::answer` is.
+    #[inline(always)]
+    fn answer(self, request: Request<Body>) -> impl Future<Output = Response> + Send + 'static {
+        match self {
+            Either::Left(app) => future::Either::Left(app.answer(request)),
+            Either::Right(app) => future::Either::Right(app.answer(request)),
+        }
+    }
+}
 
 /// Limits on connections, applied before any request reaches the router.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,7 +108,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// small frames, and Nagle's algorithm would hold each one back for a delayed ACK). Runs for
 /// ever: an error accepting a connection (such as running out of descriptors) is logged, at most
 /// once a second, and accepting goes on after a pause.
-pub async fn serve(listener: TcpListener, app: axum::Router, limits: ConnectionLimits) -> io::Result<()> {
+pub async fn serve(listener: TcpListener, app: impl App, limits: ConnectionLimits) -> io::Result<()> {
     accept(listener, app, limits, None).await
 }
 
@@ -85,7 +117,7 @@ pub async fn serve(listener: TcpListener, app: axum::Router, limits: ConnectionL
 /// [`serve`] writes would have to follow a handshake the server is too busy to spend.
 pub async fn serve_tls(
     listener: TcpListener,
-    app: axum::Router,
+    app: impl App,
     limits: ConnectionLimits,
     tls: ServerTls,
 ) -> io::Result<()> {
@@ -94,7 +126,7 @@ pub async fn serve_tls(
 
 async fn accept(
     listener: TcpListener,
-    app: axum::Router,
+    app: impl App,
     limits: ConnectionLimits,
     tls: Option<ServerTls>,
 ) -> io::Result<()> {
@@ -212,7 +244,7 @@ impl Expiry {
 /// Serves one connection of any transport (a TLS stream, a Unix socket) under `limits`, as
 /// [`serve`] serves each TCP connection it accepts: until the peer closes it or it expires.
 /// `max_connections` is the caller's to apply.
-pub async fn serve_connection<I>(io: I, app: axum::Router, limits: ConnectionLimits)
+pub async fn serve_connection<I>(io: I, app: impl App, limits: ConnectionLimits)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -226,7 +258,7 @@ where
             let in_flight = InFlight::start(&activity);
             let app = app.clone();
             async move {
-                let response = app.oneshot(request.map(Body::new)).await?;
+                let response = app.answer(request.map(Body::new)).await;
                 Ok::<_, std::convert::Infallible>(response.map(|body| Body::new(Finishing::new(body, in_flight))))
             }
         }

@@ -45,9 +45,10 @@ pub use auth::{
     MAX_KEY_SET_BYTES, ProtectedResource, ResourceError, TokensError, Unauthenticated,
 };
 pub use config::{ServerConfig, parse_duration};
-pub use connection::{ConnectionLimits, serve, serve_connection, serve_tls};
+pub use connection::{App, ConnectionLimits, serve, serve_connection, serve_tls};
 pub use drain::{Drain, NotReady, Readiness, health_router};
 pub use handler::{AdoptFuture, Handler, HandlerFuture, ServerInfo};
+pub use http::endpoint::Endpoint;
 pub use refusal::Refusal;
 pub use request::context::{Context, ContextError, SessionClient, SessionHandle};
 pub use request::input::InputRequired;

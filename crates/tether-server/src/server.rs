@@ -8,6 +8,7 @@ use tether_core::input_required::StateKey;
 use tether_store::{MemoryStore, Store};
 
 use crate::drain::Drain;
+use crate::http::endpoint::Endpoint;
 use crate::session::Sessions;
 use crate::{Authenticator, Handler, ServerConfig, http, ids, now_ms, telemetry};
 
@@ -121,6 +122,22 @@ impl Server {
     /// task changes); they stop once every router and
     /// the server are dropped.
     pub fn router(&self, path: &str) -> axum::Router {
+        self.start_background();
+        http::router(path, Arc::clone(&self.shared))
+    }
+
+    /// The MCP endpoint at `path` as a tower service of its own, with `rest` answering every
+    /// other path (it must not route the authorization metadata's path, which the endpoint
+    /// adds). For [`serve`](crate::serve): a request for the endpoint skips the router's
+    /// matching. Starts the background work as [`Server::router`] does.
+    pub fn endpoint(&self, path: &str, rest: axum::Router) -> Endpoint {
+        self.start_background();
+        Endpoint::new(path, Arc::clone(&self.shared), http::metadata(&self.shared).merge(rest))
+    }
+
+    /// Starts, once, the sweep of idle sessions and old history, and the delivery of what
+    /// other replicas relay.
+    fn start_background(&self) {
         self.background.call_once(|| {
             telemetry::describe();
             tokio::spawn(sweep(Arc::downgrade(&self.shared)));
@@ -135,7 +152,6 @@ impl Server {
                 tokio::spawn(deliver(shared(), changes, relayed_task_change));
             }
         });
-        http::router(path, Arc::clone(&self.shared))
     }
 }
 

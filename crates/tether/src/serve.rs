@@ -17,6 +17,7 @@ use tether_server::{
     MAX_KEY_SET_BYTES, ProtectedResource, Readiness, ServerConfig, ServerTls, health_router, parse_duration,
 };
 use tether_store::{CounterStore, KeyRecords as _, MemoryStore, RedisDurability, RedisStore, SqliteStore, Store};
+use tower::util::Either;
 
 /// The authenticator `--auth` and its flags describe, if any.
 fn authenticator(args: &ServeArgs) -> anyhow::Result<Option<Box<dyn Authenticator>>> {
@@ -453,12 +454,12 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
     if matches!(answering, Answering::Upstream { wait: Some(_), .. }) {
         readiness = readiness.started(Arc::clone(&started));
     }
-    let router = move |builder: Builder| {
+    let server = move |builder: Builder| {
         let mut builder = builder.config(config).store(store).drain(draining);
         if let Some(authenticator) = authenticator {
             builder = builder.authenticator(authenticator);
         }
-        builder.build().router(&path)
+        builder.build()
     };
     // Installed before the server is made, which describes its metrics to the recorder.
     let scrape = match args.metrics {
@@ -468,25 +469,29 @@ pub async fn run(args: ServeArgs, answering: Answering) -> anyhow::Result<()> {
     // Without a wait, the upstream is reached before anything listens, and nothing is waited for.
     type Waiting = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
     let never = || -> Waiting { Box::pin(std::future::pending()) };
+    // The probes answer whatever the MCP endpoint does meanwhile (a gateway still waiting).
+    let probes = health_router(readiness);
     let (app, waiting) = match answering {
-        Answering::Builtin => (router(Builder::new(BuiltinHandler::new(counters))), never()),
-        Answering::Upstream { reached, wait: None } => (router(Builder::new(reached.await?)), never()),
+        Answering::Builtin => {
+            (Either::Left(server(Builder::new(BuiltinHandler::new(counters))).endpoint(&path, probes)), never())
+        }
+        Answering::Upstream { reached, wait: None } => {
+            (Either::Left(server(Builder::new(reached.await?)).endpoint(&path, probes)), never())
+        }
         Answering::Upstream { reached, wait: Some(wait) } => {
             let became_ready = Arc::clone(&started);
             let waiting = async move {
                 let upstream = tokio::time::timeout(wait, reached)
                     .await
                     .map_err(|_| anyhow::anyhow!("the upstream was not reached within --upstream-wait {wait:?}"))??;
-                let _ = became_ready.set(router(Builder::new(upstream)));
+                let _ = became_ready.set(server(Builder::new(upstream)).router(&path));
                 tracing::info!("the upstream is reached: serving");
                 std::future::pending::<anyhow::Result<()>>().await
             };
             let waiting: Waiting = Box::pin(waiting);
-            (tether_server::until_ready(started), waiting)
+            (Either::Right(probes.merge(tether_server::until_ready(started))), waiting)
         }
     };
-    // The probes answer whatever the MCP endpoint does meanwhile (a gateway still waiting).
-    let app = health_router(readiness).merge(app);
     let listener = bind(args.listen).with_context(|| format!("binding {}", args.listen))?;
     let local = listener.local_addr()?;
     let scheme = if tls.is_some() { "https" } else { "http" };

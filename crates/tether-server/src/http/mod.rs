@@ -1,6 +1,7 @@
 //! The MCP endpoint: one path for POST, GET and DELETE, routed by method and protocol era.
 
 mod delete;
+pub(crate) mod endpoint;
 mod get;
 mod guard;
 pub(crate) mod names;
@@ -26,21 +27,30 @@ use crate::refusal::{Refusal, Rejection};
 use crate::session::{SessionRuntime, service};
 use guard::HeaderVersion;
 
+/// The MCP endpoint at `path` in an axum router, beside the authorization metadata.
 pub(crate) fn router(path: &str, shared: Arc<ServerState>) -> Router {
-    let mut router = Router::new().route(path, axum::routing::any(endpoint));
-    if let Some(resource) = shared.auth.as_deref().and_then(|auth| auth.protected_resource()) {
-        // RFC 9728 §3: the metadata is public, so any origin may read it.
-        let document = Bytes::from(resource.document().to_string());
-        let metadata = move || {
-            let cors = (http::header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
-            std::future::ready(json_response(StatusCode::OK, document.clone(), [cors]))
-        };
-        router = router.route(resource.metadata_path(), axum::routing::get(metadata));
-    }
-    router.with_state(shared)
+    let endpoint = |State(shared): State<Arc<ServerState>>, request| endpoint(shared, request);
+    let routes = Router::new().route(path, axum::routing::any(endpoint)).with_state(Arc::clone(&shared));
+    routes.merge(metadata(&shared))
 }
 
-async fn endpoint(State(shared): State<Arc<ServerState>>, request: axum::extract::Request) -> Response {
+/// The protected resource's metadata document at its path (RFC 9728), if requests authenticate
+/// with OAuth; else a router with no routes.
+pub(crate) fn metadata(shared: &ServerState) -> Router {
+    let Some(resource) = shared.auth.as_deref().and_then(|auth| auth.protected_resource()) else {
+        return Router::new();
+    };
+    // RFC 9728 §3: the metadata is public, so any origin may read it.
+    let document = Bytes::from(resource.document().to_string());
+    let metadata = move || {
+        let cors = (http::header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+        std::future::ready(json_response(StatusCode::OK, document.clone(), [cors]))
+    };
+    Router::new().route(resource.metadata_path(), axum::routing::get(metadata))
+}
+
+/// Answers one request of the MCP endpoint, whatever its method.
+async fn endpoint(shared: Arc<ServerState>, request: axum::extract::Request) -> Response {
     let method = request.method().clone();
     // At debug: a span costs a few microseconds a call (its fields formatted into each log
     // line's context), and a request's own span (`mcp`, at info) names its session already.

@@ -35,7 +35,8 @@ pub async fn start_with(builder: Builder) -> TestServer {
 pub async fn start_limited(builder: Builder, limits: tether_server::ConnectionLimits) -> TestServer {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
     let url = format!("http://{}/mcp", listener.local_addr().expect("local addr"));
-    let app = builder.build().router("/mcp");
+    // As `tether serve` serves it: the endpoint on its own, before a router for the rest.
+    let app = builder.build().endpoint("/mcp", axum::Router::new());
     let task = tokio::spawn(async move {
         let _ = tether_server::serve(listener, app, limits).await;
     });

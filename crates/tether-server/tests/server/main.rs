@@ -4,6 +4,7 @@ mod adoption;
 mod auth;
 mod common;
 mod connections;
+mod endpoint;
 mod idempotency;
 mod lifecycle;
 mod protocol;
