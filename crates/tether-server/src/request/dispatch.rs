@@ -30,6 +30,7 @@ use crate::request::input::{self, Answerer, Params};
 use crate::request::output::{FirstOutput, Output};
 use crate::session::{LogLevel, SessionRuntime};
 use crate::tasks::{self, TaskSlot};
+use crate::telemetry::Ended;
 
 /// How a sessionful request started.
 pub(crate) enum StartedSessionful {
@@ -728,7 +729,7 @@ async fn run(
         if let (Finish::Sessionful(Some(key)), Some(runtime)) = (&finish, ctx.runtime()) {
             runtime.answering(key);
         }
-        let ended = if matches!(outcome, Some(Ok(_))) { "result" } else { "error" };
+        let ended = if matches!(outcome, Some(Ok(_))) { Ended::Result } else { Ended::Error };
         let took = began.elapsed();
         crate::telemetry::request_finished(&method, ended, took);
         crate::telemetry::tool_outcome(&method, tool.as_deref(), outcome.as_ref(), took);
@@ -738,7 +739,7 @@ async fn run(
             tool = tool.as_deref().unwrap_or_default(),
             request = %id,
             session = ctx.session_id().unwrap_or_default(),
-            outcome = ended,
+            outcome = ended.as_str(),
             duration_ms = took.as_secs_f64() * 1000.0,
             "request ended"
         );
