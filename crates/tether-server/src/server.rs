@@ -116,7 +116,8 @@ impl Server {
         Arc::clone(&self.shared.drain)
     }
 
-    /// An axum router serving the MCP endpoint at `path`. The first call also starts the
+    /// An axum router serving the MCP endpoint at `path`, a tower service to mount in an axum or
+    /// hyper application. The first call (of this or [`Server::endpoint`]) also starts the
     /// background sweep that expires idle sessions and drops old history (and, on a store
     /// shared by replicas, the delivery of what other replicas relay: answers, announcements,
     /// task changes); they stop once every router and
@@ -126,10 +127,10 @@ impl Server {
         http::router(path, Arc::clone(&self.shared))
     }
 
-    /// The MCP endpoint at `path` as a tower service of its own, with `rest` answering every
-    /// other path (it must not route the authorization metadata's path, which the endpoint
-    /// adds). For [`serve`](crate::serve): a request for the endpoint skips the router's
-    /// matching. Starts the background work as [`Server::router`] does.
+    /// The MCP endpoint at `path` on its own, with `rest` answering every other path (it must
+    /// not route the authorization metadata's path, which the endpoint adds). For
+    /// [`serve`](crate::serve): a request for the endpoint skips the router's matching. Starts
+    /// the background work as [`Server::router`] does.
     pub fn endpoint(&self, path: &str, rest: axum::Router) -> Endpoint {
         self.start_background();
         Endpoint::new(path, Arc::clone(&self.shared), http::metadata(&self.shared).merge(rest))
