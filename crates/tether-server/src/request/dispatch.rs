@@ -159,8 +159,8 @@ async fn start_pipelined(
             let _ = decided.send(begun);
         };
         let finish = Finish::Sessionful(registered.then_some(&key));
-        let run = run(&shared, run_ctx, request, Some(params_bytes), Job::Run(None), cancel.clone(), finish);
-        tokio::join!(run, decide);
+        let running = run(&shared, run_ctx, request, Some(params_bytes), Job::Run(None), cancel.clone(), finish);
+        tokio::join!(running, decide);
         if registered {
             runtime.finish_request(&key);
         }

@@ -33,10 +33,14 @@ pub async fn start_with(builder: Builder) -> TestServer {
 }
 
 pub async fn start_limited(builder: Builder, limits: tether_server::ConnectionLimits) -> TestServer {
+    // As `tether serve` serves it: the endpoint on its own, before a router for the rest.
+    serve_app(builder.build().endpoint("/mcp", axum::Router::new()), limits).await
+}
+
+/// Serves `app` on a loopback port; its `url` is the port's `/mcp`.
+pub async fn serve_app(app: impl tether_server::App, limits: tether_server::ConnectionLimits) -> TestServer {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
     let url = format!("http://{}/mcp", listener.local_addr().expect("local addr"));
-    // As `tether serve` serves it: the endpoint on its own, before a router for the rest.
-    let app = builder.build().endpoint("/mcp", axum::Router::new());
     let task = tokio::spawn(async move {
         let _ = tether_server::serve(listener, app, limits).await;
     });

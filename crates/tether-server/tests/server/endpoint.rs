@@ -8,14 +8,11 @@ use tether_server::Builder;
 
 use crate::common::*;
 
-/// Serves `app` on a loopback port; the server's base URL, and its task (aborted when dropped).
-async fn serve(app: impl tether_server::App) -> (String, tokio::task::JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
-    let base = format!("http://{}", listener.local_addr().expect("local addr"));
-    let task = tokio::spawn(async move {
-        let _ = tether_server::serve(listener, app, tether_server::ConnectionLimits::default()).await;
-    });
-    (base, task)
+/// Serves `app` on a loopback port; the server, and its base URL.
+async fn serve(app: impl tether_server::App) -> (TestServer, String) {
+    let server = serve_app(app, tether_server::ConnectionLimits::default()).await;
+    let base = server.url.strip_suffix("/mcp").expect("an /mcp url").to_owned();
+    (server, base)
 }
 
 /// The status and body of a GET of `url`.
@@ -31,7 +28,7 @@ async fn fetch(url: &str) -> (u16, String) {
 async fn the_endpoint_answers_its_path_and_the_rest_answers_every_other() {
     let rest = axum::Router::new().route("/other", get(|| async { "other" }));
     let server = Builder::new(BuiltinHandler::in_memory()).config(config()).build();
-    let (base, task) = serve(server.endpoint("/mcp", rest)).await;
+    let (_served, base) = serve(server.endpoint("/mcp", rest)).await;
     let client = Client { http: http_client().build().expect("client"), url: format!("{base}/mcp?tenant=a") };
     let session = client.initialize("2025-11-25").await;
     assert!(!session.id.is_empty());
@@ -43,7 +40,6 @@ async fn the_endpoint_answers_its_path_and_the_rest_answers_every_other() {
     for path in ["/mcp/", "/mcp/x", "/MCP", "/nothing"] {
         assert_eq!(fetch(&format!("{base}{path}")).await.0, 404, "{path}");
     }
-    task.abort();
 }
 
 /// The router a server makes is a route like any other of an application's axum router.
@@ -51,7 +47,7 @@ async fn the_endpoint_answers_its_path_and_the_rest_answers_every_other() {
 async fn the_router_mounts_the_endpoint_in_an_application() {
     let server = Builder::new(BuiltinHandler::in_memory()).config(config()).build();
     let app = axum::Router::new().route("/other", get(|| async { "other" })).merge(server.router("/mcp"));
-    let (base, task) = serve(app).await;
+    let (_served, base) = serve(app).await;
     let client = Client { http: http_client().build().expect("client"), url: format!("{base}/mcp") };
     let session = client.initialize("2025-11-25").await;
     let mut called = client.call(&session, json!(1), "count", json!({"to": 2, "interval_ms": 0})).await;
@@ -62,5 +58,4 @@ async fn the_router_mounts_the_endpoint_in_an_application() {
     assert!(answer["result"].is_object(), "{answer}");
     assert_eq!(fetch(&format!("{base}/other")).await, (200, "other".to_owned()));
     assert_eq!(fetch(&format!("{base}/nothing")).await.0, 404);
-    task.abort();
 }
