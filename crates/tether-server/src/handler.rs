@@ -34,7 +34,8 @@ pub struct ServerInfo {
 /// `logging/setLevel`, `server/discover`, sessions, streams, resumption); everything else —
 /// `tools/*`, `resources/*`, `prompts/*`, `completion/complete` — reaches [`Handler::call`].
 pub trait Handler: Send + Sync + 'static {
-    /// Who the server is and what it offers.
+    /// Who the server is and what it offers. Its name and version are read once, when the
+    /// server is built; its capabilities and instructions each time a client is told them.
     fn info(&self) -> ServerInfo;
 
     /// Handles one request. Notifications, progress and server-to-client requests go through

@@ -30,14 +30,9 @@ pub(crate) struct ServerState {
     pub listeners: crate::listen::Listeners,
     /// Whether the server drains, and the requests it runs.
     pub drain: Arc<Drain>,
-}
-
-impl ServerState {
-    /// Who the server is, as `serverInfo` and 2026-07-28 results' `_meta` name it.
-    pub fn server_info(&self) -> serde_json::Value {
-        let info = self.handler.info();
-        serde_json::json!({"name": info.name, "version": info.version})
-    }
+    /// Who the server is, as `serverInfo` and 2026-07-28 results' `_meta` name it: the
+    /// handler's name and version when the server was built.
+    pub server_info: serde_json::Value,
 }
 
 /// Assembles a server from a handler, a store and a config.
@@ -87,7 +82,9 @@ impl Builder {
         // if the OS random source fails at start-up.
         let process_token = ids::token().unwrap_or_else(|_| format!("p{}", now_ms()));
         let state_key = self.config.request_state_key.clone().or_else(|| ids::state_key().ok());
+        let info = self.handler.info();
         let shared = ServerState {
+            server_info: serde_json::json!({"name": info.name, "version": info.version}),
             state_key,
             config: self.config,
             handler: self.handler,

@@ -440,7 +440,7 @@ fn refused(id: &TaskId, refusal: StreamRefusal) -> ErrorObject {
 /// The final response of a stream, decorated as every 2026-07-28 result is.
 fn response(shared: &ServerState, id: &RequestId, mut outcome: Result<Value, ErrorObject>) -> Bytes {
     if let Ok(result) = &mut outcome {
-        tether_core::translate::stateless_result(method::STREAM, result, &shared.server_info());
+        tether_core::translate::stateless_result(method::STREAM, result, &shared.server_info);
     }
     Bytes::from(Message::Response(Response { id: Some(id.clone()), outcome }).to_vec())
 }

@@ -123,7 +123,7 @@ async fn initialize(
     let mut result = json!({
         "protocolVersion": version.as_str(),
         "capabilities": capabilities,
-        "serverInfo": shared.server_info(),
+        "serverInfo": shared.server_info,
     });
     if let Some(instructions) = info.instructions {
         result["instructions"] = json!(instructions);

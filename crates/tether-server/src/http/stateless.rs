@@ -79,7 +79,7 @@ pub(crate) async fn post(
             if let Some(instructions) = info.instructions {
                 result["instructions"] = json!(instructions);
             }
-            translate::stateless_result(method::SERVER_DISCOVER, &mut result, &shared.server_info());
+            translate::stateless_result(method::SERVER_DISCOVER, &mut result, &shared.server_info);
             return Ok(answered(id, Ok(result)));
         }
         ServedBy::Subscriptions => {
@@ -100,7 +100,7 @@ pub(crate) async fn post(
         ServedBy::Tasks => {
             let mut outcome = crate::tasks::serve(shared, principal.as_deref(), &request).await;
             if let Ok(result) = &mut outcome {
-                translate::stateless_result(&request.method, result, &shared.server_info());
+                translate::stateless_result(&request.method, result, &shared.server_info);
             }
             return Ok(answered(id, outcome));
         }
@@ -112,7 +112,7 @@ pub(crate) async fn post(
     let answer = tx.clone();
     let cancel = CancellationToken::new();
     let direct =
-        dispatch::start_stateless(shared, principal.as_deref(), request, Output::Direct { tx }, cancel.clone())
+        dispatch::start_stateless(shared, principal.as_deref(), request, bytes, Output::Direct { tx }, cancel.clone())
             .await
             .map_err(|err| Rejection::from(err).with_id(Some(id)))?;
     // Until the response is handed over, dropping this future (the client went away) cancels

@@ -438,7 +438,7 @@ impl Context {
             // Made a task meanwhile, or cancelled before it could become one.
             return if slot.id().is_some() { Ok(true) } else { Err(ContextError::Cancelled) };
         };
-        tether_core::translate::stateless_result(method::TOOLS_CALL, &mut created, &server.server_info());
+        tether_core::translate::stateless_result(method::TOOLS_CALL, &mut created, &server.server_info);
         let response = Message::Response(Response::result(slot.request_id.clone(), created)).to_vec();
         self.shared.output.answer_now(Bytes::from(response), &self.shared.first).await;
         Ok(true)

@@ -9,7 +9,7 @@ use bytes::Bytes;
 
 use serde_json::{Value, json};
 use tether_core::idempotency::Acknowledged;
-use tether_core::input_required::{self, InputError};
+use tether_core::input_required::InputError;
 use tether_core::jsonrpc::{ErrorObject, Message, Request, Response};
 use tether_core::lifecycle;
 use tether_core::lineage::{Digest, StreamName};
@@ -515,16 +515,19 @@ pub(crate) struct StartedStateless {
 
 /// Starts a 2026-07-28 request: no session, output straight to the connection, cancelled when
 /// `cancel` fires (the response stream was closed). With an idempotency key, it is recorded
-/// like a sessionful one, and runs once however often it is sent.
+/// like a sessionful one, and runs once however often it is sent. `request` is as read from
+/// `message`, the body it came in.
 pub(crate) async fn start_stateless(
     shared: &Arc<ServerState>,
     principal: Option<&str>,
     request: Request,
+    message: Bytes,
     output: Output,
     cancel: CancellationToken,
 ) -> Result<StartedStateless, DispatchError> {
     let (shared, principal) = (Arc::clone(shared), principal.map(str::to_owned));
-    detached(async move { start_stateless_here(&shared, principal.as_deref(), request, output, cancel).await }).await
+    detached(async move { start_stateless_here(&shared, principal.as_deref(), request, message, output, cancel).await })
+        .await
 }
 
 /// [`start_stateless`], in the task that records and starts the request.
@@ -532,6 +535,7 @@ async fn start_stateless_here(
     shared: &Arc<ServerState>,
     principal: Option<&str>,
     request: Request,
+    message: Bytes,
     output: Output,
     cancel: CancellationToken,
 ) -> Result<StartedStateless, DispatchError> {
@@ -590,10 +594,7 @@ async fn start_stateless_here(
         None => KeyedJob { job: Job::Run(None), acknowledged: None, claim: None },
     };
     let (ctx, first) = Context::new(output, meta, input, run_cancel.clone(), Arc::clone(shared), task);
-    let finish = Finish::Stateless {
-        binding: input_required::binding(&request.method, &params),
-        server_info: shared.server_info(),
-    };
+    let finish = Finish::Stateless { message };
     let shared = Arc::clone(shared);
     let request = Request { params: Some(params), ..request };
     tokio::spawn(async move {
@@ -625,9 +626,9 @@ enum Finish<'k> {
     /// rounds of its own, and the result goes out as the handler returned it. The key it is
     /// registered under in its session, if it is ([`SessionRuntime::start_request`]).
     Sessionful(Option<&'k RequestKey>),
-    /// A 2026-07-28 request: a request for input is the result, its state sealed to `binding`
-    /// (SEP-2322), and the result carries the server's info (`server_info`).
-    Stateless { binding: String, server_info: Value },
+    /// A 2026-07-28 request, `message` as it came: a request for input is the result, its state
+    /// sealed to the request (SEP-2322), and the result carries the server's info.
+    Stateless { message: Bytes },
 }
 
 /// Runs `job` for `request` (whose params are set, and `params_bytes` serialized, if they were)
@@ -754,10 +755,10 @@ async fn run(
             return;
         }
         let mut outcome = outcome.unwrap_or_else(|| Err(idempotency::cancelled()));
-        if let Finish::Stateless { binding, server_info } = &finish {
-            input::seal(shared, &method, binding, &mut outcome);
+        if let Finish::Stateless { message } = &finish {
+            input::seal(shared, &method, message, &mut outcome);
             if let Ok(result) = &mut outcome {
-                tether_core::translate::stateless_result(&method, result, server_info);
+                tether_core::translate::stateless_result(&method, result, &shared.server_info);
             }
         }
         let unavailable = outcome

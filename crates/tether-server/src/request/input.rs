@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 use tether_core::input_required::{self, InputError, RESULT_TYPE, STATE};
-use tether_core::jsonrpc::ErrorObject;
+use tether_core::jsonrpc::{ErrorObject, Message};
 
 use crate::refusal::Refusal;
 use crate::request::context::{Context, Input};
@@ -81,10 +81,12 @@ pub(crate) fn of(shared: &ServerState, method: &str, params: &Value) -> Result<I
     Ok(Input { responses, state })
 }
 
-/// Seals the state of a handler's `InputRequiredResult` for the request it answers (the client
-/// brings it back opaque); a result that asks for input where none may be asked, asks for
+/// Seals the state of a handler's `InputRequiredResult` for the request it answers, `message`
+/// (its JSON-RPC bytes as they came: read again only for a result with a state to seal, so
+/// that a request whose result asks nothing costs no digest of its params). The client brings
+/// the state back opaque. A result that asks for input where none may be asked, asks for
 /// nothing, or cannot be sealed is the handler's error.
-pub(crate) fn seal(shared: &ServerState, method: &str, binding: &str, outcome: &mut Result<Value, ErrorObject>) {
+pub(crate) fn seal(shared: &ServerState, method: &str, message: &[u8], outcome: &mut Result<Value, ErrorObject>) {
     let Ok(result) = outcome else { return };
     if !input_required::asks(result) {
         return;
@@ -104,7 +106,14 @@ pub(crate) fn seal(shared: &ServerState, method: &str, binding: &str, outcome: &
             *outcome = failure("no key to seal the request state with".into());
             return;
         };
-        *state = Value::String(key.seal(binding, state, crate::now_ms()));
+        let binding = match tether_core::jsonrpc::parse_message(message) {
+            Ok(Message::Request(request)) => input_required::binding(method, &request.params.unwrap_or_default()),
+            _ => {
+                *outcome = failure("the request could not be read again to seal its state".into());
+                return;
+            }
+        };
+        *state = Value::String(key.seal(&binding, state, crate::now_ms()));
     }
 }
 
