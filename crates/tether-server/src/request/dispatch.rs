@@ -597,14 +597,16 @@ async fn start_stateless_here(
     let finish = Finish::Stateless { message };
     let shared = Arc::clone(shared);
     let request = Request { params: Some(params), ..request };
-    tokio::spawn(async move {
+    // Here until it must wait, then in a task of its own; its end is told through `first`
+    // and its output, never through this handle.
+    drop(eager::start(async move {
         if let Some(claim) = claim {
             claim.running();
         }
         // Once the run is over, nothing is left to cancel (and the linking task ends).
         let _over = run_cancel.clone().drop_guard();
         run(&shared, ctx, request, None, job, run_cancel, finish).await;
-    });
+    }));
     Ok(StartedStateless { first, cancel_on_close, claimed })
 }
 
