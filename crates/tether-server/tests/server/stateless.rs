@@ -253,6 +253,47 @@ async fn a_multi_round_request_carries_its_state_sealed() {
     }
 }
 
+/// Returns the result it was built with, whatever it is asked.
+struct Returns(Value);
+
+impl Handler for Returns {
+    fn info(&self) -> ServerInfo {
+        ServerInfo {
+            name: "returns".into(),
+            version: "1".into(),
+            instructions: None,
+            capabilities: json!({"tools": {}}),
+        }
+    }
+
+    fn call(&self, _ctx: Context, _method: String, _params: Value) -> HandlerFuture {
+        let result = self.0.clone();
+        Box::pin(async move { Ok(result) })
+    }
+}
+
+/// SEP-2322: an input-required result asks for input, carries a state, or both; one that does
+/// neither is the handler's error, not an answer.
+#[tokio::test]
+async fn an_input_required_result_must_ask_for_something_or_carry_a_state() {
+    let asks = json!({"q": {"method": "elicitation/create", "params": {"message": "name?", "requestedSchema": {}}}});
+    for (case, result, refused) in [
+        ("asks, no state", json!({"resultType": "input_required", "inputRequests": asks}), false),
+        ("a state, asks nothing", json!({"resultType": "input_required", "requestState": {"step": 1}}), false),
+        ("neither", json!({"resultType": "input_required"}), true),
+    ] {
+        let server = start_with(Builder::new(Returns(result)).config(config())).await;
+        let client = Client::new(&server);
+        let call = stateless(&client, 1, "tools/call", json!({"name": "x", "arguments": {}}));
+        let body = json_body(call.send().await.expect("send")).await;
+        if refused {
+            assert_eq!(body["error"]["data"]["reason"], "input_required_invalid", "{case}: {body}");
+        } else {
+            assert_eq!(body["result"]["resultType"], "input_required", "{case}: {body}");
+        }
+    }
+}
+
 /// Replicas configured with one key accept each other's request states; a server with another
 /// key refuses them.
 #[tokio::test]
