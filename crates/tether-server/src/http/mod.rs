@@ -166,7 +166,7 @@ pub(crate) async fn live_session(
 
 /// 429 when a session has too many open streams and running requests.
 pub(crate) fn check_load(shared: &ServerState, runtime: &SessionRuntime) -> Result<(), Rejection> {
-    if runtime.load() >= shared.config.max_streams_per_session {
+    if runtime.at_limit(shared.config.max_streams_per_session) {
         return Err(Refusal::TooManyStreams.with(format!(
             "a session may have at most {} open streams and running requests",
             shared.config.max_streams_per_session

@@ -114,6 +114,20 @@ struct RuntimeState {
     ended: bool,
 }
 
+/// Running requests and open connections, for the per-session limit: a connection that carries
+/// a running request's stream is that request's, and adds nothing; a request that is
+/// [answering](SessionRuntime::answering) counts no more.
+fn load(state: &RuntimeState) -> usize {
+    let running: HashSet<&StreamName> = state.inflight.values().map(|running| &running.stream).collect();
+    let elsewhere: usize = state
+        .attachments
+        .iter()
+        .filter(|(stream, _)| !running.contains(stream))
+        .map(|(_, tx)| tx.receiver_count())
+        .sum();
+    state.inflight.values().filter(|running| !running.answering).count() + elsewhere
+}
+
 /// A request registered as running in its session.
 #[derive(Debug)]
 struct Running {
@@ -171,19 +185,13 @@ impl SessionRuntime {
         self.lock().inflight.len()
     }
 
-    /// Running requests and open connections, for the per-session limit: a connection that
-    /// carries a running request's stream is that request's, and adds nothing; a request that
-    /// is [answering](SessionRuntime::answering) counts no more.
-    pub fn load(&self) -> usize {
+    /// Whether the session's [`load`] has reached `limit`. Each running request and each
+    /// attached connection adds at most one to it, so below that bound, the case of every call
+    /// not near the limit, the load is not counted: counting it looks at every running
+    /// request's stream under the session's lock, which every call takes.
+    pub fn at_limit(&self, limit: usize) -> bool {
         let state = self.lock();
-        let running: HashSet<&StreamName> = state.inflight.values().map(|running| &running.stream).collect();
-        let elsewhere: usize = state
-            .attachments
-            .iter()
-            .filter(|(stream, _)| !running.contains(stream))
-            .map(|(_, tx)| tx.receiver_count())
-            .sum();
-        state.inflight.values().filter(|running| !running.answering).count() + elsewhere
+        state.inflight.len() + state.connections >= limit && load(&state) >= limit
     }
 
     pub fn log_level(&self) -> LogLevel {
@@ -208,7 +216,7 @@ impl SessionRuntime {
 
     /// The request of `key` has its outcome and is writing it: from now on its client may read
     /// it, and send its next request at once, so the request no longer counts toward the
-    /// session's [load](SessionRuntime::load). It stays registered (cancellable, keeping the
+    /// session's [`load`]. It stays registered (cancellable, keeping the
     /// session active) until [`SessionRuntime::finish_request`].
     pub fn answering(&self, key: &RequestKey) {
         if let Some(running) = self.lock().inflight.get_mut(key) {
@@ -447,11 +455,26 @@ mod tests {
         let (own, other) = (StreamName::parse("r1").expect("stream"), StreamName::parse("g1").expect("stream"));
         assert!(runtime.start_request(&RequestKey::of(&RequestId::Number(1)), &own, CancellationToken::new()));
         let _carrying = runtime.attach(&own);
-        assert_eq!(runtime.load(), 1, "a request and the connection carrying its stream");
+        assert_eq!(load(&runtime.lock()), 1, "a request and the connection carrying its stream");
         let _standalone = runtime.attach(&other);
-        assert_eq!(runtime.load(), 2);
+        assert_eq!(load(&runtime.lock()), 2);
         runtime.finish_request(&RequestKey::of(&RequestId::Number(1)));
-        assert_eq!(runtime.load(), 2, "two connections once the request finished");
+        assert_eq!(load(&runtime.lock()), 2, "two connections once the request finished");
+    }
+
+    #[test]
+    fn the_limit_is_reached_by_the_load_not_by_its_bound() {
+        let runtime = runtime();
+        let (own, other) = (StreamName::parse("r1").expect("stream"), StreamName::parse("g1").expect("stream"));
+        assert!(!runtime.at_limit(1), "nothing runs, nothing is attached");
+        assert!(runtime.start_request(&RequestKey::of(&RequestId::Number(1)), &own, CancellationToken::new()));
+        let _carrying = runtime.attach(&own);
+        assert!(!runtime.at_limit(2), "a request and its own connection are a load of one");
+        assert!(runtime.at_limit(1));
+        runtime.finish_request(&RequestKey::of(&RequestId::Number(1)));
+        let _standalone = runtime.attach(&other);
+        assert!(runtime.at_limit(2), "two connections, and nothing running");
+        assert!(!runtime.at_limit(3));
     }
 
     #[tokio::test]
@@ -464,6 +487,6 @@ mod tests {
         assert!(!closes(&mut new).await);
         drop(old);
         assert!(!closes(&mut new).await, "the old connection going away does not close the new one");
-        assert_eq!(runtime.load(), 1);
+        assert_eq!(load(&runtime.lock()), 1);
     }
 }
