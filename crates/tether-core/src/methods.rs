@@ -124,7 +124,12 @@ pub const METHODS: [MethodInfo; 21] = [
 
 /// What tether knows of `name`, if it is in the table.
 pub fn info(name: &str) -> Option<&'static MethodInfo> {
-    METHODS.iter().find(|info| info.name == name)
+    index(name).map(|i| &METHODS[i])
+}
+
+/// Where `name` stands in [`METHODS`], for tables kept in its order.
+pub fn index(name: &str) -> Option<usize> {
+    METHODS.iter().position(|info| info.name == name)
 }
 
 /// Whether `name` exists in `era` (a method not in the table exists in every era).

@@ -309,8 +309,7 @@ static REQUESTS: LazyLock<Vec<Series<2>>> = LazyLock::new(|| {
 /// The method is named only if it is one of the protocol's (else `other`), so a client cannot
 /// grow the label set.
 pub(crate) fn request_finished(method: &str, ended: Ended, took: Duration) {
-    let methods = &tether_core::methods::METHODS;
-    let index = methods.iter().position(|info| info.name == method).unwrap_or(methods.len());
+    let index = tether_core::methods::index(method).unwrap_or(tether_core::methods::METHODS.len());
     // The table has a series for each method and one for the rest.
     if let Some(series) = REQUESTS.get(index) {
         series.record(ended as usize, took);

@@ -29,8 +29,8 @@ use guard::HeaderVersion;
 
 /// The MCP endpoint at `path` in an axum router, beside the authorization metadata.
 pub(crate) fn router(path: &str, shared: Arc<ServerState>) -> Router {
-    let endpoint = |State(shared): State<Arc<ServerState>>, request| endpoint(shared, request);
-    let routes = Router::new().route(path, axum::routing::any(endpoint)).with_state(Arc::clone(&shared));
+    let route = |State(shared): State<Arc<ServerState>>, request| endpoint(shared, request);
+    let routes = Router::new().route(path, axum::routing::any(route)).with_state(Arc::clone(&shared));
     routes.merge(metadata(&shared))
 }
 

@@ -216,8 +216,8 @@ impl SessionRuntime {
 
     /// The request of `key` has its outcome and is writing it: from now on its client may read
     /// it, and send its next request at once, so the request no longer counts toward the
-    /// session's [`load`]. It stays registered (cancellable, keeping the
-    /// session active) until [`SessionRuntime::finish_request`].
+    /// session's [`load`]. It stays registered (cancellable, keeping the session active) until
+    /// [`SessionRuntime::finish_request`].
     pub fn answering(&self, key: &RequestKey) {
         if let Some(running) = self.lock().inflight.get_mut(key) {
             running.answering = true;

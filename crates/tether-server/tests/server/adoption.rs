@@ -21,12 +21,7 @@ struct Unadopting {
 
 impl Handler for Unadopting {
     fn info(&self) -> ServerInfo {
-        ServerInfo {
-            name: "unadopting".into(),
-            version: "1".into(),
-            instructions: None,
-            capabilities: json!({"tools": {}}),
-        }
+        tools_info("unadopting")
     }
 
     fn call(&self, _ctx: Context, _method: String, _params: Value) -> HandlerFuture {

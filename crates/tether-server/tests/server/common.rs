@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tether_builtin::BuiltinHandler;
 use tether_core::sse::{Decoder, Event};
-use tether_server::{Builder, ServerConfig};
+use tether_server::{Builder, ServerConfig, ServerInfo};
 use tokio::task::JoinHandle;
 
 /// Upper bound on any single wait in a test.
@@ -67,6 +67,11 @@ pub async fn unread_stream(server: &TestServer, session: &Session, version: &str
 }
 
 /// A fast config for tests: short sweep interval, otherwise defaults.
+/// The info of a test handler named `name` that offers tools.
+pub fn tools_info(name: &str) -> ServerInfo {
+    ServerInfo { name: name.into(), version: "1".into(), instructions: None, capabilities: json!({"tools": {}}) }
+}
+
 pub fn config() -> ServerConfig {
     ServerConfig { sweep_interval: Duration::from_millis(50), ..ServerConfig::default() }
 }

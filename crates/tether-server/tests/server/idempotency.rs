@@ -18,7 +18,7 @@ struct Slow(Arc<AtomicUsize>);
 
 impl Handler for Slow {
     fn info(&self) -> ServerInfo {
-        ServerInfo { name: "slow".into(), version: "1".into(), instructions: None, capabilities: json!({"tools": {}}) }
+        tools_info("slow")
     }
 
     fn call(&self, ctx: Context, _method: String, params: Value) -> HandlerFuture {
@@ -264,7 +264,7 @@ struct Flaky {
 
 impl Handler for Flaky {
     fn info(&self) -> ServerInfo {
-        ServerInfo { name: "flaky".into(), version: "1".into(), instructions: None, capabilities: json!({"tools": {}}) }
+        tools_info("flaky")
     }
 
     fn resumable(&self, _method: &str, _params: &Value) -> bool {

@@ -29,12 +29,7 @@ struct Lifecycle {
 
 impl Handler for Lifecycle {
     fn info(&self) -> ServerInfo {
-        ServerInfo {
-            name: "lifecycle".into(),
-            version: "1".into(),
-            instructions: None,
-            capabilities: json!({"tools": {}}),
-        }
+        tools_info("lifecycle")
     }
 
     fn call(&self, ctx: Context, _method: String, params: Value) -> HandlerFuture {

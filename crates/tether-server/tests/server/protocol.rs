@@ -739,12 +739,7 @@ struct Panicky;
 
 impl tether_server::Handler for Panicky {
     fn info(&self) -> tether_server::ServerInfo {
-        tether_server::ServerInfo {
-            name: "panicky".into(),
-            version: "1".into(),
-            instructions: None,
-            capabilities: json!({"tools": {}}),
-        }
+        tools_info("panicky")
     }
 
     fn call(

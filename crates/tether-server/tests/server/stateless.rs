@@ -258,12 +258,7 @@ struct Returns(Value);
 
 impl Handler for Returns {
     fn info(&self) -> ServerInfo {
-        ServerInfo {
-            name: "returns".into(),
-            version: "1".into(),
-            instructions: None,
-            capabilities: json!({"tools": {}}),
-        }
+        tools_info("returns")
     }
 
     fn call(&self, _ctx: Context, _method: String, _params: Value) -> HandlerFuture {
@@ -282,15 +277,27 @@ async fn an_input_required_result_must_ask_for_something_or_carry_a_state() {
         ("a state, asks nothing", json!({"resultType": "input_required", "requestState": {"step": 1}}), false),
         ("neither", json!({"resultType": "input_required"}), true),
     ] {
+        let carries_state = result.get("requestState").is_some();
         let server = start_with(Builder::new(Returns(result)).config(config())).await;
         let client = Client::new(&server);
-        let call = stateless(&client, 1, "tools/call", json!({"name": "x", "arguments": {}}));
-        let body = json_body(call.send().await.expect("send")).await;
+        let params = json!({"name": "x", "arguments": {}});
+        let body = json_body(stateless(&client, 1, "tools/call", params.clone()).send().await.expect("send")).await;
         if refused {
             assert_eq!(body["error"]["data"]["reason"], "input_required_invalid", "{case}: {body}");
-        } else {
-            assert_eq!(body["result"]["resultType"], "input_required", "{case}: {body}");
+            continue;
         }
+        assert_eq!(body["result"]["resultType"], "input_required", "{case}: {body}");
+        let state = &body["result"]["requestState"];
+        if !carries_state {
+            assert!(state.is_null(), "{case}: no state is made up: {body}");
+            continue;
+        }
+        // Sealed to this very request: brought back with it, it opens.
+        assert!(state.is_string(), "{case}: the state goes out sealed: {body}");
+        let mut again = params;
+        again["requestState"] = state.clone();
+        let body = json_body(stateless(&client, 2, "tools/call", again).send().await.expect("send")).await;
+        assert_eq!(body["result"]["resultType"], "input_required", "{case}, brought back: {body}");
     }
 }
 
@@ -418,12 +425,7 @@ struct Endless(Arc<AtomicBool>);
 
 impl Handler for Endless {
     fn info(&self) -> ServerInfo {
-        ServerInfo {
-            name: "endless".into(),
-            version: "1".into(),
-            instructions: None,
-            capabilities: json!({"tools": {}}),
-        }
+        tools_info("endless")
     }
 
     fn call(&self, ctx: Context, _method: String, _params: Value) -> HandlerFuture {

@@ -18,7 +18,7 @@ struct Work(Arc<AtomicUsize>);
 
 impl Handler for Work {
     fn info(&self) -> ServerInfo {
-        ServerInfo { name: "work".into(), version: "1".into(), instructions: None, capabilities: json!({"tools": {}}) }
+        tools_info("work")
     }
 
     fn call(&self, ctx: Context, _method: String, params: Value) -> HandlerFuture {
