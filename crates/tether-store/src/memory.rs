@@ -234,7 +234,7 @@ impl StreamSlot {
     fn events_after(&self, after: u64, max: usize) -> Vec<StoredEvent> {
         let first = self.events.front().map_or(0, |e| e.seq);
         // Sequence numbers are contiguous, so the position of `after + 1` is computed.
-        let skip = usize::try_from((after + 1).saturating_sub(first)).unwrap_or(usize::MAX);
+        let skip = usize::try_from(after.saturating_add(1).saturating_sub(first)).unwrap_or(usize::MAX);
         self.events.iter().skip(skip).take(max).cloned().collect()
     }
 

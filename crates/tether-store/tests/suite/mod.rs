@@ -238,6 +238,10 @@ pub async fn reads_start_strictly_after_the_cursor(store: &dyn Store) {
     assert_eq!(seqs(store, &sid("s5"), &s, 2).await, [3, 4, 5]);
     assert_eq!(seqs(store, &sid("s5"), &s, 5).await, Vec::<u64>::new());
     assert_eq!(seqs(store, &sid("s5"), &s, 9).await, Vec::<u64>::new());
+    // A cursor is the client's: the last position there can be reads nothing, and fails nothing.
+    assert_eq!(seqs(store, &sid("s5"), &s, u64::MAX).await, Vec::<u64>::new());
+    let page = store.read_page(&sid("s5"), &s, u64::MAX, 0).await.expect("page").expect("known stream");
+    assert!(page.events.is_empty() && page.at_cursor.is_none(), "{page:?}");
     assert_eq!(store.read(&sid("s5"), &s, 0, 2).await.expect("read").len(), 2);
     // The priming event is event 0 and is returned only to a reader from before it: never.
     assert_eq!(seqs(store, &sid("s5"), &s, 0).await, [1, 2, 3, 4, 5]);
