@@ -188,9 +188,42 @@ pub mod meta {
     pub const IDEMPOTENCY_CLAIM: &str = "io.tether/idempotencyClaim";
 }
 
+/// Sets `name` to `value` among a server's `experimental` capabilities. The capabilities are a
+/// handler's or an upstream server's, taken as they come: where they, or their `experimental`,
+/// are not an object, they name nothing a client could use, and an empty object takes their
+/// place.
+pub fn set_experimental(capabilities: &mut serde_json::Value, name: &str, value: serde_json::Value) {
+    let experimental = object(object(capabilities).entry("experimental").or_insert(serde_json::Value::Null));
+    experimental.insert(name.to_owned(), value);
+}
+
+/// `value` as an object, made an empty one first if it is anything else.
+fn object(value: &mut serde_json::Value) -> &mut serde_json::Map<String, serde_json::Value> {
+    if !value.is_object() {
+        *value = serde_json::Value::Object(serde_json::Map::new());
+    }
+    value.as_object_mut().expect("an object was just put there")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_experimental_capability_is_set_whatever_the_capabilities_held() {
+        use serde_json::json;
+        for (before, after) in [
+            (json!({"tools": {}}), json!({"tools": {}, "experimental": {"x": 1}})),
+            (json!({"experimental": {"y": 2}}), json!({"experimental": {"y": 2, "x": 1}})),
+            (json!({"experimental": true}), json!({"experimental": {"x": 1}})),
+            (json!({"experimental": [1]}), json!({"experimental": {"x": 1}})),
+            (json!("tools"), json!({"experimental": {"x": 1}})),
+        ] {
+            let mut capabilities = before.clone();
+            set_experimental(&mut capabilities, "x", json!(1));
+            assert_eq!(capabilities, after, "from {before}");
+        }
+    }
 
     #[test]
     fn versions_round_trip_and_order() {

@@ -34,7 +34,7 @@ async fn standalone(
 ) -> Result<Response, Rejection> {
     let record = live_session(shared, headers, principal).await?;
     let runtime = service::follow(shared, &record);
-    check_load(shared, &runtime)?;
+    check_load(shared, &runtime, 1)?;
     let stream = ids::stream_name('g').map_err(|e| Refusal::RandomFailed.with(e.to_string()))?;
     let Some(attachment) = runtime.attach_new_get_stream(&stream) else {
         return Err(Refusal::GetStreamAttached

@@ -164,13 +164,15 @@ pub(crate) async fn live_session(
     Ok(record)
 }
 
-/// 429 when a session has too many open streams and running requests.
-pub(crate) fn check_load(shared: &ServerState, runtime: &SessionRuntime) -> Result<(), Rejection> {
-    if runtime.at_limit(shared.config.max_streams_per_session) {
-        return Err(Refusal::TooManyStreams.with(format!(
-            "a session may have at most {} open streams and running requests",
-            shared.config.max_streams_per_session
-        )));
+/// 429 when a session has too many open streams and running requests to take on `starting`
+/// more (a connection, a request, or a batch's requests).
+pub(crate) fn check_load(shared: &ServerState, runtime: &SessionRuntime, starting: usize) -> Result<(), Rejection> {
+    let limit = shared.config.max_streams_per_session;
+    // Refused when the load plus what starts is over the limit: the load is at least this.
+    if runtime.at_limit(limit.saturating_add(1).saturating_sub(starting)) {
+        let starts = if starting > 1 { format!("; this batch would start {starting}") } else { String::new() };
+        return Err(Refusal::TooManyStreams
+            .with(format!("a session may have at most {limit} open streams and running requests{starts}")));
     }
     Ok(())
 }

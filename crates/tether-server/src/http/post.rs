@@ -114,11 +114,9 @@ async fn initialize(
     let runtime = service::begin(shared, &record).await.map_err(Rejection::from)?;
     let info = shared.handler.info();
     let mut capabilities = info.capabilities;
-    if !capabilities.is_object() {
-        capabilities = json!({});
-    }
+    let lineage = json!({"version": 1, "epoch": record.epoch.as_str()});
+    tether_core::mcp::set_experimental(&mut capabilities, meta::LINEAGE_CAPABILITY, lineage);
     capabilities["logging"] = json!({});
-    capabilities["experimental"][meta::LINEAGE_CAPABILITY] = json!({"version": 1, "epoch": record.epoch.as_str()});
     crate::request::idempotency::advertise(shared, &mut capabilities).await.map_err(Rejection::from)?;
     let mut result = json!({
         "protocolVersion": version.as_str(),
@@ -178,7 +176,7 @@ async fn respond(
         let body = Message::Response(jsonrpc::Response { id: Some(request.id), outcome }).to_vec();
         return Ok(json_response(StatusCode::OK, body, headers));
     }
-    check_load(shared, runtime)?;
+    check_load(shared, runtime, 1)?;
     let id = request.id.clone();
     let (stream, claimed) = match dispatch::start_sessionful(shared, runtime, principal, request).await? {
         // A keyed request is answered at once, as a stream: the client holds its claim before
@@ -259,7 +257,8 @@ async fn respond_batch(
     principal: Option<&str>,
     requests: Vec<Request>,
 ) -> Result<Response, Rejection> {
-    check_load(shared, runtime)?;
+    let running = requests.iter().filter(|r| methods::served_by(&r.method) != ServedBy::Protocol).count();
+    check_load(shared, runtime, running.max(1))?;
     let stream = ids::stream_name('b').map_err(|e| Refusal::RandomFailed.with(e.to_string()))?;
     let ids: Vec<RequestId> = requests.iter().map(|r| r.id.clone()).collect();
     let key = RequestKey::Batch { stream: stream.clone(), ids };

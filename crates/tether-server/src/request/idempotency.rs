@@ -33,7 +33,8 @@ const FIRST_POLL: Duration = Duration::from_millis(10);
 pub(crate) async fn advertise(shared: &ServerState, capabilities: &mut Value) -> Result<(), StoreError> {
     if shared.config.idempotency && capabilities.is_object() {
         let records = shared.store.records().await?;
-        capabilities["experimental"][meta::IDEMPOTENCY_CAPABILITY] = json!({"version": 1, "records": records});
+        let capability = json!({"version": 1, "records": records});
+        tether_core::mcp::set_experimental(capabilities, meta::IDEMPOTENCY_CAPABILITY, capability);
     }
     Ok(())
 }

@@ -294,6 +294,31 @@ async fn too_many_streams_per_session_get_429() {
     assert_eq!(reason(response).await, "too_many_streams");
 }
 
+/// A batch's requests count toward the session's limit as that many requests: a batch of more
+/// than the session may run is refused whole, and so is one the session's load leaves no room
+/// for; the protocol layer's own answers count for nothing.
+#[tokio::test]
+async fn a_batch_is_held_to_the_session_s_limit_by_its_requests() {
+    let server = start(ServerConfig { max_streams_per_session: 3, ..config() }).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-03-26").await;
+    let get = |id: i64| request(json!(id), "tools/call", json!({"name": "counter_get", "arguments": {"key": "b"}}));
+    let batch = |ids: std::ops::Range<i64>| Value::Array(ids.map(get).collect());
+    let response = client.post(Some(&session), &batch(1..5)).send().await.expect("send");
+    assert_eq!(response.status(), 429, "four requests where three may run");
+    assert_eq!(reason(response).await, "too_many_streams");
+    let mut three = batch(1..4);
+    three.as_array_mut().expect("array").push(request(json!(9), "ping", json!({})));
+    let response = client.post(Some(&session), &three).send().await.expect("send");
+    assert_eq!(response.status(), 200, "three requests and a ping");
+    assert_eq!(json_body(response).await.as_array().map(Vec::len), Some(4));
+    let _running = client.call(&session, json!(10), "count", json!({"to": 100, "interval_ms": 50})).await;
+    let response = client.post(Some(&session), &batch(11..14)).send().await.expect("send");
+    assert_eq!(response.status(), 429, "three requests where two may start");
+    let response = client.post(Some(&session), &batch(14..16)).send().await.expect("send");
+    assert_eq!(response.status(), 200, "two where two may start");
+}
+
 #[tokio::test]
 async fn result_without_prior_output_is_json_and_with_output_is_sse() {
     let server = start(config()).await;
@@ -768,6 +793,40 @@ async fn a_panicking_handler_answers_an_internal_error_and_the_session_goes_on()
     assert_eq!(answer["error"]["data"]["reason"], "handler_panicked");
     let answer = json_body(client.call(&session, json!(2), "x", json!({})).await).await;
     assert_eq!(answer["result"], json!({"content": []}), "{answer}");
+}
+
+/// Offers capabilities whose `experimental` is not an object, as an upstream server behind a
+/// gateway may.
+struct OddCapabilities;
+
+impl tether_server::Handler for OddCapabilities {
+    fn info(&self) -> tether_server::ServerInfo {
+        tether_server::ServerInfo { capabilities: json!({"tools": {}, "experimental": true}), ..tools_info("odd") }
+    }
+
+    fn call(&self, _ctx: tether_server::Context, _method: String, _params: Value) -> tether_server::HandlerFuture {
+        Box::pin(async { Ok(json!({"content": []})) })
+    }
+}
+
+/// The capabilities a handler offers are taken as they come: tether's own experimental
+/// capabilities are still advertised, and the session works.
+#[tokio::test]
+async fn a_handler_whose_experimental_capabilities_are_no_object_still_gets_its_sessions() {
+    let server = start_with(Builder::new(OddCapabilities).config(ServerConfig { idempotency: true, ..config() })).await;
+    let client = Client::new(&server);
+    let body = request(
+        json!(1),
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+    );
+    let response = client.post(None, &body).send().await.expect("initialize is answered");
+    assert_eq!(response.status(), 200);
+    let result = json_body(response).await["result"].clone();
+    let experimental = &result["capabilities"]["experimental"];
+    assert_eq!(experimental["io.tether/lineage"]["version"], 1, "{result}");
+    assert_eq!(experimental["io.tether/idempotency"]["version"], 1, "{result}");
+    assert_eq!(result["capabilities"]["tools"], json!({}), "{result}");
 }
 
 /// A string id is kept with its request's record: one past 256 bytes is refused, and the error
