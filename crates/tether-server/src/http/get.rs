@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use axum::response::Response;
 use http::HeaderMap;
-use tether_core::lineage::{EventId, InvalidReason, ServerDecision, decide_resume};
+use tether_core::lineage::{EventId, InvalidReason, ServerDecision, StreamState, decide_resume};
 use tether_store::{SessionStatus, StreamPage};
 
 use super::sse::{Connection, Prelude};
@@ -26,7 +26,9 @@ pub(crate) async fn get(
     }
 }
 
-/// A plain GET: a new standalone stream for server-initiated messages. One at a time.
+/// A plain GET: a new standalone stream for server-initiated messages. One at a time. The one
+/// it replaces is ended: nothing is written to it again, and ended, retention drops it (a
+/// client that opens GET after GET would otherwise grow its session by a stream each time).
 async fn standalone(
     shared: &Arc<ServerState>,
     headers: &HeaderMap,
@@ -41,8 +43,14 @@ async fn standalone(
             .with("the session's standalone stream is already open; resume it with Last-Event-ID instead"));
     };
     let store = &shared.store;
+    let replaced = store.standalone_stream(&runtime.id).await.map_err(Rejection::from)?;
     store.open_stream(&runtime.id, &runtime.epoch, &stream).await.map_err(Rejection::from)?;
     store.set_standalone_stream(&runtime.id, &runtime.epoch, &stream).await.map_err(Rejection::from)?;
+    if let Some(replaced) = replaced
+        && let Err(err) = store.end_stream(&runtime.id, &runtime.epoch, &replaced).await
+    {
+        tracing::debug!(%err, stream = %replaced, "ending the standalone stream a new one replaced");
+    }
     let headers = session_headers(&runtime.id, &runtime.epoch);
     let connection = Connection::fresh(shared, runtime, stream, attachment);
     Ok(sse::response(connection.into_body(), headers))
@@ -96,9 +104,11 @@ async fn resume(
         }
     };
     let request = shared.store.stream_request(&id, &cursor.stream).await.map_err(Rejection::from)?;
-    if request.is_none() {
-        // A resumed standalone stream is the session's standalone stream again (after a plain
-        // GET elsewhere replaced it, server messages follow the client back).
+    let live = page.as_ref().is_some_and(|page| page.range.state == StreamState::Live);
+    if request.is_none() && live {
+        // A resumed standalone stream is the session's standalone stream again (after a restart,
+        // or on another replica, server messages follow the client back). One a plain GET
+        // replaced has ended: its resume gets what it holds, and ends.
         runtime.adopt_get_stream(&cursor.stream);
         shared.store.set_standalone_stream(&record.id, &record.epoch, &cursor.stream).await.map_err(Rejection::from)?;
     }

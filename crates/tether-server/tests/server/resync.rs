@@ -425,3 +425,40 @@ proptest::proptest! {
         });
     }
 }
+
+/// A plain GET replaces the session's standalone stream; the one replaced is ended, so retention
+/// drops it like any other (a client that opens GET after GET does not grow its session a
+/// stream each time), and its resume gets what it held, then ends.
+#[tokio::test]
+async fn a_standalone_stream_a_plain_get_replaced_is_ended() {
+    for kind in KINDS {
+        let (server, store) = server(kind, 10_000, Duration::from_secs(60)).await;
+        let client = Client::new(&server);
+        let session = client.initialize("2025-11-25").await;
+        let mut first = client.get(&session, None).send().await.expect("get");
+        assert_eq!(first.status(), 200);
+        let primed = events(&mut first, 1).await[0].id.clone().expect("the priming event's id");
+        let name = tether_core::lineage::EventId::parse(&primed).expect("lineage id").stream;
+        drop(first);
+        // The server lets go of the first connection as it notices it closed; until then a
+        // second plain GET is refused.
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let second = loop {
+            let response = client.get(&session, None).send().await.expect("get");
+            if response.status() == 200 {
+                break response;
+            }
+            assert_eq!(response.status(), 409, "{kind:?}");
+            assert!(tokio::time::Instant::now() < deadline, "{kind:?}: the first GET stayed attached");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let id = SessionId::parse(&session.id).expect("session id");
+        let range = store.stream_range(&id, &name).await.expect("range").expect("the replaced stream");
+        assert_eq!(range.state, tether_core::lineage::StreamState::Complete, "{kind:?}");
+        let mut resumed = client.get(&session, Some(&primed)).send().await.expect("resume");
+        assert_eq!(resumed.status(), 200, "{kind:?}");
+        let (events, ended) = drain(&mut resumed).await;
+        assert!(ended && events.is_empty(), "{kind:?}: {events:?}");
+        drop(second);
+    }
+}
