@@ -395,8 +395,12 @@ async fn send_events(
     loop {
         let current = match shared.store.task(id, now_ms()).await {
             Ok(Some(task)) => task.record,
-            // Forgotten (its ttl passed) or unreadable: nothing more to send.
-            Ok(None) | Err(_) => return,
+            // Forgotten (its ttl passed) or unreadable: the stream ends with the error that says so.
+            Ok(None) => {
+                let forgotten = format!("task {} is no longer kept", crate::excerpt::quoted(id.as_str()));
+                return end_with(shared, request_id, tx, Refusal::UnknownTask.error(forgotten)).await;
+            }
+            Err(err) => return end_with(shared, request_id, tx, store_failed(err)).await,
         };
         let events: Vec<Bytes> = match current.events_after(cursor) {
             Ok(events) => events
@@ -405,11 +409,7 @@ async fn send_events(
                     notification(tasks::method::EVENT, event.params(id.as_str()))
                 })
                 .collect(),
-            Err(refusal) => {
-                let error = refused(id, refusal);
-                let _ = tx.send((response(shared, request_id, Err(error)), true)).await;
-                return;
-            }
+            Err(refusal) => return end_with(shared, request_id, tx, refused(id, refusal)).await,
         };
         for event in events {
             if tx.send((event, false)).await.is_err() {
@@ -424,6 +424,11 @@ async fn send_events(
             return;
         }
     }
+}
+
+/// Ends a task's stream with `error`, the response to its request `request_id`.
+async fn end_with(shared: &ServerState, request_id: &RequestId, tx: &mpsc::Sender<(Bytes, bool)>, error: ErrorObject) {
+    let _ = tx.send((response(shared, request_id, Err(error)), true)).await;
 }
 
 /// The error a stream that cannot start (or go on) at its cursor ends with.

@@ -39,6 +39,8 @@ pub enum Call {
     FinishKey,
     /// [`KeyRecords::release_key`].
     ReleaseKey,
+    /// [`TaskStore::task`]: a task's read.
+    Task,
 }
 
 /// Calls of one kind that fail: after `skip` that succeed, the next `count`.
@@ -417,7 +419,12 @@ impl TaskStore for FaultyStore {
     }
 
     fn task(&self, id: &TaskId, now_ms: u64) -> StoreFuture<'_, Option<StoredTask>> {
-        self.inner.task(id, now_ms)
+        let id = id.clone();
+        Box::pin(async move {
+            self.enter(Call::Task).await?;
+            let done = self.inner.task(&id, now_ms).await;
+            self.leave(Call::Task, done).await
+        })
     }
 
     fn update_task(&self, id: &TaskId, change: TaskChange, now_ms: u64) -> StoreFuture<'_, Option<(StoredTask, bool)>> {

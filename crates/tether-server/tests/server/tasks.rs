@@ -288,3 +288,26 @@ async fn one_principal_cannot_reach_anothers_task_or_session() {
     assert_eq!(as_("b2", delete).send().await.expect("send").status(), 404, "bob's DELETE");
     assert_eq!(as_("a1", client.post(Some(&session), &ping)).send().await.expect("send").status(), 200, "alice's");
 }
+
+/// A task's stream ends with its request's response whatever happens to the task's record: a
+/// store that cannot read it any more ends the stream with the error that says so, never with
+/// nothing.
+#[tokio::test]
+async fn a_task_stream_whose_task_cannot_be_read_ends_with_an_error() {
+    use tether_store::faults::{Call, FaultyStore};
+    let store = Arc::new(FaultyStore::new(Arc::new(tether_store::MemoryStore::new(Default::default()))));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let builder = Builder::new(Work(Arc::clone(&runs))).store(Arc::clone(&store) as _).config(config());
+    let server = start_with(builder).await;
+    let client = Client::new(&server);
+    let created = send(&client, "tools/call", json!({"name": "work", "arguments": {"ms": 300}}), true, None);
+    let id = created.await["result"]["taskId"].as_str().expect("a task").to_owned();
+    let mut response = stateless(&client, "tasks/stream", json!({"taskId": id}), true, None).send().await.expect("send");
+    let first = events(&mut response, 1).await;
+    assert_eq!(messages(&first)[0]["params"]["seq"], 0, "the task's first event");
+    store.fail(Call::Task, 0, u32::MAX);
+    let (events, ended) = drain(&mut response).await;
+    assert!(ended);
+    let last = messages(&events).pop().expect("a response ends the stream");
+    assert_eq!((last["id"].clone(), last["error"]["data"]["reason"].clone()), (json!(1), json!("store_failed")), "{last}");
+}
