@@ -257,6 +257,29 @@ impl http_body::Body for Announced {
     }
 }
 
+/// Why a body was not read whole.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BodyError {
+    /// It is longer than the bound.
+    #[error("the answer is larger than allowed")]
+    TooLarge,
+    /// The connection failed.
+    #[error("{}", crate::tls::describe(.0))]
+    Failed(reqwest::Error),
+}
+
+/// The body of `response`, of at most `limit` bytes: what a server sends is never held beyond it.
+pub(crate) async fn read_bounded(response: &mut reqwest::Response, limit: usize) -> Result<Vec<u8>, BodyError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(BodyError::Failed)? {
+        if body.len() + chunk.len() > limit {
+            return Err(BodyError::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
 fn transport(err: reqwest::Error) -> ClientError {
     if crate::tls::is_untrusted(&err) {
         return ClientError::Untrusted(crate::tls::describe(&err));
@@ -264,19 +287,26 @@ fn transport(err: reqwest::Error) -> ClientError {
     ClientError::Transport(crate::tls::describe(&err))
 }
 
-async fn classify(response: reqwest::Response) -> Result<(Head, Reply), ClientError> {
+/// The largest JSON body read: one message, as an SSE event may carry.
+const MAX_JSON_BODY: usize = tether_core::sse::Limits::DEFAULT.max_event;
+
+async fn classify(mut response: reqwest::Response) -> Result<(Head, Reply), ClientError> {
     let head = Head::of(&response);
     if !response.status().is_success() {
-        let body = response.bytes().await.unwrap_or_default();
-        return Ok((head, Reply::Refused(body)));
+        // A refusal's body only explains its status: one that cannot be read whole explains nothing.
+        let body = read_bounded(&mut response, MAX_JSON_BODY).await.unwrap_or_default();
+        return Ok((head, Reply::Refused(Bytes::from(body))));
     }
     let content_type =
         response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase();
     if content_type.starts_with(tether_core::sse::CONTENT_TYPE) {
         return Ok((head, Reply::Sse(Box::new(SseReader::new(response)))));
     }
-    let body = response.bytes().await.map_err(transport)?;
-    Ok((head, if body.is_empty() { Reply::Accepted } else { Reply::Json(body) }))
+    let body = read_bounded(&mut response, MAX_JSON_BODY).await.map_err(|err| match err {
+        BodyError::TooLarge => ClientError::Protocol(format!("a JSON answer over {MAX_JSON_BODY} bytes")),
+        BodyError::Failed(err) => transport(err),
+    })?;
+    Ok((head, if body.is_empty() { Reply::Accepted } else { Reply::Json(Bytes::from(body)) }))
 }
 
 /// Reads an SSE body as events.

@@ -192,8 +192,16 @@ pub mod meta {
 /// handler's or an upstream server's, taken as they come: where they, or their `experimental`,
 /// are not an object, they name nothing a client could use, and an empty object takes their
 /// place.
-pub fn set_experimental(capabilities: &mut serde_json::Value, name: &str, value: serde_json::Value) {
-    let experimental = object(object(capabilities).entry("experimental").or_insert(serde_json::Value::Null));
+pub fn set_experimental(
+    capabilities: &mut serde_json::Value,
+    name: &str,
+    value: serde_json::Value,
+) {
+    let experimental = object(
+        object(capabilities)
+            .entry("experimental")
+            .or_insert(serde_json::Value::Null),
+    );
     experimental.insert(name.to_owned(), value);
 }
 
@@ -213,10 +221,22 @@ mod tests {
     fn an_experimental_capability_is_set_whatever_the_capabilities_held() {
         use serde_json::json;
         for (before, after) in [
-            (json!({"tools": {}}), json!({"tools": {}, "experimental": {"x": 1}})),
-            (json!({"experimental": {"y": 2}}), json!({"experimental": {"y": 2, "x": 1}})),
-            (json!({"experimental": true}), json!({"experimental": {"x": 1}})),
-            (json!({"experimental": [1]}), json!({"experimental": {"x": 1}})),
+            (
+                json!({"tools": {}}),
+                json!({"tools": {}, "experimental": {"x": 1}}),
+            ),
+            (
+                json!({"experimental": {"y": 2}}),
+                json!({"experimental": {"y": 2, "x": 1}}),
+            ),
+            (
+                json!({"experimental": true}),
+                json!({"experimental": {"x": 1}}),
+            ),
+            (
+                json!({"experimental": [1]}),
+                json!({"experimental": {"x": 1}}),
+            ),
             (json!("tools"), json!({"experimental": {"x": 1}})),
         ] {
             let mut capabilities = before.clone();

@@ -17,9 +17,9 @@ use serde_json::{Value, json};
 use super::challenge::{Challenge, Refusal};
 use super::discovery::{Discovered, ServerMetadata, discover};
 use super::dpop::{self, Dpop};
-use super::fetch::read_bounded;
 use super::token_file::{self, AuthMethod, Grant, Registration, Saved};
 use super::{AuthError, ClientIdentity, MachineCredential, OAuthConfig};
+use crate::http::read_bounded;
 use crate::tls::Trust;
 
 /// The largest answer read from an authorization server.

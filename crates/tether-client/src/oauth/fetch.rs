@@ -2,6 +2,7 @@
 //! metadata (RFC 8414, with the OpenID Connect discovery paths as fallbacks) and the JWK Set it
 //! names. `tether serve --auth jwt` verifies tokens with the keys fetched here.
 
+use crate::http::{BodyError, read_bounded};
 use serde::Deserialize;
 
 /// The largest metadata document read.
@@ -56,29 +57,6 @@ pub async fn get_bounded(http: &reqwest::Client, url: &str, limit: usize) -> Res
         BodyError::TooLarge => FetchError::TooLarge { url: url.to_owned(), limit },
         BodyError::Failed(err) => failed(err),
     })
-}
-
-/// Why a body was not read whole.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum BodyError {
-    /// It is longer than the bound.
-    #[error("the answer is larger than allowed")]
-    TooLarge,
-    /// The connection failed.
-    #[error("{}", crate::tls::describe(.0))]
-    Failed(reqwest::Error),
-}
-
-/// The body of `response`, of at most `limit` bytes: what a server sends is never held beyond it.
-pub(crate) async fn read_bounded(response: &mut reqwest::Response, limit: usize) -> Result<Vec<u8>, BodyError> {
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(BodyError::Failed)? {
-        if body.len() + chunk.len() > limit {
-            return Err(BodyError::TooLarge);
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
 }
 
 /// The URLs an issuer's metadata may be at, in the order MCP's authorization specification
@@ -157,6 +135,7 @@ impl KeySetFetcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::{BodyError, read_bounded};
 
     #[test]
     fn metadata_is_looked_for_where_rfc_8414_then_openid_connect_put_it_never_at_a_tenants_root() {

@@ -175,3 +175,19 @@ async fn a_keyed_call_whose_record_went_while_it_waited_ends_unknown_and_is_not_
     }
     assert!(reissues.is_empty(), "a re-send could run it again: {reissues:?}");
 }
+
+/// Every `tools/call` is answered with a JSON body past what one message may be.
+fn oversized(_calls: u32, request: &Value) -> String {
+    let padding = "x".repeat(tether_core::sse::Limits::DEFAULT.max_event);
+    let result = json!({"jsonrpc": "2.0", "id": request["id"], "result": {"content": [], "padding": padding}});
+    response("200 OK", "Content-Type: application/json\r\n", &result.to_string())
+}
+
+/// A JSON answer is held to what one SSE event may carry: one past it is an error, not read
+/// whole into memory.
+#[tokio::test]
+async fn a_json_answer_past_the_bound_of_a_message_is_an_error() {
+    let (outcome, _) = call_keyed(Script { call: oversized, refuse_first_handshake: false }).await;
+    let Err(err) = outcome else { panic!("an answer over the bound was read whole") };
+    assert!(err.to_string().contains("JSON answer over"), "{err}");
+}

@@ -11,13 +11,18 @@ pub struct Limits {
     pub max_event: usize,
 }
 
-impl Default for Limits {
+impl Limits {
     /// 1 MiB lines, 4 MiB events: the server's default request body limit.
+    pub const DEFAULT: Limits = Limits {
+        max_line: 1 << 20,
+        max_event: 4 << 20,
+    };
+}
+
+impl Default for Limits {
+    /// [`Limits::DEFAULT`].
     fn default() -> Self {
-        Limits {
-            max_line: 1 << 20,
-            max_event: 4 << 20,
-        }
+        Limits::DEFAULT
     }
 }
 

@@ -302,12 +302,17 @@ async fn a_task_stream_whose_task_cannot_be_read_ends_with_an_error() {
     let client = Client::new(&server);
     let created = send(&client, "tools/call", json!({"name": "work", "arguments": {"ms": 300}}), true, None);
     let id = created.await["result"]["taskId"].as_str().expect("a task").to_owned();
-    let mut response = stateless(&client, "tasks/stream", json!({"taskId": id}), true, None).send().await.expect("send");
+    let mut response =
+        stateless(&client, "tasks/stream", json!({"taskId": id}), true, None).send().await.expect("send");
     let first = events(&mut response, 1).await;
     assert_eq!(messages(&first)[0]["params"]["seq"], 0, "the task's first event");
     store.fail(Call::Task, 0, u32::MAX);
     let (events, ended) = drain(&mut response).await;
     assert!(ended);
     let last = messages(&events).pop().expect("a response ends the stream");
-    assert_eq!((last["id"].clone(), last["error"]["data"]["reason"].clone()), (json!(1), json!("store_failed")), "{last}");
+    assert_eq!(
+        (last["id"].clone(), last["error"]["data"]["reason"].clone()),
+        (json!(1), json!("store_failed")),
+        "{last}"
+    );
 }
