@@ -335,12 +335,12 @@ async fn relay(ctx: &Context, session: &SessionId, stream: StreamName, request: 
 }
 
 /// Sends the original's notification as this request's: progress carries this request's token
-/// (and is dropped if it asked for none).
+/// (and is dropped if it asked for none, or if its params are no object to carry one).
 async fn forward(ctx: &Context, notification: jsonrpc::Notification) {
     let mut params = notification.params.unwrap_or_else(|| json!({}));
     if notification.method == method::PROGRESS {
-        let Some(token) = ctx.progress_token() else { return };
-        params["progressToken"] = token.clone();
+        let (Some(token), Some(fields)) = (ctx.progress_token(), params.as_object_mut()) else { return };
+        fields.insert("progressToken".to_owned(), token.clone());
     }
     if let Err(err) = ctx.notify(&notification.method, params).await {
         tracing::debug!(%err, "relaying a notification of an attached request");

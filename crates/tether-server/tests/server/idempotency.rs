@@ -12,8 +12,9 @@ use crate::common::*;
 
 const KEY: &str = "6f1c8a4e-1d2b-4c3a-9e8f-0a1b2c3d4e5f";
 
-/// One tool, `slow`: counts its runs, sends `steps` progress notifications 50 ms apart, and
-/// returns how many times it ran so far.
+/// One tool, `slow`: counts its runs, sends `steps` progress notifications 50 ms apart (each
+/// after one whose params are no object, with `"odd": true`), and returns how many times it ran
+/// so far.
 struct Slow(Arc<AtomicUsize>);
 
 impl Handler for Slow {
@@ -27,6 +28,9 @@ impl Handler for Slow {
             let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
             let steps = params["arguments"]["steps"].as_u64().unwrap_or(0);
             for step in 1..=steps {
+                if params["arguments"]["odd"] == true {
+                    let _ = ctx.notify("notifications/progress", json!(["odd"])).await;
+                }
                 let _ = ctx.progress(step as f64, Some(steps as f64), None).await;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -160,6 +164,27 @@ async fn a_resend_while_the_original_runs_attaches_to_it() {
     assert!(steps.windows(2).all(|w| w[0] < w[1]) && steps[0] > 2.0 && steps.last() == Some(&8.0), "{steps:?}");
     assert_eq!((response[0]["id"].as_i64(), &response[0]["result"]["structuredContent"]["run"]), (Some(2), &json!(1)));
     assert_eq!(runs.load(Ordering::SeqCst), 1, "attached, not run again");
+}
+
+/// A progress notification of the original whose params are no object (as an upstream behind a
+/// gateway may send) cannot carry the re-send's token: it is not relayed, and the re-send still
+/// gets the original's outcome.
+#[tokio::test]
+async fn a_resend_attached_to_an_original_sending_odd_progress_still_gets_its_outcome() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let server = start_with(Builder::new(Slow(Arc::clone(&runs))).config(config())).await;
+    let client = Client::new(&server);
+    let (a, b) = (client.initialize("2025-11-25").await, client.initialize("2025-11-25").await);
+    let arguments = json!({"steps": 6, "odd": true});
+    let mut original = call(&client, &a, 1, keyed("slow", arguments.clone(), KEY, Some("first"))).await;
+    events(&mut original, 3).await;
+    let mut attached = call(&client, &b, 2, keyed("slow", arguments, KEY, Some("second"))).await;
+    let (events, ended) = drain(&mut attached).await;
+    assert!(ended);
+    let relayed = messages(&events);
+    let (progress, response) = relayed.split_at(relayed.len() - 1);
+    assert!(progress.iter().all(|p| p["params"]["progressToken"] == "second"), "{relayed:?}");
+    assert_eq!((response[0]["id"].as_i64(), &response[0]["result"]["structuredContent"]["run"]), (Some(2), &json!(1)));
 }
 
 /// A 2026-07-28 call of `slow` with `steps` under key `KEY`.
