@@ -235,8 +235,15 @@ impl SessionRuntime {
         state.ended || state.closing
     }
 
+    /// The request of `key` ended. A kick no connection took before its end is for nobody: a
+    /// connection that attaches to its stream later finds it whole (kicks of streams whose
+    /// requests ended would otherwise pile up for the session's life).
     pub fn finish_request(&self, key: &RequestKey) {
-        self.lock().inflight.remove(key);
+        let mut state = self.lock();
+        let Some(finished) = state.inflight.remove(key) else { return };
+        if !state.pending_kicks.is_empty() && !state.inflight.values().any(|r| r.stream == finished.stream) {
+            state.pending_kicks.remove(&finished.stream);
+        }
     }
 
     /// Cancels a running request (`notifications/cancelled`); unknown keys are ignored.
@@ -427,6 +434,22 @@ mod tests {
         drop(second);
         let mut third = runtime.attach(&stream);
         assert!(!closes(&mut third).await, "a kick is used up once");
+    }
+
+    #[tokio::test]
+    async fn a_kick_no_connection_took_ends_with_the_stream_s_last_request() {
+        let runtime = runtime();
+        let stream = StreamName::parse("b1").expect("stream");
+        let (one, two) = (RequestKey::of(&RequestId::Number(1)), RequestKey::of(&RequestId::Number(2)));
+        assert!(runtime.start_request(&one, &stream, CancellationToken::new()));
+        assert!(runtime.start_request(&two, &stream, CancellationToken::new()));
+        runtime.kick(&stream);
+        runtime.finish_request(&one);
+        assert!(!runtime.lock().pending_kicks.is_empty(), "a request still writes to the stream");
+        runtime.finish_request(&two);
+        assert!(runtime.lock().pending_kicks.is_empty(), "nothing writes to the stream any more");
+        let mut late = runtime.attach(&stream);
+        assert!(!closes(&mut late).await, "the stream is whole: nothing to come back for");
     }
 
     #[tokio::test]
