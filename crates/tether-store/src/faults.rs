@@ -277,6 +277,11 @@ impl EventLog for FaultyStore {
         request: RequestRecord<'_>,
         claim: KeyClaim,
     ) -> StoreFuture<'_, (BeginRequest, Option<Claim>)> {
+        // A claim's failure planned: the two steps of a backend that cannot make them one, each
+        // through this store, where the claim fails.
+        if self.plan().failing.get(&Call::ClaimKey).is_some_and(|failing| failing.count > 0) {
+            return crate::begin_then_claim(self, request, claim);
+        }
         let request = OwnedRequest::of(&request);
         Box::pin(async move {
             self.enter(Call::BeginKeyedRequest).await?;

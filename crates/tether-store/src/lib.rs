@@ -198,28 +198,7 @@ pub trait EventLog: KeyRecords {
         request: RequestRecord<'_>,
         claim: KeyClaim,
     ) -> StoreFuture<'_, (BeginRequest, Option<Claim>)> {
-        let (session, epoch, key, params_digest, stream) = (
-            request.session.clone(),
-            request.epoch.clone(),
-            request.key.clone(),
-            request.params_digest.to_owned(),
-            request.stream.clone(),
-        );
-        Box::pin(async move {
-            let request = RequestRecord {
-                session: &session,
-                epoch: &epoch,
-                key: &key,
-                params_digest: &params_digest,
-                stream: &stream,
-            };
-            let begun = self.begin_request(request).await?;
-            let claimed = match begun {
-                BeginRequest::Started => Some(self.claim_key(claim).await?),
-                BeginRequest::Existing { .. } => None,
-            };
-            Ok((begun, claimed))
-        })
+        begin_then_claim(self, request, claim)
     }
 
     /// Appends an event and returns its sequence number. With `last`, the stream ends after it
@@ -329,6 +308,45 @@ pub trait EventLog: KeyRecords {
     /// Event bytes retained for live sessions, if the backend keeps the sum (Redis spreads it
     /// over every session's hash and answers `None`).
     fn retained_bytes(&self) -> StoreFuture<'_, Option<u64>>;
+}
+
+/// [`EventLog::begin_keyed_request`] in two steps, for a backend that cannot make it one: the
+/// request's record, then its key's claim. A claim that fails after the record was made aborts
+/// the request's stream (once; if that fails too, the stream is aborted when this process
+/// leaves the store): nothing will run the request, and a re-send of its id that attaches to the
+/// stream must be told so, not wait for a response that never comes.
+pub fn begin_then_claim<'a, S: EventLog + ?Sized>(
+    store: &'a S,
+    request: RequestRecord<'_>,
+    claim: KeyClaim,
+) -> StoreFuture<'a, (BeginRequest, Option<Claim>)> {
+    let (session, epoch, key, params_digest, stream) = (
+        request.session.clone(),
+        request.epoch.clone(),
+        request.key.clone(),
+        request.params_digest.to_owned(),
+        request.stream.clone(),
+    );
+    Box::pin(async move {
+        let request = RequestRecord {
+            session: &session,
+            epoch: &epoch,
+            key: &key,
+            params_digest: &params_digest,
+            stream: &stream,
+        };
+        let begun = store.begin_request(request).await?;
+        if let BeginRequest::Existing { .. } = begun {
+            return Ok((begun, None));
+        }
+        match store.claim_key(claim).await {
+            Ok(claimed) => Ok((begun, Some(claimed))),
+            Err(err) => {
+                let _ = store.abort_stream(&session, &epoch, &stream).await;
+                Err(err)
+            }
+        }
+    })
 }
 
 /// Idempotency records: which request a key ran, where it stands, how it ended.

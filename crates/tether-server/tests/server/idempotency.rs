@@ -380,3 +380,32 @@ async fn a_waiter_that_cannot_claim_a_released_key_is_asked_to_send_it_again() {
     let again = json_body(flaky_2026(&client, 3).send().await.expect("sent")).await;
     assert_eq!(again["result"]["structuredContent"]["run"], 2, "the re-send ran it: {again}");
 }
+
+/// A keyed request whose record was made but whose key's claim failed (a backend that begins
+/// and claims in two steps, such as Redis) will never run: its stream is aborted, so a re-send
+/// of its id is told so at once instead of waiting for a response that never comes.
+#[tokio::test]
+async fn a_keyed_request_whose_claim_failed_after_its_record_ends_for_its_re_send() {
+    use tether_store::faults::{Call, FaultyStore};
+    let store =
+        Arc::new(FaultyStore::new(Arc::new(tether_store::MemoryStore::new(tether_store::Retention::default()))));
+    store.fail(Call::ClaimKey, 0, 1);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let builder = Builder::new(Slow(Arc::clone(&runs))).config(config()).store(Arc::clone(&store) as _);
+    let server = start_with(builder).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let params = keyed("slow", json!({"steps": 1}), KEY, None);
+    let refused = call(&client, &session, 1, params.clone()).await;
+    assert_eq!(refused.status(), 503, "the store failed the claim");
+    let mut again = call(&client, &session, 1, params).await;
+    let (events, ended) = tokio::time::timeout(WAIT, drain(&mut again)).await.expect("the re-send is answered");
+    assert!(ended);
+    let answer = messages(&events).pop().expect("an answer");
+    assert_eq!(
+        (answer["id"].clone(), answer["error"]["data"]["reason"].clone()),
+        (json!(1), json!("request_aborted")),
+        "{answer}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "it never ran");
+}
