@@ -135,7 +135,6 @@ impl KeySetFetcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::{BodyError, read_bounded};
 
     #[test]
     fn metadata_is_looked_for_where_rfc_8414_then_openid_connect_put_it_never_at_a_tenants_root() {
