@@ -81,6 +81,9 @@ struct Inner {
     /// entry whose key was released (or released and claimed again) no longer names its record,
     /// and is dropped when it comes up.
     key_order: ChunkedQueue<(u64, String, u64)>,
+    /// The bytes of the outcomes `keys` hold: held to [`Retention::max_bytes_total`] apart from
+    /// the events', for a client chooses how many keys it sends and how large their outcomes are.
+    key_bytes: usize,
     total_bytes: usize,
     /// How many of `sessions` are live.
     live_sessions: usize,
@@ -606,10 +609,13 @@ impl KeyRecords for MemoryStore {
     }
 
     fn finish_key(&self, key: &str, outcome: Bytes) -> StoreFuture<'_, ()> {
-        if let Some(record) = self.lock().keys.get_mut(key)
+        let mut inner = self.lock();
+        if let Some(record) = inner.keys.get_mut(key)
             && record.outcome.is_none()
         {
+            let bytes = outcome.len();
             record.outcome = Some(outcome);
+            inner.key_bytes += bytes;
         }
         ready(Ok(()))
     }
@@ -853,32 +859,34 @@ fn forget_tasks(tasks: &mut Tasks, now_ms: u64, max_finished: usize) {
 
 /// records, for the caller to free once it released the lock, and whether more are due.
 fn forget_keys(inner: &mut Inner, now_ms: u64, retention: &Retention) -> (Vec<KeyRecord>, bool) {
-    let Inner { keys, key_order, counter_ops, forgotten_through, .. } = inner;
-    let current = |keys: &BTreeMap<String, KeyRecord>, key: &str, at: u64| keys.get(key).is_some_and(|r| r.at == at);
+    let Inner { keys, key_order, counter_ops, forgotten_through, key_bytes, .. } = inner;
+    let outcome_bytes = |record: &KeyRecord| record.outcome.as_ref().map_or(0, Bytes::len);
     let mut forgotten = Vec::new();
     while forgotten.len() < SWEEP_BATCH
         && key_order.front().is_some_and(|(created, ..)| now_ms.saturating_sub(*created) >= retention.idempotency_ms)
     {
         if let Some((_, key, at)) = key_order.pop_front()
-            && current(keys, &key, at)
+            && let Some(record) = keys.get(&key).filter(|record| record.at == at)
         {
+            *key_bytes = key_bytes.saturating_sub(outcome_bytes(record));
             forgotten.push(key);
         }
     }
     let mut excess = keys.len().saturating_sub(forgotten.len()).saturating_sub(retention.max_idempotency_records);
-    // A running request's record is never forgotten for the count: set aside, then put back.
-    // Those are bounded by the requests in flight, not by history.
+    // A running request's record is never forgotten for the count or the bytes: set aside, then
+    // put back. Those are bounded by the requests in flight, not by history.
     let mut running = Vec::new();
-    while excess > 0
+    while (excess > 0 || *key_bytes > retention.max_bytes_total)
         && forgotten.len() < SWEEP_BATCH
         && let Some((created, key, at)) = key_order.pop_front()
     {
         match keys.get(&key) {
             Some(record) if record.at != at => {}
             Some(record) if record.outcome.is_none() => running.push((created, key, at)),
-            Some(_) => {
+            Some(record) => {
+                *key_bytes = key_bytes.saturating_sub(outcome_bytes(record));
                 forgotten.push(key);
-                excess -= 1;
+                excess = excess.saturating_sub(1);
             }
             None => {}
         }

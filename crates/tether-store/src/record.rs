@@ -217,8 +217,9 @@ pub struct Retention {
     pub max_events_per_stream: usize,
     /// Most event bytes retained per session.
     pub max_bytes_per_session: usize,
-    /// Most event bytes retained in all, by the memory backend (the durable backends are bounded
-    /// per session; their total is the disk's or Redis's to bound).
+    /// Most event bytes retained in all, by the memory backend, and apart from them most bytes
+    /// of idempotency outcomes (past it, the oldest finished records are forgotten first). The
+    /// durable backends are bounded per session; their total is the disk's or Redis's to bound.
     pub max_bytes_total: usize,
     /// How long a process sharing the store (Redis) may go without a heartbeat before its running
     /// requests are aborted. The embedded store needs none: one process has it at a time.

@@ -60,7 +60,9 @@ async fn an_ended_sessions_bytes_leave_the_total_the_cap_is_held_to() {
     use suite::{TTL, epoch, record, sid, stream};
     use tether_store::SessionEnd;
 
-    let store = MemoryStore::new(tether_store::Retention { max_bytes_total: 1_000, ..suite::retention() });
+    let retention =
+        tether_store::Retention { max_bytes_total: 1_000, max_idempotency_records: 100, ..suite::retention() };
+    let store = MemoryStore::new(retention);
     let a = epoch('A');
     // "gone" is terminated, "idle" expires, "kept" is renewed and stays.
     for id in ["gone", "idle", "kept"] {
@@ -88,7 +90,9 @@ async fn the_total_cap_takes_from_the_appending_session_only_what_is_over_it() {
     use bytes::Bytes;
     use suite::{epoch, record, sid, stream};
 
-    let store = MemoryStore::new(tether_store::Retention { max_bytes_total: 1_000, ..suite::retention() });
+    let retention =
+        tether_store::Retention { max_bytes_total: 1_000, max_idempotency_records: 100, ..suite::retention() };
+    let store = MemoryStore::new(retention);
     let a = epoch('A');
     for id in ["x", "y"] {
         store.create_session(record(id, a.clone(), 0), usize::MAX).await.expect("create");
@@ -205,4 +209,34 @@ async fn a_sweep_visits_every_session_however_many_batches_it_takes() {
         let status = store.session(&sid(&format!("s{i:04}")), TTL).await.expect("status");
         assert!(matches!(status, SessionStatus::Unknown), "s{i:04}: {status:?}");
     }
+}
+
+/// Idempotency records' outcomes are held to the store's byte bound, apart from the events': a
+/// client chooses how many keys it sends and how large their outcomes are. Past it, the sweep
+/// forgets the oldest finished records first, and never a running one.
+#[tokio::test]
+async fn outcomes_past_the_byte_bound_are_forgotten_oldest_first() {
+    use bytes::Bytes;
+    use suite::claim;
+    use tether_store::{Claim, KeyState};
+
+    let retention =
+        tether_store::Retention { max_bytes_total: 1_000, max_idempotency_records: 100, ..suite::retention() };
+    let store = MemoryStore::new(retention);
+    assert!(matches!(store.claim_key(claim("running", "d", 0)).await, Ok(Claim::Claimed(_))));
+    for i in 0..5 {
+        let key = format!("k{i}");
+        assert!(matches!(store.claim_key(claim(&key, "d", 0)).await, Ok(Claim::Claimed(_))));
+        store.finish_key(&key, Bytes::from(vec![b'x'; 400])).await.expect("finish");
+    }
+    store.sweep(0).await.expect("sweep");
+    for i in 0..3 {
+        assert_eq!(store.key_state(&format!("k{i}"), 0).await, Ok(None), "k{i}: 2,000 bytes where 1,000 are kept");
+    }
+    for i in 3..5 {
+        let state = store.key_state(&format!("k{i}"), 0).await.expect("state");
+        assert!(matches!(state, Some(KeyState::Finished(ref outcome)) if outcome.len() == 400), "k{i}: {state:?}");
+    }
+    let running = store.key_state("running", 0).await.expect("state");
+    assert!(matches!(running, Some(KeyState::Running { .. })), "{running:?}");
 }
