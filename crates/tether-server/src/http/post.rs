@@ -12,6 +12,7 @@ use tether_core::jsonrpc::{self, Message, Notification, Request, RequestId};
 use tether_core::mcp::{ProtocolVersion, meta, method};
 use tether_core::methods::{self, ServedBy};
 use tether_store::{RelayedAnswer, RequestRecord, SessionRecord};
+use tokio::sync::oneshot;
 
 use super::sse::Connection;
 use super::{accepted, check_load, guard, json_response, live_session, read_body, session_headers, sse};
@@ -227,6 +228,36 @@ impl Drop for BatchEnd {
     }
 }
 
+/// How a batch's request started: the receiver of its first output's kind, the error that
+/// answers it instead, or why it could not start.
+type MemberStart = Result<Result<oneshot::Receiver<FirstOutput>, jsonrpc::ErrorObject>, dispatch::DispatchError>;
+
+/// Starts a request of a batch on the batch's `stream` in a task of its own, which lasts until
+/// the request's outcome is stored, whatever happens to the POST meanwhile. Returns that task,
+/// for the batch to wait for before it ends the stream, and how the request started.
+fn start_member(
+    shared: &Arc<ServerState>,
+    runtime: &Arc<SessionRuntime>,
+    principal: Option<&str>,
+    request: Request,
+    stream: &tether_core::lineage::StreamName,
+) -> (crate::request::eager::Started<()>, oneshot::Receiver<MemberStart>) {
+    let (tx, rx) = oneshot::channel();
+    let (shared, runtime, principal, stream) =
+        (Arc::clone(shared), Arc::clone(runtime), principal.map(str::to_owned), stream.clone());
+    let member = tokio::spawn(async move {
+        match dispatch::start_in_batch(&shared, &runtime, principal.as_deref(), request, &stream).await {
+            Ok(Ok(Running { first, task, .. })) => {
+                let _ = tx.send(Ok(Ok(first)));
+                let _ = task.join().await;
+            }
+            Ok(Err(error)) => drop(tx.send(Ok(Err(error)))),
+            Err(err) => drop(tx.send(Err(err))),
+        }
+    });
+    (crate::request::eager::Started::Spawned(member), rx)
+}
+
 /// Requests the protocol layer answers itself (`initialize` is answered before a session exists).
 fn protocol_method(runtime: &SessionRuntime, request: &Request) -> Option<Result<Value, jsonrpc::ErrorObject>> {
     if methods::served_by(&request.method) != ServedBy::Protocol {
@@ -282,18 +313,27 @@ async fn respond_batch(
         let id = request.id.clone();
         let outcome = match protocol_method(runtime, &request) {
             Some(outcome) => outcome,
-            None => match dispatch::start_in_batch(shared, runtime, principal, request, &stream).await {
-                Ok(Ok(Running { first, task, .. })) => {
-                    firsts.spawn(async move { (place, first.await) });
-                    ending.tasks.push(task);
-                    continue;
+            None => {
+                let (member, first) = start_member(shared, runtime, principal, request, &stream);
+                // The batch's end waits for it from before it starts: a POST that goes away while
+                // its request starts leaves the stream open until that request's outcome is in it.
+                ending.tasks.push(member);
+                match first.await {
+                    Ok(Ok(Ok(first))) => {
+                        firsts.spawn(async move { (place, first.await) });
+                        continue;
+                    }
+                    Ok(Ok(Err(error))) => Err(error),
+                    Ok(Err(err)) => {
+                        started = Err(Rejection::from(err));
+                        break;
+                    }
+                    Err(_) => {
+                        started = Err(Refusal::StartFailed.with("a request of the batch stopped as it started"));
+                        break;
+                    }
                 }
-                Ok(Err(error)) => Err(error),
-                Err(err) => {
-                    started = Err(Rejection::from(err));
-                    break;
-                }
-            },
+            }
         };
         let response = Bytes::from(Message::Response(jsonrpc::Response { id: Some(id), outcome }).to_vec());
         if let Err(err) = store.append(&runtime.id, &runtime.epoch, &stream, response.clone(), false).await {

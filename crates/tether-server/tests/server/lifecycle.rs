@@ -364,3 +364,45 @@ async fn a_request_whose_answer_is_out_leaves_room_for_the_next() {
         }
     }
 }
+
+/// (3) A 2025-03-26 batch whose client goes away while a request of it is being recorded: the
+/// request is started all the same, and the batch's stream is ended only once the request's
+/// response is in it, so a re-send of its id gets that response, not a stream that ends without
+/// one.
+#[tokio::test]
+async fn a_batch_whose_client_leaves_while_a_request_starts_keeps_its_stream_for_the_response() {
+    for (name, store, dir) in stores("batch-leaves") {
+        let (server, runs) = serve(&store).await;
+        let client = Client::new(&server);
+        let session = client.initialize("2025-03-26").await;
+        // The batch's own record first, then its request's, held once made.
+        let batch = store.hold_next_after(Call::BeginRequest);
+        let sent = tokio::spawn(client.post(Some(&session), &json!([call(1, "quick", json!({}), None)])).send());
+        tokio::time::timeout(WAIT, batch.reached()).await.expect("the batch is recorded");
+        let member = store.hold_next_after(Call::BeginRequest);
+        batch.release();
+        tokio::time::timeout(WAIT, member.reached()).await.expect("its request is recorded");
+        // The client goes away while the request's record is in the store, and the server notices.
+        sent.abort();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        member.release();
+        let again = client.post(Some(&session), &call(1, "quick", json!({}), None)).send().await.expect("send");
+        let (events, ended) = tokio::time::timeout(WAIT, async {
+            let mut again = again;
+            drain(&mut again).await
+        })
+        .await
+        .expect("the re-send is answered");
+        assert!(ended, "{name}");
+        let messages = messages(&events);
+        let answer = the_response(&messages);
+        assert_eq!(
+            (answer["id"].clone(), answer["result"]["structuredContent"]["run"].clone()),
+            (json!(1), json!(1)),
+            "{name}: {answer}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{name}: run once");
+        drop(server);
+        dir.map(std::fs::remove_dir_all);
+    }
+}
