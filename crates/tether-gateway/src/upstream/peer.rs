@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Value, json};
 use tether_core::jsonrpc::{ErrorObject, Message, Notification, Request, RequestId, Response};
 use tether_core::mcp::method;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use tether_server::relay::{aborted, cancelled, lost, unavailable};
@@ -77,7 +77,8 @@ impl Peer {
         to_upstream.send(Message::Notification(initialized)).await.map_err(|_| unavailable(&describe, "it stopped"))?;
 
         let (stop, gone) = (CancellationToken::new(), CancellationToken::new());
-        let router = Router { to_upstream: to_upstream.clone(), calls: Calls::default(), session, describe };
+        let asking = Arc::new(Semaphore::new(MAX_CLIENT_REQUESTS));
+        let router = Router { to_upstream: to_upstream.clone(), calls: Calls::default(), session, describe, asking };
         metrics::gauge!("tether_upstream_instances").increment(1.0);
         let peer = Peer {
             to_upstream,
@@ -161,12 +162,18 @@ fn answer_locally(request: &Request) -> Option<Result<Value, ErrorObject>> {
 }
 
 /// Routes what an instance sends to where tether delivers it.
+/// Most requests of an instance to the client waiting for their answers at once; one past it is
+/// refused at once.
+const MAX_CLIENT_REQUESTS: usize = 64;
+
 struct Router {
     to_upstream: mpsc::Sender<Message>,
     calls: Calls,
     /// The session, for messages that belong to no request; none in 2026-07-28.
     session: Option<SessionHandle>,
     describe: String,
+    /// A permit for each request to the client waiting for its answer.
+    asking: Arc<Semaphore>,
 }
 
 impl Router {
@@ -224,7 +231,8 @@ impl Router {
     }
 
     /// A request to the client goes out on the stream of the request it originates from, else
-    /// of the latest running one; the client's answer goes back to the upstream.
+    /// of the latest running one; the client's answer goes back to the upstream. Past
+    /// [`MAX_CLIENT_REQUESTS`] waiting for their answers, it is refused at once.
     fn ask_client(&self, request: Request, origin: Option<&RequestId>) {
         let ctx = match answer_locally(&request) {
             Some(outcome) => {
@@ -233,8 +241,15 @@ impl Router {
             }
             None => self.request_of(None, origin),
         };
+        let Ok(waiting) = Arc::clone(&self.asking).try_acquire_owned() else {
+            let busy = format!("{MAX_CLIENT_REQUESTS} requests to the client are waiting for their answers already");
+            let refused = Response { id: Some(request.id), outcome: Err(Refusal::ClientRequestFailed.error(busy)) };
+            let _ = self.to_upstream.try_send(Message::Response(refused));
+            return;
+        };
         let to_upstream = self.to_upstream.clone();
         tokio::spawn(async move {
+            let _waiting = waiting;
             let outcome = match ctx {
                 Some(ctx) => {
                     ctx.request(&request.method, request.params.unwrap_or(Value::Null)).await.map_err(|err| match err {
@@ -284,5 +299,38 @@ mod tests {
         }
         // `initialized` took one place.
         assert_eq!(from_tether.len(), LINK_QUEUE, "the queue is full, and no fuller");
+    }
+
+    /// An instance that asks the client one request after another and reads no answer: what
+    /// waits to answer it is bounded, and the requests past the bound are refused at once, not
+    /// held in a task each.
+    #[tokio::test]
+    async fn requests_to_the_client_past_the_bound_are_refused_not_held() {
+        let (to_upstream, mut from_tether) = mpsc::channel(LINK_QUEUE);
+        let (to_tether, from_upstream) = mpsc::channel(LINK_QUEUE);
+        let link = Link { to_upstream, from_upstream, keep: Box::new(()) };
+        let upstream = tokio::spawn(async move {
+            let Some(Message::Request(initialize)) = from_tether.recv().await else { panic!("initialize first") };
+            let answer = Response { id: Some(initialize.id), outcome: Ok(json!({"capabilities": {}})) };
+            to_tether.send(Message::Response(answer).into()).await.expect("tether listens");
+            (from_tether, to_tether)
+        });
+        let (_peer, _) = Peer::start(link, json!({}), None, "test".into()).await.expect("initialized");
+        let (from_tether, to_tether) = upstream.await.expect("the upstream");
+        let asks = 3 * LINK_QUEUE;
+        for n in 0..asks {
+            let ask =
+                Request { id: RequestId::Number(n as i64), method: "sampling/createMessage".into(), params: None };
+            to_tether.send(Message::Request(ask).into()).await.expect("tether routes");
+        }
+        // Every ask routed: nothing waits in the link, and the answers' queue is full.
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while to_tether.capacity() < LINK_QUEUE || from_tether.len() < LINK_QUEUE {
+            assert!(tokio::time::Instant::now() < deadline, "the asks were not routed");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let alive = tokio::runtime::Handle::current().metrics().num_alive_tasks();
+        assert!(alive <= MAX_CLIENT_REQUESTS + 2, "{alive} tasks alive for {asks} asks");
     }
 }
