@@ -95,6 +95,9 @@ async fn resume(
     // Only a resume the decision allowed renews the session.
     service::renew(shared, &record, now).await?;
     let runtime = service::follow(shared, &record);
+    if runtime.attaching_adds_load(&cursor.stream) {
+        check_load(shared, &runtime, 1)?;
+    }
     let headers = session_headers(&runtime.id, &runtime.epoch);
     let after = match after {
         Ok(after) => after,

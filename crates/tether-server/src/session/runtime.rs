@@ -296,6 +296,14 @@ impl SessionRuntime {
         Some(self.attach_locked(&mut state, stream))
     }
 
+    /// Whether a connection attached to `stream` would add to the session's [`load`]: not when a
+    /// running request writes to it (the request counts for it), nor when a connection is
+    /// attached to it already (a resume takes that one's place).
+    pub fn attaching_adds_load(&self, stream: &StreamName) -> bool {
+        let state = self.lock();
+        !state.attachments.contains_key(stream) && !state.inflight.values().any(|running| &running.stream == stream)
+    }
+
     /// Attaches a connection to `stream`, closing any connection already attached to it: after
     /// a half-open connection the client's reconnect must win.
     pub fn attach(self: &Arc<Self>, stream: &StreamName) -> Attachment {

@@ -294,6 +294,29 @@ async fn too_many_streams_per_session_get_429() {
     assert_eq!(reason(response).await, "too_many_streams");
 }
 
+/// A resume is held to the session's limit too, unless it adds nothing to the load: the resume
+/// of a running request's own stream, or of a stream a connection is attached to (it takes
+/// that one's place), is never refused for it.
+#[tokio::test]
+async fn a_resume_is_held_to_the_session_s_limit_unless_it_adds_nothing() {
+    let server = start(ServerConfig { max_streams_per_session: 2, ..config() }).await;
+    let client = Client::new(&server);
+    let session = client.initialize("2025-11-25").await;
+    let mut done = client.call(&session, json!(1), "count", json!({"to": 1, "interval_ms": 0})).await;
+    let finished = events(&mut done, 1).await[0].id.clone().expect("the priming event's id");
+    drop(done);
+    let slow = json!({"to": 100, "interval_ms": 50});
+    let mut a = client.call(&session, json!(2), "count", slow.clone()).await;
+    let running = events(&mut a, 1).await[0].id.clone().expect("the priming event's id");
+    let _b = client.call(&session, json!(3), "count", slow).await;
+    let response = client.get(&session, Some(&finished)).send().await.expect("resume");
+    assert_eq!(response.status(), 429, "a third stream where two may be open");
+    assert_eq!(reason(response).await, "too_many_streams");
+    let response = client.get(&session, Some(&running)).send().await.expect("resume");
+    assert_eq!(response.status(), 200, "a running request's own stream adds nothing");
+    drop(a);
+}
+
 /// A batch's requests count toward the session's limit as that many requests: a batch of more
 /// than the session may run is refused whole, and so is one the session's load leaves no room
 /// for; the protocol layer's own answers count for nothing.
