@@ -178,6 +178,9 @@ async fn respond(
         return Ok(json_response(StatusCode::OK, body, headers));
     }
     check_load(shared, runtime, 1)?;
+    // Counted from here, not only once it runs: a drain that found nothing running while the
+    // request was being recorded would let the process exit under its start.
+    let _starting = shared.drain.start();
     let id = request.id.clone();
     let (stream, claimed) = match dispatch::start_sessionful(shared, runtime, principal, request).await? {
         // A keyed request is answered at once, as a stream: the client holds its claim before
@@ -290,6 +293,8 @@ async fn respond_batch(
 ) -> Result<Response, Rejection> {
     let running = requests.iter().filter(|r| methods::served_by(&r.method) != ServedBy::Protocol).count();
     check_load(shared, runtime, running.max(1))?;
+    // As a single request's: counted for the drain from here, not only once each runs.
+    let _starting = shared.drain.start();
     let stream = ids::stream_name('b').map_err(|e| Refusal::RandomFailed.with(e.to_string()))?;
     let ids: Vec<RequestId> = requests.iter().map(|r| r.id.clone()).collect();
     let key = RequestKey::Batch { stream: stream.clone(), ids };

@@ -406,3 +406,30 @@ async fn a_batch_whose_client_leaves_while_a_request_starts_keeps_its_stream_for
         dir.map(std::fs::remove_dir_all);
     }
 }
+
+/// (3) A request being recorded when the server begins to drain counts as running: the drain
+/// waits for it, rather than letting the process exit under its start (the request was then
+/// answered `start_failed`, its start cut off by the runtime's end).
+#[tokio::test]
+async fn a_request_being_recorded_counts_for_the_drain() {
+    for (name, store, dir) in stores("drain") {
+        let drain = tether_server::Drain::new();
+        let store_dyn: Arc<dyn Store> = Arc::clone(&store) as Arc<dyn Store>;
+        let builder = Builder::new(Lifecycle::default()).config(config()).store(store_dyn).drain(Arc::clone(&drain));
+        let server = start_with(builder).await;
+        let client = Client::new(&server);
+        let session = client.initialize("2025-06-18").await;
+        let hold = store.hold_next_after(Call::BeginRequest);
+        let sent = tokio::spawn(client.post(Some(&session), &call(1, "quick", json!({}), None)).send());
+        tokio::time::timeout(WAIT, hold.reached()).await.expect("recorded");
+        drain.begin();
+        assert_eq!(drain.running(), 1, "{name}: the request being recorded runs, for the drain");
+        hold.release();
+        let answered = tokio::time::timeout(WAIT, sent).await.expect("answered").expect("task").expect("response");
+        let answer = json_body(answered).await;
+        assert_eq!(answer["result"]["structuredContent"]["run"], 1, "{name}: {answer}");
+        tokio::time::timeout(WAIT, drain.idle()).await.expect("idle once it was answered");
+        drop(server);
+        dir.map(std::fs::remove_dir_all);
+    }
+}
