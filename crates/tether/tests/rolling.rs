@@ -82,76 +82,88 @@ fn a_rolling_deploy_over_three_redis_replicas_loses_runs_twice_and_reinitializes
         }
         replicas
     });
-    rt.block_on(async {
-        let balancer = proxy::start(upstreams, 0x7011, 1 << 40, 1 << 41).await;
-        let mut config = ClientConfig::new(format!("http://{}/mcp", balancer.addr));
-        config.backoff = Backoff {
-            initial: Duration::from_millis(10),
-            max: Duration::from_millis(200),
-            max_attempts_without_progress: 40,
-        };
-        let (client, mut events) = Client::connect(config).await.expect("connect");
-        client.follow_standalone().await;
-        let started = Instant::now();
-        let (mut seen, mut adds, mut counts, mut broadcasts) = (Seen::default(), Vec::new(), 0u64, 0u64);
-        let mut after = 0;
-        // Through the deploy, and a few rounds once it is over.
-        while after < 3 && started.elapsed() < Duration::from_secs(120) {
-            if deploy.is_finished() {
-                after += 1;
-            }
-            // Several at once, so that each replica is likely running one when it is stopped.
-            let add = client.call_tool("counter_add", json!({"key": "rolling", "amount": 1}));
-            let count = || client.call_tool("count", json!({"to": 10, "interval_ms": 40}));
-            let all = async { tokio::join!(add, count(), count(), count()) };
-            tokio::pin!(all);
-            let (add, a, b, c) = loop {
-                tokio::select! {
-                    Some(event) = events.recv() => seen.record(event),
-                    outcomes = &mut all => break outcomes,
-                }
+    // Caught, so that the deploy's replicas are stopped (dropped with its thread's result) before
+    // a failure is reported: the thread is not joined on an unwind, and would leave them running.
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rt.block_on(async {
+            let balancer = proxy::start(upstreams, 0x7011, 1 << 40, 1 << 41).await;
+            let mut config = ClientConfig::new(format!("http://{}/mcp", balancer.addr));
+            config.backoff = Backoff {
+                initial: Duration::from_millis(10),
+                max: Duration::from_millis(200),
+                max_attempts_without_progress: 40,
             };
-            let add = add.expect("a keyed call gets its real result");
-            adds.push(add["structuredContent"]["value"].as_i64().expect("the counter's value"));
-            for counted in [a, b, c] {
-                assert_eq!(counted.expect("a streamed call gets its result")["content"][0]["text"], "counted to 10");
-                counts += 1;
+            let (client, mut events) = Client::connect(config).await.expect("connect");
+            client.follow_standalone().await;
+            let started = Instant::now();
+            let (mut seen, mut adds, mut counts, mut broadcasts) = (Seen::default(), Vec::new(), 0u64, 0u64);
+            let mut after = 0;
+            // Through the deploy, and a few rounds once it is over.
+            while after < 3 && started.elapsed() < Duration::from_secs(120) {
+                if deploy.is_finished() {
+                    after += 1;
+                }
+                // Several at once, so that each replica is likely running one when it is stopped.
+                let add = client.call_tool("counter_add", json!({"key": "rolling", "amount": 1}));
+                let count = || client.call_tool("count", json!({"to": 10, "interval_ms": 40}));
+                let all = async { tokio::join!(add, count(), count(), count()) };
+                tokio::pin!(all);
+                let (add, a, b, c) = loop {
+                    tokio::select! {
+                        Some(event) = events.recv() => seen.record(event),
+                        outcomes = &mut all => break outcomes,
+                    }
+                };
+                let add = add.expect("a keyed call gets its real result");
+                adds.push(add["structuredContent"]["value"].as_i64().expect("the counter's value"));
+                for counted in [a, b, c] {
+                    assert_eq!(
+                        counted.expect("a streamed call gets its result")["content"][0]["text"],
+                        "counted to 10"
+                    );
+                    counts += 1;
+                }
+                if adds.len() % 3 == 0 {
+                    let result = client.call_tool("broadcast", json!({"count": 3})).await.expect("broadcast");
+                    assert_eq!(result["content"][0]["text"], "broadcast 3 of 3 notifications");
+                    broadcasts += 1;
+                }
             }
-            if adds.len() % 3 == 0 {
-                let result = client.call_tool("broadcast", json!({"count": 3})).await.expect("broadcast");
-                assert_eq!(result["content"][0]["text"], "broadcast 3 of 3 notifications");
-                broadcasts += 1;
+            while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(500), events.recv()).await {
+                seen.record(event);
             }
-        }
-        while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(500), events.recv()).await {
-            seen.record(event);
-        }
-        let total = client.call_tool("counter_get", json!({"key": "rolling"})).await.expect("counter_get");
-        let standalone: usize = seen.by_stream.iter().filter(|(s, _)| s.starts_with('g')).map(|(_, v)| v.len()).sum();
-        let broken: Vec<_> = seen
-            .by_stream
-            .iter()
-            .filter(|(stream, got)| !stream.starts_with('g') && **got != (1..=10).collect::<Vec<_>>())
-            .collect();
-        println!(
-            "rolling deploy over 3 replicas: {} keyed calls, {counts} streamed calls, {broadcasts} broadcasts \
+            let total = client.call_tool("counter_get", json!({"key": "rolling"})).await.expect("counter_get");
+            let standalone: usize =
+                seen.by_stream.iter().filter(|(s, _)| s.starts_with('g')).map(|(_, v)| v.len()).sum();
+            let broken: Vec<_> = seen
+                .by_stream
+                .iter()
+                .filter(|(stream, got)| !stream.starts_with('g') && **got != (1..=10).collect::<Vec<_>>())
+                .collect();
+            println!(
+                "rolling deploy over 3 replicas: {} keyed calls, {counts} streamed calls, {broadcasts} broadcasts \
              ({standalone} delivered), resumes {}, re-sends {}, re-initializations {}, divergences {}, {:.1}s",
-            adds.len(),
-            seen.resumed,
-            seen.reissued,
-            seen.reinitialized,
-            seen.divergences.len(),
-            started.elapsed().as_secs_f64()
-        );
-        adds.sort_unstable();
-        assert_eq!(adds, (1..=adds.len() as i64).collect::<Vec<_>>(), "each keyed call ran once");
-        assert_eq!(total["structuredContent"]["value"], json!(adds.len()), "nothing ran twice");
-        assert!(broken.is_empty(), "streams lost or repeated events: {broken:?}");
-        assert_eq!(standalone as u64, broadcasts * 3, "every broadcast reached the watch once");
-        assert_eq!(seen.reinitialized, 0, "{:?}", seen.divergences);
-        assert!(seen.divergences.is_empty(), "{:?}", seen.divergences);
-        client.close().await;
-    });
-    let _replicas = deploy.join().expect("the deploy");
+                adds.len(),
+                seen.resumed,
+                seen.reissued,
+                seen.reinitialized,
+                seen.divergences.len(),
+                started.elapsed().as_secs_f64()
+            );
+            adds.sort_unstable();
+            assert_eq!(adds, (1..=adds.len() as i64).collect::<Vec<_>>(), "each keyed call ran once");
+            assert_eq!(total["structuredContent"]["value"], json!(adds.len()), "nothing ran twice");
+            assert!(broken.is_empty(), "streams lost or repeated events: {broken:?}");
+            assert_eq!(standalone as u64, broadcasts * 3, "every broadcast reached the watch once");
+            assert_eq!(seen.reinitialized, 0, "{:?}", seen.divergences);
+            assert!(seen.divergences.is_empty(), "{:?}", seen.divergences);
+            client.close().await;
+        })
+    }));
+    let deployed = deploy.join();
     let _ = std::fs::remove_dir_all(&dir);
+    if let Err(failure) = run {
+        std::panic::resume_unwind(failure);
+    }
+    deployed.expect("the deploy");
 }
