@@ -178,21 +178,9 @@ async fn start_pipelined(
 /// Starts a request of a 2025-03-26 batch on the batch's `stream`, which it leaves open (the
 /// batch ends it once all of its requests answered). An id sent before is answered, on the
 /// batch's stream, with the original's outcome. `Err` with the error that answers the request
-/// instead.
+/// instead. Run in a task the caller spawned for the request's whole life, so a client that
+/// goes away never leaves it half started.
 pub(crate) async fn start_in_batch(
-    shared: &Arc<ServerState>,
-    runtime: &Arc<SessionRuntime>,
-    principal: Option<&str>,
-    request: Request,
-    stream: &StreamName,
-) -> Result<Result<Running, ErrorObject>, DispatchError> {
-    let (shared, runtime, principal) = (Arc::clone(shared), Arc::clone(runtime), principal.map(str::to_owned));
-    let stream = stream.clone();
-    detached(async move { start_in_batch_here(&shared, &runtime, principal.as_deref(), request, &stream).await }).await
-}
-
-/// [`start_in_batch`], in the task that records and starts the request.
-async fn start_in_batch_here(
     shared: &Arc<ServerState>,
     runtime: &Arc<SessionRuntime>,
     principal: Option<&str>,
